@@ -1,0 +1,616 @@
+// The C ABI: argument checks, handle validation, status + message, exports.
+// Each exported function body runs inside guard(), which turns every C++
+// exception into a status and the calling thread's message.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+
+#include "engine/engine.h"
+#include "engine/error.h"
+#include "engine/layout.h"
+#include "engine/pool.h"
+#include "engine/ring.h"
+#include "engine/schedule.h"
+#include "engine/testing.h"
+#include "lwo.h"
+
+using lwo::Error;
+using lwo::fail;
+
+struct lwo_engine {
+  std::unique_ptr<lwo::Engine> impl;
+};
+struct lwo_pool {
+  std::unique_ptr<lwo::Pool> impl;
+  lwo_engine* engine;
+};
+struct lwo_ring {
+  std::unique_ptr<lwo::Ring> impl;
+  lwo_pool* pool;
+};
+struct lwo_schedule {
+  std::unique_ptr<lwo::Schedule> impl;
+  lwo_ring* ring;
+};
+
+namespace {
+
+thread_local std::string t_message;
+
+enum class Kind { Engine, Pool, Ring, Schedule };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Engine: return "engine";
+    case Kind::Pool: return "pool";
+    case Kind::Ring: return "ring";
+    case Kind::Schedule: return "schedule";
+  }
+  return "?";
+}
+
+// Live handles: a destroyed or foreign pointer is never dereferenced.
+std::shared_mutex g_mu;
+std::unordered_map<const void*, Kind>& handles() {
+  static auto* m = new std::unordered_map<const void*, Kind>();  // never destroyed
+  return *m;
+}
+void add_handle(const void* p, Kind k) {
+  std::unique_lock<std::shared_mutex> lock(g_mu);
+  handles()[p] = k;
+}
+void remove_handle(const void* p) {
+  std::unique_lock<std::shared_mutex> lock(g_mu);
+  handles().erase(p);
+}
+template <class T>
+T* check_handle(const T* p, Kind k, const char* call) {
+  if (!p) fail(LWO_ERR_INVALID_HANDLE, "%s: %s handle is NULL", call, kind_name(k));
+  std::shared_lock<std::shared_mutex> lock(g_mu);
+  auto it = handles().find(p);
+  if (it == handles().end())
+    fail(LWO_ERR_INVALID_HANDLE, "%s: %s handle %p is not a live lwo object (destroyed?)", call,
+         kind_name(k), static_cast<const void*>(p));
+  if (it->second != k)
+    fail(LWO_ERR_INVALID_HANDLE, "%s: handle %p is a %s, not a %s", call,
+         static_cast<const void*>(p), kind_name(it->second), kind_name(k));
+  return const_cast<T*>(p);
+}
+
+template <class F>
+lwo_status_t guard_status(F&& f) noexcept {
+  try {
+    lwo_status_t s = f();
+    t_message.clear();
+    return s;
+  } catch (const Error& e) {
+    try {
+      t_message = e.what();
+    } catch (...) {
+    }
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    try {
+      t_message = "host memory allocation failed";
+    } catch (...) {
+    }
+    return LWO_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    try {
+      t_message = std::string("internal error: ") + e.what();
+    } catch (...) {
+    }
+    return LWO_ERR_INTERNAL;
+  } catch (...) {
+    t_message.clear();
+    return LWO_ERR_INTERNAL;
+  }
+}
+template <class F>
+lwo_status_t guard(F&& f) noexcept {
+  return guard_status([&]() {
+    f();
+    return LWO_OK;
+  });
+}
+
+void need(const void* p, const char* call, const char* what) {
+  if (!p) fail(LWO_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, what);
+}
+
+// Reads a caller's config: min(size, sizeof) bytes over the defaults.
+template <class Cfg>
+Cfg read_config(const Cfg* in, const Cfg& defaults, const char* call) {
+  if (!in) return defaults;
+  if (in->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: config size %zu is too small (expected %zu)", call,
+         in->size, sizeof(Cfg));
+  Cfg out = defaults;
+  std::memcpy(&out, in, std::min(in->size, sizeof(Cfg)));
+  out.size = sizeof(Cfg);
+  return out;
+}
+// Writes an info struct whose size the caller set: min(size, sizeof) bytes.
+template <class Info>
+void write_info(Info* out, Info value, const char* call) {
+  need(out, call, "output struct");
+  if (out->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: output struct size %zu is too small (set it to %zu)",
+         call, out->size, sizeof(Info));
+  size_t n = std::min(out->size, sizeof(Info));
+  value.size = out->size;
+  std::memcpy(out, &value, n);
+}
+
+lwo_status_t make_engine(std::unique_ptr<lwo::Backend> backend, int device,
+                         lwo_engine** engine) {
+  return guard([&] {
+    auto* h = new lwo_engine{std::make_unique<lwo::Engine>(std::move(backend), device)};
+    add_handle(h, Kind::Engine);
+    *engine = h;
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+LWO_API unsigned lwo_version(void) { return LWO_VERSION; }
+
+LWO_API const char* lwo_status_string(lwo_status_t s) {
+  switch (s) {
+#define C(x) \
+  case x:    \
+    return #x;
+    C(LWO_OK) C(LWO_END) C(LWO_ERR_INVALID_ARGUMENT) C(LWO_ERR_INVALID_HANDLE)
+    C(LWO_ERR_OUT_OF_RANGE) C(LWO_ERR_NOT_FOUND) C(LWO_ERR_SIZE_MISMATCH)
+    C(LWO_ERR_RING_FULL) C(LWO_ERR_LAYER_BUSY) C(LWO_ERR_STALE_TICKET)
+    C(LWO_ERR_TICKET_STATE) C(LWO_ERR_FOREIGN_TICKET) C(LWO_ERR_BUSY) C(LWO_ERR_NO_DEVICE)
+    C(LWO_ERR_OUT_OF_MEMORY) C(LWO_ERR_CUDA) C(LWO_ERR_CUBLAS) C(LWO_ERR_CUDNN)
+    C(LWO_ERR_NCCL) C(LWO_ERR_FOREIGN_OBJECT) C(LWO_ERR_UNSUPPORTED) C(LWO_ERR_INTERNAL)
+#undef C
+    default:
+      return "unknown status";
+  }
+}
+
+LWO_API const char* lwo_last_error_message(void) { return t_message.c_str(); }
+
+LWO_API size_t lwo_dtype_size(lwo_dtype_t d) { return lwo::dtype_size(d); }
+LWO_API const char* lwo_dtype_name(lwo_dtype_t d) { return lwo::dtype_name(d); }
+
+LWO_API lwo_status_t lwo_record_layout(const lwo_layer_desc* layer, uint64_t* offsets,
+                                       uint64_t* record_bytes) {
+  return guard([&] {
+    static const char* call = "lwo_record_layout";
+    need(layer, call, "layer");
+    need(record_bytes, call, "record_bytes");
+    lwo::RecordLayout l = lwo::make_layout(*layer, call, false);
+    if (offsets)
+      for (size_t i = 0; i < l.tensors.size(); ++i) offsets[i] = l.tensors[i].offset;
+    *record_bytes = l.record_bytes;
+  });
+}
+
+/* ---- engine ---- */
+
+LWO_API void lwo_engine_config_init(lwo_engine_config* c) {
+  if (c) *c = lwo_engine_config LWO_ENGINE_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engine** engine) {
+  static const char* call = "lwo_engine_create";
+  lwo_engine_config cfg{};
+  lwo_status_t s = guard([&] {
+    need(engine, call, "engine (output)");
+    *engine = nullptr;
+    cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT, call);
+    if (cfg.flags != 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call, cfg.flags);
+    if (cfg.device < 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: device %d is negative", call, cfg.device);
+  });
+  if (s != LWO_OK) return s;
+  std::unique_ptr<lwo::Backend> backend;
+  s = guard([&] {
+    try {
+      backend = lwo::make_cuda_backend(cfg.device);
+    } catch (const Error& e) {
+      fail(e.status(), "%s: %s", call, e.what());
+    }
+  });
+  if (s != LWO_OK) return s;
+  return make_engine(std::move(backend), cfg.device, engine);
+}
+
+LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {
+  if (!engine) return guard([] {});
+  return guard([&] {
+    static const char* call = "lwo_engine_destroy";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    int n = e->impl->n_pools.load();
+    if (n > 0)
+      fail(LWO_ERR_BUSY, "%s: engine on device %d still has %d pool%s", call, e->impl->device(),
+           n, n == 1 ? "" : "s");
+    remove_handle(e);
+    delete e;
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device) {
+  return guard([&] {
+    lwo_engine* e = check_handle(engine, Kind::Engine, "lwo_engine_device");
+    need(device, "lwo_engine_device", "device");
+    *device = e->impl->device();
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_transfer_stream(const lwo_engine* engine, lwo_stream_t* stream) {
+  return guard([&] {
+    lwo_engine* e = check_handle(engine, Kind::Engine, "lwo_engine_transfer_stream");
+    need(stream, "lwo_engine_transfer_stream", "stream");
+    *stream = static_cast<lwo_stream_t>(e->impl->h2d());
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_check(lwo_engine* engine) {
+  return guard([&] {
+    lwo_engine* e = check_handle(engine, Kind::Engine, "lwo_engine_check");
+    try {
+      e->impl->check();
+    } catch (const Error& err) {
+      fail(err.status(), "lwo_engine_check: device %d: %s", e->impl->device(), err.what());
+    }
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine) {
+  return guard([&] {
+    lwo_engine* e = check_handle(engine, Kind::Engine, "lwo_engine_synchronize");
+    try {
+      e->impl->synchronize();
+    } catch (const Error& err) {
+      fail(err.status(), "lwo_engine_synchronize: device %d: %s", e->impl->device(), err.what());
+    }
+  });
+}
+
+/* ---- pool ---- */
+
+LWO_API void lwo_pool_config_init(lwo_pool_config* c) {
+  if (c) *c = lwo_pool_config LWO_POOL_CONFIG_INIT;
+}
+
+static lwo_pool_config pool_config(const lwo_pool_config* config, const char* call) {
+  lwo_pool_config cfg = read_config(config, lwo_pool_config LWO_POOL_CONFIG_INIT, call);
+  if (cfg.flags != 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call, cfg.flags);
+  return cfg;
+}
+
+static void add_pool(lwo_engine* e, std::unique_ptr<lwo::Pool> impl, lwo_pool** pool) {
+  auto* h = new lwo_pool{std::move(impl), e};
+  add_handle(h, Kind::Pool);
+  e->impl->n_pools.fetch_add(1);
+  *pool = h;
+}
+
+LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_desc* layers,
+                                            uint32_t n_layers, const lwo_pool_config* config,
+                                            lwo_pool** pool) {
+  return guard([&] {
+    static const char* call = "lwo_pool_create_pinned";
+    need(pool, call, "pool (output)");
+    *pool = nullptr;
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo_pool_config cfg = pool_config(config, call);
+    add_pool(e, lwo::Pool::create_pinned(*e->impl, layers, n_layers, cfg), pool);
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_layer_desc* layers,
+                                                uint32_t n_layers, const lwo_host_region* regions,
+                                                uint32_t n_regions, const lwo_pool_config* config,
+                                                lwo_pool** pool) {
+  return guard([&] {
+    static const char* call = "lwo_pool_create_registered";
+    need(pool, call, "pool (output)");
+    *pool = nullptr;
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo_pool_config cfg = pool_config(config, call);
+    add_pool(e,
+             lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions, cfg),
+             pool);
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool) {
+  if (!pool) return guard([] {});
+  return guard([&] {
+    static const char* call = "lwo_pool_destroy";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    int n = p->impl->n_rings.load();
+    if (n > 0)
+      fail(LWO_ERR_BUSY, "%s: pool of %u layers still has %d ring%s", call, p->impl->n_layers(), n,
+           n == 1 ? "" : "s");
+    remove_handle(p);
+    p->engine->impl->n_pools.fetch_sub(1);
+    delete p;
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info) {
+  return guard([&] {
+    lwo_pool* p = check_handle(pool, Kind::Pool, "lwo_pool_get_info");
+    lwo_pool_info v{};
+    v.n_layers = p->impl->n_layers();
+    v.is_registered = p->impl->registered() ? 1u : 0u;
+    v.total_bytes = p->impl->total_bytes();
+    v.max_record_bytes = p->impl->max_record_bytes();
+    write_info(info, v, "lwo_pool_get_info");
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_layer_tensor_count(const lwo_pool* pool, uint32_t layer,
+                                                 uint32_t* n_tensors) {
+  return guard([&] {
+    static const char* call = "lwo_pool_layer_tensor_count";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(n_tensors, call, "n_tensors");
+    *n_tensors = static_cast<uint32_t>(p->impl->layer(layer, call).layout.tensors.size());
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer, uint32_t index,
+                                          lwo_tensor_info* info) {
+  return guard([&] {
+    static const char* call = "lwo_pool_tensor_info";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(info, call, "info");
+    const auto& l = p->impl->layer(layer, call);
+    if (index >= l.layout.tensors.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: layer %u has %zu tensors, index %u is out of range", call,
+           layer, l.layout.tensors.size(), index);
+    const lwo::TensorLayout& t = l.layout.tensors[index];
+    info->name = t.name.c_str();
+    info->dtype = t.dtype;
+    info->n_dims = t.n_dims;
+    for (int d = 0; d < LWO_MAX_DIMS; ++d) info->shape[d] = d < t.n_dims ? t.shape[d] : 0;
+    info->offset = t.offset;
+    info->bytes = t.bytes;
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_find_tensor(const lwo_pool* pool, uint32_t layer, const char* name,
+                                          uint32_t* index) {
+  return guard([&] {
+    static const char* call = "lwo_pool_find_tensor";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(index, call, "index");
+    *index = p->impl->tensor_index(layer, name, call);
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_record_bytes(const lwo_pool* pool, uint32_t layer,
+                                           uint64_t* bytes) {
+  return guard([&] {
+    static const char* call = "lwo_pool_record_bytes";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(bytes, call, "bytes");
+    *bytes = p->impl->layer(layer, call).layout.record_bytes;
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* name,
+                                    const void* src, uint64_t bytes) {
+  return guard([&] {
+    lwo_pool* p = check_handle(pool, Kind::Pool, "lwo_pool_write");
+    p->impl->write(layer, name, src, bytes);
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** data,
+                                         uint64_t* bytes) {
+  return guard([&] {
+    static const char* call = "lwo_pool_layer_host";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(data, call, "data");
+    const auto& l = p->impl->layer(layer, call);
+    if (!l.host)
+      fail(LWO_ERR_UNSUPPORTED,
+           "%s: layer %u of the registered pool is not contiguous in host memory (%zu copy runs)",
+           call, layer, l.runs.size());
+    *data = l.host;
+    if (bytes) *bytes = l.layout.record_bytes;
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer, const char* name,
+                                          void** data, uint64_t* bytes) {
+  return guard([&] {
+    static const char* call = "lwo_pool_tensor_host";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(data, call, "data");
+    uint32_t ti = p->impl->tensor_index(layer, name, call);
+    const auto& l = p->impl->layer(layer, call);
+    const lwo::TensorLayout& t = l.layout.tensors[ti];
+    *data = p->impl->registered() ? const_cast<void*>(t.host_data) : l.host + t.offset;
+    if (bytes) *bytes = t.bytes;
+  });
+}
+
+/* ---- ring ---- */
+
+LWO_API void lwo_ring_config_init(lwo_ring_config* c) {
+  if (c) *c = lwo_ring_config LWO_RING_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
+                                     lwo_ring** ring) {
+  return guard([&] {
+    static const char* call = "lwo_ring_create";
+    need(ring, call, "ring (output)");
+    *ring = nullptr;
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT, call);
+    if (cfg.flags & ~LWO_RING_TIMING)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call, cfg.flags & ~LWO_RING_TIMING);
+    if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: depth %u is outside 1..%u", call, cfg.depth,
+           lwo::kMaxDepth);
+    auto* h = new lwo_ring{nullptr, p};
+    try {
+      h->impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
+    } catch (...) {
+      delete h;
+      throw;
+    }
+    add_handle(h, Kind::Ring);
+    p->impl->n_rings.fetch_add(1);
+    *ring = h;
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring) {
+  if (!ring) return guard([] {});
+  return guard([&] {
+    static const char* call = "lwo_ring_destroy";
+    lwo_ring* r = check_handle(ring, Kind::Ring, call);
+    r->impl->check_destroyable(call);
+    remove_handle(r);
+    r->pool->impl->n_rings.fetch_sub(1);
+    delete r;
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer, lwo_ticket* ticket) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_stage");
+    need(ticket, "lwo_ring_stage", "ticket");
+    ticket->id = 0;
+    *ticket = r->impl->stage(layer);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket, lwo_stream_t stream,
+                                      lwo_layer_view* view) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_acquire");
+    need(view, "lwo_ring_acquire", "view");
+    r->impl->acquire(ticket, stream, view);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket, const char* name,
+                                     void** device_ptr) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_tensor");
+    need(device_ptr, "lwo_ring_tensor", "device_ptr");
+    *device_ptr = r->impl->tensor(ticket, name);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket, lwo_stream_t stream) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_release");
+    r->impl->release(ticket, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_get_info(const lwo_ring* ring, lwo_ring_info* info) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_get_info");
+    lwo_ring_info v{};
+    r->impl->info(&v);
+    write_info(info, v, "lwo_ring_get_info");
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_get_stats(lwo_ring* ring, lwo_ring_stats* stats) {
+  return guard([&] {
+    lwo_ring* r = check_handle(ring, Kind::Ring, "lwo_ring_get_stats");
+    need(stats, "lwo_ring_get_stats", "stats");
+    lwo_ring_stats v{};
+    r->impl->stats(&v);
+    write_info(stats, v, "lwo_ring_get_stats");
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring) {
+  return guard([&] {
+    check_handle(ring, Kind::Ring, "lwo_ring_reset_stats")->impl->reset_stats();
+  });
+}
+
+/* ---- schedule ---- */
+
+LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
+                                         uint32_t n_layers, lwo_schedule** schedule) {
+  return guard([&] {
+    static const char* call = "lwo_schedule_create";
+    need(schedule, call, "schedule (output)");
+    *schedule = nullptr;
+    lwo_ring* r = check_handle(ring, Kind::Ring, call);
+    auto* h = new lwo_schedule{nullptr, r};
+    try {
+      h->impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
+    } catch (...) {
+      delete h;
+      throw;
+    }
+    add_handle(h, Kind::Schedule);
+    r->impl->n_schedules.fetch_add(1);
+    *schedule = h;
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule) {
+  if (!schedule) return guard([] {});
+  return guard([&] {
+    lwo_schedule* s = check_handle(schedule, Kind::Schedule, "lwo_schedule_destroy");
+    remove_handle(s);
+    s->ring->impl->n_schedules.fetch_sub(1);
+    delete s;
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
+                                       lwo_layer_view* view) {
+  return guard_status([&] {
+    lwo_schedule* s = check_handle(schedule, Kind::Schedule, "lwo_schedule_next");
+    need(view, "lwo_schedule_next", "view");
+    return s->impl->next(stream, view);
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_t* position) {
+  return guard([&] {
+    lwo_schedule* s = check_handle(schedule, Kind::Schedule, "lwo_schedule_position");
+    need(position, "lwo_schedule_position", "position");
+    *position = s->impl->position();
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
+  return guard([&] {
+    check_handle(schedule, Kind::Schedule, "lwo_schedule_reset")->impl->reset(stream);
+  });
+}
+
+}  // extern "C"
+
+namespace lwo {
+namespace testing {
+
+lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine) {
+  if (!engine) return LWO_ERR_INVALID_ARGUMENT;
+  *engine = nullptr;
+  return make_engine(std::move(backend), device, engine);
+}
+
+Backend* engine_backend(lwo_engine* engine) { return &engine->impl->gpu(); }
+
+}  // namespace testing
+}  // namespace lwo

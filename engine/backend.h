@@ -1,0 +1,61 @@
+// The seam between the engine's host-side logic and the GPU. Pools, rings and
+// schedules talk to the device only through this interface, so unit tests can
+// run them against a recording implementation with no GPU (tests/unit) and the
+// library runs them against the CUDA runtime (cuda_backend.cc).
+//
+// Every method throws lwo::Error on failure. Streams and events are opaque
+// pointers (cudaStream_t / cudaEvent_t in the CUDA implementation).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "lwo.h"
+
+namespace lwo {
+
+using StreamH = void*;
+using EventH = void*;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Device selection: the engine makes its device current around every call.
+  virtual int get_device() = 0;
+  virtual void set_device(int device) = 0;
+
+  virtual void* device_alloc(size_t bytes) = 0;
+  virtual void device_free(void* ptr) noexcept = 0;
+
+  // Page-locked host memory owned by the backend (fallback for arenas).
+  virtual void* host_alloc_pinned(size_t bytes) = 0;
+  virtual void host_free_pinned(void* ptr) noexcept = 0;
+  // Registers caller memory for DMA. Returns false if the memory is already
+  // registered or pinned (then it must not be unregistered by us); throws if
+  // registration is refused.
+  virtual bool host_register(void* ptr, size_t bytes, bool read_only) = 0;
+  virtual void host_unregister(void* ptr) noexcept = 0;
+
+  virtual StreamH stream_create() = 0;  // non-blocking w.r.t. the legacy stream
+  virtual void stream_destroy(StreamH stream) noexcept = 0;
+  virtual void stream_sync(StreamH stream) = 0;
+  // Throws if work on the stream has failed; does not block.
+  virtual void stream_check(StreamH stream) = 0;
+
+  virtual EventH event_create(bool timing) = 0;
+  virtual void event_destroy(EventH event) noexcept = 0;
+  virtual void event_record(EventH event, StreamH stream) = 0;
+  virtual void stream_wait(StreamH stream, EventH event) = 0;
+  virtual bool event_done(EventH event) = 0;  // non-blocking query
+  virtual void event_sync(EventH event) = 0;
+  virtual float event_elapsed_ms(EventH start, EventH end) = 0;
+
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
+};
+
+// The CUDA runtime implementation. Throws LWO_ERR_NO_DEVICE if `device` does
+// not exist.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace lwo

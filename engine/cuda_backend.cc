@@ -1,0 +1,161 @@
+// Backend over the CUDA runtime. The only file of the engine that calls CUDA.
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "error.h"
+
+namespace lwo {
+namespace {
+
+lwo_status_t status_of(cudaError_t e) {
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+      return LWO_ERR_OUT_OF_MEMORY;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return LWO_ERR_NO_DEVICE;
+    default:
+      return LWO_ERR_CUDA;
+  }
+}
+
+#define LWO_CUDA(call, ...)                                                   \
+  do {                                                                        \
+    cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      (void)cudaGetLastError();                                               \
+      fail(status_of(e_), "%s: %s (%s)", lwo::strf(__VA_ARGS__).c_str(),      \
+           cudaGetErrorString(e_), cudaGetErrorName(e_));                     \
+    }                                                                         \
+  } while (0)
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      fail(LWO_ERR_NO_DEVICE, "no CUDA device was found (%s)",
+           e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
+    }
+    if (device < 0 || device >= n)
+      fail(LWO_ERR_NO_DEVICE, "CUDA device %d does not exist (%d device%s found)",
+           device, n, n == 1 ? "" : "s");
+  }
+
+  int get_device() override {
+    int d = 0;
+    LWO_CUDA(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  void set_device(int device) override {
+    LWO_CUDA(cudaSetDevice(device), "cudaSetDevice(%d)", device);
+  }
+
+  void* device_alloc(size_t bytes) override {
+    void* p = nullptr;
+    LWO_CUDA(cudaMalloc(&p, bytes), "cudaMalloc(%zu bytes) on device %d", bytes, device_);
+    return p;
+  }
+  void device_free(void* p) noexcept override {
+    if (p) (void)cudaFree(p);
+  }
+
+  void* host_alloc_pinned(size_t bytes) override {
+    void* p = nullptr;
+    LWO_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+             "cudaHostAlloc(%zu bytes)", bytes);
+    return p;
+  }
+  void host_free_pinned(void* p) noexcept override {
+    if (p) (void)cudaFreeHost(p);
+  }
+  bool host_register(void* ptr, size_t bytes, bool read_only) override {
+    unsigned flags = cudaHostRegisterPortable;
+    if (read_only) flags |= cudaHostRegisterReadOnly;
+    cudaError_t e = cudaHostRegister(ptr, bytes, flags);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    LWO_CUDA(e, "cudaHostRegister(%p, %zu bytes)", ptr, bytes);
+    return true;
+  }
+  void host_unregister(void* ptr) noexcept override {
+    if (ptr) (void)cudaHostUnregister(ptr);
+  }
+
+  StreamH stream_create() override {
+    cudaStream_t s = nullptr;
+    LWO_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    return s;
+  }
+  void stream_destroy(StreamH s) noexcept override {
+    if (s) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  void stream_sync(StreamH s) override {
+    LWO_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize(%p)", s);
+  }
+  void stream_check(StreamH s) override {
+    cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(s));
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
+    LWO_CUDA(e, "work on stream %p failed", s);
+  }
+
+  EventH event_create(bool timing) override {
+    cudaEvent_t ev = nullptr;
+    LWO_CUDA(cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming),
+             "cudaEventCreate");
+    return ev;
+  }
+  void event_destroy(EventH ev) noexcept override {
+    if (ev) (void)cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+  }
+  void event_record(EventH ev, StreamH s) override {
+    LWO_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(s)),
+             "cudaEventRecord on stream %p", s);
+  }
+  void stream_wait(StreamH s, EventH ev) override {
+    LWO_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(ev), 0),
+             "cudaStreamWaitEvent on stream %p", s);
+  }
+  bool event_done(EventH ev) override {
+    cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    LWO_CUDA(e, "cudaEventQuery");
+    return true;
+  }
+  void event_sync(EventH ev) override {
+    LWO_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
+  }
+  float event_elapsed_ms(EventH a, EventH b) override {
+    float ms = 0.f;
+    LWO_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)),
+             "cudaEventElapsedTime");
+    return ms;
+  }
+
+  void copy_h2d(void* dst, const void* src, size_t bytes, StreamH s) override {
+    LWO_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)),
+             "cudaMemcpyAsync(host %p -> device %p, %zu bytes)", src, dst, bytes);
+  }
+
+ private:
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace lwo

@@ -1,0 +1,117 @@
+#include "layout.h"
+
+#include <cstring>
+#include <unordered_set>
+
+#include "error.h"
+
+namespace lwo {
+
+size_t dtype_size(lwo_dtype_t d) {
+  switch (d) {
+    case LWO_DTYPE_F32: return 4;
+    case LWO_DTYPE_BF16:
+    case LWO_DTYPE_F16: return 2;
+    case LWO_DTYPE_F8_E4M3:
+    case LWO_DTYPE_F8_E5M2:
+    case LWO_DTYPE_I8:
+    case LWO_DTYPE_U8: return 1;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(lwo_dtype_t d) {
+  switch (d) {
+    case LWO_DTYPE_F32: return "f32";
+    case LWO_DTYPE_BF16: return "bf16";
+    case LWO_DTYPE_F16: return "f16";
+    case LWO_DTYPE_F8_E4M3: return "f8_e4m3";
+    case LWO_DTYPE_F8_E5M2: return "f8_e5m2";
+    case LWO_DTYPE_I8: return "i8";
+    case LWO_DTYPE_U8: return "u8";
+    default: return "unknown";
+  }
+}
+
+int RecordLayout::find(const char* name) const {
+  if (!name) return -1;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+namespace {
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+constexpr size_t kMaxName = 255;
+}  // namespace
+
+RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
+                         bool want_host_data) {
+  RecordLayout out;
+  if (layer.n_tensors > 0 && !layer.tensors)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensors is NULL with n_tensors %u", where.c_str(),
+         layer.n_tensors);
+  if (layer.n_tensors > 1u << 20)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: n_tensors %u is more than 1048576", where.c_str(),
+         layer.n_tensors);
+  out.tensors.reserve(layer.n_tensors);
+  std::unordered_set<std::string> names;
+  uint64_t off = 0;
+  for (uint32_t i = 0; i < layer.n_tensors; ++i) {
+    const lwo_tensor_desc& t = layer.tensors[i];
+    if (!t.name || !t.name[0])
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor %u has no name", where.c_str(), i);
+    size_t nlen = strnlen(t.name, kMaxName + 1);
+    if (nlen > kMaxName)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor %u name is longer than %zu bytes",
+           where.c_str(), i, kMaxName);
+    std::string name(t.name, nlen);
+    if (!names.insert(name).second)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor name '%s' appears twice", where.c_str(),
+           name.c_str());
+    size_t es = dtype_size(t.dtype);
+    if (es == 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has unknown dtype %d", where.c_str(),
+           name.c_str(), static_cast<int>(t.dtype));
+    if (t.n_dims < 0 || t.n_dims > LWO_MAX_DIMS)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has n_dims %d (allowed 0..%d)",
+           where.c_str(), name.c_str(), t.n_dims, LWO_MAX_DIMS);
+    uint64_t bytes = es;
+    for (int d = 0; d < t.n_dims; ++d) {
+      if (t.shape[d] < 0)
+        fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' dimension %d is %lld", where.c_str(),
+             name.c_str(), d, static_cast<long long>(t.shape[d]));
+      if (mul_overflows(bytes, static_cast<uint64_t>(t.shape[d]), &bytes))
+        fail(LWO_ERR_OUT_OF_RANGE, "%s: tensor '%s' byte size overflows 64 bits",
+             where.c_str(), name.c_str());
+    }
+    if (bytes > (UINT64_C(1) << 56))
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: tensor '%s' has %llu bytes, more than 2^56",
+           where.c_str(), name.c_str(), static_cast<unsigned long long>(bytes));
+    if (want_host_data && !t.host_data && bytes > 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has no host_data", where.c_str(),
+           name.c_str());
+    if (!want_host_data && t.host_data)
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "%s: tensor '%s' has host_data, but a pinned pool owns its memory (set it to NULL)",
+           where.c_str(), name.c_str());
+    TensorLayout tl;
+    tl.name = std::move(name);
+    tl.dtype = t.dtype;
+    tl.n_dims = t.n_dims;
+    for (int d = 0; d < t.n_dims; ++d) tl.shape[d] = t.shape[d];
+    tl.offset = off;
+    tl.bytes = bytes;
+    tl.host_data = t.host_data;
+    off = align_up(off + bytes, LWO_RECORD_ALIGN);
+    if (off > (UINT64_C(1) << 58))
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: record size overflows", where.c_str());
+    out.tensors.push_back(std::move(tl));
+  }
+  out.record_bytes = off;
+  return out;
+}
+
+}  // namespace lwo

@@ -1,0 +1,233 @@
+#include "pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "error.h"
+
+namespace lwo {
+
+void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
+                        void (*fn)(uint8_t*, size_t, void*), void* arg) {
+  if (bytes == 0) return;
+  constexpr size_t kMinChunk = size_t(64) << 20;
+  uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
+  uint32_t n = n_threads ? n_threads : hw;
+  n = std::min<uint32_t>(n, 64);
+  n = static_cast<uint32_t>(std::min<size_t>(n, (bytes + kMinChunk - 1) / kMinChunk));
+  if (n <= 1) {
+    fn(data, bytes, arg);
+    return;
+  }
+  size_t chunk = align_up((bytes + n - 1) / n, 4096);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    size_t b = std::min(bytes, chunk * i);
+    size_t e = std::min(bytes, chunk * (i + 1));
+    if (b >= e) break;
+    try {
+      threads.emplace_back(fn, data + b, e - b, arg);
+    } catch (...) {  // no thread: do it here
+      fn(data + b, e - b, arg);
+    }
+  }
+  for (auto& t : threads) t.join();
+}
+
+namespace {
+void zero_fill(uint8_t* p, size_t n, void*) { std::memset(p, 0, n); }
+}  // namespace
+
+void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call) {
+  if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: n_layers is 0", call);
+  if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "%s: layers is NULL", call);
+  layers_.resize(n_layers);
+  for (uint32_t i = 0; i < n_layers; ++i) {
+    layers_[i].layout = make_layout(layers[i], strf("%s: layer %u", call, i), registered_);
+    uint64_t rb = layers_[i].layout.record_bytes;
+    if (__builtin_add_overflow(total_bytes_, rb, &total_bytes_))
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: total pool size overflows", call);
+    max_record_ = std::max(max_record_, rb);
+  }
+  if (max_record_ == 0)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: every layer of the %u is empty (0 bytes)", call,
+         n_layers);
+}
+
+void Pool::alloc_arena(uint32_t n_threads) {
+  Backend& gpu = engine_.gpu();
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  arena_bytes_ = align_up(total_bytes_, page);
+  // Anonymous mapping, huge pages where the kernel gives them, first-touched by
+  // all cores, then registered: about ten times faster than cudaHostAlloc for
+  // large pools.
+  void* p = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, arena_bytes_, MADV_HUGEPAGE);
+#endif
+    parallel_for_bytes(static_cast<uint8_t*>(p), arena_bytes_, n_threads, zero_fill, nullptr);
+    try {
+      gpu.host_register(p, arena_bytes_, false);
+      arena_ = static_cast<uint8_t*>(p);
+      arena_mmapped_ = true;
+      arena_registered_ = true;
+      return;
+    } catch (const Error&) {
+      munmap(p, arena_bytes_);
+    }
+  }
+  try {
+    arena_ = static_cast<uint8_t*>(gpu.host_alloc_pinned(arena_bytes_));
+  } catch (const Error& e) {
+    fail(LWO_ERR_OUT_OF_MEMORY, "lwo_pool_create_pinned: cannot pin %zu bytes of host memory: %s",
+         arena_bytes_, e.what());
+  }
+  parallel_for_bytes(arena_, arena_bytes_, n_threads, zero_fill, nullptr);
+}
+
+std::unique_ptr<Pool> Pool::create_pinned(Engine& engine, const lwo_layer_desc* layers,
+                                          uint32_t n_layers, const lwo_pool_config& cfg) {
+  static const char* call = "lwo_pool_create_pinned";
+  std::unique_ptr<Pool> pool(new Pool(engine, false));
+  pool->build_layouts(layers, n_layers, call);
+  DeviceScope scope(engine);
+  pool->alloc_arena(cfg.n_threads);
+  uint64_t off = 0;
+  for (auto& l : pool->layers_) {
+    l.host = pool->arena_ + off;
+    if (l.layout.record_bytes) l.runs.push_back({0, l.host, l.layout.record_bytes});
+    off += l.layout.record_bytes;
+  }
+  return pool;
+}
+
+std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_desc* layers,
+                                              uint32_t n_layers, const lwo_host_region* regions,
+                                              uint32_t n_regions, const lwo_pool_config&) {
+  static const char* call = "lwo_pool_create_registered";
+  std::unique_ptr<Pool> pool(new Pool(engine, true));
+  pool->build_layouts(layers, n_layers, call);
+  if (n_regions == 0 || !regions)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: no host regions given (regions %p, n_regions %u)", call,
+         static_cast<const void*>(regions), n_regions);
+  std::vector<Region> rs;
+  for (uint32_t i = 0; i < n_regions; ++i) {
+    if (!regions[i].data || regions[i].bytes == 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: region %u is empty (data %p, %llu bytes)", call, i,
+           regions[i].data, static_cast<unsigned long long>(regions[i].bytes));
+    uintptr_t b = reinterpret_cast<uintptr_t>(regions[i].data);
+    if (b + regions[i].bytes < b)
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: region %u wraps around the address space", call, i);
+    rs.push_back({static_cast<uint8_t*>(const_cast<void*>(regions[i].data)), regions[i].bytes,
+                  false});
+  }
+  std::sort(rs.begin(), rs.end(), [](const Region& a, const Region& b) { return a.data < b.data; });
+  for (size_t i = 1; i < rs.size(); ++i)
+    if (rs[i - 1].data + rs[i - 1].bytes > rs[i].data)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: host regions at %p and %p overlap", call,
+           static_cast<void*>(rs[i - 1].data), static_cast<void*>(rs[i].data));
+  auto region_of = [&](const uint8_t* p, uint64_t n) -> const Region* {
+    auto it = std::upper_bound(rs.begin(), rs.end(), p,
+                               [](const uint8_t* q, const Region& r) { return q < r.data; });
+    if (it == rs.begin()) return nullptr;
+    --it;
+    if (p + n <= it->data + it->bytes && p + n >= p) return &*it;
+    return nullptr;
+  };
+  // Copy plan: tensors whose host addresses keep the record's relative layout
+  // within one region merge into one run.
+  for (uint32_t li = 0; li < pool->layers_.size(); ++li) {
+    Layer& l = pool->layers_[li];
+    const Region* run_region = nullptr;
+    for (const TensorLayout& t : l.layout.tensors) {
+      if (t.bytes == 0) continue;
+      const uint8_t* src = static_cast<const uint8_t*>(t.host_data);
+      const Region* r = region_of(src, t.bytes);
+      if (!r)
+        fail(LWO_ERR_OUT_OF_RANGE,
+             "%s: layer %u tensor '%s' (%p, %llu bytes) is not inside any given region", call,
+             li, t.name.c_str(), t.host_data, static_cast<unsigned long long>(t.bytes));
+      if (!l.runs.empty() && r == run_region) {
+        CopyRun& prev = l.runs.back();
+        if (prev.src + (t.offset - prev.dst_offset) == src) {
+          prev.bytes = t.offset + t.bytes - prev.dst_offset;
+          continue;
+        }
+      }
+      l.runs.push_back({t.offset, src, t.bytes});
+      run_region = r;
+    }
+    if (l.runs.size() == 1 && l.runs[0].dst_offset == 0)
+      l.host = const_cast<uint8_t*>(l.runs[0].src);
+  }
+  DeviceScope scope(engine);
+  try {
+    for (Region& r : rs) r.we_registered = engine.gpu().host_register(r.data, r.bytes, true);
+  } catch (const Error& e) {
+    for (Region& r : rs)
+      if (r.we_registered) engine.gpu().host_unregister(r.data);
+    fail(e.status(), "%s: %s", call, e.what());
+  }
+  pool->regions_ = std::move(rs);
+  return pool;
+}
+
+Pool::~Pool() {
+  try {
+    DeviceScope scope(engine_);
+    Backend& gpu = engine_.gpu();
+    for (Region& r : regions_)
+      if (r.we_registered) gpu.host_unregister(r.data);
+    if (arena_) {
+      if (arena_mmapped_) {
+        if (arena_registered_) gpu.host_unregister(arena_);
+        munmap(arena_, arena_bytes_);
+      } else {
+        gpu.host_free_pinned(arena_);
+      }
+    }
+  } catch (...) {
+  }
+}
+
+const Pool::Layer& Pool::layer(uint32_t id, const char* call) const {
+  if (id >= layers_.size())
+    fail(LWO_ERR_OUT_OF_RANGE, "%s: layer %u is out of range (pool has %zu layers)", call, id,
+         layers_.size());
+  return layers_[id];
+}
+
+uint32_t Pool::tensor_index(uint32_t layer_id, const char* name, const char* call) const {
+  const Layer& l = layer(layer_id, call);
+  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor name is NULL", call);
+  int i = l.layout.find(name);
+  if (i < 0)
+    fail(LWO_ERR_NOT_FOUND, "%s: layer %u has no tensor named '%.255s' (it has %zu tensors)",
+         call, layer_id, name, l.layout.tensors.size());
+  return static_cast<uint32_t>(i);
+}
+
+void Pool::write(uint32_t layer_id, const char* name, const void* src, uint64_t bytes) {
+  static const char* call = "lwo_pool_write";
+  if (registered_)
+    fail(LWO_ERR_UNSUPPORTED,
+         "%s: the pool is registered caller memory; write to the caller's memory directly", call);
+  uint32_t ti = tensor_index(layer_id, name, call);
+  const Layer& l = layers_[layer_id];
+  const TensorLayout& t = l.layout.tensors[ti];
+  if (bytes != t.bytes)
+    fail(LWO_ERR_SIZE_MISMATCH, "%s: layer %u tensor '%s' holds %llu bytes, given %llu", call,
+         layer_id, name, static_cast<unsigned long long>(t.bytes),
+         static_cast<unsigned long long>(bytes));
+  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "%s: src is NULL", call);
+  if (bytes) std::memcpy(l.host + t.offset, src, bytes);
+}
+
+}  // namespace lwo

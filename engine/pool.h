@@ -1,0 +1,88 @@
+// Host weight pools: L layers, each a record of named tensors, in memory the
+// GPU reads by DMA (a pinned arena the pool owns, or caller memory registered
+// in place). Host-only logic; device calls go through the Backend seam.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine.h"
+#include "layout.h"
+
+namespace lwo {
+
+// One host-to-device copy of a layer: `bytes` from `src` to record offset
+// `dst_offset`.
+struct CopyRun {
+  uint64_t dst_offset;
+  const uint8_t* src;
+  uint64_t bytes;
+};
+
+class Pool {
+ public:
+  struct Layer {
+    RecordLayout layout;
+    std::vector<CopyRun> runs;  // how to move the record; one run if contiguous
+    uint8_t* host = nullptr;    // record base in host memory (null if scattered)
+  };
+
+  static std::unique_ptr<Pool> create_pinned(Engine& engine, const lwo_layer_desc* layers,
+                                             uint32_t n_layers, const lwo_pool_config& cfg);
+  static std::unique_ptr<Pool> create_registered(Engine& engine, const lwo_layer_desc* layers,
+                                                 uint32_t n_layers,
+                                                 const lwo_host_region* regions,
+                                                 uint32_t n_regions,
+                                                 const lwo_pool_config& cfg);
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  Engine& engine() { return engine_; }
+  uint32_t n_layers() const { return static_cast<uint32_t>(layers_.size()); }
+  bool registered() const { return registered_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+  uint64_t max_record_bytes() const { return max_record_; }
+
+  // Range-checked layer access; `call` names the API call for messages.
+  const Layer& layer(uint32_t id, const char* call) const;
+  // Range- and name-checked tensor index.
+  uint32_t tensor_index(uint32_t layer, const char* name, const char* call) const;
+
+  void write(uint32_t layer, const char* name, const void* src, uint64_t bytes);
+
+  std::atomic<int> n_rings{0};
+
+ private:
+  Pool(Engine& engine, bool registered) : engine_(engine), registered_(registered) {}
+  void build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call);
+  void alloc_arena(uint32_t n_threads);
+
+  struct Region {
+    uint8_t* data;
+    uint64_t bytes;
+    bool we_registered;
+  };
+
+  Engine& engine_;
+  bool registered_;
+  std::vector<Layer> layers_;
+  uint64_t total_bytes_ = 0;
+  uint64_t max_record_ = 0;
+  // Pinned arena.
+  uint8_t* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  bool arena_mmapped_ = false;  // else from Backend::host_alloc_pinned
+  bool arena_registered_ = false;
+  // Registered caller memory.
+  std::vector<Region> regions_;
+};
+
+// Fills [data, data+bytes) with `fill(chunk_begin, chunk_bytes)` from up to
+// n_threads threads, in chunks of at least 64 MiB. Used to first-touch arenas.
+void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
+                        void (*fn)(uint8_t*, size_t, void*), void* arg);
+
+}  // namespace lwo

@@ -1,0 +1,23 @@
+// Hooks for tests linked against the static library: build C API handles over
+// a backend of the test's choosing (for example a recording one, with no GPU).
+#pragma once
+
+#include <memory>
+
+#include "backend.h"
+#include "lwo.h"
+
+namespace lwo {
+class Ring;
+namespace testing {
+
+// Creates an engine handle over `backend` (device ordinal `device`); it is
+// registered like any other and destroyed with lwo_engine_destroy.
+lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine);
+// The backend of an engine handle (the one passed to engine_create).
+Backend* engine_backend(lwo_engine* engine);
+// The stream type of the C API as the backend's opaque stream.
+inline lwo_stream_t as_stream(void* s) { return static_cast<lwo_stream_t>(s); }
+
+}  // namespace testing
+}  // namespace lwo

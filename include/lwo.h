@@ -1,0 +1,470 @@
+/*
+ * lwo.h: the whole public C API of lwo, the layer-wise weight offload engine.
+ *
+ * lwo keeps a model's layers in host memory the GPU can read by DMA and streams
+ * them through a small ring of device slots, overlapping each layer's transfer
+ * with compute. This header compiles alone as C11 and as C++; it needs no CUDA
+ * header. A `lwo_stream_t` is the same type as `cudaStream_t`.
+ *
+ * Conventions (they hold for every function below unless its comment says
+ * otherwise):
+ *  - Every function returns `lwo_status_t`; LWO_OK is 0. On failure a
+ *    per-thread message (`lwo_last_error_message`) names the call, the object
+ *    and the values; on success that message is cleared. Every object stays
+ *    usable after a failed call.
+ *  - Handles are pointers to opaque structs, created through out-parameters and
+ *    owned by the caller until passed to the matching `_destroy`. Destroying
+ *    NULL does nothing and returns LWO_OK.
+ *  - Objects may be used from several threads: each pool, ring and schedule
+ *    serialises its own calls internally. A schedule is meant to be driven by
+ *    one thread at a time.
+ *  - Device work is enqueued, never waited for: a call that names a stream
+ *    returns once its work is enqueued on that stream ("stream-ordered").
+ *    The host never blocks on the GPU except in calls documented as doing so
+ *    (`lwo_engine_synchronize`, destroy calls, `lwo_ring_stats` with timing).
+ *  - Every call makes the engine's device current and restores the caller's
+ *    current device before returning.
+ *
+ * Since: 0.1.0 unless marked otherwise.
+ */
+#ifndef LWO_H_
+#define LWO_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define LWO_API
+#elif defined(LWO_BUILDING_LIBRARY)
+#define LWO_API __attribute__((visibility("default")))
+#else
+#define LWO_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define LWO_VERSION_MAJOR 0
+#define LWO_VERSION_MINOR 1
+#define LWO_VERSION_PATCH 0
+#define LWO_VERSION \
+  (LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH)
+
+/* The version of the linked library, as LWO_VERSION computes it. Any thread. */
+LWO_API unsigned lwo_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Values are never renumbered; new ones are appended. */
+typedef enum lwo_status_t {
+  LWO_OK = 0,
+  /* Not an error: `lwo_schedule_next` has no more layers. */
+  LWO_END = 1,
+  /* A NULL pointer, a config with a bad size or unknown flag bits, a bad
+   * dtype, a negative dimension, a depth of 0... */
+  LWO_ERR_INVALID_ARGUMENT = 2,
+  /* A handle that is NULL where one is required, was destroyed, or is not of
+   * the kind the call expects. */
+  LWO_ERR_INVALID_HANDLE = 3,
+  /* A layer id or tensor index outside the pool. */
+  LWO_ERR_OUT_OF_RANGE = 4,
+  /* A tensor name that the layer does not have. */
+  LWO_ERR_NOT_FOUND = 5,
+  /* A byte count that differs from the tensor's or record's size. */
+  LWO_ERR_SIZE_MISMATCH = 6,
+  /* Every slot of the ring is staged or held: release a ticket first. */
+  LWO_ERR_RING_FULL = 7,
+  /* The layer is already staged or held in a slot of this ring under another
+   * ticket; release that ticket first. */
+  LWO_ERR_LAYER_BUSY = 8,
+  /* A ticket whose occupancy has ended (released, or its slot reused). */
+  LWO_ERR_STALE_TICKET = 9,
+  /* A live ticket used in the wrong state (acquired twice). */
+  LWO_ERR_TICKET_STATE = 10,
+  /* A ticket that was not issued by this ring. */
+  LWO_ERR_FOREIGN_TICKET = 11,
+  /* An object objects depend on (a pool with rings, a ring with held tickets
+   * or schedules, an engine with pools) cannot be destroyed yet. */
+  LWO_ERR_BUSY = 12,
+  /* No CUDA device was found, or the requested ordinal does not exist. */
+  LWO_ERR_NO_DEVICE = 13,
+  /* Host or device memory could not be allocated or pinned. */
+  LWO_ERR_OUT_OF_MEMORY = 14,
+  /* The CUDA runtime returned an error; the message carries its text. */
+  LWO_ERR_CUDA = 15,
+  LWO_ERR_CUBLAS = 16,
+  LWO_ERR_CUDNN = 17,
+  LWO_ERR_NCCL = 18,
+  /* Objects of two different engines were mixed. */
+  LWO_ERR_FOREIGN_OBJECT = 19,
+  /* The operation is not supported with these arguments on this build. */
+  LWO_ERR_UNSUPPORTED = 20,
+  /* A bug in lwo: please report the message. */
+  LWO_ERR_INTERNAL = 21,
+  LWO_STATUS_FORCE_32 = 0x7fffffff
+} lwo_status_t;
+
+/* Static text naming a status ("LWO_ERR_RING_FULL"); "unknown status" for a
+ * value this version does not know. Any thread. */
+LWO_API const char* lwo_status_string(lwo_status_t status);
+
+/* The message of the calling thread's last failed call, or "" after a
+ * successful one. The pointer stays valid until the thread's next lwo call. */
+LWO_API const char* lwo_last_error_message(void);
+
+/* ------------------------------------------------------------------------ */
+/* Foreign types                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Same type as cudaStream_t. NULL means the legacy default stream. */
+typedef struct CUstream_st* lwo_stream_t;
+
+/* ------------------------------------------------------------------------ */
+/* Tensors and records                                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum lwo_dtype_t {
+  LWO_DTYPE_F32 = 0,
+  LWO_DTYPE_BF16 = 1,
+  LWO_DTYPE_F16 = 2,
+  LWO_DTYPE_F8_E4M3 = 3,
+  LWO_DTYPE_F8_E5M2 = 4,
+  LWO_DTYPE_I8 = 5,
+  LWO_DTYPE_U8 = 6,
+  LWO_DTYPE_FORCE_32 = 0x7fffffff
+} lwo_dtype_t;
+
+/* Bytes of one element, or 0 for an unknown dtype. Any thread. */
+LWO_API size_t lwo_dtype_size(lwo_dtype_t dtype);
+/* Static name ("bf16"), or "unknown". Any thread. */
+LWO_API const char* lwo_dtype_name(lwo_dtype_t dtype);
+
+#define LWO_MAX_DIMS 8
+/* Every tensor of a record starts at a multiple of this many bytes, and a
+ * record's size is a multiple of it. */
+#define LWO_RECORD_ALIGN 256
+
+/* One named tensor of a layer. `name` is copied; it must be non-empty, at most
+ * 255 bytes and unique within its layer. Shape dimensions are >= 0 (a tensor
+ * of 0 elements is allowed and takes no bytes). `host_data` is used only by
+ * registered pools (see lwo_pool_create_registered) and must be NULL for
+ * pinned pools. */
+typedef struct lwo_tensor_desc {
+  const char* name;
+  lwo_dtype_t dtype;
+  int32_t n_dims;
+  int64_t shape[LWO_MAX_DIMS];
+  const void* host_data;
+} lwo_tensor_desc;
+
+/* One layer: a record of tensors, laid out in the given order, each at the
+ * next multiple of LWO_RECORD_ALIGN. A "layer" may be a whole block of
+ * several weight matrices: one record moves in one copy. */
+typedef struct lwo_layer_desc {
+  const lwo_tensor_desc* tensors;
+  uint32_t n_tensors;
+} lwo_layer_desc;
+
+/* The record layout of one layer, without creating anything: writes the byte
+ * offset of each tensor within the record into `offsets` (n_tensors entries,
+ * may be NULL) and the record's size into `*record_bytes`. Lets a caller lay
+ * out its own memory to match, so a registered layer moves in one copy.
+ * Any thread. */
+LWO_API lwo_status_t lwo_record_layout(const lwo_layer_desc* layer,
+                                       uint64_t* offsets,
+                                       uint64_t* record_bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Engine                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_engine lwo_engine;
+
+typedef struct lwo_engine_config {
+  size_t size;        /* sizeof(lwo_engine_config) */
+  int32_t device;     /* CUDA device ordinal; default 0 */
+  uint32_t flags;     /* none defined yet; must be 0 */
+} lwo_engine_config;
+
+#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
+LWO_API void lwo_engine_config_init(lwo_engine_config* config);
+
+/* Creates an engine on one CUDA device, with its own non-blocking transfer
+ * (host to device) and gradient (device to host) streams. `config` may be
+ * NULL for the defaults. LWO_ERR_NO_DEVICE when there is no such device.
+ * One engine per device per process is the intended use. Any thread. */
+LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config,
+                                       lwo_engine** engine);
+
+/* Destroys an engine after waiting for its streams. LWO_ERR_BUSY while pools
+ * of the engine exist. */
+LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine);
+
+/* The CUDA device ordinal of the engine. */
+LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device);
+
+/* The engine's transfer stream, on which every host-to-device copy of every
+ * ring of the engine is enqueued. Owned by the engine; valid until it is
+ * destroyed. For callers that want to order their own work after transfers. */
+LWO_API lwo_status_t lwo_engine_transfer_stream(const lwo_engine* engine,
+                                                lwo_stream_t* stream);
+
+/* Errors that surfaced later on the GPU: returns LWO_OK if no device work of
+ * this engine has failed so far, else the error, with a message. Does not
+ * block. */
+LWO_API lwo_status_t lwo_engine_check(lwo_engine* engine);
+
+/* Blocks until all work on the engine's streams has finished, then reports as
+ * lwo_engine_check does. */
+LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine);
+
+/* ------------------------------------------------------------------------ */
+/* Host weight pools                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_pool lwo_pool;
+
+typedef struct lwo_pool_config {
+  size_t size;          /* sizeof(lwo_pool_config) */
+  uint32_t flags;       /* none defined yet; must be 0 */
+  uint32_t n_threads;   /* threads used to first-touch (and zero) a pinned
+                           arena; 0 = one per core, at most 64 */
+} lwo_pool_config;
+
+#define LWO_POOL_CONFIG_INIT {sizeof(lwo_pool_config), 0u, 0u}
+LWO_API void lwo_pool_config_init(lwo_pool_config* config);
+
+/* Creates a pool of `n_layers` layers whose records live in one pinned host
+ * arena the pool owns, sized exactly to the sum of the records (rounded up to
+ * a page), zero-filled. Fill it with lwo_pool_write or through the pointers of
+ * lwo_pool_layer_host / lwo_pool_tensor_host. `config` may be NULL.
+ * The descriptions are copied. Any thread. */
+LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine,
+                                            const lwo_layer_desc* layers,
+                                            uint32_t n_layers,
+                                            const lwo_pool_config* config,
+                                            lwo_pool** pool);
+
+/* A range of caller memory to register for DMA in place (cudaHostRegister). */
+typedef struct lwo_host_region {
+  const void* data;
+  uint64_t bytes;
+} lwo_host_region;
+
+/* Creates a pool over caller memory, registered in place: each region is
+ * registered (memory the caller already pinned or registered is accepted and
+ * left as it is), and each tensor's `host_data` must lie, whole, inside one
+ * region. Where a layer's tensors sit in host memory exactly as its record
+ * lays them out (see lwo_record_layout), the layer moves in one copy;
+ * otherwise in one copy per contiguous run. The caller keeps the memory
+ * alive and unmodified while any ring may stage from it, and until the pool
+ * is destroyed (which unregisters what it registered). */
+LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine,
+                                                const lwo_layer_desc* layers,
+                                                uint32_t n_layers,
+                                                const lwo_host_region* regions,
+                                                uint32_t n_regions,
+                                                const lwo_pool_config* config,
+                                                lwo_pool** pool);
+
+/* LWO_ERR_BUSY while rings of the pool exist. */
+LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool);
+
+typedef struct lwo_pool_info {
+  size_t size;                /* sizeof(lwo_pool_info), set by the caller */
+  uint32_t n_layers;
+  uint32_t is_registered;     /* 0: pinned arena; 1: registered caller memory */
+  uint64_t total_bytes;       /* sum of all records */
+  uint64_t max_record_bytes;  /* largest record: the size of a ring slot */
+} lwo_pool_info;
+
+LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info);
+
+/* Where one tensor sits in its layer's record. `name` points into the pool
+ * and lives as long as the pool. */
+typedef struct lwo_tensor_info {
+  const char* name;
+  lwo_dtype_t dtype;
+  int32_t n_dims;
+  int64_t shape[LWO_MAX_DIMS];
+  uint64_t offset;   /* byte offset within the record */
+  uint64_t bytes;
+} lwo_tensor_info;
+
+LWO_API lwo_status_t lwo_pool_layer_tensor_count(const lwo_pool* pool, uint32_t layer,
+                                                 uint32_t* n_tensors);
+LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer,
+                                          uint32_t index, lwo_tensor_info* info);
+/* Index of the tensor called `name` in `layer`; LWO_ERR_NOT_FOUND if none. */
+LWO_API lwo_status_t lwo_pool_find_tensor(const lwo_pool* pool, uint32_t layer,
+                                          const char* name, uint32_t* index);
+/* Bytes of one layer's record. */
+LWO_API lwo_status_t lwo_pool_record_bytes(const lwo_pool* pool, uint32_t layer,
+                                           uint64_t* bytes);
+
+/* Copies `bytes` bytes from `src` into tensor `name` of `layer`; `bytes` must
+ * equal the tensor's size (LWO_ERR_SIZE_MISMATCH). Pinned pools only
+ * (registered pools are the caller's memory: write it directly). Writing a
+ * layer while a ring may be copying it is a data race the caller must avoid:
+ * write before staging, or after the ring's copies of that layer finished. */
+LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* name,
+                                    const void* src, uint64_t bytes);
+
+/* The host address of a layer's whole record and its size, for filling it in
+ * place (pinned pools: writable; registered pools: the first tensor's
+ * address is returned only when the layer is contiguous, else
+ * LWO_ERR_UNSUPPORTED). Valid until the pool is destroyed. */
+LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** data,
+                                         uint64_t* bytes);
+
+/* The host address and size of one tensor. Valid until the pool is destroyed. */
+LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
+                                          const char* name, void** data,
+                                          uint64_t* bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Device slot rings                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_ring lwo_ring;
+
+/* One occupancy of one slot of one ring. Treat it as opaque; 0 is never a
+ * valid ticket. */
+typedef struct lwo_ticket {
+  uint64_t id;
+} lwo_ticket;
+
+/* Record copy and wait timings with CUDA events (see lwo_ring_stats). */
+#define LWO_RING_TIMING 0x1u
+
+typedef struct lwo_ring_config {
+  size_t size;      /* sizeof(lwo_ring_config) */
+  uint32_t depth;   /* number of slots, >= 1; default 2 (enough to saturate
+                       one PCIe link when compute per layer is even) */
+  uint32_t flags;   /* LWO_RING_TIMING or 0 */
+} lwo_ring_config;
+
+#define LWO_RING_CONFIG_INIT {sizeof(lwo_ring_config), 2u, 0u}
+LWO_API void lwo_ring_config_init(lwo_ring_config* config);
+
+/* Creates a ring of `depth` device slots, each the size of the pool's largest
+ * record, serving layers of `pool`. `config` may be NULL. */
+LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
+                                     lwo_ring** ring);
+
+/* Waits for the ring's copies and for the consumer streams' releases, then
+ * frees its slots. LWO_ERR_BUSY while a ticket is acquired and not released,
+ * or while a schedule of the ring exists. */
+LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
+
+/* Claims a slot for `layer` and returns its ticket. If the layer is still in a
+ * slot from an earlier occupancy (released, not overwritten), that is a hit:
+ * no copy. Otherwise the copy of the layer's record into the least recently
+ * used free slot is enqueued on the engine's transfer stream, ordered after
+ * every release of that slot's previous occupant. Never blocks the host.
+ * LWO_ERR_RING_FULL if every slot is staged or held; LWO_ERR_LAYER_BUSY if the
+ * layer is already staged or held under another ticket. */
+LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer,
+                                    lwo_ticket* ticket);
+
+/* The device addresses of an acquired layer. `tensors` points to n_tensors
+ * device addresses in the layer's tensor order; it and the addresses are
+ * valid until the ticket is released. */
+typedef struct lwo_layer_view {
+  uint32_t layer;
+  uint32_t n_tensors;
+  void* base;                  /* device address of the record */
+  uint64_t record_bytes;
+  void* const* tensors;
+} lwo_layer_view;
+
+/* Makes `stream` wait (on the GPU) until the ticket's layer is in its slot and
+ * returns the device addresses. Work enqueued on `stream` after this call may
+ * read the slot. A ticket is acquired at most once (LWO_ERR_TICKET_STATE). */
+LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket,
+                                      lwo_stream_t stream, lwo_layer_view* view);
+
+/* The device address of tensor `name` of an acquired ticket. */
+LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket,
+                                     const char* name, void** device_ptr);
+
+/* Ends the ticket's occupancy: records the slot's free event on `stream`. The
+ * slot will not be overwritten until the work enqueued on `stream` before this
+ * call has finished, so every read of the slot must be ordered on `stream`
+ * before the release (if reads ran on several streams, join them into
+ * `stream` first). A staged ticket may be released without being acquired.
+ * The layer stays in the slot, so staging it again before the slot is reused
+ * is a hit. Releasing twice is LWO_ERR_STALE_TICKET. */
+LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket,
+                                      lwo_stream_t stream);
+
+typedef struct lwo_ring_info {
+  size_t size;            /* sizeof(lwo_ring_info), set by the caller */
+  uint32_t depth;
+  uint32_t n_free;        /* slots that are empty or released */
+  uint64_t slot_bytes;
+} lwo_ring_info;
+
+LWO_API lwo_status_t lwo_ring_get_info(const lwo_ring* ring, lwo_ring_info* info);
+
+typedef struct lwo_ring_stats {
+  size_t size;              /* sizeof(lwo_ring_stats), set by the caller */
+  uint64_t n_stages;        /* successful lwo_ring_stage calls */
+  uint64_t n_hits;          /* of which found the layer already in a slot */
+  uint64_t n_copies;        /* host-to-device copies enqueued (a
+                               non-contiguous layer may take several) */
+  uint64_t bytes_copied;
+  /* With LWO_RING_TIMING only (else 0): */
+  double copy_ms;           /* sum of the copies' durations on the GPU */
+  double wait_ms;           /* time consumer streams stood waiting in
+                               lwo_ring_acquire for copies to land */
+  double bandwidth_gbps;    /* bytes_copied / copy_ms, in 1e9 bytes/s */
+} lwo_ring_stats;
+
+/* Statistics since creation or the last reset. With LWO_RING_TIMING this
+ * blocks until the timed work enqueued so far has finished. */
+LWO_API lwo_status_t lwo_ring_get_stats(lwo_ring* ring, lwo_ring_stats* stats);
+LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring);
+
+/* ------------------------------------------------------------------------ */
+/* Schedules                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_schedule lwo_schedule;
+
+/* A pass over an ordered list of layer ids of the ring's pool (copied; ids
+ * may repeat). */
+LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
+                                         uint32_t n_layers, lwo_schedule** schedule);
+
+/* Releases a layer the schedule still holds on the stream of the last
+ * lwo_schedule_next, then destroys it. */
+LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
+
+/* One step of the pass: releases the previously returned layer on `stream`,
+ * stages up to the ring's depth of layers ahead, makes `stream` wait for the
+ * next layer and returns its view (as lwo_ring_acquire does). After the last
+ * layer it releases that one and returns LWO_END (view untouched). */
+LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
+                                       lwo_layer_view* view);
+
+/* Position of the next layer lwo_schedule_next will return (0..n_layers). */
+LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
+                                           uint32_t* position);
+
+/* Releases whatever the schedule holds on `stream` and restarts the pass from
+ * the first layer. Layers still in slots will be hits. */
+LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* LWO_H_ */
