@@ -1,0 +1,93 @@
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "kernels/checksum.h"
+
+namespace lwo {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void checksum_kernel(const uint4* __restrict__ data, size_t n_vec,
+                                const uint8_t* __restrict__ tail, size_t tail_bytes,
+                                unsigned long long* out) {
+  unsigned long long acc = 0;
+  size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t v = size_t(blockIdx.x) * blockDim.x + threadIdx.x; v < n_vec; v += stride) {
+    uint4 x = __ldcs(data + v);  // streaming: read once
+    unsigned long long w0 = (unsigned long long)x.x | ((unsigned long long)x.y << 32);
+    unsigned long long w1 = (unsigned long long)x.z | ((unsigned long long)x.w << 32);
+    unsigned long long i0 = 2 * v;
+    acc += w0 * (2 * i0 + 1) + w1 * (2 * i0 + 3);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && tail_bytes) {
+    // Up to 15 bytes after the last full 16-byte vector: one or two words.
+    size_t base_word = 2 * n_vec;
+    for (size_t w = 0; w * 8 < tail_bytes; ++w) {
+      unsigned long long word = 0;
+      for (size_t b = 0; b < 8 && w * 8 + b < tail_bytes; ++b)
+        word |= (unsigned long long)tail[w * 8 + b] << (8 * b);
+      acc += word * (2 * (base_word + w) + 1);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
+}
+
+uint64_t checksum_range(const uint8_t* p, size_t first_word, size_t n_words, size_t total_bytes) {
+  uint64_t acc = 0;
+  for (size_t i = first_word; i < first_word + n_words; ++i) {
+    uint64_t w = 0;
+    size_t off = i * 8;
+    size_t n = std::min<size_t>(8, total_bytes - off);
+    std::memcpy(&w, p + off, n);  // little-endian hosts
+    acc += w * (2 * i + 1);
+  }
+  return acc;
+}
+
+}  // namespace
+
+cudaError_t checksum_async(const void* data, size_t bytes, unsigned long long* out,
+                           cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return cudaErrorMisalignedAddress;
+  size_t n_vec = bytes / 16;
+  const uint8_t* tail = static_cast<const uint8_t*>(data) + n_vec * 16;
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  size_t blocks = std::min<size_t>((n_vec + kThreads - 1) / kThreads, size_t(sms) * 8);
+  blocks = std::max<size_t>(blocks, 1);
+  checksum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(data), n_vec, tail, bytes % 16, out);
+  return cudaGetLastError();
+}
+
+uint64_t checksum_host(const void* data, size_t bytes, unsigned n_threads) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  size_t n_words = (bytes + 7) / 8;
+  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  unsigned n = n_threads ? n_threads : hw;
+  n = static_cast<unsigned>(std::min<size_t>(n, std::max<size_t>(1, n_words / (1u << 20))));
+  if (n <= 1) return checksum_range(p, 0, n_words, bytes);
+  std::vector<uint64_t> part(n, 0);
+  std::vector<std::thread> threads;
+  size_t chunk = (n_words + n - 1) / n;
+  for (unsigned t = 0; t < n; ++t) {
+    size_t b = std::min(n_words, chunk * t), e = std::min(n_words, chunk * (t + 1));
+    threads.emplace_back([&, t, b, e] { part[t] = checksum_range(p, b, e - b, bytes); });
+  }
+  uint64_t acc = 0;
+  for (unsigned t = 0; t < n; ++t) {
+    threads[t].join();
+    acc += part[t];
+  }
+  return acc;
+}
+
+}  // namespace kernels
+}  // namespace lwo
