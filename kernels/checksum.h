@@ -18,7 +18,7 @@ namespace lwo {
 namespace kernels {
 
 // Adds checksum(data[0..bytes)) into *out (device memory) on `stream`.
-// `data` must be 8-byte aligned. Returns the launch error, if any.
+// `data` must be 16-byte aligned (slots and tensors are 256-byte aligned). Returns the launch error, if any.
 cudaError_t checksum_async(const void* data, size_t bytes, unsigned long long* out,
                            cudaStream_t stream);
 
