@@ -1,0 +1,258 @@
+// A Backend with no GPU, for unit tests. "Device" memory is host memory and
+// copies happen at once, so tests can read slot bytes directly. Every stream
+// operation is also run through a vector-clock model of CUDA stream semantics
+// (a stream orders its own work; an event captures its stream's position when
+// recorded; a wait orders the stream after the captured position), and every
+// access to device memory is checked:
+//   - a copy into memory must be ordered after every earlier read and write
+//     of the bytes it overwrites (no slot overwritten while a reader may run);
+//   - a read (declared by the test with read()) must be ordered after the
+//     copy that wrote the bytes it reads;
+//   - copy sources must lie in host memory registered or pinned through the
+//     backend (DMA-ready).
+// Violations are collected as text; a test asserts there are none.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+
+namespace lwo {
+namespace testing {
+
+class RecordingBackend final : public Backend {
+ public:
+  using Clock = std::vector<uint64_t>;  // indexed by stream number
+
+  struct Stats {
+    uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
+  };
+
+  RecordingBackend() { streams_.push_back({}); }  // stream 0: the legacy stream (NULL)
+  ~RecordingBackend() override {
+    for (auto& kv : allocs_) delete[] reinterpret_cast<uint8_t*>(kv.first);
+    for (auto& kv : pinned_) delete[] reinterpret_cast<uint8_t*>(kv.first);
+  }
+
+  // ---- test controls ----
+  std::vector<std::string> violations;
+  std::vector<std::string> log;  // one line per stream operation
+  bool keep_log = false;
+  Stats stats;
+  int fail_copy_after = -1;         // throw on the (n+1)-th copy from now
+  int fail_alloc_after = -1;        // throw LWO_ERR_OUT_OF_MEMORY on the (n+1)-th alloc
+  bool refuse_register = false;     // host_register throws (registration refused)
+  int current_device = 0;
+  int set_device_calls = 0;
+
+  // A consumer kernel reading [ptr, ptr+n) on `stream`.
+  void read(StreamH stream, const void* ptr, size_t n) {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.reads;
+    access(s, ptr, n, /*write=*/false, "read");
+  }
+  StreamH new_stream() { return stream_create(); }
+  size_t n_device_allocs() const { return allocs_.size(); }
+  size_t n_registered() const { return registered_.size(); }
+
+  // ---- Backend ----
+  int get_device() override { return current_device; }
+  void set_device(int d) override {
+    current_device = d;
+    ++set_device_calls;
+  }
+  void* device_alloc(size_t bytes) override {
+    if (fail_alloc_after == 0) {
+      fail_alloc_after = -1;
+      fail(LWO_ERR_OUT_OF_MEMORY, "cudaMalloc(%zu bytes): out of memory (injected)", bytes);
+    }
+    if (fail_alloc_after > 0) --fail_alloc_after;
+    auto* p = new uint8_t[bytes ? bytes : 1];
+    std::memset(p, 0xA5, bytes);
+    allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  void device_free(void* p) noexcept override {
+    if (!p) return;
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocs_.end()) {
+      violations.push_back("device_free of unknown pointer");
+      return;
+    }
+    accesses_.erase(it->first);
+    allocs_.erase(it);
+    delete[] static_cast<uint8_t*>(p);
+  }
+  void* host_alloc_pinned(size_t bytes) override {
+    auto* p = new uint8_t[bytes ? bytes : 1];
+    pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  void host_free_pinned(void* p) noexcept override {
+    auto it = pinned_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == pinned_.end()) {
+      violations.push_back("host_free_pinned of unknown pointer");
+      return;
+    }
+    pinned_.erase(it);
+    delete[] static_cast<uint8_t*>(p);
+  }
+  bool host_register(void* p, size_t bytes, bool) override {
+    if (refuse_register) fail(LWO_ERR_CUDA, "cudaHostRegister: operation not permitted (injected)");
+    uintptr_t b = reinterpret_cast<uintptr_t>(p);
+    for (auto& kv : registered_)
+      if (b < kv.first + kv.second && kv.first < b + bytes) return false;  // already
+    registered_[b] = bytes;
+    return true;
+  }
+  void host_unregister(void* p) noexcept override {
+    if (!registered_.erase(reinterpret_cast<uintptr_t>(p)))
+      violations.push_back("host_unregister of memory not registered");
+  }
+
+  StreamH stream_create() override {
+    streams_.push_back({});
+    return reinterpret_cast<StreamH>(streams_.size() - 1);
+  }
+  void stream_destroy(StreamH) noexcept override {}
+  void stream_sync(StreamH) override {}
+  void stream_check(StreamH) override {}
+
+  EventH event_create(bool) override {
+    events_.push_back({});
+    return reinterpret_cast<EventH>(events_.size());  // 1-based, never NULL
+  }
+  void event_destroy(EventH) noexcept override {}
+  void event_record(EventH e, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.records;
+    Event& ev = event(e);
+    ev.recorded = true;
+    ev.clock = streams_[s].clock;
+    if (keep_log) log.push_back(strf("record e%zu on s%zu", event_index(e), s));
+  }
+  void stream_wait(StreamH stream, EventH e) override {
+    size_t s = stream_index(stream);
+    Event& ev = event(e);
+    ++stats.waits;
+    if (keep_log) log.push_back(strf("wait s%zu on e%zu", s, event_index(e)));
+    if (!ev.recorded) return;  // CUDA: waiting on a never-recorded event is a no-op
+    Clock& c = streams_[s].clock;
+    if (c.size() < ev.clock.size()) c.resize(ev.clock.size(), 0);
+    for (size_t i = 0; i < ev.clock.size(); ++i) c[i] = std::max(c[i], ev.clock[i]);
+  }
+  bool event_done(EventH) override { return true; }
+  void event_sync(EventH) override {}
+  float event_elapsed_ms(EventH, EventH) override { return 1.0f; }
+
+  void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) override {
+    if (fail_copy_after == 0) {
+      fail_copy_after = -1;
+      fail(LWO_ERR_CUDA, "cudaMemcpyAsync: unspecified launch failure (injected)");
+    }
+    if (fail_copy_after > 0) --fail_copy_after;
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.copies;
+    stats.bytes += bytes;
+    if (!dma_ready(src, bytes))
+      violations.push_back(strf("copy from host %p (%zu bytes) that is not pinned or registered",
+                                src, bytes));
+    access(s, dst, bytes, /*write=*/true, "copy");
+    std::memcpy(dst, src, bytes);
+    if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
+  }
+
+ private:
+  struct StreamState {
+    Clock clock;
+  };
+  struct Event {
+    bool recorded = false;
+    Clock clock;
+  };
+  struct Access {
+    size_t begin, end;  // offsets within the allocation
+    size_t stream;
+    uint64_t epoch;     // the stream's own clock value at the access
+    bool write;
+  };
+
+  size_t stream_index(StreamH s) {
+    size_t i = reinterpret_cast<size_t>(s);
+    if (i >= streams_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown stream %zu", i);
+    return i;
+  }
+  size_t event_index(EventH e) { return reinterpret_cast<size_t>(e); }
+  Event& event(EventH e) {
+    size_t i = event_index(e);
+    if (i == 0 || i > events_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown event");
+    return events_[i - 1];
+  }
+  void tick(size_t s) {
+    Clock& c = streams_[s].clock;
+    if (c.size() <= s) c.resize(s + 1, 0);
+    ++c[s];
+  }
+  bool ordered_before(const Access& a, size_t s) const {
+    const Clock& c = streams_[s].clock;
+    return a.stream < c.size() && c[a.stream] >= a.epoch;
+  }
+  bool dma_ready(const void* p, size_t n) const {
+    uintptr_t b = reinterpret_cast<uintptr_t>(p);
+    auto inside = [&](const std::map<uintptr_t, size_t>& m) {
+      auto it = m.upper_bound(b);
+      if (it == m.begin()) return false;
+      --it;
+      return b + n <= it->first + it->second;
+    };
+    return inside(registered_) || inside(pinned_);
+  }
+  void access(size_t s, const void* p, size_t n, bool write, const char* what) {
+    uintptr_t b = reinterpret_cast<uintptr_t>(p);
+    auto it = allocs_.upper_bound(b);
+    if (it == allocs_.begin() || b + n > std::prev(it)->first + std::prev(it)->second) {
+      violations.push_back(strf("%s of %zu bytes at %p outside any device allocation", what, n, p));
+      return;
+    }
+    --it;
+    size_t off = b - it->first;
+    std::vector<Access>& list = accesses_[it->first];
+    Access me{off, off + n, s, streams_[s].clock[s], write};
+    for (const Access& a : list) {
+      bool overlap = a.begin < me.end && me.begin < a.end;
+      if (!overlap) continue;
+      // A write must follow every earlier access; a read must follow writes.
+      if ((write || a.write) && !ordered_before(a, s))
+        violations.push_back(strf("%s on stream %zu of bytes [%zu, %zu) of allocation %p is not "
+                                  "ordered after the %s on stream %zu (epoch %llu)",
+                                  what, s, me.begin, me.end, reinterpret_cast<void*>(it->first),
+                                  a.write ? "copy" : "read", a.stream,
+                                  static_cast<unsigned long long>(a.epoch)));
+    }
+    if (write)  // accesses wholly overwritten are covered by this one from now on
+      list.erase(std::remove_if(list.begin(), list.end(),
+                                [&](const Access& a) {
+                                  return a.begin >= me.begin && a.end <= me.end;
+                                }),
+                 list.end());
+    list.push_back(me);
+  }
+
+  std::vector<StreamState> streams_;
+  std::vector<Event> events_;
+  std::map<uintptr_t, size_t> allocs_, pinned_, registered_;
+  std::map<uintptr_t, std::vector<Access>> accesses_;
+};
+
+}  // namespace testing
+}  // namespace lwo

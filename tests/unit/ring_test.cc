@@ -1,0 +1,306 @@
+// The ring's state machine against the recording backend: happens-before of
+// every copy, wait, record and read on thousands of random sequences.
+#include <map>
+#include <set>
+
+#include "test_util.h"
+
+namespace lwo {
+namespace testing {
+namespace {
+
+using RingTest = EngineTest;
+
+// The checker itself: a copy and a read on two streams with no event between
+// them is a violation; with record + wait it is not.
+TEST_F(RingTest, CheckerFlagsUnorderedAccesses) {
+  StreamH a = gpu->new_stream(), b = gpu->new_stream();
+  void* dev = gpu->device_alloc(1024);
+  void* host = gpu->host_alloc_pinned(1024);
+  gpu->copy_h2d(dev, host, 1024, a);
+  gpu->read(b, dev, 512);
+  EXPECT_EQ(gpu->violations.size(), 1u);  // read not ordered after the copy
+  gpu->violations.clear();
+
+  EventH ev = gpu->event_create(false);
+  gpu->event_record(ev, a);
+  gpu->stream_wait(b, ev);
+  gpu->read(b, dev, 512);
+  EXPECT_TRUE(gpu->violations.empty());
+  gpu->copy_h2d(dev, host, 1024, a);  // overwrites what b's two reads may still read
+  EXPECT_EQ(gpu->violations.size(), 2u);
+  gpu->violations.clear();
+
+  gpu->event_record(ev, b);
+  gpu->stream_wait(a, ev);
+  gpu->copy_h2d(dev, host, 1024, a);
+  EXPECT_TRUE(gpu->violations.empty());
+  char pageable[64];
+  gpu->copy_h2d(dev, pageable, sizeof pageable, a);  // not DMA-ready
+  EXPECT_EQ(gpu->violations.size(), 1u);
+  gpu->violations.clear();
+  gpu->host_free_pinned(host);
+  gpu->device_free(dev);
+}
+
+// Random stage / acquire / read / release on several consumer streams, every
+// depth 1..8: no copy is ordered before the release of the slot's previous
+// reader, every read follows its copy, and every acquired slot holds exactly
+// its layer's host bytes.
+TEST_F(RingTest, RandomSequencesKeepHappensBefore) {
+  const uint32_t kLayers = 11;
+  lwo_pool* pool = make_pool(kLayers, 3);
+  std::vector<StreamH> consumers = {gpu->new_stream(), gpu->new_stream(), gpu->new_stream()};
+  std::mt19937 rng(12345);
+  uint64_t total_ops = 0, hits_seen = 0;
+  for (uint32_t depth = 1; depth <= 8; ++depth) {
+    lwo_ring* ring = make_ring(pool, depth);
+    ASSERT_NE(ring, nullptr);
+    struct Out {
+      lwo_ticket t;
+      uint32_t layer;
+      bool acquired;
+      StreamH stream;
+      lwo_layer_view view;
+    };
+    std::vector<Out> out;
+    for (int op = 0; op < 3000; ++op, ++total_ops) {
+      uint32_t choice = rng() % 10;
+      if (choice < 4) {  // stage a random layer
+        uint32_t layer = rng() % kLayers;
+        lwo_ticket t{};
+        lwo_status_t s = lwo_ring_stage(ring, layer, &t);
+        bool busy = false;
+        for (const Out& o : out) busy |= (o.layer == layer);
+        if (busy) {
+          ASSERT_EQ(s, LWO_ERR_LAYER_BUSY) << lwo_last_error_message();
+        } else if (out.size() == depth) {
+          ASSERT_EQ(s, LWO_ERR_RING_FULL) << lwo_last_error_message();
+        } else {
+          ASSERT_EQ(s, LWO_OK) << lwo_last_error_message();
+          out.push_back({t, layer, false, nullptr, {}});
+        }
+      } else if (choice < 7 && !out.empty()) {  // acquire one
+        Out& o = out[rng() % out.size()];
+        if (o.acquired) continue;
+        o.stream = consumers[rng() % consumers.size()];
+        ASSERT_LWO(lwo_ring_acquire(ring, o.t, stream(o.stream), &o.view));
+        o.acquired = true;
+        ASSERT_EQ(o.view.layer, o.layer);
+        ASSERT_TRUE(holds_layer(pool, o.view)) << "layer " << o.layer << " depth " << depth;
+        // The consumer reads the whole record, sometimes in pieces.
+        gpu->read(o.stream, o.view.base, o.view.record_bytes);
+        if (o.view.n_tensors > 1) gpu->read(o.stream, o.view.tensors[1], 4);
+      } else if (!out.empty()) {  // release one (acquired or not)
+        size_t i = rng() % out.size();
+        Out o = out[i];
+        // Usually on the stream that read; sometimes join into another first.
+        StreamH rs = o.acquired ? o.stream : consumers[rng() % consumers.size()];
+        if (o.acquired && rng() % 4 == 0) {
+          StreamH other = consumers[rng() % consumers.size()];
+          EventH j = gpu->event_create(false);
+          gpu->event_record(j, o.stream);
+          gpu->stream_wait(other, j);
+          rs = other;
+        }
+        ASSERT_LWO(lwo_ring_release(ring, o.t, stream(rs)));
+        out.erase(out.begin() + static_cast<long>(i));
+      }
+      ASSERT_TRUE(gpu->violations.empty())
+          << "depth " << depth << " op " << op << ": " << gpu->violations[0];
+    }
+    for (const Out& o : out)
+      ASSERT_LWO(lwo_ring_release(ring, o.t, stream(o.acquired ? o.stream : consumers[0])));
+    lwo_ring_stats st{};
+    st.size = sizeof st;
+    ASSERT_LWO(lwo_ring_get_stats(ring, &st));
+    EXPECT_GT(st.n_hits, 0u) << "depth " << depth;
+    EXPECT_EQ(st.n_copies, st.n_stages - st.n_hits);  // pinned layers: one copy each
+    hits_seen += st.n_hits;
+    ASSERT_LWO(lwo_ring_destroy(ring));
+  }
+  EXPECT_GE(total_ops, 24000u);
+  EXPECT_GT(hits_seen, 100u);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// Staging in order with release at once streams every layer through slots in
+// LRU order; a layer released and staged again before its slot is reused is a
+// hit and moves no bytes.
+TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
+  lwo_pool* pool = make_pool(6);
+  lwo_ring* ring = make_ring(pool, 3);
+  StreamH c = gpu->new_stream();
+  auto pass = [&](std::vector<uint32_t> layers) {
+    for (uint32_t l : layers) {
+      lwo_ticket t{};
+      lwo_layer_view v{};
+      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+      ASSERT_TRUE(holds_layer(pool, v));
+      gpu->read(c, v.base, v.record_bytes);
+      ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+    }
+  };
+  pass({0, 1, 2});
+  uint64_t copies = gpu->stats.copies;
+  pass({2, 1, 0});  // all three still in slots
+  EXPECT_EQ(gpu->stats.copies, copies);
+  pass({3});  // evicts the least recently released: layer 2
+  EXPECT_EQ(gpu->stats.copies, copies + 1);
+  pass({1, 0});  // still there
+  EXPECT_EQ(gpu->stats.copies, copies + 1);
+  pass({2});  // was evicted: a copy
+  EXPECT_EQ(gpu->stats.copies, copies + 2);
+  lwo_ring_stats st{};
+  st.size = sizeof st;
+  ASSERT_LWO(lwo_ring_get_stats(ring, &st));
+  EXPECT_EQ(st.n_stages, 10u);
+  EXPECT_EQ(st.n_hits, 5u);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_ring_reset_stats(ring));
+  ASSERT_LWO(lwo_ring_get_stats(ring, &st));
+  EXPECT_EQ(st.n_stages, 0u);
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// A hit acquired on stream B while stream A may still read the previous
+// occupancy: B's release must still cover A's reads before the slot is reused.
+TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 1);
+  StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
+  lwo_ticket t{};
+  lwo_layer_view v{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  gpu->read(a, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(a)));
+  // Hit, acquired and released on b.
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(b), &v));
+  gpu->read(b, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(b)));
+  // Hit, released on c without acquiring.
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  // Now the slot is overwritten: must be after a's and b's reads.
+  ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(pool, 2);
+  StreamH c = gpu->new_stream();
+  lwo_ticket t0{}, t1{}, t2{};
+  lwo_layer_view v{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
+  ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
+  EXPECT_EQ(lwo_ring_stage(ring, 2, &t2), LWO_ERR_RING_FULL);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("no free slot"), std::string::npos);
+  EXPECT_EQ(t2.id, 0u);
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t2), LWO_ERR_LAYER_BUSY);
+  EXPECT_EQ(lwo_ring_stage(ring, 4, &t2), LWO_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("layer 4"), std::string::npos);
+  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(c), &v));
+  EXPECT_EQ(lwo_ring_acquire(ring, t0, stream(c), &v), LWO_ERR_TICKET_STATE);
+  void* d = nullptr;
+  EXPECT_EQ(lwo_ring_tensor(ring, t0, "nope", &d), LWO_ERR_NOT_FOUND);
+  ASSERT_LWO(lwo_ring_tensor(ring, t0, "weight", &d));
+  EXPECT_EQ(d, v.tensors[0]);
+  EXPECT_EQ(lwo_ring_acquire(other, t0, stream(c), &v), LWO_ERR_FOREIGN_TICKET);
+  EXPECT_EQ(lwo_ring_release(ring, lwo_ticket{0}, stream(c)), LWO_ERR_FOREIGN_TICKET);
+  ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
+  EXPECT_EQ(lwo_ring_release(ring, t0, stream(c)), LWO_ERR_STALE_TICKET);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("already released"), std::string::npos);
+  EXPECT_EQ(lwo_ring_acquire(ring, t0, stream(c), &v), LWO_ERR_STALE_TICKET);
+  ASSERT_LWO(lwo_ring_stage(ring, 2, &t2));  // reuses t0's slot
+  EXPECT_EQ(lwo_ring_release(ring, t0, stream(c)), LWO_ERR_STALE_TICKET);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("reused"), std::string::npos);
+  // Ring destroy refuses while a ticket is acquired.
+  ASSERT_LWO(lwo_ring_acquire(ring, t2, stream(c), &v));
+  EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_pool_destroy(pool), LWO_ERR_BUSY);
+  // Everything still works.
+  ASSERT_TRUE(holds_layer(pool, v));
+  gpu->read(c, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_ring_release(ring, t2, stream(c)));
+  ASSERT_LWO(lwo_ring_release(ring, t1, stream(c)));
+  ASSERT_LWO(lwo_ring_stage(ring, 3, &t0));
+  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(c), &v));
+  ASSERT_TRUE(holds_layer(pool, v));
+  ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_ring_destroy(other));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// A copy that fails half-way leaves the slot empty: the old layer must not be
+// a hit any more (its bytes may be partly overwritten) and the ring works on.
+TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 1);
+  StreamH c = gpu->new_stream();
+  lwo_ticket t{};
+  lwo_layer_view v{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  gpu->fail_copy_after = 0;
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_CUDA);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("injected"), std::string::npos);
+  uint64_t copies = gpu->stats.copies;
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));  // must copy again, not hit
+  EXPECT_EQ(gpu->stats.copies, copies + 1);
+  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+TEST_F(RingTest, CreateFailureLeavesNothingBehind) {
+  lwo_pool* pool = make_pool(2);
+  size_t before = gpu->n_device_allocs();
+  gpu->fail_alloc_after = 2;  // third slot fails
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = 4;
+  lwo_ring* ring = nullptr;
+  EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(ring, nullptr);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("depth 4"), std::string::npos);
+  EXPECT_EQ(gpu->n_device_allocs(), before);
+  ASSERT_LWO(lwo_pool_destroy(pool));  // no ring was counted
+}
+
+TEST_F(RingTest, TimingStatsAccumulate) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2, LWO_RING_TIMING);
+  StreamH c = gpu->new_stream();
+  for (uint32_t l = 0; l < 4; ++l) {
+    lwo_ticket t{};
+    lwo_layer_view v{};
+    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  }
+  lwo_ring_stats st{};
+  st.size = sizeof st;
+  ASSERT_LWO(lwo_ring_get_stats(ring, &st));
+  EXPECT_EQ(st.n_copies, 4u);
+  EXPECT_DOUBLE_EQ(st.copy_ms, 4.0);  // the recording backend's 1 ms per interval
+  EXPECT_DOUBLE_EQ(st.wait_ms, 4.0);
+  EXPECT_NEAR(st.bandwidth_gbps, st.bytes_copied / 4e6, 1e-9);
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace lwo

@@ -1,0 +1,109 @@
+// Shared pieces of the host-only unit tests: an engine over the recording
+// backend, layer descriptions and a seeded filler.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/testing.h"
+#include "lwo.h"
+#include "recording_backend.h"
+
+#define ASSERT_LWO(call)                                                                   \
+  do {                                                                                     \
+    lwo_status_t s_ = (call);                                                              \
+    ASSERT_EQ(s_, LWO_OK) << #call << ": " << lwo_status_string(s_) << ": "              \
+                          << lwo_last_error_message();                                    \
+  } while (0)
+
+namespace lwo {
+namespace testing {
+
+// One tensor description.
+inline lwo_tensor_desc tensor(const char* name, lwo_dtype_t dt, std::vector<int64_t> shape,
+                              const void* host = nullptr) {
+  lwo_tensor_desc t{};
+  t.name = name;
+  t.dtype = dt;
+  t.n_dims = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+  t.host_data = host;
+  return t;
+}
+
+// Layers of varied records: layer i has a "weight" of (i % 5 + 1) * 37 x 19
+// bf16 and, for odd i, an f32 "bias".
+struct ModelDesc {
+  std::vector<std::vector<lwo_tensor_desc>> tensors;
+  std::vector<lwo_layer_desc> layers;
+  explicit ModelDesc(uint32_t n) : tensors(n), layers(n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      tensors[i].push_back(tensor("weight", LWO_DTYPE_BF16, {(i % 5 + 1) * 37, 19}));
+      if (i % 2) tensors[i].push_back(tensor("bias", LWO_DTYPE_F32, {(i % 5 + 1) * 37}));
+      layers[i] = lwo_layer_desc{tensors[i].data(), static_cast<uint32_t>(tensors[i].size())};
+    }
+  }
+};
+
+inline void fill_random(void* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto* b = static_cast<uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(rng() >> 17);
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto be = std::make_unique<RecordingBackend>();
+    gpu = be.get();
+    ASSERT_LWO(engine_create(std::move(be), 0, &engine));
+  }
+  void TearDown() override {
+    if (engine) {
+      EXPECT_EQ(lwo_engine_destroy(engine), LWO_OK) << lwo_last_error_message();
+    }
+  }
+  // A pinned pool of `n` layers of ModelDesc, filled with random bytes.
+  lwo_pool* make_pool(uint32_t n, uint64_t seed = 1) {
+    ModelDesc m(n);
+    lwo_pool* pool = nullptr;
+    EXPECT_EQ(lwo_pool_create_pinned(engine, m.layers.data(), n, nullptr, &pool), LWO_OK)
+        << lwo_last_error_message();
+    for (uint32_t i = 0; pool && i < n; ++i) {
+      void* p = nullptr;
+      uint64_t b = 0;
+      EXPECT_EQ(lwo_pool_layer_host(pool, i, &p, &b), LWO_OK);
+      fill_random(p, b, seed * 1000 + i);
+    }
+    return pool;
+  }
+  lwo_ring* make_ring(lwo_pool* pool, uint32_t depth, uint32_t flags = 0) {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    c.depth = depth;
+    c.flags = flags;
+    lwo_ring* ring = nullptr;
+    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
+    return ring;
+  }
+  // Does the acquired view hold exactly the host record of its layer?
+  bool holds_layer(lwo_pool* pool, const lwo_layer_view& v) {
+    void* host = nullptr;
+    uint64_t bytes = 0;
+    if (lwo_pool_layer_host(pool, v.layer, &host, &bytes) != LWO_OK) return false;
+    return bytes == v.record_bytes && std::memcmp(host, v.base, bytes) == 0;
+  }
+  lwo_stream_t stream(StreamH s) { return static_cast<lwo_stream_t>(s); }
+
+  lwo_engine* engine = nullptr;
+  RecordingBackend* gpu = nullptr;
+};
+
+}  // namespace testing
+}  // namespace lwo
