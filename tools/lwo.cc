@@ -1,0 +1,89 @@
+// The lwo program: measures how fast host weights stream through a ring of
+// device slots (probe) and streams a synthetic model, checking every byte (run).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "tools/cli.h"
+
+namespace cli {
+
+const char* const kUsage =
+    "usage: lwo <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  probe      pinned copy bandwidth by size, and ring streaming bandwidth by\n"
+    "             ring depth and record size\n"
+    "  run        stream a synthetic model through a ring, time each pass against\n"
+    "             the pinned-copy peak and check every byte that arrives\n"
+    "  help       print this help (also --help, -h)\n"
+    "  version    print the library version (also --version)\n"
+    "\n"
+    "lwo probe [flags]\n"
+    "  --max-depth N    deepest ring measured, 1..64 (default 8)\n"
+    "  --sizes LIST     copy sizes, e.g. 256K,1M,1G (default 256K,1M,4M,16M,64M,256M,1G)\n"
+    "  --records LIST   ring record sizes (default 4M,16M,64M,256M)\n"
+    "\n"
+    "lwo run [flags]\n"
+    "  --layers N       layers of the model (default 32)\n"
+    "  --rows R         rows of each layer's tensor \"weight\" (default 8192)\n"
+    "  --cols C         columns of it (default 8192)\n"
+    "  --dtype T        bf16, f16, f32, f8_e4m3, f8_e5m2, i8 or u8 (default bf16)\n"
+    "  --depth D        ring depth (default 2)\n"
+    "  --passes P       timed passes, after one warm-up pass (default 5)\n"
+    "  --seed S         seed of the random weights (default 1)\n"
+    "  --timing         create the ring with LWO_RING_TIMING (copy and wait times)\n"
+    "\n"
+    "flags of both:\n"
+    "  --device N       CUDA device ordinal (default 0)\n"
+    "  --json FILE      also write the results as JSON to FILE\n"
+    "  --quiet          no progress lines on stderr\n"
+    "\n"
+    "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
+    "bandwidths are in GB/s (1e9 bytes/s). Exit status: 0 success, 1 failure\n"
+    "(no CUDA device, a failed call, a checksum mismatch), 2 bad command line.\n";
+
+}  // namespace cli
+
+namespace {
+
+int dispatch(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(cli::kUsage, stderr);
+    return cli::kExitUsage;
+  }
+  const char* cmd = argv[1];
+  if (!std::strcmp(cmd, "help") || !std::strcmp(cmd, "--help") || !std::strcmp(cmd, "-h")) {
+    std::fputs(cli::kUsage, stdout);
+    return 0;
+  }
+  if (!std::strcmp(cmd, "version") || !std::strcmp(cmd, "--version")) {
+    std::printf("lwo %s\n", cli::version_text().c_str());
+    return 0;
+  }
+  if (!std::strcmp(cmd, "probe")) return cli::cmd_probe(argc, argv);
+  if (!std::strcmp(cmd, "run")) return cli::cmd_run(argc, argv);
+  throw cli::UsageError(cli::strf("unknown command '%s'", cmd));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rc = cli::kExitFailure;
+  try {
+    rc = dispatch(argc, argv);
+  } catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "lwo: %s\n\n%s", e.what(), cli::kUsage);
+    return cli::kExitUsage;
+  } catch (const cli::Failure&) {
+    rc = cli::kExitFailure;  // already printed
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lwo: %s\n", e.what());
+    rc = cli::kExitFailure;
+  } catch (...) {
+    std::fprintf(stderr, "lwo: unknown error\n");
+    rc = cli::kExitFailure;
+  }
+  return cli::g_cleanup_failed && rc == 0 ? cli::kExitFailure : rc;
+}

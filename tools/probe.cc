@@ -1,0 +1,392 @@
+// lwo probe: (1) pinned copy bandwidth by copy size, both directions; (2) ring
+// streaming bandwidth by ring depth and record size, as a share of (1)'s peak.
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+
+namespace cli {
+namespace {
+
+constexpr uint64_t KiB = 1024, MiB = KiB << 10, GiB = MiB << 10;
+constexpr int kBatches = 5;                  // timed batches per copy size and direction
+constexpr uint64_t kBatchBytes = 256 * MiB;  // bytes per batch of small copies
+constexpr uint64_t kPoolBytes = 1 * GiB;     // pool size aimed at per record size
+constexpr uint32_t kMaxLayers = 1024;        // ... with at most this many layers
+constexpr uint64_t kStreamBytes = 3 * GiB;   // bytes streamed per ring figure, at least
+constexpr uint64_t kMaxSteps = 16384;        // ... in at most this many layer steps
+constexpr uint64_t kSeed = 1;
+
+struct Options {
+  int device = 0;
+  uint32_t max_depth = 8;
+  std::vector<uint64_t> sizes{256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB};
+  std::vector<uint64_t> records{4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB};
+  std::string json;
+};
+
+struct CopyFigure {
+  uint64_t bytes = 0;
+  bool measured = false;
+  uint64_t copies = 0;  // per batch
+  double h2d_best = 0, h2d_median = 0, d2h_best = 0, d2h_median = 0;
+};
+
+struct RingFigure {
+  uint64_t record_bytes = 0;
+  uint32_t depth = 0, layers = 0, passes = 0;
+  bool measured = false;
+  std::string skipped;  // why not, if not measured
+  double ms = 0, gbps = 0;
+  uint64_t hits = 0;
+};
+
+// Pinned host and device buffers of the largest of `sizes` that fits (sizes
+// ascending); returns that size, or 0.
+uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host, DeviceMem& dev) {
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    void* h = nullptr;
+    void* d = nullptr;
+    cudaError_t e = cudaHostAlloc(&h, *it, cudaHostAllocDefault);
+    if (e == cudaSuccess) {
+      host = PinnedMem(h);
+      e = cudaMalloc(&d, *it);
+      if (e == cudaSuccess) {
+        dev = DeviceMem(d);
+        return *it;
+      }
+      host.destroy();
+    }
+    if (e != cudaErrorMemoryAllocation)
+      check(e,
+            strf("allocating %s of pinned host and device memory", fmt_bytes(*it).c_str()).c_str());
+    (void)cudaGetLastError();
+    progress("copy: %s buffers do not fit; trying smaller", fmt_bytes(*it).c_str());
+  }
+  return 0;
+}
+
+// GB/s of each of kBatches batches of `copies` back-to-back copies, after one
+// untimed batch.
+std::vector<double> time_batches(void* dst, const void* src, uint64_t bytes, uint64_t copies,
+                                 cudaMemcpyKind kind, cudaStream_t stream, const Event& a,
+                                 const Event& b) {
+  std::vector<double> gbps;
+  for (int rep = -1; rep < kBatches; ++rep) {
+    CHECK(cudaEventRecord(a.get(), stream));
+    for (uint64_t i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    CHECK(cudaEventRecord(b.get(), stream));
+    CHECK(cudaEventSynchronize(b.get()));
+    if (rep >= 0) gbps.push_back(static_cast<double>(bytes * copies) / (elapsed_ms(a, b) * 1e6));
+  }
+  return gbps;
+}
+
+std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
+  PinnedMem host;
+  DeviceMem dev;
+  uint64_t fit = alloc_copy_buffers(sizes, host, dev);
+  Stream stream = make_stream();
+  Event a = make_event(), b = make_event();
+  std::vector<CopyFigure> out;
+  for (uint64_t bytes : sizes) {
+    CopyFigure f;
+    f.bytes = bytes;
+    if (bytes <= fit) {
+      f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
+      auto h2d = time_batches(dev.get(), host.get(), bytes, f.copies, cudaMemcpyHostToDevice,
+                              stream.get(), a, b);
+      auto d2h = time_batches(host.get(), dev.get(), bytes, f.copies, cudaMemcpyDeviceToHost,
+                              stream.get(), a, b);
+      f.h2d_best = *std::max_element(h2d.begin(), h2d.end());
+      f.h2d_median = median(h2d);
+      f.d2h_best = *std::max_element(d2h.begin(), d2h.end());
+      f.d2h_median = median(d2h);
+      f.measured = true;
+      progress("copy %8s: H2D %6.2f GB/s, D2H %6.2f GB/s", fmt_bytes(bytes).c_str(), f.h2d_best,
+               f.d2h_best);
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+// Streams `passes` passes (after a warm-up pass) of every layer of `pool`
+// through a ring of `depth`, a checksum kernel on `consumer` reading each
+// layer, and checks the sums against `expect`.
+void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t>& expect,
+                  uint64_t pool_bytes, cudaStream_t consumer, unsigned long long* sums,
+                  const Event& a, const Event& b, RingFigure& f) {
+  lwo_ring_config config = LWO_RING_CONFIG_INIT;
+  config.depth = f.depth;
+  Ring ring;
+  lwo_status_t s = lwo_ring_create(pool, &config, ring.out());
+  if (s == LWO_ERR_OUT_OF_MEMORY) {
+    f.skipped = lwo_last_error_message();
+    return;
+  }
+  check(s, "lwo_ring_create");
+  std::vector<uint32_t> order(f.layers);
+  std::iota(order.begin(), order.end(), 0u);
+  Schedule schedule;
+  CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
+
+  CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
+  stream_pass(schedule.get(), consumer, sums);  // warm-up
+  CHECK(cudaEventRecord(a.get(), consumer));
+  for (uint32_t p = 0; p < f.passes; ++p) stream_pass(schedule.get(), consumer, sums);
+  CHECK(cudaEventRecord(b.get(), consumer));
+  CHECK(cudaEventSynchronize(b.get()));
+  f.ms = elapsed_ms(a, b);
+  f.gbps = static_cast<double>(pool_bytes) * f.passes / (f.ms * 1e6);
+  f.measured = true;
+
+  lwo_ring_stats stats{};
+  stats.size = sizeof stats;
+  CHECK(lwo_ring_get_stats(ring.get(), &stats));
+  f.hits = stats.n_hits;
+  schedule.destroy();
+  ring.destroy();
+  CHECK(lwo_engine_check(engine));
+
+  std::vector<unsigned long long> got(f.layers);
+  CHECK(cudaMemcpyAsync(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost,
+                        consumer));
+  CHECK(cudaStreamSynchronize(consumer));
+  for (uint32_t l = 0; l < f.layers; ++l)
+    if (got[l] != (f.passes + 1ull) * expect[l])
+      fail(
+          strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
+               "passes, expected 0x%016llx: a slot did not hold its layer's bytes",
+               f.depth, fmt_bytes(f.record_bytes).c_str(), l, got[l], f.passes + 1,
+               static_cast<unsigned long long>((f.passes + 1ull) * expect[l])));
+}
+
+// All depths for one record size; appends one figure per depth.
+void measure_record_size(const Device& dev, const Options& o, uint64_t record,
+                         cudaStream_t consumer, std::vector<RingFigure>& out) {
+  // More layers than slots, so that every step copies (no hits).
+  const uint32_t layers = static_cast<uint32_t>(std::max<uint64_t>(
+      o.max_depth + 2, std::min<uint64_t>(kMaxLayers, (kPoolBytes + record - 1) / record)));
+  size_t first = out.size();
+  for (uint32_t d = 1; d <= o.max_depth; ++d) {
+    RingFigure f;
+    f.record_bytes = record;
+    f.depth = d;
+    f.layers = layers;
+    out.push_back(f);
+  }
+  auto skip_all = [&](const std::string& why) {
+    progress("ring %s: skipped: %s", fmt_bytes(record).c_str(), why.c_str());
+    for (size_t i = first; i < out.size(); ++i) out[i].skipped = why;
+  };
+
+  lwo_tensor_desc tensor{};
+  tensor.name = "data";
+  tensor.dtype = LWO_DTYPE_U8;
+  tensor.n_dims = 1;
+  tensor.shape[0] = static_cast<int64_t>(record);
+  std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1});
+  double t0 = now_seconds();
+  Pool pool;
+  lwo_status_t s =
+      lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
+  if (s == LWO_ERR_OUT_OF_MEMORY) return skip_all(lwo_last_error_message());
+  check(s, "lwo_pool_create_pinned");
+  lwo_pool_info info{};
+  info.size = sizeof info;
+  CHECK(lwo_pool_get_info(pool.get(), &info));
+  std::vector<HostRange> ranges(layers);
+  for (uint32_t l = 0; l < layers; ++l)
+    CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
+  fill_random(ranges, kSeed);
+  std::vector<uint64_t> expect = checksums(ranges);
+  const uint32_t passes = static_cast<uint32_t>(std::max<uint64_t>(
+      2, std::min((kStreamBytes + info.total_bytes - 1) / info.total_bytes, kMaxSteps / layers)));
+  progress("ring %s: pool of %u layers (%s) ready in %.2f s; %u passes per depth",
+           fmt_bytes(record).c_str(), layers, fmt_bytes(info.total_bytes).c_str(),
+           seconds_since(t0), passes);
+
+  DeviceMem sums = device_alloc(layers * sizeof(unsigned long long));
+  Event a = make_event(), b = make_event();
+  uint32_t no_room = 0;  // the first depth whose ring did not fit; deeper ones are not tried
+  for (size_t i = first; i < out.size(); ++i) {
+    RingFigure& f = out[i];
+    f.passes = passes;
+    if (no_room) {
+      f.skipped = strf("not tried: a ring of depth %u did not fit", no_room);
+    } else {
+      measure_ring(dev.engine.get(), pool.get(), expect, info.total_bytes, consumer,
+                   static_cast<unsigned long long*>(sums.get()), a, b, f);
+      if (!f.measured) no_room = f.depth;
+    }
+    if (f.measured)
+      progress("ring %s depth %u: %6.2f GB/s", fmt_bytes(record).c_str(), f.depth, f.gbps);
+    else
+      progress("ring %s depth %u: skipped: %s", fmt_bytes(record).c_str(), f.depth,
+               f.skipped.c_str());
+  }
+  sums.destroy();
+  pool.destroy();
+}
+
+void print_tables(const Device& dev, const Options& o, const std::vector<CopyFigure>& copies,
+                  const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
+  std::printf("lwo probe, %s\n\n", describe(dev).c_str());
+  std::printf(
+      "pinned copies, back-to-back on one stream: GB/s (1e9 B/s), best and median of "
+      "%d batches\n",
+      kBatches);
+  std::printf("%10s %8s %10s %10s %10s %10s\n", "size", "copies", "H2D best", "median", "D2H best",
+              "median");
+  for (const CopyFigure& f : copies) {
+    if (!f.measured) {
+      std::printf("%10s %8s %10s\n", fmt_bytes(f.bytes).c_str(), "-", "does not fit");
+      continue;
+    }
+    std::printf("%10s %8llu %10.2f %10.2f %10.2f %10.2f\n", fmt_bytes(f.bytes).c_str(),
+                static_cast<unsigned long long>(f.copies), f.h2d_best, f.h2d_median, f.d2h_best,
+                f.d2h_median);
+  }
+  if (peak > 0)
+    std::printf("peak H2D: %.2f GB/s (%s copies)\n", peak, fmt_bytes(peak_bytes).c_str());
+  if (o.records.empty()) return;
+
+  std::printf(
+      "\nring streaming: pinned pool -> ring of depth D -> checksum kernel on a "
+      "consumer stream\nGB/s and share of the peak H2D above, by record size\n");
+  std::printf("%6s", "depth");
+  for (uint64_t r : o.records) std::printf(" %16s", fmt_bytes(r).c_str());
+  std::printf("\n");
+  for (uint32_t d = 1; d <= o.max_depth; ++d) {
+    std::printf("%6u", d);
+    for (const RingFigure& f : rings) {
+      if (f.depth != d) continue;
+      if (!f.measured)
+        std::printf(" %16s", "skipped");
+      else if (peak > 0)
+        std::printf("  %7.2f %6.1f%%", f.gbps, 100 * f.gbps / peak);
+      else
+        std::printf(" %16.2f", f.gbps);
+    }
+    std::printf("\n");
+  }
+  for (uint64_t record : o.records) {
+    const RingFigure* skipped = nullptr;
+    const RingFigure* any = nullptr;
+    uint64_t hits = 0;
+    for (const RingFigure& f : rings) {
+      if (f.record_bytes != record) continue;
+      any = &f;
+      hits += f.hits;
+      if (!f.measured && !skipped) skipped = &f;
+    }
+    std::printf("%s records: %u layers", fmt_bytes(record).c_str(), any->layers);
+    if (skipped && skipped->depth == 1) {
+      std::printf(", skipped: %s\n", skipped->skipped.c_str());
+      continue;
+    }
+    std::printf(", %u timed passes after a warm-up pass, checksums match", any->passes);
+    if (hits)
+      std::printf(", %llu hits (layers found in a slot)", static_cast<unsigned long long>(hits));
+    if (skipped)
+      std::printf(", depth %u and deeper skipped: %s", skipped->depth, skipped->skipped.c_str());
+    std::printf("\n");
+  }
+}
+
+void write_json(std::FILE* j, const Device& dev, const std::vector<CopyFigure>& copies,
+                const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
+  std::fprintf(j,
+               "{\n  \"tool\": \"lwo\",\n  \"command\": \"probe\",\n"
+               "  \"version\": \"%s\",\n  \"device\": %s,\n  \"copy\": [",
+               version_text().c_str(), json_device(dev).c_str());
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const CopyFigure& f = copies[i];
+    std::fprintf(j, "%s\n    {\"bytes\": %llu, \"measured\": %s", i ? "," : "",
+                 static_cast<unsigned long long>(f.bytes), f.measured ? "true" : "false");
+    if (f.measured)
+      std::fprintf(j,
+                   ", \"copies_per_batch\": %llu, \"batches\": %d, "
+                   "\"h2d_gbps\": {\"best\": %.4f, \"median\": %.4f}, "
+                   "\"d2h_gbps\": {\"best\": %.4f, \"median\": %.4f}",
+                   static_cast<unsigned long long>(f.copies), kBatches, f.h2d_best, f.h2d_median,
+                   f.d2h_best, f.d2h_median);
+    std::fprintf(j, "}");
+  }
+  std::fprintf(j,
+               "\n  ],\n  \"peak_h2d_gbps\": %.4f,\n  \"peak_h2d_bytes\": %llu,\n"
+               "  \"ring\": [",
+               peak, static_cast<unsigned long long>(peak_bytes));
+  for (size_t i = 0; i < rings.size(); ++i) {
+    const RingFigure& f = rings[i];
+    std::fprintf(j,
+                 "%s\n    {\"record_bytes\": %llu, \"depth\": %u, \"layers\": %u, "
+                 "\"passes\": %u, \"measured\": %s",
+                 i ? "," : "", static_cast<unsigned long long>(f.record_bytes), f.depth, f.layers,
+                 f.passes, f.measured ? "true" : "false");
+    if (f.measured)
+      std::fprintf(j, ", \"ms\": %.4f, \"gbps\": %.4f, \"share_of_peak\": %.5f, \"hits\": %llu",
+                   f.ms, f.gbps, peak > 0 ? f.gbps / peak : 0.0,
+                   static_cast<unsigned long long>(f.hits));
+    else
+      std::fprintf(j, ", \"skipped\": %s", json_string(f.skipped).c_str());
+    std::fprintf(j, "}");
+  }
+  std::fprintf(j, "\n  ]\n}\n");
+}
+
+}  // namespace
+
+int cmd_probe(int argc, char** argv) {
+  Options o;
+  const std::vector<Flag> flags = {
+      uint_flag("--device", o.device, 0, 1023),
+      uint_flag("--max-depth", o.max_depth, 1, 64),
+      {"--sizes",
+       [&](const std::string& v) { o.sizes = parse_size_list("--sizes", v, 1, 16 * GiB); }},
+      {"--records",
+       [&](const std::string& v) { o.records = parse_size_list("--records", v, 256, 4 * GiB); }},
+      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
+      {"--quiet", [] { g_quiet = true; }},
+  };
+  if (!parse_flags(argc, argv, 2, flags)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+
+  Device dev;
+  open_device(o.device, dev);
+  JsonFile json;
+  if (!o.json.empty()) json.open(o.json);
+  progress("lwo probe, %s", describe(dev).c_str());
+
+  double t0 = now_seconds();
+  std::vector<CopyFigure> copies = measure_copies(o.sizes);
+  double peak = 0;
+  uint64_t peak_bytes = 0;
+  for (const CopyFigure& f : copies)
+    if (f.measured && f.h2d_best > peak) {
+      peak = f.h2d_best;
+      peak_bytes = f.bytes;
+    }
+
+  Stream consumer = make_stream();
+  std::vector<RingFigure> rings;
+  for (uint64_t record : o.records) measure_record_size(dev, o, record, consumer.get(), rings);
+  CHECK(lwo_engine_synchronize(dev.engine.get()));
+  consumer.destroy();
+  progress("probe took %.1f s", seconds_since(t0));
+
+  print_tables(dev, o, copies, rings, peak, peak_bytes);
+  if (json.is_open()) {
+    write_json(json.get(), dev, copies, rings, peak, peak_bytes);
+    json.commit();
+  }
+  dev.engine.destroy();
+  return 0;
+}
+
+}  // namespace cli

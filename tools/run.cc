@@ -1,0 +1,315 @@
+// lwo run: streams a synthetic model through a ring pass after pass, times each
+// pass against the raw pinned-copy peak measured in the same run, and checks
+// that every layer arrived byte for byte.
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+
+namespace cli {
+namespace {
+
+constexpr int kPeakRepeats = 3;
+constexpr double kTargetShare = 0.99;  // at depth >= 2
+constexpr uint32_t kMaxMismatchLines = 8;
+
+struct Options {
+  int device = 0;
+  uint32_t layers = 32;
+  int64_t rows = 8192, cols = 8192;
+  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+  uint32_t depth = 2;
+  uint32_t passes = 5;
+  uint64_t seed = 1;
+  bool timing = false;
+  std::string json;
+};
+
+struct HostTimes {
+  double pool_s = 0, fill_s = 0, checksum_s = 0;
+};
+
+struct Results {
+  uint64_t record_bytes = 0, pass_bytes = 0;
+  HostTimes host;
+  double peak_gbps = 0, peak_ms = 0;
+  lwo_ring_info ring{};
+  std::vector<double> pass_ms;
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+  lwo_ring_stats stats{};
+  double gbps(double ms) const { return static_cast<double>(pass_bytes) / (ms * 1e6); }
+  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+};
+
+Options parse_options(int argc, char** argv, bool* help) {
+  Options o;
+  const std::vector<Flag> flags = {
+      uint_flag("--device", o.device, 0, 1023),
+      uint_flag("--layers", o.layers, 1, 1000000),
+      uint_flag("--rows", o.rows, 1, uint64_t(1) << 31),
+      uint_flag("--cols", o.cols, 1, uint64_t(1) << 31),
+      {"--dtype", [&](const std::string& v) { o.dtype = parse_dtype("--dtype", v); }},
+      uint_flag("--depth", o.depth, 1, 1024),
+      uint_flag("--passes", o.passes, 1, 100000),
+      uint_flag("--seed", o.seed, 0, UINT64_MAX),
+      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
+      {"--timing", [&] { o.timing = true; }},
+      {"--quiet", [] { g_quiet = true; }},
+  };
+  *help = !parse_flags(argc, argv, 2, flags);
+  return o;
+}
+
+// The raw pinned-copy peak: every record copied back-to-back into one device
+// buffer on one stream; GB/s of the best of kPeakRepeats rounds.
+double measure_peak(const std::vector<HostRange>& records, uint64_t record_bytes, double* best_ms) {
+  DeviceMem buffer = device_alloc(record_bytes);
+  Stream stream = make_stream();
+  Event a = make_event(), b = make_event();
+  uint64_t total = 0;
+  for (const HostRange& r : records) total += r.bytes;
+  CHECK(cudaMemcpyAsync(buffer.get(), records[0].data, records[0].bytes, cudaMemcpyHostToDevice,
+                        stream.get()));  // warm-up
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < kPeakRepeats; ++rep) {
+    CHECK(cudaEventRecord(a.get(), stream.get()));
+    for (const HostRange& r : records)
+      CHECK(cudaMemcpyAsync(buffer.get(), r.data, r.bytes, cudaMemcpyHostToDevice, stream.get()));
+    CHECK(cudaEventRecord(b.get(), stream.get()));
+    CHECK(cudaEventSynchronize(b.get()));
+    best = std::min<double>(best, elapsed_ms(a, b));
+  }
+  *best_ms = best;
+  return static_cast<double>(total) / (best * 1e6);
+}
+
+// Copies `expect.size()` device sums back and compares each with `times`
+// the host checksum of its layer; `what` names the passes summed.
+void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+            const char* what) {
+  // Every stream in flight is non-blocking, so this copy on the legacy
+  // default stream waits for none of them; the caller has waited for the sums.
+  std::vector<unsigned long long> got(expect.size());
+  CHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t l = 0; l < got.size(); ++l) {
+    unsigned long long want = times * expect[l];
+    if (got[l] == want) continue;
+    if (++bad <= kMaxMismatchLines)
+      std::fprintf(stderr, "lwo: layer %zu, %s: checksum 0x%016llx, expected 0x%016llx\n", l, what,
+                   got[l], want);
+  }
+  if (bad)
+    fail(
+        strf("checksum mismatch in %zu of %zu layers (%s): the ring delivered bytes that "
+             "differ from the host pool",
+             bad, got.size(), what));
+}
+
+void print_results(const Device& dev, const Options& o, const Results& r) {
+  std::printf("lwo run, %s\n", describe(dev).c_str());
+  std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
+              o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+              lwo_dtype_name(o.dtype), fmt_bytes(r.record_bytes).c_str(),
+              fmt_bytes(r.pass_bytes).c_str());
+  std::printf("%-10s pinned pool %.2f s, random fill %.2f s (seed %llu), host checksums %.2f s\n",
+              "host", r.host.pool_s, r.host.fill_s, static_cast<unsigned long long>(o.seed),
+              r.host.checksum_s);
+  std::printf(
+      "%-10s %.2f GB/s pinned H2D (every record back-to-back on one stream, best of "
+      "%d: %.2f ms)\n",
+      "peak", r.peak_gbps, kPeakRepeats, r.peak_ms);
+  std::printf(
+      "%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer "
+      "stream\n",
+      "ring", r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
+      o.timing ? ", timing on" : "");
+  std::printf("%-10s %u timed after 1 warm-up\n", "passes", o.passes);
+  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", r.median_ms, r.best_ms);
+  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
+              r.gbps(r.median_ms), r.gbps(r.best_ms), r.gbps(r.total_ms / o.passes));
+  std::printf("%-10s median %.2f%%, best %.2f%% of the peak", "share", 100 * r.share(r.median_ms),
+              100 * r.share(r.best_ms));
+  if (o.depth >= 2)
+    std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
+                r.share(r.median_ms) >= kTargetShare ? "met" : "NOT met");
+  std::printf("\n%-10s %u layers x %u passes match the host\n", "checksums", o.layers,
+              o.passes + 1);
+  const lwo_ring_stats& s = r.stats;
+  std::printf("%-10s %llu stages, %llu hits, %llu copies, %s copied (warm-up included)",
+              "ring stats", static_cast<unsigned long long>(s.n_stages),
+              static_cast<unsigned long long>(s.n_hits),
+              static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str());
+  if (o.timing)
+    std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
+                s.bandwidth_gbps, s.wait_ms);
+  std::printf("\n");
+}
+
+void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
+  std::fprintf(j,
+               "{\n  \"tool\": \"lwo\",\n  \"command\": \"run\",\n  \"version\": \"%s\",\n"
+               "  \"device\": %s,\n",
+               version_text().c_str(), json_device(dev).c_str());
+  std::fprintf(j,
+               "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": "
+               "\"%s\", \"depth\": %u, \"passes\": %u, \"seed\": %llu, \"timing\": %s},\n",
+               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+               lwo_dtype_name(o.dtype), o.depth, o.passes, static_cast<unsigned long long>(o.seed),
+               o.timing ? "true" : "false");
+  std::fprintf(j,
+               "  \"record_bytes\": %llu,\n  \"bytes_per_pass\": %llu,\n"
+               "  \"host_seconds\": {\"pool_create\": %.4f, \"fill\": %.4f, \"checksum\": %.4f},\n"
+               "  \"peak\": {\"gbps\": %.4f, \"ms\": %.4f, \"repeats\": %d},\n"
+               "  \"pass_ms\": [",
+               static_cast<unsigned long long>(r.record_bytes),
+               static_cast<unsigned long long>(r.pass_bytes), r.host.pool_s, r.host.fill_s,
+               r.host.checksum_s, r.peak_gbps, r.peak_ms, kPeakRepeats);
+  for (size_t i = 0; i < r.pass_ms.size(); ++i)
+    std::fprintf(j, "%s%.4f", i ? ", " : "", r.pass_ms[i]);
+  std::fprintf(j,
+               "],\n  \"median_ms\": %.4f,\n  \"best_ms\": %.4f,\n"
+               "  \"gbps\": {\"median\": %.4f, \"best\": %.4f, \"all_passes\": %.4f},\n"
+               "  \"share_of_peak\": {\"median\": %.5f, \"best\": %.5f, \"all_passes\": %.5f},\n",
+               r.median_ms, r.best_ms, r.gbps(r.median_ms), r.gbps(r.best_ms),
+               r.gbps(r.total_ms / o.passes), r.share(r.median_ms), r.share(r.best_ms),
+               r.share(r.total_ms / o.passes));
+  const lwo_ring_stats& s = r.stats;
+  std::fprintf(
+      j,
+      "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu, \"stages\": %llu, "
+      "\"hits\": %llu, \"copies\": %llu, \"bytes_copied\": %llu",
+      r.ring.depth, static_cast<unsigned long long>(r.ring.slot_bytes),
+      static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
+      static_cast<unsigned long long>(s.n_copies), static_cast<unsigned long long>(s.bytes_copied));
+  if (o.timing)
+    std::fprintf(j, ", \"copy_ms\": %.4f, \"wait_ms\": %.4f, \"copy_gbps\": %.4f", s.copy_ms,
+                 s.wait_ms, s.bandwidth_gbps);
+  std::fprintf(j, "},\n  \"verified\": true\n}\n");
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  bool help = false;
+  const Options o = parse_options(argc, argv, &help);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  lwo_tensor_desc tensor{};
+  tensor.name = "weight";
+  tensor.dtype = o.dtype;
+  tensor.n_dims = 2;
+  tensor.shape[0] = o.rows;
+  tensor.shape[1] = o.cols;
+  const lwo_layer_desc layer{&tensor, 1};
+  Results r;
+  if (lwo_record_layout(&layer, nullptr, &r.record_bytes) != LWO_OK)
+    throw UsageError(lwo_last_error_message());
+  if (__builtin_mul_overflow(r.record_bytes, o.layers, &r.pass_bytes))
+    throw UsageError(
+        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(r.record_bytes).c_str()));
+
+  Device dev;
+  open_device(o.device, dev);
+  JsonFile json;
+  if (!o.json.empty()) json.open(o.json);
+  progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
+           fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
+  if (o.depth >= o.layers)
+    progress(
+        "note: depth %u >= %u layers: after the first pass every layer stays in a slot, "
+        "so passes hit and copy nothing",
+        o.depth, o.layers);
+
+  // The host pool, filled with random bytes, and each record's checksum.
+  double t = now_seconds();
+  Pool pool;
+  std::vector<lwo_layer_desc> layers(o.layers, layer);
+  CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
+  r.host.pool_s = seconds_since(t);
+  std::vector<HostRange> records(o.layers);
+  for (uint32_t l = 0; l < o.layers; ++l)
+    CHECK(lwo_pool_layer_host(pool.get(), l, &records[l].data, &records[l].bytes));
+  t = now_seconds();
+  fill_random(records, o.seed);
+  r.host.fill_s = seconds_since(t);
+  t = now_seconds();
+  const std::vector<uint64_t> expect = checksums(records);
+  r.host.checksum_s = seconds_since(t);
+  progress("host: pinned pool %.2f s, random fill %.2f s (%.1f GB/s), checksums %.2f s",
+           r.host.pool_s, r.host.fill_s,
+           static_cast<double>(r.pass_bytes) / std::max(r.host.fill_s, 1e-9) / 1e9,
+           r.host.checksum_s);
+
+  r.peak_gbps = measure_peak(records, r.record_bytes, &r.peak_ms);
+  progress("peak: %.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps,
+           fmt_bytes(r.pass_bytes).c_str(), r.peak_ms);
+
+  // The ring, the schedule and the consumer.
+  Stream consumer = make_stream();
+  DeviceMem sums_mem = device_alloc(2 * size_t(o.layers) * sizeof(unsigned long long));
+  auto* sums = static_cast<unsigned long long*>(sums_mem.get());
+  CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
+  lwo_ring_config config = LWO_RING_CONFIG_INIT;
+  config.depth = o.depth;
+  config.flags = o.timing ? LWO_RING_TIMING : 0u;
+  Ring ring;
+  CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
+  r.ring.size = sizeof r.ring;
+  CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  std::vector<uint32_t> order(o.layers);
+  std::iota(order.begin(), order.end(), 0u);
+  Schedule schedule;
+  CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
+
+  // Pass 0 warms up. The host enqueues pass p while the GPU runs pass p-1,
+  // then waits for pass p-1 and reports it. ends[p] follows pass p's last
+  // consumer kernel.
+  std::vector<Event> ends;
+  for (uint32_t p = 0; p <= o.passes; ++p) ends.push_back(make_event());
+  r.pass_ms.resize(o.passes);
+  auto finish = [&](uint32_t p) {
+    CHECK(cudaEventSynchronize(ends[p].get()));
+    double ms = r.pass_ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
+    progress("pass %u/%u: %9.3f ms, %7.2f GB/s, %6.2f%% of the peak", p, o.passes, ms, r.gbps(ms),
+             100 * r.share(ms));
+    if (p == 1) verify(sums, expect, 1, "first timed pass");
+  };
+  for (uint32_t p = 0; p <= o.passes; ++p) {
+    // Row 0 of the sums holds the first timed pass alone, row 1 all others.
+    stream_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
+    CHECK(cudaEventRecord(ends[p].get(), consumer.get()));
+    if (p >= 2) finish(p - 1);
+  }
+  finish(o.passes);
+  CHECK(cudaStreamSynchronize(consumer.get()));
+  CHECK(lwo_engine_check(dev.engine.get()));
+  r.total_ms = elapsed_ms(ends.front(), ends.back());
+  r.median_ms = median(r.pass_ms);
+  r.best_ms = *std::min_element(r.pass_ms.begin(), r.pass_ms.end());
+  r.stats.size = sizeof r.stats;
+  CHECK(lwo_ring_get_stats(ring.get(), &r.stats));
+  schedule.destroy();
+  ring.destroy();
+
+  verify(sums + o.layers, expect, o.passes, "warm-up and later timed passes, summed");
+
+  print_results(dev, o, r);
+  if (json.is_open()) {
+    write_json(json.get(), dev, o, r);
+    json.commit();
+  }
+  ends.clear();
+  sums_mem.destroy();
+  consumer.destroy();
+  pool.destroy();
+  dev.engine.destroy();
+  return 0;
+}
+
+}  // namespace cli
