@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -39,14 +40,32 @@ __global__ void checksum_kernel(const uint4* __restrict__ data, size_t n_vec,
 
 uint64_t checksum_range(const uint8_t* p, size_t first_word, size_t n_words, size_t total_bytes) {
   uint64_t acc = 0;
-  for (size_t i = first_word; i < first_word + n_words; ++i) {
+  size_t full = std::min(first_word + n_words, total_bytes / 8);
+  size_t i = first_word;
+  for (; i < full; ++i) {
+    uint64_t w;
+    std::memcpy(&w, p + i * 8, 8);  // little-endian hosts
+    acc += w * (2 * i + 1);
+  }
+  for (; i < first_word + n_words; ++i) {  // the zero-padded tail word
     uint64_t w = 0;
-    size_t off = i * 8;
-    size_t n = std::min<size_t>(8, total_bytes - off);
-    std::memcpy(&w, p + off, n);  // little-endian hosts
+    std::memcpy(&w, p + i * 8, total_bytes - i * 8);
     acc += w * (2 * i + 1);
   }
   return acc;
+}
+
+int sm_count() {
+  static std::atomic<int> cached[64];  // zero-initialised (static storage)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+      sms = 132;
+    cached[dev].store(sms);
+  }
+  return cached[dev].load();
 }
 
 }  // namespace
@@ -57,9 +76,7 @@ cudaError_t checksum_async(const void* data, size_t bytes, unsigned long long* o
   if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return cudaErrorMisalignedAddress;
   size_t n_vec = bytes / 16;
   const uint8_t* tail = static_cast<const uint8_t*>(data) + n_vec * 16;
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int sms = sm_count();
   size_t blocks = std::min<size_t>((n_vec + kThreads - 1) / kThreads, size_t(sms) * 8);
   blocks = std::max<size_t>(blocks, 1);
   checksum_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
