@@ -76,6 +76,10 @@ class CudaBackend final : public Backend {
     unsigned flags = cudaHostRegisterPortable;
     if (read_only) flags |= cudaHostRegisterReadOnly;
     cudaError_t e = cudaHostRegister(ptr, bytes, flags);
+    if (read_only && e == cudaErrorNotSupported) {  // no read-only registration here
+      (void)cudaGetLastError();
+      e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    }
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
       (void)cudaGetLastError();
       return false;

@@ -21,7 +21,8 @@
  *  - Device work is enqueued, never waited for: a call that names a stream
  *    returns once its work is enqueued on that stream ("stream-ordered").
  *    The host never blocks on the GPU except in calls documented as doing so
- *    (`lwo_engine_synchronize`, destroy calls, `lwo_ring_stats` with timing).
+ *    (`lwo_engine_synchronize`, destroy calls, and with LWO_RING_TIMING
+ *    `lwo_ring_get_stats` / `lwo_ring_reset_stats`).
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
  *
@@ -317,10 +318,12 @@ LWO_API lwo_status_t lwo_pool_record_bytes(const lwo_pool* pool, uint32_t layer,
 LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* name,
                                     const void* src, uint64_t bytes);
 
-/* The host address of a layer's whole record and its size, for filling it in
- * place (pinned pools: writable; registered pools: the first tensor's
- * address is returned only when the layer is contiguous, else
- * LWO_ERR_UNSUPPORTED). Valid until the pool is destroyed. */
+/* The host address of a layer's bytes and their count, for filling them in
+ * place. Pinned pools: the whole record (record bytes). Registered pools:
+ * only when the layer moves in one copy, the caller's memory from the first
+ * tensor to the end of the last (which may be less than the record, whose
+ * tail padding is not copied); else LWO_ERR_UNSUPPORTED. Valid until the
+ * pool is destroyed. */
 LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** data,
                                          uint64_t* bytes);
 
@@ -346,7 +349,7 @@ typedef struct lwo_ticket {
 
 typedef struct lwo_ring_config {
   size_t size;      /* sizeof(lwo_ring_config) */
-  uint32_t depth;   /* number of slots, >= 1; default 2 (enough to saturate
+  uint32_t depth;   /* number of slots, 1..4096; default 2 (enough to saturate
                        one PCIe link when compute per layer is even) */
   uint32_t flags;   /* LWO_RING_TIMING or 0 */
 } lwo_ring_config;
@@ -391,7 +394,8 @@ typedef struct lwo_layer_view {
 LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket,
                                       lwo_stream_t stream, lwo_layer_view* view);
 
-/* The device address of tensor `name` of an acquired ticket. */
+/* The device address of tensor `name` of a live (staged or acquired) ticket.
+ * Device work may read it only after lwo_ring_acquire on its stream. */
 LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket,
                                      const char* name, void** device_ptr);
 
@@ -428,8 +432,10 @@ typedef struct lwo_ring_stats {
   double bandwidth_gbps;    /* bytes_copied / copy_ms, in 1e9 bytes/s */
 } lwo_ring_stats;
 
-/* Statistics since creation or the last reset. With LWO_RING_TIMING this
- * blocks until the timed work enqueued so far has finished. */
+/* Statistics since creation or the last reset. With LWO_RING_TIMING, both
+ * calls block until the timed work enqueued so far has finished, and
+ * lwo_ring_stage blocks on the oldest interval when more than 256 timed
+ * intervals are pending (a consumer far behind the host). */
 LWO_API lwo_status_t lwo_ring_get_stats(lwo_ring* ring, lwo_ring_stats* stats);
 LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring);
 
@@ -444,14 +450,18 @@ typedef struct lwo_schedule lwo_schedule;
 LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
                                          uint32_t n_layers, lwo_schedule** schedule);
 
-/* Releases a layer the schedule still holds on the stream of the last
- * lwo_schedule_next, then destroys it. */
+/* Releases every layer the schedule still holds or has staged ahead, on the
+ * stream of the last lwo_schedule_next or lwo_schedule_reset (the legacy
+ * default stream if there was none), then destroys it. */
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
 
 /* One step of the pass: releases the previously returned layer on `stream`,
  * stages up to the ring's depth of layers ahead, makes `stream` wait for the
  * next layer and returns its view (as lwo_ring_acquire does). After the last
- * layer it releases that one and returns LWO_END (view untouched). */
+ * layer it releases that one and returns LWO_END (view untouched). If the
+ * next layer cannot be staged (for example LWO_ERR_LAYER_BUSY because the
+ * caller holds it), the previous layer stays released, the position does
+ * not advance, and a later call retries. */
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
                                        lwo_layer_view* view);
 

@@ -132,6 +132,15 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_registered(engine, m.layers.data(), L, &r, 1, nullptr, &pool));
   EXPECT_EQ(gpu->n_registered(), 1u);
+  for (uint32_t i = 0; i < L; ++i) {  // the caller's bytes, without the record's tail padding
+    void* hp = nullptr;
+    uint64_t hb = 0;
+    ASSERT_LWO(lwo_pool_layer_host(pool, i, &hp, &hb));
+    EXPECT_EQ(hp, mem.p + base[i]);
+    lwo_tensor_info last{};
+    ASSERT_LWO(lwo_pool_tensor_info(pool, i, m.layers[i].n_tensors - 1, &last));
+    EXPECT_EQ(hb, last.offset + last.bytes);
+  }
   lwo_ring* ring = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
   for (uint32_t i = 0; i < L; ++i) {
