@@ -473,6 +473,50 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
  * the first layer. Layers still in slots will be hits. */
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
 
+/* ------------------------------------------------------------------------ */
+/* Layer compute: linear layers                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The layer has a bias b[out_features]. */
+#define LWO_LINEAR_BIAS 0x1u
+/* f32 layers may use TF32 tensor cores (about 10 bits of mantissa in the
+ * products); without it f32 layers compute in full f32. */
+#define LWO_LINEAR_TF32 0x2u
+
+/* y[tokens, out] = x[tokens, in] * W[out, in]^T (+ b[out]). Every matrix is
+ * row-major and dense; x, W, b, y and dx share `dtype` (bf16, f16 or f32);
+ * products accumulate in f32. W and b usually come from an acquired slot. */
+typedef struct lwo_linear_desc {
+  size_t size;           /* sizeof(lwo_linear_desc) */
+  lwo_dtype_t dtype;     /* LWO_DTYPE_BF16 (default), LWO_DTYPE_F16 or LWO_DTYPE_F32 */
+  uint32_t flags;        /* LWO_LINEAR_BIAS | LWO_LINEAR_TF32 */
+  int64_t in_features;   /* >= 1 */
+  int64_t out_features;  /* >= 1 */
+} lwo_linear_desc;
+
+#define LWO_LINEAR_DESC_INIT {sizeof(lwo_linear_desc), LWO_DTYPE_BF16, 0u, 0, 0}
+LWO_API void lwo_linear_desc_init(lwo_linear_desc* desc);
+
+/* Enqueues y = x W^T (+ b) on `stream` (tokens >= 1; any sizes, aligned or
+ * not). The GEMM algorithm is chosen once per shape, dtype and pointer
+ * alignment and cached in the engine; each stream gets its own workspace
+ * (32 MiB, kept until the engine is destroyed). All pointers are device
+ * memory of the engine's device; `bias` is read only with LWO_LINEAR_BIAS. */
+LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                        int64_t tokens, const void* x, const void* weight,
+                                        const void* bias, void* y, lwo_stream_t stream);
+
+/* Enqueues the backward pass on `stream`: dx = dy W (skipped if dx is NULL);
+ * for a trainable layer dweight = dy^T x ([out, in]) and, with
+ * LWO_LINEAR_BIAS, dbias = the sum of dy over tokens, both in `grad_dtype`
+ * (LWO_DTYPE_F32, or the layer's dtype); pass NULL dweight and dbias for a
+ * frozen layer. x is the forward input. */
+LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                         int64_t tokens, const void* x, const void* dy,
+                                         const void* weight, void* dx, void* dweight,
+                                         void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

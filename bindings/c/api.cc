@@ -17,12 +17,15 @@
 #include "engine/schedule.h"
 #include "engine/testing.h"
 #include "lwo.h"
+#include "src/compute.h"
 
 using lwo::Error;
 using lwo::fail;
 
 struct lwo_engine {
   std::unique_ptr<lwo::Engine> impl;
+  std::mutex compute_mu;
+  std::unique_ptr<lwo::Compute> compute;  // made on first use; destroyed first
 };
 struct lwo_pool {
   std::unique_ptr<lwo::Pool> impl;
@@ -148,7 +151,13 @@ void write_info(Info* out, Info value, const char* call) {
 lwo_status_t make_engine(std::unique_ptr<lwo::Backend> backend, int device,
                          lwo_engine** engine) {
   return guard([&] {
-    auto* h = new lwo_engine{std::make_unique<lwo::Engine>(std::move(backend), device)};
+    auto* h = new lwo_engine();
+    try {
+      h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
+    } catch (...) {
+      delete h;
+      throw;
+    }
     add_handle(h, Kind::Engine);
     *engine = h;
   });
@@ -596,6 +605,83 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
   return guard([&] {
     check_handle(schedule, Kind::Schedule, "lwo_schedule_reset")->impl->reset(stream);
+  });
+}
+
+/* ---- linear layers ---- */
+
+LWO_API void lwo_linear_desc_init(lwo_linear_desc* d) {
+  if (d) *d = lwo_linear_desc LWO_LINEAR_DESC_INIT;
+}
+
+static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t tokens,
+                                      const char* call) {
+  need(desc, call, "desc");
+  lwo_linear_desc d = read_config(desc, lwo_linear_desc LWO_LINEAR_DESC_INIT, call);
+  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: dtype %s (%d) is not bf16, f16 or f32", call,
+         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
+  if (d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call,
+         d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32));
+  if (d.in_features < 1 || d.out_features < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: in_features %lld and out_features %lld must be >= 1",
+         call, static_cast<long long>(d.in_features), static_cast<long long>(d.out_features));
+  if (tokens < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: tokens %lld must be >= 1", call,
+         static_cast<long long>(tokens));
+  const int64_t kMax = INT64_C(1) << 31;
+  if (d.in_features >= kMax || d.out_features >= kMax || tokens >= kMax)
+    fail(LWO_ERR_OUT_OF_RANGE, "%s: tokens %lld x in %lld x out %lld: a dimension is 2^31 or more",
+         call, static_cast<long long>(tokens), static_cast<long long>(d.in_features),
+         static_cast<long long>(d.out_features));
+  return lwo::Compute::Linear{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
+                              (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features};
+}
+
+static lwo::Compute& compute_of(lwo_engine* e) {
+  std::lock_guard<std::mutex> lock(e->compute_mu);
+  if (!e->compute) e->compute = std::make_unique<lwo::Compute>(e->impl->device());
+  return *e->compute;
+}
+
+LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                        int64_t tokens, const void* x, const void* weight,
+                                        const void* bias, void* y, lwo_stream_t stream) {
+  return guard([&] {
+    static const char* call = "lwo_linear_forward";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo::Compute::Linear l = linear_of(desc, tokens, call);
+    need(x, call, "x");
+    need(weight, call, "weight");
+    need(y, call, "y");
+    if (l.bias) need(bias, call, "bias (the layer has LWO_LINEAR_BIAS)");
+    lwo::DeviceScope scope(*e->impl);
+    compute_of(e).linear_forward(l, tokens, x, weight, bias, y, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                         int64_t tokens, const void* x, const void* dy,
+                                         const void* weight, void* dx, void* dweight,
+                                         void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream) {
+  return guard([&] {
+    static const char* call = "lwo_linear_backward";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo::Compute::Linear l = linear_of(desc, tokens, call);
+    need(dy, call, "dy");
+    if (dx) need(weight, call, "weight (needed for dx)");
+    if (dweight) need(x, call, "x (needed for dweight)");
+    if (dbias && !l.bias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: dbias given but the layer has no LWO_LINEAR_BIAS", call);
+    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != l.dtype)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: grad_dtype %s is neither f32 nor the layer's %s", call,
+           lwo::dtype_name(grad_dtype), lwo::dtype_name(l.dtype));
+    if (!dx && !dweight && !dbias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: dx, dweight and dbias are all NULL: nothing to do", call);
+    lwo::DeviceScope scope(*e->impl);
+    compute_of(e).linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });
 }
 

@@ -1,0 +1,198 @@
+#include "src/compute.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "engine/error.h"
+
+namespace lwo {
+namespace {
+
+const char* status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "error";
+  }
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+static_assert(sizeof(cublasLtMatmulAlgo_t) <= 64, "algo storage");
+
+#define LWO_LT(call, what)                                                              \
+  do {                                                                                  \
+    cublasStatus_t st_ = (call);                                                        \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                   \
+      fail(LWO_ERR_CUBLAS, "%s: cuBLASLt status %s (%d)", what, status_name(st_),       \
+           static_cast<int>(st_));                                                      \
+  } while (0)
+
+#define LWO_RT(call, what)                                                              \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      (void)cudaGetLastError();                                                         \
+      fail(e_ == cudaErrorMemoryAllocation ? LWO_ERR_OUT_OF_MEMORY : LWO_ERR_CUDA,      \
+           "%s: %s", what, cudaGetErrorString(e_));                                     \
+    }                                                                                   \
+  } while (0)
+
+cudaDataType_t cuda_type(lwo_dtype_t d) {
+  switch (d) {
+    case LWO_DTYPE_F32: return CUDA_R_32F;
+    case LWO_DTYPE_BF16: return CUDA_R_16BF;
+    case LWO_DTYPE_F16: return CUDA_R_16F;
+    default: fail(LWO_ERR_UNSUPPORTED, "compute: dtype %d", static_cast<int>(d));
+  }
+}
+
+int alignment(const void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 1;
+  while (al < 256 && (a & static_cast<uintptr_t>(al)) == 0) al <<= 1;
+  return al;
+}
+
+// RAII for the cuBLASLt descriptors of one call.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+Compute::Compute(int device) : device_(device) {
+  cublasLtHandle_t h = nullptr;
+  LWO_LT(cublasLtCreate(&h), "cublasLtCreate");
+  lt_ = h;
+}
+
+Compute::~Compute() {
+  // The streams that used the workspaces belong to callers and may be gone:
+  // wait for the whole device instead.
+  int prev = 0;
+  if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
+    (void)cudaDeviceSynchronize();
+    for (auto& kv : workspaces_) (void)cudaFree(kv.second);
+    (void)cudaSetDevice(prev);
+  }
+  if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+}
+
+size_t Compute::n_cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return algos_.size();
+}
+
+void* Compute::workspace(void* stream) {
+  // One workspace per stream: GEMMs on different streams may run at once.
+  auto it = workspaces_.find(stream);
+  if (it != workspaces_.end()) return it->second;
+  void* p = nullptr;
+  LWO_RT(cudaMalloc(&p, kWorkspaceBytes), "compute: GEMM workspace");
+  workspaces_[stream] = p;
+  return p;
+}
+
+void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
+                   void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool use_bias_epilogue = bias && alignment(bias) >= 16;
+  Key key{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab, g.d, g.tf32, use_bias_epilogue,
+          alignment(a), alignment(b), alignment(d), use_bias_epilogue ? alignment(bias) : 0};
+  Descs ds;
+  cublasComputeType_t ct =
+      (g.ab == LWO_DTYPE_F32 && g.tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LWO_LT(cublasLtMatmulDescCreate(&ds.op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasOperation_t ta = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+  LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+  if (use_bias_epilogue) {
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bt = cuda_type(g.ab);
+    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "EPILOGUE");
+    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "BIAS_POINTER");
+    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "BIAS_DATA_TYPE");
+  }
+  // Stored column-major: op(A) is m x k, op(B) is k x n.
+  LWO_LT(cublasLtMatrixLayoutCreate(&ds.a, cuda_type(g.ab), g.ta ? g.k : g.m, g.ta ? g.m : g.k, g.lda), "layout A");
+  LWO_LT(cublasLtMatrixLayoutCreate(&ds.b, cuda_type(g.ab), g.tb ? g.n : g.k, g.tb ? g.k : g.n, g.ldb), "layout B");
+  LWO_LT(cublasLtMatrixLayoutCreate(&ds.d, cuda_type(g.d), g.m, g.n, g.ldd), "layout D");
+
+  auto it = algos_.find(key);
+  if (it == algos_.end()) {
+    LWO_LT(cublasLtMatmulPreferenceCreate(&ds.pref), "cublasLtMatmulPreferenceCreate");
+    uint64_t ws = kWorkspaceBytes;
+    uint32_t al[4] = {static_cast<uint32_t>(std::get<12>(key)), static_cast<uint32_t>(std::get<13>(key)),
+                      static_cast<uint32_t>(std::get<14>(key)), static_cast<uint32_t>(std::get<14>(key))};
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "pref workspace");
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4), "pref align A");
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4), "pref align B");
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4), "pref align C");
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4), "pref align D");
+    cublasLtMatmulHeuristicResult_t res{};
+    int n_res = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), ds.op, ds.a,
+                                                       ds.b, ds.d, ds.d, ds.pref, 1, &res, &n_res);
+    Algo algo{};
+    algo.ok = (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS);
+    if (algo.ok) std::memcpy(algo.data, &res.algo, sizeof res.algo);
+    it = algos_.emplace(key, algo).first;
+  }
+  if (!it->second.ok || (bias && !use_bias_epilogue)) {
+    // No cuBLASLt algorithm for this shape and alignment, or a bias too poorly
+    // aligned for the epilogue: the plain kernel, correct for any shape.
+    ++n_fallback_;
+    detail::gemm_fallback(g.ta, g.tb, g.m, g.n, g.k, a, g.lda, b, g.ldb, d, g.ldd, bias, g.ab,
+                          g.d, stream);
+    return;
+  }
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, it->second.data, sizeof algo);
+  float alpha = 1.f, beta = 0.f;
+  void* ws = workspace(stream);
+  LWO_LT(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), ds.op, &alpha, a, ds.a, b, ds.b, &beta,
+                        d, ds.d, d, ds.d, &algo, ws, kWorkspaceBytes,
+                        static_cast<cudaStream_t>(stream)),
+         "cublasLtMatmul");
+}
+
+void Compute::linear_forward(const Linear& l, int64_t tokens, const void* x, const void* w,
+                             const void* b, void* y, void* stream) {
+  // Column-major views: X' = x (in x T), W' = W (in x out), Y' = y (out x T).
+  // Y' = W'^T X'.
+  Gemm g{true, false, l.out, tokens, l.in, l.in, l.in, l.out, l.dtype, l.dtype, l.tf32};
+  gemm(g, w, x, y, l.bias ? b : nullptr, stream);
+}
+
+void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, const void* dy,
+                              const void* w, void* dx, void* dw, void* db,
+                              lwo_dtype_t grad_dtype, void* stream) {
+  if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
+    Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
+    gemm(g, w, dy, dx, nullptr, stream);
+  }
+  if (dw) {  // dW' (in x out) = X' (in x T) dY'^T (T x out)
+    Gemm g{false, true, l.in, l.out, tokens, l.in, l.out, l.in, l.dtype, grad_dtype, l.tf32};
+    gemm(g, x, dy, dw, nullptr, stream);
+  }
+  if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, stream);
+}
+
+}  // namespace lwo

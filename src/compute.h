@@ -1,0 +1,78 @@
+// Layer compute on the caller's stream: linear layers through cuBLASLt, with
+// an algorithm chosen once per shape and cached, and a workspace per stream.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "lwo.h"
+
+namespace lwo {
+
+class Compute {
+ public:
+  explicit Compute(int device);
+  ~Compute();
+  Compute(const Compute&) = delete;
+  Compute& operator=(const Compute&) = delete;
+
+  struct Linear {
+    lwo_dtype_t dtype;
+    bool bias;
+    bool tf32;
+    int64_t in, out;
+  };
+
+  // y[T,out] = x[T,in] * W[out,in]^T (+ b[out]); all row-major, dtype `l.dtype`.
+  void linear_forward(const Linear& l, int64_t tokens, const void* x, const void* w,
+                      const void* b, void* y, void* stream);
+  // dx = dy * W (if dx); dW = dy^T * x and db = sum over tokens of dy (if dw / db),
+  // in grad_dtype (F32 or l.dtype).
+  void linear_backward(const Linear& l, int64_t tokens, const void* x, const void* dy,
+                       const void* w, void* dx, void* dw, void* db, lwo_dtype_t grad_dtype,
+                       void* stream);
+
+  // Number of cached algorithms and of GEMMs that took the fallback kernel.
+  size_t n_cached() const;
+  uint64_t n_fallback() const { return n_fallback_; }
+
+ private:
+  // D[m,n] (column-major, ldd) = op(A) * op(B) (+ bias[m] per row)
+  struct Gemm {
+    bool ta, tb;
+    int64_t m, n, k, lda, ldb, ldd;
+    lwo_dtype_t ab, d;
+    bool tf32;
+  };
+  void gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias, void* stream);
+  void* workspace(void* stream);
+
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                         int, int, int, int, int, int>;
+  struct Algo {
+    bool ok;
+    unsigned char data[64];  // cublasLtMatmulAlgo_t, opaque
+  };
+
+  int device_;
+  void* lt_ = nullptr;  // cublasLtHandle_t
+  mutable std::mutex mu_;
+  std::unordered_map<void*, void*> workspaces_;  // stream -> device workspace
+  std::map<Key, Algo> algos_;
+  uint64_t n_fallback_ = 0;
+};
+
+// Fallback and helper kernels (src/compute_kernels.cu).
+namespace detail {
+void gemm_fallback(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                   const void* b, int64_t ldb, void* d, int64_t ldd, const void* bias,
+                   lwo_dtype_t ab, lwo_dtype_t dt, void* stream);
+// db[o] = sum_t dy[t, o]; dy row-major [tokens, out] of dtype dt_in, db of dt_out.
+void bias_grad(const void* dy, int64_t tokens, int64_t out, lwo_dtype_t dt_in, void* db,
+               lwo_dtype_t dt_out, void* stream);
+}  // namespace detail
+
+}  // namespace lwo
