@@ -12,7 +12,7 @@ TEST_F(LinearArgs, ForwardRejectsBadArguments) {
   lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
   d.in_features = 16;
   d.out_features = 8;
-  int buf[4];
+  int buf[4] = {1, 2, 3, 4};
   const void* p = buf;
   void* q = buf;
   struct Case {
@@ -63,7 +63,7 @@ TEST_F(LinearArgs, BackwardRejectsBadArguments) {
   lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
   d.in_features = 16;
   d.out_features = 8;
-  int buf[4];
+  int buf[4] = {1, 2, 3, 4};
   const void* p = buf;
   void* q = buf;
   auto bwd = [&](const lwo_linear_desc& desc, const void* x, const void* dy, const void* w,
