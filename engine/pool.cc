@@ -1,47 +1,11 @@
 #include "pool.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "error.h"
 
 namespace lwo {
-
-void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
-                        void (*fn)(uint8_t*, size_t, void*), void* arg) {
-  if (bytes == 0) return;
-  constexpr size_t kMinChunk = size_t(64) << 20;
-  uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
-  uint32_t n = n_threads ? n_threads : hw;
-  n = std::min<uint32_t>(n, 64);
-  n = static_cast<uint32_t>(std::min<size_t>(n, (bytes + kMinChunk - 1) / kMinChunk));
-  if (n <= 1) {
-    fn(data, bytes, arg);
-    return;
-  }
-  size_t chunk = align_up((bytes + n - 1) / n, 4096);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    size_t b = std::min(bytes, chunk * i);
-    size_t e = std::min(bytes, chunk * (i + 1));
-    if (b >= e) break;
-    try {
-      threads.emplace_back(fn, data + b, e - b, arg);
-    } catch (...) {  // no thread: do it here
-      fn(data + b, e - b, arg);
-    }
-  }
-  for (auto& t : threads) t.join();
-}
-
-namespace {
-void zero_fill(uint8_t* p, size_t n, void*) { std::memset(p, 0, n); }
-}  // namespace
 
 void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call) {
   if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: n_layers is 0", call);
@@ -59,49 +23,16 @@ void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const 
          n_layers);
 }
 
-void Pool::alloc_arena(uint32_t n_threads) {
-  Backend& gpu = engine_.gpu();
-  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  arena_bytes_ = align_up(total_bytes_, page);
-  // Anonymous mapping, huge pages where the kernel gives them, first-touched by
-  // all cores, then registered: about ten times faster than cudaHostAlloc for
-  // large pools.
-  void* p = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
-  if (p != MAP_FAILED) {
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, arena_bytes_, MADV_HUGEPAGE);
-#endif
-    parallel_for_bytes(static_cast<uint8_t*>(p), arena_bytes_, n_threads, zero_fill, nullptr);
-    try {
-      gpu.host_register(p, arena_bytes_, false);
-      arena_ = static_cast<uint8_t*>(p);
-      arena_mmapped_ = true;
-      arena_registered_ = true;
-      return;
-    } catch (const Error&) {
-      munmap(p, arena_bytes_);
-    }
-  }
-  try {
-    arena_ = static_cast<uint8_t*>(gpu.host_alloc_pinned(arena_bytes_));
-  } catch (const Error& e) {
-    fail(LWO_ERR_OUT_OF_MEMORY, "lwo_pool_create_pinned: cannot pin %zu bytes of host memory: %s",
-         arena_bytes_, e.what());
-  }
-  parallel_for_bytes(arena_, arena_bytes_, n_threads, zero_fill, nullptr);
-}
-
 std::unique_ptr<Pool> Pool::create_pinned(Engine& engine, const lwo_layer_desc* layers,
                                           uint32_t n_layers, const lwo_pool_config& cfg) {
   static const char* call = "lwo_pool_create_pinned";
   std::unique_ptr<Pool> pool(new Pool(engine, false));
   pool->build_layouts(layers, n_layers, call);
   DeviceScope scope(engine);
-  pool->alloc_arena(cfg.n_threads);
+  pool->arena_ = PinnedArena(engine.gpu(), pool->total_bytes_, cfg.n_threads, call);
   uint64_t off = 0;
   for (auto& l : pool->layers_) {
-    l.host = pool->arena_ + off;
+    l.host = pool->arena_.data() + off;
     if (l.layout.record_bytes) l.runs.push_back({0, l.host, l.layout.record_bytes});
     off += l.layout.record_bytes;
   }
@@ -185,14 +116,7 @@ Pool::~Pool() {
     Backend& gpu = engine_.gpu();
     for (Region& r : regions_)
       if (r.we_registered) gpu.host_unregister(r.data);
-    if (arena_) {
-      if (arena_mmapped_) {
-        if (arena_registered_) gpu.host_unregister(arena_);
-        munmap(arena_, arena_bytes_);
-      } else {
-        gpu.host_free_pinned(arena_);
-      }
-    }
+    arena_ = PinnedArena();
   } catch (...) {
   }
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "arena.h"
 #include "engine.h"
 #include "layout.h"
 
@@ -58,7 +59,6 @@ class Pool {
  private:
   Pool(Engine& engine, bool registered) : engine_(engine), registered_(registered) {}
   void build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call);
-  void alloc_arena(uint32_t n_threads);
 
   struct Region {
     uint8_t* data;
@@ -71,18 +71,9 @@ class Pool {
   std::vector<Layer> layers_;
   uint64_t total_bytes_ = 0;
   uint64_t max_record_ = 0;
-  // Pinned arena.
-  uint8_t* arena_ = nullptr;
-  size_t arena_bytes_ = 0;
-  bool arena_mmapped_ = false;  // else from Backend::host_alloc_pinned
-  bool arena_registered_ = false;
+  PinnedArena arena_;  // pinned pools
   // Registered caller memory.
   std::vector<Region> regions_;
 };
-
-// Fills [data, data+bytes) with `fill(chunk_begin, chunk_bytes)` from up to
-// n_threads threads, in chunks of at least 64 MiB. Used to first-touch arenas.
-void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
-                        void (*fn)(uint8_t*, size_t, void*), void* arg);
 
 }  // namespace lwo
