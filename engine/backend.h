@@ -52,6 +52,10 @@ class Backend {
   virtual float event_elapsed_ms(EventH start, EventH end) = 0;
 
   virtual void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
+  // Runs fn(arg) on a host thread once the stream's earlier work is done;
+  // later work on the stream waits for it to return. fn must not call CUDA.
+  virtual void host_func(StreamH stream, void (*fn)(void*), void* arg) = 0;
 };
 
 // The CUDA runtime implementation. Throws LWO_ERR_NO_DEVICE if `device` does

@@ -151,6 +151,13 @@ class CudaBackend final : public Backend {
     LWO_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)),
              "cudaMemcpyAsync(host %p -> device %p, %zu bytes)", src, dst, bytes);
   }
+  void copy_d2h(void* dst, const void* src, size_t bytes, StreamH s) override {
+    LWO_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)),
+             "cudaMemcpyAsync(device %p -> host %p, %zu bytes)", src, dst, bytes);
+  }
+  void host_func(StreamH s, void (*fn)(void*), void* arg) override {
+    LWO_CUDA(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
+  }
 
  private:
   int device_;

@@ -55,6 +55,7 @@ class Pool {
   void write(uint32_t layer, const char* name, const void* src, uint64_t bytes);
 
   std::atomic<int> n_rings{0};
+  std::atomic<int> n_grads{0};
 
  private:
   Pool(Engine& engine, bool registered) : engine_(engine), registered_(registered) {}

@@ -517,6 +517,83 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
                                          void* dbias, lwo_dtype_t grad_dtype,
                                          lwo_stream_t stream);
 
+/* ------------------------------------------------------------------------ */
+/* Weight gradients to host memory                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_grads lwo_grads;
+
+/* Send each tensor's gradient in its own dtype (bf16/f16) instead of f32:
+ * half the traffic of a bf16 layer, converted to f32 and added on the host.
+ * Without it gradients travel in f32, and land in place with no host work
+ * while a layer's host buffer is freshly zeroed. */
+#define LWO_GRADS_NATIVE_WIRE 0x1u
+
+typedef struct lwo_grads_config {
+  size_t size;         /* sizeof(lwo_grads_config) */
+  uint32_t depth;      /* device staging slots, 1..64; default 2 */
+  uint32_t flags;      /* LWO_GRADS_NATIVE_WIRE or 0 */
+  uint32_t n_threads;  /* host threads for zeroing and accumulating; 0 = all cores */
+} lwo_grads_config;
+
+#define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
+LWO_API void lwo_grads_config_init(lwo_grads_config* config);
+
+/* Creates f32 host gradient buffers, zeroed, one per tensor of every trainable
+ * layer of `pool` (`trainable`: n_layers bytes, nonzero = trainable; NULL =
+ * every layer), and `depth` device staging slots, each the size of the
+ * largest trainable layer's gradients on the wire. Trainable tensors must be
+ * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists. */
+LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
+                                      const lwo_grads_config* config, lwo_grads** grads);
+
+/* Waits for every transfer, then frees. LWO_ERR_BUSY while a layer is begun
+ * and not ended. */
+LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
+
+/* Claims a staging slot for the gradients of trainable `layer`: makes
+ * `stream` wait until the slot's previous contents have left for the host,
+ * and returns the slot's device addresses in `view` (one per tensor, in the
+ * layer's tensor order, each the tensor's shape in its wire dtype: f32, or
+ * with LWO_GRADS_NATIVE_WIRE the tensor's own dtype). Write every tensor's
+ * gradient there on `stream` (for example with lwo_linear_backward), then
+ * call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
+ * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
+ * for a frozen layer. */
+LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
+                                     lwo_layer_view* view);
+
+/* Sends the gradients written on `stream` before this call to the host: the
+ * engine's gradient stream waits for `stream`, copies the slot to host
+ * memory and adds it into the layer's f32 buffers. Returns once enqueued;
+ * the host must not read the buffers before lwo_grads_wait. */
+LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream);
+
+/* The fence: blocks until every gradient ended so far has landed in host
+ * memory and been accumulated. The only way the host may safely read the
+ * buffers. LWO_ERR_BUSY (after waiting for the rest) if a layer is begun and
+ * not ended. */
+LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
+
+/* Waits as lwo_grads_wait does, then zeroes every host buffer (the next
+ * gradient of each layer starts a new sum). */
+LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
+
+/* The f32 host buffer of tensor `name` of trainable `layer` and its element
+ * count. Owned by `grads`; valid until it is destroyed; read it only after
+ * lwo_grads_wait. */
+LWO_API lwo_status_t lwo_grads_host(lwo_grads* grads, uint32_t layer, const char* name,
+                                    float** data, uint64_t* n_elements);
+
+typedef struct lwo_grads_stats {
+  size_t size;               /* sizeof(lwo_grads_stats), set by the caller */
+  uint64_t n_transfers;      /* layers sent to host */
+  uint64_t bytes;            /* bytes copied device to host */
+  uint64_t n_accumulated;    /* layers converted or added on the host */
+} lwo_grads_stats;
+
+LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

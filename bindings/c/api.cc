@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/error.h"
+#include "engine/grads.h"
 #include "engine/layout.h"
 #include "engine/pool.h"
 #include "engine/ring.h"
@@ -35,6 +36,10 @@ struct lwo_ring {
   std::unique_ptr<lwo::Ring> impl;
   lwo_pool* pool;
 };
+struct lwo_grads {
+  std::unique_ptr<lwo::Grads> impl;
+  lwo_pool* pool;
+};
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
   lwo_ring* ring;
@@ -44,13 +49,14 @@ namespace {
 
 thread_local std::string t_message;
 
-enum class Kind { Engine, Pool, Ring, Schedule };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads };
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::Engine: return "engine";
     case Kind::Pool: return "pool";
     case Kind::Ring: return "ring";
     case Kind::Schedule: return "schedule";
+    case Kind::Grads: return "grads";
   }
   return "?";
 }
@@ -344,6 +350,10 @@ LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool) {
     if (n > 0)
       fail(LWO_ERR_BUSY, "%s: pool of %u layers still has %d ring%s", call, p->impl->n_layers(), n,
            n == 1 ? "" : "s");
+    int ng = p->impl->n_grads.load();
+    if (ng > 0)
+      fail(LWO_ERR_BUSY, "%s: pool of %u layers still has %d gradient set%s", call,
+           p->impl->n_layers(), ng, ng == 1 ? "" : "s");
     remove_handle(p);
     p->engine->impl->n_pools.fetch_sub(1);
     delete p;
@@ -605,6 +615,93 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
   return guard([&] {
     check_handle(schedule, Kind::Schedule, "lwo_schedule_reset")->impl->reset(stream);
+  });
+}
+
+/* ---- gradients ---- */
+
+LWO_API void lwo_grads_config_init(lwo_grads_config* c) {
+  if (c) *c = lwo_grads_config LWO_GRADS_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
+                                      const lwo_grads_config* config, lwo_grads** grads) {
+  return guard([&] {
+    static const char* call = "lwo_grads_create";
+    need(grads, call, "grads (output)");
+    *grads = nullptr;
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    lwo_grads_config cfg = read_config(config, lwo_grads_config LWO_GRADS_CONFIG_INIT, call);
+    if (cfg.flags & ~LWO_GRADS_NATIVE_WIRE)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call,
+           cfg.flags & ~LWO_GRADS_NATIVE_WIRE);
+    if (cfg.depth < 1 || cfg.depth > 64)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: depth %u is outside 1..64", call, cfg.depth);
+    auto* h = new lwo_grads{nullptr, p};
+    try {
+      h->impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth,
+                                             (cfg.flags & LWO_GRADS_NATIVE_WIRE) != 0,
+                                             cfg.n_threads);
+    } catch (...) {
+      delete h;
+      throw;
+    }
+    add_handle(h, Kind::Grads);
+    p->impl->n_grads.fetch_add(1);
+    *grads = h;
+  });
+}
+
+LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads) {
+  if (!grads) return guard([] {});
+  return guard([&] {
+    static const char* call = "lwo_grads_destroy";
+    lwo_grads* g = check_handle(grads, Kind::Grads, call);
+    g->impl->check_destroyable(call);
+    remove_handle(g);
+    g->pool->impl->n_grads.fetch_sub(1);
+    delete g;
+  });
+}
+
+LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
+                                     lwo_layer_view* view) {
+  return guard([&] {
+    lwo_grads* g = check_handle(grads, Kind::Grads, "lwo_grads_begin");
+    need(view, "lwo_grads_begin", "view");
+    g->impl->begin(layer, stream, view);
+  });
+}
+
+LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream) {
+  return guard([&] {
+    check_handle(grads, Kind::Grads, "lwo_grads_end")->impl->end(layer, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads) {
+  return guard([&] { check_handle(grads, Kind::Grads, "lwo_grads_wait")->impl->wait(); });
+}
+
+LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads) {
+  return guard([&] { check_handle(grads, Kind::Grads, "lwo_grads_zero")->impl->zero(); });
+}
+
+LWO_API lwo_status_t lwo_grads_host(lwo_grads* grads, uint32_t layer, const char* name,
+                                    float** data, uint64_t* n_elements) {
+  return guard([&] {
+    lwo_grads* g = check_handle(grads, Kind::Grads, "lwo_grads_host");
+    need(data, "lwo_grads_host", "data");
+    *data = g->impl->host(layer, name, n_elements);
+  });
+}
+
+LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats) {
+  return guard([&] {
+    lwo_grads* g = check_handle(grads, Kind::Grads, "lwo_grads_get_stats");
+    lwo_grads_stats v{};
+    g->impl->stats(&v);
+    write_info(stats, v, "lwo_grads_get_stats");
   });
 }
 

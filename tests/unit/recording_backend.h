@@ -33,6 +33,7 @@ class RecordingBackend final : public Backend {
 
   struct Stats {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
+    uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0;
   };
 
   RecordingBackend() { streams_.push_back({}); }  // stream 0: the legacy stream (NULL)
@@ -170,6 +171,28 @@ class RecordingBackend final : public Backend {
     access(s, dst, bytes, /*write=*/true, "copy");
     std::memcpy(dst, src, bytes);
     if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.d2h_copies;
+    stats.d2h_bytes += bytes;
+    if (!dma_ready(dst, bytes))
+      violations.push_back(strf("copy to host %p (%zu bytes) that is not pinned or registered",
+                                dst, bytes));
+    access(s, src, bytes, /*write=*/false, "d2h copy");
+    std::memcpy(dst, src, bytes);
+  }
+  void host_func(StreamH stream, void (*fn)(void*), void* arg) override {
+    tick(stream_index(stream));
+    ++stats.host_funcs;
+    fn(arg);  // the stream's earlier work is already done here
+  }
+  // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
+  void write(StreamH stream, void* ptr, size_t n) {
+    size_t s = stream_index(stream);
+    tick(s);
+    access(s, ptr, n, /*write=*/true, "kernel write");
   }
 
  private:

@@ -1,0 +1,95 @@
+// Weight gradients to host memory: device staging slots the caller's backward
+// writes into, device-to-host copies on the engine's gradient stream, and
+// f32 host buffers (one per tensor of every trainable layer) that accumulate
+// across micro-batches until zeroed. The host may read them only after
+// wait(), the fence.
+//
+// Ordering, per staging slot (like the weight ring, mirrored):
+//   begin:  caller stream waits slot.free (the slot's previous copy to host)
+//   end:    caller stream records slot.ready; the gradient stream waits for it,
+//           copies the slot to host, records slot.free, and where the bytes
+//           need converting or adding runs the accumulation as a host function
+//           in stream order.
+// With f32 on the wire and a freshly zeroed layer, the copy lands straight in
+// the f32 host buffer: no host work at all.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "arena.h"
+#include "pool.h"
+
+namespace lwo {
+
+class Grads {
+ public:
+  Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_wire,
+        uint32_t n_threads);
+  ~Grads();  // caller checks destroyable() first
+  Grads(const Grads&) = delete;
+  Grads& operator=(const Grads&) = delete;
+
+  void begin(uint32_t layer, StreamH stream, lwo_layer_view* view);
+  void end(uint32_t layer, StreamH stream);
+  void wait();
+  void zero();
+  float* host(uint32_t layer, const char* name, uint64_t* n_elements);
+  void stats(lwo_grads_stats* out);
+  void check_destroyable(const char* call);
+  Pool& pool() { return pool_; }
+
+ private:
+  struct Tensor {
+    lwo_dtype_t wire;
+    uint64_t n;          // elements
+    uint64_t wire_off;   // in the slot (and host staging) record
+    uint64_t host_off;   // in the layer's f32 host region
+  };
+  struct Layer {
+    bool trainable = false;
+    bool fresh = true;      // host region holds zeros: the next gradient assigns
+    int32_t slot = -1;      // staging slot while begun
+    std::vector<Tensor> tensors;
+    std::vector<std::string> names;
+    uint64_t wire_bytes = 0;
+    uint64_t host_base = 0;
+    uint64_t host_bytes = 0;
+  };
+  struct Slot {
+    uint8_t* dev = nullptr;
+    EventH ready = nullptr, free = nullptr;
+    bool ever_freed = false;
+    bool held = false;
+    std::vector<void*> ptrs;
+  };
+  struct Job {
+    Grads* grads;
+    uint32_t layer;
+    const uint8_t* src;
+    bool assign;
+  };
+  static void run_job(void* job);
+  void accumulate(const Job& job);
+  Layer& trainable_layer(uint32_t layer, const char* call);
+
+  Pool& pool_;
+  Engine& engine_;
+  bool native_;
+  uint32_t n_threads_;
+  uint64_t max_wire_ = 0;
+  std::mutex mu_;
+  std::vector<Layer> layers_;
+  std::vector<Slot> slots_;
+  PinnedArena host_;                 // f32 gradients
+  std::vector<PinnedArena> staging_;  // host staging for converted / added copies
+  size_t next_staging_ = 0;
+  uint64_t n_transfers_ = 0, bytes_ = 0;
+  std::atomic<uint64_t> n_accumulated_{0};
+  std::mutex err_mu_;
+  std::string async_error_;
+};
+
+}  // namespace lwo

@@ -1,0 +1,226 @@
+// Gradients to host on the recording backend: ordering of every copy against
+// the writes into staging slots, f32 / native wire, accumulation, fences.
+#include <cmath>
+
+#include "test_util.h"
+
+namespace lwo {
+namespace testing {
+namespace {
+
+class GradsTest : public EngineTest {
+ protected:
+  // Layers: "weight" [rows, 19] bf16 + (odd layers) "bias" [rows] f32, as ModelDesc.
+  lwo_grads* make_grads(lwo_pool* pool, const uint8_t* trainable, uint32_t depth, uint32_t flags) {
+    lwo_grads_config c = LWO_GRADS_CONFIG_INIT;
+    c.depth = depth;
+    c.flags = flags;
+    lwo_grads* g = nullptr;
+    EXPECT_EQ(lwo_grads_create(pool, trainable, &c, &g), LWO_OK) << lwo_last_error_message();
+    return g;
+  }
+  // A "kernel" on `s` writing values v(i) = f(layer, tensor, i, micro) into
+  // the staging slot, in the wire dtype. Values are multiples of 1/8 below
+  // 64, exact in bf16, f16 and f32, so sums are exact too.
+  static float value(uint32_t layer, uint32_t tensor, uint64_t i, int micro) {
+    return static_cast<float>(static_cast<int>((layer * 131 + tensor * 17 + i * 7 + micro * 3) % 97) - 48) / 8.0f;
+  }
+  void write_grads(lwo_grads* g, lwo_pool* pool, uint32_t layer, StreamH s, int micro, bool native,
+                   const lwo_layer_view& v) {
+    for (uint32_t k = 0; k < v.n_tensors; ++k) {
+      lwo_tensor_info ti{};
+      ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
+      uint64_t n = ti.bytes / lwo_dtype_size(ti.dtype);
+      lwo_dtype_t wire = native ? ti.dtype : LWO_DTYPE_F32;
+      size_t es = lwo_dtype_size(wire);
+      gpu->write(s, v.tensors[k], n * es);
+      for (uint64_t i = 0; i < n; ++i) {
+        float f = value(layer, k, i, micro);
+        uint8_t* dst = static_cast<uint8_t*>(v.tensors[k]) + i * es;
+        if (wire == LWO_DTYPE_F32) {
+          std::memcpy(dst, &f, 4);
+        } else {  // bf16: the top half of the f32 (exact for these values)
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          uint16_t h = static_cast<uint16_t>(u >> 16);
+          std::memcpy(dst, &h, 2);
+        }
+      }
+    }
+    (void)g;
+  }
+  void expect_host(lwo_grads* g, lwo_pool* pool, uint32_t layer, std::vector<int> micros) {
+    uint32_t nt = 0;
+    ASSERT_LWO(lwo_pool_layer_tensor_count(pool, layer, &nt));
+    for (uint32_t k = 0; k < nt; ++k) {
+      lwo_tensor_info ti{};
+      ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
+      float* h = nullptr;
+      uint64_t n = 0;
+      ASSERT_LWO(lwo_grads_host(g, layer, ti.name, &h, &n));
+      ASSERT_EQ(n, ti.bytes / lwo_dtype_size(ti.dtype));
+      for (uint64_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int m : micros) want += value(layer, k, i, m);
+        ASSERT_EQ(h[i], want) << "layer " << layer << " tensor " << ti.name << " i " << i;
+      }
+    }
+  }
+};
+
+TEST_F(GradsTest, F32WireLandsInPlaceThenAccumulates) {
+  lwo_pool* pool = make_pool(4);
+  lwo_grads* g = make_grads(pool, nullptr, 2, 0);
+  StreamH c = gpu->new_stream();
+  for (int micro = 0; micro < 3; ++micro) {
+    for (uint32_t l = 4; l-- > 0;) {
+      lwo_layer_view v{};
+      ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+      write_grads(g, pool, l, c, micro, false, v);
+      ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+    }
+    ASSERT_LWO(lwo_grads_wait(g));
+    std::vector<int> ms;
+    for (int m = 0; m <= micro; ++m) ms.push_back(m);
+    for (uint32_t l = 0; l < 4; ++l) expect_host(g, pool, l, ms);
+  }
+  lwo_grads_stats st{};
+  st.size = sizeof st;
+  ASSERT_LWO(lwo_grads_get_stats(g, &st));
+  EXPECT_EQ(st.n_transfers, 12u);
+  EXPECT_EQ(st.n_accumulated, 8u);  // the first micro-batch landed in place
+  ASSERT_LWO(lwo_grads_zero(g));
+  for (uint32_t l = 0; l < 4; ++l) expect_host(g, pool, l, {});
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+TEST_F(GradsTest, NativeWireHalvesTrafficAndConvertsExactly) {
+  lwo_pool* pool = make_pool(3);
+  lwo_grads* g32 = make_grads(pool, nullptr, 1, 0);
+  lwo_grads* g16 = make_grads(pool, nullptr, 1, LWO_GRADS_NATIVE_WIRE);
+  StreamH c = gpu->new_stream();
+  for (lwo_grads* g : {g32, g16}) {
+    for (int micro = 0; micro < 2; ++micro)
+      for (uint32_t l = 0; l < 3; ++l) {
+        lwo_layer_view v{};
+        ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+        write_grads(g, pool, l, c, micro, g == g16, v);
+        ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+      }
+    ASSERT_LWO(lwo_grads_wait(g));
+    for (uint32_t l = 0; l < 3; ++l) expect_host(g, pool, l, {0, 1});
+  }
+  lwo_grads_stats s32{}, s16{};
+  s32.size = s16.size = sizeof s32;
+  ASSERT_LWO(lwo_grads_get_stats(g32, &s32));
+  ASSERT_LWO(lwo_grads_get_stats(g16, &s16));
+  EXPECT_LT(s16.bytes, s32.bytes * 3 / 4);  // bf16 weights travel in half the bytes
+  EXPECT_EQ(s16.n_accumulated, 6u);       // every native transfer is converted
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_grads_destroy(g32));
+  ASSERT_LWO(lwo_grads_destroy(g16));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// Random interleavings over several streams and slot depths: every copy to
+// host is ordered after the writes it reads, no slot is rewritten before its
+// copy has left, and the sums are exact.
+TEST_F(GradsTest, RandomInterleavingsKeepOrderAndSums) {
+  const uint32_t L = 6;
+  lwo_pool* pool = make_pool(L);
+  std::mt19937 rng(4242);
+  std::vector<StreamH> streams = {gpu->new_stream(), gpu->new_stream()};
+  for (uint32_t depth = 1; depth <= 4; ++depth) {
+    for (uint32_t flags : {0u, LWO_GRADS_NATIVE_WIRE}) {
+      uint8_t trainable[L];
+      for (uint32_t l = 0; l < L; ++l) trainable[l] = (l % 3 != 1);
+      lwo_grads* g = make_grads(pool, trainable, depth, flags);
+      std::vector<std::vector<int>> sent(L);
+      for (int micro = 0; micro < 4; ++micro) {
+        std::vector<uint32_t> order;
+        for (uint32_t l = 0; l < L; ++l)
+          if (trainable[l]) order.push_back(l);
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<std::pair<uint32_t, StreamH>> open;
+        size_t next = 0;
+        while (next < order.size() || !open.empty()) {
+          bool can_begin = next < order.size() && open.size() < depth;
+          if (can_begin && (open.empty() || rng() % 2)) {
+            uint32_t l = order[next++];
+            StreamH s = streams[rng() % streams.size()];
+            lwo_layer_view v{};
+            ASSERT_LWO(lwo_grads_begin(g, l, stream(s), &v));
+            write_grads(g, pool, l, s, micro, flags != 0, v);
+            open.push_back({l, s});
+          } else {
+            size_t i = rng() % open.size();
+            ASSERT_LWO(lwo_grads_end(g, open[i].first, stream(open[i].second)));
+            sent[open[i].first].push_back(micro);
+            open.erase(open.begin() + static_cast<long>(i));
+          }
+          ASSERT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+        }
+      }
+      ASSERT_LWO(lwo_grads_wait(g));
+      for (uint32_t l = 0; l < L; ++l)
+        if (trainable[l]) expect_host(g, pool, l, sent[l]);
+      ASSERT_LWO(lwo_grads_destroy(g));
+    }
+  }
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+TEST_F(GradsTest, MisuseGivesDistinctStatuses) {
+  lwo_pool* pool = make_pool(3);
+  uint8_t trainable[3] = {1, 0, 1};
+  lwo_grads* g = make_grads(pool, trainable, 1, 0);
+  StreamH c = gpu->new_stream();
+  lwo_layer_view v{};
+  EXPECT_EQ(lwo_grads_begin(g, 1, stream(c), &v), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("layer 1 is frozen"), std::string::npos);
+  EXPECT_EQ(lwo_grads_begin(g, 3, stream(c), &v), LWO_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(lwo_grads_end(g, 0, stream(c)), LWO_ERR_TICKET_STATE);
+  ASSERT_LWO(lwo_grads_begin(g, 0, stream(c), &v));
+  EXPECT_EQ(lwo_grads_begin(g, 0, stream(c), &v), LWO_ERR_LAYER_BUSY);
+  EXPECT_EQ(lwo_grads_begin(g, 2, stream(c), &v), LWO_ERR_RING_FULL);
+  EXPECT_EQ(lwo_grads_wait(g), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_grads_destroy(g), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_pool_destroy(pool), LWO_ERR_BUSY);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("gradient set"), std::string::npos);
+  float* h = nullptr;
+  EXPECT_EQ(lwo_grads_host(g, 0, "nope", &h, nullptr), LWO_ERR_NOT_FOUND);
+  EXPECT_EQ(lwo_grads_host(g, 1, "weight", &h, nullptr), LWO_ERR_INVALID_ARGUMENT);
+  write_grads(g, pool, 0, c, 0, false, v);
+  ASSERT_LWO(lwo_grads_end(g, 0, stream(c)));
+  ASSERT_LWO(lwo_grads_wait(g));
+  expect_host(g, pool, 0, {0});
+  lwo_grads_config bad = LWO_GRADS_CONFIG_INIT;
+  bad.depth = 0;
+  lwo_grads* g2 = nullptr;
+  EXPECT_EQ(lwo_grads_create(pool, nullptr, &bad, &g2), LWO_ERR_INVALID_ARGUMENT);
+  bad = lwo_grads_config LWO_GRADS_CONFIG_INIT;
+  bad.flags = 8;
+  EXPECT_EQ(lwo_grads_create(pool, nullptr, &bad, &g2), LWO_ERR_INVALID_ARGUMENT);
+  uint8_t none[3] = {0, 0, 0};
+  EXPECT_EQ(lwo_grads_create(pool, none, nullptr, &g2), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g2, nullptr);
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+TEST_F(GradsTest, Fp8LayersCannotBeTrainable) {
+  lwo_tensor_desc t = tensor("w", LWO_DTYPE_F8_E4M3, {64});
+  lwo_layer_desc l{&t, 1};
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_pinned(engine, &l, 1, nullptr, &pool));
+  lwo_grads* g = nullptr;
+  EXPECT_EQ(lwo_grads_create(pool, nullptr, nullptr, &g), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("f8_e4m3"), std::string::npos);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace lwo
