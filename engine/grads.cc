@@ -207,6 +207,7 @@ void Grads::end(uint32_t layer, StreamH stream) {
   s.held = false;
   g.slot = -1;
   g.fresh = false;
+  g.stale = false;  // the assignment overwrites every element
   ++n_transfers_;
   bytes_ += g.wire_bytes;
 }
@@ -267,6 +268,12 @@ void Grads::wait() {
       fail(LWO_ERR_INTERNAL, "%s: accumulating on the host failed: %s", call, e.c_str());
     }
   }
+  // Layers zeroed since their last gradient and not written again: zero now.
+  for (Layer& g : layers_)
+    if (g.stale) {
+      std::memset(host_.data() + g.host_base, 0, g.host_bytes);
+      g.stale = false;
+    }
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0)
       fail(LWO_ERR_BUSY, "%s: layer %zu was begun and not ended: its gradients were not sent",
@@ -275,9 +282,14 @@ void Grads::wait() {
 
 void Grads::zero() {
   wait();
+  // No memset here: the next gradient of each layer assigns every element
+  // (f32 in place, or converted), and wait() zeroes the layers that got none.
   std::lock_guard<std::mutex> lock(mu_);
-  host_.zero(host_.bytes(), n_threads_);
-  for (Layer& g : layers_) g.fresh = true;
+  for (Layer& g : layers_)
+    if (g.trainable && !g.fresh) {
+      g.fresh = true;
+      g.stale = true;
+    }
 }
 
 float* Grads::host(uint32_t layer, const char* name, uint64_t* n_elements) {

@@ -50,7 +50,8 @@ class Grads {
   };
   struct Layer {
     bool trainable = false;
-    bool fresh = true;      // host region holds zeros: the next gradient assigns
+    bool fresh = true;      // the next gradient assigns instead of adding
+    bool stale = false;     // zeroed lazily: host region still holds old sums
     int32_t slot = -1;      // staging slot while begun
     std::vector<Tensor> tensors;
     std::vector<std::string> names;

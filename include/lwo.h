@@ -575,8 +575,12 @@ LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_
  * not ended. */
 LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
 
-/* Waits as lwo_grads_wait does, then zeroes every host buffer (the next
- * gradient of each layer starts a new sum). */
+/* Waits as lwo_grads_wait does, then starts new sums: the next gradient of
+ * each layer overwrites its buffers instead of adding to them, and the next
+ * lwo_grads_wait zeroes the buffers of layers that got no gradient since, so
+ * after it every buffer holds exactly the sum of the gradients ended since
+ * the zero (zero, if none). Costs no memory traffic for layers that get a
+ * gradient. As always, read the buffers only after lwo_grads_wait. */
 LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
 
 /* The f32 host buffer of tensor `name` of trainable `layer` and its element

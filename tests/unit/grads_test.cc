@@ -90,6 +90,15 @@ TEST_F(GradsTest, F32WireLandsInPlaceThenAccumulates) {
   EXPECT_EQ(st.n_transfers, 12u);
   EXPECT_EQ(st.n_accumulated, 8u);  // the first micro-batch landed in place
   ASSERT_LWO(lwo_grads_zero(g));
+  // A new sum: layer 2 gets one gradient, the others none and read as zero.
+  lwo_layer_view v{};
+  ASSERT_LWO(lwo_grads_begin(g, 2, stream(c), &v));
+  write_grads(g, pool, 2, c, 5, false, v);
+  ASSERT_LWO(lwo_grads_end(g, 2, stream(c)));
+  ASSERT_LWO(lwo_grads_wait(g));
+  for (uint32_t l = 0; l < 4; ++l) expect_host(g, pool, l, l == 2 ? std::vector<int>{5} : std::vector<int>{});
+  ASSERT_LWO(lwo_grads_zero(g));
+  ASSERT_LWO(lwo_grads_wait(g));
   for (uint32_t l = 0; l < 4; ++l) expect_host(g, pool, l, {});
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_grads_destroy(g));
