@@ -1,0 +1,413 @@
+// Linear layers and gradients to host on the device: outputs and gradients
+// against an fp64 CPU reference, streamed against resident bit for bit, and
+// the gradient fence.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "gpu_util.h"
+#include "kernels/spin.h"
+
+namespace lwo_test {
+namespace {
+
+// ---- host-side dtype handling ----
+
+size_t esize(lwo_dtype_t d) { return lwo_dtype_size(d); }
+
+// Rounds v to `d` and stores it at p[i]; returns the rounded value.
+float store(void* p, size_t i, float v, lwo_dtype_t d) {
+  switch (d) {
+    case LWO_DTYPE_BF16: {
+      __nv_bfloat16 h = __float2bfloat16(v);
+      static_cast<__nv_bfloat16*>(p)[i] = h;
+      return __bfloat162float(h);
+    }
+    case LWO_DTYPE_F16: {
+      __half h = __float2half(v);
+      static_cast<__half*>(p)[i] = h;
+      return __half2float(h);
+    }
+    default:
+      static_cast<float*>(p)[i] = v;
+      return v;
+  }
+}
+float load(const void* p, size_t i, lwo_dtype_t d) {
+  switch (d) {
+    case LWO_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case LWO_DTYPE_F16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// A host matrix in a dtype with its rounded float values, and a device copy.
+struct Mat {
+  lwo_dtype_t dt;
+  size_t n;
+  std::vector<uint8_t> bytes;
+  std::vector<float> vals;
+  void* dev = nullptr;
+  Mat(lwo_dtype_t d, size_t count, std::mt19937_64& rng, float scale) : dt(d), n(count) {
+    bytes.resize(n * esize(d));
+    vals.resize(n);
+    std::uniform_real_distribution<float> u(-scale, scale);
+    for (size_t i = 0; i < n; ++i) vals[i] = store(bytes.data(), i, u(rng), d);
+  }
+  Mat(const Mat&) = delete;
+  Mat& operator=(const Mat&) = delete;
+  ~Mat() {
+    if (dev) (void)cudaFree(dev);
+  }
+  cudaError_t upload() {
+    cudaError_t e = cudaMalloc(&dev, bytes.size());
+    if (e != cudaSuccess) return e;
+    return cudaMemcpy(dev, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+  }
+};
+
+// A device output, poisoned (all bits set: NaN in every float format).
+struct Out {
+  size_t bytes;
+  void* dev = nullptr;
+  explicit Out(size_t b) : bytes(b) {}
+  Out(const Out&) = delete;
+  Out& operator=(const Out&) = delete;
+  ~Out() {
+    if (dev) (void)cudaFree(dev);
+  }
+  cudaError_t alloc() {
+    cudaError_t e = cudaMalloc(&dev, bytes);
+    if (e != cudaSuccess) return e;
+    return cudaMemset(dev, 0xff, bytes);
+  }
+  std::vector<uint8_t> fetch() const {
+    std::vector<uint8_t> h(bytes);
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// ||got - ref|| / ||ref||; NaN anywhere (an element never written) gives inf.
+double rel_err(const std::vector<uint8_t>& got, lwo_dtype_t d, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double g = load(got.data(), i, d);
+    if (!std::isfinite(g)) return INFINITY;
+    num += (g - ref[i]) * (g - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double tol_for(lwo_dtype_t out, bool tf32, bool f32_from_half) {
+  if (out == LWO_DTYPE_BF16) return 1e-2;
+  if (out == LWO_DTYPE_F16) return 2e-3;
+  if (tf32) return 5e-3;
+  return f32_from_half ? 1e-5 : 2e-5;
+}
+
+struct Shape {
+  int64_t t, in, out;
+};
+
+class Compute : public GpuTest {};
+
+TEST_F(Compute, LinearMatchesFp64Reference) {
+  std::vector<Shape> shapes = {{1, 1, 1},     {1, 7, 5},       {3, 17, 33},    {17, 100, 129},
+                               {64, 255, 64}, {257, 96, 1000}, {1000, 1024, 17}, {4096, 128, 192},
+                               {8192, 24, 40}};
+  std::mt19937_64 rng(test_seed(2024));
+  for (int i = 0; i < 4; ++i) {  // and a few random ones
+    int64_t t = 1 + rng() % 8192, in = 1 + rng() % 300, out = 1 + rng() % 300;
+    while (t * in * out > 20000000) t = 1 + t / 2;
+    shapes.push_back({t, in, out});
+  }
+  struct Mode {
+    lwo_dtype_t dt;
+    bool tf32;
+  };
+  for (Mode mode : {Mode{LWO_DTYPE_BF16, false}, Mode{LWO_DTYPE_F16, false},
+                    Mode{LWO_DTYPE_F32, false}, Mode{LWO_DTYPE_F32, true}}) {
+    for (const Shape& s : shapes) {
+      for (int bias = 0; bias < 2; ++bias) {
+        SCOPED_TRACE(std::string(lwo_dtype_name(mode.dt)) + (mode.tf32 ? "+tf32" : "") + " T=" +
+                     std::to_string(s.t) + " in=" + std::to_string(s.in) + " out=" +
+                     std::to_string(s.out) + (bias ? " bias" : ""));
+        Mat x(mode.dt, s.t * s.in, rng, 1.f), w(mode.dt, s.out * s.in, rng, 1.f / std::sqrt(float(s.in))),
+            b(mode.dt, s.out, rng, 1.f), dy(mode.dt, s.t * s.out, rng, 1.f);
+        CUDA_OK(x.upload());
+        CUDA_OK(w.upload());
+        CUDA_OK(b.upload());
+        CUDA_OK(dy.upload());
+        Out y(s.t * s.out * esize(mode.dt)), dx(s.t * s.in * esize(mode.dt)),
+            dw(s.out * s.in * 4), db(s.out * 4);
+        CUDA_OK(y.alloc());
+        CUDA_OK(dx.alloc());
+        CUDA_OK(dw.alloc());
+        CUDA_OK(db.alloc());
+        lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+        d.dtype = mode.dt;
+        d.in_features = s.in;
+        d.out_features = s.out;
+        d.flags = (bias ? LWO_LINEAR_BIAS : 0u) | (mode.tf32 ? LWO_LINEAR_TF32 : 0u);
+        cudaStream_t st = stream(0);
+        CHECK_LWO(lwo_linear_forward(engine_, &d, s.t, x.dev, w.dev, b.dev, y.dev, st));
+        CHECK_LWO(lwo_linear_backward(engine_, &d, s.t, x.dev, dy.dev, w.dev, dx.dev, dw.dev,
+                                      bias ? db.dev : nullptr, LWO_DTYPE_F32, st));
+        CUDA_OK(cudaStreamSynchronize(st));
+        // fp64 reference on the dtype-rounded inputs.
+        std::vector<double> ry(s.t * s.out), rdx(s.t * s.in, 0.0), rdw(s.out * s.in, 0.0),
+            rdb(s.out, 0.0);
+        for (int64_t t = 0; t < s.t; ++t)
+          for (int64_t o = 0; o < s.out; ++o) {
+            double acc = bias ? b.vals[o] : 0.0;
+            for (int64_t k = 0; k < s.in; ++k) acc += double(x.vals[t * s.in + k]) * w.vals[o * s.in + k];
+            ry[t * s.out + o] = acc;
+            double g = dy.vals[t * s.out + o];
+            rdb[o] += g;
+            for (int64_t k = 0; k < s.in; ++k) {
+              rdx[t * s.in + k] += g * w.vals[o * s.in + k];
+              rdw[o * s.in + k] += g * x.vals[t * s.in + k];
+            }
+          }
+        bool half_in = mode.dt != LWO_DTYPE_F32;
+        EXPECT_LT(rel_err(y.fetch(), mode.dt, ry), tol_for(mode.dt, mode.tf32, half_in)) << "y";
+        EXPECT_LT(rel_err(dx.fetch(), mode.dt, rdx), tol_for(mode.dt, mode.tf32, half_in)) << "dx";
+        EXPECT_LT(rel_err(dw.fetch(), LWO_DTYPE_F32, rdw), tol_for(LWO_DTYPE_F32, mode.tf32, half_in))
+            << "dW";
+        if (bias) {
+          EXPECT_LT(rel_err(db.fetch(), LWO_DTYPE_F32, rdb), 1e-5) << "db";
+        }
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// A pool of L layers (weight [out, in] + bias [out], bf16), streamed through
+// rings of every depth over a forward + backward order; y, dx and the host
+// gradients (two micro-batches, f32 on the wire) must equal the resident
+// computation bit for bit.
+TEST_F(Compute, StreamedEqualsResidentBitForBit) {
+  const uint32_t L = 5;
+  const int64_t T = 77, IN = 300, OUT = 200;
+  const lwo_dtype_t DT = LWO_DTYPE_BF16;
+  std::mt19937_64 rng(test_seed(77));
+  lwo_tensor_desc td[2] = {};
+  td[0].name = "weight";
+  td[0].dtype = DT;
+  td[0].n_dims = 2;
+  td[0].shape[0] = OUT;
+  td[0].shape[1] = IN;
+  td[1].name = "bias";
+  td[1].dtype = DT;
+  td[1].n_dims = 1;
+  td[1].shape[0] = OUT;
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2});
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  // Weights, and resident copies of them.
+  std::vector<std::unique_ptr<Mat>> W, B, X[2], DY[2];
+  for (uint32_t l = 0; l < L; ++l) {
+    W.push_back(std::make_unique<Mat>(DT, OUT * IN, rng, 0.05f));
+    B.push_back(std::make_unique<Mat>(DT, OUT, rng, 1.f));
+    CUDA_OK(W[l]->upload());
+    CUDA_OK(B[l]->upload());
+    CHECK_LWO(lwo_pool_write(pool, l, "weight", W[l]->bytes.data(), W[l]->bytes.size()));
+    CHECK_LWO(lwo_pool_write(pool, l, "bias", B[l]->bytes.data(), B[l]->bytes.size()));
+    for (int m = 0; m < 2; ++m) {
+      X[m].push_back(std::make_unique<Mat>(DT, T * IN, rng, 1.f));
+      DY[m].push_back(std::make_unique<Mat>(DT, T * OUT, rng, 1.f));
+      CUDA_OK(X[m][l]->upload());
+      CUDA_OK(DY[m][l]->upload());
+    }
+  }
+  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+  d.dtype = DT;
+  d.in_features = IN;
+  d.out_features = OUT;
+  d.flags = LWO_LINEAR_BIAS;
+  cudaStream_t st = stream(0);
+  // Resident: y, dx, dW, db per layer and micro-batch.
+  size_t ybytes = T * OUT * 2, dxbytes = T * IN * 2;
+  std::vector<std::vector<uint8_t>> ry(2 * L), rdx(2 * L);
+  std::vector<std::vector<float>> rdw(L, std::vector<float>(OUT * IN, 0.f)), rdb(L, std::vector<float>(OUT, 0.f));
+  for (int m = 0; m < 2; ++m)
+    for (uint32_t l = 0; l < L; ++l) {
+      Out y(ybytes), dx(dxbytes), dw(OUT * IN * 4), db(OUT * 4);
+      CUDA_OK(y.alloc());
+      CUDA_OK(dx.alloc());
+      CUDA_OK(dw.alloc());
+      CUDA_OK(db.alloc());
+      CHECK_LWO(lwo_linear_forward(engine_, &d, T, X[m][l]->dev, W[l]->dev, B[l]->dev, y.dev, st));
+      CHECK_LWO(lwo_linear_backward(engine_, &d, T, X[m][l]->dev, DY[m][l]->dev, W[l]->dev, dx.dev,
+                                    dw.dev, db.dev, LWO_DTYPE_F32, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      ry[m * L + l] = y.fetch();
+      rdx[m * L + l] = dx.fetch();
+      std::vector<uint8_t> gw = dw.fetch(), gb = db.fetch();
+      for (int64_t i = 0; i < OUT * IN; ++i) rdw[l][i] += reinterpret_cast<float*>(gw.data())[i];
+      for (int64_t i = 0; i < OUT; ++i) rdb[l][i] += reinterpret_cast<float*>(gb.data())[i];
+    }
+  std::vector<uint32_t> order;
+  for (uint32_t l = 0; l < L; ++l) order.push_back(l);
+  for (uint32_t l = L; l-- > 0;) order.push_back(l);
+  for (uint32_t depth = 1; depth <= 8; ++depth) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    RingOwner ring;
+    create_ring(pool, depth, 0, &ring);
+    if (HasFatalFailure()) return;
+    lwo_grads* grads = nullptr;
+    CHECK_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
+    auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
+    ScheduleOwner sched;
+    CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()), &sched.s));
+    Out y(ybytes), dx(dxbytes);
+    CUDA_OK(y.alloc());
+    CUDA_OK(dx.alloc());
+    for (int m = 0; m < 2; ++m) {
+      CHECK_LWO(lwo_schedule_reset(sched.s, st));
+      lwo_layer_view v{};
+      for (size_t pos = 0; pos < order.size(); ++pos) {
+        CHECK_LWO(lwo_schedule_next(sched.s, st, &v));
+        uint32_t l = v.layer;
+        if (pos < L) {
+          CHECK_LWO(lwo_linear_forward(engine_, &d, T, X[m][l]->dev, v.tensors[0], v.tensors[1], y.dev, st));
+          CUDA_OK(cudaStreamSynchronize(st));
+          EXPECT_EQ(y.fetch(), ry[m * L + l]) << "y of layer " << l;
+        } else {
+          lwo_layer_view gv{};
+          CHECK_LWO(lwo_grads_begin(grads, l, st, &gv));
+          CHECK_LWO(lwo_linear_backward(engine_, &d, T, X[m][l]->dev, DY[m][l]->dev, v.tensors[0],
+                                        dx.dev, gv.tensors[0], gv.tensors[1], LWO_DTYPE_F32, st));
+          CHECK_LWO(lwo_grads_end(grads, l, st));
+          CUDA_OK(cudaStreamSynchronize(st));
+          EXPECT_EQ(dx.fetch(), rdx[m * L + l]) << "dx of layer " << l;
+        }
+      }
+      EXPECT_EQ(lwo_schedule_next(sched.s, st, &v), LWO_END);
+    }
+    CHECK_LWO(lwo_grads_wait(grads));
+    for (uint32_t l = 0; l < L; ++l) {
+      float* h = nullptr;
+      uint64_t n = 0;
+      CHECK_LWO(lwo_grads_host(grads, l, "weight", &h, &n));
+      ASSERT_EQ(n, uint64_t(OUT * IN));
+      EXPECT_EQ(0, std::memcmp(h, rdw[l].data(), n * 4)) << "dW of layer " << l;
+      CHECK_LWO(lwo_grads_host(grads, l, "bias", &h, &n));
+      EXPECT_EQ(0, std::memcmp(h, rdb[l].data(), n * 4)) << "db of layer " << l;
+    }
+    lwo_ring_stats rs = ring_stats(ring.r);
+    EXPECT_GE(rs.n_hits, 2u * std::min<uint32_t>(depth, L));  // backward reuses resident layers
+    CHECK_LWO(lwo_schedule_destroy(sched.s));
+    sched.s = nullptr;
+  }
+}
+
+// The fence: gradients are not in host memory before lwo_grads_wait says so.
+// The stream is held busy before the gradient is written, the host buffer is
+// poisoned, and it must still be poison right after lwo_grads_end.
+TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
+  const int64_t T = 64, IN = 96, OUT = 80;
+  std::mt19937_64 rng(test_seed(5));
+  lwo_tensor_desc td{};
+  td.name = "weight";
+  td.dtype = LWO_DTYPE_F32;
+  td.n_dims = 2;
+  td.shape[0] = OUT;
+  td.shape[1] = IN;
+  lwo_layer_desc ld{&td, 1};
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  Mat x(LWO_DTYPE_F32, T * IN, rng, 1.f), dy(LWO_DTYPE_F32, T * OUT, rng, 1.f);
+  CUDA_OK(x.upload());
+  CUDA_OK(dy.upload());
+  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+  d.dtype = LWO_DTYPE_F32;
+  d.in_features = IN;
+  d.out_features = OUT;
+  Out ref(OUT * IN * 4);
+  CUDA_OK(ref.alloc());
+  cudaStream_t st = stream(0);
+  CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, ref.dev, nullptr,
+                                LWO_DTYPE_F32, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  std::vector<uint8_t> want = ref.fetch();
+  for (uint32_t flags : {0u, LWO_GRADS_NATIVE_WIRE}) {
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = flags;
+    lwo_grads* grads = nullptr;
+    CHECK_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+    auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
+    for (int round = 0; round < 2; ++round) {  // in place (fresh), then accumulated
+      float* h = nullptr;
+      uint64_t n = 0;
+      CHECK_LWO(lwo_grads_host(grads, 0, "weight", &h, &n));
+      CHECK_LWO(lwo_grads_zero(grads));
+      CHECK_LWO(lwo_grads_wait(grads));
+      if (round == 1) {  // start from a known sum: one gradient already in
+        lwo_layer_view gv{};
+        CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
+        CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
+                                      nullptr, LWO_DTYPE_F32, st));
+        CHECK_LWO(lwo_grads_end(grads, 0, st));
+        CHECK_LWO(lwo_grads_wait(grads));
+      }
+      std::vector<float> before(h, h + n);
+      for (uint64_t i = 0; round == 0 && i < n; ++i) h[i] = NAN;  // poison the fresh buffer
+      CUDA_OK(lwo::kernels::spin_async(300000, st));  // 300 ms
+      lwo_layer_view gv{};
+      CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
+      CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
+                                    nullptr, LWO_DTYPE_F32, st));
+      CHECK_LWO(lwo_grads_end(grads, 0, st));
+      // Nothing has landed yet: the stream is still spinning.
+      size_t unchanged = 0;
+      for (uint64_t i = 0; i < n; ++i)
+        unchanged += round == 0 ? std::isnan(h[i]) : (h[i] == before[i]);
+      EXPECT_EQ(unchanged, n) << "gradient bytes reached the host before the fence";
+      CHECK_LWO(lwo_grads_wait(grads));
+      const float* w = reinterpret_cast<const float*>(want.data());
+      for (uint64_t i = 0; i < n; ++i) {
+        float expect = round == 0 ? w[i] : before[i] + w[i];
+        ASSERT_EQ(h[i], expect) << "element " << i << (flags ? " native wire" : " f32 wire");
+      }
+    }
+  }
+}
+
+TEST_F(Compute, FrozenLayersMoveNoGradient) {
+  const uint32_t L = 4;
+  lwo_tensor_desc td{};
+  td.name = "weight";
+  td.dtype = LWO_DTYPE_BF16;
+  td.n_dims = 2;
+  td.shape[0] = 64;
+  td.shape[1] = 48;
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{&td, 1});
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  uint8_t trainable[L] = {1, 0, 1, 0};
+  lwo_grads* grads = nullptr;
+  CHECK_LWO(lwo_grads_create(pool, trainable, nullptr, &grads));
+  auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
+  lwo_layer_view gv{};
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_grads_begin", lwo_grads_begin(grads, 1, stream(0), &gv));
+  for (uint32_t l : {0u, 2u}) {
+    CHECK_LWO(lwo_grads_begin(grads, l, stream(0), &gv));
+    CUDA_OK(cudaMemsetAsync(gv.tensors[0], 0, 64 * 48 * 4, stream(0)));
+    CHECK_LWO(lwo_grads_end(grads, l, stream(0)));
+  }
+  CHECK_LWO(lwo_grads_wait(grads));
+  lwo_grads_stats gs{};
+  gs.size = sizeof gs;
+  CHECK_LWO(lwo_grads_get_stats(grads, &gs));
+  EXPECT_EQ(gs.n_transfers, 2u);
+  EXPECT_EQ(gs.bytes, 2u * 64 * 48 * 4);
+}
+
+}  // namespace
+}  // namespace lwo_test
