@@ -73,13 +73,15 @@ class CudaBackend final : public Backend {
     if (p) (void)cudaFreeHost(p);
   }
   bool host_register(void* ptr, size_t bytes, bool read_only) override {
+    // Memory the caller already pinned or registered is used as it is (asked
+    // first, so no call is made to fail on purpose).
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost)
+      return false;
+    (void)cudaGetLastError();
     unsigned flags = cudaHostRegisterPortable;
-    if (read_only) flags |= cudaHostRegisterReadOnly;
+    if (read_only && read_only_supported()) flags |= cudaHostRegisterReadOnly;
     cudaError_t e = cudaHostRegister(ptr, bytes, flags);
-    if (read_only && e == cudaErrorNotSupported) {  // no read-only registration here
-      (void)cudaGetLastError();
-      e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
-    }
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
       (void)cudaGetLastError();
       return false;
@@ -160,6 +162,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  bool read_only_supported() {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrHostRegisterReadOnlySupported, device_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return v != 0;
+  }
+
   int device_;
 };
 

@@ -37,6 +37,15 @@ void Schedule::release_all(StreamH stream) {
 
 lwo_status_t Schedule::next(StreamH stream, lwo_layer_view* view) {
   std::lock_guard<std::mutex> lock(mu_);
+  try {
+    return next_locked(stream, view);
+  } catch (const Error& e) {
+    fail(e.status(), "lwo_schedule_next: position %zu of %zu (layer %u): %s", pos_, order_.size(),
+         pos_ < order_.size() ? order_[pos_] : 0u, e.what());
+  }
+}
+
+lwo_status_t Schedule::next_locked(StreamH stream, lwo_layer_view* view) {
   last_stream_ = stream;
   if (holding_) {
     holding_ = false;

@@ -25,6 +25,7 @@ class Schedule {
 
  private:
   void release_all(StreamH stream);
+  lwo_status_t next_locked(StreamH stream, lwo_layer_view* view);
 
   Ring& ring_;
   std::vector<uint32_t> order_;
