@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <system_error>
 #include <thread>
 
@@ -113,6 +114,52 @@ std::string json_device(const Device& device) {
       "\"pci_bus\": %d}",
       device.ordinal, json_string(device.prop.name).c_str(), device.prop.multiProcessorCount,
       device.prop.totalGlobalMem, device.prop.pciBusID);
+}
+
+double measure_h2d_peak(const std::vector<HostRange>& records, uint64_t record_bytes,
+                        double* best_ms) {
+  DeviceMem buffer = device_alloc(record_bytes);
+  Stream stream = make_stream();
+  Event a = make_event(), b = make_event();
+  uint64_t total = 0;
+  for (const HostRange& r : records) total += r.bytes;
+  CHECK(cudaMemcpyAsync(buffer.get(), records[0].data, records[0].bytes, cudaMemcpyHostToDevice,
+                        stream.get()));  // warm-up
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < kPeakRepeats; ++rep) {
+    CHECK(cudaEventRecord(a.get(), stream.get()));
+    for (const HostRange& r : records)
+      CHECK(cudaMemcpyAsync(buffer.get(), r.data, r.bytes, cudaMemcpyHostToDevice, stream.get()));
+    CHECK(cudaEventRecord(b.get(), stream.get()));
+    CHECK(cudaEventSynchronize(b.get()));
+    best = std::min<double>(best, elapsed_ms(a, b));
+  }
+  *best_ms = best;
+  return static_cast<double>(total) / (best * 1e6);
+}
+
+double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms) {
+  DeviceMem buffer = device_alloc(chunk_bytes);
+  PinnedMem host;
+  check(cudaHostAlloc(host.out(), chunk_bytes, cudaHostAllocDefault),
+        strf("cudaHostAlloc(%s)", fmt_bytes(chunk_bytes).c_str()).c_str());
+  Stream stream = make_stream();
+  Event a = make_event(), b = make_event();
+  CHECK(cudaMemsetAsync(buffer.get(), 0, chunk_bytes, stream.get()));
+  CHECK(cudaMemcpyAsync(host.get(), buffer.get(), chunk_bytes, cudaMemcpyDeviceToHost,
+                        stream.get()));  // warm-up
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < kPeakRepeats; ++rep) {
+    CHECK(cudaEventRecord(a.get(), stream.get()));
+    for (uint32_t i = 0; i < n_chunks; ++i)
+      CHECK(cudaMemcpyAsync(host.get(), buffer.get(), chunk_bytes, cudaMemcpyDeviceToHost,
+                            stream.get()));
+    CHECK(cudaEventRecord(b.get(), stream.get()));
+    CHECK(cudaEventSynchronize(b.get()));
+    best = std::min<double>(best, elapsed_ms(a, b));
+  }
+  *best_ms = best;
+  return static_cast<double>(chunk_bytes) * n_chunks / (best * 1e6);
 }
 
 void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
@@ -271,20 +318,6 @@ void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_th
   work();
   for (auto& t : threads) t.join();
 }
-
-namespace {
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-// The splitmix64 finaliser: a counter-based generator, so any word can be
-// produced independently of the others.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 void fill_random(const std::vector<HostRange>& ranges, uint64_t seed) {
   constexpr uint64_t kChunk = uint64_t(4) << 20;  // bytes per work item, a multiple of 8

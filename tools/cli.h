@@ -92,6 +92,7 @@ CLI_OWNER(Engine, lwo_engine*, lwo_engine_destroy);
 CLI_OWNER(Pool, lwo_pool*, lwo_pool_destroy);
 CLI_OWNER(Ring, lwo_ring*, lwo_ring_destroy);
 CLI_OWNER(Schedule, lwo_schedule*, lwo_schedule_destroy);
+CLI_OWNER(Grads, lwo_grads*, lwo_grads_destroy);
 CLI_OWNER(Stream, cudaStream_t, cudaStreamDestroy);
 CLI_OWNER(Event, cudaEvent_t, cudaEventDestroy);
 CLI_OWNER(DeviceMem, void*, cudaFree);
@@ -155,6 +156,15 @@ lwo_dtype_t parse_dtype(const char* flag, const std::string& text);
 // Calls fn(i) for i in [0, n) from up to `n_threads` threads (0: all cores).
 void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_threads = 0);
 
+// The splitmix64 finaliser: a counter-based generator, so any word can be
+// produced independently of the others.
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Fills each (pointer, bytes) range with pseudo-random bytes from all cores.
 // The bytes depend only on the seed and the range's index and size.
 struct HostRange {
@@ -164,6 +174,16 @@ struct HostRange {
 void fill_random(const std::vector<HostRange>& ranges, uint64_t seed);
 // lwo::kernels::checksum_host of each range, computed from all cores.
 std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges);
+
+// Raw pinned-copy peaks, GB/s of the best of kPeakRepeats rounds (after one
+// untimed copy); *best_ms is that round's time.
+constexpr int kPeakRepeats = 3;
+// H2D: every record copied back-to-back into one device buffer on one stream.
+double measure_h2d_peak(const std::vector<HostRange>& records, uint64_t record_bytes,
+                        double* best_ms);
+// D2H: `n_chunks` copies of `chunk_bytes` back-to-back from one device buffer
+// into one pinned host buffer on one stream.
+double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms);
 
 // --- formatting and output --------------------------------------------------
 
@@ -198,5 +218,9 @@ void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 int cmd_probe(int argc, char** argv);
 int cmd_run(int argc, char** argv);
+// lwo run --train / --frozen (tools/train.cc). run_wants_train tells cmd_run
+// to hand over; it throws UsageError for a training flag without --train.
+bool run_wants_train(int argc, char** argv);
+int cmd_train(int argc, char** argv);
 
 }  // namespace cli

@@ -1,5 +1,6 @@
 // The lwo program: measures how fast host weights stream through a ring of
-// device slots (probe) and streams a synthetic model, checking every byte (run).
+// device slots (probe), streams a synthetic model, checking every byte (run),
+// and trains a chain of linear layers through the ring (run --train).
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -16,7 +17,8 @@ const char* const kUsage =
     "  probe      pinned copy bandwidth by size, and ring streaming bandwidth by\n"
     "             ring depth and record size\n"
     "  run        stream a synthetic model through a ring, time each pass against\n"
-    "             the pinned-copy peak and check every byte that arrives\n"
+    "             the pinned-copy peak and check every byte that arrives; with\n"
+    "             --train, train a chain of linear layers through the ring\n"
     "  help       print this help (also --help, -h)\n"
     "  version    print the library version (also --version)\n"
     "\n"
@@ -35,14 +37,34 @@ const char* const kUsage =
     "  --seed S         seed of the random weights (default 1)\n"
     "  --timing         create the ring with LWO_RING_TIMING (copy and wait times)\n"
     "\n"
-    "flags of both:\n"
+    "lwo run --train [flags]\n"
+    "  Trains a chain of square linear layers y = x W^T on random data: one\n"
+    "  schedule streams layers 0..L-1 forward, then L-1..0 backward; weight\n"
+    "  gradients go to f32 host buffers (lwo_grads). Each step is timed against\n"
+    "  max(resident compute, H2D bytes / H2D peak, D2H bytes / D2H peak), all\n"
+    "  measured in the same run, and the first timed step is checked bit for bit\n"
+    "  against the same computation with every weight resident on the device.\n"
+    "  --train          train (the flags below need it)\n"
+    "  --frozen         every layer frozen: input gradients only, no weight\n"
+    "                   gradients (implies --train)\n"
+    "  --tokens T       tokens per step (default 8192)\n"
+    "  --steps S        timed steps, after one warm-up step (default 5)\n"
+    "  --grad-depth G   gradient staging slots, 1..64 (default 2)\n"
+    "  --native-wire    gradients travel in the layer dtype, not f32\n"
+    "                   (LWO_GRADS_NATIVE_WIRE)\n"
+    "  --bias           each layer also has a tensor \"bias\" [rows]\n"
+    "  --layers, --rows, --cols, --depth, --seed and --timing as for lwo run;\n"
+    "  --rows must equal --cols; --dtype is bf16, f16 or f32 (default bf16)\n"
+    "\n"
+    "flags of all:\n"
     "  --device N       CUDA device ordinal (default 0)\n"
     "  --json FILE      also write the results as JSON to FILE\n"
     "  --quiet          no progress lines on stderr\n"
     "\n"
     "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
     "bandwidths are in GB/s (1e9 bytes/s). Exit status: 0 success, 1 failure\n"
-    "(no CUDA device, a failed call, a checksum mismatch), 2 bad command line.\n";
+    "(no CUDA device, a failed call, a checksum or check mismatch), 2 bad command\n"
+    "line.\n";
 
 }  // namespace cli
 

@@ -2,7 +2,6 @@
 // pass against the raw pinned-copy peak measured in the same run, and checks
 // that every layer arrived byte for byte.
 #include <algorithm>
-#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -12,7 +11,6 @@
 namespace cli {
 namespace {
 
-constexpr int kPeakRepeats = 3;
 constexpr double kTargetShare = 0.99;  // at depth >= 2
 constexpr uint32_t kMaxMismatchLines = 8;
 
@@ -61,29 +59,6 @@ Options parse_options(int argc, char** argv, bool* help) {
   };
   *help = !parse_flags(argc, argv, 2, flags);
   return o;
-}
-
-// The raw pinned-copy peak: every record copied back-to-back into one device
-// buffer on one stream; GB/s of the best of kPeakRepeats rounds.
-double measure_peak(const std::vector<HostRange>& records, uint64_t record_bytes, double* best_ms) {
-  DeviceMem buffer = device_alloc(record_bytes);
-  Stream stream = make_stream();
-  Event a = make_event(), b = make_event();
-  uint64_t total = 0;
-  for (const HostRange& r : records) total += r.bytes;
-  CHECK(cudaMemcpyAsync(buffer.get(), records[0].data, records[0].bytes, cudaMemcpyHostToDevice,
-                        stream.get()));  // warm-up
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < kPeakRepeats; ++rep) {
-    CHECK(cudaEventRecord(a.get(), stream.get()));
-    for (const HostRange& r : records)
-      CHECK(cudaMemcpyAsync(buffer.get(), r.data, r.bytes, cudaMemcpyHostToDevice, stream.get()));
-    CHECK(cudaEventRecord(b.get(), stream.get()));
-    CHECK(cudaEventSynchronize(b.get()));
-    best = std::min<double>(best, elapsed_ms(a, b));
-  }
-  *best_ms = best;
-  return static_cast<double>(total) / (best * 1e6);
 }
 
 // Copies `expect.size()` device sums back and compares each with `times`
@@ -194,6 +169,7 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
 }  // namespace
 
 int cmd_run(int argc, char** argv) {
+  if (run_wants_train(argc, argv)) return cmd_train(argc, argv);
   bool help = false;
   const Options o = parse_options(argc, argv, &help);
   if (help) {
@@ -246,7 +222,7 @@ int cmd_run(int argc, char** argv) {
            static_cast<double>(r.pass_bytes) / std::max(r.host.fill_s, 1e-9) / 1e9,
            r.host.checksum_s);
 
-  r.peak_gbps = measure_peak(records, r.record_bytes, &r.peak_ms);
+  r.peak_gbps = measure_h2d_peak(records, r.record_bytes, &r.peak_ms);
   progress("peak: %.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps,
            fmt_bytes(r.pass_bytes).c_str(), r.peak_ms);
 
