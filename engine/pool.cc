@@ -11,6 +11,8 @@ void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const 
   if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: n_layers is 0", call);
   if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "%s: layers is NULL", call);
   layers_.resize(n_layers);
+  versions_.reset(new std::atomic<uint64_t>[n_layers]);
+  for (uint32_t i = 0; i < n_layers; ++i) versions_[i].store(0);
   for (uint32_t i = 0; i < n_layers; ++i) {
     layers_[i].layout = make_layout(layers[i], strf("%s: layer %u", call, i), registered_);
     uint64_t rb = layers_[i].layout.record_bytes;
@@ -152,6 +154,12 @@ void Pool::write(uint32_t layer_id, const char* name, const void* src, uint64_t 
          static_cast<unsigned long long>(bytes));
   if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "%s: src is NULL", call);
   if (bytes) std::memcpy(l.host + t.offset, src, bytes);
+  changed(layer_id, call);
+}
+
+void Pool::changed(uint32_t layer_id, const char* call) {
+  layer(layer_id, call);
+  versions_[layer_id].fetch_add(1, std::memory_order_acq_rel);
 }
 
 }  // namespace lwo

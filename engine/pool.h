@@ -54,6 +54,11 @@ class Pool {
 
   void write(uint32_t layer, const char* name, const void* src, uint64_t bytes);
 
+  // Host bytes of a layer changed: rings must copy it again rather than reuse
+  // a slot that holds the old bytes. lwo_pool_write calls it itself.
+  void changed(uint32_t layer, const char* call);
+  uint64_t version(uint32_t layer) const { return versions_[layer].load(std::memory_order_acquire); }
+
   std::atomic<int> n_rings{0};
   std::atomic<int> n_grads{0};
 
@@ -70,6 +75,7 @@ class Pool {
   Engine& engine_;
   bool registered_;
   std::vector<Layer> layers_;
+  std::unique_ptr<std::atomic<uint64_t>[]> versions_;  // per layer, bumped on change
   uint64_t total_bytes_ = 0;
   uint64_t max_record_ = 0;
   PinnedArena arena_;  // pinned pools

@@ -126,6 +126,13 @@ lwo_ticket Ring::stage(uint32_t layer) {
   if (timing_) harvest(false);
 
   int32_t si = slot_of_layer_[layer];
+  uint64_t version = pool_.version(layer);
+  if (si >= 0 && slots_[si].state == State::Released && slots_[si].version != version) {
+    // The host bytes changed since the copy: the slot may be reused, never hit.
+    slot_of_layer_[layer] = -1;
+    slots_[si].state = State::Released;
+    si = -1;
+  }
   if (si >= 0) {
     Slot& s = slots_[si];
     if (s.state != State::Released)
@@ -183,7 +190,8 @@ lwo_ticket Ring::stage(uint32_t layer) {
   } catch (...) {
     // The slot may now hold part of this layer: it no longer holds the old
     // one, so it must never be a hit for it.
-    if (s.state == State::Released) slot_of_layer_[s.layer] = -1;
+    if (s.state == State::Released && slot_of_layer_[s.layer] == victim)
+      slot_of_layer_[s.layer] = -1;
     s.state = State::Empty;
     throw;
   }
@@ -192,9 +200,11 @@ lwo_ticket Ring::stage(uint32_t layer) {
     pending_.push_back({Timed::Copy, t0, t1});
   }
   // Only now, with every enqueue done, change the table.
-  if (s.state == State::Released) slot_of_layer_[s.layer] = -1;
+  if (s.state == State::Released && slot_of_layer_[s.layer] == victim)
+    slot_of_layer_[s.layer] = -1;
   s.state = State::Staged;
   s.layer = layer;
+  s.version = version;
   s.gen = (s.gen + 1) & kGenMask;
   s.merge_free = false;
   s.tensor_ptrs.resize(l.layout.tensors.size());

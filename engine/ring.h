@@ -52,6 +52,7 @@ class Ring {
   struct Slot {
     State state = State::Empty;
     uint32_t layer = 0;
+    uint64_t version = 0;        // the pool's version of the layer when copied
     uint64_t gen = 0;
     uint64_t last_release = 0;   // LRU clock
     bool ever_released = false;  // slot.free has been recorded at least once

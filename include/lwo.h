@@ -327,6 +327,14 @@ LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* 
 LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** data,
                                          uint64_t* bytes);
 
+/* Declares that the host bytes of `layer` changed (written through the
+ * pointers above, or in a registered pool's caller memory, for example by an
+ * optimizer step): the next lwo_ring_stage of the layer copies it again
+ * instead of reusing a slot that still holds the old bytes. lwo_pool_write
+ * does this itself. Copies already enqueued are not affected: change a layer
+ * only while no ring may be copying it. Any thread. */
+LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer);
+
 /* The host address and size of one tensor. Valid until the pool is destroyed. */
 LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
                                           const char* name, void** data,

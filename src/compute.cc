@@ -142,6 +142,10 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
     uint32_t al[4] = {static_cast<uint32_t>(std::get<12>(key)), static_cast<uint32_t>(std::get<13>(key)),
                       static_cast<uint32_t>(std::get<14>(key)), static_cast<uint32_t>(std::get<14>(key))};
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "pref workspace");
+    // No split-K reductions: results stay deterministic (a streamed layer
+    // equals its resident twin bit for bit) whatever the algorithm.
+    uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+    LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red), "pref reduction");
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4), "pref align A");
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4), "pref align B");
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4), "pref align C");
@@ -184,15 +188,16 @@ void Compute::linear_forward(const Linear& l, int64_t tokens, const void* x, con
 void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, const void* dy,
                               const void* w, void* dx, void* dw, void* db,
                               lwo_dtype_t grad_dtype, void* stream) {
-  if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
-    Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
-    gemm(g, w, dy, dx, nullptr, stream);
-  }
+  // Weight gradients first, so their copy to host can start while dx runs.
   if (dw) {  // dW' (in x out) = X' (in x T) dY'^T (T x out)
     Gemm g{false, true, l.in, l.out, tokens, l.in, l.out, l.in, l.dtype, grad_dtype, l.tf32};
     gemm(g, x, dy, dw, nullptr, stream);
   }
   if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, stream);
+  if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
+    Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
+    gemm(g, w, dy, dx, nullptr, stream);
+  }
 }
 
 }  // namespace lwo

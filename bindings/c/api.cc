@@ -446,6 +446,13 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
   });
 }
 
+LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer) {
+  return guard([&] {
+    static const char* call = "lwo_pool_layer_changed";
+    check_handle(pool, Kind::Pool, call)->impl->changed(layer, call);
+  });
+}
+
 LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer, const char* name,
                                           void** data, uint64_t* bytes) {
   return guard([&] {
