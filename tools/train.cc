@@ -375,10 +375,13 @@ StepStats stream_step(const Net& net, lwo_schedule* schedule, lwo_ring* ring, lw
       net.backward(l, w, net.dx_out(l), nullptr, nullptr);
       continue;
     }
+    // Weight gradients first and sent at once, so their copy to host runs
+    // while dx is computed.
     lwo_layer_view g{};
     check(lwo_grads_begin(grads, l, net.stream, &g), "lwo_grads_begin");
-    net.backward(l, w, net.dx_out(l), g.tensors[0], net.bias ? g.tensors[1] : nullptr);
+    net.backward(l, w, nullptr, g.tensors[0], net.bias ? g.tensors[1] : nullptr);
     check(lwo_grads_end(grads, l, net.stream), "lwo_grads_end");
+    net.backward(l, w, net.dx_out(l), nullptr, nullptr);
   }
   lwo_status_t s = lwo_schedule_next(schedule, net.stream, &view);
   if (s != LWO_END) {
