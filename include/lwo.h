@@ -606,6 +606,68 @@ typedef struct lwo_grads_stats {
 
 LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats);
 
+/* ------------------------------------------------------------------------ */
+/* Layer compute: 2-D convolutions                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef enum lwo_layout_t {
+  /* x [n, c, h, w], y [n, k, oh, ow], weight [k, c/groups, kh, kw] */
+  LWO_LAYOUT_NCHW = 0,
+  /* x [n, h, w, c], y [n, oh, ow, k], weight [k, kh, kw, c/groups] */
+  LWO_LAYOUT_NHWC = 1,
+  LWO_LAYOUT_FORCE_32 = 0x7fffffff
+} lwo_layout_t;
+
+/* The layer has a bias b[out_channels]. */
+#define LWO_CONV_BIAS 0x1u
+/* f32 layers may use TF32 tensor cores. */
+#define LWO_CONV_TF32 0x2u
+
+/* y = conv2d(x, W) (+ b), a cross-correlation as deep-learning frameworks
+ * define it, through cuDNN. x, W, b, y and dx share `dtype` (bf16, f16 or
+ * f32); products accumulate in f32. */
+typedef struct lwo_conv2d_desc {
+  size_t size;             /* sizeof(lwo_conv2d_desc) */
+  lwo_dtype_t dtype;       /* LWO_DTYPE_BF16 (default), LWO_DTYPE_F16 or LWO_DTYPE_F32 */
+  uint32_t flags;          /* LWO_CONV_BIAS | LWO_CONV_TF32 */
+  lwo_layout_t layout;     /* default LWO_LAYOUT_NHWC */
+  int32_t in_channels;     /* >= 1, a multiple of groups */
+  int32_t out_channels;    /* >= 1, a multiple of groups */
+  int32_t kernel_h, kernel_w;      /* >= 1 */
+  int32_t stride_h, stride_w;      /* >= 1; default 1 */
+  int32_t pad_h, pad_w;            /* >= 0; default 0 */
+  int32_t dilation_h, dilation_w;  /* >= 1; default 1 */
+  int32_t groups;                  /* >= 1; default 1 */
+} lwo_conv2d_desc;
+
+#define LWO_CONV2D_DESC_INIT \
+  {sizeof(lwo_conv2d_desc), LWO_DTYPE_BF16, 0u, LWO_LAYOUT_NHWC, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1}
+LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* desc);
+
+/* The output height and width for an input of h x w (LWO_ERR_INVALID_ARGUMENT
+ * if the kernel does not fit the padded input). */
+LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
+                                            int32_t* out_h, int32_t* out_w);
+
+/* Enqueues y = conv2d(x, W) (+ b) on `stream` for a batch of n images of
+ * h x w. The cuDNN algorithm is chosen once per shape (deterministic ones
+ * only) and cached in the engine; workspace comes from the engine, per
+ * stream. */
+LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                        int32_t n, int32_t h, int32_t w, const void* x,
+                                        const void* weight, const void* bias, void* y,
+                                        lwo_stream_t stream);
+
+/* Enqueues the backward pass on `stream`: dx (backward data; skipped if
+ * NULL), and for a trainable layer dweight (backward filter) and, with
+ * LWO_CONV_BIAS, dbias, in `grad_dtype` (LWO_DTYPE_F32 or the layer's
+ * dtype); NULL dweight and dbias for a frozen layer. */
+LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                         int32_t n, int32_t h, int32_t w, const void* x,
+                                         const void* dy, const void* weight, void* dx,
+                                         void* dweight, void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

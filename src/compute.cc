@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/error.h"
@@ -89,10 +90,11 @@ Compute::~Compute() {
   int prev = 0;
   if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
     (void)cudaDeviceSynchronize();
-    for (auto& kv : workspaces_) (void)cudaFree(kv.second);
+    for (auto& kv : workspaces_) (void)cudaFree(kv.second.ptr);
     (void)cudaSetDevice(prev);
   }
   if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+  destroy_cudnn();
 }
 
 size_t Compute::n_cached() const {
@@ -100,13 +102,19 @@ size_t Compute::n_cached() const {
   return algos_.size();
 }
 
-void* Compute::workspace(void* stream) {
-  // One workspace per stream: GEMMs on different streams may run at once.
+void* Compute::workspace(void* stream, size_t bytes) {
+  // One workspace per stream: work on different streams may run at once.
   auto it = workspaces_.find(stream);
-  if (it != workspaces_.end()) return it->second;
+  if (it != workspaces_.end() && it->second.bytes >= bytes) return it->second.ptr;
+  if (it != workspaces_.end()) {  // grow: the old one may still be in use on its stream
+    LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "compute: growing a workspace");
+    LWO_RT(cudaFree(it->second.ptr), "compute: growing a workspace");
+    workspaces_.erase(it);
+  }
+  bytes = std::max(bytes, kWorkspaceBytes);
   void* p = nullptr;
-  LWO_RT(cudaMalloc(&p, kWorkspaceBytes), "compute: GEMM workspace");
-  workspaces_[stream] = p;
+  LWO_RT(cudaMalloc(&p, bytes), "compute: workspace");
+  workspaces_[stream] = Workspace{p, bytes};
   return p;
 }
 
@@ -170,7 +178,7 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
   cublasLtMatmulAlgo_t algo;
   std::memcpy(&algo, it->second.data, sizeof algo);
   float alpha = 1.f, beta = 0.f;
-  void* ws = workspace(stream);
+  void* ws = workspace(stream, kWorkspaceBytes);
   LWO_LT(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), ds.op, &alpha, a, ds.a, b, ds.b, &beta,
                         d, ds.d, d, ds.d, &algo, ws, kWorkspaceBytes,
                         static_cast<cudaStream_t>(stream)),

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "lwo.h"
 
@@ -35,6 +36,18 @@ class Compute {
                        const void* w, void* dx, void* dw, void* db, lwo_dtype_t grad_dtype,
                        void* stream);
 
+  struct Conv {
+    lwo_dtype_t dtype;
+    bool bias, tf32, nhwc;
+    int32_t c, k, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  };
+  void conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, const void* x,
+                    const void* wt, const void* b, void* y, void* stream);
+  void conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, const void* x,
+                     const void* dy, const void* wt, void* dx, void* dwt, void* db,
+                     lwo_dtype_t grad_dtype, void* stream);
+  static void conv_out_size(const Conv& cv, int32_t h, int32_t w, int32_t* oh, int32_t* ow);
+
   // Number of cached algorithms and of GEMMs that took the fallback kernel.
   size_t n_cached() const;
   uint64_t n_fallback() const { return n_fallback_; }
@@ -48,7 +61,10 @@ class Compute {
     bool tf32;
   };
   void gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias, void* stream);
-  void* workspace(void* stream);
+  // The stream's workspace, grown to at least `bytes` (callers hold mu_).
+  void* workspace(void* stream, size_t bytes);
+  void* cudnn();  // the cuDNN handle, made on first use (callers hold mu_)
+  void destroy_cudnn() noexcept;
 
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
                          int, int, int, int, int, int>;
@@ -60,7 +76,14 @@ class Compute {
   int device_;
   void* lt_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mu_;
-  std::unordered_map<void*, void*> workspaces_;  // stream -> device workspace
+  struct Workspace {
+    void* ptr;
+    size_t bytes;
+  };
+  std::unordered_map<void*, Workspace> workspaces_;  // per stream
+  void* cudnn_ = nullptr;                            // cudnnHandle_t
+  // Convolution algorithms by (direction, shape...): algorithm, workspace bytes.
+  std::map<std::vector<int64_t>, std::pair<int, size_t>> conv_algos_;
   std::map<Key, Algo> algos_;
   uint64_t n_fallback_ = 0;
 };
@@ -73,6 +96,14 @@ void gemm_fallback(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void
 // db[o] = sum_t dy[t, o]; dy row-major [tokens, out] of dtype dt_in, db of dt_out.
 void bias_grad(const void* dy, int64_t tokens, int64_t out, lwo_dtype_t dt_in, void* db,
                lwo_dtype_t dt_out, void* stream);
+// y[(o*C + c)*inner + s] += b[c] (NCHW: outer = n, inner = h*w; NHWC: outer = n*h*w, inner = 1).
+void channel_bias_add(void* y, const void* b, int64_t outer, int64_t C, int64_t inner,
+                      lwo_dtype_t dt, void* stream);
+// db[c] = sum over o, s of dy[(o*C + c)*inner + s], accumulated in f32.
+void channel_sum(const void* dy, int64_t outer, int64_t C, int64_t inner, lwo_dtype_t dt_in,
+                 void* db, lwo_dtype_t dt_out, void* stream);
+void convert(const void* src, lwo_dtype_t dt_in, void* dst, lwo_dtype_t dt_out, int64_t n,
+             void* stream);
 }  // namespace detail
 
 }  // namespace lwo

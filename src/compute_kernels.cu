@@ -53,6 +53,48 @@ __global__ void bias_grad_kernel(const Tin* dy, int64_t tokens, int64_t out, Tou
   db[o] = from_f<Tout>(acc);
 }
 
+// y[(o*C + c)*inner + s] += b[c]
+template <class T>
+__global__ void channel_bias_add_kernel(T* y, const T* b, int64_t outer, int64_t C, int64_t inner) {
+  int64_t total = outer * C * inner;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t c = (i / inner) % C;
+    y[i] = from_f<T>(to_f(y[i]) + to_f(b[c]));
+  }
+}
+
+// db[c] = sum over o, s of dy[(o*C + c)*inner + s]; one block per channel.
+template <class Tin, class Tout>
+__global__ void channel_sum_kernel(const Tin* dy, int64_t outer, int64_t C, int64_t inner, Tout* db) {
+  int64_t c = blockIdx.x;
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < outer * inner; i += blockDim.x) {
+    int64_t o = i / inner, s = i % inner;
+    acc += to_f(dy[(o * C + c) * inner + s]);
+  }
+  __shared__ float part[32];
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    acc = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (threadIdx.x == 0) db[c] = from_f<Tout>(acc);
+  }
+}
+
+template <class Tin, class Tout>
+__global__ void convert_kernel(const Tin* src, Tout* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_f<Tout>(to_f(src[i]));
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 132 * 16)));
+}
+
 template <class F>
 void dispatch2(lwo_dtype_t ab, lwo_dtype_t dt, F&& f) {
   auto inner = [&](auto tin) {
@@ -105,6 +147,42 @@ void bias_grad(const void* dy, int64_t tokens, int64_t out, lwo_dtype_t dt_in, v
         static_cast<const Tin*>(dy), tokens, out, static_cast<Tout*>(db));
   });
   check_launch("bias gradient");
+}
+
+void channel_bias_add(void* y, const void* b, int64_t outer, int64_t C, int64_t inner,
+                      lwo_dtype_t dt, void* stream) {
+  dispatch2(dt, dt, [&](auto tin, auto) {
+    using T = decltype(tin);
+    channel_bias_add_kernel<T><<<grid_for(outer * C * inner), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(y), static_cast<const T*>(b), outer, C, inner);
+  });
+  check_launch("channel bias add");
+}
+
+void channel_sum(const void* dy, int64_t outer, int64_t C, int64_t inner, lwo_dtype_t dt_in,
+                 void* db, lwo_dtype_t dt_out, void* stream) {
+  if (inner == 1) {  // contiguous channels: one thread per channel reads coalesced
+    bias_grad(dy, outer, C, dt_in, db, dt_out, stream);
+    return;
+  }
+  dispatch2(dt_in, dt_out, [&](auto tin, auto tout) {
+    using Tin = decltype(tin);
+    using Tout = decltype(tout);
+    channel_sum_kernel<Tin, Tout><<<static_cast<unsigned>(C), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const Tin*>(dy), outer, C, inner, static_cast<Tout*>(db));
+  });
+  check_launch("channel sum");
+}
+
+void convert(const void* src, lwo_dtype_t dt_in, void* dst, lwo_dtype_t dt_out, int64_t n,
+             void* stream) {
+  dispatch2(dt_in, dt_out, [&](auto tin, auto tout) {
+    using Tin = decltype(tin);
+    using Tout = decltype(tout);
+    convert_kernel<Tin, Tout><<<grid_for(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const Tin*>(src), static_cast<Tout*>(dst), n);
+  });
+  check_launch("convert");
 }
 
 }  // namespace detail

@@ -789,6 +789,118 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
   });
 }
 
+/* ---- 2-D convolutions ---- */
+
+LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* d) {
+  if (d) *d = lwo_conv2d_desc LWO_CONV2D_DESC_INIT;
+}
+
+static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc, const char* call) {
+  need(desc, call, "desc");
+  lwo_conv2d_desc d = read_config(desc, lwo_conv2d_desc LWO_CONV2D_DESC_INIT, call);
+  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: dtype %s (%d) is not bf16, f16 or f32", call,
+         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
+  if (d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call,
+         d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32));
+  if (d.layout != LWO_LAYOUT_NCHW && d.layout != LWO_LAYOUT_NHWC)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: layout %d is neither NCHW (0) nor NHWC (1)", call,
+         static_cast<int>(d.layout));
+  if (d.groups < 1 || d.in_channels < 1 || d.out_channels < 1 || d.in_channels % d.groups ||
+      d.out_channels % d.groups)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "%s: in_channels %d and out_channels %d must be >= 1 and multiples of groups %d", call,
+         d.in_channels, d.out_channels, d.groups);
+  if (d.kernel_h < 1 || d.kernel_w < 1 || d.stride_h < 1 || d.stride_w < 1 || d.dilation_h < 1 ||
+      d.dilation_w < 1 || d.pad_h < 0 || d.pad_w < 0)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "%s: kernel %dx%d, stride %dx%d, dilation %dx%d must be >= 1 and padding %dx%d >= 0", call,
+         d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w, d.pad_h,
+         d.pad_w);
+  return lwo::Compute::Conv{d.dtype, (d.flags & LWO_CONV_BIAS) != 0, (d.flags & LWO_CONV_TF32) != 0,
+                            d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
+                            d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
+                            d.dilation_w, d.groups};
+}
+
+static void check_image(int32_t n, int32_t h, int32_t w, const char* call) {
+  if (n < 1 || h < 1 || w < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: batch %d of %dx%d images: every size must be >= 1", call,
+         n, h, w);
+}
+
+LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
+                                            int32_t* out_h, int32_t* out_w) {
+  return guard([&] {
+    static const char* call = "lwo_conv2d_output_size";
+    lwo::Compute::Conv cv = conv_of(desc, call);
+    need(out_h, call, "out_h");
+    need(out_w, call, "out_w");
+    check_image(1, h, w, call);
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, out_h, out_w);
+    } catch (const Error& e) {
+      fail(e.status(), "%s: %s", call, e.what());
+    }
+  });
+}
+
+LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                        int32_t n, int32_t h, int32_t w, const void* x,
+                                        const void* weight, const void* bias, void* y,
+                                        lwo_stream_t stream) {
+  return guard([&] {
+    static const char* call = "lwo_conv2d_forward";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo::Compute::Conv cv = conv_of(desc, call);
+    check_image(n, h, w, call);
+    int32_t oh = 0, ow = 0;
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
+    } catch (const Error& err) {
+      fail(err.status(), "%s: %s", call, err.what());
+    }
+    need(x, call, "x");
+    need(weight, call, "weight");
+    need(y, call, "y");
+    if (cv.bias) need(bias, call, "bias (the layer has LWO_CONV_BIAS)");
+    lwo::DeviceScope scope(*e->impl);
+    compute_of(e).conv_forward(cv, n, h, w, x, weight, bias, y, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                         int32_t n, int32_t h, int32_t w, const void* x,
+                                         const void* dy, const void* weight, void* dx,
+                                         void* dweight, void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream) {
+  return guard([&] {
+    static const char* call = "lwo_conv2d_backward";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo::Compute::Conv cv = conv_of(desc, call);
+    check_image(n, h, w, call);
+    int32_t oh = 0, ow = 0;
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
+    } catch (const Error& err) {
+      fail(err.status(), "%s: %s", call, err.what());
+    }
+    need(dy, call, "dy");
+    if (dx) need(weight, call, "weight (needed for dx)");
+    if (dweight) need(x, call, "x (needed for dweight)");
+    if (dbias && !cv.bias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: dbias given but the layer has no LWO_CONV_BIAS", call);
+    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != cv.dtype)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: grad_dtype %s is neither f32 nor the layer's %s", call,
+           lwo::dtype_name(grad_dtype), lwo::dtype_name(cv.dtype));
+    if (!dx && !dweight && !dbias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: dx, dweight and dbias are all NULL: nothing to do", call);
+    lwo::DeviceScope scope(*e->impl);
+    compute_of(e).conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
+  });
+}
+
 }  // extern "C"
 
 namespace lwo {

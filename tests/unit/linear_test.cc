@@ -84,6 +84,76 @@ TEST_F(LinearArgs, BackwardRejectsBadArguments) {
   EXPECT_NE(std::string(lwo_last_error_message()).find("nothing to do"), std::string::npos);
 }
 
+TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
+  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
+  d.in_channels = 8;
+  d.out_channels = 16;
+  d.kernel_h = d.kernel_w = 3;
+  d.pad_h = d.pad_w = 1;
+  int32_t oh = 0, ow = 0;
+  ASSERT_LWO(lwo_conv2d_output_size(&d, 10, 7, &oh, &ow));
+  EXPECT_EQ(oh, 10);
+  EXPECT_EQ(ow, 7);
+  lwo_conv2d_desc s2 = d;
+  s2.stride_h = 2;
+  s2.dilation_w = 2;
+  ASSERT_LWO(lwo_conv2d_output_size(&s2, 10, 7, &oh, &ow));
+  EXPECT_EQ(oh, 5);  // (10 + 2 - 3) / 2 + 1
+  EXPECT_EQ(ow, 5);  // (7 + 2 - 5) / 1 + 1
+  int buf[4] = {1, 2, 3, 4};
+  const void* p = buf;
+  void* q = buf;
+  struct Case {
+    const char* what;
+    lwo_conv2d_desc desc;
+    int32_t n, h, w;
+    lwo_status_t want;
+    const char* in_msg;
+  };
+  lwo_conv2d_desc groups = d, layout = d, kernel = d, pad = d, big = d, dtype = d;
+  groups.groups = 3;
+  layout.layout = static_cast<lwo_layout_t>(5);
+  kernel.kernel_w = 0;
+  pad.pad_h = -1;
+  big.kernel_h = 9;
+  big.pad_h = 0;
+  dtype.dtype = LWO_DTYPE_U8;
+  std::vector<Case> cases = {
+      {"groups", groups, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "multiples of groups 3"},
+      {"layout", layout, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "layout 5"},
+      {"kernel", kernel, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "kernel 3x0"},
+      {"pad", pad, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "padding -1x1"},
+      {"fit", big, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "does not fit"},
+      {"dtype", dtype, 2, 8, 8, LWO_ERR_INVALID_ARGUMENT, "dtype u8"},
+      {"batch", d, 0, 8, 8, LWO_ERR_INVALID_ARGUMENT, "batch 0"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(lwo_conv2d_forward(engine, &c.desc, c.n, c.h, c.w, p, p, nullptr, q, nullptr), c.want)
+        << c.what;
+    std::string m = lwo_last_error_message();
+    EXPECT_NE(m.find("lwo_conv2d_forward"), std::string::npos) << c.what << ": " << m;
+    EXPECT_NE(m.find(c.in_msg), std::string::npos) << c.what << ": " << m;
+  }
+  lwo_conv2d_desc bias = d;
+  bias.flags = LWO_CONV_BIAS;
+  EXPECT_EQ(lwo_conv2d_forward(engine, &bias, 2, 8, 8, p, p, nullptr, q, nullptr),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, nullptr, q, q, LWO_DTYPE_F32, nullptr),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("no LWO_CONV_BIAS"), std::string::npos);
+  EXPECT_EQ(lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, nullptr, q, nullptr, LWO_DTYPE_F16,
+                                nullptr),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_conv2d_backward(engine, &d, 2, 8, 8, p, nullptr, p, q, nullptr, nullptr,
+                                LWO_DTYPE_F32, nullptr),
+            LWO_ERR_INVALID_ARGUMENT);
+  lwo_conv2d_desc init;
+  lwo_conv2d_desc_init(&init);
+  EXPECT_EQ(init.layout, LWO_LAYOUT_NHWC);
+  EXPECT_EQ(init.stride_h, 1);
+  EXPECT_EQ(init.groups, 1);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo
