@@ -409,5 +409,172 @@ TEST_F(Compute, FrozenLayersMoveNoGradient) {
   EXPECT_EQ(gs.bytes, 2u * 64 * 48 * 4);
 }
 
+
+// ---- conv2d ----
+
+struct ConvCase {
+  lwo_layout_t layout;
+  int32_t n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, g;
+  bool bias;
+};
+
+// Index of element (n, c, y, x) of a [N, C, H, W] tensor stored in `layout`.
+size_t at(bool nhwc, int32_t C, int32_t H, int32_t W, int32_t n, int32_t c, int32_t y, int32_t x) {
+  return nhwc ? ((size_t(n) * H + y) * W + x) * C + c : ((size_t(n) * C + c) * H + y) * W + x;
+}
+
+TEST_F(Compute, Conv2dMatchesFp64Reference) {
+  std::vector<ConvCase> cases = {
+      {LWO_LAYOUT_NHWC, 2, 8, 9, 7, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+      {LWO_LAYOUT_NCHW, 2, 8, 9, 7, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+      {LWO_LAYOUT_NHWC, 1, 6, 11, 10, 12, 3, 2, 2, 1, 0, 1, 1, 2, 3, false},
+      {LWO_LAYOUT_NCHW, 3, 4, 8, 8, 8, 1, 1, 2, 2, 0, 0, 1, 1, 1, true},
+      {LWO_LAYOUT_NCHW, 2, 6, 10, 9, 6, 3, 3, 1, 2, 2, 1, 2, 1, 6, true},   // depthwise
+      {LWO_LAYOUT_NHWC, 4, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+  };
+  std::mt19937_64 rng(test_seed(33));
+  for (lwo_dtype_t dt : {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32}) {
+    for (const ConvCase& cc : cases) {
+      bool nhwc = cc.layout == LWO_LAYOUT_NHWC;
+      SCOPED_TRACE(std::string(lwo_dtype_name(dt)) + (nhwc ? " NHWC" : " NCHW") + " c=" +
+                   std::to_string(cc.c) + " k=" + std::to_string(cc.k) + " g=" + std::to_string(cc.g));
+      lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
+      d.dtype = dt;
+      d.layout = cc.layout;
+      d.flags = cc.bias ? LWO_CONV_BIAS : 0u;
+      d.in_channels = cc.c;
+      d.out_channels = cc.k;
+      d.kernel_h = cc.kh;
+      d.kernel_w = cc.kw;
+      d.stride_h = cc.sh;
+      d.stride_w = cc.sw;
+      d.pad_h = cc.ph;
+      d.pad_w = cc.pw;
+      d.dilation_h = cc.dh;
+      d.dilation_w = cc.dw;
+      d.groups = cc.g;
+      int32_t oh = 0, ow = 0;
+      CHECK_LWO(lwo_conv2d_output_size(&d, cc.h, cc.w, &oh, &ow));
+      int32_t cg = cc.c / cc.g, kg = cc.k / cc.g;
+      Mat x(dt, size_t(cc.n) * cc.c * cc.h * cc.w, rng, 1.f);
+      Mat wt(dt, size_t(cc.k) * cg * cc.kh * cc.kw, rng, 0.3f);
+      Mat b(dt, cc.k, rng, 1.f);
+      Mat dy(dt, size_t(cc.n) * cc.k * oh * ow, rng, 1.f);
+      CUDA_OK(x.upload());
+      CUDA_OK(wt.upload());
+      CUDA_OK(b.upload());
+      CUDA_OK(dy.upload());
+      Out y(dy.n * esize(dt)), dx(x.n * esize(dt)), dw(wt.n * 4), db(size_t(cc.k) * 4);
+      CUDA_OK(y.alloc());
+      CUDA_OK(dx.alloc());
+      CUDA_OK(dw.alloc());
+      CUDA_OK(db.alloc());
+      cudaStream_t st = stream(0);
+      CHECK_LWO(lwo_conv2d_forward(engine_, &d, cc.n, cc.h, cc.w, x.dev, wt.dev, b.dev, y.dev, st));
+      CHECK_LWO(lwo_conv2d_backward(engine_, &d, cc.n, cc.h, cc.w, x.dev, dy.dev, wt.dev, dx.dev,
+                                    dw.dev, cc.bias ? db.dev : nullptr, LWO_DTYPE_F32, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      // fp64 reference. Weight index (k, c', r, s) in the layout's filter order.
+      auto widx = [&](int32_t k, int32_t ci, int32_t r, int32_t s) {
+        return nhwc ? ((size_t(k) * cc.kh + r) * cc.kw + s) * cg + ci
+                    : ((size_t(k) * cg + ci) * cc.kh + r) * cc.kw + s;
+      };
+      std::vector<double> ry(dy.n, 0.0), rdx(x.n, 0.0), rdw(wt.n, 0.0), rdb(cc.k, 0.0);
+      for (int32_t n = 0; n < cc.n; ++n)
+        for (int32_t k = 0; k < cc.k; ++k)
+          for (int32_t oy = 0; oy < oh; ++oy)
+            for (int32_t ox = 0; ox < ow; ++ox) {
+              size_t yi = at(nhwc, cc.k, oh, ow, n, k, oy, ox);
+              double acc = cc.bias ? b.vals[k] : 0.0;
+              double g = dy.vals[yi];
+              rdb[k] += g;
+              int32_t grp = k / kg;
+              for (int32_t ci = 0; ci < cg; ++ci)
+                for (int32_t r = 0; r < cc.kh; ++r)
+                  for (int32_t s2 = 0; s2 < cc.kw; ++s2) {
+                    int32_t iy = oy * cc.sh - cc.ph + r * cc.dh, ix = ox * cc.sw - cc.pw + s2 * cc.dw;
+                    if (iy < 0 || iy >= cc.h || ix < 0 || ix >= cc.w) continue;
+                    size_t xi = at(nhwc, cc.c, cc.h, cc.w, n, grp * cg + ci, iy, ix);
+                    size_t wi = widx(k, ci, r, s2);
+                    acc += double(x.vals[xi]) * wt.vals[wi];
+                    rdx[xi] += g * wt.vals[wi];
+                    rdw[wi] += g * x.vals[xi];
+                  }
+              ry[yi] = acc;
+            }
+      EXPECT_LT(rel_err(y.fetch(), dt, ry), tol_for(dt, false, dt != LWO_DTYPE_F32)) << "y";
+      EXPECT_LT(rel_err(dx.fetch(), dt, rdx), tol_for(dt, false, dt != LWO_DTYPE_F32)) << "dx";
+      // cuDNN rounds the filter gradient to the layer dtype before it is widened.
+      EXPECT_LT(rel_err(dw.fetch(), LWO_DTYPE_F32, rdw), dt == LWO_DTYPE_F32 ? 2e-5 : tol_for(dt, false, true))
+          << "dW";
+      if (cc.bias) {
+        EXPECT_LT(rel_err(db.fetch(), LWO_DTYPE_F32, rdb), 1e-5) << "db";
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// A conv layer streamed from a ring slot computes exactly what its resident
+// twin computes.
+TEST_F(Compute, Conv2dStreamedEqualsResident) {
+  std::mt19937_64 rng(test_seed(34));
+  const int32_t N = 4, C = 16, H = 12, W = 12, K = 24;
+  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
+  d.dtype = LWO_DTYPE_BF16;
+  d.flags = LWO_CONV_BIAS;
+  d.in_channels = C;
+  d.out_channels = K;
+  d.kernel_h = d.kernel_w = 3;
+  d.pad_h = d.pad_w = 1;
+  lwo_tensor_desc td[2] = {};
+  td[0].name = "weight";
+  td[0].dtype = LWO_DTYPE_BF16;
+  td[0].n_dims = 4;
+  td[0].shape[0] = K;
+  td[0].shape[1] = 3;
+  td[0].shape[2] = 3;
+  td[0].shape[3] = C;
+  td[1].name = "bias";
+  td[1].dtype = LWO_DTYPE_BF16;
+  td[1].n_dims = 1;
+  td[1].shape[0] = K;
+  const uint32_t L = 3;
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2});
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  std::vector<std::unique_ptr<Mat>> Wt, B;
+  for (uint32_t l = 0; l < L; ++l) {
+    Wt.push_back(std::make_unique<Mat>(LWO_DTYPE_BF16, size_t(K) * 9 * C, rng, 0.2f));
+    B.push_back(std::make_unique<Mat>(LWO_DTYPE_BF16, K, rng, 1.f));
+    CUDA_OK(Wt[l]->upload());
+    CUDA_OK(B[l]->upload());
+    CHECK_LWO(lwo_pool_write(pool, l, "weight", Wt[l]->bytes.data(), Wt[l]->bytes.size()));
+    CHECK_LWO(lwo_pool_write(pool, l, "bias", B[l]->bytes.data(), B[l]->bytes.size()));
+  }
+  Mat x(LWO_DTYPE_BF16, size_t(N) * H * W * C, rng, 1.f);
+  CUDA_OK(x.upload());
+  RingOwner ring;
+  create_ring(pool, 2, 0, &ring);
+  if (HasFatalFailure()) return;
+  cudaStream_t st = stream(0);
+  size_t ybytes = size_t(N) * H * W * K * 2;
+  for (uint32_t l = 0; l < L; ++l) {
+    Out yr(ybytes), ys(ybytes);
+    CUDA_OK(yr.alloc());
+    CUDA_OK(ys.alloc());
+    CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, Wt[l]->dev, B[l]->dev, yr.dev, st));
+    lwo_ticket t{};
+    lwo_layer_view v{};
+    CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
+    CHECK_LWO(lwo_ring_acquire(ring.r, t, st, &v));
+    CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, v.tensors[0], v.tensors[1], ys.dev, st));
+    CHECK_LWO(lwo_ring_release(ring.r, t, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    EXPECT_EQ(ys.fetch(), yr.fetch()) << "layer " << l;
+  }
+}
+
 }  // namespace
 }  // namespace lwo_test
