@@ -388,10 +388,9 @@ StepStats stream_step(const Net& net, lwo_schedule* schedule, lwo_ring* ring, lw
     check(s, "lwo_schedule_next");
     fail(strf("the schedule did not end after its %u layers", 2 * L));
   }
-  if (grads)
-    CHECK(lwo_grads_wait(grads));
-  else
-    CHECK(cudaStreamSynchronize(net.stream));
+  // The step ends when every gradient has landed and the last dx is done.
+  if (grads) CHECK(lwo_grads_wait(grads));
+  CHECK(cudaStreamSynchronize(net.stream));
   st.ms = seconds_since(t0) * 1e3;
   // The last gradient copy followed all compute; this only makes it certain.
   CHECK(cudaStreamSynchronize(net.stream));
@@ -949,9 +948,11 @@ int cmd_train(int argc, char** argv) {
     std::vector<uint8_t> host(sz.act_bytes);
     r.dy_bound = 1.0f / std::sqrt(static_cast<float>(o.tokens));
     fill_uniform({{host.data(), o.dtype, n, 1.0f, range_key(o.seed, kTagInput)}});
-    CHECK(cudaMemcpy(net.x(0), host.data(), sz.act_bytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpyAsync(net.x(0), host.data(), sz.act_bytes, cudaMemcpyHostToDevice, net.stream));
+    CHECK(cudaStreamSynchronize(net.stream));  // pageable source: wait before reuse and reads
     fill_uniform({{host.data(), o.dtype, n, r.dy_bound, range_key(o.seed, kTagGrad)}});
-    CHECK(cudaMemcpy(net.dy_last.get(), host.data(), sz.act_bytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpyAsync(net.dy_last.get(), host.data(), sz.act_bytes, cudaMemcpyHostToDevice, net.stream));
+    CHECK(cudaStreamSynchronize(net.stream));  // pageable source: wait before reuse and reads
   }
 
   // The ring, the schedule (forward 0..L-1, backward L-1..0) and the gradients.
