@@ -150,12 +150,12 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
   if (g.slot >= 0)
     fail(LWO_ERR_LAYER_BUSY, "%s: layer %u is already begun (staging slot %d); end it first",
          call, layer, g.slot);
+  // The free slot whose copy to host was enqueued longest ago: its copy is
+  // the most likely to have finished, so the caller's stream waits least.
   int32_t si = -1;
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (!slots_[i].held) {
+    if (!slots_[i].held && (si < 0 || slots_[i].last_end < slots_[si].last_end))
       si = static_cast<int32_t>(i);
-      break;
-    }
   if (si < 0)
     fail(LWO_ERR_RING_FULL, "%s: layer %u: all %zu gradient staging slots are begun", call, layer,
          slots_.size());
@@ -205,6 +205,7 @@ void Grads::end(uint32_t layer, StreamH stream) {
   }
   s.ever_freed = true;
   s.held = false;
+  s.last_end = ++clock_;
   g.slot = -1;
   g.fresh = false;
   g.stale = false;  // the assignment overwrites every element

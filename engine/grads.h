@@ -64,6 +64,7 @@ class Grads {
     EventH ready = nullptr, free = nullptr;
     bool ever_freed = false;
     bool held = false;
+    uint64_t last_end = 0;  // LRU clock: the slot whose copy left first is reused first
     std::vector<void*> ptrs;
   };
   struct Job {
@@ -87,6 +88,7 @@ class Grads {
   PinnedArena host_;                 // f32 gradients
   std::vector<PinnedArena> staging_;  // host staging for converted / added copies
   size_t next_staging_ = 0;
+  uint64_t clock_ = 0;
   uint64_t n_transfers_ = 0, bytes_ = 0;
   std::atomic<uint64_t> n_accumulated_{0};
   std::mutex err_mu_;

@@ -21,8 +21,10 @@
  *  - Device work is enqueued, never waited for: a call that names a stream
  *    returns once its work is enqueued on that stream ("stream-ordered").
  *    The host never blocks on the GPU except in calls documented as doing so
- *    (`lwo_engine_synchronize`, destroy calls, and with LWO_RING_TIMING
- *    `lwo_ring_get_stats` / `lwo_ring_reset_stats`).
+ *    (`lwo_engine_synchronize`, destroy calls, `lwo_grads_wait` and
+ *    `lwo_grads_zero`, and with LWO_RING_TIMING `lwo_ring_get_stats` /
+ *    `lwo_ring_reset_stats`; a compute call waits for its stream once, when
+ *    the stream's workspace must grow).
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
  *
@@ -204,8 +206,9 @@ LWO_API void lwo_engine_config_init(lwo_engine_config* config);
 LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config,
                                        lwo_engine** engine);
 
-/* Destroys an engine after waiting for its streams. LWO_ERR_BUSY while pools
- * of the engine exist. */
+/* Destroys an engine after waiting for its streams (and, once a compute call
+ * has run, for the whole device, since the compute workspaces belong to the
+ * callers' streams). LWO_ERR_BUSY while pools of the engine exist. */
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine);
 
 /* The CUDA device ordinal of the engine. */
@@ -505,10 +508,11 @@ typedef struct lwo_linear_desc {
 #define LWO_LINEAR_DESC_INIT {sizeof(lwo_linear_desc), LWO_DTYPE_BF16, 0u, 0, 0}
 LWO_API void lwo_linear_desc_init(lwo_linear_desc* desc);
 
-/* Enqueues y = x W^T (+ b) on `stream` (tokens >= 1; any sizes, aligned or
- * not). The GEMM algorithm is chosen once per shape, dtype and pointer
- * alignment and cached in the engine; each stream gets its own workspace
- * (32 MiB, kept until the engine is destroyed). All pointers are device
+/* Enqueues y = x W^T (+ b) on `stream` (tokens >= 1; any sizes below 2^31,
+ * aligned or not: LWO_ERR_OUT_OF_RANGE above). The GEMM algorithm is chosen
+ * once per shape, dtype and pointer alignment and cached in the engine;
+ * each stream gets its own workspace (32 MiB or what a convolution needs,
+ * kept until the engine is destroyed). All pointers are device
  * memory of the engine's device; `bias` is read only with LWO_LINEAR_BIAS. */
 LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
                                         int64_t tokens, const void* x, const void* weight,
@@ -541,7 +545,8 @@ typedef struct lwo_grads_config {
   size_t size;         /* sizeof(lwo_grads_config) */
   uint32_t depth;      /* device staging slots, 1..64; default 2 */
   uint32_t flags;      /* LWO_GRADS_NATIVE_WIRE or 0 */
-  uint32_t n_threads;  /* host threads for zeroing and accumulating; 0 = all cores */
+  uint32_t n_threads;  /* host threads for first-touching the buffers and for
+                          accumulating (at most 32); 0 = all cores */
 } lwo_grads_config;
 
 #define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
@@ -574,7 +579,8 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
 /* Sends the gradients written on `stream` before this call to the host: the
  * engine's gradient stream waits for `stream`, copies the slot to host
  * memory and adds it into the layer's f32 buffers. Returns once enqueued;
- * the host must not read the buffers before lwo_grads_wait. */
+ * the host must not read the buffers before lwo_grads_wait.
+ * LWO_ERR_TICKET_STATE if the layer was not begun. */
 LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream);
 
 /* The fence: blocks until every gradient ended so far has landed in host
@@ -651,8 +657,8 @@ LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t
 
 /* Enqueues y = conv2d(x, W) (+ b) on `stream` for a batch of n images of
  * h x w. The cuDNN algorithm is chosen once per shape (deterministic ones
- * only) and cached in the engine; workspace comes from the engine, per
- * stream. */
+ * only, workspace at most 1 GiB: LWO_ERR_UNSUPPORTED if cuDNN has none) and
+ * cached in the engine; workspace comes from the engine, per stream. */
 LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                         int32_t n, int32_t h, int32_t w, const void* x,
                                         const void* weight, const void* bias, void* y,
@@ -661,7 +667,8 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
 /* Enqueues the backward pass on `stream`: dx (backward data; skipped if
  * NULL), and for a trainable layer dweight (backward filter) and, with
  * LWO_CONV_BIAS, dbias, in `grad_dtype` (LWO_DTYPE_F32 or the layer's
- * dtype); NULL dweight and dbias for a frozen layer. */
+ * dtype); NULL dweight and dbias for a frozen layer. cuDNN computes the
+ * weight gradient in the layer's dtype; an f32 one is that, widened. */
 LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                          int32_t n, int32_t h, int32_t w, const void* x,
                                          const void* dy, const void* weight, void* dx,

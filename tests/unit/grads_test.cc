@@ -181,6 +181,32 @@ TEST_F(GradsTest, RandomInterleavingsKeepOrderAndSums) {
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
+// Layers begun and ended one at a time rotate through the staging slots, so
+// a layer's gradients never wait for the previous layer's copy to host.
+TEST_F(GradsTest, SlotsRotate) {
+  lwo_pool* pool = make_pool(6);
+  lwo_grads* g = make_grads(pool, nullptr, 3, 0);
+  StreamH c = gpu->new_stream();
+  std::vector<void*> bases;
+  for (uint32_t l = 0; l < 6; ++l) {
+    lwo_layer_view v{};
+    ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+    bases.push_back(v.base);
+    write_grads(g, pool, l, c, 0, false, v);
+    ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+  }
+  EXPECT_NE(bases[0], bases[1]);
+  EXPECT_NE(bases[1], bases[2]);
+  EXPECT_NE(bases[0], bases[2]);
+  EXPECT_EQ(bases[0], bases[3]);  // least recently used comes round again
+  EXPECT_EQ(bases[1], bases[4]);
+  ASSERT_LWO(lwo_grads_wait(g));
+  for (uint32_t l = 0; l < 6; ++l) expect_host(g, pool, l, {0});
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
 TEST_F(GradsTest, MisuseGivesDistinctStatuses) {
   lwo_pool* pool = make_pool(3);
   uint8_t trainable[3] = {1, 0, 1};
