@@ -93,6 +93,13 @@ Compute::~Compute() {
     for (auto& kv : workspaces_) (void)cudaFree(kv.second.ptr);
     (void)cudaSetDevice(prev);
   }
+  for (auto& kv : algos_) {
+    Algo& p = kv.second;
+    if (p.d) cublasLtMatrixLayoutDestroy(static_cast<cublasLtMatrixLayout_t>(p.d));
+    if (p.b) cublasLtMatrixLayoutDestroy(static_cast<cublasLtMatrixLayout_t>(p.b));
+    if (p.a) cublasLtMatrixLayoutDestroy(static_cast<cublasLtMatrixLayout_t>(p.a));
+    if (p.op) cublasLtMatmulDescDestroy(static_cast<cublasLtMatmulDesc_t>(p.op));
+  }
   if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
   destroy_cudnn();
 }
@@ -124,27 +131,26 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
   bool use_bias_epilogue = bias && alignment(bias) >= 16;
   Key key{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab, g.d, g.tf32, use_bias_epilogue,
           alignment(a), alignment(b), alignment(d), use_bias_epilogue ? alignment(bias) : 0};
-  Descs ds;
-  cublasComputeType_t ct =
-      (g.ab == LWO_DTYPE_F32 && g.tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  LWO_LT(cublasLtMatmulDescCreate(&ds.op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  cublasOperation_t ta = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
-  LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
-  if (use_bias_epilogue) {
-    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = cuda_type(g.ab);
-    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "EPILOGUE");
-    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "BIAS_POINTER");
-    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "BIAS_DATA_TYPE");
-  }
-  // Stored column-major: op(A) is m x k, op(B) is k x n.
-  LWO_LT(cublasLtMatrixLayoutCreate(&ds.a, cuda_type(g.ab), g.ta ? g.k : g.m, g.ta ? g.m : g.k, g.lda), "layout A");
-  LWO_LT(cublasLtMatrixLayoutCreate(&ds.b, cuda_type(g.ab), g.tb ? g.n : g.k, g.tb ? g.k : g.n, g.ldb), "layout B");
-  LWO_LT(cublasLtMatrixLayoutCreate(&ds.d, cuda_type(g.d), g.m, g.n, g.ldd), "layout D");
-
   auto it = algos_.find(key);
   if (it == algos_.end()) {
+    Descs ds;
+    cublasComputeType_t ct =
+        (g.ab == LWO_DTYPE_F32 && g.tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    LWO_LT(cublasLtMatmulDescCreate(&ds.op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasOperation_t ta = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+    LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+    if (use_bias_epilogue) {
+      cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+      cudaDataType_t bt = cuda_type(g.ab);
+      LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "EPILOGUE");
+      LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "BIAS_POINTER");
+      LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "BIAS_DATA_TYPE");
+    }
+    // Stored column-major: op(A) is m x k, op(B) is k x n.
+    LWO_LT(cublasLtMatrixLayoutCreate(&ds.a, cuda_type(g.ab), g.ta ? g.k : g.m, g.ta ? g.m : g.k, g.lda), "layout A");
+    LWO_LT(cublasLtMatrixLayoutCreate(&ds.b, cuda_type(g.ab), g.tb ? g.n : g.k, g.tb ? g.k : g.n, g.ldb), "layout B");
+    LWO_LT(cublasLtMatrixLayoutCreate(&ds.d, cuda_type(g.d), g.m, g.n, g.ldd), "layout D");
     LWO_LT(cublasLtMatmulPreferenceCreate(&ds.pref), "cublasLtMatmulPreferenceCreate");
     uint64_t ws = kWorkspaceBytes;
     uint32_t al[4] = {static_cast<uint32_t>(std::get<12>(key)), static_cast<uint32_t>(std::get<13>(key)),
@@ -164,10 +170,20 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
                                                        ds.b, ds.d, ds.d, ds.pref, 1, &res, &n_res);
     Algo algo{};
     algo.ok = (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS);
-    if (algo.ok) std::memcpy(algo.data, &res.algo, sizeof res.algo);
+    if (algo.ok) {
+      std::memcpy(algo.data, &res.algo, sizeof res.algo);
+      // The plan keeps the descriptors; Descs no longer owns them.
+      algo.op = ds.op;
+      algo.a = ds.a;
+      algo.b = ds.b;
+      algo.d = ds.d;
+      ds.op = nullptr;
+      ds.a = ds.b = ds.d = nullptr;
+    }
     it = algos_.emplace(key, algo).first;
   }
-  if (!it->second.ok || (bias && !use_bias_epilogue)) {
+  const Algo& plan = it->second;
+  if (!plan.ok || (bias && !use_bias_epilogue)) {
     // No cuBLASLt algorithm for this shape and alignment, or a bias too poorly
     // aligned for the epilogue: the plain kernel, correct for any shape.
     ++n_fallback_;
@@ -175,13 +191,18 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
                           g.d, stream);
     return;
   }
+  auto op = static_cast<cublasLtMatmulDesc_t>(plan.op);
+  if (use_bias_epilogue)
+    LWO_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+           "BIAS_POINTER");
   cublasLtMatmulAlgo_t algo;
-  std::memcpy(&algo, it->second.data, sizeof algo);
+  std::memcpy(&algo, plan.data, sizeof algo);
+  auto la = static_cast<cublasLtMatrixLayout_t>(plan.a), lb = static_cast<cublasLtMatrixLayout_t>(plan.b),
+       ld = static_cast<cublasLtMatrixLayout_t>(plan.d);
   float alpha = 1.f, beta = 0.f;
   void* ws = workspace(stream, kWorkspaceBytes);
-  LWO_LT(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), ds.op, &alpha, a, ds.a, b, ds.b, &beta,
-                        d, ds.d, d, ds.d, &algo, ws, kWorkspaceBytes,
-                        static_cast<cudaStream_t>(stream)),
+  LWO_LT(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), op, &alpha, a, la, b, lb, &beta, d, ld,
+                        d, ld, &algo, ws, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
          "cublasLtMatmul");
 }
 

@@ -68,9 +68,15 @@ class Compute {
 
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
                          int, int, int, int, int, int>;
+  // Everything one GEMM shape needs, made once: the algorithm and the
+  // cuBLASLt descriptors (opaque here; owned, destroyed with the Compute).
   struct Algo {
     bool ok;
-    unsigned char data[64];  // cublasLtMatmulAlgo_t, opaque
+    unsigned char data[64];  // cublasLtMatmulAlgo_t
+    void* op;                // cublasLtMatmulDesc_t
+    void* a;                 // cublasLtMatrixLayout_t of A, B and D
+    void* b;
+    void* d;
   };
 
   int device_;
