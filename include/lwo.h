@@ -111,6 +111,29 @@ typedef enum lwo_status_t {
   LWO_ERR_UNSUPPORTED = 20,
   /* A bug in lwo: please report the message. */
   LWO_ERR_INTERNAL = 21,
+  /* A file could not be opened, read, mapped or examined (the message
+   * carries the system's error text). */
+  LWO_ERR_IO = 22,
+  /* A checkpoint file is shorter than its own header says (cut short). */
+  LWO_ERR_TRUNCATED = 23,
+  /* A checkpoint's header length is beyond the file or above the limit. */
+  LWO_ERR_BAD_HEADER_SIZE = 24,
+  /* A checkpoint's header (or index file) is not valid JSON of the expected
+   * shape. */
+  LWO_ERR_BAD_JSON = 25,
+  /* A checkpoint tensor has a dtype this format does not define, or one lwo
+   * cannot stream where it is used. */
+  LWO_ERR_BAD_DTYPE = 26,
+  /* A checkpoint tensor's shape does not match its byte range. */
+  LWO_ERR_SHAPE_MISMATCH = 27,
+  /* A checkpoint tensor's shape overflows 64-bit byte counts. */
+  LWO_ERR_SHAPE_OVERFLOW = 28,
+  /* A checkpoint tensor's byte range is malformed or outside the data. */
+  LWO_ERR_BAD_RANGE = 29,
+  /* Two checkpoint tensors' byte ranges overlap. */
+  LWO_ERR_OVERLAP = 30,
+  /* A mapped file changed size since it was opened. */
+  LWO_ERR_FILE_CHANGED = 31,
   LWO_STATUS_FORCE_32 = 0x7fffffff
 } lwo_status_t;
 
