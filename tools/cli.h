@@ -97,6 +97,7 @@ CLI_OWNER(Stream, cudaStream_t, cudaStreamDestroy);
 CLI_OWNER(Event, cudaEvent_t, cudaEventDestroy);
 CLI_OWNER(DeviceMem, void*, cudaFree);
 CLI_OWNER(PinnedMem, void*, cudaFreeHost);
+CLI_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_close);
 #undef CLI_OWNER
 
 Stream make_stream();  // non-blocking
@@ -216,11 +217,63 @@ std::string json_string(const std::string& s);  // quoted and escaped
 extern bool g_quiet;
 void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// --- checkpoints (tools/checkpoint.cc) -------------------------------------
+
+// One tensor of an opened checkpoint, as lwo_checkpoint_tensor_info gives it.
+struct CkptTensor {
+  std::string name;
+  std::string dtype_name;  // as in the file ("BF16")
+  int32_t dtype = -1;      // an lwo_dtype_t, or -1 when lwo has no such dtype
+  int32_t n_dims = 0;
+  std::vector<int64_t> shape;  // the first min(n_dims, LWO_MAX_DIMS) dimensions
+  uint64_t bytes = 0;
+  uint64_t offset = 0;  // of the first byte, in its file
+  uint32_t file = 0;    // index of the shard
+};
+
+// The patterns tried, in order, when none is given.
+extern const char* const kDefaultPatterns[];
+extern const size_t kNumDefaultPatterns;
+std::string default_patterns_text();  // "model.layers.{i}.", "blocks.{i}.", ...
+
+// Tensors mapped to layers by a pattern, as the library maps them.
+struct CkptMap {
+  std::string pattern;       // empty when no default pattern maps any tensor
+  bool is_default = false;   // picked from kDefaultPatterns, not given
+  std::vector<std::vector<uint32_t>> layers;  // tensor indices, in file order
+  std::vector<uint32_t> unmatched;            // tensor indices, in file order
+};
+
+// Opens `path` (needs no GPU); a bad file stops with the status and the
+// library's message.
+void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
+std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
+// Maps the tensors by `pattern`, or by the first default pattern that maps
+// any tensor when `pattern` is empty. Returns false (and an empty map) if no
+// default pattern maps any tensor. A pattern the library rejects (no "{i}",
+// nothing matched, a missing layer index) stops with its message. The layers
+// are checked against the library: the same tensors are left unmatched.
+bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& tensors,
+                    const std::string& pattern, CkptMap* map);
+// The config lwo_pool_create_from_checkpoint needs for `map` (which must
+// outlive it).
+lwo_checkpoint_pool_config checkpoint_pool_config(const CkptMap& map, uint32_t flags);
+std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
+uint64_t align_up(uint64_t v, uint64_t a);
+
 int cmd_probe(int argc, char** argv);
 int cmd_run(int argc, char** argv);
 // lwo run --train / --frozen (tools/train.cc). run_wants_train tells cmd_run
 // to hand over; it throws UsageError for a training flag without --train.
 bool run_wants_train(int argc, char** argv);
 int cmd_train(int argc, char** argv);
+// lwo run --weights FILE (tools/run_weights.cc): streams a safetensors
+// checkpoint. run_wants_weights tells cmd_run to hand over; it throws
+// UsageError for a flag that does not apply (a synthetic-model or training
+// flag with --weights, a checkpoint flag without it).
+bool run_wants_weights(int argc, char** argv);
+int cmd_run_weights(int argc, char** argv);
+// lwo info FILE (tools/info.cc): a checkpoint's tensors, layers and ring size.
+int cmd_info(int argc, char** argv);
 
 }  // namespace cli

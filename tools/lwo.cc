@@ -1,6 +1,7 @@
 // The lwo program: measures how fast host weights stream through a ring of
-// device slots (probe), streams a synthetic model, checking every byte (run),
-// and trains a chain of linear layers through the ring (run --train).
+// device slots (probe), streams a synthetic model or a safetensors checkpoint,
+// checking every byte (run, run --weights), trains a chain of linear layers
+// through the ring (run --train), and describes a checkpoint (info).
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -18,7 +19,10 @@ const char* const kUsage =
     "             ring depth and record size\n"
     "  run        stream a synthetic model through a ring, time each pass against\n"
     "             the pinned-copy peak and check every byte that arrives; with\n"
+    "             --weights, stream a safetensors checkpoint instead; with\n"
     "             --train, train a chain of linear layers through the ring\n"
+    "  info       list a safetensors checkpoint's tensors, the layers they map to\n"
+    "             and the device memory a ring over them needs (no GPU needed)\n"
     "  help       print this help (also --help, -h)\n"
     "  version    print the library version (also --version)\n"
     "\n"
@@ -36,6 +40,24 @@ const char* const kUsage =
     "  --passes P       timed passes, after one warm-up pass (default 5)\n"
     "  --seed S         seed of the random weights (default 1)\n"
     "  --timing         create the ring with LWO_RING_TIMING (copy and wait times)\n"
+    "\n"
+    "lwo run --weights FILE [flags]\n"
+    "  Streams the layers of a safetensors checkpoint (a .safetensors file, or\n"
+    "  the shards of a *.safetensors.index.json) through a ring, as lwo run\n"
+    "  does: checksums of every layer against the file's bytes, bandwidth\n"
+    "  against the pinned-copy peak of the same copy sizes. The file is mapped\n"
+    "  and registered for DMA in place (\"registered\" path; target >= 97% of\n"
+    "  the peak at depth >= 2); where that is refused, or with --staged, layers\n"
+    "  go through pinned staging buffers (\"staged\" path; its share is\n"
+    "  reported). Processes that stream the same file share its pages.\n"
+    "  --weights FILE   the checkpoint\n"
+    "  --pattern P      layer names: a prefix with one {i} for the layer index\n"
+    "                   (default: the first of \"model.layers.{i}.\", \"blocks.{i}.\",\n"
+    "                   \"layers.{i}.\", \"h.{i}.\", \"transformer.h.{i}.\" that maps\n"
+    "                   a tensor); tensors that match no layer are left out\n"
+    "  --staged         stream through pinned staging buffers, not the registered\n"
+    "                   file (LWO_CHECKPOINT_STAGED)\n"
+    "  --depth, --passes and --timing as for lwo run\n"
     "\n"
     "lwo run --train [flags]\n"
     "  Trains a chain of square linear layers y = x W^T on random data: one\n"
@@ -55,6 +77,16 @@ const char* const kUsage =
     "  --bias           each layer also has a tensor \"bias\" [rows]\n"
     "  --layers, --rows, --cols, --depth, --seed and --timing as for lwo run;\n"
     "  --rows must equal --cols; --dtype is bf16, f16 or f32 (default bf16)\n"
+    "\n"
+    "lwo info FILE [flags]\n"
+    "  Prints every tensor of a safetensors checkpoint (name, dtype, shape,\n"
+    "  bytes, file, offset), the layers a pattern maps them to (tensors and\n"
+    "  bytes per layer), the unmatched tensors, and the device memory a ring of\n"
+    "  depth D needs: D x the largest record, from a pool on the device when one\n"
+    "  is present, else estimated (each tensor rounded up to 256 bytes).\n"
+    "  --pattern P      as for lwo run --weights\n"
+    "  --depth D        ring depth for the memory figure (default 2)\n"
+    "  --estimate       estimate even when a CUDA device is present\n"
     "\n"
     "flags of all:\n"
     "  --device N       CUDA device ordinal (default 0)\n"
@@ -86,6 +118,7 @@ int dispatch(int argc, char** argv) {
   }
   if (!std::strcmp(cmd, "probe")) return cli::cmd_probe(argc, argv);
   if (!std::strcmp(cmd, "run")) return cli::cmd_run(argc, argv);
+  if (!std::strcmp(cmd, "info")) return cli::cmd_info(argc, argv);
   throw cli::UsageError(cli::strf("unknown command '%s'", cmd));
 }
 

@@ -169,6 +169,7 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
 }  // namespace
 
 int cmd_run(int argc, char** argv) {
+  if (run_wants_weights(argc, argv)) return cmd_run_weights(argc, argv);
   if (run_wants_train(argc, argv)) return cmd_train(argc, argv);
   bool help = false;
   const Options o = parse_options(argc, argv, &help);

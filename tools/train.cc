@@ -798,9 +798,10 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
 bool run_wants_train(int argc, char** argv) {
   // Flags of lwo run (with or without --train) that take a value, so that a
   // value is never taken for a flag.
-  static const char* const kValueFlags[] = {"--device", "--layers", "--rows",   "--cols",
-                                            "--dtype",  "--depth",  "--passes", "--seed",
-                                            "--json",   "--tokens", "--steps",  "--grad-depth"};
+  static const char* const kValueFlags[] = {"--device", "--layers",  "--rows",      "--cols",
+                                            "--dtype",  "--depth",   "--passes",    "--seed",
+                                            "--json",   "--tokens",  "--steps",     "--grad-depth",
+                                            "--weights", "--pattern"};
   static const char* const kTrainOnly[] = {"--tokens", "--steps", "--grad-depth", "--native-wire",
                                            "--bias"};
   bool train = false;
