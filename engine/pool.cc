@@ -112,6 +112,91 @@ std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_de
   return pool;
 }
 
+std::unique_ptr<Pool> Pool::create_from_checkpoint(
+    Engine& engine, std::shared_ptr<Checkpoint> ckpt,
+    const std::vector<std::vector<size_t>>& layers, const std::vector<std::string>& strip,
+    bool staged, const char* call) {
+  std::unique_ptr<Pool> pool(new Pool(engine, true));
+  if (layers.empty()) fail(LWO_ERR_INVALID_ARGUMENT, "%s: '%s': no layers", call, ckpt->path().c_str());
+  const auto& entries = ckpt->entries();
+  pool->layers_.resize(layers.size());
+  pool->versions_.reset(new std::atomic<uint64_t>[layers.size()]);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    pool->versions_[l].store(0);
+    Layer& L = pool->layers_[l];
+    uint64_t sum = 0, lo = UINT64_MAX, hi = 0;
+    bool one_file = true;
+    for (size_t k : layers[l]) {
+      const st::Entry& e = entries[k];
+      if (lwo::dtype_size(e.dtype) == 0)
+        fail(LWO_ERR_BAD_DTYPE, "%s: '%s': tensor '%s' of layer %zu is %s, which lwo cannot stream",
+             call, ckpt->path().c_str(), e.name.c_str(), l, e.dtype_name.c_str());
+      if (e.file != entries[layers[l][0]].file) one_file = false;
+      sum += e.end - e.begin;
+      lo = std::min(lo, e.begin);
+      hi = std::max(hi, e.end);
+      if (e.shape.size() > LWO_MAX_DIMS)
+        fail(LWO_ERR_UNSUPPORTED, "%s: '%s': tensor '%s' has %zu dimensions (at most %d)", call,
+             ckpt->path().c_str(), e.name.c_str(), e.shape.size(), LWO_MAX_DIMS);
+    }
+    // Tensors that lie together in one file keep the file's layout, so the
+    // layer moves in one copy; others are packed at 256-byte boundaries.
+    bool file_layout = one_file && !layers[l].empty() && (hi - lo) <= sum + sum / 4 + 4096;
+    uint64_t off = 0;
+    for (size_t k : layers[l]) {
+      const st::Entry& e = entries[k];
+      TensorLayout t;
+      t.name = e.name;
+      if (!strip[l].empty() && t.name.compare(0, strip[l].size(), strip[l]) == 0)
+        t.name = t.name.substr(strip[l].size());
+      t.dtype = e.dtype;
+      t.n_dims = static_cast<int32_t>(e.shape.size());
+      for (size_t d = 0; d < e.shape.size(); ++d) t.shape[d] = e.shape[d];
+      t.bytes = e.end - e.begin;
+      t.host_data = ckpt->bytes(e);
+      if (file_layout) {
+        t.offset = e.begin - lo;
+      } else {
+        t.offset = off;
+        off = align_up(off + t.bytes, LWO_RECORD_ALIGN);
+        if (t.bytes) L.runs.push_back({t.offset, static_cast<const uint8_t*>(t.host_data), t.bytes});
+      }
+      L.layout.tensors.push_back(std::move(t));
+    }
+    if (file_layout) {
+      L.layout.record_bytes = align_up(hi - lo, LWO_RECORD_ALIGN);
+      if (hi > lo) L.runs.push_back({0, ckpt->files()[entries[layers[l][0]].file].map + lo, hi - lo});
+      L.host = const_cast<uint8_t*>(ckpt->files()[entries[layers[l][0]].file].map + lo);
+    } else {
+      L.layout.record_bytes = off;
+    }
+    pool->total_bytes_ += L.layout.record_bytes;
+    pool->max_record_ = std::max(pool->max_record_, L.layout.record_bytes);
+  }
+  if (pool->max_record_ == 0)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: '%s': every layer is empty", call, ckpt->path().c_str());
+  DeviceScope scope(engine);
+  pool->staged_ = staged;
+  if (!staged) {
+    // Register every mapped file for DMA, read-only, in place. Refused: stage.
+    try {
+      for (const Checkpoint::File& f : ckpt->files())
+        if (f.size) {
+          Region r{f.map, f.size, false};
+          r.we_registered = engine.gpu().host_register(f.map, f.size, true);
+          pool->regions_.push_back(r);
+        }
+    } catch (const Error&) {
+      for (Region& r : pool->regions_)
+        if (r.we_registered) engine.gpu().host_unregister(r.data);
+      pool->regions_.clear();
+      pool->staged_ = true;
+    }
+  }
+  pool->ckpt_ = std::move(ckpt);
+  return pool;
+}
+
 Pool::~Pool() {
   try {
     DeviceScope scope(engine_);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arena.h"
+#include "checkpoint.h"
 #include "engine.h"
 #include "layout.h"
 
@@ -37,6 +38,14 @@ class Pool {
                                                  const lwo_host_region* regions,
                                                  uint32_t n_regions,
                                                  const lwo_pool_config& cfg);
+  // A pool over a mapped checkpoint: `layers[l]` lists entry indices of layer
+  // l; `strip[l]` is a name prefix to drop (pattern mappings), or "". The
+  // files are registered for DMA unless `staged` (or registration is
+  // refused), in which case rings copy through pinned staging buffers.
+  static std::unique_ptr<Pool> create_from_checkpoint(
+      Engine& engine, std::shared_ptr<Checkpoint> ckpt,
+      const std::vector<std::vector<size_t>>& layers, const std::vector<std::string>& strip,
+      bool staged, const char* call);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -44,6 +53,9 @@ class Pool {
   Engine& engine() { return engine_; }
   uint32_t n_layers() const { return static_cast<uint32_t>(layers_.size()); }
   bool registered() const { return registered_; }
+  // Copies must go through pinned staging (the sources are not DMA-ready).
+  bool staged() const { return staged_; }
+  const Checkpoint* checkpoint() const { return ckpt_.get(); }
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t max_record_bytes() const { return max_record_; }
 
@@ -81,6 +93,9 @@ class Pool {
   PinnedArena arena_;  // pinned pools
   // Registered caller memory.
   std::vector<Region> regions_;
+  // Checkpoint pools.
+  std::shared_ptr<Checkpoint> ckpt_;
+  bool staged_ = false;
 };
 
 }  // namespace lwo

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
 
 #include "error.h"
 
@@ -38,7 +42,21 @@ Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags)
       s.ready = gpu.event_create(false);
       s.free = gpu.event_create(false);
     }
+    if (pool_.staged()) {
+      staging_.resize(2);
+      for (Staging& st : staging_) {
+        st.buf = PinnedArena(gpu, slot_bytes_, 0, "lwo_ring_create");
+        st.ready = gpu.event_create(false);
+        st.free = gpu.event_create(false);
+      }
+      fill_stream_ = gpu.stream_create();
+    }
   } catch (const Error& err) {
+    for (Staging& st : staging_) {
+      gpu.event_destroy(st.ready);
+      gpu.event_destroy(st.free);
+    }
+    staging_.clear();
     for (Slot& s : slots_) {
       gpu.device_free(s.dev);
       gpu.event_destroy(s.ready);
@@ -73,6 +91,16 @@ Ring::~Ring() {
       gpu.event_destroy(s.free);
     }
     for (EventH ev : all_events_) gpu.event_destroy(ev);
+    if (fill_stream_) {
+      gpu.stream_sync(fill_stream_);
+      gpu.stream_destroy(fill_stream_);
+    }
+    for (Staging& st : staging_) {
+      if (st.used) gpu.event_sync(st.free);
+      gpu.event_destroy(st.ready);
+      gpu.event_destroy(st.free);
+    }
+    staging_.clear();
   } catch (...) {
   }
 }
@@ -116,6 +144,62 @@ void Ring::harvest(bool block) {
   }
 }
 
+namespace {
+
+// A host function on the fill stream: packs a layer's copy runs from their
+// (not DMA-ready) sources into a pinned staging buffer, from several threads
+// when the record is large.
+struct FillJob {
+  const std::vector<CopyRun>* runs;
+  uint8_t* dst;
+};
+
+void copy_runs(const std::vector<CopyRun>& runs, uint8_t* dst, size_t part, size_t n_parts) {
+  for (const CopyRun& r : runs) {
+    uint64_t chunk = (r.bytes + n_parts - 1) / n_parts;
+    uint64_t b = std::min<uint64_t>(r.bytes, chunk * part), e = std::min<uint64_t>(r.bytes, chunk * (part + 1));
+    if (b < e) std::memcpy(dst + r.dst_offset + b, r.src + b, e - b);
+  }
+}
+
+void run_fill(void* p) {
+  std::unique_ptr<FillJob> job(static_cast<FillJob*>(p));
+  uint64_t total = 0;
+  for (const CopyRun& r : *job->runs) total += r.bytes;
+  size_t n = static_cast<size_t>(std::min<uint64_t>(8, std::max<uint64_t>(1, total >> 24)));
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < n; ++i) {
+    try {
+      threads.emplace_back(copy_runs, std::cref(*job->runs), job->dst, i, n);
+    } catch (...) {
+      copy_runs(*job->runs, job->dst, i, n);
+    }
+  }
+  copy_runs(*job->runs, job->dst, 0, n);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+void Ring::enqueue_staged_copy(const Pool::Layer& l, uint8_t* dst) {
+  // Fill stream: wait until the staging buffer's last copy to the device is
+  // done, pack the layer into it, mark it ready. Transfer stream: wait for
+  // that, copy it to the slot, free the buffer. Two buffers alternate, so the
+  // host packs one layer while the link carries the previous one.
+  Backend& gpu = pool_.engine().gpu();
+  StreamH h2d = pool_.engine().h2d();
+  Staging& st = staging_[next_staging_++ % staging_.size()];
+  if (st.used) gpu.stream_wait(fill_stream_, st.free);
+  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
+  gpu.host_func(fill_stream_, run_fill, job.get());
+  job.release();
+  gpu.event_record(st.ready, fill_stream_);
+  gpu.stream_wait(h2d, st.ready);
+  gpu.copy_h2d(dst, st.buf.data(), l.layout.record_bytes, h2d);
+  gpu.event_record(st.free, h2d);
+  st.used = true;
+}
+
 lwo_ticket Ring::stage(uint32_t layer) {
   static const char* call = "lwo_ring_stage";
   std::lock_guard<std::mutex> lock(mu_);
@@ -125,6 +209,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
   DeviceScope scope(e);
   if (timing_) harvest(false);
 
+  if (const Checkpoint* ck = pool_.checkpoint()) ck->check_unchanged(call);
   int32_t si = slot_of_layer_[layer];
   uint64_t version = pool_.version(layer);
   if (si >= 0 && slots_[si].state == State::Released && slots_[si].version != version) {
@@ -182,9 +267,14 @@ lwo_ticket Ring::stage(uint32_t layer) {
   }
   uint64_t moved = 0;
   try {
-    for (const CopyRun& r : l.runs) {
-      gpu.copy_h2d(s.dev + r.dst_offset, r.src, r.bytes, h2d);
-      moved += r.bytes;
+    if (pool_.staged()) {
+      enqueue_staged_copy(l, s.dev);
+      moved = l.layout.record_bytes;
+    } else {
+      for (const CopyRun& r : l.runs) {
+        gpu.copy_h2d(s.dev + r.dst_offset, r.src, r.bytes, h2d);
+        moved += r.bytes;
+      }
     }
     gpu.event_record(s.ready, h2d);
   } catch (...) {

@@ -85,6 +85,17 @@ class Ring {
   uint64_t n_stages_ = 0, n_hits_ = 0, n_copies_ = 0, bytes_ = 0;
   double copy_ms_ = 0, wait_ms_ = 0;
   std::deque<Timed> pending_;
+  // Staged pools (sources not DMA-ready): two pinned staging buffers of one
+  // slot each, filled by host functions on their own stream, in turn.
+  struct Staging {
+    PinnedArena buf;
+    EventH ready = nullptr, free = nullptr;
+    bool used = false;
+  };
+  std::vector<Staging> staging_;
+  StreamH fill_stream_ = nullptr;
+  size_t next_staging_ = 0;
+  void enqueue_staged_copy(const Pool::Layer& l, uint8_t* dst);
   std::vector<EventH> spare_events_;
   std::vector<EventH> all_events_;
 };

@@ -307,9 +307,12 @@ LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool);
 typedef struct lwo_pool_info {
   size_t size;                /* sizeof(lwo_pool_info), set by the caller */
   uint32_t n_layers;
-  uint32_t is_registered;     /* 0: pinned arena; 1: registered caller memory */
+  uint32_t is_registered;     /* 0: pinned arena; 1: registered caller memory
+                                 or a checkpoint */
   uint64_t total_bytes;       /* sum of all records */
   uint64_t max_record_bytes;  /* largest record: the size of a ring slot */
+  uint32_t is_staged;         /* 1: rings copy through pinned staging buffers
+                                 (a checkpoint whose files are not registered) */
 } lwo_pool_info;
 
 LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info);
@@ -697,6 +700,95 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
                                          const void* dy, const void* weight, void* dx,
                                          void* dweight, void* dbias, lwo_dtype_t grad_dtype,
                                          lwo_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints: safetensors files streamed in place                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lwo_checkpoint lwo_checkpoint;
+
+/* Opens a safetensors checkpoint read-only: a `.safetensors` file, or the
+ * shards named by a `*.safetensors.index.json` (shards in the index's
+ * folder). Every file is mapped (shared: processes that open the same file
+ * share its pages in the page cache) and every header is validated: length,
+ * JSON, dtypes, shapes against byte ranges, ranges inside the data, no
+ * overlaps. Failures: LWO_ERR_IO, LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
+ * LWO_ERR_BAD_JSON, LWO_ERR_BAD_DTYPE, LWO_ERR_SHAPE_MISMATCH,
+ * LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP, LWO_ERR_NOT_FOUND
+ * (a tensor an index names is not in its shard); the message names the file,
+ * the tensor and the problem. Needs no engine and no GPU. Any thread. */
+LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint);
+
+/* Closes the handle. Pools made from it keep the files mapped until they are
+ * destroyed. */
+LWO_API lwo_status_t lwo_checkpoint_close(lwo_checkpoint* checkpoint);
+
+typedef struct lwo_checkpoint_tensor {
+  size_t size;              /* sizeof(lwo_checkpoint_tensor), set by the caller */
+  const char* name;         /* owned by the checkpoint */
+  const char* dtype_name;   /* as in the file ("BF16"); owned by the checkpoint */
+  int32_t dtype;            /* an lwo_dtype_t, or -1 when lwo has no such dtype */
+  int32_t n_dims;
+  int64_t shape[LWO_MAX_DIMS];  /* the first min(n_dims, LWO_MAX_DIMS) */
+  uint64_t bytes;
+  uint64_t file_offset;     /* of the first byte, in its file */
+  uint32_t file;            /* index of the file (shard) that holds it */
+} lwo_checkpoint_tensor;
+
+LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
+                                                 uint32_t* n_tensors);
+/* Tensors in file order (by shard, then offset). */
+LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint, uint32_t index,
+                                                lwo_checkpoint_tensor* info);
+
+/* Do not register the files for DMA: stream through two pinned staging
+ * buffers of one record each, packed by host threads (the fallback that is
+ * also taken when registration is refused). */
+#define LWO_CHECKPOINT_STAGED 0x1u
+
+/* How checkpoint tensors become layers: either `pattern`, a prefix with one
+ * "{i}" for a decimal layer index ("blocks.{i}." takes every tensor whose name
+ * starts "blocks.<i>." into layer i; layers are 0..the largest index and must
+ * all be present; within a layer a tensor is named without the prefix, so
+ * "blocks.3.attn.weight" is "attn.weight" of layer 3), or explicit names:
+ * `names` holds n_layers groups of full tensor names, `n_names[l]` in layer l,
+ * in the order given. Tensors that match no layer are left out (see
+ * lwo_checkpoint_unmatched_count). */
+typedef struct lwo_checkpoint_pool_config {
+  size_t size;                /* sizeof(lwo_checkpoint_pool_config) */
+  const char* pattern;        /* NULL when names are given */
+  const char* const* names;
+  const uint32_t* n_names;
+  uint32_t n_layers;          /* with names */
+  uint32_t flags;             /* LWO_CHECKPOINT_STAGED or 0 */
+} lwo_checkpoint_pool_config;
+
+#define LWO_CHECKPOINT_POOL_CONFIG_INIT {sizeof(lwo_checkpoint_pool_config), NULL, NULL, NULL, 0u, 0u}
+LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config);
+
+/* Creates a read-only pool over the mapped checkpoint: each layer's tensors
+ * keep the file's layout where they lie together in one file (so the layer
+ * moves in one copy; tensor addresses then have the file's alignment), else
+ * they are packed at 256-byte boundaries. The files are registered for DMA in
+ * place (cudaHostRegister, read-only) and rings copy straight from the page
+ * cache; where registration is refused or LWO_CHECKPOINT_STAGED is set, rings
+ * copy through pinned staging buffers instead (see lwo_pool_get_info's
+ * is_staged). lwo_ring_stage fails with LWO_ERR_FILE_CHANGED once a file has
+ * changed size. LWO_ERR_BAD_DTYPE for a tensor whose dtype lwo cannot stream;
+ * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. */
+LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
+                                                     lwo_checkpoint* checkpoint,
+                                                     const lwo_checkpoint_pool_config* config,
+                                                     lwo_pool** pool);
+
+/* The number of checkpoint tensors that `config` maps to no layer, and their
+ * names one by one (owned by the checkpoint). Needs no engine. */
+LWO_API lwo_status_t lwo_checkpoint_unmatched_count(lwo_checkpoint* checkpoint,
+                                                    const lwo_checkpoint_pool_config* config,
+                                                    uint32_t* n_unmatched);
+LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
+                                                   const lwo_checkpoint_pool_config* config,
+                                                   uint32_t index, const char** name);
 
 #ifdef __cplusplus
 } /* extern "C" */

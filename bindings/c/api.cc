@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/error.h"
 #include "engine/grads.h"
@@ -40,6 +41,9 @@ struct lwo_grads {
   std::unique_ptr<lwo::Grads> impl;
   lwo_pool* pool;
 };
+struct lwo_checkpoint {
+  std::shared_ptr<lwo::Checkpoint> impl;
+};
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
   lwo_ring* ring;
@@ -49,7 +53,7 @@ namespace {
 
 thread_local std::string t_message;
 
-enum class Kind { Engine, Pool, Ring, Schedule, Grads };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint };
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::Engine: return "engine";
@@ -57,6 +61,7 @@ const char* kind_name(Kind k) {
     case Kind::Ring: return "ring";
     case Kind::Schedule: return "schedule";
     case Kind::Grads: return "grads";
+    case Kind::Checkpoint: return "checkpoint";
   }
   return "?";
 }
@@ -371,6 +376,7 @@ LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info
     v.is_registered = p->impl->registered() ? 1u : 0u;
     v.total_bytes = p->impl->total_bytes();
     v.max_record_bytes = p->impl->max_record_bytes();
+    v.is_staged = p->impl->staged() ? 1u : 0u;
     write_info(info, v, "lwo_pool_get_info");
   });
 }
@@ -901,6 +907,169 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: dx, dweight and dbias are all NULL: nothing to do", call);
     lwo::DeviceScope scope(*e->impl);
     compute_of(e).conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
+  });
+}
+
+/* ---- checkpoints ---- */
+
+LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint) {
+  return guard([&] {
+    static const char* call = "lwo_checkpoint_open";
+    need(checkpoint, call, "checkpoint (output)");
+    *checkpoint = nullptr;
+    need(path, call, "path");
+    std::shared_ptr<lwo::Checkpoint> ck;
+    try {
+      ck = lwo::Checkpoint::open(path);
+    } catch (const Error& e) {
+      fail(e.status(), "%s: %s", call, e.what());
+    }
+    auto* h = new lwo_checkpoint{std::move(ck)};
+    add_handle(h, Kind::Checkpoint);
+    *checkpoint = h;
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_close(lwo_checkpoint* checkpoint) {
+  if (!checkpoint) return guard([] {});
+  return guard([&] {
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, "lwo_checkpoint_close");
+    remove_handle(c);
+    delete c;
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
+                                                 uint32_t* n_tensors) {
+  return guard([&] {
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, "lwo_checkpoint_tensor_count");
+    need(n_tensors, "lwo_checkpoint_tensor_count", "n_tensors");
+    *n_tensors = static_cast<uint32_t>(c->impl->entries().size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint, uint32_t index,
+                                                lwo_checkpoint_tensor* info) {
+  return guard([&] {
+    static const char* call = "lwo_checkpoint_tensor_info";
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, call);
+    const auto& es = c->impl->entries();
+    if (index >= es.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: index %u, but '%s' has %zu tensors", call, index,
+           c->impl->path().c_str(), es.size());
+    const lwo::st::Entry& e = es[index];
+    lwo_checkpoint_tensor v{};
+    v.name = e.name.c_str();
+    v.dtype_name = e.dtype_name.c_str();
+    v.dtype = lwo::dtype_size(e.dtype) ? static_cast<int32_t>(e.dtype) : -1;
+    v.n_dims = static_cast<int32_t>(e.shape.size());
+    for (size_t d = 0; d < e.shape.size() && d < LWO_MAX_DIMS; ++d) v.shape[d] = e.shape[d];
+    v.bytes = e.end - e.begin;
+    v.file_offset = e.begin;
+    v.file = e.file;
+    write_info(info, v, call);
+  });
+}
+
+LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* c) {
+  if (c) *c = lwo_checkpoint_pool_config LWO_CHECKPOINT_POOL_CONFIG_INIT;
+}
+
+namespace {
+
+struct Mapping {
+  lwo::st::LayerMap map;
+  std::vector<std::string> strip;  // per layer
+  uint32_t flags = 0;
+};
+
+Mapping map_layers(const lwo::Checkpoint& ck, const lwo_checkpoint_pool_config* config,
+                   const char* call) {
+  need(config, call, "config");
+  lwo_checkpoint_pool_config cfg =
+      read_config(config, lwo_checkpoint_pool_config LWO_CHECKPOINT_POOL_CONFIG_INIT, call);
+  if (cfg.flags & ~LWO_CHECKPOINT_STAGED)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call, cfg.flags & ~LWO_CHECKPOINT_STAGED);
+  Mapping m;
+  m.flags = cfg.flags;
+  std::string where = std::string(call) + ": '" + ck.path() + "'";
+  if (cfg.pattern && cfg.names)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: give a pattern or names, not both", call);
+  try {
+    if (cfg.pattern) {
+      std::string pat = cfg.pattern;
+      size_t at = pat.find("{i}");
+      if (at == std::string::npos || pat.find("{i}", at + 1) != std::string::npos)
+        fail(LWO_ERR_INVALID_ARGUMENT, "%s: pattern '%s' must contain \"{i}\" once", call, cfg.pattern);
+      m.map = lwo::st::map_by_pattern(ck.entries(), pat, where);
+      for (size_t l = 0; l < m.map.layers.size(); ++l)
+        m.strip.push_back(pat.substr(0, at) + std::to_string(l) + pat.substr(at + 3));
+    } else if (cfg.names) {
+      if (!cfg.n_names || cfg.n_layers == 0)
+        fail(LWO_ERR_INVALID_ARGUMENT, "%s: names need n_names and n_layers >= 1", call);
+      std::vector<std::vector<std::string>> names(cfg.n_layers);
+      size_t k = 0;
+      for (uint32_t l = 0; l < cfg.n_layers; ++l)
+        for (uint32_t j = 0; j < cfg.n_names[l]; ++j, ++k) {
+          if (!cfg.names[k])
+            fail(LWO_ERR_INVALID_ARGUMENT, "%s: name %u of layer %u is NULL", call, j, l);
+          names[l].push_back(cfg.names[k]);
+        }
+      m.map = lwo::st::map_by_names(ck.entries(), names, where);
+      m.strip.assign(names.size(), std::string());
+    } else {
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: the config has neither a pattern nor names", call);
+    }
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind(call, 0) == 0) throw;
+    fail(e.status(), "%s: %s", call, e.what());
+  }
+  return m;
+}
+
+}  // namespace
+
+LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
+                                                     lwo_checkpoint* checkpoint,
+                                                     const lwo_checkpoint_pool_config* config,
+                                                     lwo_pool** pool) {
+  return guard([&] {
+    static const char* call = "lwo_pool_create_from_checkpoint";
+    need(pool, call, "pool (output)");
+    *pool = nullptr;
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, call);
+    Mapping m = map_layers(*c->impl, config, call);
+    add_pool(e,
+             lwo::Pool::create_from_checkpoint(*e->impl, c->impl, m.map.layers, m.strip,
+                                               (m.flags & LWO_CHECKPOINT_STAGED) != 0, call),
+             pool);
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_unmatched_count(lwo_checkpoint* checkpoint,
+                                                    const lwo_checkpoint_pool_config* config,
+                                                    uint32_t* n_unmatched) {
+  return guard([&] {
+    static const char* call = "lwo_checkpoint_unmatched_count";
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, call);
+    need(n_unmatched, call, "n_unmatched");
+    *n_unmatched = static_cast<uint32_t>(map_layers(*c->impl, config, call).map.unmatched.size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
+                                                   const lwo_checkpoint_pool_config* config,
+                                                   uint32_t index, const char** name) {
+  return guard([&] {
+    static const char* call = "lwo_checkpoint_unmatched_name";
+    lwo_checkpoint* c = check_handle(checkpoint, Kind::Checkpoint, call);
+    need(name, call, "name");
+    Mapping m = map_layers(*c->impl, config, call);
+    if (index >= m.map.unmatched.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "%s: index %u, but %zu tensors are unmatched", call, index,
+           m.map.unmatched.size());
+    *name = c->impl->entries()[m.map.unmatched[index]].name.c_str();
   });
 }
 

@@ -1,0 +1,51 @@
+// A safetensors checkpoint opened for streaming: one file, or the shards named
+// by a *.safetensors.index.json, each mapped read-only and shared (the page
+// cache holds one copy per node however many processes map it).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/safetensors.h"
+
+namespace lwo {
+
+class Checkpoint {
+ public:
+  struct File {
+    std::string path;
+    int fd = -1;
+    uint8_t* map = nullptr;
+    uint64_t size = 0;
+    dev_t dev = 0;
+    ino_t ino = 0;
+  };
+
+  // Opens `path` (a .safetensors file or an index .json), maps every file and
+  // validates every header. Throws LWO_ERR_IO and the format statuses.
+  static std::shared_ptr<Checkpoint> open(const std::string& path);
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  const std::vector<File>& files() const { return files_; }
+  const std::vector<st::Entry>& entries() const { return entries_; }
+  const std::string& path() const { return path_; }
+  const uint8_t* bytes(const st::Entry& e) const { return files_[e.file].map + e.begin; }
+  // Throws LWO_ERR_FILE_CHANGED if a file's size changed since it was opened.
+  void check_unchanged(const char* call) const;
+
+ private:
+  Checkpoint() = default;
+  void map_file(const std::string& path);
+
+  std::string path_;
+  std::vector<File> files_;
+  std::vector<st::Entry> entries_;
+};
+
+}  // namespace lwo

@@ -1,0 +1,310 @@
+// Pools over safetensors checkpoints, on the recording backend: registered
+// and staged paths, layer mapping, sharded checkpoints, a file that changes.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "test_util.h"
+
+namespace lwo {
+namespace testing {
+namespace {
+
+struct FileTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  size_t elem;
+  std::vector<uint8_t> bytes;
+};
+
+// Writes a safetensors file: header JSON (tensors in the given order, data
+// packed in that order) and the data. Returns the absolute data offset of
+// each tensor.
+std::vector<uint64_t> write_safetensors(const std::string& path, const std::vector<FileTensor>& ts) {
+  std::string h = "{";
+  uint64_t off = 0;
+  std::vector<uint64_t> begins;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const FileTensor& t = ts[i];
+    std::string shape;
+    for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? "," : "") + std::to_string(t.shape[d]);
+    h += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[" +
+         shape + "],\"data_offsets\":[" + std::to_string(off) + "," +
+         std::to_string(off + t.bytes.size()) + "]}";
+    begins.push_back(off);
+    off += t.bytes.size();
+  }
+  h += "}";
+  while (h.size() % 8) h += ' ';
+  uint64_t n = h.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const FileTensor& t : ts) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+  for (auto& b : begins) b += 8 + n;
+  return begins;
+}
+
+FileTensor make_tensor(const std::string& name, const std::string& dt, size_t elem,
+                       std::vector<int64_t> shape, uint64_t seed) {
+  FileTensor t{name, dt, shape, elem, {}};
+  size_t n = elem;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  t.bytes.resize(n);
+  fill_random(t.bytes.data(), n, seed);
+  return t;
+}
+
+class CheckpointTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    char tmpl[] = "/tmp/lwo_ckpt_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+  }
+  void TearDown() override {
+    for (const std::string& f : written) std::remove(f.c_str());
+    rmdir(dir.c_str());
+    EngineTest::TearDown();
+  }
+  std::string file(const std::string& name) {
+    written.push_back(dir + "/" + name);
+    return written.back();
+  }
+  // L layers "blocks.<i>.weight" [rows, 24] bf16 and "blocks.<i>.bias" [rows]
+  // f32, plus an "embed" tensor no layer takes.
+  std::vector<FileTensor> model(uint32_t L, uint64_t seed) {
+    std::vector<FileTensor> ts;
+    ts.push_back(make_tensor("embed", "F32", 4, {10, 3}, seed));
+    for (uint32_t i = 0; i < L; ++i) {
+      int64_t rows = 16 + 8 * (i % 3);
+      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".weight", "BF16", 2, {rows, 24}, seed + 2 * i + 1));
+      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".bias", "F32", 4, {rows}, seed + 2 * i + 2));
+    }
+    return ts;
+  }
+  // Streams every layer twice through a ring of depth 2 and checks every
+  // tensor's slot bytes against the file's.
+  void stream_and_check(lwo_pool* pool, const std::vector<FileTensor>& ts, uint32_t L) {
+    lwo_ring* ring = make_ring(pool, 2);
+    StreamH c = gpu->new_stream();
+    for (int pass = 0; pass < 2; ++pass)
+      for (uint32_t l = 0; l < L; ++l) {
+        lwo_ticket t{};
+        lwo_layer_view v{};
+        ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+        ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+        ASSERT_EQ(v.n_tensors, 2u);
+        void* w = nullptr;
+        void* b = nullptr;
+        ASSERT_LWO(lwo_ring_tensor(ring, t, "weight", &w));
+        ASSERT_LWO(lwo_ring_tensor(ring, t, "bias", &b));
+        const FileTensor& fw = ts[1 + 2 * l];
+        const FileTensor& fb = ts[2 + 2 * l];
+        EXPECT_EQ(std::memcmp(w, fw.bytes.data(), fw.bytes.size()), 0) << "layer " << l;
+        EXPECT_EQ(std::memcmp(b, fb.bytes.data(), fb.bytes.size()), 0) << "layer " << l;
+        gpu->read(c, v.base, v.record_bytes);
+        ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+      }
+    EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+    ASSERT_LWO(lwo_ring_destroy(ring));
+  }
+  std::string dir;
+  std::vector<std::string> written;
+};
+
+TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
+  const uint32_t L = 5;
+  auto ts = model(L, 10);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  uint32_t n = 0;
+  ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &n));
+  EXPECT_EQ(n, 2 * L + 1);
+  lwo_checkpoint_tensor info{};
+  info.size = sizeof info;
+  ASSERT_LWO(lwo_checkpoint_tensor_info(ck, 1, &info));
+  EXPECT_STREQ(info.name, "blocks.0.weight");
+  EXPECT_EQ(info.dtype, LWO_DTYPE_BF16);
+  EXPECT_EQ(info.bytes, 16u * 24 * 2);
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  uint32_t un = 0;
+  ASSERT_LWO(lwo_checkpoint_unmatched_count(ck, &cfg, &un));
+  EXPECT_EQ(un, 1u);
+  const char* uname = nullptr;
+  ASSERT_LWO(lwo_checkpoint_unmatched_name(ck, &cfg, 0, &uname));
+  EXPECT_STREQ(uname, "embed");
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_LWO(lwo_checkpoint_close(ck));  // the pool keeps the mapping
+  lwo_pool_info pi{};
+  pi.size = sizeof pi;
+  ASSERT_LWO(lwo_pool_get_info(pool, &pi));
+  EXPECT_EQ(pi.n_layers, L);
+  EXPECT_EQ(pi.is_staged, 0u);
+  EXPECT_EQ(gpu->n_registered(), 1u);  // the file mapping, in place
+  uint64_t copies = gpu->stats.copies;
+  stream_and_check(pool, ts, L);
+  EXPECT_EQ(gpu->stats.copies - copies, uint64_t(L) * 2);  // one copy per layer, each pass
+  EXPECT_EQ(lwo_pool_write(pool, 0, "weight", ts[1].bytes.data(), ts[1].bytes.size()),
+            LWO_ERR_UNSUPPORTED);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  EXPECT_EQ(gpu->n_registered(), 0u);
+}
+
+TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
+  const uint32_t L = 4;
+  auto ts = model(L, 20);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  for (int how = 0; how < 2; ++how) {  // asked for, and registration refused
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "blocks.{i}.";
+    cfg.flags = how == 0 ? LWO_CHECKPOINT_STAGED : 0u;
+    gpu->refuse_register = how == 1;
+    lwo_pool* pool = nullptr;
+    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+    lwo_pool_info pi{};
+    pi.size = sizeof pi;
+    ASSERT_LWO(lwo_pool_get_info(pool, &pi));
+    EXPECT_EQ(pi.is_staged, 1u);
+    gpu->refuse_register = false;
+    uint64_t funcs = gpu->stats.host_funcs;
+    stream_and_check(pool, ts, L);
+    EXPECT_EQ(gpu->stats.host_funcs - funcs, uint64_t(L) * 2);  // one fill per copy
+    ASSERT_LWO(lwo_pool_destroy(pool));
+  }
+  ASSERT_LWO(lwo_checkpoint_close(ck));
+}
+
+TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
+  // Two shards and an index; layers by explicit names, bias first.
+  auto ts = model(4, 30);
+  std::vector<FileTensor> a(ts.begin(), ts.begin() + 5), b(ts.begin() + 5, ts.end());
+  write_safetensors(file("m-00001.safetensors"), a);
+  write_safetensors(file("m-00002.safetensors"), b);
+  std::string index = file("m.safetensors.index.json");
+  {
+    std::ofstream out(index);
+    out << "{\"metadata\":{},\"weight_map\":{";
+    for (size_t i = 0; i < ts.size(); ++i)
+      out << (i ? "," : "") << "\"" << ts[i].name << "\":\"" << (i < 5 ? "m-00001.safetensors" : "m-00002.safetensors") << "\"";
+    out << "}}";
+  }
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(index.c_str(), &ck));
+  uint32_t n = 0;
+  ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &n));
+  EXPECT_EQ(n, ts.size());
+  std::vector<const char*> names;
+  std::vector<uint32_t> n_names;
+  for (uint32_t l = 0; l < 4; ++l) {
+    names.push_back(ts[2 + 2 * l].name.c_str());
+    names.push_back(ts[1 + 2 * l].name.c_str());
+    n_names.push_back(2);
+  }
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.names = names.data();
+  cfg.n_names = n_names.data();
+  cfg.n_layers = 4;
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_ring* ring = make_ring(pool, 1);
+  StreamH c = gpu->new_stream();
+  for (uint32_t l = 0; l < 4; ++l) {
+    lwo_ticket t{};
+    lwo_layer_view v{};
+    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    // In the caller's order: bias, then weight; full names.
+    void* p = nullptr;
+    ASSERT_LWO(lwo_ring_tensor(ring, t, ts[2 + 2 * l].name.c_str(), &p));
+    EXPECT_EQ(p, v.tensors[0]);
+    EXPECT_EQ(std::memcmp(v.tensors[0], ts[2 + 2 * l].bytes.data(), ts[2 + 2 * l].bytes.size()), 0);
+    EXPECT_EQ(std::memcmp(v.tensors[1], ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  }
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  // A name the checkpoint does not have.
+  names[3] = "blocks.1.nope";
+  EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("blocks.1.nope"), std::string::npos)
+      << lwo_last_error_message();
+  EXPECT_EQ(pool, nullptr);
+  ASSERT_LWO(lwo_checkpoint_close(ck));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
+TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
+  auto ts = model(3, 40);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ticket t{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << "appended";
+  }
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_close(ck));
+}
+
+TEST_F(CheckpointTest, BadFilesAndConfigs) {
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("missing.safetensors"), std::string::npos);
+  std::string tiny = file("tiny.safetensors");
+  {
+    std::ofstream out(tiny, std::ios::binary);
+    out << "abc";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(tiny.c_str(), &ck), LWO_ERR_TRUNCATED);
+  EXPECT_EQ(ck, nullptr);
+  auto ts = model(2, 50);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_pool* pool = nullptr;
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_INVALID_ARGUMENT);
+  cfg.pattern = "blocks.";
+  EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("{i}"), std::string::npos);
+  cfg.pattern = "blocks.{i}.";
+  cfg.flags = 0x10;
+  EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_INVALID_ARGUMENT);
+  cfg.flags = 0;
+  lwo_checkpoint_tensor info{};
+  info.size = sizeof info;
+  EXPECT_EQ(lwo_checkpoint_tensor_info(ck, 99, &info), LWO_ERR_OUT_OF_RANGE);
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_close(ck));
+  EXPECT_EQ(lwo_checkpoint_close(ck), LWO_ERR_INVALID_HANDLE);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace lwo
