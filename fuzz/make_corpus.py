@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of safetensors_fuzz into fuzz/corpus/ (committed;
+rerun after changing the seeds). Each seed is a tiny whole file: the 8-byte
+little-endian header length, the header text, then the data section."""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "corpus")
+
+
+def st(header, data=b"", length=None):
+    h = header.encode() if isinstance(header, str) else header
+    n = len(h) if length is None else length
+    return struct.pack("<Q", n) + h + data
+
+
+def t(dtype, shape, begin, end):
+    return ('{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}'
+            % (dtype, ",".join(str(d) for d in shape), begin, end))
+
+
+SEEDS = {
+    # Valid files.
+    "valid_blocks": st('{"__metadata__":{"format":"pt"},'
+                       '"blocks.0.w":' + t("BF16", [2, 2], 0, 8) + ','
+                       '"blocks.0.b":' + t("F32", [2], 8, 16) + ','
+                       '"blocks.1.w":' + t("BF16", [2, 2], 16, 24) + ','
+                       '"head":' + t("I64", [], 24, 32) + '}   ', bytes(range(32))),
+    "valid_dtypes": st('{"a":' + t("F8_E4M3", [3], 0, 3) + ',"b":' + t("F8_E5M2", [1], 3, 4) +
+                       ',"c":' + t("U8", [2], 4, 6) + ',"d":' + t("I8", [2], 6, 8) +
+                       ',"e":' + t("F16", [1], 8, 10) + ',"f":' + t("BOOL", [1], 10, 11) +
+                       ',"g":' + t("U16", [1], 12, 14) + ',"h":' + t("F64", [1], 16, 24) + '}',
+                       bytes(24)),
+    "valid_empty_header": st("{}"),
+    "valid_zero_size": st('{"h.0":' + t("F32", [0, 5], 4, 4) + ',"h.1":' + t("U8", [4], 0, 4) +
+                          ',"h.2":' + t("U8", [0], 4, 4) + '}', bytes(6)),
+    "valid_layers_numeric": st('{"0":' + t("U8", [1], 0, 1) + ',"1":' + t("U8", [1], 1, 2) +
+                               ',"layers.0.w":' + t("U8", [1], 2, 3) + '}', bytes(3)),
+    # Index files (the header text is also fed to parse_index).
+    "index": st('{"metadata":{"total_size":8},"weight_map":{"blocks.0.w":"model-00001.safetensors",'
+                '"blocks.1.w":"shards/model-00002.safetensors"}}'),
+    "index_bad_path": st('{"weight_map":{"a":"../x.safetensors"}}'),
+    # Broken files, one per status.
+    "short": b"\x05\x00\x00",
+    "header_zero": st("", length=0),
+    "header_too_long": st("{}", length=64),
+    "header_huge": st("{}", length=(1 << 64) - 1),
+    "bad_json": st('{"w":{"dtype":"F32",'),
+    "bad_utf8": st(b'{"\xff":1}'),
+    "bad_shape_float": st('{"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}', bytes(4)),
+    "bad_dtype": st('{"w":' + t("Q8", [1], 0, 1) + '}', bytes(1)),
+    "shape_overflow": st('{"w":' + t("F32", [4611686018427387904, 8], 0, 8) + '}', bytes(8)),
+    "bad_range": st('{"w":' + t("U8", [4], 8, 4) + '}', bytes(8)),
+    "truncated_data": st('{"w":' + t("F32", [4], 0, 16) + '}', bytes(9)),
+    "shape_mismatch": st('{"w":' + t("F32", [3], 0, 8) + '}', bytes(8)),
+    "overlap": st('{"a":' + t("U8", [8], 0, 8) + ',"b":' + t("U8", [8], 4, 12) + '}', bytes(12)),
+    "duplicate": st('{"a":' + t("U8", [1], 0, 1) + ',"a":' + t("U8", [1], 1, 2) + '}', bytes(2)),
+}
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for name in os.listdir(OUT):
+        os.remove(os.path.join(OUT, name))
+    for name, data in sorted(SEEDS.items()):
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(SEEDS), OUT))
+
+
+if __name__ == "__main__":
+    main()
