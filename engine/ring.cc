@@ -195,7 +195,9 @@ void Ring::enqueue_staged_copy(const Pool::Layer& l, uint8_t* dst) {
   job.release();
   gpu.event_record(st.ready, fill_stream_);
   gpu.stream_wait(h2d, st.ready);
-  gpu.copy_h2d(dst, st.buf.data(), l.layout.record_bytes, h2d);
+  uint64_t extent = 0;  // the bytes the runs fill, as the registered path copies
+  for (const CopyRun& r : l.runs) extent = std::max(extent, r.dst_offset + r.bytes);
+  if (extent) gpu.copy_h2d(dst, st.buf.data(), extent, h2d);
   gpu.event_record(st.free, h2d);
   st.used = true;
 }
@@ -269,7 +271,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
   try {
     if (pool_.staged()) {
       enqueue_staged_copy(l, s.dev);
-      moved = l.layout.record_bytes;
+      for (const CopyRun& r : l.runs) moved += r.bytes;
     } else {
       for (const CopyRun& r : l.runs) {
         gpu.copy_h2d(s.dev + r.dst_offset, r.src, r.bytes, h2d);

@@ -451,7 +451,8 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
            "%s: layer %u of the registered pool is not contiguous in host memory (%zu copy runs)",
            call, layer, l.runs.size());
     *data = l.host;
-    if (bytes) *bytes = p->impl->registered() ? l.runs[0].bytes : l.layout.record_bytes;
+    if (bytes)
+      *bytes = !p->impl->registered() ? l.layout.record_bytes : l.runs.empty() ? 0 : l.runs[0].bytes;
   });
 }
 
