@@ -80,6 +80,13 @@ void remove_handle(const void* p) {
   std::unique_lock<std::shared_mutex> lock(g_mu);
   handles().erase(p);
 }
+// Registers a fully built handle and hands its ownership to the caller.
+template <class H>
+H* publish(std::unique_ptr<H> h, Kind k) {
+  add_handle(h.get(), k);
+  return h.release();
+}
+
 template <class T>
 T* check_handle(const T* p, Kind k, const char* call) {
   if (!p) fail(LWO_ERR_INVALID_HANDLE, "%s: %s handle is NULL", call, kind_name(k));
@@ -162,15 +169,9 @@ void write_info(Info* out, Info value, const char* call) {
 lwo_status_t make_engine(std::unique_ptr<lwo::Backend> backend, int device,
                          lwo_engine** engine) {
   return guard([&] {
-    auto* h = new lwo_engine();
-    try {
-      h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
-    } catch (...) {
-      delete h;
-      throw;
-    }
-    add_handle(h, Kind::Engine);
-    *engine = h;
+    auto h = std::make_unique<lwo_engine>();
+    h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
+    *engine = publish(std::move(h), Kind::Engine);
   });
 }
 
@@ -314,10 +315,8 @@ static lwo_pool_config pool_config(const lwo_pool_config* config, const char* ca
 }
 
 static void add_pool(lwo_engine* e, std::unique_ptr<lwo::Pool> impl, lwo_pool** pool) {
-  auto* h = new lwo_pool{std::move(impl), e};
-  add_handle(h, Kind::Pool);
+  *pool = publish(std::make_unique<lwo_pool>(lwo_pool{std::move(impl), e}), Kind::Pool);
   e->impl->n_pools.fetch_add(1);
-  *pool = h;
 }
 
 LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_desc* layers,
@@ -496,16 +495,9 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
     if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: depth %u is outside 1..%u", call, cfg.depth,
            lwo::kMaxDepth);
-    auto* h = new lwo_ring{nullptr, p};
-    try {
-      h->impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
-    } catch (...) {
-      delete h;
-      throw;
-    }
-    add_handle(h, Kind::Ring);
+    auto impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
+    *ring = publish(std::make_unique<lwo_ring>(lwo_ring{std::move(impl), p}), Kind::Ring);
     p->impl->n_rings.fetch_add(1);
-    *ring = h;
   });
 }
 
@@ -589,16 +581,9 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
     need(schedule, call, "schedule (output)");
     *schedule = nullptr;
     lwo_ring* r = check_handle(ring, Kind::Ring, call);
-    auto* h = new lwo_schedule{nullptr, r};
-    try {
-      h->impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
-    } catch (...) {
-      delete h;
-      throw;
-    }
-    add_handle(h, Kind::Schedule);
+    auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
+    *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl), r}), Kind::Schedule);
     r->impl->n_schedules.fetch_add(1);
-    *schedule = h;
   });
 }
 
@@ -654,18 +639,11 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
            cfg.flags & ~LWO_GRADS_NATIVE_WIRE);
     if (cfg.depth < 1 || cfg.depth > 64)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: depth %u is outside 1..64", call, cfg.depth);
-    auto* h = new lwo_grads{nullptr, p};
-    try {
-      h->impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth,
+    auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth,
                                              (cfg.flags & LWO_GRADS_NATIVE_WIRE) != 0,
                                              cfg.n_threads);
-    } catch (...) {
-      delete h;
-      throw;
-    }
-    add_handle(h, Kind::Grads);
+    *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl), p}), Kind::Grads);
     p->impl->n_grads.fetch_add(1);
-    *grads = h;
   });
 }
 
@@ -925,9 +903,7 @@ LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** chec
     } catch (const Error& e) {
       fail(e.status(), "%s: %s", call, e.what());
     }
-    auto* h = new lwo_checkpoint{std::move(ck)};
-    add_handle(h, Kind::Checkpoint);
-    *checkpoint = h;
+    *checkpoint = publish(std::make_unique<lwo_checkpoint>(lwo_checkpoint{std::move(ck)}), Kind::Checkpoint);
   });
 }
 
