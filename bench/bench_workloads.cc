@@ -26,7 +26,8 @@
 //   linear2048x256/rec1      256 x Linear(2048x2048), T = 256, records of 1 layer
 //   linear2048x256/rec4      ... records of 4 layers (64 records)
 //   linear256x512            512 x Linear(256x256), T = 16 (overhead-bound)
-//   conv3x3_stage            32 x Conv2d(512->512, 3x3, pad 1), NHWC, N = 64 images
+//   conv3x3_stage/rec1, rec4 32 x Conv2d(512->512, 3x3, pad 1), NHWC, N = 64 images,
+//                            one or four layers per record
 //                            of 14x14 (a ResNet-stage-like stack, made deep)
 // Names: <workload>/<fwd|step>/T:<tokens>/depth:<ring depth> (N:<images> for
 // convolutions). --depth=2,4 runs each at several ring depths. The whole
@@ -106,12 +107,12 @@ Model m144(bool block_records) {
   return m;
 }
 
-Model conv_stage() {
+Model conv_stage(uint32_t per_record) {
   Model m;
-  m.name = "conv3x3_stage";
+  m.name = "conv3x3_stage/rec" + std::to_string(per_record);
   m.kind = OpKind::kConv3x3;
   m.ops.assign(32, {512, 512});
-  group(m, 1);
+  group(m, per_record);
   m.h = m.w = 14;
   m.rows_name = "N";
   m.rows = {64};
@@ -128,7 +129,8 @@ std::vector<Model> models() {
   Model small = chain("linear256x512", 256, 512, 1, {16});
   small.resident_target = 1.5;
   v.push_back(small);
-  v.push_back(conv_stage());
+  v.push_back(conv_stage(1));
+  v.push_back(conv_stage(4));  // four 4.7 MiB layers per record
   return v;
 }
 
