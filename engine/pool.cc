@@ -149,6 +149,11 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(
       t.name = e.name;
       if (!strip[l].empty() && t.name.compare(0, strip[l].size(), strip[l]) == 0)
         t.name = t.name.substr(strip[l].size());
+      if (t.name.empty())
+        fail(LWO_ERR_INVALID_ARGUMENT,
+             "%s: '%s': tensor '%s' has no name left in layer %zu once the prefix '%s' is taken "
+             "off (end the pattern before the tensor's own name)",
+             call, ckpt->path().c_str(), e.name.c_str(), l, strip[l].c_str());
       t.dtype = e.dtype;
       t.n_dims = static_cast<int32_t>(e.shape.size());
       for (size_t d = 0; d < e.shape.size(); ++d) t.shape[d] = e.shape[d];
@@ -227,6 +232,9 @@ uint32_t Pool::tensor_index(uint32_t layer_id, const char* name, const char* cal
 
 void Pool::write(uint32_t layer_id, const char* name, const void* src, uint64_t bytes) {
   static const char* call = "lwo_pool_write";
+  if (ckpt_)
+    fail(LWO_ERR_UNSUPPORTED, "%s: the pool maps checkpoint '%s' read-only; it cannot be written",
+         call, ckpt_->path().c_str());
   if (registered_)
     fail(LWO_ERR_UNSUPPORTED,
          "%s: the pool is registered caller memory; write to the caller's memory directly", call);

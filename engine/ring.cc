@@ -309,7 +309,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
   s.view.tensors = s.tensor_ptrs.data();
   slot_of_layer_[layer] = victim;
   ++n_stages_;
-  n_copies_ += l.runs.size();
+  n_copies_ += pool_.staged() ? (l.runs.empty() ? 0 : 1) : l.runs.size();
   bytes_ += moved;
   return lwo_ticket{make_id(serial_, static_cast<uint32_t>(victim), s.gen)};
 }

@@ -348,7 +348,7 @@ LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* 
                                     const void* src, uint64_t bytes);
 
 /* The host address of a layer's bytes and their count, for filling them in
- * place. Pinned pools: the whole record (record bytes). Registered pools:
+ * place (never for checkpoint pools: their memory is a read-only mapping). Pinned pools: the whole record (record bytes). Registered pools:
  * only when the layer moves in one copy, the caller's memory from the first
  * tensor to the end of the last (which may be less than the record, whose
  * tail padding is not copied); else LWO_ERR_UNSUPPORTED. Valid until the
@@ -364,7 +364,8 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
  * only while no ring may be copying it. Any thread. */
 LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer);
 
-/* The host address and size of one tensor. Valid until the pool is destroyed. */
+/* The host address and size of one tensor (read-only for checkpoint pools).
+ * Valid until the pool is destroyed. */
 LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
                                           const char* name, void** data,
                                           uint64_t* bytes);
