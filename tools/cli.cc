@@ -434,4 +434,15 @@ void progress(const char* fmt, ...) {
   std::fputc('\n', stderr);
 }
 
+void print_ring_stats(const lwo_ring_stats& s, bool timing) {
+  std::printf("%-10s %llu stages, %llu hits, %llu copies, %s copied (warm-up included)",
+              "ring stats", static_cast<unsigned long long>(s.n_stages),
+              static_cast<unsigned long long>(s.n_hits),
+              static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str());
+  if (timing)
+    std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
+                s.bandwidth_gbps, s.wait_ms);
+  std::printf("\n");
+}
+
 }  // namespace cli

@@ -190,6 +190,9 @@ double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms
 
 std::string version_text();             // lwo_version() as "0.1.0"
 std::string fmt_bytes(uint64_t bytes);  // "256 KiB", "1.50 GiB"
+// The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
+// timing figures when the ring was created with LWO_RING_TIMING).
+void print_ring_stats(const lwo_ring_stats& s, bool timing);
 double seconds_since(double start);
 double now_seconds();  // monotonic
 double median(std::vector<double> v);

@@ -113,15 +113,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
                 r.share(r.median_ms) >= kTargetShare ? "met" : "NOT met");
   std::printf("\n%-10s %u layers x %u passes match the host\n", "checksums", o.layers,
               o.passes + 1);
-  const lwo_ring_stats& s = r.stats;
-  std::printf("%-10s %llu stages, %llu hits, %llu copies, %s copied (warm-up included)",
-              "ring stats", static_cast<unsigned long long>(s.n_stages),
-              static_cast<unsigned long long>(s.n_hits),
-              static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str());
-  if (o.timing)
-    std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
-                s.bandwidth_gbps, s.wait_ms);
-  std::printf("\n");
+  print_ring_stats(r.stats, o.timing);
 }
 
 void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
