@@ -53,6 +53,12 @@ class Backend {
 
   virtual void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
+  // Collectives over a communicator (ncclComm_t in the CUDA implementation).
+  virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
+  // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.
+  virtual void all_gather(const void* send, void* recv, size_t bytes, void* comm,
+                          StreamH stream) = 0;
+
   // Runs fn(arg) on a host thread once the stream's earlier work is done;
   // later work on the stream waits for it to return. fn must not call CUDA.
   virtual void host_func(StreamH stream, void (*fn)(void*), void* arg) = 0;

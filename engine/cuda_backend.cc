@@ -1,5 +1,6 @@
 // Backend over the CUDA runtime. The only file of the engine that calls CUDA.
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include "backend.h"
 #include "error.h"
@@ -156,6 +157,24 @@ class CudaBackend final : public Backend {
   void copy_d2h(void* dst, const void* src, size_t bytes, StreamH s) override {
     LWO_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)),
              "cudaMemcpyAsync(device %p -> host %p, %zu bytes)", src, dst, bytes);
+  }
+  void comm_info(void* comm, int* n_ranks, int* rank) override {
+    ncclResult_t r = ncclCommCount(static_cast<ncclComm_t>(comm), n_ranks);
+    if (r == ncclSuccess) r = ncclCommUserRank(static_cast<ncclComm_t>(comm), rank);
+    if (r != ncclSuccess)
+      fail(LWO_ERR_NCCL, "communicator %p: %s", comm, ncclGetErrorString(r));
+    int dev = -1;
+    r = ncclCommCuDevice(static_cast<ncclComm_t>(comm), &dev);
+    if (r != ncclSuccess) fail(LWO_ERR_NCCL, "communicator %p: %s", comm, ncclGetErrorString(r));
+    if (dev != device_)
+      fail(LWO_ERR_INVALID_ARGUMENT, "communicator %p is on device %d, the engine on device %d",
+           comm, dev, device_);
+  }
+  void all_gather(const void* send, void* recv, size_t bytes, void* comm, StreamH s) override {
+    ncclResult_t r = ncclAllGather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm),
+                                   static_cast<cudaStream_t>(s));
+    if (r != ncclSuccess)
+      fail(LWO_ERR_NCCL, "ncclAllGather(%zu bytes per rank): %s", bytes, ncclGetErrorString(r));
   }
   void host_func(StreamH s, void (*fn)(void*), void* arg) override {
     LWO_CUDA(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");

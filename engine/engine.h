@@ -20,6 +20,7 @@ class Engine {
   int device() const { return device_; }
   StreamH h2d() const { return h2d_; }
   StreamH d2h() const { return d2h_; }
+  StreamH comm() const { return comm_; }  // collectives of sharded pools
 
   // Throws the first error that device work of this engine reported.
   void check();
@@ -32,6 +33,7 @@ class Engine {
   int device_;
   StreamH h2d_ = nullptr;
   StreamH d2h_ = nullptr;
+  StreamH comm_ = nullptr;
 };
 
 // Makes the engine's device current for the scope and restores the caller's.

@@ -41,6 +41,70 @@ std::unique_ptr<Pool> Pool::create_pinned(Engine& engine, const lwo_layer_desc* 
   return pool;
 }
 
+std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc* layers,
+                                           uint32_t n_layers, void* comm,
+                                           const lwo_pool_config& cfg) {
+  static const char* call = "lwo_pool_create_sharded";
+  if (!comm) fail(LWO_ERR_INVALID_ARGUMENT, "%s: comm is NULL", call);
+  std::unique_ptr<Pool> pool(new Pool(engine, false));
+  pool->build_layouts(layers, n_layers, call);
+  DeviceScope scope(engine);
+  Backend& gpu = engine.gpu();
+  int n = 1, r = 0;
+  gpu.comm_info(comm, &n, &r);
+  pool->comm_ = comm;
+  pool->rank_ = r;
+  pool->n_ranks_ = n;
+  uint64_t total = 0, max_slot = 0;
+  for (Layer& l : pool->layers_) {
+    uint64_t rb = l.layout.record_bytes;
+    l.shard_bytes = align_up((rb + n - 1) / n, LWO_RECORD_ALIGN);
+    total += l.shard_bytes;
+    max_slot = std::max(max_slot, l.shard_bytes * static_cast<uint64_t>(n));
+  }
+  // Every rank must describe the same layers: compare (layer count, a hash
+  // of the record sizes) across the ranks before any collective can hang.
+  {
+    uint64_t mine[2] = {n_layers, 1469598103934665603ull};
+    for (const Layer& l : pool->layers_) mine[1] = (mine[1] ^ l.layout.record_bytes) * 1099511628211ull;
+    PinnedArena host(gpu, 16 * static_cast<size_t>(n), 1, call);
+    std::memcpy(host.data() + 16 * r, mine, 16);
+    uint8_t* dev = static_cast<uint8_t*>(gpu.device_alloc(16 * static_cast<size_t>(n)));
+    try {
+      StreamH st = engine.comm();
+      gpu.copy_h2d(dev + 16 * r, host.data() + 16 * r, 16, st);
+      gpu.all_gather(dev + 16 * r, dev, 16, comm, st);
+      gpu.copy_d2h(host.data(), dev, 16 * static_cast<size_t>(n), st);
+      gpu.stream_sync(st);
+    } catch (...) {
+      gpu.device_free(dev);
+      throw;
+    }
+    gpu.device_free(dev);
+    for (int k = 0; k < n; ++k) {
+      uint64_t theirs[2];
+      std::memcpy(theirs, host.data() + 16 * k, 16);
+      if (theirs[0] != mine[0] || theirs[1] != mine[1])
+        fail(LWO_ERR_COLLECTIVE_MISMATCH,
+             "%s: rank %d describes %llu layers (record sizes hash 0x%llx), rank %d %llu layers "
+             "(0x%llx): every rank must create the same layers",
+             call, r, static_cast<unsigned long long>(mine[0]),
+             static_cast<unsigned long long>(mine[1]), k,
+             static_cast<unsigned long long>(theirs[0]), static_cast<unsigned long long>(theirs[1]));
+    }
+  }
+  pool->total_bytes_ = total;
+  pool->max_record_ = max_slot;
+  pool->arena_ = PinnedArena(gpu, total, cfg.n_threads, call);
+  uint64_t off = 0;
+  for (Layer& l : pool->layers_) {
+    l.host = pool->arena_.data() + off;
+    if (l.shard_bytes) l.runs.push_back({l.shard_bytes * static_cast<uint64_t>(r), l.host, l.shard_bytes});
+    off += l.shard_bytes;
+  }
+  return pool;
+}
+
 std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_desc* layers,
                                               uint32_t n_layers, const lwo_host_region* regions,
                                               uint32_t n_regions, const lwo_pool_config&) {
@@ -246,7 +310,13 @@ void Pool::write(uint32_t layer_id, const char* name, const void* src, uint64_t 
          layer_id, name, static_cast<unsigned long long>(t.bytes),
          static_cast<unsigned long long>(bytes));
   if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "%s: src is NULL", call);
-  if (bytes) std::memcpy(l.host + t.offset, src, bytes);
+  if (comm_) {  // only the part of the tensor in this rank's shard
+    uint64_t lo = l.shard_bytes * static_cast<uint64_t>(rank_), hi = lo + l.shard_bytes;
+    uint64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.bytes);
+    if (b < e) std::memcpy(l.host + (b - lo), static_cast<const uint8_t*>(src) + (b - t.offset), e - b);
+  } else if (bytes) {
+    std::memcpy(l.host + t.offset, src, bytes);
+  }
   changed(layer_id, call);
 }
 

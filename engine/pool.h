@@ -28,7 +28,9 @@ class Pool {
   struct Layer {
     RecordLayout layout;
     std::vector<CopyRun> runs;  // how to move the record; one run if contiguous
-    uint8_t* host = nullptr;    // record base in host memory (null if scattered)
+    uint8_t* host = nullptr;    // record base in host memory (null if scattered;
+                                // the shard, for sharded pools)
+    uint64_t shard_bytes = 0;   // sharded pools: S, this layer's bytes per rank
   };
 
   static std::unique_ptr<Pool> create_pinned(Engine& engine, const lwo_layer_desc* layers,
@@ -46,6 +48,10 @@ class Pool {
       Engine& engine, std::shared_ptr<Checkpoint> ckpt,
       const std::vector<std::vector<size_t>>& layers, const std::vector<std::string>& strip,
       bool staged, const char* call);
+  // A pinned pool of this rank's shard of every record (see lwo.h).
+  static std::unique_ptr<Pool> create_sharded(Engine& engine, const lwo_layer_desc* layers,
+                                              uint32_t n_layers, void* comm,
+                                              const lwo_pool_config& cfg);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -56,6 +62,10 @@ class Pool {
   // Copies must go through pinned staging (the sources are not DMA-ready).
   bool staged() const { return staged_; }
   const Checkpoint* checkpoint() const { return ckpt_.get(); }
+  // Sharded pools: the communicator, this rank and the number of ranks.
+  void* comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int n_ranks() const { return n_ranks_; }
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t max_record_bytes() const { return max_record_; }
 
@@ -96,6 +106,9 @@ class Pool {
   // Checkpoint pools.
   std::shared_ptr<Checkpoint> ckpt_;
   bool staged_ = false;
+  // Sharded pools.
+  void* comm_ = nullptr;
+  int rank_ = 0, n_ranks_ = 1;
 };
 
 }  // namespace lwo

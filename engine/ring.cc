@@ -41,6 +41,7 @@ Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags)
       s.dev = static_cast<uint8_t*>(gpu.device_alloc(slot_bytes_));
       s.ready = gpu.event_create(false);
       s.free = gpu.event_create(false);
+      s.shard_done = gpu.event_create(false);
     }
     if (pool_.staged()) {
       staging_.resize(2);
@@ -61,6 +62,7 @@ Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags)
       gpu.device_free(s.dev);
       gpu.event_destroy(s.ready);
       gpu.event_destroy(s.free);
+      gpu.event_destroy(s.shard_done);
     }
     if (err.status() == LWO_ERR_OUT_OF_MEMORY)
       fail(LWO_ERR_OUT_OF_MEMORY,
@@ -89,6 +91,7 @@ Ring::~Ring() {
       gpu.device_free(s.dev);
       gpu.event_destroy(s.ready);
       gpu.event_destroy(s.free);
+      gpu.event_destroy(s.shard_done);
     }
     for (EventH ev : all_events_) gpu.event_destroy(ev);
     if (fill_stream_) {
@@ -278,7 +281,19 @@ lwo_ticket Ring::stage(uint32_t layer) {
         moved += r.bytes;
       }
     }
-    gpu.event_record(s.ready, h2d);
+    if (pool_.comm()) {
+      // The local shard went up this rank's link; the other ranks' shards
+      // come over the GPUs' links: all-gather the record into the slot on
+      // the communication stream, which then holds the slot's ready event.
+      StreamH cs = engine().comm();
+      gpu.event_record(s.shard_done, h2d);
+      gpu.stream_wait(cs, s.shard_done);
+      gpu.all_gather(s.dev + l.shard_bytes * static_cast<uint64_t>(pool_.rank()), s.dev,
+                     l.shard_bytes, pool_.comm(), cs);
+      gpu.event_record(s.ready, cs);
+    } else {
+      gpu.event_record(s.ready, h2d);
+    }
   } catch (...) {
     // The slot may now hold part of this layer: it no longer holds the old
     // one, so it must never be a hit for it.

@@ -60,6 +60,7 @@ class Ring {
     uint8_t* dev = nullptr;
     EventH ready = nullptr;
     EventH free = nullptr;
+    EventH shard_done = nullptr;  // sharded pools: the local shard has landed
     std::vector<void*> tensor_ptrs;
     lwo_layer_view view{};
   };

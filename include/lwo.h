@@ -134,6 +134,9 @@ typedef enum lwo_status_t {
   LWO_ERR_OVERLAP = 30,
   /* A mapped file changed size since it was opened. */
   LWO_ERR_FILE_CHANGED = 31,
+  /* The ranks of a communicator disagree (different layer counts or record
+   * sizes): collectives would hang or corrupt, so the call refuses. */
+  LWO_ERR_COLLECTIVE_MISMATCH = 32,
   LWO_STATUS_FORCE_32 = 0x7fffffff
 } lwo_status_t;
 
@@ -151,6 +154,9 @@ LWO_API const char* lwo_last_error_message(void);
 
 /* Same type as cudaStream_t. NULL means the legacy default stream. */
 typedef struct CUstream_st* lwo_stream_t;
+
+/* Same type as ncclComm_t. */
+typedef struct ncclComm* lwo_nccl_comm_t;
 
 /* ------------------------------------------------------------------------ */
 /* Tensors and records                                                       */
@@ -790,6 +796,52 @@ LWO_API lwo_status_t lwo_checkpoint_unmatched_count(lwo_checkpoint* checkpoint,
 LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
                                                    const lwo_checkpoint_pool_config* config,
                                                    uint32_t index, const char** name);
+
+/* ------------------------------------------------------------------------ */
+/* Host weights sharded across NCCL ranks (since 0.1.0; see docs/API.md)      */
+/* ------------------------------------------------------------------------ */
+
+/* Same layout as ncclUniqueId. */
+typedef struct lwo_nccl_unique_id {
+  char internal[128];
+} lwo_nccl_unique_id;
+
+/* ncclGetUniqueId, for callers that have no communicator of their own: make
+ * the id on one rank and pass it to the others. */
+LWO_API lwo_status_t lwo_nccl_get_unique_id(lwo_nccl_unique_id* id);
+
+/* ncclCommInitRank on the engine's device. Blocks until all n_ranks ranks
+ * have called it (from their own threads or processes). The caller owns the
+ * communicator and destroys it with lwo_nccl_comm_destroy (or ncclCommDestroy)
+ * after every pool and ring that uses it. */
+LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_unique_id* id,
+                                          int32_t n_ranks, int32_t rank,
+                                          lwo_nccl_comm_t* comm);
+LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm);
+
+/* Creates a pinned pool that holds this rank's shard of every layer: with N
+ * ranks and a record of R bytes, S = R / N rounded up to a multiple of
+ * LWO_RECORD_ALIGN, and rank r keeps bytes [r*S, (r+1)*S) of the record (zero
+ * beyond R). `comm` is the caller's communicator (its device must be the
+ * engine's); every rank must create its pool with the same layers, in the
+ * same order of calls: the call checks, collectively, that all ranks describe
+ * the same layer count and record sizes (LWO_ERR_COLLECTIVE_MISMATCH on every
+ * rank otherwise) and blocks until all ranks have called it. Rings of a
+ * sharded pool copy the local shard up this rank's link and all-gather the
+ * whole record into the slot on the engine's communication stream; the rule
+ * for collectives applies to them: every rank must stage the same layers in
+ * the same order (hits included, which happen alike on every rank that
+ * follows the same calls). */
+LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer_desc* layers,
+                                             uint32_t n_layers, lwo_nccl_comm_t comm,
+                                             const lwo_pool_config* config, lwo_pool** pool);
+
+/* This rank's shard of `layer`: its host address, where it starts in the
+ * record, and its size S (writable; fill it before staging, or call
+ * lwo_pool_layer_changed after). lwo_pool_write also works on sharded pools:
+ * it copies only the part of the tensor that falls in this rank's shard. */
+LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** data,
+                                         uint64_t* record_offset, uint64_t* bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

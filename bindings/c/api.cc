@@ -21,6 +21,8 @@
 #include "lwo.h"
 #include "src/compute.h"
 
+#include <nccl.h>
+
 using lwo::Error;
 using lwo::fail;
 
@@ -195,6 +197,7 @@ LWO_API const char* lwo_status_string(lwo_status_t s) {
     C(LWO_ERR_IO) C(LWO_ERR_TRUNCATED) C(LWO_ERR_BAD_HEADER_SIZE) C(LWO_ERR_BAD_JSON)
     C(LWO_ERR_BAD_DTYPE) C(LWO_ERR_SHAPE_MISMATCH) C(LWO_ERR_SHAPE_OVERFLOW)
     C(LWO_ERR_BAD_RANGE) C(LWO_ERR_OVERLAP) C(LWO_ERR_FILE_CHANGED)
+    C(LWO_ERR_COLLECTIVE_MISMATCH)
 #undef C
     default:
       return "unknown status";
@@ -445,6 +448,8 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
     lwo_pool* p = check_handle(pool, Kind::Pool, call);
     need(data, call, "data");
     const auto& l = p->impl->layer(layer, call);
+    if (p->impl->comm())
+      fail(LWO_ERR_UNSUPPORTED, "%s: the pool is sharded: use lwo_pool_shard_host", call);
     if (!l.host)
       fail(LWO_ERR_UNSUPPORTED,
            "%s: layer %u of the registered pool is not contiguous in host memory (%zu copy runs)",
@@ -470,6 +475,8 @@ LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer, const 
     need(data, call, "data");
     uint32_t ti = p->impl->tensor_index(layer, name, call);
     const auto& l = p->impl->layer(layer, call);
+    if (p->impl->comm())
+      fail(LWO_ERR_UNSUPPORTED, "%s: the pool is sharded: use lwo_pool_shard_host", call);
     const lwo::TensorLayout& t = l.layout.tensors[ti];
     *data = p->impl->registered() ? const_cast<void*>(t.host_data) : l.host + t.offset;
     if (bytes) *bytes = t.bytes;
@@ -1047,6 +1054,83 @@ LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
       fail(LWO_ERR_OUT_OF_RANGE, "%s: index %u, but %zu tensors are unmatched", call, index,
            m.map.unmatched.size());
     *name = c->impl->entries()[m.map.unmatched[index]].name.c_str();
+  });
+}
+
+/* ---- sharded pools ---- */
+
+static void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) fail(LWO_ERR_NCCL, "%s: %s", what, ncclGetErrorString(r));
+}
+
+LWO_API lwo_status_t lwo_nccl_get_unique_id(lwo_nccl_unique_id* id) {
+  static_assert(sizeof(lwo_nccl_unique_id) == sizeof(ncclUniqueId), "unique id layout");
+  return guard([&] {
+    need(id, "lwo_nccl_get_unique_id", "id");
+    ncclUniqueId u;
+    check_nccl(ncclGetUniqueId(&u), "lwo_nccl_get_unique_id: ncclGetUniqueId");
+    std::memcpy(id, &u, sizeof u);
+  });
+}
+
+LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_unique_id* id,
+                                          int32_t n_ranks, int32_t rank, lwo_nccl_comm_t* comm) {
+  return guard([&] {
+    static const char* call = "lwo_nccl_comm_create";
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    need(id, call, "id");
+    need(comm, call, "comm (output)");
+    *comm = nullptr;
+    if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: rank %d of %d ranks", call, rank, n_ranks);
+    lwo::DeviceScope scope(*e->impl);
+    ncclUniqueId u;
+    std::memcpy(&u, id, sizeof u);
+    ncclComm_t c = nullptr;
+    check_nccl(ncclCommInitRank(&c, n_ranks, u, rank), "lwo_nccl_comm_create: ncclCommInitRank");
+    *comm = reinterpret_cast<lwo_nccl_comm_t>(c);
+  });
+}
+
+LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm) {
+  return guard([&] {
+    if (comm)
+      check_nccl(ncclCommDestroy(reinterpret_cast<ncclComm_t>(comm)),
+                 "lwo_nccl_comm_destroy: ncclCommDestroy");
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer_desc* layers,
+                                             uint32_t n_layers, lwo_nccl_comm_t comm,
+                                             const lwo_pool_config* config, lwo_pool** pool) {
+  return guard([&] {
+    static const char* call = "lwo_pool_create_sharded";
+    need(pool, call, "pool (output)");
+    *pool = nullptr;
+    lwo_engine* e = check_handle(engine, Kind::Engine, call);
+    lwo_pool_config cfg = pool_config(config, call);
+    std::unique_ptr<lwo::Pool> impl;
+    try {
+      impl = lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, cfg);
+    } catch (const Error& err) {
+      if (std::string(err.what()).rfind(call, 0) == 0) throw;
+      fail(err.status(), "%s: %s", call, err.what());
+    }
+    add_pool(e, std::move(impl), pool);
+  });
+}
+
+LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** data,
+                                         uint64_t* record_offset, uint64_t* bytes) {
+  return guard([&] {
+    static const char* call = "lwo_pool_shard_host";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(data, call, "data");
+    const auto& l = p->impl->layer(layer, call);
+    if (!p->impl->comm()) fail(LWO_ERR_UNSUPPORTED, "%s: the pool is not sharded", call);
+    *data = l.host;
+    if (record_offset) *record_offset = l.shard_bytes * static_cast<uint64_t>(p->impl->rank());
+    if (bytes) *bytes = l.shard_bytes;
   });
 }
 

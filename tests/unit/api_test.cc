@@ -13,12 +13,12 @@ TEST(Api, VersionAndStatusNames) {
   EXPECT_EQ(lwo_version(), static_cast<unsigned>(LWO_VERSION));
   EXPECT_EQ(LWO_VERSION, LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH);
   std::set<std::string> names;
-  for (int s = 0; s <= LWO_ERR_FILE_CHANGED; ++s) {
+  for (int s = 0; s <= LWO_ERR_COLLECTIVE_MISMATCH; ++s) {
     std::string n = lwo_status_string(static_cast<lwo_status_t>(s));
     EXPECT_EQ(n.rfind("LWO_", 0), 0u) << s;
     names.insert(n);
   }
-  EXPECT_EQ(names.size(), static_cast<size_t>(LWO_ERR_FILE_CHANGED) + 1);  // all distinct
+  EXPECT_EQ(names.size(), static_cast<size_t>(LWO_ERR_COLLECTIVE_MISMATCH) + 1);  // all distinct
   EXPECT_STREQ(lwo_status_string(static_cast<lwo_status_t>(-3)), "unknown status");
   EXPECT_EQ(sizeof(lwo_status_t), 4u);
 }

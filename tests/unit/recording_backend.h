@@ -33,7 +33,7 @@ class RecordingBackend final : public Backend {
 
   struct Stats {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
-    uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0;
+    uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0;
   };
 
   RecordingBackend() { streams_.push_back({}); }  // stream 0: the legacy stream (NULL)
@@ -182,6 +182,20 @@ class RecordingBackend final : public Backend {
                                 dst, bytes));
     access(s, src, bytes, /*write=*/false, "d2h copy");
     std::memcpy(dst, src, bytes);
+  }
+  // A communicator of one rank: all-gather reads the send part and writes
+  // the whole receive range (which holds it).
+  void comm_info(void*, int* n_ranks, int* rank) override {
+    *n_ranks = 1;
+    *rank = 0;
+  }
+  void all_gather(const void* send, void* recv, size_t bytes, void*, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.gathers;
+    access(s, send, bytes, /*write=*/false, "all-gather send");
+    if (send != recv) std::memmove(recv, send, bytes);
+    access(s, recv, bytes, /*write=*/true, "all-gather receive");
   }
   void host_func(StreamH stream, void (*fn)(void*), void* arg) override {
     tick(stream_index(stream));
