@@ -58,6 +58,11 @@ class Backend {
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.
   virtual void all_gather(const void* send, void* recv, size_t bytes, void* comm,
                           StreamH stream) = 0;
+  // Sums f32 data over the ranks, each rank keeping its own part: `bounds`
+  // holds n_ranks + 1 increasing byte offsets into `buf` (multiples of 4);
+  // afterwards rank q's buf[bounds[q], bounds[q+1]) is the sum over every
+  // rank of that range. The rest of buf is left unspecified.
+  virtual void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH stream) = 0;
 
   // Runs fn(arg) on a host thread once the stream's earlier work is done;
   // later work on the stream waits for it to return. fn must not call CUDA.

@@ -176,6 +176,42 @@ class CudaBackend final : public Backend {
     if (r != ncclSuccess)
       fail(LWO_ERR_NCCL, "ncclAllGather(%zu bytes per rank): %s", bytes, ncclGetErrorString(r));
   }
+  void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH s) override {
+    ncclComm_t c = static_cast<ncclComm_t>(comm);
+    cudaStream_t st = static_cast<cudaStream_t>(s);
+    int n = 0, rank = 0;
+    ncclResult_t r = ncclCommCount(c, &n);
+    if (r == ncclSuccess) r = ncclCommUserRank(c, &rank);
+    if (r != ncclSuccess) fail(LWO_ERR_NCCL, "communicator %p: %s", comm, ncclGetErrorString(r));
+    uint8_t* b = static_cast<uint8_t*>(buf);
+    bool even = true;
+    for (int q = 1; q < n; ++q)
+      even = even && bounds[q + 1] - bounds[q] == bounds[1] - bounds[0];
+    if (even && bounds[0] == 0) {
+      // The common case (records of one dtype): one in-place reduce-scatter.
+      size_t count = (bounds[1] - bounds[0]) / 4;
+      if (count == 0) return;
+      r = ncclReduceScatter(b, b + bounds[rank], count, ncclFloat32, ncclSum, c, st);
+      if (r != ncclSuccess)
+        fail(LWO_ERR_NCCL, "ncclReduceScatter(%zu floats per rank): %s", count,
+             ncclGetErrorString(r));
+      return;
+    }
+    // Parts of different sizes: one reduce to each part's owner, grouped.
+    r = ncclGroupStart();
+    if (r != ncclSuccess) fail(LWO_ERR_NCCL, "ncclGroupStart: %s", ncclGetErrorString(r));
+    ncclResult_t first = ncclSuccess;
+    for (int q = 0; q < n; ++q) {
+      size_t count = (bounds[q + 1] - bounds[q]) / 4;
+      if (count == 0) continue;
+      r = ncclReduce(b + bounds[q], b + bounds[q], count, ncclFloat32, ncclSum, q, c, st);
+      if (r != ncclSuccess && first == ncclSuccess) first = r;
+    }
+    r = ncclGroupEnd();
+    if (first == ncclSuccess) first = r;
+    if (first != ncclSuccess)
+      fail(LWO_ERR_NCCL, "ncclReduce to each of %d ranks: %s", n, ncclGetErrorString(first));
+  }
   void host_func(StreamH s, void (*fn)(void*), void* arg) override {
     LWO_CUDA(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
   }

@@ -67,6 +67,10 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
              uint32_t n_threads)
     : pool_(pool), engine_(pool.engine()), native_(native_wire), n_threads_(n_threads) {
   static const char* call = "lwo_grads_create";
+  if (pool.comm() && native_)
+    fail(LWO_ERR_UNSUPPORTED,
+         "%s: the pool is sharded over %d ranks: its gradients are summed over the ranks in "
+         "f32, so LWO_GRADS_NATIVE_WIRE is not supported", call, pool.n_ranks());
   layers_.resize(pool.n_layers());
   uint64_t host_total = 0;
   bool any = false;
@@ -93,28 +97,57 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
       g.names.push_back(t.name);
     }
     g.wire_bytes = woff;
+    g.lo = 0;
+    g.hi = woff;
+    if (pool.comm()) {
+      // Rank q owns the gradients of the weight bytes [q*S, (q+1)*S): map
+      // each boundary q*S of the weight record into the f32 wire record.
+      // Offsets and S are multiples of LWO_RECORD_ALIGN, so every boundary
+      // falls between elements, and the mapped one on a multiple of 4.
+      const uint64_t S = pool.layer(li, call).shard_bytes;
+      const int n = pool.n_ranks();
+      g.bounds.assign(static_cast<size_t>(n) + 1, woff);
+      for (int q = 0; q <= n; ++q) {
+        uint64_t b = S * static_cast<uint64_t>(q);
+        for (size_t i = 0; i < rl.tensors.size(); ++i) {
+          const TensorLayout& t = rl.tensors[i];
+          if (b < t.offset + t.bytes) {
+            g.bounds[q] = b <= t.offset ? g.tensors[i].wire_off
+                                        : g.tensors[i].wire_off + (b - t.offset) / dtype_size(t.dtype) * 4;
+            break;
+          }
+        }
+      }
+      g.bounds[0] = 0;
+      g.bounds[static_cast<size_t>(n)] = woff;
+      g.lo = g.bounds[static_cast<size_t>(pool.rank())];
+      g.hi = g.bounds[static_cast<size_t>(pool.rank()) + 1];
+      hoff = g.hi - g.lo;
+    }
     g.host_bytes = hoff;
     g.host_base = host_total;
-    host_total += hoff;
+    host_total = align_up(host_total + hoff, LWO_RECORD_ALIGN);
     max_wire_ = std::max(max_wire_, woff);
   }
   if (!any || max_wire_ == 0)
     fail(LWO_ERR_INVALID_ARGUMENT, "%s: no trainable layer has any gradient bytes", call);
   DeviceScope scope(engine_);
   Backend& gpu = engine_.gpu();
-  host_ = PinnedArena(gpu, host_total, n_threads_, call);
+  host_ = PinnedArena(gpu, std::max<uint64_t>(host_total, LWO_RECORD_ALIGN), n_threads_, call);
   slots_.resize(depth);
   try {
     for (Slot& s : slots_) {
       s.dev = static_cast<uint8_t*>(gpu.device_alloc(max_wire_));
       s.ready = gpu.event_create(false);
       s.free = gpu.event_create(false);
+      s.reduced = gpu.event_create(false);
     }
   } catch (...) {
     for (Slot& s : slots_) {
       gpu.device_free(s.dev);
       gpu.event_destroy(s.ready);
       gpu.event_destroy(s.free);
+      gpu.event_destroy(s.reduced);
     }
     throw;
   }
@@ -128,6 +161,7 @@ Grads::~Grads() {
       engine_.gpu().device_free(s.dev);
       engine_.gpu().event_destroy(s.ready);
       engine_.gpu().event_destroy(s.free);
+      engine_.gpu().event_destroy(s.reduced);
     }
   } catch (...) {
   }
@@ -176,6 +210,32 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
 void Grads::end(uint32_t layer, StreamH stream) {
   static const char* call = "lwo_grads_end";
   std::lock_guard<std::mutex> lock(mu_);
+  // Sharded pools under the collective check: every rank says what it is
+  // about to do (or that it fails here) before the reduction.
+  const bool check = pool_.comm() && engine_.checks_collectives();
+  if (check) {
+    uint64_t bytes = 0;
+    try {
+      Layer& g = trainable_layer(layer, call);
+      if (g.slot < 0)
+        fail(LWO_ERR_TICKET_STATE, "%s: layer %u was not begun (call lwo_grads_begin first)",
+             call, layer);
+      bytes = g.wire_bytes;
+    } catch (const Error&) {
+      try {
+        engine_.check_collective(pool_.comm(), Engine::Step{call, layer, 0, false, true});
+      } catch (const Error&) {
+        // The other ranks learn of this rank's error; this rank reports its own.
+      }
+      throw;
+    }
+    engine_.check_collective(pool_.comm(), Engine::Step{call, layer, bytes, false, false});
+  }
+  end_locked(layer, stream);
+}
+
+void Grads::end_locked(uint32_t layer, StreamH stream) {
+  static const char* call = "lwo_grads_end";
   Layer& g = trainable_layer(layer, call);
   if (g.slot < 0)
     fail(LWO_ERR_TICKET_STATE, "%s: layer %u was not begun (call lwo_grads_begin first)", call,
@@ -185,10 +245,21 @@ void Grads::end(uint32_t layer, StreamH stream) {
   DeviceScope scope(engine_);
   StreamH d2h = engine_.d2h();
   gpu.event_record(s.ready, stream);
-  gpu.stream_wait(d2h, s.ready);
+  if (pool_.comm()) {
+    // Sum the layer over the ranks on the communication stream; this rank's
+    // part then goes down its own link.
+    StreamH cs = engine_.comm();
+    gpu.stream_wait(cs, s.ready);
+    gpu.reduce_owned(s.dev, g.bounds.data(), pool_.comm(), cs);
+    gpu.event_record(s.reduced, cs);
+    gpu.stream_wait(d2h, s.reduced);
+  } else {
+    gpu.stream_wait(d2h, s.ready);
+  }
+  const uint64_t bytes = g.hi - g.lo;
   bool direct = !native_ && g.fresh;
   if (direct) {
-    gpu.copy_d2h(host_.data() + g.host_base, s.dev, g.wire_bytes, d2h);
+    if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
   } else {
     if (staging_.size() < slots_.size())
@@ -197,7 +268,7 @@ void Grads::end(uint32_t layer, StreamH stream) {
     ++next_staging_;
     // The host function that last read this staging buffer ran earlier on
     // the same stream, so the copy cannot overtake it.
-    gpu.copy_d2h(st.data(), s.dev, g.wire_bytes, d2h);
+    if (bytes) gpu.copy_d2h(st.data(), s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
     auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh});
     gpu.host_func(d2h, &Grads::run_job, job.get());
@@ -210,7 +281,7 @@ void Grads::end(uint32_t layer, StreamH stream) {
   g.fresh = false;
   g.stale = false;  // the assignment overwrites every element
   ++n_transfers_;
-  bytes_ += g.wire_bytes;
+  bytes_ += bytes;
 }
 
 void Grads::run_job(void* p) {
@@ -231,18 +302,26 @@ void Grads::accumulate(const Job& job) {
   uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
   uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : hw, 32);
   for (const Tensor& t : g.tensors) {
-    float* dst = reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
-    const uint8_t* src = job.src + t.wire_off;
+    // This rank's elements of the tensor: all of them, or (sharded pools,
+    // f32 wire) those whose wire bytes lie in [lo, hi); the staging copy
+    // and the host region both start at wire byte lo.
+    uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
+    if (pool_.comm() && wb >= we) continue;
+    float* dst = pool_.comm()
+                     ? reinterpret_cast<float*>(host_.data() + g.host_base + (wb - g.lo))
+                     : reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
+    const uint8_t* src = pool_.comm() ? job.src + (wb - g.lo) : job.src + t.wire_off;
+    const uint64_t count = pool_.comm() ? (we - wb) / 4 : t.n;
     constexpr uint64_t kPerThread = uint64_t(1) << 20;
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(nt, (t.n + kPerThread - 1) / kPerThread));
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(nt, (count + kPerThread - 1) / kPerThread));
     if (n <= 1) {
-      convert_range(dst, src, t.wire, 0, t.n, job.assign);
+      convert_range(dst, src, t.wire, 0, count, job.assign);
       continue;
     }
     std::vector<std::thread> threads;
-    uint64_t chunk = (t.n + n - 1) / n;
+    uint64_t chunk = (count + n - 1) / n;
     for (uint32_t i = 0; i < n; ++i) {
-      uint64_t b = std::min(t.n, chunk * i), e = std::min(t.n, chunk * (i + 1));
+      uint64_t b = std::min(count, chunk * i), e = std::min(count, chunk * (i + 1));
       try {
         threads.emplace_back(convert_range, dst, src, t.wire, b, e, job.assign);
       } catch (...) {
@@ -293,17 +372,45 @@ void Grads::zero() {
     }
 }
 
+int Grads::tensor_of(const Layer& g, uint32_t layer, const char* name, const char* call) const {
+  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "%s: name is NULL", call);
+  for (size_t i = 0; i < g.names.size(); ++i)
+    if (g.names[i] == name) return static_cast<int>(i);
+  fail(LWO_ERR_NOT_FOUND, "%s: layer %u has no tensor named '%.255s'", call, layer, name);
+}
+
 float* Grads::host(uint32_t layer, const char* name, uint64_t* n_elements) {
   static const char* call = "lwo_grads_host";
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer, call);
-  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "%s: name is NULL", call);
-  for (size_t i = 0; i < g.names.size(); ++i)
-    if (g.names[i] == name) {
-      if (n_elements) *n_elements = g.tensors[i].n;
-      return reinterpret_cast<float*>(host_.data() + g.host_base + g.tensors[i].host_off);
-    }
-  fail(LWO_ERR_NOT_FOUND, "%s: layer %u has no tensor named '%.255s'", call, layer, name);
+  int i = tensor_of(g, layer, name, call);
+  if (pool_.comm() && pool_.n_ranks() > 1)
+    fail(LWO_ERR_UNSUPPORTED,
+         "%s: layer %u tensor '%s': the pool is sharded over %d ranks and this rank holds only "
+         "part of each gradient; use lwo_grads_shard", call, layer, name, pool_.n_ranks());
+  if (n_elements) *n_elements = g.tensors[i].n;
+  return reinterpret_cast<float*>(host_.data() + g.host_base + g.tensors[i].host_off);
+}
+
+float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n) {
+  static const char* call = "lwo_grads_shard";
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& g = trainable_layer(layer, call);
+  const Tensor& t = g.tensors[tensor_of(g, layer, name, call)];
+  if (!pool_.comm()) {
+    *first = 0;
+    *n = t.n;
+    return reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
+  }
+  uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
+  if (wb >= we) {
+    *first = 0;
+    *n = 0;
+    return nullptr;
+  }
+  *first = (wb - t.wire_off) / 4;
+  *n = (we - wb) / 4;
+  return reinterpret_cast<float*>(host_.data() + g.host_base + (wb - g.lo));
 }
 
 void Grads::stats(lwo_grads_stats* out) {

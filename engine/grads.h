@@ -37,6 +37,9 @@ class Grads {
   void wait();
   void zero();
   float* host(uint32_t layer, const char* name, uint64_t* n_elements);
+  // This rank's part of a tensor's gradient (the whole tensor unless the pool
+  // is sharded): elements [*first, *first + *n) at the returned address.
+  float* shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n);
   void stats(lwo_grads_stats* out);
   void check_destroyable(const char* call);
   Pool& pool() { return pool_; }
@@ -58,10 +61,17 @@ class Grads {
     uint64_t wire_bytes = 0;
     uint64_t host_base = 0;
     uint64_t host_bytes = 0;
+    // Sharded pools: bounds[q] .. bounds[q+1] is rank q's part of the f32
+    // wire record (the gradients of the elements in rank q's weight shard);
+    // this rank's host region holds wire bytes [lo, hi). Else lo = 0 and
+    // hi = wire_bytes.
+    std::vector<uint64_t> bounds;
+    uint64_t lo = 0, hi = 0;
   };
   struct Slot {
     uint8_t* dev = nullptr;
     EventH ready = nullptr, free = nullptr;
+    EventH reduced = nullptr;  // sharded pools: the sum over ranks is done
     bool ever_freed = false;
     bool held = false;
     uint64_t last_end = 0;  // LRU clock: the slot whose copy left first is reused first
@@ -76,6 +86,8 @@ class Grads {
   static void run_job(void* job);
   void accumulate(const Job& job);
   Layer& trainable_layer(uint32_t layer, const char* call);
+  int tensor_of(const Layer& g, uint32_t layer, const char* name, const char* call) const;
+  void end_locked(uint32_t layer, StreamH stream);
 
   Pool& pool_;
   Engine& engine_;

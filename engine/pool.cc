@@ -66,7 +66,15 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
   // of the record sizes) across the ranks before any collective can hang.
   {
     uint64_t mine[2] = {n_layers, 1469598103934665603ull};
-    for (const Layer& l : pool->layers_) mine[1] = (mine[1] ^ l.layout.record_bytes) * 1099511628211ull;
+    auto mix = [&](uint64_t v) { mine[1] = (mine[1] ^ v) * 1099511628211ull; };
+    for (const Layer& l : pool->layers_) {
+      mix(l.layout.record_bytes);
+      for (const TensorLayout& t : l.layout.tensors) {
+        mix(t.offset);
+        mix(t.bytes);
+        mix(static_cast<uint64_t>(t.dtype));
+      }
+    }
     PinnedArena host(gpu, 16 * static_cast<size_t>(n), 1, call);
     std::memcpy(host.data() + 16 * r, mine, 16);
     uint8_t* dev = static_cast<uint8_t*>(gpu.device_alloc(16 * static_cast<size_t>(n)));
@@ -86,8 +94,9 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
       std::memcpy(theirs, host.data() + 16 * k, 16);
       if (theirs[0] != mine[0] || theirs[1] != mine[1])
         fail(LWO_ERR_COLLECTIVE_MISMATCH,
-             "%s: rank %d describes %llu layers (record sizes hash 0x%llx), rank %d %llu layers "
-             "(0x%llx): every rank must create the same layers",
+             "%s: rank %d describes %llu layers (layout hash 0x%llx), rank %d %llu layers "
+             "(0x%llx): every rank must create the same layers, with the same tensor sizes and "
+             "dtypes",
              call, r, static_cast<unsigned long long>(mine[0]),
              static_cast<unsigned long long>(mine[1]), k,
              static_cast<unsigned long long>(theirs[0]), static_cast<unsigned long long>(theirs[1]));

@@ -205,39 +205,25 @@ void Ring::enqueue_staged_copy(const Pool::Layer& l, uint8_t* dst) {
   st.used = true;
 }
 
-lwo_ticket Ring::stage(uint32_t layer) {
-  static const char* call = "lwo_ring_stage";
-  std::lock_guard<std::mutex> lock(mu_);
-  const Pool::Layer& l = pool_.layer(layer, call);
-  Engine& e = pool_.engine();
-  Backend& gpu = e.gpu();
-  DeviceScope scope(e);
-  if (timing_) harvest(false);
-
+int32_t Ring::choose_slot(uint32_t layer, const char* call, int32_t* hit_slot) {
+  pool_.layer(layer, call);  // range check
   if (const Checkpoint* ck = pool_.checkpoint()) ck->check_unchanged(call);
   int32_t si = slot_of_layer_[layer];
   uint64_t version = pool_.version(layer);
   if (si >= 0 && slots_[si].state == State::Released && slots_[si].version != version) {
     // The host bytes changed since the copy: the slot may be reused, never hit.
     slot_of_layer_[layer] = -1;
-    slots_[si].state = State::Released;
     si = -1;
   }
   if (si >= 0) {
-    Slot& s = slots_[si];
+    const Slot& s = slots_[si];
     if (s.state != State::Released)
       fail(LWO_ERR_LAYER_BUSY, "%s: layer %u is already %s in slot %d of ring depth %zu "
            "(ticket 0x%llx); release it first", call, layer, state_name(s.state), si,
            slots_.size(), static_cast<unsigned long long>(make_id(serial_, si, s.gen)));
-    // Hit: the bytes are still in the slot.
-    s.state = State::Staged;
-    s.gen = (s.gen + 1) & kGenMask;
-    s.merge_free = true;
-    ++n_stages_;
-    ++n_hits_;
-    return lwo_ticket{make_id(serial_, static_cast<uint32_t>(si), s.gen)};
+    *hit_slot = si;
+    return -1;
   }
-
   // Miss: an empty slot, else the least recently released one.
   int32_t victim = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -259,11 +245,55 @@ lwo_ticket Ring::stage(uint32_t layer) {
     fail(LWO_ERR_RING_FULL, "%s: layer %u: ring depth %zu has no free slot (%s)", call, layer,
          slots_.size(), held.c_str());
   }
+  return victim;
+}
+
+lwo_ticket Ring::stage(uint32_t layer) {
+  static const char* call = "lwo_ring_stage";
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  // Sharded pools under the collective check: every rank says what this
+  // stage will do (a copy, a hit, or an error of its own) before doing it.
+  const bool check = pool_.comm() && e.checks_collectives();
+  int32_t hit_slot = -1, victim = -1;
+  try {
+    victim = choose_slot(layer, call, &hit_slot);
+  } catch (const Error&) {
+    if (check) {
+      try {
+        e.check_collective(pool_.comm(), Engine::Step{call, layer, 0, false, true});
+      } catch (const Error&) {
+        // The other ranks learn of this rank's error; this rank reports its own.
+      }
+    }
+    throw;
+  }
+  const Pool::Layer& l = pool_.layer(layer, call);
+  if (check)
+    e.check_collective(pool_.comm(),
+                       Engine::Step{call, layer, l.layout.record_bytes, hit_slot >= 0, false});
+  Backend& gpu = e.gpu();
+  DeviceScope scope(e);
+  if (timing_) harvest(false);
+  if (hit_slot >= 0) {
+    // Hit: the bytes are still in the slot.
+    Slot& s = slots_[hit_slot];
+    s.state = State::Staged;
+    s.gen = (s.gen + 1) & kGenMask;
+    s.merge_free = true;
+    ++n_stages_;
+    ++n_hits_;
+    return lwo_ticket{make_id(serial_, static_cast<uint32_t>(hit_slot), s.gen)};
+  }
   Slot& s = slots_[victim];
   StreamH h2d = e.h2d();
   // Every reader of the previous occupant released on some stream before the
   // free event; the copy waits for it.
   if (s.ever_released) gpu.stream_wait(h2d, s.free);
+  // A sharded slot was last written by an all-gather on the communication
+  // stream, which a release without an acquire does not wait for.
+  if (s.ever_gathered) gpu.stream_wait(h2d, s.ready);
+
   EventH t0 = nullptr, t1 = nullptr;
   if (timing_) {
     t0 = timing_event();
@@ -291,6 +321,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
       gpu.all_gather(s.dev + l.shard_bytes * static_cast<uint64_t>(pool_.rank()), s.dev,
                      l.shard_bytes, pool_.comm(), cs);
       gpu.event_record(s.ready, cs);
+      s.ever_gathered = true;
     } else {
       gpu.event_record(s.ready, h2d);
     }
@@ -311,7 +342,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
     slot_of_layer_[s.layer] = -1;
   s.state = State::Staged;
   s.layer = layer;
-  s.version = version;
+  s.version = pool_.version(layer);
   s.gen = (s.gen + 1) & kGenMask;
   s.merge_free = false;
   s.tensor_ptrs.resize(l.layout.tensors.size());

@@ -61,6 +61,7 @@ class Ring {
     EventH ready = nullptr;
     EventH free = nullptr;
     EventH shard_done = nullptr;  // sharded pools: the local shard has landed
+    bool ever_gathered = false;   // sharded pools: ready follows an all-gather
     std::vector<void*> tensor_ptrs;
     lwo_layer_view view{};
   };
@@ -69,6 +70,11 @@ class Ring {
     EventH a, b;
   };
 
+  // The slot that will hold `layer`: returns a victim to copy into, or -1
+  // with *hit_slot set when the layer is still in a released slot. Throws
+  // (LWO_ERR_OUT_OF_RANGE, LAYER_BUSY, RING_FULL, FILE_CHANGED) with nothing
+  // changed that matters.
+  int32_t choose_slot(uint32_t layer, const char* call, int32_t* hit_slot);
   Slot& check_ticket(lwo_ticket t, const char* call, uint32_t* slot_index);
   const char* state_name(State s) const;
   EventH timing_event();

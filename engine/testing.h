@@ -16,6 +16,8 @@ namespace testing {
 lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine);
 // The backend of an engine handle (the one passed to engine_create).
 Backend* engine_backend(lwo_engine* engine);
+// Turns the collective check (LWO_ENGINE_CHECK_COLLECTIVES) on or off.
+void engine_set_check_collectives(lwo_engine* engine, bool on);
 // The stream type of the C API as the backend's opaque stream.
 inline lwo_stream_t as_stream(void* s) { return static_cast<lwo_stream_t>(s); }
 

@@ -222,8 +222,19 @@ typedef struct lwo_engine lwo_engine;
 typedef struct lwo_engine_config {
   size_t size;        /* sizeof(lwo_engine_config) */
   int32_t device;     /* CUDA device ordinal; default 0 */
-  uint32_t flags;     /* none defined yet; must be 0 */
+  uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES or 0 */
 } lwo_engine_config;
+
+/* Debug mode for sharded pools: before every collective step (each stage of
+ * a ring of a sharded pool, hits included, and each lwo_grads_end of its
+ * gradients) the ranks exchange what they are about to do (call, layer,
+ * hit or copy, bytes, step number) and compare. A difference fails the call
+ * on every rank with LWO_ERR_COLLECTIVE_MISMATCH, naming each rank's step,
+ * instead of a hang or a silent mix of layers; all objects stay usable. It
+ * costs a small all-gather and a host wait per step, so the pipeline no
+ * longer overlaps: use it to find a bug, not in production. The environment
+ * variable LWO_CHECK_COLLECTIVES=1 turns it on for every engine as well. */
+#define LWO_ENGINE_CHECK_COLLECTIVES 0x1u
 
 #define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);
@@ -589,7 +600,17 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * layer of `pool` (`trainable`: n_layers bytes, nonzero = trainable; NULL =
  * every layer), and `depth` device staging slots, each the size of the
  * largest trainable layer's gradients on the wire. Trainable tensors must be
- * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists. */
+ * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists.
+ *
+ * Gradients of a sharded pool (lwo_pool_create_sharded) are summed over the
+ * ranks: lwo_grads_end reduces the layer's f32 gradients across the
+ * communicator on the engine's communication stream, so that each rank holds
+ * the sum of every rank's gradient for the elements of its own weight shard,
+ * and copies only that part to host memory (about 1/N of the layer). Read it
+ * with lwo_grads_shard. The wire is always f32 (LWO_GRADS_NATIVE_WIRE gives
+ * LWO_ERR_UNSUPPORTED), and lwo_grads_end is a collective: every rank must
+ * end the same layers in the same order, interleaved alike with its ring
+ * stages (see LWO_ENGINE_CHECK_COLLECTIVES). Frozen layers move nothing. */
 LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
                                       const lwo_grads_config* config, lwo_grads** grads);
 
@@ -635,6 +656,18 @@ LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
  * lwo_grads_wait. */
 LWO_API lwo_status_t lwo_grads_host(lwo_grads* grads, uint32_t layer, const char* name,
                                     float** data, uint64_t* n_elements);
+
+/* The part of tensor `name`'s f32 host gradient that this rank holds:
+ * elements [*first_element, *first_element + *n_elements) of the tensor (in
+ * its row-major order) at `*data`. For a sharded pool these are exactly the
+ * elements of the tensor that lie in this rank's weight shard (see
+ * lwo_pool_shard_tensor), summed over the ranks; *n_elements may be 0. For
+ * any other pool it is the whole tensor (first 0), as lwo_grads_host. Read
+ * it only after lwo_grads_wait. lwo_grads_host gives LWO_ERR_UNSUPPORTED for
+ * a sharded pool of more than one rank. */
+LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const char* name,
+                                     float** data, uint64_t* first_element,
+                                     uint64_t* n_elements);
 
 typedef struct lwo_grads_stats {
   size_t size;               /* sizeof(lwo_grads_stats), set by the caller */
@@ -828,10 +861,17 @@ LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm);
  * the same layer count and record sizes (LWO_ERR_COLLECTIVE_MISMATCH on every
  * rank otherwise) and blocks until all ranks have called it. Rings of a
  * sharded pool copy the local shard up this rank's link and all-gather the
- * whole record into the slot on the engine's communication stream; the rule
- * for collectives applies to them: every rank must stage the same layers in
- * the same order (hits included, which happen alike on every rank that
- * follows the same calls). */
+ * whole record into the slot on the engine's communication stream.
+ *
+ * The rule for collectives: the ranks' rings of the pool must be created
+ * with the same depth, and every rank must make the same collective calls in
+ * the same order: lwo_ring_stage of the same layers (hits included; a hit
+ * moves nothing and happens alike on every rank that makes the same calls,
+ * so call lwo_pool_layer_changed / lwo_pool_write on every rank, for the same
+ * layers, between the same stages) and lwo_grads_end of the same layers. A
+ * rank that breaks it makes the others wait forever in NCCL or mixes up
+ * layers; LWO_ENGINE_CHECK_COLLECTIVES finds where. Rank-local pools of the
+ * same engine take no part in the rule. */
 LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer_desc* layers,
                                              uint32_t n_layers, lwo_nccl_comm_t comm,
                                              const lwo_pool_config* config, lwo_pool** pool);
@@ -842,6 +882,15 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
  * it copies only the part of the tensor that falls in this rank's shard. */
 LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** data,
                                          uint64_t* record_offset, uint64_t* bytes);
+
+/* The part of tensor `name` of `layer` in this rank's shard: elements
+ * [*first_element, *first_element + *n_elements) of the tensor (row-major),
+ * writable at `*data` in host memory; *n_elements may be 0 (then *data is
+ * NULL). The same elements as lwo_grads_shard's, so a sharded optimizer
+ * updates data[i] from the gradient shard's data[i]. */
+LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const char* name,
+                                           void** data, uint64_t* first_element,
+                                           uint64_t* n_elements);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -168,11 +168,12 @@ void write_info(Info* out, Info value, const char* call) {
   std::memcpy(out, &value, n);
 }
 
-lwo_status_t make_engine(std::unique_ptr<lwo::Backend> backend, int device,
+lwo_status_t make_engine(std::unique_ptr<lwo::Backend> backend, int device, uint32_t flags,
                          lwo_engine** engine) {
   return guard([&] {
     auto h = std::make_unique<lwo_engine>();
     h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
+    if (flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
     *engine = publish(std::move(h), Kind::Engine);
   });
 }
@@ -235,8 +236,9 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
     need(engine, call, "engine (output)");
     *engine = nullptr;
     cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT, call);
-    if (cfg.flags != 0)
-      fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call, cfg.flags);
+    if (cfg.flags & ~LWO_ENGINE_CHECK_COLLECTIVES)
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", call,
+           cfg.flags & ~LWO_ENGINE_CHECK_COLLECTIVES);
     if (cfg.device < 0)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: device %d is negative", call, cfg.device);
   });
@@ -250,7 +252,7 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
     }
   });
   if (s != LWO_OK) return s;
-  return make_engine(std::move(backend), cfg.device, engine);
+  return make_engine(std::move(backend), cfg.device, cfg.flags, engine);
 }
 
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {
@@ -698,6 +700,20 @@ LWO_API lwo_status_t lwo_grads_host(lwo_grads* grads, uint32_t layer, const char
   });
 }
 
+LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const char* name,
+                                     float** data, uint64_t* first_element,
+                                     uint64_t* n_elements) {
+  return guard([&] {
+    static const char* call = "lwo_grads_shard";
+    lwo_grads* g = check_handle(grads, Kind::Grads, call);
+    need(data, call, "data");
+    uint64_t first = 0, n = 0;
+    *data = g->impl->shard(layer, name, &first, &n);
+    if (first_element) *first_element = first;
+    if (n_elements) *n_elements = n;
+  });
+}
+
 LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats) {
   return guard([&] {
     lwo_grads* g = check_handle(grads, Kind::Grads, "lwo_grads_get_stats");
@@ -1134,6 +1150,32 @@ LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** 
   });
 }
 
+LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const char* name,
+                                           void** data, uint64_t* first_element,
+                                           uint64_t* n_elements) {
+  return guard([&] {
+    static const char* call = "lwo_pool_shard_tensor";
+    lwo_pool* p = check_handle(pool, Kind::Pool, call);
+    need(data, call, "data");
+    uint32_t ti = p->impl->tensor_index(layer, name, call);
+    if (!p->impl->comm()) fail(LWO_ERR_UNSUPPORTED, "%s: the pool is not sharded", call);
+    const auto& l = p->impl->layer(layer, call);
+    const auto& t = l.layout.tensors[ti];
+    uint64_t lo = l.shard_bytes * static_cast<uint64_t>(p->impl->rank()), hi = lo + l.shard_bytes;
+    uint64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.bytes);
+    size_t es = lwo_dtype_size(t.dtype);
+    if (b >= e) {
+      *data = nullptr;
+      if (first_element) *first_element = 0;
+      if (n_elements) *n_elements = 0;
+      return;
+    }
+    *data = l.host + (b - lo);
+    if (first_element) *first_element = (b - t.offset) / es;
+    if (n_elements) *n_elements = (e - b) / es;
+  });
+}
+
 }  // extern "C"
 
 namespace lwo {
@@ -1142,10 +1184,14 @@ namespace testing {
 lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine) {
   if (!engine) return LWO_ERR_INVALID_ARGUMENT;
   *engine = nullptr;
-  return make_engine(std::move(backend), device, engine);
+  return make_engine(std::move(backend), device, 0, engine);
 }
 
 Backend* engine_backend(lwo_engine* engine) { return &engine->impl->gpu(); }
+
+void engine_set_check_collectives(lwo_engine* engine, bool on) {
+  engine->impl->set_check_collectives(on);
+}
 
 }  // namespace testing
 }  // namespace lwo

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,7 +34,7 @@ class RecordingBackend final : public Backend {
 
   struct Stats {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
-    uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0;
+    uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
   };
 
   RecordingBackend() { streams_.push_back({}); }  // stream 0: the legacy stream (NULL)
@@ -51,6 +52,12 @@ class RecordingBackend final : public Backend {
   int fail_alloc_after = -1;        // throw LWO_ERR_OUT_OF_MEMORY on the (n+1)-th alloc
   bool refuse_register = false;     // host_register throws (registration refused)
   int current_device = 0;
+  // The communicator seen by comm_info: this process plays rank `fake_rank`
+  // of `fake_ranks`, and every other rank sends the same bytes as this one
+  // (so all-gathers replicate the send part and reductions multiply by
+  // fake_ranks), unless `peer_send` rewrites what rank k sent.
+  int fake_ranks = 1, fake_rank = 0;
+  std::function<void(int k, uint8_t* part, size_t bytes)> peer_send;
   int set_device_calls = 0;
 
   // A consumer kernel reading [ptr, ptr+n) on `stream`.
@@ -186,16 +193,37 @@ class RecordingBackend final : public Backend {
   // A communicator of one rank: all-gather reads the send part and writes
   // the whole receive range (which holds it).
   void comm_info(void*, int* n_ranks, int* rank) override {
-    *n_ranks = 1;
-    *rank = 0;
+    *n_ranks = fake_ranks;
+    *rank = fake_rank;
   }
   void all_gather(const void* send, void* recv, size_t bytes, void*, StreamH stream) override {
     size_t s = stream_index(stream);
     tick(s);
     ++stats.gathers;
     access(s, send, bytes, /*write=*/false, "all-gather send");
-    if (send != recv) std::memmove(recv, send, bytes);
-    access(s, recv, bytes, /*write=*/true, "all-gather receive");
+    std::vector<uint8_t> mine(static_cast<const uint8_t*>(send),
+                              static_cast<const uint8_t*>(send) + bytes);
+    for (int k = 0; k < fake_ranks; ++k) {
+      uint8_t* part = static_cast<uint8_t*>(recv) + bytes * static_cast<size_t>(k);
+      std::memcpy(part, mine.data(), bytes);
+      if (k != fake_rank && peer_send) peer_send(k, part, bytes);
+    }
+    access(s, recv, bytes * static_cast<size_t>(fake_ranks), /*write=*/true, "all-gather receive");
+  }
+  void reduce_owned(void* buf, const uint64_t* bounds, void*, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.reduces;
+    uint8_t* b = static_cast<uint8_t*>(buf);
+    for (int q = 0; q < fake_ranks; ++q) {
+      if (bounds[q + 1] < bounds[q] || bounds[q] % 4 || bounds[q + 1] % 4)
+        violations.push_back("reduce: bad bounds");
+    }
+    access(s, b + bounds[0], bounds[fake_ranks] - bounds[0], /*write=*/false, "reduce send");
+    float* own = reinterpret_cast<float*>(b + bounds[fake_rank]);
+    for (uint64_t i = 0; i < (bounds[fake_rank + 1] - bounds[fake_rank]) / 4; ++i)
+      own[i] *= static_cast<float>(fake_ranks);
+    access(s, own, bounds[fake_rank + 1] - bounds[fake_rank], /*write=*/true, "reduce receive");
   }
   void host_func(StreamH stream, void (*fn)(void*), void* arg) override {
     tick(stream_index(stream));

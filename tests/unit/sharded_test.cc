@@ -56,6 +56,266 @@ TEST_F(ShardedTest, ShardCopyThenGatherThenReady) {
   EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_pool_create_sharded"), std::string::npos);
 }
 
+
+// Gradients of a sharded pool, for every rank of 2 and 3 (this process plays
+// each in turn; the other ranks send the same gradients, so the sum is N
+// times this rank's): each rank gets the elements of its own weight shard,
+// summed, and moves only those to the host.
+TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
+  const uint32_t L = 6;
+  ModelDesc m(L);
+  int fake_comm = 0;
+  auto value = [](uint32_t layer, uint32_t k, uint64_t i, int micro) {
+    return static_cast<float>(static_cast<int>((layer * 131 + k * 17 + i * 7 + micro * 3) % 97) - 48) / 8.0f;
+  };
+  for (int n : {2, 3}) {
+    // covered[layer][tensor][element]: how many ranks hold it.
+    std::vector<std::vector<std::vector<int>>> covered(L);
+    uint64_t d2h_total = 0, wire_total = 0;
+    for (int r = 0; r < n; ++r) {
+      gpu->fake_ranks = n;
+      gpu->fake_rank = r;
+      lwo_pool* pool = nullptr;
+      ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), L,
+                                         reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr, &pool));
+      std::vector<std::vector<std::vector<uint8_t>>> w(L);
+      for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+          lwo_tensor_info ti{};
+          ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+          w[l].emplace_back(ti.bytes);
+          fill_random(w[l][k].data(), ti.bytes, 7000 + l * 10 + k);
+          ASSERT_LWO(lwo_pool_write(pool, l, ti.name, w[l][k].data(), ti.bytes));
+        }
+      lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+      lwo_grads* g = nullptr;
+      gc.flags = LWO_GRADS_NATIVE_WIRE;
+      EXPECT_EQ(lwo_grads_create(pool, nullptr, &gc, &g), LWO_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(lwo_last_error_message()).find("LWO_GRADS_NATIVE_WIRE"), std::string::npos);
+      gc.flags = 0;
+      ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+      StreamH c = gpu->new_stream();
+      uint64_t reduces = gpu->stats.reduces;
+      for (int micro = 0; micro < 2; ++micro)
+        for (uint32_t l = L; l-- > 0;) {
+          lwo_layer_view v{};
+          ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+          wire_total += v.record_bytes;
+          for (uint32_t k = 0; k < v.n_tensors; ++k) {
+            lwo_tensor_info ti{};
+            ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+            uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype);
+            gpu->write(c, v.tensors[k], ne * 4);
+            for (uint64_t i = 0; i < ne; ++i) static_cast<float*>(v.tensors[k])[i] = value(l, k, i, micro);
+          }
+          ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+        }
+      EXPECT_EQ(gpu->stats.reduces - reduces, 2u * L);
+      ASSERT_LWO(lwo_grads_wait(g));
+      for (uint32_t l = 0; l < L; ++l) {
+        covered[l].resize(m.layers[l].n_tensors);
+        for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+          lwo_tensor_info ti{};
+          ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+          uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype), es = lwo_dtype_size(ti.dtype);
+          covered[l][k].resize(ne);
+          void* wd = nullptr;
+          uint64_t wf = 0, wn = 0;
+          ASSERT_LWO(lwo_pool_shard_tensor(pool, l, ti.name, &wd, &wf, &wn));
+          float* gd = nullptr;
+          uint64_t gf = 9, gn = 9;
+          ASSERT_LWO(lwo_grads_shard(g, l, ti.name, &gd, &gf, &gn));
+          ASSERT_EQ(wn, gn) << "n " << n << " rank " << r << " layer " << l << " " << ti.name;
+          if (wn) {
+            ASSERT_EQ(wf, gf);
+            ASSERT_LE(wf + wn, ne);
+            EXPECT_EQ(std::memcmp(wd, w[l][k].data() + wf * es, wn * es), 0);
+          }
+          for (uint64_t i = 0; i < gn; ++i) {
+            ++covered[l][k][gf + i];
+            float want = static_cast<float>(n) * (value(l, k, gf + i, 0) + value(l, k, gf + i, 1));
+            ASSERT_EQ(gd[i], want) << "n " << n << " rank " << r << " layer " << l << " " << ti.name
+                                   << " element " << gf + i;
+          }
+          float* h = nullptr;
+          EXPECT_EQ(lwo_grads_host(g, l, ti.name, &h, nullptr), LWO_ERR_UNSUPPORTED);
+          EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_grads_shard"), std::string::npos);
+        }
+      }
+      lwo_grads_stats st{};
+      st.size = sizeof st;
+      ASSERT_LWO(lwo_grads_get_stats(g, &st));
+      d2h_total += st.bytes;
+      EXPECT_LT(st.bytes, wire_total);  // not the whole record
+      ASSERT_LWO(lwo_grads_destroy(g));
+      ASSERT_LWO(lwo_pool_destroy(pool));
+    }
+    // Over the ranks, every element exactly once, and the bytes moved to the
+    // host add up to the gradients once (2 micro-batches).
+    for (uint32_t l = 0; l < L; ++l)
+      for (size_t k = 0; k < covered[l].size(); ++k)
+        for (size_t i = 0; i < covered[l][k].size(); ++i)
+          ASSERT_EQ(covered[l][k][i], 1) << "n " << n << " layer " << l << " tensor " << k << " element " << i;
+    EXPECT_EQ(d2h_total * static_cast<uint64_t>(n), wire_total);
+  }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
+// A slot released without being acquired: its next copy must still wait for
+// the all-gather that filled it, which ran on the communication stream.
+TEST_F(ShardedTest, ReusedSlotWaitsForItsGather) {
+  ModelDesc m(3);
+  int fake_comm = 0;
+  gpu->fake_ranks = 2;
+  gpu->fake_rank = 1;
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 3,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr, &pool));
+  lwo_ring* ring = make_ring(pool, 1);
+  StreamH c = gpu->new_stream();
+  for (uint32_t l = 0; l < 3; ++l) {
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// The debug check of collectives: a rank that is about to do something else
+// fails the call with a status that names both ranks' steps; the ring and
+// the gradients stay usable; without the check no exchange happens.
+TEST_F(ShardedTest, CollectiveCheckFindsRanksThatDiffer) {
+  ModelDesc m(4);
+  int fake_comm = 0;
+  gpu->fake_ranks = 2;
+  gpu->fake_rank = 0;
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 4,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr, &pool));
+  for (uint32_t l = 0; l < 4; ++l) {
+    void* shard = nullptr;
+    uint64_t off = 0, bytes = 0;
+    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+    fill_random(shard, bytes, 300 + l);
+  }
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads* g = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
+  StreamH c = gpu->new_stream();
+  // Off: a stage is one all-gather (the record), no exchange.
+  uint64_t gathers = gpu->stats.gathers;
+  lwo_ticket t{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
+
+  engine_set_check_collectives(engine, true);
+  // The peer stages layer 3 where this rank stages layer 1.
+  auto peer_layer = [&](uint32_t layer) {
+    gpu->peer_send = [layer](int, uint8_t* part, size_t bytes) {
+      if (bytes == 32) std::memcpy(part + 24, &layer, 4);
+    };
+  };
+  peer_layer(3);
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_COLLECTIVE_MISMATCH);
+  std::string msg = lwo_last_error_message();
+  EXPECT_NE(msg.find("lwo_ring_stage"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0: step 0: lwo_ring_stage of layer 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1: step 0: lwo_ring_stage of layer 3"), std::string::npos) << msg;
+  // The peer hits layer 0 where this rank... also hits it: agreed.
+  gpu->peer_send = nullptr;
+  gathers = gpu->stats.gathers;
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));  // a hit: only the exchange
+  EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
+  lwo_layer_view v{};
+  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  // The peer copies where this rank hits.
+  gpu->peer_send = [](int, uint8_t* part, size_t bytes) {
+    if (bytes == 32) part[28] = 0;
+  };
+  EXPECT_EQ(lwo_ring_stage(ring, 0, &t), LWO_ERR_COLLECTIVE_MISMATCH);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("a hit"), std::string::npos);
+  // A local error of this rank: its own status, after telling the peer.
+  gpu->peer_send = nullptr;
+  gathers = gpu->stats.gathers;
+  EXPECT_EQ(lwo_ring_stage(ring, 9, &t), LWO_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
+  // Still usable: a copy, agreed, lands the record.
+  ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
+  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  void* shard = nullptr;
+  uint64_t off = 0, bytes = 0;
+  ASSERT_LWO(lwo_pool_shard_host(pool, 2, &shard, &off, &bytes));
+  EXPECT_EQ(std::memcmp(v.base, shard, bytes), 0);
+  gpu->read(c, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  // Gradients: the peer ends another layer.
+  ASSERT_LWO(lwo_grads_begin(g, 1, stream(c), &v));
+  gpu->write(c, v.base, v.record_bytes);
+  peer_layer(2);
+  EXPECT_EQ(lwo_grads_end(g, 1, stream(c)), LWO_ERR_COLLECTIVE_MISMATCH);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_grads_end of layer 2"), std::string::npos);
+  gpu->peer_send = nullptr;
+  ASSERT_LWO(lwo_grads_end(g, 1, stream(c)));  // the layer is still begun; now agreed
+  ASSERT_LWO(lwo_grads_wait(g));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// Rank-local and sharded pools on one engine: each ring copies its own way.
+TEST_F(ShardedTest, RankLocalAndShardedPoolsCoexist) {
+  ModelDesc m(3);
+  int fake_comm = 0;
+  gpu->fake_ranks = 2;
+  gpu->fake_rank = 1;
+  lwo_pool* sharded = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 3,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr, &sharded));
+  lwo_pool* local = make_pool(3, 5);
+  for (uint32_t l = 0; l < 3; ++l) {
+    void* shard = nullptr;
+    uint64_t off = 0, bytes = 0;
+    ASSERT_LWO(lwo_pool_shard_host(sharded, l, &shard, &off, &bytes));
+    fill_random(shard, bytes, 500 + l);
+  }
+  lwo_ring* rs = make_ring(sharded, 2);
+  lwo_ring* rl = make_ring(local, 2);
+  StreamH c = gpu->new_stream();
+  for (int pass = 0; pass < 3; ++pass)
+    for (uint32_t l = 0; l < 3; ++l) {
+      lwo_ticket ts{}, tl{};
+      lwo_layer_view vs{}, vl{};
+      uint64_t gathers = gpu->stats.gathers;
+      ASSERT_LWO(lwo_ring_stage(rl, l, &tl));
+      EXPECT_EQ(gpu->stats.gathers, gathers);  // the local pool gathers nothing
+      ASSERT_LWO(lwo_ring_stage(rs, l, &ts));
+      ASSERT_LWO(lwo_ring_acquire(rl, tl, stream(c), &vl));
+      ASSERT_LWO(lwo_ring_acquire(rs, ts, stream(c), &vs));
+      EXPECT_TRUE(holds_layer(local, vl));
+      void* shard = nullptr;
+      uint64_t off = 0, bytes = 0;
+      ASSERT_LWO(lwo_pool_shard_host(sharded, l, &shard, &off, &bytes));
+      EXPECT_EQ(off, bytes);  // rank 1
+      // Both ranks "sent" this shard: the record is it twice.
+      EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(vs.base) + off, shard, bytes), 0);
+      EXPECT_EQ(std::memcmp(vs.base, shard, bytes), 0);
+      gpu->read(c, vs.base, vs.record_bytes);
+      gpu->read(c, vl.base, vl.record_bytes);
+      ASSERT_LWO(lwo_ring_release(rs, ts, stream(c)));
+      ASSERT_LWO(lwo_ring_release(rl, tl, stream(c)));
+    }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  ASSERT_LWO(lwo_ring_destroy(rs));
+  ASSERT_LWO(lwo_ring_destroy(rl));
+  ASSERT_LWO(lwo_pool_destroy(sharded));
+  ASSERT_LWO(lwo_pool_destroy(local));
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo
