@@ -125,5 +125,210 @@ TEST(Sharded, RanksThatDisagreeAreRefused) {
   r1.join();
 }
 
+
+// Gradients on two GPUs: each rank writes its own random f32 gradients for
+// every layer, twice (two micro-batches); afterwards each rank's shard must
+// equal, bit for bit, (a0 + b0) + (a1 + b1) over the ranks' gradients a, b
+// (two ranks: NCCL's f32 sum is one rounding, as the host's), the ranks'
+// shards must cover every element exactly once, and only the shard moved.
+// Layers of one dtype take the reduce-scatter path, mixed ones the grouped
+// reduce path.
+struct GradModel {
+  std::vector<std::vector<lwo_tensor_desc>> td;
+  std::vector<lwo_layer_desc> ld;
+  std::vector<std::vector<uint64_t>> n;  // elements per tensor
+  explicit GradModel(uint32_t L) : td(L), ld(L), n(L) {
+    for (uint32_t l = 0; l < L; ++l) {
+      int64_t rows = 64 + 97 * l, cols = 320 + 13 * l;
+      lwo_tensor_desc w{};
+      w.name = "weight";
+      w.dtype = LWO_DTYPE_BF16;
+      w.n_dims = 2;
+      w.shape[0] = rows;
+      w.shape[1] = cols;
+      lwo_tensor_desc b{};
+      b.name = "bias";
+      b.dtype = l % 2 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;  // odd layers: mixed dtypes
+      b.n_dims = 1;
+      b.shape[0] = rows;
+      td[l] = {w, b};
+      ld[l] = lwo_layer_desc{td[l].data(), 2};
+      n[l] = {static_cast<uint64_t>(rows * cols), static_cast<uint64_t>(rows)};
+    }
+  }
+};
+
+float grad_value(int rank, uint32_t layer, int k, uint64_t i, int micro) {
+  uint64_t x = (uint64_t(rank) << 56) ^ (uint64_t(layer) << 40) ^ (uint64_t(k) << 36) ^
+               (uint64_t(micro) << 34) ^ i;
+  x = splitmix64(x);
+  return static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t(1) << 23)) / 4096.0f;
+}
+
+struct RankResult {
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges;  // [layer][tensor] (first, n)
+  uint64_t d2h_bytes = 0;
+};
+
+void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, RankResult* out) {
+  CUDA_OK(cudaSetDevice(rank));
+  const uint32_t L = static_cast<uint32_t>(m.ld.size());
+  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
+  ec.device = rank;
+  EngineOwner eng;
+  CHECK_LWO(lwo_engine_create(&ec, &eng.e));
+  lwo_nccl_comm_t comm = nullptr;
+  CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
+  auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_sharded(eng.e, m.ld.data(), L, comm, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  lwo_grads* g = nullptr;
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.depth = 3;
+  CHECK_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+  auto grads_guard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(g)); });
+  Stream st;
+  CUDA_OK(st.create(cudaStreamNonBlocking));
+  std::vector<std::vector<float>> host(2);
+  for (int micro = 0; micro < 2; ++micro)
+    for (uint32_t l = L; l-- > 0;) {
+      lwo_layer_view v{};
+      CHECK_LWO(lwo_grads_begin(g, l, st.s, &v));
+      for (int k = 0; k < 2; ++k) {
+        std::vector<float>& h = host[k];
+        CUDA_OK(cudaStreamSynchronize(st.s));  // the previous copy from h is done
+        h.resize(m.n[l][k]);
+        for (uint64_t i = 0; i < h.size(); ++i) h[i] = grad_value(rank, l, k, i, micro);
+        CUDA_OK(cudaMemcpyAsync(v.tensors[k], h.data(), h.size() * 4, cudaMemcpyHostToDevice, st.s));
+      }
+      CHECK_LWO(lwo_grads_end(g, l, st.s));
+    }
+  CHECK_LWO(lwo_grads_wait(g));
+  out->ranges.assign(L, {});
+  for (uint32_t l = 0; l < L; ++l)
+    for (int k = 0; k < 2; ++k) {
+      const char* name = m.td[l][k].name;
+      float* data = nullptr;
+      uint64_t first = 0, n = 0;
+      CHECK_LWO(lwo_grads_shard(g, l, name, &data, &first, &n));
+      void* wd = nullptr;
+      uint64_t wf = 0, wn = 0;
+      CHECK_LWO(lwo_pool_shard_tensor(pool, l, name, &wd, &wf, &wn));
+      EXPECT_EQ(wn, n) << "rank " << rank << " layer " << l << " " << name;
+      if (n) EXPECT_EQ(wf, first) << "rank " << rank << " layer " << l << " " << name;
+      out->ranges[l].push_back({first, n});
+      uint64_t bad = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t e = first + i;
+        float s0 = grad_value(0, l, k, e, 0) + grad_value(1, l, k, e, 0);
+        float s1 = grad_value(0, l, k, e, 1) + grad_value(1, l, k, e, 1);
+        float want = s0 + s1;
+        if (data[i] != want && ++bad <= 5)
+          ADD_FAILURE() << "rank " << rank << " layer " << l << " " << name << " element " << e
+                        << ": " << data[i] << ", want " << want;
+      }
+      EXPECT_EQ(bad, 0u) << "rank " << rank << " layer " << l << " " << name;
+    }
+  lwo_grads_stats gs{};
+  gs.size = sizeof gs;
+  CHECK_LWO(lwo_grads_get_stats(g, &gs));
+  out->d2h_bytes = gs.bytes;
+}
+
+TEST(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
+  LWO_REQUIRE_GPU();
+  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  lwo_nccl_unique_id id;
+  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+  GradModel m(5);
+  RankResult r0, r1;
+  std::thread t1(grads_rank, 1, std::cref(id), std::cref(m), &r1);
+  grads_rank(0, id, m, &r0);
+  t1.join();
+  if (::testing::Test::HasFailure()) return;
+  uint64_t wire = 0;
+  for (uint32_t l = 0; l < 5; ++l)
+    for (int k = 0; k < 2; ++k) {
+      wire += (m.n[l][k] * 4 + 255) / 256 * 256;
+      std::vector<int> cover(m.n[l][k], 0);
+      for (const RankResult* r : {&r0, &r1}) {
+        auto [first, n] = r->ranges[l][k];
+        for (uint64_t i = first; i < first + n; ++i) ++cover[i];
+      }
+      for (size_t i = 0; i < cover.size(); ++i)
+        ASSERT_EQ(cover[i], 1) << "layer " << l << " tensor " << k << " element " << i;
+    }
+  // Two micro-batches of the layers moved to the host, split between the ranks.
+  EXPECT_EQ(r0.d2h_bytes + r1.d2h_bytes, 2 * wire);
+  EXPECT_GT(r0.d2h_bytes, 0u);
+  EXPECT_GT(r1.d2h_bytes, 0u);
+}
+
+// With LWO_ENGINE_CHECK_COLLECTIVES, ranks that stage different layers get a
+// status on both GPUs instead of a hang, and then go on.
+void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
+  CUDA_OK(cudaSetDevice(rank));
+  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
+  ec.device = rank;
+  ec.flags = LWO_ENGINE_CHECK_COLLECTIVES;
+  EngineOwner eng;
+  CHECK_LWO(lwo_engine_create(&ec, &eng.e));
+  lwo_nccl_comm_t comm = nullptr;
+  CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
+  auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  const uint32_t L = static_cast<uint32_t>(m.rows.size());
+  std::vector<lwo_tensor_desc> td(L);
+  std::vector<lwo_layer_desc> ld(L);
+  for (uint32_t l = 0; l < L; ++l) {
+    td[l] = lwo_tensor_desc{};
+    td[l].name = "w";
+    td[l].dtype = LWO_DTYPE_BF16;
+    td[l].n_dims = 2;
+    td[l].shape[0] = m.rows[l];
+    td[l].shape[1] = 1000;
+    ld[l] = lwo_layer_desc{&td[l], 1};
+  }
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_sharded(eng.e, ld.data(), L, comm, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  for (uint32_t l = 0; l < L; ++l)
+    CHECK_LWO(lwo_pool_write(pool, l, "w", m.bytes[l].data(), m.bytes[l].size()));
+  RingOwner ring;
+  CHECK_LWO(lwo_ring_create(pool, nullptr, &ring.r));
+  Stream st;
+  CUDA_OK(st.create(cudaStreamNonBlocking));
+  lwo_ticket t{};
+  lwo_status_t s = lwo_ring_stage(ring.r, rank == 0 ? 0 : 1, &t);
+  EXPECT_EQ(std::string(lwo_status_string(s)), "LWO_ERR_COLLECTIVE_MISMATCH") << "rank " << rank;
+  std::string msg = lwo_last_error_message();
+  EXPECT_NE(msg.find("rank 0: step 0: lwo_ring_stage of layer 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1: step 0: lwo_ring_stage of layer 1"), std::string::npos) << msg;
+  Checks checks;
+  checks.init(4);
+  for (uint32_t l : {2u, 3u, 2u}) {
+    CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
+    lwo_layer_view v{};
+    CHECK_LWO(lwo_ring_acquire(ring.r, t, st.s, &v));
+    CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[l], st.s,
+                       "rank " + std::to_string(rank) + " layer " + std::to_string(l)));
+    CHECK_LWO(lwo_ring_release(ring.r, t, st.s));
+  }
+  checks.verify();
+}
+
+TEST(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
+  LWO_REQUIRE_GPU();
+  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  lwo_nccl_unique_id id;
+  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+  Model m = make_model(4, test_seed(64));
+  std::thread t1(check_rank, 1, std::cref(id), std::cref(m));
+  check_rank(0, id, m);
+  t1.join();
+}
+
 }  // namespace
 }  // namespace lwo_test
