@@ -278,5 +278,8 @@ bool run_wants_weights(int argc, char** argv);
 int cmd_run_weights(int argc, char** argv);
 // lwo info FILE (tools/info.cc): a checkpoint's tensors, layers and ring size.
 int cmd_info(int argc, char** argv);
+// lwo shard (tools/shard.cc): host weights sharded across the GPUs of this
+// machine, one NCCL rank (thread) per GPU; bandwidth against the rank count.
+int cmd_shard(int argc, char** argv);
 
 }  // namespace cli

@@ -1,7 +1,8 @@
 // The lwo program: measures how fast host weights stream through a ring of
 // device slots (probe), streams a synthetic model or a safetensors checkpoint,
 // checking every byte (run, run --weights), trains a chain of linear layers
-// through the ring (run --train), and describes a checkpoint (info).
+// through the ring (run --train), streams host weights sharded across the
+// GPUs of one machine (shard), and describes a checkpoint (info).
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -21,6 +22,9 @@ const char* const kUsage =
     "             the pinned-copy peak and check every byte that arrives; with\n"
     "             --weights, stream a safetensors checkpoint instead; with\n"
     "             --train, train a chain of linear layers through the ring\n"
+    "  shard      shard the host weights across N GPUs (one NCCL rank each) and\n"
+    "             measure the link peaks, the all-gather, forward streaming and a\n"
+    "             training step against the number of ranks\n"
     "  info       list a safetensors checkpoint's tensors, the layers they map to\n"
     "             and the device memory a ring over them needs (no GPU needed)\n"
     "  help       print this help (also --help, -h)\n"
@@ -78,6 +82,38 @@ const char* const kUsage =
     "  --layers, --rows, --cols, --depth, --seed and --timing as for lwo run;\n"
     "  --rows must equal --cols; --dtype is bf16, f16 or f32 (default bf16)\n"
     "\n"
+    "lwo shard [flags]\n"
+    "  Runs N ranks as threads of this process, rank r on GPU r, each with its\n"
+    "  own engine, NCCL communicator and a sharded pool holding 1/N of every\n"
+    "  layer (a chain of layers \"weight\" [rows x cols] bf16; rank r fills only\n"
+    "  its shard). Measures, in one run and per rank count: each GPU's pinned\n"
+    "  H2D peak of shard-sized copies, alone and with all GPUs at once; the\n"
+    "  in-place NCCL all-gather of one record; forward streaming through a ring\n"
+    "  (every slot checksummed against the records; bandwidth per GPU = layers\n"
+    "  x record bytes x passes / time, the slowest rank, and its ratio to the\n"
+    "  link peak); and a training step (forward, backward, weight gradients\n"
+    "  summed over the ranks into host shards, checked) against max(resident\n"
+    "  compute, H2D, D2H, collectives), each term measured in the same run.\n"
+    "  Sets NCCL_NVLS_ENABLE=0 unless it is set.\n"
+    "  --ranks N        ranks, 1..GPUs (default: every GPU)\n"
+    "  --ranks-list L   several rank counts in turn, e.g. 1,2 (each with its own\n"
+    "                   threads, engines and communicators)\n"
+    "  --layers N       layers of the model (default 32)\n"
+    "  --rows R         rows of each layer's tensor \"weight\" (default 8192)\n"
+    "  --cols C         columns of it (default 8192)\n"
+    "  --depth D        ring depth (default 2)\n"
+    "  --passes P       timed passes and training steps, after one warm-up each\n"
+    "                   (default 5)\n"
+    "  --tokens T       tokens per training step (default 8192)\n"
+    "  --grad-depth G   gradient staging slots, 1..64 (default 2)\n"
+    "  --no-train       skip the training step (it needs f32 gradient shards on\n"
+    "                   the host: twice the weights' host memory)\n"
+    "  --check-collectives  engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds\n"
+    "                   ranks whose collective calls differ)\n"
+    "  --seed S         seed of the records (the same bytes as lwo run --seed S)\n"
+    "  --json and --quiet as below (the JSON holds one result per rank count);\n"
+    "  --device does not apply: rank r runs on GPU r\n"
+    "\n"
     "lwo info FILE [flags]\n"
     "  Prints every tensor of a safetensors checkpoint (name, dtype, shape,\n"
     "  bytes, file, offset), the layers a pattern maps them to (tensors and\n"
@@ -119,6 +155,7 @@ int dispatch(int argc, char** argv) {
   if (!std::strcmp(cmd, "probe")) return cli::cmd_probe(argc, argv);
   if (!std::strcmp(cmd, "run")) return cli::cmd_run(argc, argv);
   if (!std::strcmp(cmd, "info")) return cli::cmd_info(argc, argv);
+  if (!std::strcmp(cmd, "shard")) return cli::cmd_shard(argc, argv);
   throw cli::UsageError(cli::strf("unknown command '%s'", cmd));
 }
 

@@ -1,0 +1,1240 @@
+// lwo shard: host weights sharded across N ranks of this process (N threads,
+// rank r on GPU r, each with its own engine and NCCL communicator). Every
+// rank holds 1/N of each layer's record in a sharded pool (lwo_pool_create_
+// sharded); its rings copy that shard up its own link and all-gather the
+// record from the other GPUs. Measured in one run, for each rank count:
+//
+//  1. per GPU, the raw pinned host-to-device peak of shard-sized copies,
+//     each GPU alone and all GPUs at once (the condition sharded streaming
+//     runs under); with training, the device-to-host peak of gradient
+//     shards, all GPUs at once;
+//  2. the in-place ncclAllGather of one record over the ranks' communicator
+//     (and, with training, the in-place ncclReduceScatter of one layer's f32
+//     gradient, as the library reduces it);
+//  3. forward streaming: every rank streams all layers pass after pass
+//     through a ring, a checksum kernel reading every slot; the first (warm-
+//     up) pass and the timed passes are checked against checksums computed
+//     on the host from the generator's formula. Effective bandwidth per GPU
+//     = layers x record bytes x passes / the rank's own time (CUDA events);
+//     the slowest rank is reported, and its ratio to the link peak;
+//  4. training (unless --no-train): per step, forward over every layer with
+//     lwo_linear_forward, backward in reverse with lwo_linear_backward (the
+//     weight gradient into lwo_grads_begin's view, then lwo_grads_end, which
+//     sums it over the ranks and sends this rank's shard to host; then dx),
+//     lwo_grads_wait. Timed against the bound max(resident compute, H2D
+//     bytes / H2D peak, D2H bytes / D2H peak, the collectives' time on the
+//     communication stream), every term measured in the same run; the host
+//     gradient shards of the first and last layer are checked against N x
+//     the resident dy^T x.
+//
+// The record of layer l is the same as `lwo run --seed S` makes: 8-byte word
+// i is mix64(mix64(S ^ mix64(l + 1)) + (i + 1) * kGolden). Each rank writes
+// only the words of its shard, and zero beyond the record.
+//
+// The JSON file holds {"tool", "command", "version", "config", "devices",
+// "results": [...]}, with one result per rank count, each on its own line
+// beginning {"ranks": (scripts/scale merges files by those lines). A result
+// has, among others: ranks, record_bytes, shard_bytes; peak_h2d_gbps_per_gpu
+// (the fastest rank's link alone: the conservative reference) and
+// peak_h2d_together_gbps_per_gpu (the slowest rank, all GPUs at once);
+// allgather_gbps (record bytes / time of one all-gather, the slowest rank;
+// null for one rank) and allgather_busbw_gbps; forward_gbps_per_gpu (the
+// slowest rank), forward_aggregate_gbps (the sum), forward_ratio_to_peak
+// (forward_gbps_per_gpu / peak_h2d_gbps_per_gpu); and with training
+// train_step_ms (median over steps of the slowest rank's step),
+// train_gbps_per_gpu (2 x layers x record bytes / step), train_bound_ms,
+// train_bound_term, train_ratio_to_bound, resident_ms; per_rank holds each
+// rank's figures. Figures not measured are null.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "kernels/checksum.h"
+#include "tools/cli.h"
+
+namespace cli {
+namespace {
+
+constexpr uint64_t kPeakBytes = uint64_t(2) << 30;  // bytes per round of a peak measurement
+constexpr int kGraceSeconds = 30;  // after a rank fails, how long the others may take to stop
+constexpr uint32_t kMaxMismatchLines = 8;
+constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;  // lwo_linear_* limit
+constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item
+
+struct Options {
+  std::vector<uint32_t> ranks;  // empty: every GPU
+  uint32_t layers = 32;
+  int64_t rows = 8192, cols = 8192, tokens = 8192;
+  uint32_t depth = 2, grad_depth = 2, passes = 5;
+  uint64_t seed = 1;
+  bool train = true, check_collectives = false;
+  std::string json;
+};
+
+// What every rank reads: the layer descriptions, the checksums of the whole
+// records, and for training the inputs and a resident copy of layer 0.
+struct Model {
+  Options o;
+  lwo_tensor_desc tensor{};
+  std::vector<lwo_layer_desc> layers;
+  uint64_t record_bytes = 0;
+  std::vector<uint64_t> expect;   // checksum of each layer's whole record
+  std::vector<uint16_t> x, dy;    // bf16 [tokens, cols] and [tokens, rows]
+  std::vector<uint8_t> resident;  // the record of layer 0
+  uint64_t shard_bytes(uint32_t n_ranks) const {
+    return align_up((record_bytes + n_ranks - 1) / n_ranks, LWO_RECORD_ALIGN);
+  }
+};
+
+// --- the records' bytes, from their formula -----------------------------------
+
+uint64_t layer_key(uint64_t seed, uint32_t layer) {
+  return mix64(seed ^ mix64(uint64_t(layer) + 1));
+}
+uint64_t record_word(uint64_t key, uint64_t word) { return mix64(key + (word + 1) * kGolden); }
+
+// Host memory for bytes [offset, offset + bytes) of the record of `layer`.
+struct Shard {
+  void* data;
+  uint64_t offset, bytes;
+  uint32_t layer;
+};
+
+// Writes each shard's words of its record, and zero beyond the record.
+// Offsets and sizes are multiples of 8.
+void fill_shards(const std::vector<Shard>& shards, uint64_t seed, uint64_t record_bytes,
+                 unsigned n_threads) {
+  struct Item {
+    size_t shard;
+    uint64_t begin;
+  };
+  std::vector<Item> items;
+  for (size_t s = 0; s < shards.size(); ++s)
+    for (uint64_t b = 0; b < shards[s].bytes; b += kChunk) items.push_back({s, b});
+  parallel_for(
+      items.size(),
+      [&](size_t i) {
+        const Shard& s = shards[items[i].shard];
+        const uint64_t key = layer_key(seed, s.layer);
+        auto* p = static_cast<uint8_t*>(s.data);
+        const uint64_t end = std::min(s.bytes, items[i].begin + kChunk);
+        for (uint64_t at = items[i].begin; at < end; at += 8) {
+          const uint64_t in_record = s.offset + at;
+          const uint64_t w = in_record < record_bytes ? record_word(key, in_record / 8) : 0;
+          std::memcpy(p + at, &w, 8);
+        }
+      },
+      n_threads);
+}
+
+// lwo::kernels::checksum of each layer's whole record, from the formula.
+std::vector<uint64_t> record_checksums(uint64_t seed, uint32_t n_layers, uint64_t record_bytes) {
+  const uint64_t n_words = record_bytes / 8, per_item = kChunk / 8;
+  const uint64_t items_per_layer = (n_words + per_item - 1) / per_item;
+  std::vector<uint64_t> part(n_layers * items_per_layer);
+  parallel_for(part.size(), [&](size_t i) {
+    const uint32_t l = static_cast<uint32_t>(i / items_per_layer);
+    const uint64_t key = layer_key(seed, l);
+    const uint64_t b = i % items_per_layer * per_item, e = std::min(n_words, b + per_item);
+    uint64_t acc = 0;
+    for (uint64_t w = b; w < e; ++w) acc += record_word(key, w) * (2 * w + 1);
+    part[i] = acc;
+  });
+  std::vector<uint64_t> out(n_layers, 0);
+  for (size_t i = 0; i < part.size(); ++i) out[i / items_per_layer] += part[i];
+  return out;
+}
+
+// Finite bf16 values of magnitude in [2^-7, 2), either sign.
+void fill_bf16(std::vector<uint16_t>& v, uint64_t key) {
+  const uint64_t per_item = kChunk / 2;
+  parallel_for((v.size() + per_item - 1) / per_item, [&](size_t item) {
+    const uint64_t b = item * per_item, e = std::min<uint64_t>(v.size(), b + per_item);
+    for (uint64_t i = b; i < e; ++i) {
+      const uint64_t w = mix64(key + (i + 1) * kGolden);
+      v[i] = static_cast<uint16_t>(((w >> 63) << 15) | ((120 + ((w >> 8) & 7)) << 7) | (w & 0x7f));
+    }
+  });
+}
+
+// --- errors that name the rank -------------------------------------------------
+
+struct Aborted {};  // another rank failed; its message says why
+
+// Coordinates the rank threads of one rank count: a barrier that another
+// rank's failure breaks, and the main thread's wait for the ranks.
+class Coord {
+ public:
+  explicit Coord(uint32_t n) : n_(n), done_(n, false) {}
+  uint32_t n_ranks() const { return n_; }
+  lwo_nccl_unique_id id{};
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failed_) throw Aborted{};
+    const uint64_t generation = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation || failed_; });
+    if (generation_ == generation) throw Aborted{};
+  }
+  void fail_now() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_) failed_at_ = std::chrono::steady_clock::now();
+    failed_ = true;
+    cv_.notify_all();
+  }
+  void finish(uint32_t rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_[rank] = true;
+    ++finished_;
+    cv_.notify_all();
+  }
+  // Waits until every rank has finished; returns false if one failed. Ranks
+  // that are still running kGraceSeconds after a failure wait in a collective
+  // for the failed rank and never will return: then it says which, removes
+  // `json_path` and exits the process.
+  bool wait_all(const std::string& json_path) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (finished_ < n_) {
+      if (!failed_) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (cv_.wait_until(lock, failed_at_ + std::chrono::seconds(kGraceSeconds)) ==
+              std::cv_status::timeout &&
+          finished_ < n_) {
+        std::string which;
+        for (uint32_t r = 0; r < n_; ++r)
+          if (!done_[r]) which += strf("%s%u", which.empty() ? "" : ", ", r);
+        std::fprintf(stderr,
+                     "lwo: rank %s still running %d s after the failure above (waiting in a "
+                     "collective for the failed rank, most likely); exiting without cleanup\n",
+                     which.c_str(), kGraceSeconds);
+        if (!json_path.empty()) std::remove(json_path.c_str());
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(kExitFailure);
+      }
+    }
+    return !failed_;
+  }
+
+ private:
+  const uint32_t n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t arrived_ = 0, finished_ = 0;
+  uint64_t generation_ = 0;
+  bool failed_ = false;
+  std::chrono::steady_clock::time_point failed_at_;
+  std::vector<bool> done_;
+};
+
+thread_local int t_rank = -1;
+thread_local Coord* t_coord = nullptr;
+
+// Tells the other ranks (their next barrier throws Aborted), prints
+// "lwo: rank R: <message>" and throws Failure.
+[[noreturn]] void rank_fail(const std::string& message) {
+  if (t_coord) t_coord->fail_now();
+  fail(t_rank >= 0 ? strf("rank %d: %s", t_rank, message.c_str()) : message);
+}
+
+void rcheck(lwo_status_t s, const char* call) {
+  if (s == LWO_OK) return;
+  rank_fail(strf("%s failed: %s: %s", call, lwo_status_string(s), lwo_last_error_message()));
+}
+void rcheck(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  rank_fail(strf("%s failed: %s: %s", call, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+void rcheck(ncclResult_t r, const char* call) {
+  if (r == ncclSuccess) return;
+  rank_fail(strf("%s failed: %s", call, ncclGetErrorString(r)));
+}
+#define RCHECK(call) rcheck((call), #call)
+
+// A progress line, whole, from any thread.
+std::mutex g_say_mu;
+void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void say(const char* fmt, ...) {
+  if (g_quiet) return;
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::lock_guard<std::mutex> lock(g_say_mu);
+  std::fprintf(stderr, "%s\n", buf);
+}
+
+inline constexpr char kCommFree[] = "lwo_nccl_comm_destroy";
+using Comm = Owner<lwo_nccl_comm_t, lwo_nccl_comm_destroy, kCommFree>;
+
+Stream new_stream() {
+  cudaStream_t s = nullptr;
+  RCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return Stream(s);
+}
+Event new_event() {
+  cudaEvent_t e = nullptr;
+  RCHECK(cudaEventCreate(&e));
+  return Event(e);
+}
+DeviceMem alloc(uint64_t bytes, const char* what) {
+  void* p = nullptr;
+  rcheck(cudaMalloc(&p, bytes), strf("cudaMalloc(%s, %s)", fmt_bytes(bytes).c_str(), what).c_str());
+  return DeviceMem(p);
+}
+double ms_between(const Event& a, const Event& b) {
+  float ms = 0.f;
+  RCHECK(cudaEventElapsedTime(&ms, a.get(), b.get()));
+  return ms;
+}
+double gbps(double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0; }
+
+// --- one rank --------------------------------------------------------------------
+
+struct RankResult {
+  std::string device;  // "NVIDIA H200"
+  int pci_bus = 0;
+  uint64_t shard_offset = 0;
+  double pool_s = 0, fill_s = 0;
+  double h2d_alone = 0, h2d_together = 0, d2h_together = 0;  // GB/s
+  double allgather_ms = 0, reduce_scatter_ms = 0;            // one operation
+  std::vector<double> pass_ms;
+  double forward_ms = 0;  // every timed pass, end to end
+  lwo_ring_stats fwd_stats{};
+  std::vector<double> resident_ms, step_ms;
+  double resident_median = 0;
+  uint64_t step_h2d_bytes = 0, step_d2h_bytes = 0, step_stages = 0, step_hits = 0;
+  uint64_t grad_first[2] = {}, grad_n[2] = {};
+};
+
+// GB/s of the best of kPeakRepeats rounds of back-to-back copies of `bytes`
+// on one stream, at least kPeakBytes a round, after one untimed copy:
+// host to device from each of `host` in turn into one device buffer, or
+// device to host from one device buffer into each of `host` in turn.
+double copy_peak(const std::vector<void*>& host, uint64_t bytes, cudaMemcpyKind kind) {
+  DeviceMem dev = alloc(bytes, "peak measurement");
+  Stream stream = new_stream();
+  Event a = new_event(), b = new_event();
+  RCHECK(cudaMemsetAsync(dev.get(), 0, bytes, stream.get()));
+  const uint64_t n = std::max<uint64_t>(1, (kPeakBytes + bytes - 1) / bytes);
+  auto copy = [&](uint64_t i) {
+    void* h = host[i % host.size()];
+    if (kind == cudaMemcpyHostToDevice)
+      RCHECK(cudaMemcpyAsync(dev.get(), h, bytes, kind, stream.get()));
+    else
+      RCHECK(cudaMemcpyAsync(h, dev.get(), bytes, kind, stream.get()));
+  };
+  copy(0);  // warm-up
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < kPeakRepeats; ++rep) {
+    RCHECK(cudaEventRecord(a.get(), stream.get()));
+    for (uint64_t i = 0; i < n; ++i) copy(i);
+    RCHECK(cudaEventRecord(b.get(), stream.get()));
+    RCHECK(cudaEventSynchronize(b.get()));
+    best = std::min(best, ms_between(a, b));
+  }
+  return gbps(static_cast<double>(n) * static_cast<double>(bytes), best);
+}
+
+// Compares the per-layer sums on the device with `times` x the expected
+// checksums; a mismatch stops the rank.
+void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+            const char* what) {
+  std::vector<unsigned long long> got(expect.size());
+  // The streams in flight are non-blocking: this copy waits for none of them.
+  // The caller has waited for the sums.
+  RCHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t l = 0; l < got.size(); ++l) {
+    const unsigned long long want = times * expect[l];
+    if (got[l] == want) continue;
+    if (++bad <= kMaxMismatchLines)
+      std::fprintf(stderr, "lwo: rank %d: layer %zu, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                   t_rank, l, what, got[l], want);
+  }
+  if (bad)
+    rank_fail(
+        strf("checksum mismatch in %zu of %zu layers (%s): the slots hold bytes that differ "
+             "from the records the shards make up",
+             bad, got.size(), what));
+}
+
+// The in-place all-gather of one record and, for training, the in-place
+// reduce-scatter of one layer's f32 gradient: milliseconds per operation,
+// the mean of `reps` back-to-back after one warm-up.
+void measure_collectives(const Model& m, uint32_t rank, uint32_t n, lwo_nccl_comm_t comm,
+                         RankResult& out) {
+  const uint64_t S = m.shard_bytes(n);
+  const int reps = static_cast<int>(m.o.passes);
+  Stream stream = new_stream();
+  Event a = new_event(), b = new_event();
+  auto timed = [&](const auto& op) {
+    op();
+    RCHECK(cudaEventRecord(a.get(), stream.get()));
+    for (int i = 0; i < reps; ++i) op();
+    RCHECK(cudaEventRecord(b.get(), stream.get()));
+    RCHECK(cudaEventSynchronize(b.get()));
+    return ms_between(a, b) / reps;
+  };
+  {
+    DeviceMem buf = alloc(S * n, "all-gather measurement");
+    auto* base = static_cast<uint8_t*>(buf.get());
+    RCHECK(cudaMemsetAsync(base, 0, S * n, stream.get()));
+    out.allgather_ms = timed(
+        [&] { RCHECK(ncclAllGather(base + S * rank, base, S, ncclUint8, comm, stream.get())); });
+  }
+  if (m.o.train) {
+    const uint64_t count = S / 2;  // f32 gradients of a shard of bf16 weights
+    DeviceMem buf = alloc(count * 4 * n, "reduce-scatter measurement");
+    auto* base = static_cast<float*>(buf.get());
+    RCHECK(cudaMemsetAsync(base, 0, count * 4 * n, stream.get()));
+    out.reduce_scatter_ms = timed([&] {
+      RCHECK(ncclReduceScatter(base, base + count * rank, count, ncclFloat32, ncclSum, comm,
+                               stream.get()));
+    });
+  }
+}
+
+// Forward streaming: a warm-up pass, checked, then the timed passes.
+void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, RankResult& out) {
+  const uint32_t L = m.o.layers, P = m.o.passes;
+  Stream consumer = new_stream();
+  DeviceMem sums_mem = alloc(2 * uint64_t(L) * sizeof(unsigned long long), "checksums");
+  auto* sums = static_cast<unsigned long long*>(sums_mem.get());
+  RCHECK(cudaMemsetAsync(sums, 0, 2 * size_t(L) * sizeof(*sums), consumer.get()));
+  lwo_ring_config config = LWO_RING_CONFIG_INIT;
+  config.depth = m.o.depth;
+  Ring ring;
+  RCHECK(lwo_ring_create(pool, &config, ring.out()));
+  std::vector<uint32_t> order(L);
+  for (uint32_t l = 0; l < L; ++l) order[l] = l;
+  Schedule schedule;
+  RCHECK(lwo_schedule_create(ring.get(), order.data(), L, schedule.out()));
+
+  // One pass: the checksum kernel reads each slot and adds into row[layer].
+  auto pass = [&](unsigned long long* row) {
+    lwo_layer_view view{};
+    for (;;) {
+      lwo_status_t s = lwo_schedule_next(schedule.get(), consumer.get(), &view);
+      if (s == LWO_END) break;
+      rcheck(s, "lwo_schedule_next");
+      if (view.record_bytes != m.record_bytes)
+        rank_fail(strf("layer %u arrived with %llu bytes, expected a record of %llu", view.layer,
+                       static_cast<unsigned long long>(view.record_bytes),
+                       static_cast<unsigned long long>(m.record_bytes)));
+      rcheck(lwo::kernels::checksum_async(view.base, view.record_bytes, row + view.layer,
+                                          consumer.get()),
+             "lwo::kernels::checksum_async");
+    }
+    RCHECK(lwo_schedule_reset(schedule.get(), consumer.get()));
+  };
+
+  pass(sums);
+  RCHECK(cudaStreamSynchronize(consumer.get()));
+  verify(sums, m.expect, 1, "warm-up pass");
+  if (rank == 0) say("forward: warm-up pass checked on rank 0");
+
+  // Row 1 of the sums holds every timed pass. The host enqueues pass p while
+  // the GPU runs pass p-1, then waits for pass p-1.
+  c.barrier();
+  Event start = new_event();
+  std::vector<Event> ends;
+  for (uint32_t p = 0; p < P; ++p) ends.push_back(new_event());
+  out.pass_ms.assign(P, 0);
+  RCHECK(cudaEventRecord(start.get(), consumer.get()));
+  auto finish = [&](uint32_t p) {
+    RCHECK(cudaEventSynchronize(ends[p].get()));
+    out.pass_ms[p] = ms_between(p == 0 ? start : ends[p - 1], ends[p]);
+  };
+  for (uint32_t p = 0; p < P; ++p) {
+    pass(sums + L);
+    RCHECK(cudaEventRecord(ends[p].get(), consumer.get()));
+    if (p >= 1) finish(p - 1);
+  }
+  finish(P - 1);
+  out.forward_ms = ms_between(start, ends.back());
+  RCHECK(cudaStreamSynchronize(consumer.get()));
+  verify(sums + L, m.expect, P, "timed passes, summed");
+  out.fwd_stats.size = sizeof out.fwd_stats;
+  RCHECK(lwo_ring_get_stats(ring.get(), &out.fwd_stats));
+  say("rank %u: forward %u passes in %.3f ms: %.2f GB/s effective, checksums match", rank, P,
+      out.forward_ms, gbps(static_cast<double>(m.record_bytes) * L * P, out.forward_ms));
+}
+
+struct LinearCalls {
+  lwo_engine* engine;
+  lwo_linear_desc desc;
+  int64_t tokens;
+  cudaStream_t stream;
+  const void *x, *dy;
+  void *y, *dx;
+
+  void forward(uint32_t l, const void* w) const {
+    lwo_status_t s = lwo_linear_forward(engine, &desc, tokens, x, w, nullptr, y, stream);
+    if (s != LWO_OK) rcheck(s, strf("lwo_linear_forward (layer %u)", l).c_str());
+  }
+  void weight_grad(uint32_t l, const void* w, void* dw) const {
+    lwo_status_t s = lwo_linear_backward(engine, &desc, tokens, x, dy, w, nullptr, dw, nullptr,
+                                         LWO_DTYPE_F32, stream);
+    if (s != LWO_OK) rcheck(s, strf("lwo_linear_backward (layer %u, dweight)", l).c_str());
+  }
+  void input_grad(uint32_t l, const void* w) const {
+    lwo_status_t s = lwo_linear_backward(engine, &desc, tokens, x, dy, w, dx, nullptr, nullptr,
+                                         LWO_DTYPE_F32, stream);
+    if (s != LWO_OK) rcheck(s, strf("lwo_linear_backward (layer %u, dx)", l).c_str());
+  }
+};
+
+// After the first timed step: this rank's host shard of the weight gradient
+// of the first and the last layer must hold exactly the elements of its
+// weight shard (as lwo_pool_shard_tensor gives them), each N x the resident
+// gradient dy^T x (every rank, every layer has the same x and dy). N = 1
+// must match bit for bit, more ranks within a few roundings of the sum.
+void check_gradients(const Model& m, uint32_t rank, uint32_t n, lwo_pool* pool, lwo_grads* grads,
+                     const float* g_res, RankResult& out) {
+  const uint32_t L = m.o.layers;
+  const uint64_t n_el = static_cast<uint64_t>(m.o.rows) * static_cast<uint64_t>(m.o.cols);
+  const uint64_t S = m.shard_bytes(n);
+  const uint64_t want_first = std::min(n_el, rank * S / 2);
+  const uint64_t want_n = std::min(n_el, (rank + 1) * S / 2) - want_first;
+  const uint32_t checked[2] = {0, L - 1};
+  for (uint32_t k = 0; k < (L > 1 ? 2u : 1u); ++k) {
+    const uint32_t l = checked[k];
+    float* data = nullptr;
+    uint64_t first = 0, count = 0;
+    rcheck(lwo_grads_shard(grads, l, "weight", &data, &first, &count),
+           strf("lwo_grads_shard (layer %u)", l).c_str());
+    out.grad_first[k] = first;
+    out.grad_n[k] = count;
+    void* w = nullptr;
+    uint64_t w_first = 0, w_count = 0;
+    rcheck(lwo_pool_shard_tensor(pool, l, "weight", &w, &w_first, &w_count),
+           strf("lwo_pool_shard_tensor (layer %u)", l).c_str());
+    if (w_count != count || (count > 0 && w_first != first))
+      rank_fail(
+          strf("layer %u: lwo_grads_shard gives elements [%llu, +%llu), "
+               "lwo_pool_shard_tensor [%llu, +%llu); they must be the same",
+               l, static_cast<unsigned long long>(first), static_cast<unsigned long long>(count),
+               static_cast<unsigned long long>(w_first), static_cast<unsigned long long>(w_count)));
+    if (count != want_n || (count > 0 && first != want_first))
+      rank_fail(strf(
+          "lwo_grads_shard (layer %u) gives elements [%llu, +%llu), expected [%llu, "
+          "+%llu): the elements of this rank's shard of the record",
+          l, static_cast<unsigned long long>(first), static_cast<unsigned long long>(count),
+          static_cast<unsigned long long>(want_first), static_cast<unsigned long long>(want_n)));
+    if (count == 0) continue;
+    std::vector<float> ref(count);
+    RCHECK(cudaMemcpy(ref.data(), g_res + first, count * 4, cudaMemcpyDeviceToHost));
+    uint64_t bad = 0, first_bad = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      const double want = static_cast<double>(n) * ref[i], got = data[i];
+      const bool ok = n == 1
+                          ? std::memcmp(&data[i], &ref[i], 4) == 0
+                          : std::fabs(got - want) <= 4.0 * n * FLT_EPSILON * (std::fabs(want) + 1);
+      if (!ok && bad++ == 0) first_bad = i;
+    }
+    if (bad) {
+      const uint64_t e = first + first_bad;
+      rank_fail(
+          strf("layer %u: the host gradient of weight element %llu (row %llu, col %llu) is "
+               "%.9g, expected %u x %.9g = %.9g; %llu of this rank's %llu elements differ",
+               l, static_cast<unsigned long long>(e),
+               static_cast<unsigned long long>(e / static_cast<uint64_t>(m.o.cols)),
+               static_cast<unsigned long long>(e % static_cast<uint64_t>(m.o.cols)),
+               data[first_bad], n, ref[first_bad], static_cast<double>(n) * ref[first_bad],
+               static_cast<unsigned long long>(bad), static_cast<unsigned long long>(count)));
+    }
+  }
+}
+
+// Training steps: the resident reference first, then the streamed steps.
+void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool* pool,
+           RankResult& out) {
+  const uint32_t L = m.o.layers, P = m.o.passes, n = c.n_ranks();
+  const uint64_t T = static_cast<uint64_t>(m.o.tokens);
+  const uint64_t x_bytes = T * static_cast<uint64_t>(m.o.cols) * 2;
+  const uint64_t y_bytes = T * static_cast<uint64_t>(m.o.rows) * 2;
+  const uint64_t g_bytes = static_cast<uint64_t>(m.o.rows) * static_cast<uint64_t>(m.o.cols) * 4;
+  DeviceMem x = alloc(x_bytes, "x"), y = alloc(y_bytes, "y"), dy = alloc(y_bytes, "dy"),
+            dx = alloc(x_bytes, "dx"), w_res = alloc(m.record_bytes, "resident weights"),
+            g_res = alloc(g_bytes, "resident weight gradient");
+  RCHECK(cudaMemcpy(x.get(), m.x.data(), x_bytes, cudaMemcpyHostToDevice));
+  RCHECK(cudaMemcpy(dy.get(), m.dy.data(), y_bytes, cudaMemcpyHostToDevice));
+  RCHECK(cudaMemcpy(w_res.get(), m.resident.data(), m.record_bytes, cudaMemcpyHostToDevice));
+  Stream compute = new_stream();
+  LinearCalls calls{
+      engine,  LWO_LINEAR_DESC_INIT, m.o.tokens, compute.get(), x.get(), dy.get(), y.get(),
+      dx.get()};
+  calls.desc.dtype = LWO_DTYPE_BF16;
+  calls.desc.in_features = m.o.cols;
+  calls.desc.out_features = m.o.rows;
+
+  // The resident step: the same calls with one layer's weights resident,
+  // every GPU at once. One warm-up (algorithm choice, workspace).
+  Event a = new_event(), b = new_event();
+  for (uint32_t s = 0; s <= P; ++s) {
+    c.barrier();
+    RCHECK(cudaEventRecord(a.get(), compute.get()));
+    for (uint32_t l = 0; l < L; ++l) calls.forward(l, w_res.get());
+    for (uint32_t l = L; l-- > 0;) {
+      calls.weight_grad(l, w_res.get(), g_res.get());
+      calls.input_grad(l, w_res.get());
+    }
+    RCHECK(cudaEventRecord(b.get(), compute.get()));
+    RCHECK(cudaEventSynchronize(b.get()));
+    RCHECK(lwo_engine_check(engine));
+    if (s > 0) out.resident_ms.push_back(ms_between(a, b));
+  }
+  out.resident_median = median(out.resident_ms);
+  say("rank %u: resident step %.3f ms (median of %u)", rank, out.resident_median, P);
+
+  // The streamed steps: one schedule, forward 0..L-1 then backward L-1..0.
+  lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
+  ring_config.depth = m.o.depth;
+  Ring ring;
+  RCHECK(lwo_ring_create(pool, &ring_config, ring.out()));
+  std::vector<uint32_t> order(2 * size_t(L));
+  for (uint32_t l = 0; l < L; ++l) order[l] = order[2 * size_t(L) - 1 - l] = l;
+  Schedule schedule;
+  RCHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+  lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
+  grads_config.depth = m.o.grad_depth;
+  Grads grads;
+  const double t = now_seconds();
+  RCHECK(lwo_grads_create(pool, nullptr, &grads_config, grads.out()));
+  say("rank %u: gradient buffers in %.2f s", rank, seconds_since(t));
+
+  for (uint32_t s = 0; s <= P; ++s) {
+    RCHECK(lwo_grads_zero(grads.get()));
+    lwo_ring_stats r0{}, r1{};
+    lwo_grads_stats g0{}, g1{};
+    r0.size = r1.size = sizeof r0;
+    g0.size = g1.size = sizeof g0;
+    RCHECK(lwo_ring_get_stats(ring.get(), &r0));
+    RCHECK(lwo_grads_get_stats(grads.get(), &g0));
+    c.barrier();
+    const double t0 = now_seconds();
+    RCHECK(lwo_schedule_reset(schedule.get(), compute.get()));
+    lwo_layer_view view{};
+    for (uint32_t i = 0; i < 2 * L; ++i) {
+      lwo_status_t st = lwo_schedule_next(schedule.get(), compute.get(), &view);
+      if (st == LWO_END) rank_fail(strf("the schedule ended after %u of its %u layers", i, 2 * L));
+      rcheck(st, "lwo_schedule_next");
+      const uint32_t l = i < L ? i : 2 * L - 1 - i;
+      if (view.layer != l)
+        rank_fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u",
+                       view.layer, i, l));
+      const void* w = view.tensors[0];
+      if (i < L) {
+        calls.forward(l, w);
+        continue;
+      }
+      // The weight gradient first and sent at once, so that its reduction
+      // and copy to host run while dx is computed.
+      lwo_layer_view g{};
+      rcheck(lwo_grads_begin(grads.get(), l, compute.get(), &g),
+             strf("lwo_grads_begin (layer %u)", l).c_str());
+      calls.weight_grad(l, w, g.tensors[0]);
+      rcheck(lwo_grads_end(grads.get(), l, compute.get()),
+             strf("lwo_grads_end (layer %u)", l).c_str());
+      calls.input_grad(l, w);
+    }
+    lwo_status_t st = lwo_schedule_next(schedule.get(), compute.get(), &view);
+    if (st != LWO_END) {
+      rcheck(st, "lwo_schedule_next");
+      rank_fail(strf("the schedule did not end after its %u layers", 2 * L));
+    }
+    RCHECK(lwo_grads_wait(grads.get()));
+    RCHECK(cudaStreamSynchronize(compute.get()));
+    const double ms = seconds_since(t0) * 1e3;
+    RCHECK(lwo_engine_check(engine));
+    RCHECK(lwo_ring_get_stats(ring.get(), &r1));
+    RCHECK(lwo_grads_get_stats(grads.get(), &g1));
+    out.step_h2d_bytes = r1.bytes_copied - r0.bytes_copied;
+    out.step_stages = r1.n_stages - r0.n_stages;
+    out.step_hits = r1.n_hits - r0.n_hits;
+    out.step_d2h_bytes = g1.bytes - g0.bytes;
+    if (s == 0) {
+      say("rank %u: warm-up step %.3f ms", rank, ms);
+      continue;
+    }
+    out.step_ms.push_back(ms);
+    if (rank == 0) say("step %u/%u: %.3f ms on rank 0", s, P, ms);
+    if (s == 1) {
+      check_gradients(m, rank, n, pool, grads.get(), static_cast<const float*>(g_res.get()), out);
+      if (rank == 0) say("gradients: first timed step checked on rank 0");
+    }
+  }
+  RCHECK(lwo_engine_synchronize(engine));
+}
+
+void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
+  const uint32_t n = c.n_ranks(), L = m.o.layers;
+  const uint64_t S = m.shard_bytes(n);
+  RCHECK(cudaSetDevice(static_cast<int>(rank)));
+  cudaDeviceProp prop{};
+  RCHECK(cudaGetDeviceProperties(&prop, static_cast<int>(rank)));
+  out.device = prop.name;
+  out.pci_bus = prop.pciBusID;
+  Engine engine;
+  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
+  ec.device = static_cast<int32_t>(rank);
+  ec.flags = m.o.check_collectives ? LWO_ENGINE_CHECK_COLLECTIVES : 0u;
+  RCHECK(lwo_engine_create(&ec, engine.out()));
+  Comm comm;
+  RCHECK(lwo_nccl_comm_create(engine.get(), &c.id, static_cast<int32_t>(n),
+                              static_cast<int32_t>(rank), comm.out()));
+
+  // The pool of this rank's shards, filled from the formula.
+  double t = now_seconds();
+  Pool pool;
+  RCHECK(
+      lwo_pool_create_sharded(engine.get(), m.layers.data(), L, comm.get(), nullptr, pool.out()));
+  out.pool_s = seconds_since(t);
+  std::vector<Shard> shards(L);
+  std::vector<void*> hosts(L);
+  for (uint32_t l = 0; l < L; ++l) {
+    Shard& s = shards[l];
+    s.layer = l;
+    RCHECK(lwo_pool_shard_host(pool.get(), l, &s.data, &s.offset, &s.bytes));
+    if (s.bytes != S || s.offset != S * rank)
+      rank_fail(strf(
+          "lwo_pool_shard_host (layer %u) gives %llu bytes at record offset %llu; "
+          "expected %llu at %llu",
+          l, static_cast<unsigned long long>(s.bytes), static_cast<unsigned long long>(s.offset),
+          static_cast<unsigned long long>(S), static_cast<unsigned long long>(S * rank)));
+    hosts[l] = s.data;
+  }
+  out.shard_offset = S * rank;
+  t = now_seconds();
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  fill_shards(shards, m.o.seed, m.record_bytes, std::max(1u, hw / n));
+  out.fill_s = seconds_since(t);
+  say("rank %u (device %u, %s): shards of %s at offset %s, pool %.2f s, fill %.2f s", rank, rank,
+      prop.name, fmt_bytes(S).c_str(), fmt_bytes(S * rank).c_str(), out.pool_s, out.fill_s);
+
+  // Peaks: each GPU alone, in turn, then all at once.
+  for (uint32_t q = 0; q < n; ++q) {
+    c.barrier();
+    if (q == rank) out.h2d_alone = copy_peak(hosts, S, cudaMemcpyHostToDevice);
+  }
+  c.barrier();
+  out.h2d_together = copy_peak(hosts, S, cudaMemcpyHostToDevice);
+  say("rank %u: pinned H2D peak %.2f GB/s alone, %.2f GB/s with %u GPUs at once (%s copies)", rank,
+      out.h2d_alone, out.h2d_together, n, fmt_bytes(S).c_str());
+  if (m.o.train) {
+    PinnedMem buf;
+    rcheck(cudaHostAlloc(buf.out(), 2 * S, cudaHostAllocDefault),
+           strf("cudaHostAlloc(%s)", fmt_bytes(2 * S).c_str()).c_str());
+    c.barrier();
+    out.d2h_together = copy_peak({buf.get()}, 2 * S, cudaMemcpyDeviceToHost);
+    say("rank %u: pinned D2H peak %.2f GB/s with %u GPUs at once (%s copies)", rank,
+        out.d2h_together, n, fmt_bytes(2 * S).c_str());
+  }
+
+  // Collectives alone (the all-gather with one rank moves nothing).
+  c.barrier();
+  if (n > 1) {
+    measure_collectives(m, rank, n, comm.get(), out);
+    say("rank %u: all-gather of %s in %.3f ms (%.2f GB/s)%s", rank,
+        fmt_bytes(m.record_bytes).c_str(), out.allgather_ms,
+        gbps(static_cast<double>(m.record_bytes), out.allgather_ms),
+        m.o.train ? strf("; reduce-scatter of %s f32 in %.3f ms", fmt_bytes(2 * S * n).c_str(),
+                         out.reduce_scatter_ms)
+                        .c_str()
+                  : "");
+  }
+
+  c.barrier();
+  stream_forward(m, c, rank, pool.get(), out);
+  if (m.o.train) train(m, c, rank, engine.get(), pool.get(), out);
+  RCHECK(lwo_engine_synchronize(engine.get()));
+}
+
+void rank_main(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
+  t_rank = static_cast<int>(rank);
+  t_coord = &c;
+  try {
+    run_rank(m, c, rank, out);
+  } catch (const Aborted&) {  // another rank failed and said why
+    c.fail_now();
+  } catch (const Failure&) {  // printed
+    c.fail_now();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lwo: rank %u: %s\n", rank, e.what());
+    c.fail_now();
+  } catch (...) {
+    std::fprintf(stderr, "lwo: rank %u: unknown error\n", rank);
+    c.fail_now();
+  }
+  c.finish(rank);
+}
+
+// --- one rank count ---------------------------------------------------------------
+
+struct Result {
+  uint32_t ranks = 0;
+  uint64_t shard_bytes = 0;
+  std::vector<RankResult> per_rank;
+  double peak = 0;           // GB/s, the fastest rank's link alone
+  double peak_together = 0;  // the slowest rank's, all GPUs at once
+  double d2h_together = 0;
+  double allgather_ms = 0, reduce_scatter_ms = 0;  // slowest rank
+  double fwd_gbps = 0, fwd_aggregate = 0, fwd_ratio = 0, fwd_bound_gbps = 0, pass_ms = 0;
+  // Training.
+  double resident_ms = 0, step_ms = 0, train_gbps = 0, bound_ms = 0, train_ratio = 0;
+  const char* bound_term = "";
+  double h2d_term = 0, d2h_term = 0, comm_term = 0;
+  uint64_t stages = 0, hits = 0;
+  double allgather_gbps() const {
+    return ranks > 1 ? gbps(static_cast<double>(record_bytes), allgather_ms) : 0;
+  }
+  uint64_t record_bytes = 0;
+};
+
+Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
+  const uint32_t L = m.o.layers, P = m.o.passes;
+  const double R = static_cast<double>(m.record_bytes);
+  Result r;
+  r.ranks = n;
+  r.record_bytes = m.record_bytes;
+  r.shard_bytes = m.shard_bytes(n);
+  r.peak_together = r.d2h_together = r.fwd_gbps = std::numeric_limits<double>::infinity();
+  double slowest_fwd = 0;
+  for (const RankResult& q : rr) {
+    r.peak = std::max(r.peak, q.h2d_alone);
+    r.peak_together = std::min(r.peak_together, q.h2d_together);
+    r.d2h_together = std::min(r.d2h_together, q.d2h_together);
+    r.allgather_ms = std::max(r.allgather_ms, q.allgather_ms);
+    r.reduce_scatter_ms = std::max(r.reduce_scatter_ms, q.reduce_scatter_ms);
+    const double g = gbps(R * L * P, q.forward_ms);
+    r.fwd_aggregate += g;
+    if (g < r.fwd_gbps) {
+      r.fwd_gbps = g;
+      slowest_fwd = median(q.pass_ms);
+    }
+  }
+  r.pass_ms = slowest_fwd;
+  r.fwd_ratio = r.peak > 0 ? r.fwd_gbps / r.peak : 0;
+  // The best a pass can do: each shard up its link, each record all-gathered.
+  const double fwd_bound_ms =
+      std::max(static_cast<double>(r.shard_bytes) / (r.peak_together * 1e6), r.allgather_ms);
+  r.fwd_bound_gbps = gbps(R, fwd_bound_ms);
+  if (!m.o.train) {
+    r.per_rank = std::move(rr);
+    return r;
+  }
+  // Step s takes as long as its slowest rank; the bound is the largest term
+  // of any rank.
+  std::vector<double> steps(P, 0);
+  for (RankResult& q : rr) {
+    for (uint32_t s = 0; s < P; ++s) steps[s] = std::max(steps[s], q.step_ms[s]);
+    r.resident_ms = std::max(r.resident_ms, q.resident_median);
+    const double h2d = static_cast<double>(q.step_h2d_bytes) / (q.h2d_together * 1e6);
+    const double d2h = static_cast<double>(q.step_d2h_bytes) / (q.d2h_together * 1e6);
+    const double comm = n > 1 ? static_cast<double>(q.step_stages - q.step_hits) * q.allgather_ms +
+                                    L * q.reduce_scatter_ms
+                              : 0;
+    r.h2d_term = std::max(r.h2d_term, h2d);
+    r.d2h_term = std::max(r.d2h_term, d2h);
+    r.comm_term = std::max(r.comm_term, comm);
+    r.stages = q.step_stages;
+    r.hits = q.step_hits;
+  }
+  r.step_ms = median(steps);
+  r.train_gbps = gbps(2.0 * L * R, r.step_ms);
+  const std::pair<double, const char*> terms[] = {{r.resident_ms, "resident compute"},
+                                                  {r.h2d_term, "H2D"},
+                                                  {r.d2h_term, "D2H"},
+                                                  {r.comm_term, "collectives"}};
+  for (const auto& [ms, name] : terms)
+    if (ms > r.bound_ms) {
+      r.bound_ms = ms;
+      r.bound_term = name;
+    }
+  r.train_ratio = r.bound_ms > 0 ? r.step_ms / r.bound_ms : 0;
+  r.per_rank = std::move(rr);
+  return r;
+}
+
+Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
+  say("lwo shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
+      fmt_bytes(m.record_bytes).c_str(), fmt_bytes(m.shard_bytes(n)).c_str());
+  Coord c(n);
+  CHECK(lwo_nccl_get_unique_id(&c.id));
+  std::vector<RankResult> rr(n);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < n; ++r) {
+    try {
+      threads.emplace_back(rank_main, std::cref(m), std::ref(c), r, std::ref(rr[r]));
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "lwo: rank %u: cannot start its thread: %s\n", r, e.what());
+      c.fail_now();
+      for (uint32_t q = r; q < n; ++q) c.finish(q);
+      break;
+    }
+  }
+  const bool ok = c.wait_all(json_path);
+  for (std::thread& t : threads) t.join();
+  if (!ok) throw Failure(strf("%u ranks: a rank failed", n));
+  return summarise(m, n, std::move(rr));
+}
+
+// --- command line and output --------------------------------------------------------
+
+std::vector<uint32_t> parse_ranks_list(const std::string& text) {
+  std::vector<uint32_t> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = text.find(',', b);
+    out.push_back(static_cast<uint32_t>(
+        parse_uint("--ranks-list", text.substr(b, e == std::string::npos ? e : e - b), 1, 1024)));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+Options parse_options(int argc, char** argv, bool* help) {
+  Options o;
+  bool ranks = false, list = false;
+  const std::vector<Flag> flags = {
+      {"--ranks",
+       [&](const std::string& v) {
+         o.ranks = {static_cast<uint32_t>(parse_uint("--ranks", v, 1, 1024))};
+         ranks = true;
+       }},
+      {"--ranks-list",
+       [&](const std::string& v) {
+         o.ranks = parse_ranks_list(v);
+         list = true;
+       }},
+      uint_flag("--layers", o.layers, 1, 1000000),
+      uint_flag("--rows", o.rows, 1, kMaxDim),
+      uint_flag("--cols", o.cols, 1, kMaxDim),
+      uint_flag("--tokens", o.tokens, 1, kMaxDim),
+      uint_flag("--depth", o.depth, 1, 1024),
+      uint_flag("--grad-depth", o.grad_depth, 1, 64),
+      uint_flag("--passes", o.passes, 1, 100000),
+      uint_flag("--seed", o.seed, 0, UINT64_MAX),
+      {"--no-train", [&] { o.train = false; }},
+      {"--check-collectives", [&] { o.check_collectives = true; }},
+      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
+      {"--quiet", [] { g_quiet = true; }},
+  };
+  *help = !parse_flags(argc, argv, 2, flags);
+  if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
+  return o;
+}
+
+// MemAvailable from /proc/meminfo, or 0 if it cannot be read.
+uint64_t host_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
+std::string jnum(double v, bool valid = true) {
+  return valid && std::isfinite(v) ? strf("%.4f", v) : "null";
+}
+
+std::string json_ms_list(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += strf("%s%.4f", i ? ", " : "", v[i]);
+  return s + "]";
+}
+
+// One result on one line (scripts/scale merges files by these lines).
+std::string json_result(const Model& m, const Result& r) {
+  const bool t = m.o.train, ag = r.ranks > 1;
+  std::string s = strf(
+      "{\"ranks\": %u, \"layers\": %u, \"record_bytes\": %llu, \"shard_bytes\": %llu, "
+      "\"peak_h2d_gbps_per_gpu\": %s, \"peak_h2d_together_gbps_per_gpu\": %s, "
+      "\"allgather_ms\": %s, \"allgather_gbps\": %s, \"allgather_busbw_gbps\": %s, "
+      "\"forward_pass_ms\": %s, \"forward_gbps_per_gpu\": %s, \"forward_aggregate_gbps\": %s, "
+      "\"forward_ratio_to_peak\": %s, \"forward_bound_gbps_per_gpu\": %s, "
+      "\"forward_share_of_bound\": %s, \"checksums_verified\": true, ",
+      r.ranks, m.o.layers, static_cast<unsigned long long>(r.record_bytes),
+      static_cast<unsigned long long>(r.shard_bytes), jnum(r.peak).c_str(),
+      jnum(r.peak_together).c_str(), jnum(r.allgather_ms, ag).c_str(),
+      jnum(r.allgather_gbps(), ag).c_str(),
+      jnum(r.allgather_gbps() * (r.ranks - 1) / r.ranks, ag).c_str(), jnum(r.pass_ms).c_str(),
+      jnum(r.fwd_gbps).c_str(), jnum(r.fwd_aggregate).c_str(), jnum(r.fwd_ratio).c_str(),
+      jnum(r.fwd_bound_gbps).c_str(),
+      jnum(r.fwd_bound_gbps > 0 ? r.fwd_gbps / r.fwd_bound_gbps : 0).c_str());
+  s += strf(
+      "\"train\": %s, \"tokens\": %lld, \"resident_ms\": %s, \"train_step_ms\": %s, "
+      "\"train_gbps_per_gpu\": %s, \"train_bound_ms\": %s, \"train_bound_term\": %s, "
+      "\"train_ratio_to_bound\": %s, \"train_h2d_ms\": %s, \"train_d2h_ms\": %s, "
+      "\"train_collectives_ms\": %s, \"train_stages_per_step\": %s, \"train_hits_per_step\": %s, "
+      "\"peak_d2h_together_gbps_per_gpu\": %s, \"reduce_scatter_ms\": %s, "
+      "\"gradients_verified\": %s, \"per_rank\": [",
+      t ? "true" : "false", static_cast<long long>(m.o.tokens), jnum(r.resident_ms, t).c_str(),
+      jnum(r.step_ms, t).c_str(), jnum(r.train_gbps, t).c_str(), jnum(r.bound_ms, t).c_str(),
+      t ? json_string(r.bound_term).c_str() : "null", jnum(r.train_ratio, t).c_str(),
+      jnum(r.h2d_term, t).c_str(), jnum(r.d2h_term, t).c_str(), jnum(r.comm_term, t).c_str(),
+      t ? std::to_string(r.stages).c_str() : "null", t ? std::to_string(r.hits).c_str() : "null",
+      jnum(r.d2h_together, t).c_str(), jnum(r.reduce_scatter_ms, t && ag).c_str(),
+      t ? "true" : "false");
+  for (size_t i = 0; i < r.per_rank.size(); ++i) {
+    const RankResult& q = r.per_rank[i];
+    s += strf(
+        "%s{\"rank\": %zu, \"device\": %zu, \"name\": %s, \"pci_bus\": %d, \"shard_offset\": "
+        "%llu, \"pool_seconds\": %.4f, \"fill_seconds\": %.4f, \"peak_h2d_gbps\": %s, "
+        "\"peak_h2d_together_gbps\": %s, \"allgather_ms\": %s, \"forward_ms\": %.4f, "
+        "\"forward_gbps\": %s, \"pass_ms\": %s, \"ring_stages\": %llu, \"ring_hits\": %llu, "
+        "\"ring_bytes_copied\": %llu",
+        i ? ", " : "", i, i, json_string(q.device).c_str(), q.pci_bus,
+        static_cast<unsigned long long>(q.shard_offset), q.pool_s, q.fill_s,
+        jnum(q.h2d_alone).c_str(), jnum(q.h2d_together).c_str(), jnum(q.allgather_ms, ag).c_str(),
+        q.forward_ms,
+        jnum(gbps(static_cast<double>(r.record_bytes) * m.o.layers * m.o.passes, q.forward_ms))
+            .c_str(),
+        json_ms_list(q.pass_ms).c_str(), static_cast<unsigned long long>(q.fwd_stats.n_stages),
+        static_cast<unsigned long long>(q.fwd_stats.n_hits),
+        static_cast<unsigned long long>(q.fwd_stats.bytes_copied));
+    if (t)
+      s += strf(
+          ", \"peak_d2h_together_gbps\": %s, \"reduce_scatter_ms\": %s, \"resident_ms\": %s, "
+          "\"step_ms\": %s, \"step_h2d_bytes\": %llu, \"step_d2h_bytes\": %llu, "
+          "\"grad_first_element\": %llu, \"grad_n_elements\": %llu",
+          jnum(q.d2h_together).c_str(), jnum(q.reduce_scatter_ms, ag).c_str(),
+          json_ms_list(q.resident_ms).c_str(), json_ms_list(q.step_ms).c_str(),
+          static_cast<unsigned long long>(q.step_h2d_bytes),
+          static_cast<unsigned long long>(q.step_d2h_bytes),
+          static_cast<unsigned long long>(q.grad_first[0]),
+          static_cast<unsigned long long>(q.grad_n[0]));
+    s += "}";
+  }
+  return s + "]}";
+}
+
+void print_result(const Model& m, const Result& r) {
+  const Options& o = m.o;
+  const double R = static_cast<double>(r.record_bytes);
+  std::printf("\nlwo shard, %u rank%s (threads of one process, rank r on GPU r)\n", r.ranks,
+              r.ranks == 1 ? "" : "s");
+  std::printf(
+      "%-11s %u layers x \"weight\" [%lld x %lld] bf16: %s records, %s in all; %s shard "
+      "per rank\n",
+      "model", o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+      fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.record_bytes * uint64_t(o.layers)).c_str(),
+      fmt_bytes(r.shard_bytes).c_str());
+  std::printf("%-11s depth %u; checksum kernel per layer; %u timed passes after 1 warm-up\n",
+              "ring", o.depth, o.passes);
+  std::printf("\n%4s  %-24s %9s %9s %10s %9s", "rank", "device", "H2D alone", "together",
+              "all-gather", "forward");
+  if (o.train) std::printf(" %9s %9s %9s", "D2H", "resident", "step");
+  std::printf("\n%4s  %-24s %9s %9s %10s %9s", "", "", "GB/s", "GB/s", "ms", "GB/s");
+  if (o.train) std::printf(" %9s %9s %9s", "GB/s", "ms", "ms");
+  std::printf("\n");
+  for (size_t i = 0; i < r.per_rank.size(); ++i) {
+    const RankResult& q = r.per_rank[i];
+    std::string dev = strf("%zu: %s", i, q.device.c_str());
+    std::printf("%4zu  %-24.24s %9.2f %9.2f %10s %9.2f", i, dev.c_str(), q.h2d_alone,
+                q.h2d_together, r.ranks > 1 ? strf("%.3f", q.allgather_ms).c_str() : "-",
+                gbps(R * o.layers * o.passes, q.forward_ms));
+    if (o.train)
+      std::printf(" %9.2f %9.3f %9.3f", q.d2h_together, q.resident_median, median(q.step_ms));
+    std::printf("\n");
+  }
+  if (r.ranks == 1)
+    std::printf("\n%-11s %.2f GB/s pinned H2D (measured again: %.2f GB/s), %s copies\n", "peak",
+                r.peak, r.peak_together, fmt_bytes(r.shard_bytes).c_str());
+  else
+    std::printf(
+        "\n%-11s %.2f GB/s per GPU alone (the fastest rank's link), %.2f GB/s with all %u "
+        "copying at once (the slowest rank), %s copies\n",
+        "peak", r.peak, r.peak_together, r.ranks, fmt_bytes(r.shard_bytes).c_str());
+  if (r.ranks > 1)
+    std::printf("%-11s %s in %.3f ms (the slowest rank): %.2f GB/s, bus %.2f GB/s\n", "all-gather",
+                fmt_bytes(r.record_bytes).c_str(), r.allgather_ms, r.allgather_gbps(),
+                r.allgather_gbps() * (r.ranks - 1) / r.ranks);
+  std::printf(
+      "%-11s %u rank%s: %.2f GB/s per GPU (the slowest rank) = %.2fx the %.2f GB/s link; "
+      "%.2f GB/s in all\n",
+      "forward", r.ranks, r.ranks == 1 ? "" : "s", r.fwd_gbps, r.fwd_ratio, r.peak,
+      r.fwd_aggregate);
+  std::printf("%-11s %.2f GB/s per GPU (shards at the shared peak%s): forward at %.1f%% of it\n",
+              "bound", r.fwd_bound_gbps, r.ranks > 1 ? ", records at the all-gather's rate" : "",
+              r.fwd_bound_gbps > 0 ? 100 * r.fwd_gbps / r.fwd_bound_gbps : 0);
+  std::printf("%-11s every rank's slots match the records: %u layers x %u passes\n", "checksums",
+              o.layers, o.passes + 1);
+  if (!o.train) return;
+  std::printf(
+      "%-11s %lld tokens: step %.3f ms (median of %u, the slowest rank): %.2f GB/s per "
+      "GPU effective (2 x %u records a step; %llu stages, %llu hits)\n",
+      "train", static_cast<long long>(o.tokens), r.step_ms, o.passes, r.train_gbps, o.layers,
+      static_cast<unsigned long long>(r.stages), static_cast<unsigned long long>(r.hits));
+  std::printf(
+      "%-11s %.3f ms (%s): resident compute %.3f, H2D %.3f, D2H %.3f, collectives %.3f "
+      "ms; step / bound %.3f\n",
+      "step bound", r.bound_ms, r.bound_term, r.resident_ms, r.h2d_term, r.d2h_term, r.comm_term,
+      r.train_ratio);
+  std::printf("%-11s layer%s %s: each rank's host shard holds %u x dy^T x%s\n", "gradients",
+              o.layers > 1 ? "s 0 and" : "",
+              o.layers > 1 ? std::to_string(o.layers - 1).c_str() : "0", r.ranks,
+              r.ranks == 1 ? " bit for bit" : " within rounding");
+}
+
+void print_table(const Model& m, const std::vector<Result>& results) {
+  std::printf("\n%5s %10s %10s %11s %12s %7s", "ranks", "shard", "peak GB/s", "all-gather",
+              "forward/GPU", "x link");
+  if (m.o.train) std::printf(" %10s %10s %10s", "step ms", "train/GPU", "step/bound");
+  std::printf("\n");
+  for (const Result& r : results) {
+    std::printf("%5u %10s %10.2f %11s %12.2f %7.2f", r.ranks, fmt_bytes(r.shard_bytes).c_str(),
+                r.peak, r.ranks > 1 ? strf("%.2f", r.allgather_gbps()).c_str() : "-", r.fwd_gbps,
+                r.fwd_ratio);
+    if (m.o.train) std::printf(" %10.3f %10.2f %10.3f", r.step_ms, r.train_gbps, r.train_ratio);
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+int cmd_shard(int argc, char** argv) {
+  bool help = false;
+  Options o = parse_options(argc, argv, &help);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  Model m;
+  m.tensor.name = "weight";
+  m.tensor.dtype = LWO_DTYPE_BF16;
+  m.tensor.n_dims = 2;
+  m.tensor.shape[0] = o.rows;
+  m.tensor.shape[1] = o.cols;
+  const lwo_layer_desc layer{&m.tensor, 1};
+  if (lwo_record_layout(&layer, nullptr, &m.record_bytes) != LWO_OK)
+    throw UsageError(lwo_last_error_message());
+  m.layers.assign(o.layers, layer);
+  uint64_t model_bytes = 0;
+  if (__builtin_mul_overflow(m.record_bytes, o.layers, &model_bytes))
+    throw UsageError(
+        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(m.record_bytes).c_str()));
+
+  // NCCL reads its environment once, at its first call.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  int n_gpus = 0;
+  cudaError_t e = cudaGetDeviceCount(&n_gpus);
+  if (e != cudaSuccess || n_gpus == 0) {
+    (void)cudaGetLastError();
+    fail(strf("no CUDA device was found (cudaGetDeviceCount: %s)",
+              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
+  }
+  if (o.ranks.empty()) o.ranks = {static_cast<uint32_t>(n_gpus)};
+  for (uint32_t n : o.ranks)
+    if (n > static_cast<uint32_t>(n_gpus))
+      fail(strf("%u ranks need %u GPUs (rank r runs on GPU r), but %d CUDA device%s found", n, n,
+                n_gpus, n_gpus == 1 ? " was" : "s were"));
+  // Every rank holds its shards; with training also its f32 gradient shards.
+  const uint32_t max_ranks = *std::max_element(o.ranks.begin(), o.ranks.end());
+  for (uint32_t n : o.ranks) {
+    const double shards = static_cast<double>(m.shard_bytes(n)) * o.layers * n;
+    const double need = shards * (o.train ? 3.0 : 1.0);
+    const uint64_t avail = host_available_bytes();
+    if (avail && need > static_cast<double>(avail))
+      fail(
+          strf("%u ranks need about %s of host memory (weight shards %s%s) but %s is "
+               "available: lower --layers%s",
+               n, fmt_bytes(static_cast<uint64_t>(need)).c_str(),
+               fmt_bytes(static_cast<uint64_t>(shards)).c_str(),
+               o.train ? strf(", f32 gradient shards %s",
+                              fmt_bytes(static_cast<uint64_t>(2 * shards)).c_str())
+                             .c_str()
+                       : "",
+               fmt_bytes(avail).c_str(), o.train ? " or pass --no-train" : ""));
+  }
+  if (o.depth >= o.layers)
+    say("note: depth %u >= %u layers: after the first pass every layer stays in a slot, so "
+        "passes hit and move nothing",
+        o.depth, o.layers);
+  JsonFile json;
+  if (!o.json.empty()) json.open(o.json);
+  m.o = o;
+
+  double t = now_seconds();
+  m.expect = record_checksums(o.seed, o.layers, m.record_bytes);
+  say("host: checksums of %u records of %s from their formula in %.2f s", o.layers,
+      fmt_bytes(m.record_bytes).c_str(), seconds_since(t));
+  if (o.train) {
+    const uint64_t T = static_cast<uint64_t>(o.tokens);
+    m.x.resize(T * static_cast<uint64_t>(o.cols));
+    m.dy.resize(T * static_cast<uint64_t>(o.rows));
+    fill_bf16(m.x, mix64(o.seed ^ 0x78));
+    fill_bf16(m.dy, mix64(o.seed ^ 0x6479));
+    m.resident.resize(m.record_bytes);
+    fill_shards({{m.resident.data(), 0, m.record_bytes, 0}}, o.seed, m.record_bytes, 0);
+  }
+
+  std::vector<Result> results;
+  for (uint32_t n : o.ranks) {
+    results.push_back(run_ranks(m, n, o.json));
+    print_result(m, results.back());
+  }
+  if (results.size() > 1) print_table(m, results);
+
+  if (json.is_open()) {
+    std::FILE* j = json.get();
+    std::fprintf(j,
+                 "{\n  \"tool\": \"lwo\",\n  \"command\": \"shard\",\n  \"version\": \"%s\",\n"
+                 "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": "
+                 "\"bf16\", \"depth\": %u, \"passes\": %u, \"tokens\": %lld, \"grad_depth\": %u, "
+                 "\"seed\": %llu, \"train\": %s, \"check_collectives\": %s},\n"
+                 "  \"gpus\": %d,\n  \"devices\": [",
+                 version_text().c_str(), o.layers, static_cast<long long>(o.rows),
+                 static_cast<long long>(o.cols), o.depth, o.passes,
+                 static_cast<long long>(o.tokens), o.grad_depth,
+                 static_cast<unsigned long long>(o.seed), o.train ? "true" : "false",
+                 o.check_collectives ? "true" : "false", n_gpus);
+    for (uint32_t d = 0; d < max_ranks; ++d) {
+      cudaDeviceProp prop{};
+      CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(d)));
+      std::fprintf(j,
+                   "%s{\"ordinal\": %u, \"name\": %s, \"sms\": %d, \"memory_bytes\": %zu, "
+                   "\"pci_bus\": %d}",
+                   d ? ", " : "", d, json_string(prop.name).c_str(), prop.multiProcessorCount,
+                   prop.totalGlobalMem, prop.pciBusID);
+    }
+    std::fprintf(j, "],\n  \"results\": [\n");
+    for (size_t i = 0; i < results.size(); ++i)
+      std::fprintf(j, "%s\n",
+                   (json_result(m, results[i]) + (i + 1 < results.size() ? "," : "")).c_str());
+    std::fprintf(j, "  ]\n}\n");
+    json.commit();
+  }
+  return 0;
+}
+
+}  // namespace cli
