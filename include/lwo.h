@@ -887,7 +887,8 @@ LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** 
  * [*first_element, *first_element + *n_elements) of the tensor (row-major),
  * writable at `*data` in host memory; *n_elements may be 0 (then *data is
  * NULL). The same elements as lwo_grads_shard's, so a sharded optimizer
- * updates data[i] from the gradient shard's data[i]. */
+ * updates data[i] from the gradient shard's data[i]. LWO_ERR_UNSUPPORTED
+ * for a pool that is not sharded. */
 LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const char* name,
                                            void** data, uint64_t* first_element,
                                            uint64_t* n_elements);
