@@ -377,7 +377,7 @@ TEST_F(Misuse, InvalidArgument) {
   lwo_engine* e = nullptr;
   lwo_engine_config ec;
   lwo_engine_config_init(&ec);
-  ec.flags = 1;
+  ec.flags = 0x80;  // no such flag (0x1 is LWO_ENGINE_CHECK_COLLECTIVES)
   EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_engine_create", lwo_engine_create(&ec, &e));
   lwo_engine_config_init(&ec);
   ec.size = 0;
