@@ -33,6 +33,20 @@ Model make_model(uint32_t L, uint64_t seed) {
   return m;
 }
 
+// Layer descriptions of a Model: layer l is one bf16 tensor "w" [rows[l], 1000].
+void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<lwo_layer_desc>& ld) {
+  td.assign(m.rows.size(), lwo_tensor_desc{});
+  ld.resize(m.rows.size());
+  for (size_t l = 0; l < m.rows.size(); ++l) {
+    td[l].name = "w";
+    td[l].dtype = LWO_DTYPE_BF16;
+    td[l].n_dims = 2;
+    td[l].shape[0] = m.rows[l];
+    td[l].shape[1] = 1000;
+    ld[l] = lwo_layer_desc{&td[l], 1};
+  }
+}
+
 // One rank: engine, communicator, sharded pool, ring, a random schedule.
 void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n_layers_given,
               lwo_status_t want_pool, const std::vector<uint32_t>& order) {
@@ -44,17 +58,9 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
   lwo_nccl_comm_t comm = nullptr;
   CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
-  std::vector<lwo_tensor_desc> td(m.rows.size());
-  std::vector<lwo_layer_desc> ld(m.rows.size());
-  for (size_t l = 0; l < m.rows.size(); ++l) {
-    td[l] = lwo_tensor_desc{};
-    td[l].name = "w";
-    td[l].dtype = LWO_DTYPE_BF16;
-    td[l].n_dims = 2;
-    td[l].shape[0] = m.rows[l];
-    td[l].shape[1] = 1000;
-    ld[l] = lwo_layer_desc{&td[l], 1};
-  }
+  std::vector<lwo_tensor_desc> td;
+  std::vector<lwo_layer_desc> ld;
+  model_descs(m, td, ld);
   lwo_pool* pool = nullptr;
   lwo_status_t s = lwo_pool_create_sharded(eng.e, ld.data(), n_layers_given, comm, nullptr, &pool);
   if (want_pool != LWO_OK) {
@@ -281,17 +287,9 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
   const uint32_t L = static_cast<uint32_t>(m.rows.size());
-  std::vector<lwo_tensor_desc> td(L);
-  std::vector<lwo_layer_desc> ld(L);
-  for (uint32_t l = 0; l < L; ++l) {
-    td[l] = lwo_tensor_desc{};
-    td[l].name = "w";
-    td[l].dtype = LWO_DTYPE_BF16;
-    td[l].n_dims = 2;
-    td[l].shape[0] = m.rows[l];
-    td[l].shape[1] = 1000;
-    ld[l] = lwo_layer_desc{&td[l], 1};
-  }
+  std::vector<lwo_tensor_desc> td;
+  std::vector<lwo_layer_desc> ld;
+  model_descs(m, td, ld);
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_sharded(eng.e, ld.data(), L, comm, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
