@@ -216,11 +216,7 @@ void Grads::end(uint32_t layer, StreamH stream) {
   if (check) {
     uint64_t bytes = 0;
     try {
-      Layer& g = trainable_layer(layer, call);
-      if (g.slot < 0)
-        fail(LWO_ERR_TICKET_STATE, "%s: layer %u was not begun (call lwo_grads_begin first)",
-             call, layer);
-      bytes = g.wire_bytes;
+      bytes = begun_layer(layer, call).wire_bytes;
     } catch (const Error&) {
       try {
         engine_.check_collective(pool_.comm(), Engine::Step{call, layer, 0, false, true});
@@ -234,12 +230,17 @@ void Grads::end(uint32_t layer, StreamH stream) {
   end_locked(layer, stream);
 }
 
-void Grads::end_locked(uint32_t layer, StreamH stream) {
-  static const char* call = "lwo_grads_end";
+Grads::Layer& Grads::begun_layer(uint32_t layer, const char* call) {
   Layer& g = trainable_layer(layer, call);
   if (g.slot < 0)
     fail(LWO_ERR_TICKET_STATE, "%s: layer %u was not begun (call lwo_grads_begin first)", call,
          layer);
+  return g;
+}
+
+void Grads::end_locked(uint32_t layer, StreamH stream) {
+  static const char* call = "lwo_grads_end";
+  Layer& g = begun_layer(layer, call);
   Slot& s = slots_[g.slot];
   Backend& gpu = engine_.gpu();
   DeviceScope scope(engine_);

@@ -86,6 +86,7 @@ class Grads {
   static void run_job(void* job);
   void accumulate(const Job& job);
   Layer& trainable_layer(uint32_t layer, const char* call);
+  Layer& begun_layer(uint32_t layer, const char* call);  // trainable and begun
   int tensor_of(const Layer& g, uint32_t layer, const char* name, const char* call) const;
   void end_locked(uint32_t layer, StreamH stream);
 
