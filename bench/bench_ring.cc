@@ -21,7 +21,7 @@
 #include <numeric>
 
 #include "bench/common.h"
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 
 namespace lwob {
 namespace {

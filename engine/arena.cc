@@ -5,44 +5,20 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
-#include <vector>
 
-#include "error.h"
-#include "layout.h"
+#include "src/common/dtype.h"
+#include "src/common/error.h"
+#include "src/common/parallel.h"
 
 namespace lwo {
 
-void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
-                        void (*fn)(uint8_t*, size_t, void*), void* arg) {
-  if (bytes == 0) return;
-  constexpr size_t kMinChunk = size_t(64) << 20;
-  uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
-  uint32_t n = n_threads ? n_threads : hw;
-  n = std::min<uint32_t>(n, 64);
-  n = static_cast<uint32_t>(std::min<size_t>(n, (bytes + kMinChunk - 1) / kMinChunk));
-  if (n <= 1) {
-    fn(data, bytes, arg);
-    return;
-  }
-  size_t chunk = align_up((bytes + n - 1) / n, 4096);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    size_t b = std::min(bytes, chunk * i);
-    size_t e = std::min(bytes, chunk * (i + 1));
-    if (b >= e) break;
-    try {
-      threads.emplace_back(fn, data + b, e - b, arg);
-    } catch (...) {  // no thread: do it here
-      fn(data + b, e - b, arg);
-    }
-  }
-  for (auto& t : threads) t.join();
-}
-
 namespace {
-void zero_fill(uint8_t* p, size_t n, void*) { std::memset(p, 0, n); }
+// Zeroes [0, n) of `data` from up to n_threads threads, in parts of at least
+// 64 MiB on page boundaries (the first touch places the pages).
+void parallel_zero(uint8_t* data, size_t n, uint32_t n_threads) {
+  parallel_for(n, n_threads, uint64_t(64) << 20, 4096,
+               [data](uint64_t b, uint64_t e) { std::memset(data + b, 0, e - b); });
+}
 }  // namespace
 
 PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads, const char* call)
@@ -54,7 +30,7 @@ PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads, const c
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes_, MADV_HUGEPAGE);
 #endif
-    parallel_for_bytes(static_cast<uint8_t*>(p), bytes_, n_threads, zero_fill, nullptr);
+    parallel_zero(static_cast<uint8_t*>(p), bytes_, n_threads);
     try {
       gpu.host_register(p, bytes_, false);
       data_ = static_cast<uint8_t*>(p);
@@ -100,7 +76,7 @@ void PinnedArena::release() noexcept {
 }
 
 void PinnedArena::zero(size_t n, uint32_t n_threads) {
-  parallel_for_bytes(data_, std::min(n, bytes_), n_threads, zero_fill, nullptr);
+  parallel_zero(data_, std::min(n, bytes_), n_threads);
 }
 
 }  // namespace lwo

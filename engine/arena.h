@@ -36,10 +36,4 @@ class PinnedArena {
   bool mmapped_ = false;
 };
 
-// Runs fn(chunk, chunk_bytes, arg) over [data, data+bytes) from up to
-// n_threads threads (0: one per core, at most 64), in chunks of at least
-// 64 MiB.
-void parallel_for_bytes(uint8_t* data, size_t bytes, uint32_t n_threads,
-                        void (*fn)(uint8_t*, size_t, void*), void* arg);
-
 }  // namespace lwo

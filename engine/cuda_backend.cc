@@ -3,7 +3,7 @@
 #include <nccl.h>
 
 #include "backend.h"
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 

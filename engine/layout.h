@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lwo.h"
+#include "src/common/dtype.h"
 
 namespace lwo {
 
@@ -25,11 +26,6 @@ struct RecordLayout {
   uint64_t record_bytes = 0;  // a multiple of LWO_RECORD_ALIGN
   int find(const char* name) const;  // index or -1
 };
-
-size_t dtype_size(lwo_dtype_t dtype);  // 0 if unknown
-const char* dtype_name(lwo_dtype_t dtype);
-
-inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // Validates one layer's description and lays it out. `where` names the call
 // and layer for messages ("lwo_pool_create_pinned: layer 3"). Throws

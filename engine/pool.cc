@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 

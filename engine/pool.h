@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "arena.h"
-#include "checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "engine.h"
 #include "layout.h"
 

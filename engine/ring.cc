@@ -7,7 +7,7 @@
 #include <memory>
 #include <thread>
 
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace {

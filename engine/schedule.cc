@@ -1,6 +1,6 @@
 #include "schedule.h"
 
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/layout.h"
-#include "src/safetensors.h"
+#include "src/common/error.h"
+#include "src/common/dtype.h"
+#include "src/checkpoint/safetensors.h"
 
 namespace {
 

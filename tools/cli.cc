@@ -12,7 +12,7 @@
 #include <system_error>
 #include <thread>
 
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 
 namespace cli {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 #include "tools/cli.h"
 
 namespace cli {

@@ -63,7 +63,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 #include "tools/cli.h"
 
 namespace cli {

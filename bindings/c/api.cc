@@ -9,17 +9,17 @@
 #include <string>
 #include <unordered_map>
 
-#include "engine/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "engine/engine.h"
-#include "engine/error.h"
+#include "src/common/error.h"
 #include "engine/grads.h"
 #include "engine/layout.h"
 #include "engine/pool.h"
 #include "engine/ring.h"
 #include "engine/schedule.h"
-#include "engine/testing.h"
+#include "testing.h"
 #include "lwo.h"
-#include "src/compute.h"
+#include "src/compute/compute.h"
 
 #include <nccl.h>
 

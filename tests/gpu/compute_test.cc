@@ -5,7 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "gpu_util.h"
-#include "kernels/spin.h"
+#include "testkit/spin.h"
 
 namespace lwo_test {
 namespace {

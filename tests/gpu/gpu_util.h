@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 #include "lwo.h"
 
 namespace lwo_test {

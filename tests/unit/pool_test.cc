@@ -2,6 +2,7 @@
 #include <cstdlib>
 
 #include "engine/pool.h"
+#include "src/common/parallel.h"
 #include "test_util.h"
 
 namespace lwo {
@@ -249,11 +250,10 @@ TEST_F(PoolTest, RegisteredPoolRejectsBadRegions) {
 
 TEST(ParallelFill, CoversEveryByteOnce) {
   std::vector<uint8_t> buf((size_t(130) << 20) + 12345, 0);
-  parallel_for_bytes(buf.data(), buf.size(), 4,
-                     [](uint8_t* p, size_t n, void*) {
-                       for (size_t i = 0; i < n; ++i) p[i] += 1;
-                     },
-                     nullptr);
+  uint8_t* p = buf.data();
+  parallel_for(buf.size(), 4, uint64_t(64) << 20, 4096, [p](uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; ++i) p[i] += 1;
+  });
   for (size_t i = 0; i < buf.size(); i += 4093) ASSERT_EQ(buf[i], 1) << i;
   ASSERT_EQ(buf.back(), 1);
 }

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/backend.h"
-#include "engine/error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace testing {

@@ -1,7 +1,7 @@
 // safetensors header parsing, index files and layer mapping (src/safetensors.h).
 // Files are built in memory; every parse reads an exact-size heap copy, so the
 // sanitizer build catches any read outside the file.
-#include "src/safetensors.h"
+#include "src/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/layout.h"
+#include "src/common/error.h"
+#include "src/common/dtype.h"
 
 namespace lwo {
 namespace st {

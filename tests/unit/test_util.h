@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/testing.h"
+#include "bindings/c/testing.h"
 #include "lwo.h"
 #include "recording_backend.h"
 

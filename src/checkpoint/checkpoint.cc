@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace {

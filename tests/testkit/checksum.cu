@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/checksum.h"
+#include "testkit/checksum.h"
 
 namespace lwo {
 namespace kernels {

@@ -1,4 +1,4 @@
-#include "kernels/spin.h"
+#include "testkit/spin.h"
 
 namespace lwo {
 namespace kernels {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "src/safetensors.h"
+#include "safetensors.h"
 
 namespace lwo {
 

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "engine/error.h"
-#include "src/compute.h"
+#include "src/common/error.h"
+#include "kernels/compute_kernels.h"
 
 namespace lwo {
 namespace detail {

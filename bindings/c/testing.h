@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "backend.h"
+#include "engine/backend.h"
 #include "lwo.h"
 
 namespace lwo {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/error.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace st {

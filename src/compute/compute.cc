@@ -1,4 +1,4 @@
-#include "src/compute.h"
+#include "compute.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -6,7 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/error.h"
+#include "kernels/compute_kernels.h"
+#include "src/common/error.h"
 
 namespace lwo {
 namespace {

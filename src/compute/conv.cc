@@ -6,8 +6,9 @@
 
 #include <algorithm>
 
-#include "engine/error.h"
-#include "src/compute.h"
+#include "kernels/compute_kernels.h"
+#include "src/common/error.h"
+#include "compute.h"
 
 namespace lwo {
 namespace {
