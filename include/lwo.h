@@ -7,17 +7,47 @@
  * header. A `lwo_stream_t` is the same type as `cudaStream_t`.
  *
  * Conventions (they hold for every function below unless its comment says
- * otherwise):
+ * otherwise; the comments never contradict them):
  *  - Every function returns `lwo_status_t`; LWO_OK is 0. On failure a
- *    per-thread message (`lwo_last_error_message`) names the call, the object
- *    and the values; on success that message is cleared. Every object stays
- *    usable after a failed call.
+ *    per-thread message (`lwo_last_error_message`) starts with the name of
+ *    the function the caller called (also when the failure arose in a call it
+ *    makes inside, as lwo_schedule_next staging a layer), then names the
+ *    object and the values; on success that message is cleared. Every object
+ *    stays usable after a failed call, and a failed call changes no object.
+ *  - Outputs of a failed call: an output handle (`lwo_pool** pool`) is set to
+ *    NULL and an output ticket to {0} as soon as the pointer to it is known
+ *    to be valid; every other output is left as it was.
+ *  - Checks run in this order, and the first that fails is reported: handles
+ *    (LWO_ERR_INVALID_HANDLE), then NULL pointers, config structs and other
+ *    arguments (the argument class), then ranges and names (layer ids, tensor
+ *    names), then the state of the objects (the state class). A call's
+ *    comment gives the order where one call can meet several state errors.
  *  - Handles are pointers to opaque structs, created through out-parameters and
  *    owned by the caller until passed to the matching `_destroy`. Destroying
  *    NULL does nothing and returns LWO_OK.
- *  - Objects may be used from several threads: each pool, ring and schedule
- *    serialises its own calls internally. A schedule is meant to be driven by
- *    one thread at a time.
+ *  - Structs the library writes (`lwo_layer_view`, `lwo_*_info`,
+ *    `lwo_*_stats`) start with `size_t size`, set by the caller to the
+ *    sizeof it was compiled with (the `_INIT` macros do); the library writes
+ *    min(size, its own sizeof) bytes and never more, so an older caller's
+ *    smaller struct keeps working. A size below sizeof(size_t) is
+ *    LWO_ERR_INVALID_ARGUMENT.
+ *  - Config and descriptor structs the library reads (`lwo_*_config`,
+ *    `lwo_*_desc` with a size field) are read as min(size, its sizeof) bytes
+ *    over the defaults. A newer caller's larger struct is accepted only if
+ *    every byte past the library's sizeof is zero (options this version does
+ *    not know are never silently dropped): else LWO_ERR_INVALID_ARGUMENT,
+ *    naming the first nonzero byte. Unknown flag bits are
+ *    LWO_ERR_INVALID_ARGUMENT.
+ *  - Descriptor arrays (`lwo_tensor_desc`, `lwo_layer_desc`,
+ *    `lwo_host_region`) carry a `next` pointer: NULL, or a chain of
+ *    extension structs, each starting with an `lwo_ext` header. Future
+ *    options (per-tensor quantization scales, ...) arrive this way, never by
+ *    growing the array element. This version defines no extension: a
+ *    non-NULL `next` is LWO_ERR_UNSUPPORTED, naming the type it found.
+ *  - Streams: every `lwo_stream_t` passed to a call must be a stream of the
+ *    engine's device (or NULL, the legacy default stream, which the call uses
+ *    on the engine's device). A stream of another device is the caller's
+ *    error; its effect is undefined (CUDA does not make it detectable cheaply).
  *  - Device work is enqueued, never waited for: a call that names a stream
  *    returns once its work is enqueued on that stream ("stream-ordered").
  *    The host never blocks on the GPU except in calls documented as doing so
@@ -27,8 +57,24 @@
  *    the stream's workspace must grow).
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
+ *  - Threads, by object kind (each kind's section repeats its line):
+ *      engine:     any thread; calls serialise internally.
+ *      pool:       any thread; calls serialise internally (writing host bytes
+ *                  a ring may be copying is the caller's race to avoid).
+ *      ring:       any thread; calls serialise internally.
+ *      schedule:   one thread at a time (calls are serialised, but two
+ *                  threads would take each other's layers).
+ *      grads:      any thread; calls serialise internally.
+ *      checkpoint: any thread; read-only after lwo_checkpoint_open.
+ *      compute:    any thread; each stream has its own workspace.
+ *  - Tensors: an n_dims = 0 tensor is a scalar of one element; a tensor with
+ *    a 0 in its shape has 0 elements and 0 bytes, takes no room in its
+ *    record (its offset is where the next tensor starts, its device address
+ *    is base + offset, which it must never be read through), is never
+ *    copied, and writes to it are 0-byte writes that succeed.
  *
- * Since: 0.1.0 unless marked otherwise.
+ * Since: 0.1.0 unless marked otherwise; calls and fields added later say
+ * "since 0.2.0". docs/API.md lists every change under "Changes in 0.2".
  */
 #ifndef LWO_H_
 #define LWO_H_
@@ -53,7 +99,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define LWO_VERSION_MAJOR 0
-#define LWO_VERSION_MINOR 1
+#define LWO_VERSION_MINOR 2
 #define LWO_VERSION_PATCH 0
 #define LWO_VERSION \
   (LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH)
@@ -65,80 +111,122 @@ LWO_API unsigned lwo_version(void);
 /* Status                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Values are never renumbered; new ones are appended. */
+/* Statuses come in classes with stable ranges: a status's class is its
+ * value / 100 (LWO_STATUS_CLASS). From 0.2 on values are never renumbered and
+ * new ones are appended inside their class's range.
+ *   0    success            LWO_OK, LWO_END
+ *   1xx  argument           the call was given something wrong: fix the call
+ *   2xx  state              the objects are not in a state that allows it now
+ *                           (a full ring, a held layer, a changed file): the
+ *                           same call may succeed later
+ *   3xx  resource           host or device memory, files
+ *   4xx  device             no device, or CUDA / cuBLAS / cuDNN / NCCL failed
+ *   5xx  format             a checkpoint file is malformed
+ *   6xx  collective         the ranks of a communicator disagree
+ *   9xx  internal           a bug in lwo */
 typedef enum lwo_status_t {
   LWO_OK = 0,
   /* Not an error: `lwo_schedule_next` has no more layers. */
   LWO_END = 1,
+
+  /* -- argument (1xx) -- */
   /* A NULL pointer, a config with a bad size or unknown flag bits, a bad
    * dtype, a negative dimension, a depth of 0... */
-  LWO_ERR_INVALID_ARGUMENT = 2,
+  LWO_ERR_INVALID_ARGUMENT = 100,
   /* A handle that is NULL where one is required, was destroyed, or is not of
    * the kind the call expects. */
-  LWO_ERR_INVALID_HANDLE = 3,
-  /* A layer id or tensor index outside the pool. */
-  LWO_ERR_OUT_OF_RANGE = 4,
+  LWO_ERR_INVALID_HANDLE = 101,
+  /* A layer id, tensor index or byte range outside its object. */
+  LWO_ERR_OUT_OF_RANGE = 102,
   /* A tensor name that the layer does not have. */
-  LWO_ERR_NOT_FOUND = 5,
+  LWO_ERR_NOT_FOUND = 103,
   /* A byte count that differs from the tensor's or record's size. */
-  LWO_ERR_SIZE_MISMATCH = 6,
-  /* Every slot of the ring is staged or held: release a ticket first. */
-  LWO_ERR_RING_FULL = 7,
-  /* The layer is already staged or held in a slot of this ring under another
-   * ticket; release that ticket first. */
-  LWO_ERR_LAYER_BUSY = 8,
-  /* A ticket whose occupancy has ended (released, or its slot reused). */
-  LWO_ERR_STALE_TICKET = 9,
-  /* A live ticket used in the wrong state (acquired twice). */
-  LWO_ERR_TICKET_STATE = 10,
-  /* A ticket that was not issued by this ring. */
-  LWO_ERR_FOREIGN_TICKET = 11,
-  /* An object objects depend on (a pool with rings, a ring with held tickets
-   * or schedules, an engine with pools) cannot be destroyed yet. */
-  LWO_ERR_BUSY = 12,
-  /* No CUDA device was found, or the requested ordinal does not exist. */
-  LWO_ERR_NO_DEVICE = 13,
-  /* Host or device memory could not be allocated or pinned. */
-  LWO_ERR_OUT_OF_MEMORY = 14,
-  /* The CUDA runtime returned an error; the message carries its text. */
-  LWO_ERR_CUDA = 15,
-  LWO_ERR_CUBLAS = 16,
-  LWO_ERR_CUDNN = 17,
-  LWO_ERR_NCCL = 18,
+  LWO_ERR_SIZE_MISMATCH = 104,
+  /* A ticket that was not issued by this ring (or ticket 0). */
+  LWO_ERR_FOREIGN_TICKET = 105,
   /* Objects of two different engines were mixed. */
-  LWO_ERR_FOREIGN_OBJECT = 19,
-  /* The operation is not supported with these arguments on this build. */
-  LWO_ERR_UNSUPPORTED = 20,
-  /* A bug in lwo: please report the message. */
-  LWO_ERR_INTERNAL = 21,
+  LWO_ERR_FOREIGN_OBJECT = 106,
+  /* The operation is not supported with these arguments on this build (an
+   * extension struct this version does not know, a write to a read-only
+   * checkpoint pool, ...). */
+  LWO_ERR_UNSUPPORTED = 107,
+
+  /* -- state (2xx) -- */
+  /* Every slot of the ring is staged or held: release a ticket first. */
+  LWO_ERR_RING_FULL = 200,
+  /* The layer is already staged or held in a slot of this ring under another
+   * ticket (or begun in a gradient set); release (end) it first. */
+  LWO_ERR_LAYER_BUSY = 201,
+  /* A ticket whose occupancy has ended (released, or its slot reused). */
+  LWO_ERR_STALE_TICKET = 202,
+  /* A live ticket used in the wrong state (acquired twice), or a gradient
+   * layer ended without being begun. */
+  LWO_ERR_TICKET_STATE = 203,
+  /* An object others depend on (a pool with rings, a ring with held tickets
+   * or schedules, an engine with pools) cannot be destroyed yet. */
+  LWO_ERR_BUSY = 204,
+  /* A mapped checkpoint file changed size since it was opened. */
+  LWO_ERR_FILE_CHANGED = 205,
+
+  /* -- resource (3xx) -- */
+  /* Host or device memory could not be allocated or pinned. */
+  LWO_ERR_OUT_OF_MEMORY = 300,
   /* A file could not be opened, read, mapped or examined (the message
    * carries the system's error text). */
-  LWO_ERR_IO = 22,
+  LWO_ERR_IO = 301,
+
+  /* -- device (4xx) -- */
+  /* No CUDA device was found, or the requested ordinal does not exist. */
+  LWO_ERR_NO_DEVICE = 400,
+  /* The CUDA runtime returned an error; the message carries its text. */
+  LWO_ERR_CUDA = 401,
+  LWO_ERR_CUBLAS = 402,
+  LWO_ERR_CUDNN = 403,
+  LWO_ERR_NCCL = 404,
+
+  /* -- format (5xx): checkpoint files -- */
   /* A checkpoint file is shorter than its own header says (cut short). */
-  LWO_ERR_TRUNCATED = 23,
+  LWO_ERR_TRUNCATED = 500,
   /* A checkpoint's header length is beyond the file or above the limit. */
-  LWO_ERR_BAD_HEADER_SIZE = 24,
+  LWO_ERR_BAD_HEADER_SIZE = 501,
   /* A checkpoint's header (or index file) is not valid JSON of the expected
    * shape. */
-  LWO_ERR_BAD_JSON = 25,
+  LWO_ERR_BAD_JSON = 502,
   /* A checkpoint tensor has a dtype this format does not define, or one lwo
    * cannot stream where it is used. */
-  LWO_ERR_BAD_DTYPE = 26,
+  LWO_ERR_BAD_DTYPE = 503,
   /* A checkpoint tensor's shape does not match its byte range. */
-  LWO_ERR_SHAPE_MISMATCH = 27,
+  LWO_ERR_SHAPE_MISMATCH = 504,
   /* A checkpoint tensor's shape overflows 64-bit byte counts. */
-  LWO_ERR_SHAPE_OVERFLOW = 28,
+  LWO_ERR_SHAPE_OVERFLOW = 505,
   /* A checkpoint tensor's byte range is malformed or outside the data. */
-  LWO_ERR_BAD_RANGE = 29,
+  LWO_ERR_BAD_RANGE = 506,
   /* Two checkpoint tensors' byte ranges overlap. */
-  LWO_ERR_OVERLAP = 30,
-  /* A mapped file changed size since it was opened. */
-  LWO_ERR_FILE_CHANGED = 31,
+  LWO_ERR_OVERLAP = 507,
+
+  /* -- collective (6xx) -- */
   /* The ranks of a communicator disagree (different layer counts or record
-   * sizes): collectives would hang or corrupt, so the call refuses. */
-  LWO_ERR_COLLECTIVE_MISMATCH = 32,
+   * sizes, or different collective calls under LWO_ENGINE_CHECK_COLLECTIVES):
+   * collectives would hang or corrupt, so the call refuses. */
+  LWO_ERR_COLLECTIVE_MISMATCH = 600,
+
+  /* -- internal (9xx) -- */
+  /* A bug in lwo: please report the message. */
+  LWO_ERR_INTERNAL = 900,
   LWO_STATUS_FORCE_32 = 0x7fffffff
 } lwo_status_t;
+
+/* The class of a status: 0 success, 1 argument, 2 state, 3 resource,
+ * 4 device, 5 format, 6 collective, 9 internal. Since 0.2.0. */
+#define LWO_STATUS_CLASS(status) ((int)(status) / 100)
+#define LWO_STATUS_CLASS_SUCCESS 0
+#define LWO_STATUS_CLASS_ARGUMENT 1
+#define LWO_STATUS_CLASS_STATE 2
+#define LWO_STATUS_CLASS_RESOURCE 3
+#define LWO_STATUS_CLASS_DEVICE 4
+#define LWO_STATUS_CLASS_FORMAT 5
+#define LWO_STATUS_CLASS_COLLECTIVE 6
+#define LWO_STATUS_CLASS_INTERNAL 9
 
 /* Static text naming a status ("LWO_ERR_RING_FULL"); "unknown status" for a
  * value this version does not know. Any thread. */
@@ -183,6 +271,14 @@ LWO_API const char* lwo_dtype_name(lwo_dtype_t dtype);
  * record's size is a multiple of it. */
 #define LWO_RECORD_ALIGN 256
 
+/* The header every extension struct of a `next` chain starts with. Since
+ * 0.2.0; this version defines no extension types (see Conventions). */
+typedef struct lwo_ext {
+  int32_t type;      /* which extension this is */
+  uint32_t reserved; /* 0 */
+  const void* next;  /* the next extension struct, or NULL */
+} lwo_ext;
+
 /* One named tensor of a layer. `name` is copied; it must be non-empty, at most
  * 255 bytes and unique within its layer. Shape dimensions are >= 0 (a tensor
  * of 0 elements is allowed and takes no bytes). `host_data` is used only by
@@ -194,6 +290,7 @@ typedef struct lwo_tensor_desc {
   int32_t n_dims;
   int64_t shape[LWO_MAX_DIMS];
   const void* host_data;
+  const void* next;  /* extension chain (since 0.2.0); NULL */
 } lwo_tensor_desc;
 
 /* One layer: a record of tensors, laid out in the given order, each at the
@@ -202,6 +299,7 @@ typedef struct lwo_tensor_desc {
 typedef struct lwo_layer_desc {
   const lwo_tensor_desc* tensors;
   uint32_t n_tensors;
+  const void* next;  /* extension chain (since 0.2.0); NULL */
 } lwo_layer_desc;
 
 /* The record layout of one layer, without creating anything: writes the byte
@@ -217,6 +315,7 @@ LWO_API lwo_status_t lwo_record_layout(const lwo_layer_desc* layer,
 /* Engine                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: any thread; calls serialise internally. */
 typedef struct lwo_engine lwo_engine;
 
 typedef struct lwo_engine_config {
@@ -273,6 +372,8 @@ LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine);
 /* Host weight pools                                                         */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: any thread; calls serialise internally. Writing host bytes of a
+ * layer while a ring may be copying it is a race the caller must avoid. */
 typedef struct lwo_pool lwo_pool;
 
 typedef struct lwo_pool_config {
@@ -300,6 +401,7 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine,
 typedef struct lwo_host_region {
   const void* data;
   uint64_t bytes;
+  const void* next;  /* extension chain (since 0.2.0); NULL */
 } lwo_host_region;
 
 /* Creates a pool over caller memory, registered in place: each region is
@@ -321,22 +423,39 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine,
 /* LWO_ERR_BUSY while rings of the pool exist. */
 LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool);
 
+/* Where a pool's host bytes live, and so how rings copy them. Since 0.2.0. */
+typedef enum lwo_pool_kind_t {
+  LWO_POOL_PINNED = 0,             /* a pinned arena the pool owns */
+  LWO_POOL_REGISTERED = 1,         /* caller memory registered in place */
+  LWO_POOL_CHECKPOINT_MAPPED = 2,  /* a checkpoint's mapped files, registered in place */
+  LWO_POOL_CHECKPOINT_STAGED = 3,  /* a checkpoint's mapped files, copied through
+                                      pinned staging buffers */
+  LWO_POOL_SHARDED = 4,            /* this rank's shard of every record, pinned */
+  LWO_POOL_KIND_FORCE_32 = 0x7fffffff
+} lwo_pool_kind_t;
+
 typedef struct lwo_pool_info {
   size_t size;                /* sizeof(lwo_pool_info), set by the caller */
   uint32_t n_layers;
-  uint32_t is_registered;     /* 0: pinned arena; 1: registered caller memory
-                                 or a checkpoint */
-  uint64_t total_bytes;       /* sum of all records */
-  uint64_t max_record_bytes;  /* largest record: the size of a ring slot */
-  uint32_t is_staged;         /* 1: rings copy through pinned staging buffers
-                                 (a checkpoint whose files are not registered) */
+  lwo_pool_kind_t kind;       /* since 0.2.0 (replaces is_registered, is_staged) */
+  uint64_t total_bytes;       /* host bytes of every layer this pool holds: the
+                                 records, or for a sharded pool this rank's
+                                 shards */
+  uint64_t max_record_bytes;  /* the size of a ring slot: the largest record
+                                 (sharded: the largest n_ranks x shard) */
+  int32_t rank;               /* this pool's rank: 0 unless sharded (since 0.2.0) */
+  int32_t n_ranks;            /* ranks sharing the records: 1 unless sharded
+                                 (since 0.2.0) */
 } lwo_pool_info;
+
+#define LWO_POOL_INFO_INIT {sizeof(lwo_pool_info), 0u, LWO_POOL_PINNED, 0u, 0u, 0, 1}
 
 LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info);
 
 /* Where one tensor sits in its layer's record. `name` points into the pool
  * and lives as long as the pool. */
 typedef struct lwo_tensor_info {
+  size_t size;       /* sizeof(lwo_tensor_info), set by the caller (since 0.2.0) */
   const char* name;
   lwo_dtype_t dtype;
   int32_t n_dims;
@@ -344,6 +463,8 @@ typedef struct lwo_tensor_info {
   uint64_t offset;   /* byte offset within the record */
   uint64_t bytes;
 } lwo_tensor_info;
+
+#define LWO_TENSOR_INFO_INIT {sizeof(lwo_tensor_info), NULL, LWO_DTYPE_F32, 0, {0}, 0u, 0u}
 
 LWO_API lwo_status_t lwo_pool_layer_tensor_count(const lwo_pool* pool, uint32_t layer,
                                                  uint32_t* n_tensors);
@@ -357,19 +478,36 @@ LWO_API lwo_status_t lwo_pool_record_bytes(const lwo_pool* pool, uint32_t layer,
                                            uint64_t* bytes);
 
 /* Copies `bytes` bytes from `src` into tensor `name` of `layer`; `bytes` must
- * equal the tensor's size (LWO_ERR_SIZE_MISMATCH). Pinned pools only
- * (registered pools are the caller's memory: write it directly). Writing a
- * layer while a ring may be copying it is a data race the caller must avoid:
- * write before staging, or after the ring's copies of that layer finished. */
+ * equal the tensor's size (LWO_ERR_SIZE_MISMATCH). Pinned and sharded pools
+ * only (LWO_ERR_UNSUPPORTED for registered pools, which are the caller's
+ * memory to write directly, and for read-only checkpoint pools); a sharded
+ * pool keeps only the part of the tensor in this rank's shard. Marks the
+ * layer changed (lwo_pool_layer_changed). Writing a layer while a ring may be
+ * copying it is a data race the caller must avoid: write before staging, or
+ * after the ring's copies of that layer finished. */
 LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* name,
                                     const void* src, uint64_t bytes);
 
+/* As lwo_pool_write, for bytes [offset, offset + bytes) of the tensor only
+ * (LWO_ERR_OUT_OF_RANGE past its end). Since 0.2.0. */
+LWO_API lwo_status_t lwo_pool_write_range(lwo_pool* pool, uint32_t layer, const char* name,
+                                          uint64_t offset, const void* src, uint64_t bytes);
+
+/* "Whole" and "shard" access. A pool holds the whole of every record, except
+ * a sharded pool of more than one rank, which holds one shard of each. The
+ * whole-layer calls (lwo_pool_layer_host, lwo_pool_tensor_host) work on every
+ * pool that holds the whole record and give LWO_ERR_UNSUPPORTED on a sharded
+ * pool of more than one rank; the shard calls (lwo_pool_shard_host,
+ * lwo_pool_shard_tensor, lwo_grads_shard) work on every pool, where an
+ * unsharded pool is one shard: the whole record. */
+
 /* The host address of a layer's bytes and their count, for filling them in
- * place (never for checkpoint pools: their memory is a read-only mapping). Pinned pools: the whole record (record bytes). Registered pools:
- * only when the layer moves in one copy, the caller's memory from the first
- * tensor to the end of the last (which may be less than the record, whose
- * tail padding is not copied); else LWO_ERR_UNSUPPORTED. Valid until the
- * pool is destroyed. */
+ * place (read-only for checkpoint pools: their memory is a read-only
+ * mapping). Pinned pools: the whole record (record bytes). Registered and
+ * checkpoint pools: only when the layer moves in one copy, the memory from
+ * the first tensor to the end of the last (which may be less than the
+ * record, whose tail padding is not copied); else LWO_ERR_UNSUPPORTED. Valid
+ * until the pool is destroyed. */
 LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** data,
                                          uint64_t* bytes);
 
@@ -378,7 +516,7 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
  * optimizer step): the next lwo_ring_stage of the layer copies it again
  * instead of reusing a slot that still holds the old bytes. lwo_pool_write
  * does this itself. Copies already enqueued are not affected: change a layer
- * only while no ring may be copying it. Any thread. */
+ * only while no ring may be copying it. */
 LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer);
 
 /* The host address and size of one tensor (read-only for checkpoint pools).
@@ -391,6 +529,7 @@ LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
 /* Device slot rings                                                         */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: any thread; calls serialise internally. */
 typedef struct lwo_ring lwo_ring;
 
 /* One occupancy of one slot of one ring. Treat it as opaque; 0 is never a
@@ -423,25 +562,49 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
 LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
 
 /* Claims a slot for `layer` and returns its ticket. If the layer is still in a
- * slot from an earlier occupancy (released, not overwritten), that is a hit:
- * no copy. Otherwise the copy of the layer's record into the least recently
- * used free slot is enqueued on the engine's transfer stream, ordered after
- * every release of that slot's previous occupant. Never blocks the host.
- * LWO_ERR_RING_FULL if every slot is staged or held; LWO_ERR_LAYER_BUSY if the
- * layer is already staged or held under another ticket. */
+ * slot from an earlier occupancy (released, not overwritten, and not
+ * changed since: lwo_pool_layer_changed), that is a hit: no copy. Otherwise
+ * the slot taken is the free one released longest ago: an empty slot first
+ * (the lowest-numbered), else the released slot whose lwo_ring_release call
+ * came first (releases in any order; the order of the release calls, not of
+ * the GPU work, decides). The layer's copy into it is enqueued on the
+ * engine's transfer stream, ordered after every release of the slot's
+ * previous occupant. Never blocks the host.
+ *
+ * What the copy moves: the layer's copy runs. A pinned pool's record is one
+ * run of record_bytes (tail padding included); a registered or checkpoint
+ * pool moves each run of tensors that lie in host memory as the record lays
+ * them out, from the run's first tensor to its last tensor's end (no tail
+ * padding), in one copy per run (a staged checkpoint pool packs the runs into
+ * a pinned staging buffer and copies that in one copy); a sharded pool moves
+ * this rank's shard (shard bytes) and all-gathers the rest. lwo_ring_stats
+ * counts these: n_copies host-to-device copies and bytes_copied their run
+ * bytes (never the all-gather).
+ *
+ * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
+ * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
+ * staged or held under another ticket: this wins over a full ring),
+ * LWO_ERR_RING_FULL (every slot is staged or held). */
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer,
                                     lwo_ticket* ticket);
 
-/* The device addresses of an acquired layer. `tensors` points to n_tensors
- * device addresses in the layer's tensor order; it and the addresses are
- * valid until the ticket is released. */
+/* The device addresses of an acquired layer (or of a gradient slot, from
+ * lwo_grads_begin). The arrays hold n_tensors entries in the layer's tensor
+ * order; they and the addresses are valid until the ticket is released (the
+ * gradient layer ended). Set `size` first (LWO_LAYER_VIEW_INIT). */
 typedef struct lwo_layer_view {
+  size_t size;                 /* sizeof(lwo_layer_view), set by the caller (since 0.2.0) */
   uint32_t layer;
   uint32_t n_tensors;
   void* base;                  /* device address of the record */
   uint64_t record_bytes;
-  void* const* tensors;
+  void* const* tensors;        /* device address of each tensor */
+  const uint64_t* tensor_bytes;      /* bytes of each tensor (since 0.2.0) */
+  const lwo_dtype_t* tensor_dtypes;  /* dtype of each tensor; in a gradient view
+                                        its wire dtype (since 0.2.0) */
 } lwo_layer_view;
+
+#define LWO_LAYER_VIEW_INIT {sizeof(lwo_layer_view), 0u, 0u, NULL, 0u, NULL, NULL, NULL}
 
 /* Makes `stream` wait (on the GPU) until the ticket's layer is in its slot and
  * returns the device addresses. Work enqueued on `stream` after this call may
@@ -454,6 +617,24 @@ LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket,
 LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket,
                                      const char* name, void** device_ptr);
 
+/* Non-blocking: *landed = 1 if the ticket's layer is in its slot (its copy
+ * has finished on the GPU; a hit has landed), else 0. A consumer must still
+ * acquire before reading. LWO_ERR_STALE_TICKET for a ticket that has
+ * ended. Since 0.2.0. */
+LWO_API lwo_status_t lwo_ring_query(lwo_ring* ring, lwo_ticket ticket, uint32_t* landed);
+
+typedef enum lwo_ticket_state_t {
+  LWO_TICKET_STAGED = 1,    /* staged, not acquired */
+  LWO_TICKET_ACQUIRED = 2,  /* acquired, not released */
+  LWO_TICKET_ENDED = 3,     /* released, or its slot since reused */
+  LWO_TICKET_STATE_FORCE_32 = 0x7fffffff
+} lwo_ticket_state_t;
+
+/* The state of a ticket this ring issued (LWO_ERR_FOREIGN_TICKET for any
+ * other). Since 0.2.0. */
+LWO_API lwo_status_t lwo_ring_ticket_state(lwo_ring* ring, lwo_ticket ticket,
+                                           lwo_ticket_state_t* state);
+
 /* Ends the ticket's occupancy: records the slot's free event on `stream`. The
  * slot will not be overwritten until the work enqueued on `stream` before this
  * call has finished, so every read of the slot must be ordered on `stream`
@@ -463,6 +644,13 @@ LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket,
  * is a hit. Releasing twice is LWO_ERR_STALE_TICKET. */
 LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket,
                                       lwo_stream_t stream);
+
+/* Releases every live ticket of the ring (staged or acquired) on `stream`,
+ * as lwo_ring_release would one by one, and sets *n_released to their number
+ * (may be NULL). LWO_ERR_BUSY while a schedule of the ring exists (it holds
+ * tickets of its own: destroy or reset it). Since 0.2.0. */
+LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
+                                          uint32_t* n_released);
 
 typedef struct lwo_ring_info {
   size_t size;            /* sizeof(lwo_ring_info), set by the caller */
@@ -498,6 +686,8 @@ LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring);
 /* Schedules                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: one thread at a time (calls are serialised, but two threads
+ * driving one schedule would take each other's layers). */
 typedef struct lwo_schedule lwo_schedule;
 
 /* A pass over an ordered list of layer ids of the ring's pool (copied; ids
@@ -516,7 +706,10 @@ LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
  * layer it releases that one and returns LWO_END (view untouched). If the
  * next layer cannot be staged (for example LWO_ERR_LAYER_BUSY because the
  * caller holds it), the previous layer stays released, the position does
- * not advance, and a later call retries. */
+ * not advance, and a later call retries; the message names
+ * lwo_schedule_next, the position and the layer, then the staging error.
+ * After LWO_END every call returns LWO_END again (holding nothing) until
+ * lwo_schedule_reset. */
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
                                        lwo_layer_view* view);
 
@@ -577,6 +770,8 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
 /* Weight gradients to host memory                                          */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: any thread; calls serialise internally (the accumulation runs on
+ * the engine's host threads, behind the lwo_grads_wait fence). */
 typedef struct lwo_grads lwo_grads;
 
 /* Send each tensor's gradient in its own dtype (bf16/f16) instead of f32:
@@ -589,8 +784,9 @@ typedef struct lwo_grads_config {
   size_t size;         /* sizeof(lwo_grads_config) */
   uint32_t depth;      /* device staging slots, 1..64; default 2 */
   uint32_t flags;      /* LWO_GRADS_NATIVE_WIRE or 0 */
-  uint32_t n_threads;  /* host threads for first-touching the buffers and for
-                          accumulating (at most 32); 0 = all cores */
+  uint32_t n_threads;  /* host threads for first-touching the buffers (at
+                          most 64) and for accumulating (at most 32); 0 = one
+                          per core, within those limits */
 } lwo_grads_config;
 
 #define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
@@ -651,29 +847,33 @@ LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
  * gradient. As always, read the buffers only after lwo_grads_wait. */
 LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
 
-/* The f32 host buffer of tensor `name` of trainable `layer` and its element
- * count. Owned by `grads`; valid until it is destroyed; read it only after
- * lwo_grads_wait. */
-LWO_API lwo_status_t lwo_grads_host(lwo_grads* grads, uint32_t layer, const char* name,
-                                    float** data, uint64_t* n_elements);
+/* Non-blocking: *done = 1 if every gradient ended so far has landed in host
+ * memory and been accumulated, so lwo_grads_wait would not wait for the
+ * GPU; else 0. Read the buffers only after lwo_grads_wait all the same (it
+ * is the fence, and finishes lazy zeroing). Since 0.2.0. */
+LWO_API lwo_status_t lwo_grads_query(lwo_grads* grads, uint32_t* done);
 
-/* The part of tensor `name`'s f32 host gradient that this rank holds:
- * elements [*first_element, *first_element + *n_elements) of the tensor (in
- * its row-major order) at `*data`. For a sharded pool these are exactly the
- * elements of the tensor that lie in this rank's weight shard (see
- * lwo_pool_shard_tensor), summed over the ranks; *n_elements may be 0. For
- * any other pool it is the whole tensor (first 0), as lwo_grads_host. Read
- * it only after lwo_grads_wait. lwo_grads_host gives LWO_ERR_UNSUPPORTED for
- * a sharded pool of more than one rank. */
+/* The one gradient accessor: the part of tensor `name`'s f32 host gradient
+ * that this rank holds, elements [*first_element, *first_element +
+ * *n_elements) of the tensor (in its row-major order) at `*data` (owned by
+ * `grads`, valid until it is destroyed). For a sharded pool these are
+ * exactly the elements of the tensor that lie in this rank's weight shard
+ * (see lwo_pool_shard_tensor), summed over the ranks; *n_elements may be 0
+ * (then *data is NULL). For any other pool it is the whole tensor (first
+ * element 0). Read it only after lwo_grads_wait. (0.2.0 removed
+ * lwo_grads_host, which this replaces.) */
 LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const char* name,
                                      float** data, uint64_t* first_element,
                                      uint64_t* n_elements);
 
 typedef struct lwo_grads_stats {
   size_t size;               /* sizeof(lwo_grads_stats), set by the caller */
-  uint64_t n_transfers;      /* layers sent to host */
-  uint64_t bytes;            /* bytes copied device to host */
-  uint64_t n_accumulated;    /* layers converted or added on the host */
+  uint64_t n_transfers;      /* successful lwo_grads_end calls */
+  uint64_t bytes;            /* bytes those calls copied device to host (this
+                                rank's part, on the wire dtype) */
+  uint64_t n_accumulated;    /* of those layers, how many the host has
+                                converted or added so far (the rest landed
+                                in place by DMA, or are still on their way) */
 } lwo_grads_stats;
 
 LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats);
@@ -745,6 +945,7 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
 /* Checkpoints: safetensors files streamed in place                          */
 /* ------------------------------------------------------------------------ */
 
+/* Threads: any thread; read-only once open. */
 typedef struct lwo_checkpoint lwo_checkpoint;
 
 /* Opens a safetensors checkpoint read-only: a `.safetensors` file, or the
@@ -759,9 +960,37 @@ typedef struct lwo_checkpoint lwo_checkpoint;
  * the tensor and the problem. Needs no engine and no GPU. Any thread. */
 LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint);
 
-/* Closes the handle. Pools made from it keep the files mapped until they are
- * destroyed. */
-LWO_API lwo_status_t lwo_checkpoint_close(lwo_checkpoint* checkpoint);
+/* Destroys the handle (0.2.0: was lwo_checkpoint_close). Pools made from it
+ * keep the files mapped until they are destroyed. */
+LWO_API lwo_status_t lwo_checkpoint_destroy(lwo_checkpoint* checkpoint);
+
+/* One file of a checkpoint: the .safetensors file itself, or one shard of
+ * an index, in the order lwo_checkpoint_tensor's `file` counts them (the
+ * index's shards sorted by name). Since 0.2.0. */
+typedef struct lwo_checkpoint_file {
+  size_t size;          /* sizeof(lwo_checkpoint_file), set by the caller */
+  const char* path;     /* as opened (shards: the index's folder + the name
+                           the index gives); owned by the checkpoint */
+  uint64_t bytes;       /* the file's size */
+  uint32_t n_tensors;   /* tensors of the checkpoint that lie in it */
+} lwo_checkpoint_file;
+
+#define LWO_CHECKPOINT_FILE_INIT {sizeof(lwo_checkpoint_file), NULL, 0u, 0u}
+
+LWO_API lwo_status_t lwo_checkpoint_file_count(const lwo_checkpoint* checkpoint,
+                                               uint32_t* n_files);
+LWO_API lwo_status_t lwo_checkpoint_file_info(const lwo_checkpoint* checkpoint, uint32_t index,
+                                              lwo_checkpoint_file* info);
+
+/* The "__metadata__" strings of the files, file by file (in file order), key
+ * by key (in byte order of the keys): entry `index` is key *key with value
+ * *value in file *file (may be NULL). Strings are owned by the checkpoint.
+ * Since 0.2.0. */
+LWO_API lwo_status_t lwo_checkpoint_metadata_count(const lwo_checkpoint* checkpoint,
+                                                   uint32_t* n_entries);
+LWO_API lwo_status_t lwo_checkpoint_metadata(const lwo_checkpoint* checkpoint, uint32_t index,
+                                             uint32_t* file, const char** key,
+                                             const char** value);
 
 typedef struct lwo_checkpoint_tensor {
   size_t size;              /* sizeof(lwo_checkpoint_tensor), set by the caller */
@@ -772,8 +1001,12 @@ typedef struct lwo_checkpoint_tensor {
   int64_t shape[LWO_MAX_DIMS];  /* the first min(n_dims, LWO_MAX_DIMS) */
   uint64_t bytes;
   uint64_t file_offset;     /* of the first byte, in its file */
-  uint32_t file;            /* index of the file (shard) that holds it */
+  uint32_t file;            /* index of the file (shard) that holds it: see
+                               lwo_checkpoint_file_info */
 } lwo_checkpoint_tensor;
+
+#define LWO_CHECKPOINT_TENSOR_INIT \
+  {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u}
 
 LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
                                                  uint32_t* n_tensors);
@@ -812,10 +1045,10 @@ LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config)
  * they are packed at 256-byte boundaries. The files are registered for DMA in
  * place (cudaHostRegister, read-only) and rings copy straight from the page
  * cache; where registration is refused or LWO_CHECKPOINT_STAGED is set, rings
- * copy through pinned staging buffers instead (see lwo_pool_get_info's
- * is_staged). lwo_ring_stage fails with LWO_ERR_FILE_CHANGED once a file has
+ * copy through pinned staging buffers instead (LWO_POOL_CHECKPOINT_STAGED). lwo_ring_stage fails with LWO_ERR_FILE_CHANGED once a file has
  * changed size. LWO_ERR_BAD_DTYPE for a tensor whose dtype lwo cannot stream;
- * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. */
+ * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. The pool's
+ * kind (lwo_pool_get_info) says which path it took. */
 LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      lwo_checkpoint* checkpoint,
                                                      const lwo_checkpoint_pool_config* config,
@@ -829,6 +1062,23 @@ LWO_API lwo_status_t lwo_checkpoint_unmatched_count(lwo_checkpoint* checkpoint,
 LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
                                                    const lwo_checkpoint_pool_config* config,
                                                    uint32_t index, const char** name);
+
+/* Marks a checkpoint tensor that `config` maps to no layer. */
+#define LWO_NO_LAYER 0xffffffffu
+
+/* Which layer each checkpoint tensor becomes under `config`, exactly as
+ * lwo_pool_create_from_checkpoint would map it: for tensor i (in
+ * lwo_checkpoint_tensor_info order, n_tensors of them: the checkpoint's
+ * count, else LWO_ERR_SIZE_MISMATCH) layers[i] is its layer, or
+ * LWO_NO_LAYER, and names[i] (may be NULL) its name inside the layer (the
+ * pattern's prefix taken off; owned by the checkpoint), or NULL when it maps
+ * to no layer. *n_layers (may be NULL) is the layer count. Fails as
+ * lwo_pool_create_from_checkpoint's mapping does (LWO_ERR_NOT_FOUND for a
+ * missing name or layer index). Needs no engine. Since 0.2.0. */
+LWO_API lwo_status_t lwo_checkpoint_map_tensors(lwo_checkpoint* checkpoint,
+                                                const lwo_checkpoint_pool_config* config,
+                                                uint32_t n_tensors, uint32_t* layers,
+                                                const char** names, uint32_t* n_layers);
 
 /* ------------------------------------------------------------------------ */
 /* Host weights sharded across NCCL ranks (since 0.1.0; see docs/API.md)      */
@@ -878,17 +1128,18 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
 
 /* This rank's shard of `layer`: its host address, where it starts in the
  * record, and its size S (writable; fill it before staging, or call
- * lwo_pool_layer_changed after). lwo_pool_write also works on sharded pools:
- * it copies only the part of the tensor that falls in this rank's shard. */
+ * lwo_pool_layer_changed after). On a pool that is not sharded the shard is
+ * the whole layer: offset 0 and the address and bytes of lwo_pool_layer_host
+ * (with its LWO_ERR_UNSUPPORTED for a layer that is not contiguous). */
 LWO_API lwo_status_t lwo_pool_shard_host(lwo_pool* pool, uint32_t layer, void** data,
                                          uint64_t* record_offset, uint64_t* bytes);
 
 /* The part of tensor `name` of `layer` in this rank's shard: elements
  * [*first_element, *first_element + *n_elements) of the tensor (row-major),
- * writable at `*data` in host memory; *n_elements may be 0 (then *data is
- * NULL). The same elements as lwo_grads_shard's, so a sharded optimizer
- * updates data[i] from the gradient shard's data[i]. LWO_ERR_UNSUPPORTED
- * for a pool that is not sharded. */
+ * at `*data` in host memory (writable, but for checkpoint pools); *n_elements
+ * may be 0 (then *data is NULL). The same elements as lwo_grads_shard's, so
+ * a sharded optimizer updates data[i] from the gradient shard's data[i]. On
+ * a pool that is not sharded: the whole tensor, first element 0. */
 LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const char* name,
                                            void** data, uint64_t* first_element,
                                            uint64_t* n_elements);
