@@ -51,7 +51,7 @@ Shared& shared() {
   tensor.dtype = LWO_DTYPE_BF16;
   tensor.n_dims = 1;
   tensor.shape[0] = kRecordElems;
-  std::vector<lwo_layer_desc> descs(kLayers, lwo_layer_desc{&tensor, 1});
+  std::vector<lwo_layer_desc> descs(kLayers, lwo_layer_desc{&tensor, 1, nullptr});
   check(lwo_pool_create_pinned(engine(), descs.data(), kLayers, nullptr, s->pool.out()),
         "lwo_pool_create_pinned");
   s->stream = make_stream();
@@ -120,7 +120,7 @@ void bm_stage_acquire_release(benchmark::State& state, bool hit) {
         state, kLayersPerIter,
         [&](uint64_t i) {
           lwo_ticket t{};
-          lwo_layer_view view{};
+          lwo_layer_view view = LWO_LAYER_VIEW_INIT;
           lwo_status_t st = lwo_ring_stage(ring.get(), static_cast<uint32_t>(i % cycle), &t);
           if (st != LWO_OK) check(st, "lwo_ring_stage");
           st = lwo_ring_acquire(ring.get(), t, stream, &view);
@@ -164,7 +164,7 @@ void bm_schedule_next(benchmark::State& state, bool hit) {
     time_layers(
         state, kLayersPerIter,
         [&](uint64_t) {
-          lwo_layer_view view{};
+          lwo_layer_view view = LWO_LAYER_VIEW_INIT;
           lwo_status_t st = lwo_schedule_next(schedule.get(), stream, &view);
           if (st == LWO_END) {
             check(lwo_schedule_reset(schedule.get(), stream), "lwo_schedule_reset");
@@ -199,7 +199,7 @@ void bm_grads(benchmark::State& state) {
         state, kLayers,
         [&](uint64_t i) {
           const uint32_t l = static_cast<uint32_t>(i % kLayers);
-          lwo_layer_view view{};
+          lwo_layer_view view = LWO_LAYER_VIEW_INIT;
           lwo_status_t st = lwo_grads_begin(grads.get(), l, stream, &view);
           if (st != LWO_OK) check(st, "lwo_grads_begin");
           st = lwo_grads_end(grads.get(), l, stream);

@@ -59,7 +59,7 @@ RingPool& pool_for(uint64_t record) {
   tensor.dtype = LWO_DTYPE_U8;
   tensor.n_dims = 1;
   tensor.shape[0] = static_cast<int64_t>(record);
-  std::vector<lwo_layer_desc> descs(p->layers, lwo_layer_desc{&tensor, 1});
+  std::vector<lwo_layer_desc> descs(p->layers, lwo_layer_desc{&tensor, 1, nullptr});
   check(lwo_pool_create_pinned(engine(), descs.data(), p->layers, nullptr, p->pool.out()),
         "lwo_pool_create_pinned");
   std::vector<void*> host(p->layers);
@@ -96,7 +96,7 @@ lwo_ring_stats ring_stats(lwo_ring* ring) {
 
 // One pass of the schedule: the checksum kernel reads each layer's slot.
 void pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
-  lwo_layer_view view{};
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (;;) {
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
     if (s == LWO_END) break;

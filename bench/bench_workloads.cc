@@ -190,7 +190,8 @@ Loaded& load(const Model& m) {
       }
       tensors[r].push_back(t);
     }
-    layers[r] = lwo_layer_desc{tensors[r].data(), static_cast<uint32_t>(tensors[r].size())};
+    layers[r] =
+        lwo_layer_desc{tensors[r].data(), static_cast<uint32_t>(tensors[r].size()), nullptr};
   }
   check(lwo_pool_create_pinned(engine(), layers.data(), R, nullptr, L->pool.out()),
         "lwo_pool_create_pinned");
@@ -207,7 +208,7 @@ Loaded& load(const Model& m) {
     uint64_t g = 0;
     for (uint32_t j = 0; j < m.records[r].size(); ++j) {
       const uint32_t i = m.records[r][j];
-      lwo_tensor_info info{};
+      lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
       check(lwo_pool_tensor_info(L->pool.get(), r, j, &info), "lwo_pool_tensor_info");
       L->tensor_off[r].push_back(info.offset);
       L->grad_off[r].push_back(g);
@@ -390,7 +391,7 @@ StreamedIter streamed_iteration(const Net& net, lwo_schedule* schedule, lwo_ring
   const lwo_grads_stats g0 = grads_stats(grads);
   const double t0 = now_seconds();
   check(lwo_schedule_reset(schedule, net.stream), "lwo_schedule_reset");
-  lwo_layer_view view{};
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (uint32_t i = 0; i < n; ++i) {
     lwo_status_t s = lwo_schedule_next(schedule, net.stream, &view);
     if (s == LWO_END) fail(strf("the schedule ended after %u of its %u layers", i, n));
@@ -403,7 +404,7 @@ StreamedIter streamed_iteration(const Net& net, lwo_schedule* schedule, lwo_ring
       net.forward_record(r, view.tensors);
       continue;
     }
-    lwo_layer_view g{};
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
     check(lwo_grads_begin(grads, r, net.stream, &g), "lwo_grads_begin");
     net.backward_record(r, view.tensors, g.tensors,
                         [&] { check(lwo_grads_end(grads, r, net.stream), "lwo_grads_end"); });
@@ -503,9 +504,10 @@ void bm_workload(benchmark::State& state, const Model& m, bool step) {
     if (step && copy_back(net.dx_out(0), want_dx.size()) != want_dx) differs += " input-gradient";
     for (uint32_t j = 0; step && j < m.records[0].size(); ++j) {
       float* host = nullptr;
-      uint64_t n = 0;
-      check(lwo_grads_host(grads, 0, strf("w%u", j).c_str(), &host, &n), "lwo_grads_host");
-      if (n != m.weight_elems(m.records[0][j]) ||
+      uint64_t first = 0, n = 0;
+      check(lwo_grads_shard(grads, 0, strf("w%u", j).c_str(), &host, &first, &n),
+            "lwo_grads_shard");
+      if (first != 0 || n != m.weight_elems(m.records[0][j]) ||
           std::memcmp(host, want_g0.data() + L.grad_off[0][j], n * 4) != 0)
         differs += strf(" weight-gradient(record 0, w%u)", j);
     }

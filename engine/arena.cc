@@ -21,7 +21,7 @@ void parallel_zero(uint8_t* data, size_t n, uint32_t n_threads) {
 }
 }  // namespace
 
-PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads, const char* call)
+PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads)
     : gpu_(&gpu) {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   bytes_ = align_up(std::max<size_t>(bytes, 1), page);
@@ -43,8 +43,7 @@ PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads, const c
   try {
     data_ = static_cast<uint8_t*>(gpu.host_alloc_pinned(bytes_));
   } catch (const Error& e) {
-    fail(LWO_ERR_OUT_OF_MEMORY, "%s: cannot pin %zu bytes of host memory: %s", call, bytes_,
-         e.what());
+    fail(LWO_ERR_OUT_OF_MEMORY, "cannot pin %zu bytes of host memory: %s", bytes_, e.what());
   }
   zero(bytes_, n_threads);
 }

@@ -15,8 +15,8 @@ namespace lwo {
 class PinnedArena {
  public:
   PinnedArena() = default;
-  // `call` names the API call for messages. Throws LWO_ERR_OUT_OF_MEMORY.
-  PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads, const char* call);
+  // Throws LWO_ERR_OUT_OF_MEMORY.
+  PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads);
   ~PinnedArena();
   PinnedArena(PinnedArena&& o) noexcept { *this = static_cast<PinnedArena&&>(o); }
   PinnedArena& operator=(PinnedArena&& o) noexcept;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "src/common/error.h"
+#include "src/compute/compute.h"
 
 namespace lwo {
 
@@ -28,6 +29,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, int device)
 }
 
 Engine::~Engine() {
+  compute_.reset();  // its workspaces belong to the callers' streams
   try {
     DeviceScope scope(*this);
     gpu_->stream_sync(h2d_);
@@ -49,6 +51,18 @@ void Engine::check() {
   gpu_->stream_check(h2d_);
   gpu_->stream_check(d2h_);
   gpu_->stream_check(comm_);
+}
+
+Compute& Engine::compute() {
+  std::lock_guard<std::mutex> lock(compute_mu_);
+  if (!compute_) compute_ = std::make_unique<Compute>(device_);
+  return *compute_;
+}
+
+void Engine::check_destroyable() const {
+  int n = n_pools.load();
+  if (n > 0)
+    fail(LWO_ERR_BUSY, "engine on device %d still has %d pool%s", device_, n, n == 1 ? "" : "s");
 }
 
 void Engine::synchronize() {
@@ -76,7 +90,10 @@ static_assert(sizeof(Tag) == 32, "tags are exchanged as 32 bytes");
 constexpr uint32_t kTagMagic = 0x6c776f63;  // "lwoc"
 
 std::string describe(const Tag& t) {
-  const char* what = t.kind == 1 ? "lwo_ring_stage" : t.kind == 2 ? "lwo_grads_end" : "?";
+  // The step is named by the call that makes it on every rank.
+  const char* what = t.kind == Engine::Step::Stage      ? "lwo_ring_stage"
+                     : t.kind == Engine::Step::GradsEnd ? "lwo_grads_end"
+                                                        : "?";
   std::string s = strf("step %llu: %s of layer %u (%llu bytes", static_cast<unsigned long long>(t.seq),
                        what, t.layer, static_cast<unsigned long long>(t.bytes));
   if (t.hit == 2) return s + ", which fails on that rank)";
@@ -86,8 +103,29 @@ std::string describe(const Tag& t) {
 
 }  // namespace
 
-void Engine::check_collective(void* comm, const Step& step) {
-  if (!check_collectives_) return;
+void Engine::collective_step(void* comm, Step::Kind kind, uint32_t layer,
+                             const std::function<void(Step&)>& plan) {
+  Step step{kind, layer};
+  if (!comm || !check_collectives_) {
+    plan(step);
+    return;
+  }
+  try {
+    plan(step);
+  } catch (const Error&) {
+    Step failing{kind, layer};
+    failing.failing = true;
+    try {
+      exchange(comm, failing);
+    } catch (const Error&) {
+      // The other ranks learn of this rank's error; this rank reports its own.
+    }
+    throw;
+  }
+  exchange(comm, step);
+}
+
+void Engine::exchange(void* comm, const Step& step) {
   std::lock_guard<std::mutex> lock(check_mu_);
   DeviceScope scope(*this);
   auto it = checks_.find(comm);
@@ -109,7 +147,7 @@ void Engine::check_collective(void* comm, const Step& step) {
   mine.seq = c.seq;
   mine.bytes = step.bytes;
   mine.magic = kTagMagic;
-  mine.kind = std::strcmp(step.call, "lwo_ring_stage") == 0 ? 1 : 2;
+  mine.kind = step.kind;
   mine.layer = step.layer;
   mine.hit = step.failing ? 2 : step.hit ? 1 : 0;
   size_t at = sizeof(Tag) * static_cast<size_t>(c.rank);
@@ -128,10 +166,10 @@ void Engine::check_collective(void* comm, const Step& step) {
   }
   if (!diff.empty())
     fail(LWO_ERR_COLLECTIVE_MISMATCH,
-         "%s: layer %u: the ranks of communicator %p are not making the same collective call "
+         "layer %u: the ranks of communicator %p are not making the same collective call "
          "(rank %d: %s%s); every rank must stage the same layers and end the same gradients in "
          "the same order",
-         step.call, step.layer, comm, c.rank, describe(mine).c_str(), diff.c_str());
+         step.layer, comm, c.rank, describe(mine).c_str(), diff.c_str());
 }
 
 }  // namespace lwo

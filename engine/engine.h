@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,8 @@
 #include "backend.h"
 
 namespace lwo {
+
+class Compute;
 
 class Engine {
  public:
@@ -27,18 +30,23 @@ class Engine {
 
   // One collective step of a sharded pool, as the debug check compares it.
   struct Step {
-    const char* call;   // "lwo_ring_stage" or "lwo_grads_end"
+    enum Kind : uint32_t { Stage = 1, GradsEnd = 2 } kind;
     uint32_t layer;
-    uint64_t bytes;     // record (stage) or gradient (end) bytes
-    bool hit;           // a stage that moves nothing
-    bool failing;       // this rank fails the call on its own (bad input)
+    uint64_t bytes = 0;    // record (stage) or gradient (end) bytes
+    bool hit = false;      // a stage that moves nothing
+    bool failing = false;  // this rank fails the call on its own (bad input)
   };
-  // With collective checking on (LWO_ENGINE_CHECK_COLLECTIVES or the
-  // environment's LWO_CHECK_COLLECTIVES=1), exchanges `step` with every rank
-  // of `comm` and throws LWO_ERR_COLLECTIVE_MISMATCH on every rank if any
-  // rank is about to do something else. Blocks until all ranks arrive. A
-  // no-op otherwise.
-  void check_collective(void* comm, const Step& step);
+  // One collective step of communicator `comm` (null: a rank-local pool).
+  // `plan` validates this rank's call and fills in the step's bytes and hit;
+  // it throws lwo::Error on bad input. With collective checking on
+  // (LWO_ENGINE_CHECK_COLLECTIVES or the environment's
+  // LWO_CHECK_COLLECTIVES=1) the step is then exchanged with every rank and
+  // LWO_ERR_COLLECTIVE_MISMATCH thrown on every rank if any rank is about to
+  // do something else; a rank whose plan throws first tells the others it
+  // fails (so they fail instead of hanging) and rethrows its own error.
+  // Blocks until all ranks arrive. Otherwise it only runs `plan`.
+  void collective_step(void* comm, Step::Kind kind, uint32_t layer,
+                       const std::function<void(Step&)>& plan);
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
 
@@ -46,6 +54,11 @@ class Engine {
   void check();
   void synchronize();
 
+  // Layer compute (cuBLASLt, cuDNN), made on first use and destroyed first.
+  Compute& compute();
+
+  // Throws LWO_ERR_BUSY while pools of the engine exist.
+  void check_destroyable() const;
   std::atomic<int> n_pools{0};
 
  private:
@@ -55,6 +68,9 @@ class Engine {
   StreamH d2h_ = nullptr;
   StreamH comm_ = nullptr;
   bool check_collectives_ = false;
+  void exchange(void* comm, const Step& step);
+  std::mutex compute_mu_;
+  std::unique_ptr<Compute> compute_;
   struct CommCheck {
     int n_ranks = 1, rank = 0;
     uint64_t seq = 0;       // collective steps checked so far on this communicator

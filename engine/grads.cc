@@ -6,29 +6,12 @@
 #include <memory>
 #include <thread>
 
+#include "src/common/dtype.h"
 #include "src/common/error.h"
+#include "src/common/parallel.h"
 
 namespace lwo {
 namespace {
-
-float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float f16_to_f32(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float v;
-  if (exp == 0)
-    v = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
-  else if (exp == 31)
-    v = man ? NAN : INFINITY;
-  else
-    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
-  return sign ? -v : v;
-}
 
 // dst[i] (=|+=) convert(src[i]) for i in [b, e).
 void convert_range(float* dst, const uint8_t* src, lwo_dtype_t wire, uint64_t b, uint64_t e,
@@ -63,14 +46,37 @@ void convert_range(float* dst, const uint8_t* src, lwo_dtype_t wire, uint64_t b,
 
 }  // namespace
 
+namespace {
+// The wire record of a pool's trainable layers: what Grads needs to size its
+// slots before it can make them.
+uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, bool native) {
+  uint64_t m = 0;
+  for (uint32_t li = 0; li < pool.n_layers(); ++li) {
+    if (trainable && !trainable[li]) continue;
+    uint64_t woff = 0;
+    for (const TensorLayout& t : pool.layer(li).layout.tensors) {
+      size_t es = dtype_size(t.dtype);
+      if (t.dtype != LWO_DTYPE_F32 && t.dtype != LWO_DTYPE_BF16 && t.dtype != LWO_DTYPE_F16)
+        fail(LWO_ERR_INVALID_ARGUMENT,
+             "layer %u tensor '%s' is %s; trainable tensors must be f32, bf16 or f16 "
+             "(mark the layer frozen)", li, t.name.c_str(), dtype_name(t.dtype));
+      woff = align_up(woff + t.bytes / es * (native ? es : 4), LWO_RECORD_ALIGN);
+    }
+    m = std::max(m, woff);
+  }
+  return m;
+}
+}  // namespace
+
 Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_wire,
              uint32_t n_threads)
-    : pool_(pool), engine_(pool.engine()), native_(native_wire), n_threads_(n_threads) {
-  static const char* call = "lwo_grads_create";
+    : pool_(pool), engine_(pool.engine()), native_(native_wire), n_threads_(n_threads),
+      max_wire_((pool.comm() && native_wire) ? 0 : max_wire_bytes(pool, trainable, native_wire)),
+      slots_(make_slots(pool, depth, max_wire_)) {
   if (pool.comm() && native_)
     fail(LWO_ERR_UNSUPPORTED,
-         "%s: the pool is sharded over %d ranks: its gradients are summed over the ranks in "
-         "f32, so LWO_GRADS_NATIVE_WIRE is not supported", call, pool.n_ranks());
+         "the pool is sharded over %d ranks: its gradients are summed over the ranks in "
+         "f32, so LWO_GRADS_NATIVE_WIRE is not supported", pool.n_ranks());
   layers_.resize(pool.n_layers());
   uint64_t host_total = 0;
   bool any = false;
@@ -79,13 +85,9 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
     g.trainable = !trainable || trainable[li];
     if (!g.trainable) continue;
     any = true;
-    const RecordLayout& rl = pool.layer(li, call).layout;
+    const RecordLayout& rl = pool.layer(li).layout;
     uint64_t woff = 0, hoff = 0;
     for (const TensorLayout& t : rl.tensors) {
-      if (t.dtype != LWO_DTYPE_F32 && t.dtype != LWO_DTYPE_BF16 && t.dtype != LWO_DTYPE_F16)
-        fail(LWO_ERR_INVALID_ARGUMENT,
-             "%s: layer %u tensor '%s' is %s; trainable tensors must be f32, bf16 or f16 "
-             "(mark the layer frozen)", call, li, t.name.c_str(), dtype_name(t.dtype));
       Tensor gt;
       gt.wire = native_ ? t.dtype : LWO_DTYPE_F32;
       gt.n = t.bytes / dtype_size(t.dtype);
@@ -95,6 +97,8 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
       hoff = align_up(hoff + gt.n * 4, LWO_RECORD_ALIGN);
       g.tensors.push_back(gt);
       g.names.push_back(t.name);
+      g.view_bytes.push_back(gt.n * dtype_size(gt.wire));
+      g.view_dtypes.push_back(gt.wire);
     }
     g.wire_bytes = woff;
     g.lo = 0;
@@ -104,7 +108,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
       // each boundary q*S of the weight record into the f32 wire record.
       // Offsets and S are multiples of LWO_RECORD_ALIGN, so every boundary
       // falls between elements, and the mapped one on a multiple of 4.
-      const uint64_t S = pool.layer(li, call).shard_bytes;
+      const uint64_t S = pool.layer(li).shard_bytes;
       const int n = pool.n_ranks();
       g.bounds.assign(static_cast<size_t>(n) + 1, woff);
       for (int q = 0; q <= n; ++q) {
@@ -127,121 +131,90 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
     g.host_bytes = hoff;
     g.host_base = host_total;
     host_total = align_up(host_total + hoff, LWO_RECORD_ALIGN);
-    max_wire_ = std::max(max_wire_, woff);
   }
   if (!any || max_wire_ == 0)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: no trainable layer has any gradient bytes", call);
+    fail(LWO_ERR_INVALID_ARGUMENT, "no trainable layer has any gradient bytes");
   DeviceScope scope(engine_);
-  Backend& gpu = engine_.gpu();
-  host_ = PinnedArena(gpu, std::max<uint64_t>(host_total, LWO_RECORD_ALIGN), n_threads_, call);
-  slots_.resize(depth);
-  try {
-    for (Slot& s : slots_) {
-      s.dev = static_cast<uint8_t*>(gpu.device_alloc(max_wire_));
-      s.ready = gpu.event_create(false);
-      s.free = gpu.event_create(false);
-      s.reduced = gpu.event_create(false);
-    }
-  } catch (...) {
-    for (Slot& s : slots_) {
-      gpu.device_free(s.dev);
-      gpu.event_destroy(s.ready);
-      gpu.event_destroy(s.free);
-      gpu.event_destroy(s.reduced);
-    }
-    throw;
-  }
+  host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
+                      n_threads_);
+  slot_layer_.assign(slots_.size(), -1);
+}
+
+SlotSet Grads::make_slots(Pool& pool, uint32_t depth, uint64_t bytes) {
+  // No slots yet where the checks that follow will refuse the set anyway.
+  DeviceScope scope(pool.engine());
+  return SlotSet(pool.engine().gpu(), bytes ? depth : 0, std::max<uint64_t>(bytes, 1));
 }
 
 Grads::~Grads() {
   try {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());
-    for (Slot& s : slots_) {
-      engine_.gpu().device_free(s.dev);
-      engine_.gpu().event_destroy(s.ready);
-      engine_.gpu().event_destroy(s.free);
-      engine_.gpu().event_destroy(s.reduced);
-    }
+    engine_.gpu().event_destroy(done_);
   } catch (...) {
   }
 }
 
-Grads::Layer& Grads::trainable_layer(uint32_t layer, const char* call) {
+Grads::Layer& Grads::trainable_layer(uint32_t layer) {
   if (layer >= layers_.size())
-    fail(LWO_ERR_OUT_OF_RANGE, "%s: layer %u is out of range (pool has %zu layers)", call, layer,
+    fail(LWO_ERR_OUT_OF_RANGE, "layer %u is out of range (pool has %zu layers)", layer,
          layers_.size());
   Layer& g = layers_[layer];
   if (!g.trainable)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: layer %u is frozen: it has no gradients", call, layer);
+    fail(LWO_ERR_INVALID_ARGUMENT, "layer %u is frozen: it has no gradients", layer);
   return g;
 }
 
 void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
-  static const char* call = "lwo_grads_begin";
   std::lock_guard<std::mutex> lock(mu_);
-  Layer& g = trainable_layer(layer, call);
+  Layer& g = trainable_layer(layer);
   if (g.slot >= 0)
-    fail(LWO_ERR_LAYER_BUSY, "%s: layer %u is already begun (staging slot %d); end it first",
-         call, layer, g.slot);
+    fail(LWO_ERR_LAYER_BUSY, "layer %u is already begun (staging slot %d); end it first", layer,
+         g.slot);
   // The free slot whose copy to host was enqueued longest ago: its copy is
   // the most likely to have finished, so the caller's stream waits least.
-  int32_t si = -1;
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (!slots_[i].held && (si < 0 || slots_[i].last_end < slots_[si].last_end))
-      si = static_cast<int32_t>(i);
+  int32_t si = slots_.pick([this](size_t i) { return slot_layer_[i] < 0; });
   if (si < 0)
-    fail(LWO_ERR_RING_FULL, "%s: layer %u: all %zu gradient staging slots are begun", call, layer,
+    fail(LWO_ERR_RING_FULL, "layer %u: all %zu gradient staging slots are begun", layer,
          slots_.size());
-  Slot& s = slots_[si];
+  DeviceSlot& s = slots_[si];
   DeviceScope scope(engine_);
   if (s.ever_freed) engine_.gpu().stream_wait(stream, s.free);
-  s.held = true;
+  slot_layer_[si] = static_cast<int32_t>(layer);
   g.slot = si;
-  s.ptrs.resize(g.tensors.size());
-  for (size_t i = 0; i < g.tensors.size(); ++i) s.ptrs[i] = s.dev + g.tensors[i].wire_off;
-  view->layer = layer;
-  view->n_tensors = static_cast<uint32_t>(g.tensors.size());
-  view->base = s.dev;
-  view->record_bytes = g.wire_bytes;
-  view->tensors = s.ptrs.data();
+  g.ptrs.resize(g.tensors.size());
+  for (size_t i = 0; i < g.tensors.size(); ++i) g.ptrs[i] = s.dev + g.tensors[i].wire_off;
+  lwo_layer_view v{};
+  v.size = sizeof v;
+  v.layer = layer;
+  v.n_tensors = static_cast<uint32_t>(g.tensors.size());
+  v.base = s.dev;
+  v.record_bytes = g.wire_bytes;
+  v.tensors = g.ptrs.data();
+  v.tensor_bytes = g.view_bytes.data();
+  v.tensor_dtypes = g.view_dtypes.data();
+  *view = v;
 }
 
 void Grads::end(uint32_t layer, StreamH stream) {
-  static const char* call = "lwo_grads_end";
   std::lock_guard<std::mutex> lock(mu_);
-  // Sharded pools under the collective check: every rank says what it is
-  // about to do (or that it fails here) before the reduction.
-  const bool check = pool_.comm() && engine_.checks_collectives();
-  if (check) {
-    uint64_t bytes = 0;
-    try {
-      bytes = begun_layer(layer, call).wire_bytes;
-    } catch (const Error&) {
-      try {
-        engine_.check_collective(pool_.comm(), Engine::Step{call, layer, 0, false, true});
-      } catch (const Error&) {
-        // The other ranks learn of this rank's error; this rank reports its own.
-      }
-      throw;
-    }
-    engine_.check_collective(pool_.comm(), Engine::Step{call, layer, bytes, false, false});
-  }
+  // A sharded pool's gradient end is a collective step (the reduction): under
+  // the check every rank says what it will do, or that it fails here, first.
+  engine_.collective_step(pool_.comm(), Engine::Step::GradsEnd, layer,
+                          [&](Engine::Step& step) { step.bytes = begun_layer(layer).wire_bytes; });
   end_locked(layer, stream);
 }
 
-Grads::Layer& Grads::begun_layer(uint32_t layer, const char* call) {
-  Layer& g = trainable_layer(layer, call);
+Grads::Layer& Grads::begun_layer(uint32_t layer) {
+  Layer& g = trainable_layer(layer);
   if (g.slot < 0)
-    fail(LWO_ERR_TICKET_STATE, "%s: layer %u was not begun (call lwo_grads_begin first)", call,
-         layer);
+    fail(LWO_ERR_TICKET_STATE, "layer %u was not begun (call lwo_grads_begin first)", layer);
   return g;
 }
 
 void Grads::end_locked(uint32_t layer, StreamH stream) {
-  static const char* call = "lwo_grads_end";
-  Layer& g = begun_layer(layer, call);
-  Slot& s = slots_[g.slot];
+  Layer& g = begun_layer(layer);
+  DeviceSlot& s = slots_[g.slot];
   Backend& gpu = engine_.gpu();
   DeviceScope scope(engine_);
   StreamH d2h = engine_.d2h();
@@ -252,8 +225,8 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     StreamH cs = engine_.comm();
     gpu.stream_wait(cs, s.ready);
     gpu.reduce_owned(s.dev, g.bounds.data(), pool_.comm(), cs);
-    gpu.event_record(s.reduced, cs);
-    gpu.stream_wait(d2h, s.reduced);
+    gpu.event_record(s.aux, cs);
+    gpu.stream_wait(d2h, s.aux);
   } else {
     gpu.stream_wait(d2h, s.ready);
   }
@@ -264,7 +237,7 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.event_record(s.free, d2h);
   } else {
     if (staging_.size() < slots_.size())
-      staging_.emplace_back(gpu, max_wire_, 1, call);  // small, made once on first use
+      staging_.emplace_back(gpu, max_wire_, 1);  // small, made once on first use
     PinnedArena& st = staging_[next_staging_ % staging_.size()];
     ++next_staging_;
     // The host function that last read this staging buffer ran earlier on
@@ -275,9 +248,10 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.host_func(d2h, &Grads::run_job, job.get());
     job.release();  // run_job owns it now
   }
-  s.ever_freed = true;
-  s.held = false;
-  s.last_end = ++clock_;
+  if (!done_) done_ = gpu.event_create(false);
+  gpu.event_record(done_, d2h);
+  slots_.freed(g.slot);
+  slot_layer_[g.slot] = -1;
   g.slot = -1;
   g.fresh = false;
   g.stale = false;  // the assignment overwrites every element
@@ -302,6 +276,7 @@ void Grads::accumulate(const Job& job) {
   const Layer& g = layers_[job.layer];
   uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
   uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : hw, 32);
+  constexpr uint64_t kPerThread = uint64_t(1) << 20;
   for (const Tensor& t : g.tensors) {
     // This rank's elements of the tensor: all of them, or (sharded pools,
     // f32 wire) those whose wire bytes lie in [lo, hi); the staging copy
@@ -313,29 +288,14 @@ void Grads::accumulate(const Job& job) {
                      : reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
     const uint8_t* src = pool_.comm() ? job.src + (wb - g.lo) : job.src + t.wire_off;
     const uint64_t count = pool_.comm() ? (we - wb) / 4 : t.n;
-    constexpr uint64_t kPerThread = uint64_t(1) << 20;
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(nt, (count + kPerThread - 1) / kPerThread));
-    if (n <= 1) {
-      convert_range(dst, src, t.wire, 0, count, job.assign);
-      continue;
-    }
-    std::vector<std::thread> threads;
-    uint64_t chunk = (count + n - 1) / n;
-    for (uint32_t i = 0; i < n; ++i) {
-      uint64_t b = std::min(count, chunk * i), e = std::min(count, chunk * (i + 1));
-      try {
-        threads.emplace_back(convert_range, dst, src, t.wire, b, e, job.assign);
-      } catch (...) {
-        convert_range(dst, src, t.wire, b, e, job.assign);
-      }
-    }
-    for (auto& th : threads) th.join();
+    parallel_for(count, nt, kPerThread, 1, [&](uint64_t b, uint64_t e) {
+      convert_range(dst, src, t.wire, b, e, job.assign);
+    });
   }
   n_accumulated_.fetch_add(1);
 }
 
 void Grads::wait() {
-  static const char* call = "lwo_grads_wait";
   {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());
@@ -346,7 +306,7 @@ void Grads::wait() {
     if (!async_error_.empty()) {
       std::string e = async_error_;
       async_error_.clear();
-      fail(LWO_ERR_INTERNAL, "%s: accumulating on the host failed: %s", call, e.c_str());
+      fail(LWO_ERR_INTERNAL, "accumulating on the host failed: %s", e.c_str());
     }
   }
   // Layers zeroed since their last gradient and not written again: zero now.
@@ -357,8 +317,7 @@ void Grads::wait() {
     }
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0)
-      fail(LWO_ERR_BUSY, "%s: layer %zu was begun and not ended: its gradients were not sent",
-           call, i);
+      fail(LWO_ERR_BUSY, "layer %zu was begun and not ended: its gradients were not sent", i);
 }
 
 void Grads::zero() {
@@ -373,31 +332,17 @@ void Grads::zero() {
     }
 }
 
-int Grads::tensor_of(const Layer& g, uint32_t layer, const char* name, const char* call) const {
-  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "%s: name is NULL", call);
+int Grads::tensor_of(const Layer& g, uint32_t layer, const char* name) const {
+  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "name is NULL");
   for (size_t i = 0; i < g.names.size(); ++i)
     if (g.names[i] == name) return static_cast<int>(i);
-  fail(LWO_ERR_NOT_FOUND, "%s: layer %u has no tensor named '%.255s'", call, layer, name);
-}
-
-float* Grads::host(uint32_t layer, const char* name, uint64_t* n_elements) {
-  static const char* call = "lwo_grads_host";
-  std::lock_guard<std::mutex> lock(mu_);
-  Layer& g = trainable_layer(layer, call);
-  int i = tensor_of(g, layer, name, call);
-  if (pool_.comm() && pool_.n_ranks() > 1)
-    fail(LWO_ERR_UNSUPPORTED,
-         "%s: layer %u tensor '%s': the pool is sharded over %d ranks and this rank holds only "
-         "part of each gradient; use lwo_grads_shard", call, layer, name, pool_.n_ranks());
-  if (n_elements) *n_elements = g.tensors[i].n;
-  return reinterpret_cast<float*>(host_.data() + g.host_base + g.tensors[i].host_off);
+  fail(LWO_ERR_NOT_FOUND, "layer %u has no tensor named '%.255s'", layer, name);
 }
 
 float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n) {
-  static const char* call = "lwo_grads_shard";
   std::lock_guard<std::mutex> lock(mu_);
-  Layer& g = trainable_layer(layer, call);
-  const Tensor& t = g.tensors[tensor_of(g, layer, name, call)];
+  Layer& g = trainable_layer(layer);
+  const Tensor& t = g.tensors[tensor_of(g, layer, name)];
   if (!pool_.comm()) {
     *first = 0;
     *n = t.n;
@@ -414,6 +359,13 @@ float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t*
   return reinterpret_cast<float*>(host_.data() + g.host_base + (wb - g.lo));
 }
 
+bool Grads::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return true;
+  DeviceScope scope(engine_);
+  return engine_.gpu().event_done(done_);
+}
+
 void Grads::stats(lwo_grads_stats* out) {
   std::lock_guard<std::mutex> lock(mu_);
   out->n_transfers = n_transfers_;
@@ -421,11 +373,10 @@ void Grads::stats(lwo_grads_stats* out) {
   out->n_accumulated = n_accumulated_.load();
 }
 
-void Grads::check_destroyable(const char* call) {
+void Grads::check_destroyable() {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < layers_.size(); ++i)
-    if (layers_[i].slot >= 0)
-      fail(LWO_ERR_BUSY, "%s: layer %zu is begun and not ended", call, i);
+    if (layers_[i].slot >= 0) fail(LWO_ERR_BUSY, "layer %zu is begun and not ended", i);
 }
 
 }  // namespace lwo

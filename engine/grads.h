@@ -21,6 +21,7 @@
 
 #include "arena.h"
 #include "pool.h"
+#include "slots.h"
 
 namespace lwo {
 
@@ -28,20 +29,22 @@ class Grads {
  public:
   Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_wire,
         uint32_t n_threads);
-  ~Grads();  // caller checks destroyable() first
+  ~Grads();  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
   Grads& operator=(const Grads&) = delete;
 
+  // Fills the whole of *view (its size is sizeof(lwo_layer_view)).
   void begin(uint32_t layer, StreamH stream, lwo_layer_view* view);
   void end(uint32_t layer, StreamH stream);
   void wait();
   void zero();
-  float* host(uint32_t layer, const char* name, uint64_t* n_elements);
+  // Non-blocking: every gradient ended so far has landed and been added.
+  bool done();
   // This rank's part of a tensor's gradient (the whole tensor unless the pool
   // is sharded): elements [*first, *first + *n) at the returned address.
   float* shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n);
   void stats(lwo_grads_stats* out);
-  void check_destroyable(const char* call);
+  void check_destroyable();
   Pool& pool() { return pool_; }
 
  private:
@@ -58,6 +61,9 @@ class Grads {
     int32_t slot = -1;      // staging slot while begun
     std::vector<Tensor> tensors;
     std::vector<std::string> names;
+    std::vector<uint64_t> view_bytes;       // per tensor, on the wire
+    std::vector<lwo_dtype_t> view_dtypes;   // per tensor, the wire dtype
+    std::vector<void*> ptrs;                // device addresses while begun
     uint64_t wire_bytes = 0;
     uint64_t host_base = 0;
     uint64_t host_bytes = 0;
@@ -68,26 +74,18 @@ class Grads {
     std::vector<uint64_t> bounds;
     uint64_t lo = 0, hi = 0;
   };
-  struct Slot {
-    uint8_t* dev = nullptr;
-    EventH ready = nullptr, free = nullptr;
-    EventH reduced = nullptr;  // sharded pools: the sum over ranks is done
-    bool ever_freed = false;
-    bool held = false;
-    uint64_t last_end = 0;  // LRU clock: the slot whose copy left first is reused first
-    std::vector<void*> ptrs;
-  };
   struct Job {
     Grads* grads;
     uint32_t layer;
     const uint8_t* src;
     bool assign;
   };
+  static SlotSet make_slots(Pool& pool, uint32_t depth, uint64_t bytes);
   static void run_job(void* job);
   void accumulate(const Job& job);
-  Layer& trainable_layer(uint32_t layer, const char* call);
-  Layer& begun_layer(uint32_t layer, const char* call);  // trainable and begun
-  int tensor_of(const Layer& g, uint32_t layer, const char* name, const char* call) const;
+  Layer& trainable_layer(uint32_t layer);
+  Layer& begun_layer(uint32_t layer);  // trainable and begun
+  int tensor_of(const Layer& g, uint32_t layer, const char* name) const;
   void end_locked(uint32_t layer, StreamH stream);
 
   Pool& pool_;
@@ -95,13 +93,14 @@ class Grads {
   bool native_;
   uint32_t n_threads_;
   uint64_t max_wire_ = 0;
+  SlotSet slots_;                   // device staging, max_wire_ bytes each
+  std::vector<int32_t> slot_layer_;  // the layer begun in each slot, or -1
   std::mutex mu_;
   std::vector<Layer> layers_;
-  std::vector<Slot> slots_;
   PinnedArena host_;                 // f32 gradients
   std::vector<PinnedArena> staging_;  // host staging for converted / added copies
   size_t next_staging_ = 0;
-  uint64_t clock_ = 0;
+  EventH done_ = nullptr;            // recorded on the gradient stream after each end
   uint64_t n_transfers_ = 0, bytes_ = 0;
   std::atomic<uint64_t> n_accumulated_{0};
   std::mutex err_mu_;

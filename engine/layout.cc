@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "src/common/error.h"
+#include "src/common/ext.h"
 
 namespace lwo {
 
@@ -24,6 +25,7 @@ constexpr size_t kMaxName = 255;
 RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
                          bool want_host_data) {
   RecordLayout out;
+  check_no_extensions(layer.next, where);
   if (layer.n_tensors > 0 && !layer.tensors)
     fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensors is NULL with n_tensors %u", where.c_str(),
          layer.n_tensors);
@@ -35,6 +37,7 @@ RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
   uint64_t off = 0;
   for (uint32_t i = 0; i < layer.n_tensors; ++i) {
     const lwo_tensor_desc& t = layer.tensors[i];
+    check_no_extensions(t.next, where + strf(": tensor %u", i));
     if (!t.name || !t.name[0])
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor %u has no name", where.c_str(), i);
     size_t nlen = strnlen(t.name, kMaxName + 1);

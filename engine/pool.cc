@@ -4,50 +4,61 @@
 #include <cstring>
 
 #include "src/common/error.h"
+#include "src/common/ext.h"
 
 namespace lwo {
 
-void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call) {
-  if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: n_layers is 0", call);
-  if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "%s: layers is NULL", call);
+void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool want_host_data) {
+  if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_layers is 0");
+  if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "layers is NULL");
   layers_.resize(n_layers);
-  versions_.reset(new std::atomic<uint64_t>[n_layers]);
-  for (uint32_t i = 0; i < n_layers; ++i) versions_[i].store(0);
   for (uint32_t i = 0; i < n_layers; ++i) {
-    layers_[i].layout = make_layout(layers[i], strf("%s: layer %u", call, i), registered_);
+    layers_[i].layout = make_layout(layers[i], strf("layer %u", i), want_host_data);
     uint64_t rb = layers_[i].layout.record_bytes;
     if (__builtin_add_overflow(total_bytes_, rb, &total_bytes_))
-      fail(LWO_ERR_OUT_OF_RANGE, "%s: total pool size overflows", call);
+      fail(LWO_ERR_OUT_OF_RANGE, "total pool size overflows");
     max_record_ = std::max(max_record_, rb);
   }
   if (max_record_ == 0)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: every layer of the %u is empty (0 bytes)", call,
-         n_layers);
+    fail(LWO_ERR_INVALID_ARGUMENT, "every layer of the %u is empty (0 bytes)", n_layers);
+}
+
+void Pool::finish_layers() {
+  versions_.reset(new std::atomic<uint64_t>[layers_.size()]);
+  for (size_t i = 0; i < layers_.size(); ++i) versions_[i].store(0);
+  for (Layer& l : layers_) {
+    if (!comm_) l.shard_bytes = l.layout.record_bytes;  // one shard: the record
+    l.tensor_bytes.clear();
+    l.tensor_dtypes.clear();
+    for (const TensorLayout& t : l.layout.tensors) {
+      l.tensor_bytes.push_back(t.bytes);
+      l.tensor_dtypes.push_back(t.dtype);
+    }
+  }
 }
 
 std::unique_ptr<Pool> Pool::create_pinned(Engine& engine, const lwo_layer_desc* layers,
-                                          uint32_t n_layers, const lwo_pool_config& cfg) {
-  static const char* call = "lwo_pool_create_pinned";
-  std::unique_ptr<Pool> pool(new Pool(engine, false));
-  pool->build_layouts(layers, n_layers, call);
+                                          uint32_t n_layers, uint32_t n_threads) {
+  std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_PINNED));
+  pool->build_layouts(layers, n_layers, false);
   DeviceScope scope(engine);
-  pool->arena_ = PinnedArena(engine.gpu(), pool->total_bytes_, cfg.n_threads, call);
+  pool->arena_ = PinnedArena(engine.gpu(), pool->total_bytes_, n_threads);
   uint64_t off = 0;
   for (auto& l : pool->layers_) {
     l.host = pool->arena_.data() + off;
     if (l.layout.record_bytes) l.runs.push_back({0, l.host, l.layout.record_bytes});
     off += l.layout.record_bytes;
   }
+  pool->finish_layers();
+  pool->source_ = std::make_unique<DirectSource>(engine, nullptr);
   return pool;
 }
 
 std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc* layers,
-                                           uint32_t n_layers, void* comm,
-                                           const lwo_pool_config& cfg) {
-  static const char* call = "lwo_pool_create_sharded";
-  if (!comm) fail(LWO_ERR_INVALID_ARGUMENT, "%s: comm is NULL", call);
-  std::unique_ptr<Pool> pool(new Pool(engine, false));
-  pool->build_layouts(layers, n_layers, call);
+                                           uint32_t n_layers, void* comm, uint32_t n_threads) {
+  if (!comm) fail(LWO_ERR_INVALID_ARGUMENT, "comm is NULL");
+  std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_SHARDED));
+  pool->build_layouts(layers, n_layers, false);
   DeviceScope scope(engine);
   Backend& gpu = engine.gpu();
   int n = 1, r = 0;
@@ -75,7 +86,7 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
         mix(static_cast<uint64_t>(t.dtype));
       }
     }
-    PinnedArena host(gpu, 16 * static_cast<size_t>(n), 1, call);
+    PinnedArena host(gpu, 16 * static_cast<size_t>(n), 1);
     std::memcpy(host.data() + 16 * r, mine, 16);
     uint8_t* dev = static_cast<uint8_t*>(gpu.device_alloc(16 * static_cast<size_t>(n)));
     try {
@@ -94,50 +105,52 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
       std::memcpy(theirs, host.data() + 16 * k, 16);
       if (theirs[0] != mine[0] || theirs[1] != mine[1])
         fail(LWO_ERR_COLLECTIVE_MISMATCH,
-             "%s: rank %d describes %llu layers (layout hash 0x%llx), rank %d %llu layers "
+             "rank %d describes %llu layers (layout hash 0x%llx), rank %d %llu layers "
              "(0x%llx): every rank must create the same layers, with the same tensor sizes and "
              "dtypes",
-             call, r, static_cast<unsigned long long>(mine[0]),
+             r, static_cast<unsigned long long>(mine[0]),
              static_cast<unsigned long long>(mine[1]), k,
              static_cast<unsigned long long>(theirs[0]), static_cast<unsigned long long>(theirs[1]));
     }
   }
   pool->total_bytes_ = total;
   pool->max_record_ = max_slot;
-  pool->arena_ = PinnedArena(gpu, total, cfg.n_threads, call);
+  pool->arena_ = PinnedArena(gpu, total, n_threads);
   uint64_t off = 0;
   for (Layer& l : pool->layers_) {
     l.host = pool->arena_.data() + off;
     if (l.shard_bytes) l.runs.push_back({l.shard_bytes * static_cast<uint64_t>(r), l.host, l.shard_bytes});
     off += l.shard_bytes;
   }
+  pool->finish_layers();
+  pool->source_ = std::make_unique<ShardedSource>(engine, comm, r);
   return pool;
 }
 
 std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_desc* layers,
                                               uint32_t n_layers, const lwo_host_region* regions,
-                                              uint32_t n_regions, const lwo_pool_config&) {
-  static const char* call = "lwo_pool_create_registered";
-  std::unique_ptr<Pool> pool(new Pool(engine, true));
-  pool->build_layouts(layers, n_layers, call);
+                                              uint32_t n_regions) {
+  std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_REGISTERED));
+  pool->build_layouts(layers, n_layers, true);
   if (n_regions == 0 || !regions)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: no host regions given (regions %p, n_regions %u)", call,
+    fail(LWO_ERR_INVALID_ARGUMENT, "no host regions given (regions %p, n_regions %u)",
          static_cast<const void*>(regions), n_regions);
   std::vector<Region> rs;
   for (uint32_t i = 0; i < n_regions; ++i) {
+    check_no_extensions(regions[i].next, strf("region %u", i));
     if (!regions[i].data || regions[i].bytes == 0)
-      fail(LWO_ERR_INVALID_ARGUMENT, "%s: region %u is empty (data %p, %llu bytes)", call, i,
+      fail(LWO_ERR_INVALID_ARGUMENT, "region %u is empty (data %p, %llu bytes)", i,
            regions[i].data, static_cast<unsigned long long>(regions[i].bytes));
     uintptr_t b = reinterpret_cast<uintptr_t>(regions[i].data);
     if (b + regions[i].bytes < b)
-      fail(LWO_ERR_OUT_OF_RANGE, "%s: region %u wraps around the address space", call, i);
+      fail(LWO_ERR_OUT_OF_RANGE, "region %u wraps around the address space", i);
     rs.push_back({static_cast<uint8_t*>(const_cast<void*>(regions[i].data)), regions[i].bytes,
                   false});
   }
   std::sort(rs.begin(), rs.end(), [](const Region& a, const Region& b) { return a.data < b.data; });
   for (size_t i = 1; i < rs.size(); ++i)
     if (rs[i - 1].data + rs[i - 1].bytes > rs[i].data)
-      fail(LWO_ERR_INVALID_ARGUMENT, "%s: host regions at %p and %p overlap", call,
+      fail(LWO_ERR_INVALID_ARGUMENT, "host regions at %p and %p overlap",
            static_cast<void*>(rs[i - 1].data), static_cast<void*>(rs[i].data));
   auto region_of = [&](const uint8_t* p, uint64_t n) -> const Region* {
     auto it = std::upper_bound(rs.begin(), rs.end(), p,
@@ -158,8 +171,7 @@ std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_de
       const Region* r = region_of(src, t.bytes);
       if (!r)
         fail(LWO_ERR_OUT_OF_RANGE,
-             "%s: layer %u tensor '%s' (%p, %llu bytes) is not inside any given region", call,
-             li, t.name.c_str(), t.host_data, static_cast<unsigned long long>(t.bytes));
+             "layer %u tensor '%s' (%p, %llu bytes) is not inside any given region", li, t.name.c_str(), t.host_data, static_cast<unsigned long long>(t.bytes));
       if (!l.runs.empty() && r == run_region) {
         CopyRun& prev = l.runs.back();
         if (prev.src + (t.offset - prev.dst_offset) == src) {
@@ -179,37 +191,39 @@ std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_de
   } catch (const Error& e) {
     for (Region& r : rs)
       if (r.we_registered) engine.gpu().host_unregister(r.data);
-    fail(e.status(), "%s: %s", call, e.what());
+    throw;
   }
   pool->regions_ = std::move(rs);
+  pool->finish_layers();
+  pool->source_ = std::make_unique<DirectSource>(engine, nullptr);
   return pool;
 }
 
-std::unique_ptr<Pool> Pool::create_from_checkpoint(
-    Engine& engine, std::shared_ptr<Checkpoint> ckpt,
-    const std::vector<std::vector<size_t>>& layers, const std::vector<std::string>& strip,
-    bool staged, const char* call) {
-  std::unique_ptr<Pool> pool(new Pool(engine, true));
-  if (layers.empty()) fail(LWO_ERR_INVALID_ARGUMENT, "%s: '%s': no layers", call, ckpt->path().c_str());
+std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
+                                                   std::shared_ptr<Checkpoint> ckpt,
+                                                   const Checkpoint::Mapping& mapping,
+                                                   bool staged) {
+  const std::vector<std::vector<size_t>>& layers = mapping.map.layers;
+  const std::vector<std::string>& strip = mapping.strip;
+  std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_CHECKPOINT_MAPPED));
+  if (layers.empty()) fail(LWO_ERR_INVALID_ARGUMENT, "'%s': no layers", ckpt->path().c_str());
   const auto& entries = ckpt->entries();
   pool->layers_.resize(layers.size());
-  pool->versions_.reset(new std::atomic<uint64_t>[layers.size()]);
   for (size_t l = 0; l < layers.size(); ++l) {
-    pool->versions_[l].store(0);
     Layer& L = pool->layers_[l];
     uint64_t sum = 0, lo = UINT64_MAX, hi = 0;
     bool one_file = true;
     for (size_t k : layers[l]) {
       const st::Entry& e = entries[k];
       if (lwo::dtype_size(e.dtype) == 0)
-        fail(LWO_ERR_BAD_DTYPE, "%s: '%s': tensor '%s' of layer %zu is %s, which lwo cannot stream",
-             call, ckpt->path().c_str(), e.name.c_str(), l, e.dtype_name.c_str());
+        fail(LWO_ERR_BAD_DTYPE, "'%s': tensor '%s' of layer %zu is %s, which lwo cannot stream",
+             ckpt->path().c_str(), e.name.c_str(), l, e.dtype_name.c_str());
       if (e.file != entries[layers[l][0]].file) one_file = false;
       sum += e.end - e.begin;
       lo = std::min(lo, e.begin);
       hi = std::max(hi, e.end);
       if (e.shape.size() > LWO_MAX_DIMS)
-        fail(LWO_ERR_UNSUPPORTED, "%s: '%s': tensor '%s' has %zu dimensions (at most %d)", call,
+        fail(LWO_ERR_UNSUPPORTED, "'%s': tensor '%s' has %zu dimensions (at most %d)",
              ckpt->path().c_str(), e.name.c_str(), e.shape.size(), LWO_MAX_DIMS);
     }
     // Tensors that lie together in one file keep the file's layout, so the
@@ -224,9 +238,9 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(
         t.name = t.name.substr(strip[l].size());
       if (t.name.empty())
         fail(LWO_ERR_INVALID_ARGUMENT,
-             "%s: '%s': tensor '%s' has no name left in layer %zu once the prefix '%s' is taken "
+             "'%s': tensor '%s' has no name left in layer %zu once the prefix '%s' is taken "
              "off (end the pattern before the tensor's own name)",
-             call, ckpt->path().c_str(), e.name.c_str(), l, strip[l].c_str());
+             ckpt->path().c_str(), e.name.c_str(), l, strip[l].c_str());
       t.dtype = e.dtype;
       t.n_dims = static_cast<int32_t>(e.shape.size());
       for (size_t d = 0; d < e.shape.size(); ++d) t.shape[d] = e.shape[d];
@@ -252,9 +266,8 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(
     pool->max_record_ = std::max(pool->max_record_, L.layout.record_bytes);
   }
   if (pool->max_record_ == 0)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: '%s': every layer is empty", call, ckpt->path().c_str());
+    fail(LWO_ERR_INVALID_ARGUMENT, "'%s': every layer is empty", ckpt->path().c_str());
   DeviceScope scope(engine);
-  pool->staged_ = staged;
   if (!staged) {
     // Register every mapped file for DMA, read-only, in place. Refused: stage.
     try {
@@ -268,14 +281,22 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(
       for (Region& r : pool->regions_)
         if (r.we_registered) engine.gpu().host_unregister(r.data);
       pool->regions_.clear();
-      pool->staged_ = true;
+      staged = true;
     }
+  }
+  pool->finish_layers();
+  if (staged) {
+    pool->kind_ = LWO_POOL_CHECKPOINT_STAGED;
+    pool->source_ = std::make_unique<StagedSource>(engine, ckpt.get());
+  } else {
+    pool->source_ = std::make_unique<DirectSource>(engine, ckpt.get());
   }
   pool->ckpt_ = std::move(ckpt);
   return pool;
 }
 
 Pool::~Pool() {
+  source_.reset();  // waits for its own streams
   try {
     DeviceScope scope(engine_);
     Backend& gpu = engine_.gpu();
@@ -286,52 +307,142 @@ Pool::~Pool() {
   }
 }
 
-const Pool::Layer& Pool::layer(uint32_t id, const char* call) const {
+const Pool::Layer& Pool::layer(uint32_t id) const {
   if (id >= layers_.size())
-    fail(LWO_ERR_OUT_OF_RANGE, "%s: layer %u is out of range (pool has %zu layers)", call, id,
+    fail(LWO_ERR_OUT_OF_RANGE, "layer %u is out of range (pool has %zu layers)", id,
          layers_.size());
   return layers_[id];
 }
 
-uint32_t Pool::tensor_index(uint32_t layer_id, const char* name, const char* call) const {
-  const Layer& l = layer(layer_id, call);
-  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor name is NULL", call);
+uint32_t Pool::tensor_index(uint32_t layer_id, const char* name) const {
+  const Layer& l = layer(layer_id);
+  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "tensor name is NULL");
   int i = l.layout.find(name);
   if (i < 0)
-    fail(LWO_ERR_NOT_FOUND, "%s: layer %u has no tensor named '%.255s' (it has %zu tensors)",
-         call, layer_id, name, l.layout.tensors.size());
+    fail(LWO_ERR_NOT_FOUND, "layer %u has no tensor named '%.255s' (it has %zu tensors)",
+         layer_id, name, l.layout.tensors.size());
   return static_cast<uint32_t>(i);
 }
 
-void Pool::write(uint32_t layer_id, const char* name, const void* src, uint64_t bytes) {
-  static const char* call = "lwo_pool_write";
-  if (ckpt_)
-    fail(LWO_ERR_UNSUPPORTED, "%s: the pool maps checkpoint '%s' read-only; it cannot be written",
-         call, ckpt_->path().c_str());
-  if (registered_)
-    fail(LWO_ERR_UNSUPPORTED,
-         "%s: the pool is registered caller memory; write to the caller's memory directly", call);
-  uint32_t ti = tensor_index(layer_id, name, call);
+Pool::TensorPart Pool::tensor_part(uint32_t layer_id, uint32_t ti, int rank) const {
   const Layer& l = layers_[layer_id];
   const TensorLayout& t = l.layout.tensors[ti];
-  if (bytes != t.bytes)
-    fail(LWO_ERR_SIZE_MISMATCH, "%s: layer %u tensor '%s' holds %llu bytes, given %llu", call,
-         layer_id, name, static_cast<unsigned long long>(t.bytes),
-         static_cast<unsigned long long>(bytes));
-  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "%s: src is NULL", call);
-  if (comm_) {  // only the part of the tensor in this rank's shard
-    uint64_t lo = l.shard_bytes * static_cast<uint64_t>(rank_), hi = lo + l.shard_bytes;
-    uint64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.bytes);
-    if (b < e) std::memcpy(l.host + (b - lo), static_cast<const uint8_t*>(src) + (b - t.offset), e - b);
-  } else if (bytes) {
-    std::memcpy(l.host + t.offset, src, bytes);
-  }
-  changed(layer_id, call);
+  const uint64_t lo = l.shard_bytes * static_cast<uint64_t>(rank), hi = lo + l.shard_bytes;
+  const uint64_t b = std::max(lo, t.offset), e = std::min(hi, t.offset + t.bytes);
+  TensorPart p;
+  if (b >= e) return p;
+  const uint64_t es = dtype_size(t.dtype);
+  p.first = (b - t.offset) / es;
+  p.n = (e - b) / es;
+  p.shard_offset = b - lo;
+  return p;
 }
 
-void Pool::changed(uint32_t layer_id, const char* call) {
-  layer(layer_id, call);
+namespace {
+void need_whole(const Pool& p, uint32_t layer) {
+  if (!p.holds_whole())
+    fail(LWO_ERR_UNSUPPORTED,
+         "layer %u: the pool is sharded over %d ranks and this rank holds only its shard "
+         "(use lwo_pool_shard_host / lwo_pool_shard_tensor)", layer, p.n_ranks());
+}
+}  // namespace
+
+void Pool::layer_host(uint32_t layer_id, void** data, uint64_t* bytes) const {
+  const Layer& l = layer(layer_id);
+  need_whole(*this, layer_id);
+  if (!l.host)
+    fail(LWO_ERR_UNSUPPORTED, "layer %u is not contiguous in host memory (%zu copy runs)",
+         layer_id, l.runs.size());
+  *data = l.host;
+  if (bytes) {
+    const bool owned = kind_ == LWO_POOL_PINNED || kind_ == LWO_POOL_SHARDED;
+    *bytes = owned ? l.layout.record_bytes : l.runs.empty() ? 0 : l.runs[0].bytes;
+  }
+}
+
+void Pool::tensor_host(uint32_t layer_id, uint32_t ti, void** data, uint64_t* bytes) const {
+  const Layer& l = layers_[layer_id];
+  need_whole(*this, layer_id);
+  const TensorLayout& t = l.layout.tensors[ti];
+  const bool owned = kind_ == LWO_POOL_PINNED || kind_ == LWO_POOL_SHARDED;
+  *data = owned ? l.host + t.offset : const_cast<void*>(t.host_data);
+  if (bytes) *bytes = t.bytes;
+}
+
+void Pool::shard_host(uint32_t layer_id, void** data, uint64_t* record_offset,
+                      uint64_t* bytes) const {
+  const Layer& l = layer(layer_id);
+  if (holds_whole()) {
+    layer_host(layer_id, data, bytes);
+    if (record_offset) *record_offset = 0;
+    return;
+  }
+  *data = l.host;
+  if (record_offset) *record_offset = l.shard_bytes * static_cast<uint64_t>(rank_);
+  if (bytes) *bytes = l.shard_bytes;
+}
+
+void Pool::shard_tensor(uint32_t layer_id, uint32_t ti, void** data, uint64_t* first,
+                        uint64_t* n) const {
+  const Layer& l = layers_[layer_id];
+  const TensorPart p = tensor_part(layer_id, ti, rank_);
+  if (first) *first = p.first;
+  if (n) *n = p.n;
+  if (p.n == 0) {
+    *data = nullptr;
+    if (first) *first = 0;
+    return;
+  }
+  const TensorLayout& t = l.layout.tensors[ti];
+  const bool owned = kind_ == LWO_POOL_PINNED || kind_ == LWO_POOL_SHARDED;
+  *data = owned ? l.host + p.shard_offset
+                : const_cast<uint8_t*>(static_cast<const uint8_t*>(t.host_data)) +
+                      p.first * dtype_size(t.dtype);
+}
+
+void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const void* src,
+                 uint64_t bytes, bool whole) {
+  if (ckpt_)
+    fail(LWO_ERR_UNSUPPORTED, "the pool maps checkpoint '%s' read-only; it cannot be written",
+         ckpt_->path().c_str());
+  if (kind_ == LWO_POOL_REGISTERED)
+    fail(LWO_ERR_UNSUPPORTED,
+         "the pool is registered caller memory; write to the caller's memory directly");
+  uint32_t ti = tensor_index(layer_id, name);
+  const Layer& l = layers_[layer_id];
+  const TensorLayout& t = l.layout.tensors[ti];
+  if (whole && bytes != t.bytes)
+    fail(LWO_ERR_SIZE_MISMATCH, "layer %u tensor '%s' holds %llu bytes, given %llu", layer_id,
+         name, static_cast<unsigned long long>(t.bytes), static_cast<unsigned long long>(bytes));
+  if (offset > t.bytes || bytes > t.bytes - offset)
+    fail(LWO_ERR_OUT_OF_RANGE,
+         "layer %u tensor '%s' holds %llu bytes: bytes [%llu, %llu + %llu) are past its end",
+         layer_id, name, static_cast<unsigned long long>(t.bytes),
+         static_cast<unsigned long long>(offset), static_cast<unsigned long long>(offset),
+         static_cast<unsigned long long>(bytes));
+  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
+  // Only the part of the record in this rank's shard (all of it, unsharded).
+  const uint64_t lo = l.shard_bytes * static_cast<uint64_t>(rank_), hi = lo + l.shard_bytes;
+  const uint64_t rb = t.offset + offset, re = rb + bytes;
+  const uint64_t b = std::max(lo, rb), e = std::min(hi, re);
+  if (b < e) std::memcpy(l.host + (b - lo), static_cast<const uint8_t*>(src) + (b - rb), e - b);
+  changed(layer_id);
+}
+
+void Pool::changed(uint32_t layer_id) {
+  layer(layer_id);
   versions_[layer_id].fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Pool::check_destroyable() const {
+  int n = n_rings.load();
+  if (n > 0)
+    fail(LWO_ERR_BUSY, "pool of %zu layers still has %d ring%s", layers_.size(), n,
+         n == 1 ? "" : "s");
+  int ng = n_grads.load();
+  if (ng > 0)
+    fail(LWO_ERR_BUSY, "pool of %zu layers still has %d gradient set%s", layers_.size(), ng,
+         ng == 1 ? "" : "s");
 }
 
 }  // namespace lwo

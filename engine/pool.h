@@ -1,6 +1,8 @@
 // Host weight pools: L layers, each a record of named tensors, in memory the
-// GPU reads by DMA (a pinned arena the pool owns, or caller memory registered
-// in place). Host-only logic; device calls go through the Backend seam.
+// GPU reads by DMA (a pinned arena the pool owns, caller memory registered in
+// place, a mapped checkpoint, or this rank's shard of every record), and the
+// source that moves a layer's bytes into a ring slot. Host-only logic;
+// device calls go through the Backend seam.
 #pragma once
 
 #include <atomic>
@@ -9,84 +11,91 @@
 #include <vector>
 
 #include "arena.h"
-#include "src/checkpoint/checkpoint.h"
 #include "engine.h"
 #include "layout.h"
+#include "source.h"
+#include "src/checkpoint/checkpoint.h"
 
 namespace lwo {
 
-// One host-to-device copy of a layer: `bytes` from `src` to record offset
-// `dst_offset`.
-struct CopyRun {
-  uint64_t dst_offset;
-  const uint8_t* src;
-  uint64_t bytes;
-};
-
 class Pool {
  public:
-  struct Layer {
-    RecordLayout layout;
-    std::vector<CopyRun> runs;  // how to move the record; one run if contiguous
-    uint8_t* host = nullptr;    // record base in host memory (null if scattered;
-                                // the shard, for sharded pools)
-    uint64_t shard_bytes = 0;   // sharded pools: S, this layer's bytes per rank
-  };
+  using Layer = HostLayer;
 
   static std::unique_ptr<Pool> create_pinned(Engine& engine, const lwo_layer_desc* layers,
-                                             uint32_t n_layers, const lwo_pool_config& cfg);
+                                             uint32_t n_layers, uint32_t n_threads);
   static std::unique_ptr<Pool> create_registered(Engine& engine, const lwo_layer_desc* layers,
                                                  uint32_t n_layers,
                                                  const lwo_host_region* regions,
-                                                 uint32_t n_regions,
-                                                 const lwo_pool_config& cfg);
-  // A pool over a mapped checkpoint: `layers[l]` lists entry indices of layer
-  // l; `strip[l]` is a name prefix to drop (pattern mappings), or "". The
-  // files are registered for DMA unless `staged` (or registration is
-  // refused), in which case rings copy through pinned staging buffers.
-  static std::unique_ptr<Pool> create_from_checkpoint(
-      Engine& engine, std::shared_ptr<Checkpoint> ckpt,
-      const std::vector<std::vector<size_t>>& layers, const std::vector<std::string>& strip,
-      bool staged, const char* call);
+                                                 uint32_t n_regions);
+  // A pool over a mapped checkpoint, laid out by `mapping`. The files are
+  // registered for DMA unless `staged` (or registration is refused), in
+  // which case rings copy through pinned staging buffers.
+  static std::unique_ptr<Pool> create_from_checkpoint(Engine& engine,
+                                                      std::shared_ptr<Checkpoint> ckpt,
+                                                      const Checkpoint::Mapping& mapping,
+                                                      bool staged);
   // A pinned pool of this rank's shard of every record (see lwo.h).
   static std::unique_ptr<Pool> create_sharded(Engine& engine, const lwo_layer_desc* layers,
                                               uint32_t n_layers, void* comm,
-                                              const lwo_pool_config& cfg);
+                                              uint32_t n_threads);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
   Engine& engine() { return engine_; }
+  Source& source() { return *source_; }
+  lwo_pool_kind_t kind() const { return kind_; }
   uint32_t n_layers() const { return static_cast<uint32_t>(layers_.size()); }
-  bool registered() const { return registered_; }
-  // Copies must go through pinned staging (the sources are not DMA-ready).
-  bool staged() const { return staged_; }
-  const Checkpoint* checkpoint() const { return ckpt_.get(); }
-  // Sharded pools: the communicator, this rank and the number of ranks.
+  // Sharded pools: the communicator (else null), this rank and the number of
+  // ranks (0 and 1 otherwise: an unsharded pool is one shard).
   void* comm() const { return comm_; }
   int rank() const { return rank_; }
   int n_ranks() const { return n_ranks_; }
+  bool holds_whole() const { return n_ranks_ == 1; }
   uint64_t total_bytes() const { return total_bytes_; }
   uint64_t max_record_bytes() const { return max_record_; }
 
-  // Range-checked layer access; `call` names the API call for messages.
-  const Layer& layer(uint32_t id, const char* call) const;
-  // Range- and name-checked tensor index.
-  uint32_t tensor_index(uint32_t layer, const char* name, const char* call) const;
+  // Range-checked layer access (LWO_ERR_OUT_OF_RANGE).
+  const Layer& layer(uint32_t id) const;
+  // Range- and name-checked tensor index (LWO_ERR_NOT_FOUND).
+  uint32_t tensor_index(uint32_t layer, const char* name) const;
 
-  void write(uint32_t layer, const char* name, const void* src, uint64_t bytes);
+  // The part of tensor `ti` of `layer` in rank `rank`'s shard: elements
+  // [first, first + n) of the tensor, at byte `shard_offset` of that shard.
+  // For a pool that is not sharded (rank 0 of 1) it is the whole tensor.
+  struct TensorPart {
+    uint64_t first = 0, n = 0, shard_offset = 0;
+  };
+  TensorPart tensor_part(uint32_t layer, uint32_t ti, int rank) const;
+
+  // The lwo_pool_*_host and _shard_* queries (see lwo.h).
+  void layer_host(uint32_t layer, void** data, uint64_t* bytes) const;
+  void tensor_host(uint32_t layer, uint32_t ti, void** data, uint64_t* bytes) const;
+  void shard_host(uint32_t layer, void** data, uint64_t* record_offset, uint64_t* bytes) const;
+  void shard_tensor(uint32_t layer, uint32_t ti, void** data, uint64_t* first,
+                    uint64_t* n) const;
+
+  // Writes bytes [offset, offset + bytes) of a tensor (this rank's part of
+  // them, for sharded pools) and marks the layer changed.
+  // `whole`: lwo_pool_write, whose bytes must be the tensor's size.
+  void write(uint32_t layer, const char* name, uint64_t offset, const void* src, uint64_t bytes,
+             bool whole);
 
   // Host bytes of a layer changed: rings must copy it again rather than reuse
-  // a slot that holds the old bytes. lwo_pool_write calls it itself.
-  void changed(uint32_t layer, const char* call);
+  // a slot that holds the old bytes. write() calls it itself.
+  void changed(uint32_t layer);
   uint64_t version(uint32_t layer) const { return versions_[layer].load(std::memory_order_acquire); }
 
+  // Throws LWO_ERR_BUSY while rings or gradient sets of the pool exist.
+  void check_destroyable() const;
   std::atomic<int> n_rings{0};
   std::atomic<int> n_grads{0};
 
  private:
-  Pool(Engine& engine, bool registered) : engine_(engine), registered_(registered) {}
-  void build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, const char* call);
+  Pool(Engine& engine, lwo_pool_kind_t kind) : engine_(engine), kind_(kind) {}
+  void build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool want_host_data);
+  void finish_layers();  // versions, per-tensor arrays, totals
 
   struct Region {
     uint8_t* data;
@@ -95,20 +104,17 @@ class Pool {
   };
 
   Engine& engine_;
-  bool registered_;
+  lwo_pool_kind_t kind_;
   std::vector<Layer> layers_;
   std::unique_ptr<std::atomic<uint64_t>[]> versions_;  // per layer, bumped on change
   uint64_t total_bytes_ = 0;
   uint64_t max_record_ = 0;
-  PinnedArena arena_;  // pinned pools
-  // Registered caller memory.
-  std::vector<Region> regions_;
-  // Checkpoint pools.
+  PinnedArena arena_;            // pinned and sharded pools
+  std::vector<Region> regions_;  // registered caller memory or checkpoint files
   std::shared_ptr<Checkpoint> ckpt_;
-  bool staged_ = false;
-  // Sharded pools.
   void* comm_ = nullptr;
   int rank_ = 0, n_ranks_ = 1;
+  std::unique_ptr<Source> source_;  // destroyed first
 };
 
 }  // namespace lwo

@@ -5,14 +5,13 @@
 namespace lwo {
 
 Schedule::Schedule(Ring& ring, const uint32_t* layers, uint32_t n) : ring_(ring) {
-  static const char* call = "lwo_schedule_create";
-  if (n == 0) fail(LWO_ERR_INVALID_ARGUMENT, "%s: the schedule has 0 layers", call);
-  if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "%s: layers is NULL", call);
+  if (n == 0) fail(LWO_ERR_INVALID_ARGUMENT, "the schedule has 0 layers");
+  if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "layers is NULL");
   uint32_t nl = ring.pool().n_layers();
   for (uint32_t i = 0; i < n; ++i)
     if (layers[i] >= nl)
-      fail(LWO_ERR_OUT_OF_RANGE, "%s: entry %u is layer %u, out of range (pool has %u layers)",
-           call, i, layers[i], nl);
+      fail(LWO_ERR_OUT_OF_RANGE, "entry %u is layer %u, out of range (pool has %u layers)", i,
+           layers[i], nl);
   order_.assign(layers, layers + n);
 }
 
@@ -40,7 +39,7 @@ lwo_status_t Schedule::next(StreamH stream, lwo_layer_view* view) {
   try {
     return next_locked(stream, view);
   } catch (const Error& e) {
-    fail(e.status(), "lwo_schedule_next: position %zu of %zu (layer %u): %s", pos_, order_.size(),
+    fail(e.status(), "position %zu of %zu (layer %u): %s", pos_, order_.size(),
          pos_ < order_.size() ? order_[pos_] : 0u, e.what());
   }
 }

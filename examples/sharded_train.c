@@ -106,6 +106,7 @@ static void* run_rank(void* arg) {
   for (l = 0; l < N_LAYERS; ++l) {
     layers[l].tensors = tensors;
     layers[l].n_tensors = 2;
+    layers[l].next = NULL; /* no extensions */
     order[l] = l;
     order[2 * N_LAYERS - 1 - l] = l;
   }
@@ -141,7 +142,7 @@ static void* run_rank(void* arg) {
   CUDA_CHECK(cudaMemcpy(dy_last, host, act_bytes, cudaMemcpyHostToDevice));
 
   for (step = 0; step < N_STEPS; ++step) {
-    lwo_layer_view view;
+    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
     lwo_status_t s;
     uint32_t pos = 0;
     double sum_sq = 0.0;
@@ -158,7 +159,7 @@ static void* run_rank(void* arg) {
       } else {
         uint32_t j = pos - N_LAYERS;
         const void* dy_in = j == 0 ? dy_last : dy[(j - 1) % 2];
-        lwo_layer_view g;
+        lwo_layer_view g = LWO_LAYER_VIEW_INIT;
         LWO_CHECK(lwo_grads_begin(grads, l, stream, &g));
         LWO_CHECK(lwo_linear_backward(engine, &lin, TOKENS, x[l], dy_in, w, NULL,
                                       g.tensors[0], g.tensors[1], LWO_DTYPE_F32, stream));

@@ -163,7 +163,7 @@ double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms
 }
 
 void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
-  lwo_layer_view view{};
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (;;) {
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
     if (s == LWO_END) break;

@@ -97,7 +97,7 @@ CLI_OWNER(Stream, cudaStream_t, cudaStreamDestroy);
 CLI_OWNER(Event, cudaEvent_t, cudaEventDestroy);
 CLI_OWNER(DeviceMem, void*, cudaFree);
 CLI_OWNER(PinnedMem, void*, cudaFreeHost);
-CLI_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_close);
+CLI_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_destroy);
 #undef CLI_OWNER
 
 Stream make_stream();  // non-blocking
@@ -188,7 +188,7 @@ double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms
 
 // --- formatting and output --------------------------------------------------
 
-std::string version_text();             // lwo_version() as "0.1.0"
+std::string version_text();             // lwo_version() as "0.2.0"
 std::string fmt_bytes(uint64_t bytes);  // "256 KiB", "1.50 GiB"
 // The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
 // timing figures when the ring was created with LWO_RING_TIMING).

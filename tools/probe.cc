@@ -188,7 +188,7 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
   tensor.dtype = LWO_DTYPE_U8;
   tensor.n_dims = 1;
   tensor.shape[0] = static_cast<int64_t>(record);
-  std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1});
+  std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1, nullptr});
   double t0 = now_seconds();
   Pool pool;
   lwo_status_t s =

@@ -175,7 +175,7 @@ int cmd_run(int argc, char** argv) {
   tensor.n_dims = 2;
   tensor.shape[0] = o.rows;
   tensor.shape[1] = o.cols;
-  const lwo_layer_desc layer{&tensor, 1};
+  const lwo_layer_desc layer{&tensor, 1, nullptr};
   Results r;
   if (lwo_record_layout(&layer, nullptr, &r.record_bytes) != LWO_OK)
     throw UsageError(lwo_last_error_message());

@@ -58,7 +58,7 @@ struct Results {
   lwo_ring_stats stats{};
   double gbps(double ms) const { return static_cast<double>(pass_bytes) / (ms * 1e6); }
   double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
-  bool staged() const { return pool.is_staged != 0; }
+  bool staged() const { return pool.kind == LWO_POOL_CHECKPOINT_STAGED; }
 };
 
 // Flags of lwo run, with and without --weights and --train, that take a
@@ -122,7 +122,7 @@ void verify(const unsigned long long* sums, const Results& r, const std::vector<
 // One pass of `schedule` on `stream`: each layer's checks add into their sums.
 void weights_pass(const Results& r, lwo_schedule* schedule, cudaStream_t stream,
                   unsigned long long* sums) {
-  lwo_layer_view view{};
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (;;) {
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
     if (s == LWO_END) break;
@@ -274,7 +274,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
     uint32_t n = 0;
     CHECK(lwo_pool_layer_tensor_count(pool, l, &n));
     for (uint32_t t = 0; t < n; ++t) {
-      lwo_tensor_info info{};
+      lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
       CHECK(lwo_pool_tensor_info(pool, l, t, &info));
       r.copy_bytes[l] += info.bytes;
       if (!info.bytes) continue;

@@ -437,7 +437,7 @@ void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, Ran
 
   // One pass: the checksum kernel reads each slot and adds into row[layer].
   auto pass = [&](unsigned long long* row) {
-    lwo_layer_view view{};
+    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
     for (;;) {
       lwo_status_t s = lwo_schedule_next(schedule.get(), consumer.get(), &view);
       if (s == LWO_END) break;
@@ -639,7 +639,7 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
     c.barrier();
     const double t0 = now_seconds();
     RCHECK(lwo_schedule_reset(schedule.get(), compute.get()));
-    lwo_layer_view view{};
+    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
     for (uint32_t i = 0; i < 2 * L; ++i) {
       lwo_status_t st = lwo_schedule_next(schedule.get(), compute.get(), &view);
       if (st == LWO_END) rank_fail(strf("the schedule ended after %u of its %u layers", i, 2 * L));
@@ -655,7 +655,7 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
       }
       // The weight gradient first and sent at once, so that its reduction
       // and copy to host run while dx is computed.
-      lwo_layer_view g{};
+      lwo_layer_view g = LWO_LAYER_VIEW_INIT;
       rcheck(lwo_grads_begin(grads.get(), l, compute.get(), &g),
              strf("lwo_grads_begin (layer %u)", l).c_str());
       calls.weight_grad(l, w, g.tensors[0]);
@@ -1135,7 +1135,7 @@ int cmd_shard(int argc, char** argv) {
   m.tensor.n_dims = 2;
   m.tensor.shape[0] = o.rows;
   m.tensor.shape[1] = o.cols;
-  const lwo_layer_desc layer{&m.tensor, 1};
+  const lwo_layer_desc layer{&m.tensor, 1, nullptr};
   if (lwo_record_layout(&layer, nullptr, &m.record_bytes) != LWO_OK)
     throw UsageError(lwo_last_error_message());
   m.layers.assign(o.layers, layer);

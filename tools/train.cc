@@ -121,7 +121,7 @@ Sizes compute_sizes(const Options& o) {
   t[1].dtype = o.dtype;
   t[1].n_dims = 1;
   t[1].shape[0] = o.rows;
-  const lwo_layer_desc layer{t, o.bias ? 2u : 1u};
+  const lwo_layer_desc layer{t, o.bias ? 2u : 1u, nullptr};
   uint64_t offsets[2] = {};
   if (lwo_record_layout(&layer, offsets, &s.record_bytes) != LWO_OK)
     throw UsageError(lwo_last_error_message());
@@ -353,7 +353,7 @@ StepStats stream_step(const Net& net, lwo_schedule* schedule, lwo_ring* ring, lw
   lwo_ring_stats r_fwd{};
   const double t0 = now_seconds();
   CHECK(lwo_schedule_reset(schedule, net.stream));
-  lwo_layer_view view{};
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (uint32_t i = 0; i < 2 * L; ++i) {
     lwo_status_t s = lwo_schedule_next(schedule, net.stream, &view);
     if (s == LWO_END) fail(strf("the schedule ended after %u of its %u layers", i, 2 * L));
@@ -377,7 +377,7 @@ StepStats stream_step(const Net& net, lwo_schedule* schedule, lwo_ring* ring, lw
     }
     // Weight gradients first and sent at once, so their copy to host runs
     // while dx is computed.
-    lwo_layer_view g{};
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
     check(lwo_grads_begin(grads, l, net.stream, &g), "lwo_grads_begin");
     net.backward(l, w, nullptr, g.tensors[0], net.bias ? g.tensors[1] : nullptr);
     check(lwo_grads_end(grads, l, net.stream), "lwo_grads_end");
@@ -497,13 +497,15 @@ std::string check_step(const Options& o, const Sizes& sz, const Net& net, const 
     for (uint64_t t = 0; t < n_tensors; ++t) {
       const char* name = t == 0 ? "weight" : "bias";
       float* host = nullptr;
-      uint64_t n = 0;
-      CHECK(lwo_grads_host(grads, l, name, &host, &n));
+      uint64_t first = 0, n = 0;
+      CHECK(lwo_grads_shard(grads, l, name, &host, &first, &n));
       const uint64_t want_n =
           static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(t == 0 ? o.cols : 1);
-      if (n != want_n)
-        fail(strf("lwo_grads_host(layer %u, \"%s\") has %llu elements, expected %llu", l, name,
-                  static_cast<unsigned long long>(n), static_cast<unsigned long long>(want_n)));
+      if (first != 0 || n != want_n)
+        fail(strf("lwo_grads_shard(layer %u, \"%s\") has elements [%llu, %llu), expected [0, %llu)",
+                  l, name, static_cast<unsigned long long>(first),
+                  static_cast<unsigned long long>(first + n),
+                  static_cast<unsigned long long>(want_n)));
       // The reference in the wire dtype, widened to f32 exactly as the host
       // gradients were (with the f32 wire, as it is).
       const uint8_t* src = ref.data() + (t == 0 ? 0 : sz.grad_bias_off);
@@ -891,7 +893,7 @@ int cmd_train(int argc, char** argv) {
   tensors[1].dtype = o.dtype;
   tensors[1].n_dims = 1;
   tensors[1].shape[0] = o.rows;
-  const std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{tensors, o.bias ? 2u : 1u});
+  const std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{tensors, o.bias ? 2u : 1u, nullptr});
   Pool pool;
   CHECK(lwo_pool_create_pinned(engine, layers.data(), L, nullptr, pool.out()));
   r.pool_s = seconds_since(t);

@@ -68,21 +68,23 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     std::ostringstream ss;
     ss << in.rdbuf();
     std::map<std::string, std::string> wm = st::parse_index(ss.str(), path);
-    std::map<std::string, uint32_t> file_index;
+    std::map<std::string, uint32_t> file_index;  // shard name -> file, in name order
     for (const auto& kv : wm) {
       if (kv.second.find('/') != std::string::npos || kv.second == "." || kv.second == "..")
         fail(LWO_ERR_BAD_JSON, "%s: tensor '%s' names shard '%s' outside the index's folder",
              path.c_str(), kv.first.c_str(), kv.second.c_str());
-      if (!file_index.count(kv.second)) {
-        uint32_t i = static_cast<uint32_t>(ck->files_.size());
-        file_index[kv.second] = i;
-        ck->map_file(dir_of(path) + "/" + kv.second);
-      }
+      file_index[kv.second] = 0;
+    }
+    for (auto& fi : file_index) {
+      fi.second = static_cast<uint32_t>(ck->files_.size());
+      ck->map_file(dir_of(path) + "/" + fi.first);
     }
     // Every shard's tensors; every tensor the index names must be in its shard.
     for (const auto& fi : file_index) {
       const File& f = ck->files_[fi.second];
-      std::vector<st::Entry> es = st::parse_header(f.map, f.size, f.path);
+      std::map<std::string, std::string> meta;
+      std::vector<st::Entry> es = st::parse_header(f.map, f.size, f.path, &meta);
+      for (const auto& kv : meta) ck->metadata_.push_back({fi.second, kv.first, kv.second});
       std::set<std::string> here;
       for (st::Entry& e : es) {
         e.file = fi.second;
@@ -98,9 +100,12 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
   } else {
     ck->map_file(path);
     const File& f = ck->files_[0];
-    ck->entries_ = st::parse_header(f.map, f.size, f.path);
+    std::map<std::string, std::string> meta;
+    ck->entries_ = st::parse_header(f.map, f.size, f.path, &meta);
     for (st::Entry& e : ck->entries_) e.file = 0;
+    for (const auto& kv : meta) ck->metadata_.push_back({0, kv.first, kv.second});
   }
+  for (const st::Entry& e : ck->entries_) ++ck->files_[e.file].n_tensors;
   return ck;
 }
 
@@ -111,16 +116,36 @@ Checkpoint::~Checkpoint() {
   }
 }
 
-void Checkpoint::check_unchanged(const char* call) const {
+void Checkpoint::check_unchanged() const {
   for (const File& f : files_) {
     struct stat st {};
     if (fstat(f.fd, &st) != 0)
-      fail(LWO_ERR_IO, "%s: cannot stat '%s': %s", call, f.path.c_str(), std::strerror(errno));
+      fail(LWO_ERR_IO, "cannot stat '%s': %s", f.path.c_str(), std::strerror(errno));
     if (static_cast<uint64_t>(st.st_size) != f.size)
-      fail(LWO_ERR_FILE_CHANGED, "%s: '%s' changed size since it was opened (%llu bytes, now %llu)",
-           call, f.path.c_str(), static_cast<unsigned long long>(f.size),
+      fail(LWO_ERR_FILE_CHANGED, "'%s' changed size since it was opened (%llu bytes, now %llu)",
+           f.path.c_str(), static_cast<unsigned long long>(f.size),
            static_cast<unsigned long long>(st.st_size));
   }
+}
+
+Checkpoint::Mapping Checkpoint::map_by_pattern(const std::string& pattern) const {
+  size_t at = pattern.find("{i}");
+  if (at == std::string::npos || pattern.find("{i}", at + 1) != std::string::npos)
+    fail(LWO_ERR_INVALID_ARGUMENT, "pattern '%s' must contain \"{i}\" once", pattern.c_str());
+  Mapping m;
+  m.map = st::map_by_pattern(entries_, pattern, "'" + path_ + "'");
+  // Within layer l a tensor is named without the pattern's text for layer l.
+  for (size_t l = 0; l < m.map.layers.size(); ++l)
+    m.strip.push_back(pattern.substr(0, at) + std::to_string(l) + pattern.substr(at + 3));
+  return m;
+}
+
+Checkpoint::Mapping Checkpoint::map_by_names(
+    const std::vector<std::vector<std::string>>& names) const {
+  Mapping m;
+  m.map = st::map_by_names(entries_, names, "'" + path_ + "'");
+  m.strip.assign(names.size(), std::string());
+  return m;
 }
 
 }  // namespace lwo

@@ -23,6 +23,17 @@ class Checkpoint {
     uint64_t size = 0;
     dev_t dev = 0;
     ino_t ino = 0;
+    uint32_t n_tensors = 0;  // entries that lie in this file
+  };
+  struct Metadata {
+    uint32_t file;
+    std::string key, value;
+  };
+  // Tensors grouped into layers, with the prefix each layer's tensors lose
+  // inside the layer ("" for explicit names).
+  struct Mapping {
+    st::LayerMap map;
+    std::vector<std::string> strip;  // per layer
   };
 
   // Opens `path` (a .safetensors file or an index .json), maps every file and
@@ -35,9 +46,15 @@ class Checkpoint {
   const std::vector<File>& files() const { return files_; }
   const std::vector<st::Entry>& entries() const { return entries_; }
   const std::string& path() const { return path_; }
+  // "__metadata__" of every file, file by file, key by key.
+  const std::vector<Metadata>& metadata() const { return metadata_; }
+  // The layer mappings of lwo_checkpoint_pool_config (see lwo.h). Throw
+  // LWO_ERR_INVALID_ARGUMENT and LWO_ERR_NOT_FOUND as st::map_by_*.
+  Mapping map_by_pattern(const std::string& pattern) const;
+  Mapping map_by_names(const std::vector<std::vector<std::string>>& names) const;
   const uint8_t* bytes(const st::Entry& e) const { return files_[e.file].map + e.begin; }
   // Throws LWO_ERR_FILE_CHANGED if a file's size changed since it was opened.
-  void check_unchanged(const char* call) const;
+  void check_unchanged() const;
 
  private:
   Checkpoint() = default;
@@ -46,6 +63,7 @@ class Checkpoint {
   std::string path_;
   std::vector<File> files_;
   std::vector<st::Entry> entries_;
+  std::vector<Metadata> metadata_;
 };
 
 }  // namespace lwo

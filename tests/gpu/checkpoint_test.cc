@@ -68,7 +68,7 @@ TEST_F(CheckpointGpu, SlotsHoldTheFileBytesOnBothPaths) {
   if (HasFatalFailure()) return;
   lwo_checkpoint* ck = nullptr;
   CHECK_LWO(lwo_checkpoint_open(path_.c_str(), &ck));
-  auto ck_guard = defer([&] { EXPECT_LWO_OK(lwo_checkpoint_close(ck)); });
+  auto ck_guard = defer([&] { EXPECT_LWO_OK(lwo_checkpoint_destroy(ck)); });
   std::mt19937_64 rng(test_seed(92));
   for (uint32_t flags : {0u, LWO_CHECKPOINT_STAGED}) {
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
@@ -80,7 +80,7 @@ TEST_F(CheckpointGpu, SlotsHoldTheFileBytesOnBothPaths) {
     lwo_pool_info pi{};
     pi.size = sizeof pi;
     CHECK_LWO(lwo_pool_get_info(pool, &pi));
-    EXPECT_EQ(pi.is_staged, flags ? 1u : 0u);
+    EXPECT_EQ(pi.kind, flags ? LWO_POOL_CHECKPOINT_STAGED : LWO_POOL_CHECKPOINT_MAPPED);
     for (uint32_t depth : {1u, 2u, 3u, 5u, 8u}) {
       SCOPED_TRACE(std::string(flags ? "staged" : "registered") + " depth " + std::to_string(depth));
       RingOwner ring;
@@ -93,12 +93,12 @@ TEST_F(CheckpointGpu, SlotsHoldTheFileBytesOnBothPaths) {
       Checks checks;
       checks.init(order.size() * 2);
       if (HasFatalFailure()) return;
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       int i = 0;
       lwo_status_t s;
       while ((s = lwo_schedule_next(sched.s, stream(i % 2), &v)) == LWO_OK) {
         uint64_t ab = 0, bb = 0;
-        lwo_tensor_info ta{}, tb{};
+        lwo_tensor_info ta = LWO_TENSOR_INFO_INIT, tb = LWO_TENSOR_INFO_INIT;
         CHECK_LWO(lwo_pool_tensor_info(pool, v.layer, 0, &ta));
         CHECK_LWO(lwo_pool_tensor_info(pool, v.layer, 1, &tb));
         ab = ta.bytes;

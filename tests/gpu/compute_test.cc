@@ -203,7 +203,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
   td[1].dtype = DT;
   td[1].n_dims = 1;
   td[1].shape[0] = OUT;
-  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2});
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2, nullptr});
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -268,7 +268,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
     CUDA_OK(dx.alloc());
     for (int m = 0; m < 2; ++m) {
       CHECK_LWO(lwo_schedule_reset(sched.s, st));
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       for (size_t pos = 0; pos < order.size(); ++pos) {
         CHECK_LWO(lwo_schedule_next(sched.s, st, &v));
         uint32_t l = v.layer;
@@ -277,7 +277,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
           CUDA_OK(cudaStreamSynchronize(st));
           EXPECT_EQ(y.fetch(), ry[m * L + l]) << "y of layer " << l;
         } else {
-          lwo_layer_view gv{};
+          lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
           CHECK_LWO(lwo_grads_begin(grads, l, st, &gv));
           CHECK_LWO(lwo_linear_backward(engine_, &d, T, X[m][l]->dev, DY[m][l]->dev, v.tensors[0],
                                         dx.dev, gv.tensors[0], gv.tensors[1], LWO_DTYPE_F32, st));
@@ -291,11 +291,13 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
     CHECK_LWO(lwo_grads_wait(grads));
     for (uint32_t l = 0; l < L; ++l) {
       float* h = nullptr;
-      uint64_t n = 0;
-      CHECK_LWO(lwo_grads_host(grads, l, "weight", &h, &n));
+      uint64_t first = 0, n = 0;
+      CHECK_LWO(lwo_grads_shard(grads, l, "weight", &h, &first, &n));
+      ASSERT_EQ(first, 0u);
       ASSERT_EQ(n, uint64_t(OUT * IN));
       EXPECT_EQ(0, std::memcmp(h, rdw[l].data(), n * 4)) << "dW of layer " << l;
-      CHECK_LWO(lwo_grads_host(grads, l, "bias", &h, &n));
+      CHECK_LWO(lwo_grads_shard(grads, l, "bias", &h, &first, &n));
+      ASSERT_EQ(first, 0u);
       EXPECT_EQ(0, std::memcmp(h, rdb[l].data(), n * 4)) << "db of layer " << l;
     }
     lwo_ring_stats rs = ring_stats(ring.r);
@@ -317,7 +319,7 @@ TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
   td.n_dims = 2;
   td.shape[0] = OUT;
   td.shape[1] = IN;
-  lwo_layer_desc ld{&td, 1};
+  lwo_layer_desc ld{&td, 1, nullptr};
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -343,12 +345,13 @@ TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
     auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
     for (int round = 0; round < 2; ++round) {  // in place (fresh), then accumulated
       float* h = nullptr;
-      uint64_t n = 0;
-      CHECK_LWO(lwo_grads_host(grads, 0, "weight", &h, &n));
+      uint64_t first = 0, n = 0;
+      CHECK_LWO(lwo_grads_shard(grads, 0, "weight", &h, &first, &n));
+      ASSERT_EQ(first, 0u);
       CHECK_LWO(lwo_grads_zero(grads));
       CHECK_LWO(lwo_grads_wait(grads));
       if (round == 1) {  // start from a known sum: one gradient already in
-        lwo_layer_view gv{};
+        lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
         CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
         CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
                                       nullptr, LWO_DTYPE_F32, st));
@@ -358,7 +361,7 @@ TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
       std::vector<float> before(h, h + n);
       for (uint64_t i = 0; round == 0 && i < n; ++i) h[i] = NAN;  // poison the fresh buffer
       CUDA_OK(lwo::kernels::spin_async(300000, st));  // 300 ms
-      lwo_layer_view gv{};
+      lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
       CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
                                     nullptr, LWO_DTYPE_F32, st));
@@ -386,7 +389,7 @@ TEST_F(Compute, FrozenLayersMoveNoGradient) {
   td.n_dims = 2;
   td.shape[0] = 64;
   td.shape[1] = 48;
-  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{&td, 1});
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{&td, 1, nullptr});
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -394,7 +397,7 @@ TEST_F(Compute, FrozenLayersMoveNoGradient) {
   lwo_grads* grads = nullptr;
   CHECK_LWO(lwo_grads_create(pool, trainable, nullptr, &grads));
   auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
-  lwo_layer_view gv{};
+  lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
   EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_grads_begin", lwo_grads_begin(grads, 1, stream(0), &gv));
   for (uint32_t l : {0u, 2u}) {
     CHECK_LWO(lwo_grads_begin(grads, l, stream(0), &gv));
@@ -540,7 +543,7 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
   td[1].n_dims = 1;
   td[1].shape[0] = K;
   const uint32_t L = 3;
-  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2});
+  std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2, nullptr});
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -566,7 +569,7 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
     CUDA_OK(ys.alloc());
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, Wt[l]->dev, B[l]->dev, yr.dev, st));
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
     CHECK_LWO(lwo_ring_acquire(ring.r, t, st, &v));
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, v.tensors[0], v.tensors[1], ys.dev, st));

@@ -62,7 +62,7 @@ void check_device_restored(int caller, int dev) {
       lwo_ticket t{0};
       CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
       EXPECT_CURRENT(caller, "lwo_ring_stage");
-      lwo_layer_view v;
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_ring_acquire(ring.r, t, stream.s, &v));
       EXPECT_CURRENT(caller, "lwo_ring_acquire");
       void* p = nullptr;
@@ -94,7 +94,7 @@ void check_device_restored(int caller, int dev) {
     uint32_t order[] = {0, 1, 2, 3, 1};
     ScheduleOwner sched;
     CHECK_LWO(lwo_schedule_create(ring.r, order, 5, &sched.s));
-    lwo_layer_view v;
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     lwo_status_t s;
     while ((s = lwo_schedule_next(sched.s, stream.s, &v)) == LWO_OK)
       EXPECT_CURRENT(caller, "lwo_schedule_next");
@@ -217,7 +217,7 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
           const uint32_t layer = (k - 2 + pass) % layers;
           lwo_ticket t = ahead[i].front();
           ahead[i].erase(ahead[i].begin());
-          lwo_layer_view v;
+          lwo_layer_view v = LWO_LAYER_VIEW_INIT;
           CHECK_LWO(lwo_ring_acquire(p.ring.r, t, p.stream.s, &v));
           ASSERT_EQ(layer, v.layer);
           CUDA_OK(cudaSetDevice(i));

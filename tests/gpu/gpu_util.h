@@ -401,7 +401,7 @@ inline void check_pool_metadata(TestPool& tp) {
   info.size = sizeof info;
   CHECK_LWO(lwo_pool_get_info(tp.pool, &info));
   ASSERT_EQ(tp.specs.size(), info.n_layers);
-  ASSERT_EQ(tp.registered ? 1u : 0u, info.is_registered);
+  ASSERT_EQ(tp.registered ? LWO_POOL_REGISTERED : LWO_POOL_PINNED, info.kind);
   uint64_t total = 0, max_record = 0;
   Descs descs(tp.specs);
   tp.layers.resize(tp.specs.size());
@@ -418,7 +418,7 @@ inline void check_pool_metadata(TestPool& tp) {
     ASSERT_EQ(tp.specs[l].size(), nt);
     lr.tensors.resize(nt);
     for (uint32_t i = 0; i < nt; ++i) {
-      lwo_tensor_info ti;
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       CHECK_LWO(lwo_pool_tensor_info(tp.pool, l, i, &ti));
       const TensorSpec& ts = tp.specs[l][i];
       ASSERT_STREQ(ts.name.c_str(), ti.name);
@@ -548,7 +548,7 @@ inline void create_registered_pool(lwo_engine* engine, std::vector<LayerSpec> sp
     if (!p) return nullptr;
     tp->owned.push_back(p);
     fill_random(p, std::max<size_t>(bytes, 1), seed ^ (0x51ull * (regions.size() + 1)));
-    regions.push_back({p, std::max<uint64_t>(bytes, 1)});
+    regions.push_back({p, std::max<uint64_t>(bytes, 1), nullptr});
     return static_cast<uint8_t*>(p);
   };
 
@@ -805,7 +805,7 @@ inline void round_trip(lwo_ring* ring, const TestPool& tp, uint32_t layer, cudaS
   lwo_ticket t{0};
   CHECK_LWO(lwo_ring_stage(ring, layer, &t));
   ASSERT_NE(0u, t.id);
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring, t, stream, &v));
   const LayerRef& lr = tp.layers[layer];
   ASSERT_EQ(layer, v.layer);

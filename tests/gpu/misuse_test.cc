@@ -38,7 +38,7 @@ class Misuse : public GpuTest {
   }
   // Acquires `t` (layer `layer`) on stream 0, checks its record, releases it.
   void acquire_check_release(lwo_ring* ring, lwo_ticket t, uint32_t layer, const char* what) {
-    lwo_layer_view v;
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_ring_acquire(ring, t, stream(0), &v));
     ASSERT_EQ(layer, v.layer);
     const LayerRef& lr = tp_.layers[layer];
@@ -62,7 +62,7 @@ TEST_F(Misuse, RingFull) {
     lwo_ticket extra{0};
     EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.r, depth, &extra));
     // Also when the staged tickets are acquired (held).
-    lwo_layer_view v;
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_ring_acquire(ring.r, t[0], stream(0), &v));
     EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.r, depth + 1, &extra));
     EXPECT_EQ(uint64_t(depth), ring_stats(ring.r).n_stages) << "failed stages are not counted";
@@ -80,7 +80,7 @@ TEST_F(Misuse, LayerBusy) {
   lwo_ticket t{0}, again{0};
   CHECK_LWO(lwo_ring_stage(ring.r, 1, &t));
   EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.r, 1, &again));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(1), &v));
   EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.r, 1, &again));
   EXPECT_EQ(2u, ring_info(ring.r).n_free) << "a busy stage takes no slot";
@@ -98,7 +98,7 @@ TEST_F(Misuse, LayerBusy) {
 TEST_F(Misuse, StaleTicket) {
   RingOwner ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 1, 0, &ring));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   void* p = nullptr;
   // Released twice.
   lwo_ticket a{0};
@@ -133,7 +133,7 @@ TEST_F(Misuse, TicketState) {
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   lwo_ticket t{0};
   CHECK_LWO(lwo_ring_stage(ring.r, 4, &t));
-  lwo_layer_view v, v2;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT, v2 = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
   EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.r, t, stream(1), &v2));
   EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.r, t, stream(0), &v2));
@@ -155,7 +155,7 @@ TEST_F(Misuse, ForeignTicket) {
   lwo_ticket t1{0}, t2{0};
   CHECK_LWO(lwo_ring_stage(r1.r, 0, &t1));
   CHECK_LWO(lwo_ring_stage(r2.r, 0, &t2));  // same layer, same slot index, other ring
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   void* p = nullptr;
   EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r2.r, t1, stream(0), &v));
   EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_release", lwo_ring_release(r2.r, t1, stream(0)));
@@ -174,7 +174,7 @@ TEST_F(Misuse, ForeignTicket) {
 }
 
 TEST_F(Misuse, InvalidHandle) {
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   lwo_ticket t{0};
   // A destroyed ring: the library checks handles against its registry, so the
   // dangling pointer is never dereferenced. No object is created between the
@@ -259,7 +259,7 @@ TEST_F(Misuse, OutOfRange) {
   uint32_t count = 0;
   EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_pool_layer_tensor_count",
                  lwo_pool_layer_tensor_count(tp_.pool, n, &count));
-  lwo_tensor_info ti;
+  lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
   EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_pool_tensor_info", lwo_pool_tensor_info(tp_.pool, 0, 3, &ti));
   EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_pool_tensor_info", lwo_pool_tensor_info(tp_.pool, n, 0, &ti));
   void* host = nullptr;
@@ -278,7 +278,7 @@ TEST_F(Misuse, NotFound) {
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   lwo_ticket t{0};
   CHECK_LWO(lwo_ring_stage(ring.r, 3, &t));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
   void* p = nullptr;
   EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.r, t, "nope", &p));
@@ -331,7 +331,7 @@ TEST_F(Misuse, Busy) {
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_engine_destroy", lwo_engine_destroy(engine_));
   lwo_ticket t{0};
   CHECK_LWO(lwo_ring_stage(ring.r, 2, &t));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(1), &v));
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.r));
   // The ring survived: its ticket is still good.

@@ -172,8 +172,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
       size_t si = pick(streams.size());
       cudaStream_t st = streams[si];
       if (opt.delays && coin(0.05)) CUDA_OK(stream_delay(st, 100 + pick(400)));
-      lwo_layer_view v;
-      std::memset(&v, 0, sizeof v);
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_ring_acquire(ring.r, h.t, st, &v));
       h.acquired = true;
       h.stream = si;
@@ -228,7 +227,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
       ++res->misuses;
       int kind = static_cast<int>(pick(3));
       if (kind == 0 && !dead.empty()) {
-        lwo_layer_view v;
+        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
         EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire",
                        lwo_ring_acquire(ring.r, dead[pick(dead.size())], streams[0], &v));
       } else if (kind == 1 && !dead.empty()) {
@@ -238,7 +237,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
         bool done = false;
         for (auto& kv : held) {
           if (!kv.second.acquired) continue;
-          lwo_layer_view v;
+          lwo_layer_view v = LWO_LAYER_VIEW_INIT;
           EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire",
                          lwo_ring_acquire(ring.r, kv.second.t, streams[0], &v));
           done = true;

@@ -72,7 +72,7 @@ TEST_F(GpuTest, RegisteredContiguousLayersMoveInOneCopy) {
     std::memset(&info, 0, sizeof info);
     info.size = sizeof info;
     CHECK_LWO(lwo_pool_get_info(tp.pool, &info));
-    EXPECT_EQ(1u, info.is_registered);
+    EXPECT_EQ(LWO_POOL_REGISTERED, info.kind);
   }
   // Registered pools are the caller's memory: no lwo_pool_write.
   {
@@ -179,7 +179,7 @@ TEST_F(GpuTest, RegisteredMemoryIsRegisteredOnlyWhileThePoolLives) {
   descs.tensors[0][0].host_data = base + off0[0];
   descs.tensors[0][1].host_data = base + off0[1];
   descs.tensors[1][0].host_data = base + rb0 + off1[0];
-  lwo_host_region region{mem, bytes};
+  lwo_host_region region{mem, bytes, nullptr};
 
   EXPECT_EQ(cudaMemoryTypeUnregistered, host_memory_type(mem));
   lwo_pool* pool = nullptr;
@@ -194,10 +194,10 @@ TEST_F(GpuTest, RegisteredMemoryIsRegisteredOnlyWhileThePoolLives) {
     for (uint32_t l = 0; l < 2; ++l) {
       lwo_ticket t{0};
       CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
-      lwo_layer_view v;
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
       for (uint32_t i = 0; i < v.n_tensors; ++i) {
-        lwo_tensor_info ti;
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
         CHECK_LWO(lwo_pool_tensor_info(pool, l, i, &ti));
         const void* host = descs.tensors[l][i].host_data;
         CUDA_OK(checks.add(v.tensors[i], ti.bytes, host_checksum(host, ti.bytes), stream(0),

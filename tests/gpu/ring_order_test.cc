@@ -39,7 +39,7 @@ class RingOrder : public GpuTest {
   void slow_read(uint32_t layer, cudaStream_t s, bool stall, const char* what) {
     lwo_ticket t{0};
     CHECK_LWO(lwo_ring_stage(ring_.r, layer, &t));
-    lwo_layer_view v;
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_ring_acquire(ring_.r, t, s, &v));
     if (stall) CUDA_OK(stream_delay(s, kStallUs));
     ASSERT_NO_FATAL_FAILURE(read(v, s, what));
@@ -91,7 +91,7 @@ TEST_F(RingOrder, EvictionWaitsAfterAnUnacquiredHit) {
 TEST_F(RingOrder, ReadersJoinedIntoTheReleasingStream) {
   lwo_ticket t{0};
   CHECK_LWO(lwo_ring_stage(ring_.r, 1, &t));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring_.r, t, stream(0), &v));
   cudaEvent_t acquired = nullptr, read_done = nullptr;
   CUDA_OK(cudaEventCreateWithFlags(&acquired, cudaEventDisableTiming));

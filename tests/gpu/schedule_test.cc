@@ -19,8 +19,7 @@ void run_pass(lwo_schedule* sched, const TestPool& tp, const std::vector<uint32_
     uint32_t pos = 999999;
     CHECK_LWO(lwo_schedule_position(sched, &pos));
     ASSERT_EQ(k, pos);
-    lwo_layer_view v;
-    std::memset(&v, 0, sizeof v);
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_schedule_next(sched, stream, &v));
     const uint32_t layer = order[k];
     ASSERT_EQ(layer, v.layer) << "position " << k;
@@ -41,6 +40,7 @@ void run_pass(lwo_schedule* sched, const TestPool& tp, const std::vector<uint32_
   if (n == order.size()) {
     lwo_layer_view v;
     std::memset(&v, 0x5A, sizeof v);
+    v.size = sizeof v;
     lwo_layer_view untouched = v;
     lwo_status_t s = lwo_schedule_next(sched, stream, &v);
     ASSERT_EQ(LWO_END, s) << lwo_status_string(s) << ": " << lwo_last_error_message();
@@ -258,7 +258,7 @@ TEST_F(GpuTest, ScheduleSharesRingWithCallerTickets) {
   // The caller holds layer 7 for the whole pass.
   lwo_ticket mine{0};
   CHECK_LWO(lwo_ring_stage(ring.r, 7, &mine));
-  lwo_layer_view mv;
+  lwo_layer_view mv = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_ring_acquire(ring.r, mine, stream(1), &mv));
   std::vector<uint32_t> order = {0, 1, 2, 3, 0, 0, 4, 5, 6, 1, 2};
   ScheduleOwner sched;
@@ -277,7 +277,7 @@ TEST_F(GpuTest, ScheduleSharesRingWithCallerTickets) {
   // the position stays, and once the caller releases it a retry succeeds.
   std::vector<uint32_t> order2 = {0, 7, 1};
   CHECK_LWO(lwo_schedule_create(ring.r, order2.data(), 3, &sched.s));
-  lwo_layer_view v;
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   CHECK_LWO(lwo_schedule_next(sched.s, stream(0), &v));
   EXPECT_EQ(0u, v.layer);
   lwo_status_t s = lwo_schedule_next(sched.s, stream(0), &v);

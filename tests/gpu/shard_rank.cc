@@ -17,7 +17,7 @@
 //    lwo_grads staging slots (each rank its own inputs), then lwo_grads_shard
 //    against the sum of every rank's gradients, which this rank recomputes on
 //    its own GPU from the seeds;
-//  - lwo_grads_host is LWO_ERR_UNSUPPORTED for the sharded gradients.
+//  - lwo_grads_shard gives only this rank's part of the sharded gradients.
 //
 // It prints one line per tensor and kind, "POOLRANGE layer name first n numel"
 // and "GRADRANGE layer name first n numel", for the parent to check that the
@@ -199,7 +199,7 @@ std::vector<HostLayer> make_model(uint64_t seed, bool mismatched) {
     h.desc[1].dtype = h.shape.bias_dtype;
     h.desc[1].n_dims = 1;
     h.desc[1].shape[0] = out;
-    lwo_layer_desc ld{h.desc, 2};
+    lwo_layer_desc ld{h.desc, 2, nullptr};
     uint64_t offsets[2] = {0, 0};
     LWO_CHECK(lwo_record_layout(&ld, offsets, &h.record_bytes));
     h.record.assign(h.record_bytes, 0);
@@ -463,8 +463,7 @@ void round_trip(Ctx& c, lwo_ring* ring, uint32_t layer, const std::string& what)
   SlotCopies copies(1, c.max_record);
   lwo_ticket t{0};
   LWO_CHECK(lwo_ring_stage(ring, layer, &t));
-  lwo_layer_view v;
-  std::memset(&v, 0, sizeof v);
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   LWO_CHECK(lwo_ring_acquire(ring, t, c.stream, &v));
   check_view(c, v, layer, what.c_str());
   copies.add(c, v, what);
@@ -531,8 +530,7 @@ void ring_phase(Ctx& c) {
       const std::pair<size_t, lwo_ticket> front = ahead.front();
       ahead.pop_front();
       const uint32_t layer = order[front.first];
-      lwo_layer_view v;
-      std::memset(&v, 0, sizeof v);
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       LWO_CHECK(lwo_ring_acquire(ring, front.second, c.stream, &v));
       std::string what = "depth " + std::to_string(depth) + " step " + std::to_string(i) +
                          " layer " + std::to_string(layer);
@@ -567,12 +565,20 @@ void grads_phase(Ctx& c) {
   LWO_CHECK(lwo_grads_create(c.pool, nullptr, nullptr, &grads));
 
   if (c.ranks > 1) {
+    // The one gradient accessor gives this rank's part only: the elements of
+    // the weight shard, as lwo_pool_shard_tensor gives them.
     float* data = nullptr;
-    uint64_t n = 0;
-    lwo_status_t s = lwo_grads_host(grads, 0, "weight", &data, &n);
-    if (s != LWO_ERR_UNSUPPORTED)
-      fail("lwo_grads_host on sharded gradients returned %s, want LWO_ERR_UNSUPPORTED: %s",
+    uint64_t first = ~0ull, n = ~0ull;
+    lwo_status_t s = lwo_grads_shard(grads, 0, "weight", &data, &first, &n);
+    const Range& pr = c.pool_ranges[0][0];
+    if (s != LWO_OK)
+      fail("lwo_grads_shard on sharded gradients returned %s, want LWO_OK: %s",
            lwo_status_string(s), lwo_last_error_message());
+    else if (n != pr.n || (n && first != pr.first))
+      fail("lwo_grads_shard(layer 0, weight) on sharded gradients: elements [%llu, +%llu), want "
+           "this rank's part [%llu, +%llu) of the %llu", (unsigned long long)first,
+           (unsigned long long)n, (unsigned long long)pr.first, (unsigned long long)pr.n,
+           (unsigned long long)c.model[0].t[0].numel);
   }
 
   // This rank's inputs, on the device.
@@ -598,12 +604,10 @@ void grads_phase(Ctx& c) {
       lwo_linear_desc d = linear_of(h.shape);
       lwo_ticket t{0};
       LWO_CHECK(lwo_ring_stage(ring, l, &t));
-      lwo_layer_view v;
-      std::memset(&v, 0, sizeof v);
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       LWO_CHECK(lwo_ring_acquire(ring, t, c.stream, &v));
       check_view(c, v, l, "backward");
-      lwo_layer_view gv;
-      std::memset(&gv, 0, sizeof gv);
+      lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
       LWO_CHECK(lwo_grads_begin(grads, l, c.stream, &gv));
       REQUIRE(gv.n_tensors == 2 && gv.tensors[0] && gv.tensors[1],
               "lwo_grads_begin(layer %u): %u tensors", l, gv.n_tensors);
@@ -780,7 +784,7 @@ int main(int argc, char** argv) {
   c.model = make_model(c.seed, c.mismatch == "pool" && c.rank == 1);
   for (const HostLayer& h : c.model) c.max_record = std::max(c.max_record, h.record_bytes);
   std::vector<lwo_layer_desc> descs;
-  for (HostLayer& h : c.model) descs.push_back(lwo_layer_desc{h.desc, 2});
+  for (HostLayer& h : c.model) descs.push_back(lwo_layer_desc{h.desc, 2, nullptr});
 
   lwo_status_t s = lwo_pool_create_sharded(c.engine, descs.data(), kNumLayers, comm, nullptr, &c.pool);
   if (c.mismatch == "pool") {

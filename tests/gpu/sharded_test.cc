@@ -43,7 +43,7 @@ void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<l
     td[l].n_dims = 2;
     td[l].shape[0] = m.rows[l];
     td[l].shape[1] = 1000;
-    ld[l] = lwo_layer_desc{&td[l], 1};
+    ld[l] = lwo_layer_desc{&td[l], 1, nullptr};
   }
 }
 
@@ -90,7 +90,7 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
     Checks checks;
     checks.init(order.size());
     if (::testing::Test::HasFatalFailure()) return;
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     while ((s = lwo_schedule_next(sched.s, st.s, &v)) == LWO_OK)
       CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[v.layer], st.s,
                          "rank " + std::to_string(rank) + " layer " + std::to_string(v.layer)));
@@ -158,7 +158,7 @@ struct GradModel {
       b.n_dims = 1;
       b.shape[0] = rows;
       td[l] = {w, b};
-      ld[l] = lwo_layer_desc{td[l].data(), 2};
+      ld[l] = lwo_layer_desc{td[l].data(), 2, nullptr};
       n[l] = {static_cast<uint64_t>(rows * cols), static_cast<uint64_t>(rows)};
     }
   }
@@ -199,7 +199,7 @@ void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, Rank
   std::vector<std::vector<float>> host(2);
   for (int micro = 0; micro < 2; ++micro)
     for (uint32_t l = L; l-- > 0;) {
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_grads_begin(g, l, st.s, &v));
       for (int k = 0; k < 2; ++k) {
         std::vector<float>& h = host[k];
@@ -309,7 +309,7 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   checks.init(4);
   for (uint32_t l : {2u, 3u, 2u}) {
     CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     CHECK_LWO(lwo_ring_acquire(ring.r, t, st.s, &v));
     CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[l], st.s,
                        "rank " + std::to_string(rank) + " layer " + std::to_string(l)));

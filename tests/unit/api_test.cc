@@ -13,12 +13,30 @@ TEST(Api, VersionAndStatusNames) {
   EXPECT_EQ(lwo_version(), static_cast<unsigned>(LWO_VERSION));
   EXPECT_EQ(LWO_VERSION, LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH);
   std::set<std::string> names;
-  for (int s = 0; s <= LWO_ERR_COLLECTIVE_MISMATCH; ++s) {
-    std::string n = lwo_status_string(static_cast<lwo_status_t>(s));
+  const lwo_status_t all[] = {
+      LWO_OK, LWO_END, LWO_ERR_INVALID_ARGUMENT, LWO_ERR_INVALID_HANDLE, LWO_ERR_OUT_OF_RANGE,
+      LWO_ERR_NOT_FOUND, LWO_ERR_SIZE_MISMATCH, LWO_ERR_FOREIGN_TICKET, LWO_ERR_FOREIGN_OBJECT,
+      LWO_ERR_UNSUPPORTED, LWO_ERR_RING_FULL, LWO_ERR_LAYER_BUSY, LWO_ERR_STALE_TICKET,
+      LWO_ERR_TICKET_STATE, LWO_ERR_BUSY, LWO_ERR_FILE_CHANGED, LWO_ERR_OUT_OF_MEMORY,
+      LWO_ERR_IO, LWO_ERR_NO_DEVICE, LWO_ERR_CUDA, LWO_ERR_CUBLAS, LWO_ERR_CUDNN, LWO_ERR_NCCL,
+      LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE, LWO_ERR_BAD_JSON, LWO_ERR_BAD_DTYPE,
+      LWO_ERR_SHAPE_MISMATCH, LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP,
+      LWO_ERR_COLLECTIVE_MISMATCH, LWO_ERR_INTERNAL};
+  for (lwo_status_t s : all) {
+    std::string n = lwo_status_string(s);
     EXPECT_EQ(n.rfind("LWO_", 0), 0u) << s;
     names.insert(n);
   }
-  EXPECT_EQ(names.size(), static_cast<size_t>(LWO_ERR_COLLECTIVE_MISMATCH) + 1);  // all distinct
+  EXPECT_EQ(names.size(), sizeof all / sizeof all[0]);  // all distinct
+  // Each status sits in its class's range.
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_END), LWO_STATUS_CLASS_SUCCESS);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_UNSUPPORTED), LWO_STATUS_CLASS_ARGUMENT);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_FILE_CHANGED), LWO_STATUS_CLASS_STATE);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_IO), LWO_STATUS_CLASS_RESOURCE);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_NCCL), LWO_STATUS_CLASS_DEVICE);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_OVERLAP), LWO_STATUS_CLASS_FORMAT);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_COLLECTIVE_MISMATCH), LWO_STATUS_CLASS_COLLECTIVE);
+  EXPECT_EQ(LWO_STATUS_CLASS(LWO_ERR_INTERNAL), LWO_STATUS_CLASS_INTERNAL);
   EXPECT_STREQ(lwo_status_string(static_cast<lwo_status_t>(-3)), "unknown status");
   EXPECT_EQ(sizeof(lwo_status_t), 4u);
 }
@@ -150,7 +168,7 @@ TEST(ApiDevice, CallerDeviceIsRestored) {
   ASSERT_LWO(lwo_ring_create(pool, nullptr, &ring));
   StreamH c = gpu->new_stream();
   lwo_ticket t{};
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   int calls = gpu->set_device_calls;
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
   ASSERT_LWO(lwo_ring_acquire(ring, t, static_cast<lwo_stream_t>(c), &v));

@@ -51,6 +51,7 @@ int main(void) {
   t[1].shape[0] = 3;
   layer.tensors = t;
   layer.n_tensors = 2;
+  layer.next = NULL;
   CHECK(lwo_record_layout(&layer, offsets, &record) == LWO_OK);
   CHECK(offsets[0] == 0 && offsets[1] == 256 && record == 512);
   CHECK(strcmp(lwo_last_error_message(), "") == 0);

@@ -94,7 +94,7 @@ class CheckpointTest : public EngineTest {
     for (int pass = 0; pass < 2; ++pass)
       for (uint32_t l = 0; l < L; ++l) {
         lwo_ticket t{};
-        lwo_layer_view v{};
+        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
         ASSERT_LWO(lwo_ring_stage(ring, l, &t));
         ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
         ASSERT_EQ(v.n_tensors, 2u);
@@ -142,12 +142,12 @@ TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
   EXPECT_STREQ(uname, "embed");
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
-  ASSERT_LWO(lwo_checkpoint_close(ck));  // the pool keeps the mapping
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));  // the pool keeps the mapping
   lwo_pool_info pi{};
   pi.size = sizeof pi;
   ASSERT_LWO(lwo_pool_get_info(pool, &pi));
   EXPECT_EQ(pi.n_layers, L);
-  EXPECT_EQ(pi.is_staged, 0u);
+  EXPECT_EQ(pi.kind, LWO_POOL_CHECKPOINT_MAPPED);
   EXPECT_EQ(gpu->n_registered(), 1u);  // the file mapping, in place
   uint64_t copies = gpu->stats.copies;
   stream_and_check(pool, ts, L);
@@ -175,14 +175,14 @@ TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
     lwo_pool_info pi{};
     pi.size = sizeof pi;
     ASSERT_LWO(lwo_pool_get_info(pool, &pi));
-    EXPECT_EQ(pi.is_staged, 1u);
+    EXPECT_EQ(pi.kind, LWO_POOL_CHECKPOINT_STAGED);
     gpu->refuse_register = false;
     uint64_t funcs = gpu->stats.host_funcs;
     stream_and_check(pool, ts, L);
     EXPECT_EQ(gpu->stats.host_funcs - funcs, uint64_t(L) * 2);  // one fill per copy
     ASSERT_LWO(lwo_pool_destroy(pool));
   }
-  ASSERT_LWO(lwo_checkpoint_close(ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
 TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
@@ -221,7 +221,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
   StreamH c = gpu->new_stream();
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_ring_stage(ring, l, &t));
     ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
     // In the caller's order: bias, then weight; full names.
@@ -240,7 +240,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
   EXPECT_NE(std::string(lwo_last_error_message()).find("blocks.1.nope"), std::string::npos)
       << lwo_last_error_message();
   EXPECT_EQ(pool, nullptr);
-  ASSERT_LWO(lwo_checkpoint_close(ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
 }
 
@@ -268,7 +268,7 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
   ASSERT_LWO(lwo_ring_destroy(ring));
   ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_close(ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
@@ -301,8 +301,8 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   EXPECT_EQ(lwo_checkpoint_tensor_info(ck, 99, &info), LWO_ERR_OUT_OF_RANGE);
   ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
   ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_close(ck));
-  EXPECT_EQ(lwo_checkpoint_close(ck), LWO_ERR_INVALID_HANDLE);
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  EXPECT_EQ(lwo_checkpoint_destroy(ck), LWO_ERR_INVALID_HANDLE);
 }
 
 }  // namespace

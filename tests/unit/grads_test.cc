@@ -28,7 +28,7 @@ class GradsTest : public EngineTest {
   void write_grads(lwo_grads* g, lwo_pool* pool, uint32_t layer, StreamH s, int micro, bool native,
                    const lwo_layer_view& v) {
     for (uint32_t k = 0; k < v.n_tensors; ++k) {
-      lwo_tensor_info ti{};
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
       uint64_t n = ti.bytes / lwo_dtype_size(ti.dtype);
       lwo_dtype_t wire = native ? ti.dtype : LWO_DTYPE_F32;
@@ -53,11 +53,12 @@ class GradsTest : public EngineTest {
     uint32_t nt = 0;
     ASSERT_LWO(lwo_pool_layer_tensor_count(pool, layer, &nt));
     for (uint32_t k = 0; k < nt; ++k) {
-      lwo_tensor_info ti{};
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
       float* h = nullptr;
-      uint64_t n = 0;
-      ASSERT_LWO(lwo_grads_host(g, layer, ti.name, &h, &n));
+      uint64_t n = 0, first = 9;
+      ASSERT_LWO(lwo_grads_shard(g, layer, ti.name, &h, &first, &n));
+      ASSERT_EQ(first, 0u);
       ASSERT_EQ(n, ti.bytes / lwo_dtype_size(ti.dtype));
       for (uint64_t i = 0; i < n; ++i) {
         float want = 0;
@@ -74,7 +75,7 @@ TEST_F(GradsTest, F32WireLandsInPlaceThenAccumulates) {
   StreamH c = gpu->new_stream();
   for (int micro = 0; micro < 3; ++micro) {
     for (uint32_t l = 4; l-- > 0;) {
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
       write_grads(g, pool, l, c, micro, false, v);
       ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
@@ -91,7 +92,7 @@ TEST_F(GradsTest, F32WireLandsInPlaceThenAccumulates) {
   EXPECT_EQ(st.n_accumulated, 8u);  // the first micro-batch landed in place
   ASSERT_LWO(lwo_grads_zero(g));
   // A new sum: layer 2 gets one gradient, the others none and read as zero.
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_grads_begin(g, 2, stream(c), &v));
   write_grads(g, pool, 2, c, 5, false, v);
   ASSERT_LWO(lwo_grads_end(g, 2, stream(c)));
@@ -113,7 +114,7 @@ TEST_F(GradsTest, NativeWireHalvesTrafficAndConvertsExactly) {
   for (lwo_grads* g : {g32, g16}) {
     for (int micro = 0; micro < 2; ++micro)
       for (uint32_t l = 0; l < 3; ++l) {
-        lwo_layer_view v{};
+        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
         ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
         write_grads(g, pool, l, c, micro, g == g16, v);
         ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
@@ -159,7 +160,7 @@ TEST_F(GradsTest, RandomInterleavingsKeepOrderAndSums) {
           if (can_begin && (open.empty() || rng() % 2)) {
             uint32_t l = order[next++];
             StreamH s = streams[rng() % streams.size()];
-            lwo_layer_view v{};
+            lwo_layer_view v = LWO_LAYER_VIEW_INIT;
             ASSERT_LWO(lwo_grads_begin(g, l, stream(s), &v));
             write_grads(g, pool, l, s, micro, flags != 0, v);
             open.push_back({l, s});
@@ -189,7 +190,7 @@ TEST_F(GradsTest, SlotsRotate) {
   StreamH c = gpu->new_stream();
   std::vector<void*> bases;
   for (uint32_t l = 0; l < 6; ++l) {
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
     bases.push_back(v.base);
     write_grads(g, pool, l, c, 0, false, v);
@@ -212,7 +213,7 @@ TEST_F(GradsTest, MisuseGivesDistinctStatuses) {
   uint8_t trainable[3] = {1, 0, 1};
   lwo_grads* g = make_grads(pool, trainable, 1, 0);
   StreamH c = gpu->new_stream();
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   EXPECT_EQ(lwo_grads_begin(g, 1, stream(c), &v), LWO_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lwo_last_error_message()).find("layer 1 is frozen"), std::string::npos);
   EXPECT_EQ(lwo_grads_begin(g, 3, stream(c), &v), LWO_ERR_OUT_OF_RANGE);
@@ -225,8 +226,8 @@ TEST_F(GradsTest, MisuseGivesDistinctStatuses) {
   EXPECT_EQ(lwo_pool_destroy(pool), LWO_ERR_BUSY);
   EXPECT_NE(std::string(lwo_last_error_message()).find("gradient set"), std::string::npos);
   float* h = nullptr;
-  EXPECT_EQ(lwo_grads_host(g, 0, "nope", &h, nullptr), LWO_ERR_NOT_FOUND);
-  EXPECT_EQ(lwo_grads_host(g, 1, "weight", &h, nullptr), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_grads_shard(g, 0, "nope", &h, nullptr, nullptr), LWO_ERR_NOT_FOUND);
+  EXPECT_EQ(lwo_grads_shard(g, 1, "weight", &h, nullptr, nullptr), LWO_ERR_INVALID_ARGUMENT);
   write_grads(g, pool, 0, c, 0, false, v);
   ASSERT_LWO(lwo_grads_end(g, 0, stream(c)));
   ASSERT_LWO(lwo_grads_wait(g));

@@ -35,7 +35,7 @@ TEST_F(PoolTest, PinnedArenaIsExactZeroedAndWritable) {
   }
   EXPECT_EQ(info.total_bytes, sum);  // no power-of-two rounding
   EXPECT_EQ(info.max_record_bytes, mx);
-  EXPECT_EQ(info.is_registered, 0u);
+  EXPECT_EQ(info.kind, LWO_POOL_PINNED);
   EXPECT_EQ(gpu->n_registered(), 1u);  // the arena, registered for DMA
 
   std::vector<uint8_t> w(74 * 19 * 2);  // layer 1: weight is 74 x 19 bf16
@@ -57,7 +57,7 @@ TEST_F(PoolTest, PinnedArenaIsExactZeroedAndWritable) {
   EXPECT_EQ(idx, 1u);
   ASSERT_LWO(lwo_pool_layer_tensor_count(pool, 1, &n));
   EXPECT_EQ(n, 2u);
-  lwo_tensor_info ti{};
+  lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
   ASSERT_LWO(lwo_pool_tensor_info(pool, 1, 1, &ti));
   EXPECT_STREQ(ti.name, "bias");
   EXPECT_EQ(ti.offset, 2816u);
@@ -74,7 +74,7 @@ TEST_F(PoolTest, PinnedArenaFallsBackWhenRegistrationIsRefused) {
   lwo_ring* ring = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
   lwo_ticket t{};
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
   EXPECT_TRUE(holds_layer(pool, v));
@@ -138,7 +138,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
     uint64_t hb = 0;
     ASSERT_LWO(lwo_pool_layer_host(pool, i, &hp, &hb));
     EXPECT_EQ(hp, mem.p + base[i]);
-    lwo_tensor_info last{};
+    lwo_tensor_info last = LWO_TENSOR_INFO_INIT;
     ASSERT_LWO(lwo_pool_tensor_info(pool, i, m.layers[i].n_tensors - 1, &last));
     EXPECT_EQ(hb, last.offset + last.bytes);
   }
@@ -146,11 +146,11 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   StreamH c = gpu->new_stream();
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_ring_stage(ring, i, &t));
     ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
     for (uint32_t k = 0; k < v.n_tensors; ++k) {  // padding after the last tensor is not copied
-      lwo_tensor_info ti{};
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, i, k, &ti));
       EXPECT_EQ(std::memcmp(v.tensors[k], mem.p + base[i] + offs[i][k], ti.bytes), 0);
     }
@@ -194,12 +194,12 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
   uint64_t expect_copies = 0;
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_ring_stage(ring, i, &t));
     ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
     ASSERT_EQ(v.n_tensors, m.layers[i].n_tensors);
     for (uint32_t k = 0; k < v.n_tensors; ++k) {
-      lwo_tensor_info ti{};
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, i, k, &ti));
       EXPECT_EQ(static_cast<uint8_t*>(v.base) + ti.offset, v.tensors[k]);
       EXPECT_EQ(std::memcmp(v.tensors[k], m.tensors[i][k].host_data, ti.bytes), 0);

@@ -78,7 +78,7 @@ TEST_F(RingTest, RandomSequencesKeepHappensBefore) {
           ASSERT_EQ(s, LWO_ERR_RING_FULL) << lwo_last_error_message();
         } else {
           ASSERT_EQ(s, LWO_OK) << lwo_last_error_message();
-          out.push_back({t, layer, false, nullptr, {}});
+          out.push_back({t, layer, false, nullptr, LWO_LAYER_VIEW_INIT});
         }
       } else if (choice < 7 && !out.empty()) {  // acquire one
         Out& o = out[rng() % out.size()];
@@ -134,7 +134,7 @@ TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
   auto pass = [&](std::vector<uint32_t> layers) {
     for (uint32_t l : layers) {
       lwo_ticket t{};
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       ASSERT_LWO(lwo_ring_stage(ring, l, &t));
       ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
       ASSERT_TRUE(holds_layer(pool, v));
@@ -172,7 +172,7 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
   lwo_ring* ring = make_ring(pool, 1);
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
   gpu->read(a, v.base, v.record_bytes);
@@ -201,7 +201,7 @@ TEST_F(RingTest, ChangedLayersAreCopiedAgain) {
   StreamH c = gpu->new_stream();
   auto use = [&](uint32_t l) {
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_ring_stage(ring, l, &t));
     ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
     ASSERT_TRUE(holds_layer(pool, v)) << "layer " << l;
@@ -238,7 +238,7 @@ TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
   lwo_ring* other = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
   lwo_ticket t0{}, t1{}, t2{};
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
   EXPECT_EQ(lwo_ring_stage(ring, 2, &t2), LWO_ERR_RING_FULL);
@@ -288,7 +288,7 @@ TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
   lwo_ring* ring = make_ring(pool, 1);
   StreamH c = gpu->new_stream();
   lwo_ticket t{};
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   gpu->fail_copy_after = 0;
@@ -324,7 +324,7 @@ TEST_F(RingTest, TimingStatsAccumulate) {
   StreamH c = gpu->new_stream();
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
-    lwo_layer_view v{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_ring_stage(ring, l, &t));
     ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));

@@ -12,7 +12,7 @@ using ScheduleTest = EngineTest;
 std::vector<uint32_t> run_pass(EngineTest* t, RecordingBackend* gpu, lwo_pool* pool,
                                lwo_schedule* s, StreamH c) {
   std::vector<uint32_t> got;
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   lwo_status_t st;
   while ((st = lwo_schedule_next(s, static_cast<lwo_stream_t>(c), &v)) == LWO_OK) {
     got.push_back(v.layer);
@@ -69,7 +69,7 @@ TEST_F(ScheduleTest, StagesDepthAheadWithoutBlocking) {
   lwo_schedule* s = nullptr;
   ASSERT_LWO(lwo_schedule_create(ring, order, 8, &s));
   StreamH c = gpu->new_stream();
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   uint64_t copies0 = gpu->stats.copies;
   ASSERT_LWO(lwo_schedule_next(s, static_cast<lwo_stream_t>(c), &v));
   EXPECT_EQ(v.layer, 0u);
@@ -131,7 +131,7 @@ TEST_F(ScheduleTest, BadInputAndCurrentLayerHeldByCaller) {
   lwo_ticket t{};
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
   StreamH c = gpu->new_stream();
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   EXPECT_EQ(lwo_schedule_next(s, static_cast<lwo_stream_t>(c), &v), LWO_ERR_LAYER_BUSY);
   ASSERT_LWO(lwo_ring_release(ring, t, static_cast<lwo_stream_t>(c)));
   ASSERT_LWO(lwo_schedule_next(s, static_cast<lwo_stream_t>(c), &v));  // works afterwards

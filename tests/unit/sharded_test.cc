@@ -30,16 +30,21 @@ TEST_F(ShardedTest, ShardCopyThenGatherThenReady) {
     EXPECT_EQ(bytes, rb);
     EXPECT_EQ(std::memcmp(shard, w[l].data(), w[l].size()), 0);
   }
+  // One rank holds the whole record: the whole-layer calls give the shard.
   void* host = nullptr;
-  EXPECT_EQ(lwo_pool_layer_host(pool, 0, &host, nullptr), LWO_ERR_UNSUPPORTED);
-  EXPECT_EQ(lwo_pool_tensor_host(pool, 0, "weight", &host, nullptr), LWO_ERR_UNSUPPORTED);
+  void* shard0 = nullptr;
+  ASSERT_LWO(lwo_pool_shard_host(pool, 0, &shard0, nullptr, nullptr));
+  EXPECT_EQ(lwo_pool_layer_host(pool, 0, &host, nullptr), LWO_OK);
+  EXPECT_EQ(host, shard0);
+  EXPECT_EQ(lwo_pool_tensor_host(pool, 0, "weight", &host, nullptr), LWO_OK);
+  EXPECT_EQ(host, shard0);
   lwo_ring* ring = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
   uint64_t gathers = gpu->stats.gathers;
   for (int pass = 0; pass < 3; ++pass)
     for (uint32_t l = 0; l < 4; ++l) {
       lwo_ticket t{};
-      lwo_layer_view v{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       ASSERT_LWO(lwo_ring_stage(ring, l, &t));
       ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
       EXPECT_EQ(std::memcmp(v.tensors[0], w[l].data(), w[l].size()), 0) << "layer " << l;
@@ -81,7 +86,7 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
       std::vector<std::vector<std::vector<uint8_t>>> w(L);
       for (uint32_t l = 0; l < L; ++l)
         for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
-          lwo_tensor_info ti{};
+          lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
           ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
           w[l].emplace_back(ti.bytes);
           fill_random(w[l][k].data(), ti.bytes, 7000 + l * 10 + k);
@@ -98,11 +103,11 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
       uint64_t reduces = gpu->stats.reduces;
       for (int micro = 0; micro < 2; ++micro)
         for (uint32_t l = L; l-- > 0;) {
-          lwo_layer_view v{};
+          lwo_layer_view v = LWO_LAYER_VIEW_INIT;
           ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
           wire_total += v.record_bytes;
           for (uint32_t k = 0; k < v.n_tensors; ++k) {
-            lwo_tensor_info ti{};
+            lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
             ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
             uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype);
             gpu->write(c, v.tensors[k], ne * 4);
@@ -115,7 +120,7 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
       for (uint32_t l = 0; l < L; ++l) {
         covered[l].resize(m.layers[l].n_tensors);
         for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
-          lwo_tensor_info ti{};
+          lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
           ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
           uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype), es = lwo_dtype_size(ti.dtype);
           covered[l][k].resize(ne);
@@ -137,9 +142,13 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
             ASSERT_EQ(gd[i], want) << "n " << n << " rank " << r << " layer " << l << " " << ti.name
                                    << " element " << gf + i;
           }
-          float* h = nullptr;
-          EXPECT_EQ(lwo_grads_host(g, l, ti.name, &h, nullptr), LWO_ERR_UNSUPPORTED);
-          EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_grads_shard"), std::string::npos);
+          // The whole-tensor accessor refuses a pool that holds only a shard.
+          void* whole = nullptr;
+          EXPECT_EQ(lwo_pool_tensor_host(pool, l, ti.name, &whole, nullptr),
+                    n > 1 ? LWO_ERR_UNSUPPORTED : LWO_OK);
+          if (n > 1)
+            EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_pool_shard_tensor"),
+                      std::string::npos);
         }
       }
       lwo_grads_stats st{};
@@ -229,7 +238,7 @@ TEST_F(ShardedTest, CollectiveCheckFindsRanksThatDiffer) {
   gathers = gpu->stats.gathers;
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));  // a hit: only the exchange
   EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
-  lwo_layer_view v{};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   // The peer copies where this rank hits.
@@ -289,7 +298,7 @@ TEST_F(ShardedTest, RankLocalAndShardedPoolsCoexist) {
   for (int pass = 0; pass < 3; ++pass)
     for (uint32_t l = 0; l < 3; ++l) {
       lwo_ticket ts{}, tl{};
-      lwo_layer_view vs{}, vl{};
+      lwo_layer_view vs = LWO_LAYER_VIEW_INIT, vl = LWO_LAYER_VIEW_INIT;
       uint64_t gathers = gpu->stats.gathers;
       ASSERT_LWO(lwo_ring_stage(rl, l, &tl));
       EXPECT_EQ(gpu->stats.gathers, gathers);  // the local pool gathers nothing

@@ -1,0 +1,153 @@
+// The C ABI's own machinery, shared by its files (one per section of lwo.h):
+// the handle structs, the registry of live handles, the guard that turns
+// every exception into a status and a message that starts with the call's
+// name, and the readers and writers of size-first structs. Each exported
+// function is check, convert, forward; the logic lives in engine/ and src/.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/grads.h"
+#include "engine/pool.h"
+#include "engine/ring.h"
+#include "engine/schedule.h"
+#include "lwo.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/common/error.h"
+
+struct lwo_engine {
+  std::unique_ptr<lwo::Engine> impl;
+};
+struct lwo_pool {
+  std::unique_ptr<lwo::Pool> impl;
+  lwo_engine* engine;
+};
+struct lwo_ring {
+  std::unique_ptr<lwo::Ring> impl;
+  lwo_pool* pool;
+};
+struct lwo_grads {
+  std::unique_ptr<lwo::Grads> impl;
+  lwo_pool* pool;
+};
+struct lwo_checkpoint {
+  std::shared_ptr<lwo::Checkpoint> impl;
+};
+struct lwo_schedule {
+  std::unique_ptr<lwo::Schedule> impl;
+  lwo_ring* ring;
+};
+
+namespace lwo {
+namespace abi {
+
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint };
+template <class H> constexpr Kind kind_of();
+template <> constexpr Kind kind_of<lwo_engine>() { return Kind::Engine; }
+template <> constexpr Kind kind_of<lwo_pool>() { return Kind::Pool; }
+template <> constexpr Kind kind_of<lwo_ring>() { return Kind::Ring; }
+template <> constexpr Kind kind_of<lwo_schedule>() { return Kind::Schedule; }
+template <> constexpr Kind kind_of<lwo_grads>() { return Kind::Grads; }
+template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; }
+
+// The registry of live handles: a destroyed or foreign pointer is never
+// dereferenced.
+void add_handle(const void* p, Kind k);
+void remove_handle(const void* p);
+// Throws LWO_ERR_INVALID_HANDLE unless p is a live handle of kind k.
+void check_live(const void* p, Kind k);
+
+template <class H>
+H* check_handle(const H* p) {
+  check_live(p, kind_of<H>());
+  return const_cast<H*>(p);
+}
+// Registers a fully built handle and hands its ownership to the caller.
+template <class H>
+H* publish(std::unique_ptr<H> h) {
+  add_handle(h.get(), kind_of<H>());
+  return h.release();
+}
+// Unregisters and deletes a handle.
+template <class H>
+void retire(H* h) {
+  remove_handle(h);
+  delete h;
+}
+
+// Sets the calling thread's message (the empty string clears it).
+void set_message(const char* call, const char* what);
+lwo_status_t status_of_current_exception(const char* call) noexcept;
+const char* t_message_ref();  // the calling thread's message
+
+// Runs f; every exception becomes a status and the message "call: what".
+template <class F>
+lwo_status_t guard_status(const char* call, F&& f) noexcept {
+  try {
+    lwo_status_t s = f();
+    set_message(nullptr, nullptr);
+    return s;
+  } catch (...) {
+    return status_of_current_exception(call);
+  }
+}
+template <class F>
+lwo_status_t guard(const char* call, F&& f) noexcept {
+  return guard_status(call, [&]() {
+    f();
+    return LWO_OK;
+  });
+}
+
+inline void need(const void* p, const char* what) {
+  if (!p) fail(LWO_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+
+// Throws unless every byte of [from, to) of `p` is zero: a newer caller's
+// larger struct whose options this version does not know.
+void check_tail_zero(const void* p, size_t from, size_t to, const char* what);
+
+// Reads a caller's config or descriptor: min(size, sizeof) bytes over the
+// defaults; a larger struct only if its extra bytes are zero.
+template <class Cfg>
+Cfg read_config(const Cfg* in, const Cfg& defaults, const char* what = "config") {
+  if (!in) return defaults;
+  if (in->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (expected %zu)", what, in->size,
+         sizeof(Cfg));
+  if (in->size > sizeof(Cfg)) check_tail_zero(in, sizeof(Cfg), in->size, what);
+  Cfg out = defaults;
+  std::memcpy(&out, in, std::min(in->size, sizeof(Cfg)));
+  out.size = sizeof(Cfg);
+  return out;
+}
+
+// Writes a struct whose size the caller set: min(size, sizeof) bytes.
+template <class Out>
+void write_out(Out* out, Out value, const char* what = "output struct") {
+  need(out, what);
+  if (out->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (set it to %zu)", what, out->size,
+         sizeof(Out));
+  size_t n = std::min(out->size, sizeof(Out));
+  value.size = out->size;
+  std::memcpy(out, &value, n);
+}
+
+// Unknown flag bits are an error.
+inline void check_flags(uint32_t flags, uint32_t known) {
+  if (flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~known);
+}
+
+// Pools (api_pools.cc): the thread count of a checked lwo_pool_config, and
+// the registration of a new pool of engine `e` as the caller's handle.
+uint32_t pool_threads(const lwo_pool_config* config);
+void add_pool(lwo_engine* e, std::unique_ptr<lwo::Pool> impl, lwo_pool** pool);
+
+}  // namespace abi
+}  // namespace lwo

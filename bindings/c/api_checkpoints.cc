@@ -1,0 +1,216 @@
+// lwo.h: Checkpoints: safetensors files streamed in place.
+#include "abi.h"
+#include "src/common/dtype.h"
+
+using namespace lwo::abi;
+using lwo::fail;
+
+namespace {
+
+// A checked lwo_checkpoint_pool_config, converted to the checkpoint's mapping.
+struct Mapped {
+  lwo::Checkpoint::Mapping mapping;
+  uint32_t flags = 0;
+};
+
+Mapped map_layers(const lwo::Checkpoint& ck, const lwo_checkpoint_pool_config* config) {
+  need(config, "config");
+  lwo_checkpoint_pool_config cfg =
+      read_config(config, lwo_checkpoint_pool_config LWO_CHECKPOINT_POOL_CONFIG_INIT);
+  check_flags(cfg.flags, LWO_CHECKPOINT_STAGED);
+  if (cfg.pattern && cfg.names)
+    fail(LWO_ERR_INVALID_ARGUMENT, "give a pattern or names, not both");
+  Mapped m;
+  m.flags = cfg.flags;
+  if (cfg.pattern) {
+    m.mapping = ck.map_by_pattern(cfg.pattern);
+  } else if (cfg.names) {
+    if (!cfg.n_names || cfg.n_layers == 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "names need n_names and n_layers >= 1");
+    std::vector<std::vector<std::string>> names(cfg.n_layers);
+    size_t k = 0;
+    for (uint32_t l = 0; l < cfg.n_layers; ++l)
+      for (uint32_t j = 0; j < cfg.n_names[l]; ++j, ++k) {
+        if (!cfg.names[k]) fail(LWO_ERR_INVALID_ARGUMENT, "name %u of layer %u is NULL", j, l);
+        names[l].push_back(cfg.names[k]);
+      }
+    m.mapping = ck.map_by_names(names);
+  } else {
+    fail(LWO_ERR_INVALID_ARGUMENT, "the config has neither a pattern nor names");
+  }
+  return m;
+}
+
+}  // namespace
+
+extern "C" {
+
+LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint) {
+  return guard("lwo_checkpoint_open", [&] {
+    need(checkpoint, "checkpoint (output)");
+    *checkpoint = nullptr;
+    need(path, "path");
+    *checkpoint = publish(std::make_unique<lwo_checkpoint>(lwo_checkpoint{lwo::Checkpoint::open(path)}));
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_destroy(lwo_checkpoint* checkpoint) {
+  return guard("lwo_checkpoint_destroy", [&] {
+    if (checkpoint) retire(check_handle(checkpoint));
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
+                                                 uint32_t* n_tensors) {
+  return guard("lwo_checkpoint_tensor_count", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(n_tensors, "n_tensors");
+    *n_tensors = static_cast<uint32_t>(c->impl->entries().size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint, uint32_t index,
+                                                lwo_checkpoint_tensor* info) {
+  return guard("lwo_checkpoint_tensor_info", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    const auto& es = c->impl->entries();
+    if (index >= es.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu tensors", index,
+           c->impl->path().c_str(), es.size());
+    const lwo::st::Entry& e = es[index];
+    lwo_checkpoint_tensor v{};
+    v.name = e.name.c_str();
+    v.dtype_name = e.dtype_name.c_str();
+    v.dtype = lwo::dtype_size(e.dtype) ? static_cast<int32_t>(e.dtype) : -1;
+    v.n_dims = static_cast<int32_t>(e.shape.size());
+    for (size_t d = 0; d < e.shape.size() && d < LWO_MAX_DIMS; ++d) v.shape[d] = e.shape[d];
+    v.bytes = e.end - e.begin;
+    v.file_offset = e.begin;
+    v.file = e.file;
+    write_out(info, v, "info");
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_file_count(const lwo_checkpoint* checkpoint,
+                                               uint32_t* n_files) {
+  return guard("lwo_checkpoint_file_count", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(n_files, "n_files");
+    *n_files = static_cast<uint32_t>(c->impl->files().size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_file_info(const lwo_checkpoint* checkpoint, uint32_t index,
+                                              lwo_checkpoint_file* info) {
+  return guard("lwo_checkpoint_file_info", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    const auto& fs = c->impl->files();
+    if (index >= fs.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu files", index,
+           c->impl->path().c_str(), fs.size());
+    lwo_checkpoint_file v{};
+    v.path = fs[index].path.c_str();
+    v.bytes = fs[index].size;
+    v.n_tensors = fs[index].n_tensors;
+    write_out(info, v, "info");
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_metadata_count(const lwo_checkpoint* checkpoint,
+                                                   uint32_t* n_entries) {
+  return guard("lwo_checkpoint_metadata_count", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(n_entries, "n_entries");
+    *n_entries = static_cast<uint32_t>(c->impl->metadata().size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_metadata(const lwo_checkpoint* checkpoint, uint32_t index,
+                                             uint32_t* file, const char** key,
+                                             const char** value) {
+  return guard("lwo_checkpoint_metadata", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(key, "key");
+    need(value, "value");
+    const auto& md = c->impl->metadata();
+    if (index >= md.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu metadata entries", index,
+           c->impl->path().c_str(), md.size());
+    if (file) *file = md[index].file;
+    *key = md[index].key.c_str();
+    *value = md[index].value.c_str();
+  });
+}
+
+LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* c) {
+  if (c) *c = lwo_checkpoint_pool_config LWO_CHECKPOINT_POOL_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
+                                                     lwo_checkpoint* checkpoint,
+                                                     const lwo_checkpoint_pool_config* config,
+                                                     lwo_pool** pool) {
+  return guard("lwo_pool_create_from_checkpoint", [&] {
+    need(pool, "pool (output)");
+    *pool = nullptr;
+    lwo_engine* e = check_handle(engine);
+    lwo_checkpoint* c = check_handle(checkpoint);
+    Mapped m = map_layers(*c->impl, config);
+    add_pool(e,
+             lwo::Pool::create_from_checkpoint(*e->impl, c->impl, m.mapping,
+                                               (m.flags & LWO_CHECKPOINT_STAGED) != 0),
+             pool);
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_unmatched_count(lwo_checkpoint* checkpoint,
+                                                    const lwo_checkpoint_pool_config* config,
+                                                    uint32_t* n_unmatched) {
+  return guard("lwo_checkpoint_unmatched_count", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(n_unmatched, "n_unmatched");
+    *n_unmatched = static_cast<uint32_t>(map_layers(*c->impl, config).mapping.map.unmatched.size());
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
+                                                   const lwo_checkpoint_pool_config* config,
+                                                   uint32_t index, const char** name) {
+  return guard("lwo_checkpoint_unmatched_name", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(name, "name");
+    const auto& un = map_layers(*c->impl, config).mapping.map.unmatched;
+    if (index >= un.size())
+      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but %zu tensors are unmatched", index, un.size());
+    *name = c->impl->entries()[un[index]].name.c_str();
+  });
+}
+
+LWO_API lwo_status_t lwo_checkpoint_map_tensors(lwo_checkpoint* checkpoint,
+                                                const lwo_checkpoint_pool_config* config,
+                                                uint32_t n_tensors, uint32_t* layers,
+                                                const char** names, uint32_t* n_layers) {
+  return guard("lwo_checkpoint_map_tensors", [&] {
+    lwo_checkpoint* c = check_handle(checkpoint);
+    need(layers, "layers");
+    const auto& es = c->impl->entries();
+    if (n_tensors != es.size())
+      fail(LWO_ERR_SIZE_MISMATCH, "n_tensors %u, but '%s' has %zu tensors", n_tensors,
+           c->impl->path().c_str(), es.size());
+    Mapped m = map_layers(*c->impl, config);
+    const auto& ls = m.mapping.map.layers;
+    for (uint32_t i = 0; i < n_tensors; ++i) {
+      layers[i] = LWO_NO_LAYER;
+      if (names) names[i] = nullptr;
+    }
+    for (size_t l = 0; l < ls.size(); ++l)
+      for (size_t k : ls[l]) {
+        layers[k] = static_cast<uint32_t>(l);
+        // Within its layer a tensor is named without the layer's prefix.
+        if (names) names[k] = es[k].name.c_str() + m.mapping.strip[l].size();
+      }
+    if (n_layers) *n_layers = static_cast<uint32_t>(ls.size());
+  });
+}
+
+}  // extern "C"

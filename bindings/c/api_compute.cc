@@ -1,0 +1,186 @@
+// lwo.h: Layer compute (linear layers through cuBLASLt, 2-D convolutions
+// through cuDNN): the descriptors are checked and converted here, and the
+// engine's Compute runs them.
+#include "abi.h"
+#include "src/common/dtype.h"
+#include "src/compute/compute.h"
+
+using namespace lwo::abi;
+using lwo::fail;
+
+extern "C" {
+
+LWO_API void lwo_linear_desc_init(lwo_linear_desc* d) {
+  if (d) *d = lwo_linear_desc LWO_LINEAR_DESC_INIT;
+}
+
+static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t tokens) {
+  need(desc, "desc");
+  lwo_linear_desc d = read_config(desc, lwo_linear_desc LWO_LINEAR_DESC_INIT);
+  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
+    fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
+         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
+  if (d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32))
+    fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x",
+         d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32));
+  if (d.in_features < 1 || d.out_features < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "in_features %lld and out_features %lld must be >= 1", static_cast<long long>(d.in_features), static_cast<long long>(d.out_features));
+  if (tokens < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "tokens %lld must be >= 1",
+         static_cast<long long>(tokens));
+  const int64_t kMax = INT64_C(1) << 31;
+  if (d.in_features >= kMax || d.out_features >= kMax || tokens >= kMax)
+    fail(LWO_ERR_OUT_OF_RANGE, "tokens %lld x in %lld x out %lld: a dimension is 2^31 or more", static_cast<long long>(tokens), static_cast<long long>(d.in_features),
+         static_cast<long long>(d.out_features));
+  return lwo::Compute::Linear{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
+                              (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features};
+}
+
+LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                        int64_t tokens, const void* x, const void* weight,
+                                        const void* bias, void* y, lwo_stream_t stream) {
+  return guard("lwo_linear_forward", [&] {
+    lwo_engine* e = check_handle(engine);
+    lwo::Compute::Linear l = linear_of(desc, tokens);
+    need(x, "x");
+    need(weight, "weight");
+    need(y, "y");
+    if (l.bias) need(bias, "bias (the layer has LWO_LINEAR_BIAS)");
+    lwo::DeviceScope scope(*e->impl);
+    e->impl->compute().linear_forward(l, tokens, x, weight, bias, y, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
+                                         int64_t tokens, const void* x, const void* dy,
+                                         const void* weight, void* dx, void* dweight,
+                                         void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream) {
+  return guard("lwo_linear_backward", [&] {
+    lwo_engine* e = check_handle(engine);
+    lwo::Compute::Linear l = linear_of(desc, tokens);
+    need(dy, "dy");
+    if (dx) need(weight, "weight (needed for dx)");
+    if (dweight) need(x, "x (needed for dweight)");
+    if (dbias && !l.bias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "dbias given but the layer has no LWO_LINEAR_BIAS");
+    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != l.dtype)
+      fail(LWO_ERR_INVALID_ARGUMENT, "grad_dtype %s is neither f32 nor the layer's %s",
+           lwo::dtype_name(grad_dtype), lwo::dtype_name(l.dtype));
+    if (!dx && !dweight && !dbias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
+    lwo::DeviceScope scope(*e->impl);
+    e->impl->compute().linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
+  });
+}
+
+/* ---- 2-D convolutions ---- */
+
+LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* d) {
+  if (d) *d = lwo_conv2d_desc LWO_CONV2D_DESC_INIT;
+}
+
+static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
+  need(desc, "desc");
+  lwo_conv2d_desc d = read_config(desc, lwo_conv2d_desc LWO_CONV2D_DESC_INIT);
+  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
+    fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
+         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
+  if (d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32))
+    fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x",
+         d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32));
+  if (d.layout != LWO_LAYOUT_NCHW && d.layout != LWO_LAYOUT_NHWC)
+    fail(LWO_ERR_INVALID_ARGUMENT, "layout %d is neither NCHW (0) nor NHWC (1)",
+         static_cast<int>(d.layout));
+  if (d.groups < 1 || d.in_channels < 1 || d.out_channels < 1 || d.in_channels % d.groups ||
+      d.out_channels % d.groups)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "in_channels %d and out_channels %d must be >= 1 and multiples of groups %d",
+         d.in_channels, d.out_channels, d.groups);
+  if (d.kernel_h < 1 || d.kernel_w < 1 || d.stride_h < 1 || d.stride_w < 1 || d.dilation_h < 1 ||
+      d.dilation_w < 1 || d.pad_h < 0 || d.pad_w < 0)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "kernel %dx%d, stride %dx%d, dilation %dx%d must be >= 1 and padding %dx%d >= 0",
+         d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w, d.pad_h,
+         d.pad_w);
+  return lwo::Compute::Conv{d.dtype, (d.flags & LWO_CONV_BIAS) != 0, (d.flags & LWO_CONV_TF32) != 0,
+                            d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
+                            d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
+                            d.dilation_w, d.groups};
+}
+
+static void check_image(int32_t n, int32_t h, int32_t w) {
+  if (n < 1 || h < 1 || w < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "batch %d of %dx%d images: every size must be >= 1",
+         n, h, w);
+}
+
+LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
+                                            int32_t* out_h, int32_t* out_w) {
+  return guard("lwo_conv2d_output_size", [&] {
+    lwo::Compute::Conv cv = conv_of(desc);
+    need(out_h, "out_h");
+    need(out_w, "out_w");
+    check_image(1, h, w);
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, out_h, out_w);
+    } catch (const lwo::Error& e) {
+      fail(e.status(), "%s", e.what());
+    }
+  });
+}
+
+LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                        int32_t n, int32_t h, int32_t w, const void* x,
+                                        const void* weight, const void* bias, void* y,
+                                        lwo_stream_t stream) {
+  return guard("lwo_conv2d_forward", [&] {
+    lwo_engine* e = check_handle(engine);
+    lwo::Compute::Conv cv = conv_of(desc);
+    check_image(n, h, w);
+    int32_t oh = 0, ow = 0;
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
+    } catch (const lwo::Error& err) {
+      fail(err.status(), "%s", err.what());
+    }
+    need(x, "x");
+    need(weight, "weight");
+    need(y, "y");
+    if (cv.bias) need(bias, "bias (the layer has LWO_CONV_BIAS)");
+    lwo::DeviceScope scope(*e->impl);
+    e->impl->compute().conv_forward(cv, n, h, w, x, weight, bias, y, stream);
+  });
+}
+
+LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
+                                         int32_t n, int32_t h, int32_t w, const void* x,
+                                         const void* dy, const void* weight, void* dx,
+                                         void* dweight, void* dbias, lwo_dtype_t grad_dtype,
+                                         lwo_stream_t stream) {
+  return guard("lwo_conv2d_backward", [&] {
+    lwo_engine* e = check_handle(engine);
+    lwo::Compute::Conv cv = conv_of(desc);
+    check_image(n, h, w);
+    int32_t oh = 0, ow = 0;
+    try {
+      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
+    } catch (const lwo::Error& err) {
+      fail(err.status(), "%s", err.what());
+    }
+    need(dy, "dy");
+    if (dx) need(weight, "weight (needed for dx)");
+    if (dweight) need(x, "x (needed for dweight)");
+    if (dbias && !cv.bias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "dbias given but the layer has no LWO_CONV_BIAS");
+    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != cv.dtype)
+      fail(LWO_ERR_INVALID_ARGUMENT, "grad_dtype %s is neither f32 nor the layer's %s",
+           lwo::dtype_name(grad_dtype), lwo::dtype_name(cv.dtype));
+    if (!dx && !dweight && !dbias)
+      fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
+    lwo::DeviceScope scope(*e->impl);
+    e->impl->compute().conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,109 @@
+// lwo.h: Engine.
+#include "abi.h"
+#include "testing.h"
+
+using namespace lwo::abi;
+using lwo::fail;
+
+namespace {
+
+lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend, int device,
+                         uint32_t flags, lwo_engine** engine) {
+  return guard(call, [&] {
+    auto h = std::make_unique<lwo_engine>();
+    h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
+    if (flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
+    *engine = publish(std::move(h));
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+LWO_API void lwo_engine_config_init(lwo_engine_config* c) {
+  if (c) *c = lwo_engine_config LWO_ENGINE_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engine** engine) {
+  static const char* call = "lwo_engine_create";
+  lwo_engine_config cfg{};
+  std::unique_ptr<lwo::Backend> backend;
+  lwo_status_t s = guard(call, [&] {
+    need(engine, "engine (output)");
+    *engine = nullptr;
+    cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT);
+    check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES);
+    if (cfg.device < 0) fail(LWO_ERR_INVALID_ARGUMENT, "device %d is negative", cfg.device);
+    backend = lwo::make_cuda_backend(cfg.device);
+  });
+  if (s != LWO_OK) return s;
+  return make_engine(call, std::move(backend), cfg.device, cfg.flags, engine);
+}
+
+LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {
+  return guard("lwo_engine_destroy", [&] {
+    if (!engine) return;
+    lwo_engine* e = check_handle(engine);
+    e->impl->check_destroyable();
+    retire(e);
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device) {
+  return guard("lwo_engine_device", [&] {
+    lwo_engine* e = check_handle(engine);
+    need(device, "device");
+    *device = e->impl->device();
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_transfer_stream(const lwo_engine* engine, lwo_stream_t* stream) {
+  return guard("lwo_engine_transfer_stream", [&] {
+    lwo_engine* e = check_handle(engine);
+    need(stream, "stream");
+    *stream = static_cast<lwo_stream_t>(e->impl->h2d());
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_check(lwo_engine* engine) {
+  return guard("lwo_engine_check", [&] {
+    lwo_engine* e = check_handle(engine);
+    try {
+      e->impl->check();
+    } catch (const lwo::Error& err) {
+      fail(err.status(), "device %d: %s", e->impl->device(), err.what());
+    }
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine) {
+  return guard("lwo_engine_synchronize", [&] {
+    lwo_engine* e = check_handle(engine);
+    try {
+      e->impl->synchronize();
+    } catch (const lwo::Error& err) {
+      fail(err.status(), "device %d: %s", e->impl->device(), err.what());
+    }
+  });
+}
+
+}  // extern "C"
+
+namespace lwo {
+namespace testing {
+
+lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine) {
+  if (!engine) return LWO_ERR_INVALID_ARGUMENT;
+  *engine = nullptr;
+  return make_engine("lwo::testing::engine_create", std::move(backend), device, 0, engine);
+}
+
+Backend* engine_backend(lwo_engine* engine) { return &engine->impl->gpu(); }
+
+void engine_set_check_collectives(lwo_engine* engine, bool on) {
+  engine->impl->set_check_collectives(on);
+}
+
+}  // namespace testing
+}  // namespace lwo

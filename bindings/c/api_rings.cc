@@ -1,0 +1,181 @@
+// lwo.h: Device slot rings and schedules.
+#include "abi.h"
+
+using namespace lwo::abi;
+using lwo::fail;
+
+namespace {
+
+// A view the caller sized: the engine fills a whole one, the caller gets
+// min(size, sizeof) bytes of it.
+void check_view(const lwo_layer_view* view) {
+  need(view, "view");
+  if (view->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "view size %zu is too small (set it to %zu: LWO_LAYER_VIEW_INIT)",
+         view->size, sizeof(lwo_layer_view));
+}
+
+}  // namespace
+
+extern "C" {
+
+LWO_API void lwo_ring_config_init(lwo_ring_config* c) {
+  if (c) *c = lwo_ring_config LWO_RING_CONFIG_INIT;
+}
+
+LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
+                                     lwo_ring** ring) {
+  return guard("lwo_ring_create", [&] {
+    need(ring, "ring (output)");
+    *ring = nullptr;
+    lwo_pool* p = check_handle(pool);
+    lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT);
+    check_flags(cfg.flags, LWO_RING_TIMING);
+    if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
+      fail(LWO_ERR_INVALID_ARGUMENT, "depth %u is outside 1..%u", cfg.depth, lwo::kMaxDepth);
+    auto impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
+    *ring = publish(std::make_unique<lwo_ring>(lwo_ring{std::move(impl), p}));
+    p->impl->n_rings.fetch_add(1);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring) {
+  return guard("lwo_ring_destroy", [&] {
+    if (!ring) return;
+    lwo_ring* r = check_handle(ring);
+    r->impl->check_destroyable();
+    r->pool->impl->n_rings.fetch_sub(1);
+    retire(r);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer, lwo_ticket* ticket) {
+  return guard("lwo_ring_stage", [&] {
+    lwo_ring* r = check_handle(ring);
+    need(ticket, "ticket");
+    ticket->id = 0;
+    *ticket = r->impl->stage(layer);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket, lwo_stream_t stream,
+                                      lwo_layer_view* view) {
+  return guard("lwo_ring_acquire", [&] {
+    lwo_ring* r = check_handle(ring);
+    check_view(view);
+    lwo_layer_view v{};
+    r->impl->acquire(ticket, stream, &v);
+    write_out(view, v, "view");
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_tensor(lwo_ring* ring, lwo_ticket ticket, const char* name,
+                                     void** device_ptr) {
+  return guard("lwo_ring_tensor", [&] {
+    lwo_ring* r = check_handle(ring);
+    need(device_ptr, "device_ptr");
+    *device_ptr = r->impl->tensor(ticket, name);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_query(lwo_ring* ring, lwo_ticket ticket, uint32_t* landed) {
+  return guard("lwo_ring_query", [&] {
+    lwo_ring* r = check_handle(ring);
+    need(landed, "landed");
+    *landed = r->impl->landed(ticket) ? 1u : 0u;
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_ticket_state(lwo_ring* ring, lwo_ticket ticket,
+                                           lwo_ticket_state_t* state) {
+  return guard("lwo_ring_ticket_state", [&] {
+    lwo_ring* r = check_handle(ring);
+    need(state, "state");
+    *state = r->impl->ticket_state(ticket);
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket, lwo_stream_t stream) {
+  return guard("lwo_ring_release", [&] { check_handle(ring)->impl->release(ticket, stream); });
+}
+
+LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
+                                          uint32_t* n_released) {
+  return guard("lwo_ring_release_all", [&] {
+    uint32_t n = check_handle(ring)->impl->release_all(stream);
+    if (n_released) *n_released = n;
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_get_info(const lwo_ring* ring, lwo_ring_info* info) {
+  return guard("lwo_ring_get_info", [&] {
+    lwo_ring* r = check_handle(ring);
+    lwo_ring_info v{};
+    r->impl->info(&v);
+    write_out(info, v, "info");
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_get_stats(lwo_ring* ring, lwo_ring_stats* stats) {
+  return guard("lwo_ring_get_stats", [&] {
+    lwo_ring* r = check_handle(ring);
+    need(stats, "stats");
+    lwo_ring_stats v{};
+    r->impl->stats(&v);
+    write_out(stats, v, "stats");
+  });
+}
+
+LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring) {
+  return guard("lwo_ring_reset_stats", [&] { check_handle(ring)->impl->reset_stats(); });
+}
+
+/* ---- schedules ---- */
+
+LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
+                                         uint32_t n_layers, lwo_schedule** schedule) {
+  return guard("lwo_schedule_create", [&] {
+    need(schedule, "schedule (output)");
+    *schedule = nullptr;
+    lwo_ring* r = check_handle(ring);
+    auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
+    *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl), r}));
+    r->impl->n_schedules.fetch_add(1);
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule) {
+  return guard("lwo_schedule_destroy", [&] {
+    if (!schedule) return;
+    lwo_schedule* s = check_handle(schedule);
+    lwo_ring* r = s->ring;
+    retire(s);
+    r->impl->n_schedules.fetch_sub(1);
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
+                                       lwo_layer_view* view) {
+  return guard_status("lwo_schedule_next", [&] {
+    lwo_schedule* s = check_handle(schedule);
+    check_view(view);
+    lwo_layer_view v{};
+    lwo_status_t st = s->impl->next(stream, &v);
+    if (st == LWO_OK) write_out(view, v, "view");
+    return st;
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_t* position) {
+  return guard("lwo_schedule_position", [&] {
+    lwo_schedule* s = check_handle(schedule);
+    need(position, "position");
+    *position = s->impl->position();
+  });
+}
+
+LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
+  return guard("lwo_schedule_reset", [&] { check_handle(schedule)->impl->reset(stream); });
+}
+
+}  // extern "C"

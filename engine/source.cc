@@ -1,0 +1,165 @@
+#include "source.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/checkpoint/checkpoint.h"
+#include "src/common/error.h"
+#include "src/common/parallel.h"
+
+namespace lwo {
+
+void Source::check_readable() const {
+  if (ckpt_) ckpt_->check_unchanged();
+}
+
+namespace {
+
+// Copies every run of a layer, as `fill` found them, into place.
+Source::Moved copy_runs_h2d(Backend& gpu, const HostLayer& l, uint8_t* dst, StreamH h2d) {
+  Source::Moved m;
+  for (const CopyRun& r : l.runs) {
+    gpu.copy_h2d(dst + r.dst_offset, r.src, r.bytes, h2d);
+    m.bytes += r.bytes;
+    ++m.n_copies;
+  }
+  return m;
+}
+
+}  // namespace
+
+Source::Moved DirectSource::fill(const HostLayer& l, DeviceSlot& slot) {
+  Backend& gpu = engine_.gpu();
+  Moved m = copy_runs_h2d(gpu, l, slot.dev, engine_.h2d());
+  gpu.event_record(slot.ready, engine_.h2d());
+  return m;
+}
+
+// ---- staged ----
+
+namespace {
+
+// A host function on the fill stream: packs a layer's copy runs from their
+// (not DMA-ready) sources into a pinned staging buffer, from several threads
+// when the record is large (one per 16 MiB, at most 8).
+struct FillJob {
+  const std::vector<CopyRun>* runs;
+  uint8_t* dst;
+};
+
+void run_fill(void* p) {
+  std::unique_ptr<FillJob> job(static_cast<FillJob*>(p));
+  const std::vector<CopyRun>& runs = *job->runs;
+  uint64_t total = 0;
+  for (const CopyRun& r : runs) total += r.bytes;
+  const uint64_t n = std::min<uint64_t>(8, std::max<uint64_t>(1, total >> 24));
+  // Part k of n copies the k-th n-th of every run.
+  parallel_for(n, static_cast<uint32_t>(n), 1, 1, [&](uint64_t pb, uint64_t pe) {
+    for (uint64_t part = pb; part < pe; ++part)
+      for (const CopyRun& r : runs) {
+        uint64_t chunk = (r.bytes + n - 1) / n;
+        uint64_t b = std::min(r.bytes, chunk * part), e = std::min(r.bytes, chunk * (part + 1));
+        if (b < e) std::memcpy(job->dst + r.dst_offset + b, r.src + b, e - b);
+      }
+  });
+}
+
+}  // namespace
+
+void StagedSource::attach(uint64_t slot_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!staging_.empty() && staging_[0].buf.bytes() >= slot_bytes) return;
+  Backend& gpu = engine_.gpu();
+  DeviceScope scope(engine_);
+  std::vector<Staging> st(2);
+  StreamH fs = nullptr;
+  try {
+    for (Staging& s : st) {
+      s.buf = PinnedArena(gpu, slot_bytes, 0);
+      s.ready = gpu.event_create(false);
+      s.free = gpu.event_create(false);
+    }
+    fs = fill_stream_ ? fill_stream_ : gpu.stream_create();
+  } catch (...) {
+    for (Staging& s : st) {
+      gpu.event_destroy(s.ready);
+      gpu.event_destroy(s.free);
+    }
+    throw;
+  }
+  // Slots are sized alike for every ring of a pool: this runs once.
+  staging_ = std::move(st);
+  fill_stream_ = fs;
+}
+
+StagedSource::~StagedSource() {
+  Backend& gpu = engine_.gpu();
+  try {
+    DeviceScope scope(engine_);
+    if (fill_stream_) gpu.stream_sync(fill_stream_);
+    for (Staging& st : staging_)
+      if (st.used) gpu.event_sync(st.free);
+  } catch (...) {
+  }
+  try {
+    DeviceScope scope(engine_);
+    for (Staging& st : staging_) {
+      gpu.event_destroy(st.ready);
+      gpu.event_destroy(st.free);
+    }
+    staging_.clear();
+    if (fill_stream_) gpu.stream_destroy(fill_stream_);
+  } catch (...) {
+  }
+}
+
+Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
+  // Fill stream: wait until the staging buffer's last copy to the device is
+  // done, pack the layer into it, mark it ready. Transfer stream: wait for
+  // that, copy it to the slot, free the buffer. Two buffers alternate, so the
+  // host packs one layer while the link carries the previous one.
+  std::lock_guard<std::mutex> lock(mu_);
+  Backend& gpu = engine_.gpu();
+  StreamH h2d = engine_.h2d();
+  Staging& st = staging_[next_++ % staging_.size()];
+  if (st.used) gpu.stream_wait(fill_stream_, st.free);
+  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
+  gpu.host_func(fill_stream_, run_fill, job.get());
+  job.release();
+  gpu.event_record(st.ready, fill_stream_);
+  gpu.stream_wait(h2d, st.ready);
+  Moved m;
+  uint64_t extent = 0;  // the bytes the runs fill, as the direct path copies
+  for (const CopyRun& r : l.runs) {
+    extent = std::max(extent, r.dst_offset + r.bytes);
+    m.bytes += r.bytes;
+  }
+  if (extent) {
+    gpu.copy_h2d(slot.dev, st.buf.data(), extent, h2d);
+    m.n_copies = 1;
+  }
+  gpu.event_record(st.free, h2d);
+  st.used = true;
+  gpu.event_record(slot.ready, h2d);
+  return m;
+}
+
+// ---- sharded ----
+
+Source::Moved ShardedSource::fill(const HostLayer& l, DeviceSlot& slot) {
+  // The local shard goes up this rank's link; the other ranks' shards come
+  // over the GPUs' links: all-gather the record into the slot on the
+  // communication stream, which then holds the slot's ready event.
+  Backend& gpu = engine_.gpu();
+  StreamH h2d = engine_.h2d(), cs = engine_.comm();
+  Moved m = copy_runs_h2d(gpu, l, slot.dev, h2d);
+  gpu.event_record(slot.aux, h2d);
+  gpu.stream_wait(cs, slot.aux);
+  gpu.all_gather(slot.dev + l.shard_bytes * static_cast<uint64_t>(rank_), slot.dev,
+                 l.shard_bytes, comm_, cs);
+  gpu.event_record(slot.ready, cs);
+  m.ready_elsewhere = true;
+  return m;
+}
+
+}  // namespace lwo
