@@ -59,7 +59,7 @@ class Engine {
 
   // Throws LWO_ERR_BUSY while pools of the engine exist.
   void check_destroyable() const;
-  std::atomic<int> n_pools{0};
+  std::atomic<int> n_pools{0};  // live pools of the engine (they count themselves)
 
  private:
   std::unique_ptr<Backend> gpu_;

@@ -138,6 +138,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
   host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
                       n_threads_);
   slot_layer_.assign(slots_.size(), -1);
+  pool_.n_grads.fetch_add(1);
 }
 
 SlotSet Grads::make_slots(Pool& pool, uint32_t depth, uint64_t bytes) {
@@ -147,6 +148,7 @@ SlotSet Grads::make_slots(Pool& pool, uint32_t depth, uint64_t bytes) {
 }
 
 Grads::~Grads() {
+  pool_.n_grads.fetch_sub(1);
   try {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());

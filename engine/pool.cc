@@ -296,6 +296,7 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
 }
 
 Pool::~Pool() {
+  engine_.n_pools.fetch_sub(1);
   source_.reset();  // waits for its own streams
   try {
     DeviceScope scope(engine_);

@@ -89,11 +89,14 @@ class Pool {
 
   // Throws LWO_ERR_BUSY while rings or gradient sets of the pool exist.
   void check_destroyable() const;
+  // Live rings and gradient sets of the pool (they count themselves).
   std::atomic<int> n_rings{0};
   std::atomic<int> n_grads{0};
 
  private:
-  Pool(Engine& engine, lwo_pool_kind_t kind) : engine_(engine), kind_(kind) {}
+  Pool(Engine& engine, lwo_pool_kind_t kind) : engine_(engine), kind_(kind) {
+    engine_.n_pools.fetch_add(1);
+  }
   void build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool want_host_data);
   void finish_layers();  // versions, per-tensor arrays, totals
 

@@ -47,9 +47,11 @@ Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags)
   slot_of_layer_.assign(pool_.n_layers(), -1);
   DeviceScope scope(pool_.engine());
   pool_.source().attach(slots_.bytes());
+  pool_.n_rings.fetch_add(1);
 }
 
 Ring::~Ring() {
+  pool_.n_rings.fetch_sub(1);
   Engine& e = pool_.engine();
   Backend& gpu = e.gpu();
   try {

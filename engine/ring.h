@@ -50,7 +50,7 @@ class Ring {
   // released, or a schedule exists.
   void check_destroyable();
 
-  std::atomic<int> n_schedules{0};
+  std::atomic<int> n_schedules{0};  // live schedules of the ring (they count themselves)
 
  private:
   enum class State : uint8_t { Empty, Staged, Acquired, Released };

@@ -13,6 +13,7 @@ Schedule::Schedule(Ring& ring, const uint32_t* layers, uint32_t n) : ring_(ring)
       fail(LWO_ERR_OUT_OF_RANGE, "entry %u is layer %u, out of range (pool has %u layers)", i,
            layers[i], nl);
   order_.assign(layers, layers + n);
+  ring_.n_schedules.fetch_add(1);
 }
 
 Schedule::~Schedule() {
@@ -20,6 +21,7 @@ Schedule::~Schedule() {
     release_all(last_stream_);
   } catch (...) {
   }
+  ring_.n_schedules.fetch_sub(1);
 }
 
 void Schedule::release_all(StreamH stream) {

@@ -13,7 +13,7 @@
  *    the function the caller called (also when the failure arose in a call it
  *    makes inside, as lwo_schedule_next staging a layer), then names the
  *    object and the values; on success that message is cleared. Every object
- *    stays usable after a failed call, and a failed call changes no object.
+ *    stays usable after a failed call.
  *  - Outputs of a failed call: an output handle (`lwo_pool** pool`) is set to
  *    NULL and an output ticket to {0} as soon as the pointer to it is known
  *    to be valid; every other output is left as it was.
@@ -46,8 +46,8 @@
  *    non-NULL `next` is LWO_ERR_UNSUPPORTED, naming the type it found.
  *  - Streams: every `lwo_stream_t` passed to a call must be a stream of the
  *    engine's device (or NULL, the legacy default stream, which the call uses
- *    on the engine's device). A stream of another device is the caller's
- *    error; its effect is undefined (CUDA does not make it detectable cheaply).
+ *    on the engine's device). lwo does not check this on every call: a
+ *    stream of another device is the caller's error, with undefined effect.
  *  - Device work is enqueued, never waited for: a call that names a stream
  *    returns once its work is enqueued on that stream ("stream-ordered").
  *    The host never blocks on the GPU except in calls documented as doing so

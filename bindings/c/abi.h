@@ -25,22 +25,18 @@ struct lwo_engine {
 };
 struct lwo_pool {
   std::unique_ptr<lwo::Pool> impl;
-  lwo_engine* engine;
 };
 struct lwo_ring {
   std::unique_ptr<lwo::Ring> impl;
-  lwo_pool* pool;
 };
 struct lwo_grads {
   std::unique_ptr<lwo::Grads> impl;
-  lwo_pool* pool;
 };
 struct lwo_checkpoint {
   std::shared_ptr<lwo::Checkpoint> impl;
 };
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
-  lwo_ring* ring;
 };
 
 namespace lwo {
@@ -145,9 +141,9 @@ inline void check_flags(uint32_t flags, uint32_t known) {
 }
 
 // Pools (api_pools.cc): the thread count of a checked lwo_pool_config, and
-// the registration of a new pool of engine `e` as the caller's handle.
+// the publication of a new pool as the caller's handle.
 uint32_t pool_threads(const lwo_pool_config* config);
-void add_pool(lwo_engine* e, std::unique_ptr<lwo::Pool> impl, lwo_pool** pool);
+void add_pool(std::unique_ptr<lwo::Pool> impl, lwo_pool** pool);
 
 }  // namespace abi
 }  // namespace lwo

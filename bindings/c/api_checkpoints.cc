@@ -43,6 +43,8 @@ Mapped map_layers(const lwo::Checkpoint& ck, const lwo_checkpoint_pool_config* c
 
 }  // namespace
 
+static_assert(lwo::Checkpoint::kNoLayer == LWO_NO_LAYER, "one value marks an unmatched tensor");
+
 extern "C" {
 
 LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint) {
@@ -156,7 +158,7 @@ LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
     lwo_engine* e = check_handle(engine);
     lwo_checkpoint* c = check_handle(checkpoint);
     Mapped m = map_layers(*c->impl, config);
-    add_pool(e,
+    add_pool(
              lwo::Pool::create_from_checkpoint(*e->impl, c->impl, m.mapping,
                                                (m.flags & LWO_CHECKPOINT_STAGED) != 0),
              pool);
@@ -198,18 +200,8 @@ LWO_API lwo_status_t lwo_checkpoint_map_tensors(lwo_checkpoint* checkpoint,
       fail(LWO_ERR_SIZE_MISMATCH, "n_tensors %u, but '%s' has %zu tensors", n_tensors,
            c->impl->path().c_str(), es.size());
     Mapped m = map_layers(*c->impl, config);
-    const auto& ls = m.mapping.map.layers;
-    for (uint32_t i = 0; i < n_tensors; ++i) {
-      layers[i] = LWO_NO_LAYER;
-      if (names) names[i] = nullptr;
-    }
-    for (size_t l = 0; l < ls.size(); ++l)
-      for (size_t k : ls[l]) {
-        layers[k] = static_cast<uint32_t>(l);
-        // Within its layer a tensor is named without the layer's prefix.
-        if (names) names[k] = es[k].name.c_str() + m.mapping.strip[l].size();
-      }
-    if (n_layers) *n_layers = static_cast<uint32_t>(ls.size());
+    c->impl->tensor_layers(m.mapping, layers, names);
+    if (n_layers) *n_layers = static_cast<uint32_t>(m.mapping.map.layers.size());
   });
 }
 

@@ -23,8 +23,7 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
     auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth,
                                              (cfg.flags & LWO_GRADS_NATIVE_WIRE) != 0,
                                              cfg.n_threads);
-    *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl), p}));
-    p->impl->n_grads.fetch_add(1);
+    *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl)}));
   });
 }
 
@@ -33,7 +32,6 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads) {
     if (!grads) return;
     lwo_grads* g = check_handle(grads);
     g->impl->check_destroyable();
-    g->pool->impl->n_grads.fetch_sub(1);
     retire(g);
   });
 }

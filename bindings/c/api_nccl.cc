@@ -39,7 +39,7 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
     *pool = nullptr;
     lwo_engine* e = check_handle(engine);
     uint32_t n_threads = pool_threads(config);
-    add_pool(e, lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);
+    add_pool(lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);
   });
 }
 

@@ -14,9 +14,8 @@ uint32_t pool_threads(const lwo_pool_config* config) {
   return cfg.n_threads;
 }
 
-void add_pool(lwo_engine* e, std::unique_ptr<lwo::Pool> impl, lwo_pool** pool) {
-  *pool = publish(std::make_unique<lwo_pool>(lwo_pool{std::move(impl), e}));
-  e->impl->n_pools.fetch_add(1);
+void add_pool(std::unique_ptr<lwo::Pool> impl, lwo_pool** pool) {
+  *pool = publish(std::make_unique<lwo_pool>(lwo_pool{std::move(impl)}));
 }
 
 }  // namespace abi
@@ -36,7 +35,7 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_
     *pool = nullptr;
     lwo_engine* e = check_handle(engine);
     uint32_t n_threads = pool_threads(config);
-    add_pool(e, lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
+    add_pool(lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
   });
 }
 
@@ -49,7 +48,7 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
     *pool = nullptr;
     lwo_engine* e = check_handle(engine);
     pool_threads(config);  // checked; registering touches no memory
-    add_pool(e, lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),
+    add_pool(lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),
              pool);
   });
 }
@@ -59,7 +58,6 @@ LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool) {
     if (!pool) return;
     lwo_pool* p = check_handle(pool);
     p->impl->check_destroyable();
-    p->engine->impl->n_pools.fetch_sub(1);
     retire(p);
   });
 }

@@ -34,8 +34,7 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
     if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
       fail(LWO_ERR_INVALID_ARGUMENT, "depth %u is outside 1..%u", cfg.depth, lwo::kMaxDepth);
     auto impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
-    *ring = publish(std::make_unique<lwo_ring>(lwo_ring{std::move(impl), p}));
-    p->impl->n_rings.fetch_add(1);
+    *ring = publish(std::make_unique<lwo_ring>(lwo_ring{std::move(impl)}));
   });
 }
 
@@ -44,7 +43,6 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring) {
     if (!ring) return;
     lwo_ring* r = check_handle(ring);
     r->impl->check_destroyable();
-    r->pool->impl->n_rings.fetch_sub(1);
     retire(r);
   });
 }
@@ -139,18 +137,14 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
     *schedule = nullptr;
     lwo_ring* r = check_handle(ring);
     auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
-    *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl), r}));
-    r->impl->n_schedules.fetch_add(1);
+    *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl)}));
   });
 }
 
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule) {
   return guard("lwo_schedule_destroy", [&] {
     if (!schedule) return;
-    lwo_schedule* s = check_handle(schedule);
-    lwo_ring* r = s->ring;
-    retire(s);
-    r->impl->n_schedules.fetch_sub(1);
+    retire(check_handle(schedule));
   });
 }
 

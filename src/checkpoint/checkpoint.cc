@@ -140,6 +140,19 @@ Checkpoint::Mapping Checkpoint::map_by_pattern(const std::string& pattern) const
   return m;
 }
 
+void Checkpoint::tensor_layers(const Mapping& m, uint32_t* layers, const char** names) const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    layers[i] = kNoLayer;
+    if (names) names[i] = nullptr;
+  }
+  for (size_t l = 0; l < m.map.layers.size(); ++l)
+    for (size_t k : m.map.layers[l]) {
+      layers[k] = static_cast<uint32_t>(l);
+      // Within its layer a tensor is named without the layer's prefix.
+      if (names) names[k] = entries_[k].name.c_str() + m.strip[l].size();
+    }
+}
+
 Checkpoint::Mapping Checkpoint::map_by_names(
     const std::vector<std::vector<std::string>>& names) const {
   Mapping m;

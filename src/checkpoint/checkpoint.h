@@ -35,6 +35,10 @@ class Checkpoint {
     st::LayerMap map;
     std::vector<std::string> strip;  // per layer
   };
+  // For every entry: its layer under `m` (or kNoLayer) and its name inside
+  // that layer (a pointer into the entry's name; null when unmatched).
+  static constexpr uint32_t kNoLayer = 0xffffffffu;
+  void tensor_layers(const Mapping& m, uint32_t* layers, const char** names) const;
 
   // Opens `path` (a .safetensors file or an index .json), maps every file and
   // validates every header. Throws LWO_ERR_IO and the format statuses.

@@ -248,7 +248,7 @@ TEST_F(GradsTest, MisuseGivesDistinctStatuses) {
 
 TEST_F(GradsTest, Fp8LayersCannotBeTrainable) {
   lwo_tensor_desc t = tensor("w", LWO_DTYPE_F8_E4M3, {64});
-  lwo_layer_desc l{&t, 1};
+  lwo_layer_desc l{&t, 1, nullptr};
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_pinned(engine, &l, 1, nullptr, &pool));
   lwo_grads* g = nullptr;

@@ -12,7 +12,7 @@ TEST(Layout, PacksTensorsAt256ByteBoundaries) {
                                     tensor("empty", LWO_DTYPE_F16, {0, 7}),     // 0 bytes
                                     tensor("c", LWO_DTYPE_F8_E4M3, {257}),      // 257 bytes
                                     tensor("scalar", LWO_DTYPE_I8, {})};        // 1 byte
-  lwo_layer_desc l{t.data(), static_cast<uint32_t>(t.size())};
+  lwo_layer_desc l{t.data(), static_cast<uint32_t>(t.size()), nullptr};
   uint64_t off[5] = {}, rec = 0;
   ASSERT_LWO(lwo_record_layout(&l, off, &rec));
   EXPECT_EQ(off[0], 0u);
@@ -66,7 +66,7 @@ TEST(Layout, RejectsBadDescriptionsWithDistinctMessages) {
   };
   for (const BadCase& c : cases) {
     lwo_tensor_desc t[2] = {c.t0, c.t1};
-    lwo_layer_desc l{t, 2};
+    lwo_layer_desc l{t, 2, nullptr};
     uint64_t rec = 0;
     EXPECT_EQ(lwo_record_layout(&l, nullptr, &rec), c.want) << c.what;
     std::string msg = lwo_last_error_message();
@@ -75,7 +75,7 @@ TEST(Layout, RejectsBadDescriptionsWithDistinctMessages) {
   }
   uint64_t rec = 0;
   EXPECT_EQ(lwo_record_layout(nullptr, nullptr, &rec), LWO_ERR_INVALID_ARGUMENT);
-  lwo_layer_desc null_tensors{nullptr, 3};
+  lwo_layer_desc null_tensors{nullptr, 3, nullptr};
   EXPECT_EQ(lwo_record_layout(&null_tensors, nullptr, &rec), LWO_ERR_INVALID_ARGUMENT);
 }
 
@@ -91,7 +91,7 @@ TEST(Layout, RandomLayoutsAreAlignedDisjointAndTight) {
       for (auto& d : shape) d = rng() % 300;
       t[i] = tensor(names[i].c_str(), static_cast<lwo_dtype_t>(rng() % 7), shape);
     }
-    lwo_layer_desc l{t.data(), static_cast<uint32_t>(n)};
+    lwo_layer_desc l{t.data(), static_cast<uint32_t>(n), nullptr};
     RecordLayout rl = make_layout(l, "test", false);
     uint64_t end = 0;
     for (int i = 0; i < n; ++i) {

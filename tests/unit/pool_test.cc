@@ -96,7 +96,7 @@ TEST_F(PoolTest, PinnedPoolRejectsBadInput) {
             LWO_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lwo_last_error_message()).find("layer 1"), std::string::npos);
   lwo_tensor_desc empty = tensor("e", LWO_DTYPE_F32, {0});
-  lwo_layer_desc l{&empty, 1};
+  lwo_layer_desc l{&empty, 1, nullptr};
   EXPECT_EQ(lwo_pool_create_pinned(engine, &l, 1, nullptr, &pool), LWO_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(pool, nullptr);
   EXPECT_EQ(gpu->n_registered(), 0u);
@@ -129,7 +129,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   for (uint32_t i = 0; i < L; ++i)
     for (uint32_t k = 0; k < m.layers[i].n_tensors; ++k)
       m.tensors[i][k].host_data = mem.p + base[i] + offs[i][k];
-  lwo_host_region r{mem.p, total};
+  lwo_host_region r{mem.p, total, nullptr};
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_registered(engine, m.layers.data(), L, &r, 1, nullptr, &pool));
   EXPECT_EQ(gpu->n_registered(), 1u);
@@ -182,7 +182,7 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
       bufs.push_back(std::make_unique<Aligned>(bytes));
       fill_random(bufs.back()->p, bytes, bufs.size());
       t.host_data = bufs.back()->p;
-      regions.push_back({bufs.back()->p, bytes});
+      regions.push_back({bufs.back()->p, bytes, nullptr});
     }
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_registered(engine, m.layers.data(), L, regions.data(),
@@ -224,19 +224,19 @@ TEST_F(PoolTest, RegisteredPoolRejectsBadRegions) {
   Aligned mem(8192);
   m.tensors[0][0].host_data = mem.p;
   lwo_pool* pool = nullptr;
-  lwo_host_region small{mem.p, 100};  // the weight needs 37*19*2 = 1406 bytes
+  lwo_host_region small{mem.p, 100, nullptr};  // the weight needs 37*19*2 = 1406 bytes
   EXPECT_EQ(lwo_pool_create_registered(engine, m.layers.data(), 1, &small, 1, nullptr, &pool),
             LWO_ERR_OUT_OF_RANGE);
   EXPECT_NE(std::string(lwo_last_error_message()).find("not inside any given region"),
             std::string::npos);
-  lwo_host_region overlap[2] = {{mem.p, 4096}, {mem.p + 100, 4096}};
+  lwo_host_region overlap[2] = {{mem.p, 4096, nullptr}, {mem.p + 100, 4096, nullptr}};
   EXPECT_EQ(lwo_pool_create_registered(engine, m.layers.data(), 1, overlap, 2, nullptr, &pool),
             LWO_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lwo_last_error_message()).find("overlap"), std::string::npos);
   EXPECT_EQ(lwo_pool_create_registered(engine, m.layers.data(), 1, nullptr, 0, nullptr, &pool),
             LWO_ERR_INVALID_ARGUMENT);
   m.tensors[0][0].host_data = nullptr;
-  lwo_host_region whole{mem.p, 8192};
+  lwo_host_region whole{mem.p, 8192, nullptr};
   EXPECT_EQ(lwo_pool_create_registered(engine, m.layers.data(), 1, &whole, 1, nullptr, &pool),
             LWO_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(lwo_last_error_message()).find("no host_data"), std::string::npos);

@@ -146,9 +146,10 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
           void* whole = nullptr;
           EXPECT_EQ(lwo_pool_tensor_host(pool, l, ti.name, &whole, nullptr),
                     n > 1 ? LWO_ERR_UNSUPPORTED : LWO_OK);
-          if (n > 1)
+          if (n > 1) {
             EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_pool_shard_tensor"),
                       std::string::npos);
+          }
         }
       }
       lwo_grads_stats st{};

@@ -47,7 +47,7 @@ struct ModelDesc {
     for (uint32_t i = 0; i < n; ++i) {
       tensors[i].push_back(tensor("weight", LWO_DTYPE_BF16, {(i % 5 + 1) * 37, 19}));
       if (i % 2) tensors[i].push_back(tensor("bias", LWO_DTYPE_F32, {(i % 5 + 1) * 37}));
-      layers[i] = lwo_layer_desc{tensors[i].data(), static_cast<uint32_t>(tensors[i].size())};
+      layers[i] = lwo_layer_desc{tensors[i].data(), static_cast<uint32_t>(tensors[i].size()), nullptr};
     }
   }
 };
