@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "lwo.h"
 
@@ -64,9 +65,19 @@ class Backend {
   // rank of that range. The rest of buf is left unspecified.
   virtual void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH stream) = 0;
 
+  // Host memory a host function reads or writes, declared so that a checker
+  // of the ordering (the recording backend of the unit tests) can see it;
+  // the CUDA backend ignores it.
+  struct HostSpan {
+    const void* data;
+    size_t bytes;
+    bool write;
+  };
   // Runs fn(arg) on a host thread once the stream's earlier work is done;
-  // later work on the stream waits for it to return. fn must not call CUDA.
-  virtual void host_func(StreamH stream, void (*fn)(void*), void* arg) = 0;
+  // later work on the stream waits for it to return. fn must not call CUDA,
+  // and touches no pinned or registered memory beyond `spans`.
+  virtual void host_func(StreamH stream, void (*fn)(void*), void* arg,
+                         const std::vector<HostSpan>& spans) = 0;
 };
 
 // The CUDA runtime implementation. Throws LWO_ERR_NO_DEVICE if `device` does

@@ -212,7 +212,7 @@ class CudaBackend final : public Backend {
     if (first != ncclSuccess)
       fail(LWO_ERR_NCCL, "ncclReduce to each of %d ranks: %s", n, ncclGetErrorString(first));
   }
-  void host_func(StreamH s, void (*fn)(void*), void* arg) override {
+  void host_func(StreamH s, void (*fn)(void*), void* arg, const std::vector<HostSpan>&) override {
     LWO_CUDA(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
   }
 

@@ -247,7 +247,8 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     if (bytes) gpu.copy_d2h(st.data(), s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
     auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh});
-    gpu.host_func(d2h, &Grads::run_job, job.get());
+    gpu.host_func(d2h, &Grads::run_job, job.get(),
+                  {{st.data(), bytes, false}, {host_.data() + g.host_base, g.host_bytes, true}});
     job.release();  // run_job owns it now
   }
   if (!done_) done_ = gpu.event_create(false);
@@ -348,7 +349,7 @@ float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t*
   if (!pool_.comm()) {
     *first = 0;
     *n = t.n;
-    return reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
+    return t.n ? reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off) : nullptr;
   }
   uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
   if (wb >= we) {

@@ -403,6 +403,7 @@ void Pool::shard_tensor(uint32_t layer_id, uint32_t ti, void** data, uint64_t* f
 
 void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const void* src,
                  uint64_t bytes, bool whole) {
+  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
   if (ckpt_)
     fail(LWO_ERR_UNSUPPORTED, "the pool maps checkpoint '%s' read-only; it cannot be written",
          ckpt_->path().c_str());
@@ -421,7 +422,6 @@ void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const voi
          layer_id, name, static_cast<unsigned long long>(t.bytes),
          static_cast<unsigned long long>(offset), static_cast<unsigned long long>(offset),
          static_cast<unsigned long long>(bytes));
-  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
   // Only the part of the record in this rank's shard (all of it, unsharded).
   const uint64_t lo = l.shard_bytes * static_cast<uint64_t>(rank_), hi = lo + l.shard_bytes;
   const uint64_t rb = t.offset + offset, re = rb + bytes;

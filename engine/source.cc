@@ -123,17 +123,17 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
   StreamH h2d = engine_.h2d();
   Staging& st = staging_[next_++ % staging_.size()];
   if (st.used) gpu.stream_wait(fill_stream_, st.free);
-  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
-  gpu.host_func(fill_stream_, run_fill, job.get());
-  job.release();
-  gpu.event_record(st.ready, fill_stream_);
-  gpu.stream_wait(h2d, st.ready);
   Moved m;
   uint64_t extent = 0;  // the bytes the runs fill, as the direct path copies
   for (const CopyRun& r : l.runs) {
     extent = std::max(extent, r.dst_offset + r.bytes);
     m.bytes += r.bytes;
   }
+  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
+  gpu.host_func(fill_stream_, run_fill, job.get(), {{st.buf.data(), extent, true}});
+  job.release();
+  gpu.event_record(st.ready, fill_stream_);
+  gpu.stream_wait(h2d, st.ready);
   if (extent) {
     gpu.copy_h2d(slot.dev, st.buf.data(), extent, h2d);
     m.n_copies = 1;

@@ -14,19 +14,21 @@
  *    makes inside, as lwo_schedule_next staging a layer), then names the
  *    object and the values; on success that message is cleared. Every object
  *    stays usable after a failed call.
- *  - Outputs of a failed call: an output handle (`lwo_pool** pool`) is set to
- *    NULL and an output ticket to {0} as soon as the pointer to it is known
- *    to be valid; every other output is left as it was.
- *  - Checks run in this order, and the first that fails is reported: handles
- *    (LWO_ERR_INVALID_HANDLE), then NULL pointers, config structs and other
- *    arguments (the argument class), then ranges and names (layer ids, tensor
- *    names), then the state of the objects (the state class). A call's
- *    comment gives the order where one call can meet several state errors.
+ *  - Outputs of a failed call: a non-NULL output handle pointer
+ *    (`lwo_pool** pool`) gets NULL and a non-NULL output ticket {0}, before
+ *    anything else is checked; every other output is left as it was.
+ *  - Checks run in this order, and the first that fails is reported: a NULL
+ *    output handle pointer, then handles (LWO_ERR_INVALID_HANDLE), then other
+ *    NULL pointers, config structs and arguments (the argument class), then
+ *    ranges and names (layer ids, tensor names), then the state of the
+ *    objects (the state class). A call's comment gives the order where one
+ *    call can meet several state errors.
  *  - Handles are pointers to opaque structs, created through out-parameters and
  *    owned by the caller until passed to the matching `_destroy`. Destroying
  *    NULL does nothing and returns LWO_OK.
  *  - Structs the library writes (`lwo_layer_view`, `lwo_*_info`,
- *    `lwo_*_stats`) start with `size_t size`, set by the caller to the
+ *    `lwo_*_stats`, `lwo_checkpoint_tensor`, `lwo_checkpoint_file`) start
+ *    with `size_t size`, set by the caller to the
  *    sizeof it was compiled with (the `_INIT` macros do); the library writes
  *    min(size, its own sizeof) bytes and never more, so an older caller's
  *    smaller struct keeps working. A size below sizeof(size_t) is

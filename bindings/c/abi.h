@@ -123,13 +123,20 @@ Cfg read_config(const Cfg* in, const Cfg& defaults, const char* what = "config")
   return out;
 }
 
+// Checks a struct the library will write: not NULL, and a size the caller
+// set (its _INIT macro does). An argument check: it runs before ranges.
+template <class Out>
+void check_out(const Out* out, const char* what) {
+  need(out, what);
+  if (out->size < sizeof(size_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (set it to %zu: its _INIT macro)",
+         what, out->size, sizeof(Out));
+}
+
 // Writes a struct whose size the caller set: min(size, sizeof) bytes.
 template <class Out>
 void write_out(Out* out, Out value, const char* what = "output struct") {
-  need(out, what);
-  if (out->size < sizeof(size_t))
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (set it to %zu)", what, out->size,
-         sizeof(Out));
+  check_out(out, what);
   size_t n = std::min(out->size, sizeof(Out));
   value.size = out->size;
   std::memcpy(out, &value, n);

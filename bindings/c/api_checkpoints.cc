@@ -75,6 +75,7 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
                                                 lwo_checkpoint_tensor* info) {
   return guard("lwo_checkpoint_tensor_info", [&] {
     lwo_checkpoint* c = check_handle(checkpoint);
+    check_out(info, "info");
     const auto& es = c->impl->entries();
     if (index >= es.size())
       fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu tensors", index,
@@ -106,6 +107,7 @@ LWO_API lwo_status_t lwo_checkpoint_file_info(const lwo_checkpoint* checkpoint, 
                                               lwo_checkpoint_file* info) {
   return guard("lwo_checkpoint_file_info", [&] {
     lwo_checkpoint* c = check_handle(checkpoint);
+    check_out(info, "info");
     const auto& fs = c->impl->files();
     if (index >= fs.size())
       fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu files", index,

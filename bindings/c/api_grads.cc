@@ -40,11 +40,7 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
                                      lwo_layer_view* view) {
   return guard("lwo_grads_begin", [&] {
     lwo_grads* g = check_handle(grads);
-    need(view, "view");
-    if (view->size < sizeof(size_t))
-      fail(LWO_ERR_INVALID_ARGUMENT,
-           "view size %zu is too small (set it to %zu: LWO_LAYER_VIEW_INIT)", view->size,
-           sizeof(lwo_layer_view));
+    check_out(view, "view");
     lwo_layer_view v{};
     g->impl->begin(layer, stream, &v);
     write_out(view, v, "view");

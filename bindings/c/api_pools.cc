@@ -89,7 +89,7 @@ LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer, 
                                           lwo_tensor_info* info) {
   return guard("lwo_pool_tensor_info", [&] {
     lwo_pool* p = check_handle(pool);
-    need(info, "info");
+    check_out(info, "info");
     const auto& l = p->impl->layer(layer);
     if (index >= l.layout.tensors.size())
       fail(LWO_ERR_OUT_OF_RANGE, "layer %u has %zu tensors, index %u is out of range", layer,

@@ -4,19 +4,6 @@
 using namespace lwo::abi;
 using lwo::fail;
 
-namespace {
-
-// A view the caller sized: the engine fills a whole one, the caller gets
-// min(size, sizeof) bytes of it.
-void check_view(const lwo_layer_view* view) {
-  need(view, "view");
-  if (view->size < sizeof(size_t))
-    fail(LWO_ERR_INVALID_ARGUMENT, "view size %zu is too small (set it to %zu: LWO_LAYER_VIEW_INIT)",
-         view->size, sizeof(lwo_layer_view));
-}
-
-}  // namespace
-
 extern "C" {
 
 LWO_API void lwo_ring_config_init(lwo_ring_config* c) {
@@ -49,9 +36,9 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring) {
 
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer, lwo_ticket* ticket) {
   return guard("lwo_ring_stage", [&] {
+    if (ticket) ticket->id = 0;  // the output of a failed call
     lwo_ring* r = check_handle(ring);
     need(ticket, "ticket");
-    ticket->id = 0;
     *ticket = r->impl->stage(layer);
   });
 }
@@ -60,7 +47,7 @@ LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket, lwo_str
                                       lwo_layer_view* view) {
   return guard("lwo_ring_acquire", [&] {
     lwo_ring* r = check_handle(ring);
-    check_view(view);
+    check_out(view, "view");
     lwo_layer_view v{};
     r->impl->acquire(ticket, stream, &v);
     write_out(view, v, "view");
@@ -152,7 +139,7 @@ LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stre
                                        lwo_layer_view* view) {
   return guard_status("lwo_schedule_next", [&] {
     lwo_schedule* s = check_handle(schedule);
-    check_view(view);
+    check_out(view, "view");
     lwo_layer_view v{};
     lwo_status_t st = s->impl->next(stream, &v);
     if (st == LWO_OK) write_out(view, v, "view");

@@ -1,5 +1,5 @@
 // Errors inside the library: thrown as lwo::Error, turned into a status and a
-// per-thread message at the C ABI (bindings/c/api.cc). Nothing else escapes.
+// per-thread message at the C ABI (bindings/c/abi.h: guard). Nothing else escapes.
 #pragma once
 
 #include <cstdarg>

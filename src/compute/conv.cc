@@ -126,7 +126,7 @@ void Compute::conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, cons
     LWO_DNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn, d.x, d.w, d.conv, d.y,
                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf),
             "conv2d forward: algorithm heuristics");
-    it = conv_algos_.emplace(key, pick(perf, got, "lwo_conv2d_forward")).first;
+    it = conv_algos_.emplace(key, pick(perf, got, "forward")).first;
   }
   void* ws = workspace(stream, it->second.second);
   float alpha = 1.f, beta = 0.f;
@@ -158,7 +158,7 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
       LWO_DNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                   dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf),
               "conv2d backward filter: algorithm heuristics");
-      it = conv_algos_.emplace(key, pick(perf, got, "lwo_conv2d_backward (filter)")).first;
+      it = conv_algos_.emplace(key, pick(perf, got, "backward filter")).first;
     }
     // cuDNN writes the gradient in the layer's dtype; an f32 gradient of a
     // bf16/f16 layer goes through a temporary after the workspace.
@@ -189,7 +189,7 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
       LWO_DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                   dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf),
               "conv2d backward data: algorithm heuristics");
-      it = conv_algos_.emplace(key, pick(perf, got, "lwo_conv2d_backward (data)")).first;
+      it = conv_algos_.emplace(key, pick(perf, got, "backward data")).first;
     }
     void* ws = workspace(stream, it->second.second);
     LWO_DNN(cudnnConvolutionBackwardData(

@@ -9,7 +9,9 @@
 //   - a read (declared by the test with read()) must be ordered after the
 //     copy that wrote the bytes it reads;
 //   - copy sources must lie in host memory registered or pinned through the
-//     backend (DMA-ready).
+//     backend (DMA-ready);
+//   - the same rules hold for pinned and registered host memory, as copies
+//     and host functions (by their declared spans) read and write it.
 // Violations are collected as text; a test asserts there are none.
 #pragma once
 
@@ -110,6 +112,7 @@ class RecordingBackend final : public Backend {
       violations.push_back("host_free_pinned of unknown pointer");
       return;
     }
+    accesses_.erase(it->first);
     pinned_.erase(it);
     delete[] static_cast<uint8_t*>(p);
   }
@@ -124,6 +127,7 @@ class RecordingBackend final : public Backend {
   void host_unregister(void* p) noexcept override {
     if (!registered_.erase(reinterpret_cast<uintptr_t>(p)))
       violations.push_back("host_unregister of memory not registered");
+    accesses_.erase(reinterpret_cast<uintptr_t>(p));
   }
 
   StreamH stream_create() override {
@@ -176,6 +180,7 @@ class RecordingBackend final : public Backend {
       violations.push_back(strf("copy from host %p (%zu bytes) that is not pinned or registered",
                                 src, bytes));
     access(s, dst, bytes, /*write=*/true, "copy");
+    host_access(s, src, bytes, /*write=*/false, "copy from host");
     std::memcpy(dst, src, bytes);
     if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
   }
@@ -188,6 +193,7 @@ class RecordingBackend final : public Backend {
       violations.push_back(strf("copy to host %p (%zu bytes) that is not pinned or registered",
                                 dst, bytes));
     access(s, src, bytes, /*write=*/false, "d2h copy");
+    host_access(s, dst, bytes, /*write=*/true, "copy to host");
     std::memcpy(dst, src, bytes);
   }
   // A communicator of one rank: all-gather reads the send part and writes
@@ -225,9 +231,12 @@ class RecordingBackend final : public Backend {
       own[i] *= static_cast<float>(fake_ranks);
     access(s, own, bounds[fake_rank + 1] - bounds[fake_rank], /*write=*/true, "reduce receive");
   }
-  void host_func(StreamH stream, void (*fn)(void*), void* arg) override {
-    tick(stream_index(stream));
+  void host_func(StreamH stream, void (*fn)(void*), void* arg,
+                 const std::vector<HostSpan>& spans) override {
+    size_t s = stream_index(stream);
+    tick(s);
     ++stats.host_funcs;
+    for (const HostSpan& h : spans) host_access(s, h.data, h.bytes, h.write, "host function");
     fn(arg);  // the stream's earlier work is already done here
   }
   // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
@@ -282,16 +291,36 @@ class RecordingBackend final : public Backend {
     };
     return inside(registered_) || inside(pinned_);
   }
-  void access(size_t s, const void* p, size_t n, bool write, const char* what) {
+  // The region of `m` holding [p, p + n), or m.end().
+  static std::map<uintptr_t, size_t>::const_iterator region(const std::map<uintptr_t, size_t>& m,
+                                                            const void* p, size_t n) {
     uintptr_t b = reinterpret_cast<uintptr_t>(p);
-    auto it = allocs_.upper_bound(b);
-    if (it == allocs_.begin() || b + n > std::prev(it)->first + std::prev(it)->second) {
+    auto it = m.upper_bound(b);
+    if (it == m.begin() || b + n > std::prev(it)->first + std::prev(it)->second) return m.end();
+    return std::prev(it);
+  }
+  void access(size_t s, const void* p, size_t n, bool write, const char* what) {
+    auto it = region(allocs_, p, n);
+    if (it == allocs_.end()) {
       violations.push_back(strf("%s of %zu bytes at %p outside any device allocation", what, n, p));
       return;
     }
-    --it;
-    size_t off = b - it->first;
-    std::vector<Access>& list = accesses_[it->first];
+    check_access(it->first, s, p, n, write, what);
+  }
+  // Stream-ordered access to pinned or registered host memory (other host
+  // memory is not tracked).
+  void host_access(size_t s, const void* p, size_t n, bool write, const char* what) {
+    if (n == 0) return;
+    auto it = region(registered_, p, n);
+    if (it != registered_.end()) return check_access(it->first, s, p, n, write, what);
+    it = region(pinned_, p, n);
+    if (it != pinned_.end()) check_access(it->first, s, p, n, write, what);
+  }
+  void check_access(uintptr_t base, size_t s, const void* p, size_t n, bool write,
+                    const char* what) {
+    auto it = accesses_.emplace(base, std::vector<Access>()).first;
+    size_t off = reinterpret_cast<uintptr_t>(p) - base;
+    std::vector<Access>& list = it->second;
     Access me{off, off + n, s, streams_[s].clock[s], write};
     for (const Access& a : list) {
       bool overlap = a.begin < me.end && me.begin < a.end;
@@ -300,7 +329,7 @@ class RecordingBackend final : public Backend {
       if ((write || a.write) && !ordered_before(a, s))
         violations.push_back(strf("%s on stream %zu of bytes [%zu, %zu) of allocation %p is not "
                                   "ordered after the %s on stream %zu (epoch %llu)",
-                                  what, s, me.begin, me.end, reinterpret_cast<void*>(it->first),
+                                  what, s, me.begin, me.end, reinterpret_cast<void*>(base),
                                   a.write ? "copy" : "read", a.stream,
                                   static_cast<unsigned long long>(a.epoch)));
     }
