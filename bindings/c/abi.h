@@ -76,6 +76,27 @@ void retire(H* h) {
   delete h;
 }
 
+// lwo_*_destroy of an object that refuses while others depend on it
+// (check_destroyable); NULL does nothing.
+template <class H>
+void destroy(H* h) {
+  if (!h) return;
+  H* live = check_handle(h);
+  live->impl->check_destroyable();
+  retire(live);
+}
+
+// Element `index` of `v`: LWO_ERR_OUT_OF_RANGE names the index, the owner
+// and how many `what` it has.
+template <class V>
+const typename V::value_type& at(const V& v, uint32_t index, const std::string& owner,
+                                 const char* what) {
+  if (index >= v.size())
+    fail(LWO_ERR_OUT_OF_RANGE, "index %u, but %s has %zu %s", index, owner.c_str(), v.size(),
+         what);
+  return v[index];
+}
+
 // Sets the calling thread's message (the empty string clears it).
 void set_message(const char* call, const char* what);
 lwo_status_t status_of_current_exception(const char* call) noexcept;

@@ -76,11 +76,7 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
   return guard("lwo_checkpoint_tensor_info", [&] {
     lwo_checkpoint* c = check_handle(checkpoint);
     check_out(info, "info");
-    const auto& es = c->impl->entries();
-    if (index >= es.size())
-      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu tensors", index,
-           c->impl->path().c_str(), es.size());
-    const lwo::st::Entry& e = es[index];
+    const lwo::st::Entry& e = at(c->impl->entries(), index, "'" + c->impl->path() + "'", "tensors");
     lwo_checkpoint_tensor v{};
     v.name = e.name.c_str();
     v.dtype_name = e.dtype_name.c_str();
@@ -108,14 +104,11 @@ LWO_API lwo_status_t lwo_checkpoint_file_info(const lwo_checkpoint* checkpoint, 
   return guard("lwo_checkpoint_file_info", [&] {
     lwo_checkpoint* c = check_handle(checkpoint);
     check_out(info, "info");
-    const auto& fs = c->impl->files();
-    if (index >= fs.size())
-      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu files", index,
-           c->impl->path().c_str(), fs.size());
+    const lwo::Checkpoint::File& f = at(c->impl->files(), index, "'" + c->impl->path() + "'", "files");
     lwo_checkpoint_file v{};
-    v.path = fs[index].path.c_str();
-    v.bytes = fs[index].size;
-    v.n_tensors = fs[index].n_tensors;
+    v.path = f.path.c_str();
+    v.bytes = f.size;
+    v.n_tensors = f.n_tensors;
     write_out(info, v, "info");
   });
 }
@@ -136,13 +129,11 @@ LWO_API lwo_status_t lwo_checkpoint_metadata(const lwo_checkpoint* checkpoint, u
     lwo_checkpoint* c = check_handle(checkpoint);
     need(key, "key");
     need(value, "value");
-    const auto& md = c->impl->metadata();
-    if (index >= md.size())
-      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but '%s' has %zu metadata entries", index,
-           c->impl->path().c_str(), md.size());
-    if (file) *file = md[index].file;
-    *key = md[index].key.c_str();
-    *value = md[index].value.c_str();
+    const lwo::Checkpoint::Metadata& m =
+        at(c->impl->metadata(), index, "'" + c->impl->path() + "'", "metadata entries");
+    if (file) *file = m.file;
+    *key = m.key.c_str();
+    *value = m.value.c_str();
   });
 }
 
@@ -184,9 +175,7 @@ LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
     lwo_checkpoint* c = check_handle(checkpoint);
     need(name, "name");
     const auto& un = map_layers(*c->impl, config).mapping.map.unmatched;
-    if (index >= un.size())
-      fail(LWO_ERR_OUT_OF_RANGE, "index %u, but %zu tensors are unmatched", index, un.size());
-    *name = c->impl->entries()[un[index]].name.c_str();
+    *name = c->impl->entries()[at(un, index, "the mapping", "unmatched tensors")].name.c_str();
   });
 }
 

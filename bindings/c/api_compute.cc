@@ -115,6 +115,17 @@ static void check_image(int32_t n, int32_t h, int32_t w) {
          n, h, w);
 }
 
+// The checked descriptor of a convolution over n images of h x w whose kernel
+// fits the padded input.
+static lwo::Compute::Conv conv_over(const lwo_conv2d_desc* desc, int32_t n, int32_t h,
+                                    int32_t w) {
+  lwo::Compute::Conv cv = conv_of(desc);
+  check_image(n, h, w);
+  int32_t oh = 0, ow = 0;
+  lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
+  return cv;
+}
+
 LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
                                             int32_t* out_h, int32_t* out_w) {
   return guard("lwo_conv2d_output_size", [&] {
@@ -122,11 +133,7 @@ LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t
     need(out_h, "out_h");
     need(out_w, "out_w");
     check_image(1, h, w);
-    try {
-      lwo::Compute::conv_out_size(cv, h, w, out_h, out_w);
-    } catch (const lwo::Error& e) {
-      fail(e.status(), "%s", e.what());
-    }
+    lwo::Compute::conv_out_size(cv, h, w, out_h, out_w);
   });
 }
 
@@ -136,14 +143,7 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
                                         lwo_stream_t stream) {
   return guard("lwo_conv2d_forward", [&] {
     lwo_engine* e = check_handle(engine);
-    lwo::Compute::Conv cv = conv_of(desc);
-    check_image(n, h, w);
-    int32_t oh = 0, ow = 0;
-    try {
-      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
-    } catch (const lwo::Error& err) {
-      fail(err.status(), "%s", err.what());
-    }
+    lwo::Compute::Conv cv = conv_over(desc, n, h, w);
     need(x, "x");
     need(weight, "weight");
     need(y, "y");
@@ -160,14 +160,7 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
                                          lwo_stream_t stream) {
   return guard("lwo_conv2d_backward", [&] {
     lwo_engine* e = check_handle(engine);
-    lwo::Compute::Conv cv = conv_of(desc);
-    check_image(n, h, w);
-    int32_t oh = 0, ow = 0;
-    try {
-      lwo::Compute::conv_out_size(cv, h, w, &oh, &ow);
-    } catch (const lwo::Error& err) {
-      fail(err.status(), "%s", err.what());
-    }
+    lwo::Compute::Conv cv = conv_over(desc, n, h, w);
     need(dy, "dy");
     if (dx) need(weight, "weight (needed for dx)");
     if (dweight) need(x, "x (needed for dweight)");

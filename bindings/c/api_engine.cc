@@ -42,12 +42,7 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
 }
 
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {
-  return guard("lwo_engine_destroy", [&] {
-    if (!engine) return;
-    lwo_engine* e = check_handle(engine);
-    e->impl->check_destroyable();
-    retire(e);
-  });
+  return guard("lwo_engine_destroy", [&] { destroy(engine); });
 }
 
 LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device) {

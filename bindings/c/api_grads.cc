@@ -28,12 +28,7 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
 }
 
 LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads) {
-  return guard("lwo_grads_destroy", [&] {
-    if (!grads) return;
-    lwo_grads* g = check_handle(grads);
-    g->impl->check_destroyable();
-    retire(g);
-  });
+  return guard("lwo_grads_destroy", [&] { destroy(grads); });
 }
 
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,

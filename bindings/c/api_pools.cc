@@ -54,12 +54,7 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
 }
 
 LWO_API lwo_status_t lwo_pool_destroy(lwo_pool* pool) {
-  return guard("lwo_pool_destroy", [&] {
-    if (!pool) return;
-    lwo_pool* p = check_handle(pool);
-    p->impl->check_destroyable();
-    retire(p);
-  });
+  return guard("lwo_pool_destroy", [&] { destroy(pool); });
 }
 
 LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info) {
@@ -90,11 +85,8 @@ LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer, 
   return guard("lwo_pool_tensor_info", [&] {
     lwo_pool* p = check_handle(pool);
     check_out(info, "info");
-    const auto& l = p->impl->layer(layer);
-    if (index >= l.layout.tensors.size())
-      fail(LWO_ERR_OUT_OF_RANGE, "layer %u has %zu tensors, index %u is out of range", layer,
-           l.layout.tensors.size(), index);
-    const lwo::TensorLayout& t = l.layout.tensors[index];
+    const lwo::TensorLayout& t =
+        at(p->impl->layer(layer).layout.tensors, index, lwo::strf("layer %u", layer), "tensors");
     lwo_tensor_info v{};
     v.name = t.name.c_str();
     v.dtype = t.dtype;

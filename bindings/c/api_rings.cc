@@ -26,12 +26,7 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
 }
 
 LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring) {
-  return guard("lwo_ring_destroy", [&] {
-    if (!ring) return;
-    lwo_ring* r = check_handle(ring);
-    r->impl->check_destroyable();
-    retire(r);
-  });
+  return guard("lwo_ring_destroy", [&] { destroy(ring); });
 }
 
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer, lwo_ticket* ticket) {

@@ -84,6 +84,22 @@ std::pair<int, size_t> pick(const Perf* perf, int n, const char* what) {
   fail(LWO_ERR_UNSUPPORTED, "%s: cuDNN offers no deterministic algorithm for this shape", what);
 }
 
+// The algorithm cached for `key` in `cache`, chosen on first use from the N
+// candidates `heuristic(perf, &got)` ranks.
+template <class Perf, int N, class F>
+std::pair<int, size_t> cached_algo(std::map<std::vector<int64_t>, std::pair<int, size_t>>& cache,
+                                   const std::vector<int64_t>& key, const char* what,
+                                   F&& heuristic) {
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    Perf perf[N];
+    int got = 0;
+    heuristic(perf, &got);
+    it = cache.emplace(key, pick(perf, got, what)).first;
+  }
+  return it->second;
+}
+
 }  // namespace
 
 void Compute::conv_out_size(const Conv& cv, int32_t h, int32_t w, int32_t* oh, int32_t* ow) {
@@ -118,21 +134,18 @@ void Compute::conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, cons
   cudnnHandle_t dnn = static_cast<cudnnHandle_t>(cudnn());
   ConvDescs d(cv, n, h, w);
   LWO_DNN(cudnnSetStream(dnn, static_cast<cudaStream_t>(stream)), "cudnnSetStream");
-  auto key = conv_key(0, cv, n, h, w);
-  auto it = conv_algos_.find(key);
-  if (it == conv_algos_.end()) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int got = 0;
-    LWO_DNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn, d.x, d.w, d.conv, d.y,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf),
-            "conv2d forward: algorithm heuristics");
-    it = conv_algos_.emplace(key, pick(perf, got, "forward")).first;
-  }
-  void* ws = workspace(stream, it->second.second);
+  const auto algo =
+      cached_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          conv_algos_, conv_key(0, cv, n, h, w), "forward", [&](auto* perf, int* got) {
+            LWO_DNN(cudnnGetConvolutionForwardAlgorithm_v7(
+                        dnn, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, got, perf),
+                    "conv2d forward: algorithm heuristics");
+          });
+  void* ws = workspace(stream, algo.second);
   float alpha = 1.f, beta = 0.f;
   LWO_DNN(cudnnConvolutionForward(dnn, &alpha, d.x, x, d.w, wt, d.conv,
-                                  static_cast<cudnnConvolutionFwdAlgo_t>(it->second.first), ws,
-                                  it->second.second, &beta, d.y, y),
+                                  static_cast<cudnnConvolutionFwdAlgo_t>(algo.first), ws,
+                                  algo.second, &beta, d.y, y),
           "cudnnConvolutionForward");
   if (cv.bias) {
     int64_t outer = cv.nhwc ? int64_t(n) * d.oh * d.ow : n;
@@ -150,28 +163,26 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
   LWO_DNN(cudnnSetStream(dnn, static_cast<cudaStream_t>(stream)), "cudnnSetStream");
   float alpha = 1.f, beta = 0.f;
   if (dwt) {  // weight gradients first, so their copy to host can start early
-    auto key = conv_key(1, cv, n, h, w);
-    auto it = conv_algos_.find(key);
-    if (it == conv_algos_.end()) {
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-      int got = 0;
-      LWO_DNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                  dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf),
-              "conv2d backward filter: algorithm heuristics");
-      it = conv_algos_.emplace(key, pick(perf, got, "backward filter")).first;
-    }
+    const auto algo =
+        cached_algo<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+            conv_algos_, conv_key(1, cv, n, h, w), "backward filter", [&](auto* perf, int* got) {
+              LWO_DNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                          dnn, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, got,
+                          perf),
+                      "conv2d backward filter: algorithm heuristics");
+            });
     // cuDNN writes the gradient in the layer's dtype; an f32 gradient of a
     // bf16/f16 layer goes through a temporary after the workspace.
     bool convert = grad_dtype != cv.dtype;
     int64_t n_w = int64_t(cv.k) * (cv.c / cv.groups) * cv.kh * cv.kw;
-    size_t ws_bytes = (it->second.second + 255) / 256 * 256;
+    size_t ws_bytes = (algo.second + 255) / 256 * 256;
     size_t tmp_bytes = convert ? size_t(n_w) * 4 : 0;  // at most f32-sized
     uint8_t* ws = static_cast<uint8_t*>(workspace(stream, ws_bytes + tmp_bytes));
     void* target = convert ? ws + ws_bytes : dwt;
     LWO_DNN(cudnnConvolutionBackwardFilter(
                 dnn, &alpha, d.x, x, d.y, dy, d.conv,
-                static_cast<cudnnConvolutionBwdFilterAlgo_t>(it->second.first), ws,
-                it->second.second, &beta, d.w, target),
+                static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.first), ws,
+                algo.second, &beta, d.w, target),
             "cudnnConvolutionBackwardFilter");
     if (convert) detail::convert(target, cv.dtype, dwt, grad_dtype, n_w, stream);
   }
@@ -181,21 +192,19 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
     detail::channel_sum(dy, outer, cv.k, inner, cv.dtype, db, grad_dtype, stream);
   }
   if (dx) {
-    auto key = conv_key(2, cv, n, h, w);
-    auto it = conv_algos_.find(key);
-    if (it == conv_algos_.end()) {
-      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-      int got = 0;
-      LWO_DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                  dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf),
-              "conv2d backward data: algorithm heuristics");
-      it = conv_algos_.emplace(key, pick(perf, got, "backward data")).first;
-    }
-    void* ws = workspace(stream, it->second.second);
+    const auto algo =
+        cached_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+            conv_algos_, conv_key(2, cv, n, h, w), "backward data", [&](auto* perf, int* got) {
+              LWO_DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                          dnn, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, got,
+                          perf),
+                      "conv2d backward data: algorithm heuristics");
+            });
+    void* ws = workspace(stream, algo.second);
     LWO_DNN(cudnnConvolutionBackwardData(
                 dnn, &alpha, d.w, wt, d.y, dy, d.conv,
-                static_cast<cudnnConvolutionBwdDataAlgo_t>(it->second.first), ws,
-                it->second.second, &beta, d.x, dx),
+                static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.first), ws,
+                algo.second, &beta, d.x, dx),
             "cudnnConvolutionBackwardData");
   }
 }

@@ -72,7 +72,7 @@ int main(void) {
     lwo_pool* pool = NULL;
     lwo_ring* ring = NULL;
     lwo_schedule* sched = NULL;
-    lwo_layer_view view;
+    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
     uint32_t order[3] = {0, 1, 0};
     int n = 0;
     CHECK(s == LWO_OK);
@@ -86,6 +86,10 @@ int main(void) {
     CHECK(lwo_schedule_create(ring, order, 3, &sched) == LWO_OK);
     while ((s = lwo_schedule_next(sched, NULL, &view)) == LWO_OK) {
       CHECK(view.n_tensors == 2 && view.base != NULL);
+      CHECK(view.tensor_bytes != NULL && view.tensor_bytes[0] == 3 * 5 * 2 &&
+            view.tensor_bytes[1] == 3 * 4);
+      CHECK(view.tensor_dtypes != NULL && view.tensor_dtypes[0] == LWO_DTYPE_BF16 &&
+            view.tensor_dtypes[1] == LWO_DTYPE_F32);
       ++n;
     }
     CHECK(s == LWO_END && n == 3);
