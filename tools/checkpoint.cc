@@ -3,7 +3,6 @@
 // layers by a name pattern (given, or the first default that maps a tensor).
 #include <algorithm>
 #include <cctype>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +61,8 @@ namespace {
 // The layer index `name` has under `pattern` (text before "{i}", a decimal
 // index without leading zeros, the text after), as lwo documents the rule;
 // -1 if it does not match.
+// Only to choose a default pattern (one that maps any tensor); which layer a
+// tensor is in, the library says (lwo_checkpoint_map_tensors).
 int64_t layer_of(const std::string& name, const std::string& pattern) {
   size_t at = pattern.find("{i}");
   if (at == std::string::npos) return -1;
@@ -100,41 +101,21 @@ bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& t
     map->pattern = pattern;
   }
 
-  // The library decides: it rejects a bad pattern or a missing layer index,
-  // and names the tensors it leaves out.
+  // The library maps: it rejects a bad pattern or a missing layer index, and
+  // says which layer each tensor is in (tensors in file order).
   const lwo_checkpoint_pool_config config = checkpoint_pool_config(*map, 0);
-  uint32_t n_unmatched = 0;
-  check(lwo_checkpoint_unmatched_count(checkpoint, &config, &n_unmatched),
-        strf("lwo_checkpoint_unmatched_count(pattern \"%s\")", map->pattern.c_str()).c_str());
-  std::set<std::string> library_unmatched;
-  for (uint32_t i = 0; i < n_unmatched; ++i) {
-    const char* name = nullptr;
-    CHECK(lwo_checkpoint_unmatched_name(checkpoint, &config, i, &name));
-    library_unmatched.insert(name ? name : "");
-  }
-
-  // Which layer each matched tensor is in, by the documented rule; the
-  // library agreed above that layers 0..max are all present.
+  std::vector<uint32_t> layer(tensors.size(), LWO_NO_LAYER);
+  uint32_t n_layers = 0;
+  check(lwo_checkpoint_map_tensors(checkpoint, &config, static_cast<uint32_t>(tensors.size()),
+                                   layer.data(), nullptr, &n_layers),
+        strf("lwo_checkpoint_map_tensors(pattern \"%s\")", map->pattern.c_str()).c_str());
+  map->layers.resize(n_layers);
   for (uint32_t i = 0; i < tensors.size(); ++i) {
-    int64_t l = layer_of(tensors[i].name, map->pattern);
-    bool unmatched = library_unmatched.count(tensors[i].name) > 0;
-    if ((l < 0) != unmatched)
-      fail(strf("internal: tensor \"%s\" is %s by the library but %s by the pattern \"%s\" as lwo "
-                "info reads it; please report this",
-                tensors[i].name.c_str(), unmatched ? "unmatched" : "matched",
-                l < 0 ? "unmatched" : "matched", map->pattern.c_str()));
-    if (l < 0) {
+    if (layer[i] == LWO_NO_LAYER)
       map->unmatched.push_back(i);
-      continue;
-    }
-    if (static_cast<size_t>(l) >= map->layers.size()) map->layers.resize(static_cast<size_t>(l) + 1);
-    map->layers[static_cast<size_t>(l)].push_back(i);
+    else
+      map->layers[layer[i]].push_back(i);
   }
-  for (size_t l = 0; l < map->layers.size(); ++l)
-    if (map->layers[l].empty())
-      fail(strf("internal: layer %zu of pattern \"%s\" has no tensor, but the library accepted "
-                "the pattern; please report this",
-                l, map->pattern.c_str()));
   return true;
 }
 
