@@ -260,6 +260,19 @@ typedef enum lwo_dtype_t {
   LWO_DTYPE_F8_E5M2 = 4,
   LWO_DTYPE_I8 = 5,
   LWO_DTYPE_U8 = 6,
+  /* Since 0.2.0: the other element types of safetensors checkpoints. Pools
+   * store and stream them as bytes; layer compute takes f32, bf16 and f16
+   * only. */
+  LWO_DTYPE_BOOL = 7,
+  LWO_DTYPE_I16 = 8,
+  LWO_DTYPE_U16 = 9,
+  LWO_DTYPE_I32 = 10,
+  LWO_DTYPE_U32 = 11,
+  LWO_DTYPE_I64 = 12,
+  LWO_DTYPE_U64 = 13,
+  LWO_DTYPE_F64 = 14,
+  LWO_DTYPE_F8_E8M0 = 15,
+  LWO_DTYPE_C64 = 16,   /* complex, two f32 */
   LWO_DTYPE_FORCE_32 = 0x7fffffff
 } lwo_dtype_t;
 
@@ -952,7 +965,8 @@ typedef struct lwo_checkpoint lwo_checkpoint;
 
 /* Opens a safetensors checkpoint read-only: a `.safetensors` file, or the
  * shards named by a `*.safetensors.index.json` (shards in the index's
- * folder). Every file is mapped (shared: processes that open the same file
+ * folder). Anything that is not a regular file (a folder, a named pipe, a
+ * device) is LWO_ERR_IO, found without blocking (since 0.2.0). Every file is mapped (shared: processes that open the same file
  * share its pages in the page cache) and every header is validated: length,
  * JSON, dtypes, shapes against byte ranges, ranges inside the data, no
  * overlaps. Failures: LWO_ERR_IO, LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
@@ -1020,25 +1034,38 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
  * buffers of one record each, packed by host threads (the fallback that is
  * also taken when registration is refused). */
 #define LWO_CHECKPOINT_STAGED 0x1u
+/* A layer index between 0 and the largest that no tensor has becomes an
+ * empty layer (no tensors, 0 bytes) instead of LWO_ERR_NOT_FOUND, so that a
+ * listing can show where the gaps are. Since 0.2.0. */
+#define LWO_CHECKPOINT_ALLOW_GAPS 0x2u
 
-/* How checkpoint tensors become layers: either `pattern`, a prefix with one
- * "{i}" for a decimal layer index ("blocks.{i}." takes every tensor whose name
- * starts "blocks.<i>." into layer i; layers are 0..the largest index and must
- * all be present; within a layer a tensor is named without the prefix, so
- * "blocks.3.attn.weight" is "attn.weight" of layer 3), or explicit names:
- * `names` holds n_layers groups of full tensor names, `n_names[l]` in layer l,
- * in the order given. Tensors that match no layer are left out (see
- * lwo_checkpoint_unmatched_count). */
+/* How checkpoint tensors become layers, by exactly one of:
+ *  - `pattern`, a prefix with one "{i}" for a decimal layer index
+ *    ("blocks.{i}." takes every tensor whose name starts "blocks.<i>." into
+ *    layer i; layers are 0..the largest index and must all be present unless
+ *    LWO_CHECKPOINT_ALLOW_GAPS; within a layer a tensor is named without the
+ *    prefix, so "blocks.3.attn.weight" is "attn.weight" of layer 3);
+ *  - `patterns`, n_patterns such patterns (since 0.2.0), for models with
+ *    several stacks ("double_blocks.{i}.", "single_blocks.{i}."): the layers
+ *    of patterns[0] come first, then those of patterns[1], and so on; each
+ *    pattern must match some tensor, and a tensor matched by an earlier
+ *    pattern is not matched again;
+ *  - explicit names: `names` holds n_layers groups of full tensor names,
+ *    `n_names[l]` in layer l, in the order given.
+ * Tensors that match no layer are left out (see lwo_checkpoint_unmatched_count). */
 typedef struct lwo_checkpoint_pool_config {
   size_t size;                /* sizeof(lwo_checkpoint_pool_config) */
-  const char* pattern;        /* NULL when names are given */
+  const char* pattern;        /* NULL when names or patterns are given */
   const char* const* names;
   const uint32_t* n_names;
   uint32_t n_layers;          /* with names */
-  uint32_t flags;             /* LWO_CHECKPOINT_STAGED or 0 */
+  uint32_t flags;             /* LWO_CHECKPOINT_STAGED | LWO_CHECKPOINT_ALLOW_GAPS */
+  const char* const* patterns;  /* since 0.2.0; NULL unless several patterns */
+  uint32_t n_patterns;          /* since 0.2.0; with patterns, >= 1 */
 } lwo_checkpoint_pool_config;
 
-#define LWO_CHECKPOINT_POOL_CONFIG_INIT {sizeof(lwo_checkpoint_pool_config), NULL, NULL, NULL, 0u, 0u}
+#define LWO_CHECKPOINT_POOL_CONFIG_INIT \
+  {sizeof(lwo_checkpoint_pool_config), NULL, NULL, NULL, 0u, 0u, NULL, 0u}
 LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config);
 
 /* Creates a read-only pool over the mapped checkpoint: each layer's tensors
