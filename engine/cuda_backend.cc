@@ -5,6 +5,13 @@
 #include "backend.h"
 #include "src/common/error.h"
 
+// The CUDA architectures the library's kernels were built for, as CMake's
+// CMAKE_CUDA_ARCHITECTURES gives them, comma-separated ("90", "80,90-real");
+// set by the build.
+#ifndef LWO_CUDA_ARCHITECTURES
+#define LWO_CUDA_ARCHITECTURES ""
+#endif
+
 namespace lwo {
 namespace {
 
@@ -38,12 +45,53 @@ class CudaBackend final : public Backend {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
       (void)cudaGetLastError();
-      fail(LWO_ERR_NO_DEVICE, "no CUDA device was found (%s)",
-           e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
+      no_device(e);
     }
     if (device < 0 || device >= n)
       fail(LWO_ERR_NO_DEVICE, "CUDA device %d does not exist (%d device%s found)",
            device, n, n == 1 ? "" : "s");
+    check_architecture(device);
+  }
+
+  // Why there is no device, and what to do about it: each case its own line.
+  [[noreturn]] static void no_device(cudaError_t e) {
+    int driver = 0, runtime = 0;
+    (void)cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+    (void)cudaRuntimeGetVersion(&runtime);
+    auto ver = [](int v) { return strf("%d.%d", v / 1000, v % 1000 / 10); };
+    if (driver == 0)
+      fail(LWO_ERR_NO_DEVICE,
+           "no CUDA device: no NVIDIA driver is installed on this machine (install the NVIDIA "
+           "driver to run on a GPU; building and the host-only tests need none)");
+    if (e == cudaErrorInsufficientDriver || driver < runtime)
+      fail(LWO_ERR_NO_DEVICE,
+           "no CUDA device: the NVIDIA driver supports CUDA %s, older than the CUDA %s runtime lwo "
+           "was built with (update the driver, or build lwo with a CUDA toolkit no newer than %s)",
+           ver(driver).c_str(), ver(runtime).c_str(), ver(driver).c_str());
+    fail(LWO_ERR_NO_DEVICE,
+         "no CUDA device: the NVIDIA driver (CUDA %s) found no GPU (%s; check that a GPU is "
+         "installed and that CUDA_VISIBLE_DEVICES, if set, names one)",
+         ver(driver).c_str(), e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
+  }
+
+  // A GPU older than every architecture the library's kernels were built for
+  // cannot run them (newer ones compile the embedded PTX).
+  static void check_architecture(int device) {
+    cudaDeviceProp p{};
+    LWO_CUDA(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties(%d)", device);
+    int have = p.major * 10 + p.minor, oldest = 0;
+    for (const char* a = LWO_CUDA_ARCHITECTURES; *a;) {
+      int v = 0;
+      while (*a >= '0' && *a <= '9') v = v * 10 + (*a++ - '0');
+      if (v && (!oldest || v < oldest)) oldest = v;
+      while (*a && *a != ',' && *a != ';') ++a;
+      if (*a) ++a;
+    }
+    if (oldest && have < oldest)
+      fail(LWO_ERR_NO_DEVICE,
+           "CUDA device %d (%s) has compute capability %d.%d, older than every architecture this "
+           "lwo was built for (%s): rebuild it with -DCMAKE_CUDA_ARCHITECTURES=%d",
+           device, p.name, p.major, p.minor, LWO_CUDA_ARCHITECTURES, have);
   }
 
   int get_device() override {

@@ -17,13 +17,22 @@ Mapped map_layers(const lwo::Checkpoint& ck, const lwo_checkpoint_pool_config* c
   need(config, "config");
   lwo_checkpoint_pool_config cfg =
       read_config(config, lwo_checkpoint_pool_config LWO_CHECKPOINT_POOL_CONFIG_INIT);
-  check_flags(cfg.flags, LWO_CHECKPOINT_STAGED);
-  if (cfg.pattern && cfg.names)
-    fail(LWO_ERR_INVALID_ARGUMENT, "give a pattern or names, not both");
+  check_flags(cfg.flags, LWO_CHECKPOINT_STAGED | LWO_CHECKPOINT_ALLOW_GAPS);
+  const int given = (cfg.pattern != nullptr) + (cfg.patterns != nullptr) + (cfg.names != nullptr);
+  if (given > 1) fail(LWO_ERR_INVALID_ARGUMENT, "give one of pattern, patterns or names");
+  const bool gaps = (cfg.flags & LWO_CHECKPOINT_ALLOW_GAPS) != 0;
   Mapped m;
   m.flags = cfg.flags;
   if (cfg.pattern) {
-    m.mapping = ck.map_by_pattern(cfg.pattern);
+    m.mapping = ck.map_by_patterns({cfg.pattern}, gaps);
+  } else if (cfg.patterns) {
+    if (cfg.n_patterns == 0) fail(LWO_ERR_INVALID_ARGUMENT, "patterns given with n_patterns 0");
+    std::vector<std::string> ps;
+    for (uint32_t k = 0; k < cfg.n_patterns; ++k) {
+      if (!cfg.patterns[k]) fail(LWO_ERR_INVALID_ARGUMENT, "pattern %u is NULL", k);
+      ps.push_back(cfg.patterns[k]);
+    }
+    m.mapping = ck.map_by_patterns(ps, gaps);
   } else if (cfg.names) {
     if (!cfg.n_names || cfg.n_layers == 0)
       fail(LWO_ERR_INVALID_ARGUMENT, "names need n_names and n_layers >= 1");
@@ -36,7 +45,7 @@ Mapped map_layers(const lwo::Checkpoint& ck, const lwo_checkpoint_pool_config* c
       }
     m.mapping = ck.map_by_names(names);
   } else {
-    fail(LWO_ERR_INVALID_ARGUMENT, "the config has neither a pattern nor names");
+    fail(LWO_ERR_INVALID_ARGUMENT, "the config has no pattern, patterns or names");
   }
   return m;
 }

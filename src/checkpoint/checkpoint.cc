@@ -7,10 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "src/common/error.h"
 
@@ -28,21 +26,57 @@ std::string dir_of(const std::string& p) {
 
 }  // namespace
 
+namespace {
+
+// Opens a regular file read-only. O_NONBLOCK keeps a named pipe (or a device)
+// from blocking the open; it is refused right after, as is a folder.
+int open_regular(const std::string& path, struct stat* st) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail(LWO_ERR_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
+  if (fstat(fd, st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail(LWO_ERR_IO, "cannot stat '%s': %s", path.c_str(), std::strerror(e));
+  }
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
+    const char* what = S_ISDIR(st->st_mode)    ? "a folder"
+                       : S_ISFIFO(st->st_mode) ? "a named pipe"
+                       : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) ? "a device"
+                       : S_ISSOCK(st->st_mode) ? "a socket"
+                                               : "not a regular file";
+    fail(LWO_ERR_IO, "'%s' is %s, not a regular file", path.c_str(), what);
+  }
+  return fd;
+}
+
+// The whole text of a regular file (an index).
+std::string read_text(const std::string& path) {
+  struct stat st {};
+  int fd = open_regular(path, &st);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = ::read(fd, &text[got], text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      fail(LWO_ERR_IO, "cannot read '%s': %s", path.c_str(), n < 0 ? std::strerror(e) : "cut short");
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
 void Checkpoint::map_file(const std::string& path) {
   File f;
   f.path = path;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) fail(LWO_ERR_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
   struct stat st {};
-  if (fstat(f.fd, &st) != 0) {
-    int e = errno;
-    ::close(f.fd);
-    fail(LWO_ERR_IO, "cannot stat '%s': %s", path.c_str(), std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(f.fd);
-    fail(LWO_ERR_IO, "'%s' is not a regular file", path.c_str());
-  }
+  f.fd = open_regular(path, &st);
   f.size = static_cast<uint64_t>(st.st_size);
   f.dev = st.st_dev;
   f.ino = st.st_ino;
@@ -63,11 +97,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->path_ = path;
   if (ends_with(path, ".json")) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(LWO_ERR_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    std::map<std::string, std::string> wm = st::parse_index(ss.str(), path);
+    std::map<std::string, std::string> wm = st::parse_index(read_text(path), path);
     std::map<std::string, uint32_t> file_index;  // shard name -> file, in name order
     for (const auto& kv : wm) {
       if (kv.second.find('/') != std::string::npos || kv.second == "." || kv.second == "..")
@@ -128,15 +158,32 @@ void Checkpoint::check_unchanged() const {
   }
 }
 
-Checkpoint::Mapping Checkpoint::map_by_pattern(const std::string& pattern) const {
-  size_t at = pattern.find("{i}");
-  if (at == std::string::npos || pattern.find("{i}", at + 1) != std::string::npos)
-    fail(LWO_ERR_INVALID_ARGUMENT, "pattern '%s' must contain \"{i}\" once", pattern.c_str());
+Checkpoint::Mapping Checkpoint::map_by_patterns(const std::vector<std::string>& patterns,
+                                                bool allow_gaps) const {
+  if (patterns.empty()) fail(LWO_ERR_INVALID_ARGUMENT, "no pattern given");
   Mapping m;
-  m.map = st::map_by_pattern(entries_, pattern, "'" + path_ + "'");
-  // Within layer l a tensor is named without the pattern's text for layer l.
-  for (size_t l = 0; l < m.map.layers.size(); ++l)
-    m.strip.push_back(pattern.substr(0, at) + std::to_string(l) + pattern.substr(at + 3));
+  std::vector<size_t> left(entries_.size());  // entries no earlier pattern took
+  for (size_t i = 0; i < left.size(); ++i) left[i] = i;
+  for (const std::string& pattern : patterns) {
+    size_t at = pattern.find("{i}");
+    if (at == std::string::npos || pattern.find("{i}", at + 1) != std::string::npos)
+      fail(LWO_ERR_INVALID_ARGUMENT, "pattern '%s' must contain \"{i}\" once", pattern.c_str());
+    std::vector<st::Entry> sub;
+    sub.reserve(left.size());
+    for (size_t i : left) sub.push_back(entries_[i]);
+    st::LayerMap pm = st::map_by_pattern(sub, pattern, "'" + path_ + "'", allow_gaps);
+    // Within layer l of this pattern a tensor is named without its prefix.
+    for (size_t l = 0; l < pm.layers.size(); ++l) {
+      std::vector<size_t> layer;
+      for (size_t k : pm.layers[l]) layer.push_back(left[k]);
+      m.map.layers.push_back(std::move(layer));
+      m.strip.push_back(pattern.substr(0, at) + std::to_string(l) + pattern.substr(at + 3));
+    }
+    std::vector<size_t> still;
+    for (size_t k : pm.unmatched) still.push_back(left[k]);
+    left.swap(still);
+  }
+  m.map.unmatched = left;
   return m;
 }
 

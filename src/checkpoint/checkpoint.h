@@ -54,7 +54,9 @@ class Checkpoint {
   const std::vector<Metadata>& metadata() const { return metadata_; }
   // The layer mappings of lwo_checkpoint_pool_config (see lwo.h). Throw
   // LWO_ERR_INVALID_ARGUMENT and LWO_ERR_NOT_FOUND as st::map_by_*.
-  Mapping map_by_pattern(const std::string& pattern) const;
+  // Several patterns: the layers of patterns[0] first, then of patterns[1]
+  // over the tensors left, and so on.
+  Mapping map_by_patterns(const std::vector<std::string>& patterns, bool allow_gaps) const;
   Mapping map_by_names(const std::vector<std::vector<std::string>>& names) const;
   const uint8_t* bytes(const st::Entry& e) const { return files_[e.file].map + e.begin; }
   // Throws LWO_ERR_FILE_CHANGED if a file's size changed since it was opened.

@@ -25,27 +25,26 @@ struct DtypeInfo {
   lwo_dtype_t dtype;
 };
 
-// Every dtype safetensors defines with a whole number of bytes per element.
-// F8_E8M0 and C64 are newer than the original list; they parse (so a file
-// holding a few of them still opens) but lwo cannot stream them.
+// Every dtype safetensors defines with a whole number of bytes per element,
+// each an lwo dtype: pools stream them all as bytes.
 constexpr DtypeInfo kDtypes[] = {
-    {"BOOL", 1, kNoDtype},
+    {"BOOL", 1, LWO_DTYPE_BOOL},
     {"U8", 1, LWO_DTYPE_U8},
     {"I8", 1, LWO_DTYPE_I8},
     {"F8_E5M2", 1, LWO_DTYPE_F8_E5M2},
     {"F8_E4M3", 1, LWO_DTYPE_F8_E4M3},
-    {"F8_E8M0", 1, kNoDtype},
-    {"I16", 2, kNoDtype},
-    {"U16", 2, kNoDtype},
+    {"F8_E8M0", 1, LWO_DTYPE_F8_E8M0},
+    {"I16", 2, LWO_DTYPE_I16},
+    {"U16", 2, LWO_DTYPE_U16},
     {"F16", 2, LWO_DTYPE_F16},
     {"BF16", 2, LWO_DTYPE_BF16},
-    {"I32", 4, kNoDtype},
-    {"U32", 4, kNoDtype},
+    {"I32", 4, LWO_DTYPE_I32},
+    {"U32", 4, LWO_DTYPE_U32},
     {"F32", 4, LWO_DTYPE_F32},
-    {"F64", 8, kNoDtype},
-    {"I64", 8, kNoDtype},
-    {"U64", 8, kNoDtype},
-    {"C64", 8, kNoDtype},
+    {"F64", 8, LWO_DTYPE_F64},
+    {"I64", 8, LWO_DTYPE_I64},
+    {"U64", 8, LWO_DTYPE_U64},
+    {"C64", 8, LWO_DTYPE_C64},
 };
 
 const DtypeInfo* find_dtype(const std::string& name) {
@@ -676,7 +675,7 @@ std::map<std::string, std::string> parse_index(const std::string& text,
 }
 
 LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pattern,
-                        const std::string& where) {
+                        const std::string& where, bool allow_gaps) {
   const char* w = where.c_str();
   const std::string mark = "{i}";
   size_t at = pattern.find(mark);
@@ -707,9 +706,22 @@ LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pa
     if (a.first != b.first) return a.first < b.first;
     return by_position(entries[a.second], entries[b.second]);
   });
-  // Layers 0..max: each index must appear, so the k-th distinct one is k.
+  // Layers 0..max: each index must appear, so the k-th distinct one is k
+  // (with allow_gaps, a missing index is an empty layer).
+  constexpr uint64_t kMaxGap = uint64_t(1) << 20;
   uint64_t expect = 0;
   for (const auto& h : hits) {
+    if (allow_gaps && h.first > expect) {
+      if (h.first - expect > kMaxGap)
+        fail(LWO_ERR_NOT_FOUND,
+             "%s: layer index %llu of %s is more than %llu past layer %llu; no layers between", w,
+             ull(h.first), printable(entries[h.second].name).c_str(), ull(kMaxGap),
+             ull(expect));
+      while (expect < h.first) {
+        m.layers.emplace_back();
+        ++expect;
+      }
+    }
     if (h.first == expect) {
       m.layers.emplace_back();
       ++expect;

@@ -103,8 +103,10 @@ struct LayerMap {
 //  LWO_ERR_NOT_FOUND         no tensor matches, or an index between 0 and the
 //                            largest has no tensor (the message names the first
 //                            such layer)
+//  With allow_gaps, an index between 0 and the largest that no tensor has is
+//  an empty layer instead (at most 2^20 of them in a row, else NOT_FOUND).
 LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pattern,
-                        const std::string& where);
+                        const std::string& where, bool allow_gaps = false);
 
 // Layer mapping by explicit names: names[l] lists the tensor names of layer l,
 // kept in the order given (a layer may list none).

@@ -73,6 +73,26 @@ TEST(Api, EngineCreateWithoutDeviceSaysSo) {
       << m;
 }
 
+// Without a usable GPU the refusal says which of the four reasons it is and
+// what to do: no driver, a driver older than the runtime, no GPU, or a GPU
+// older than every architecture built. (With one, there is nothing to check.)
+TEST(Api, NoDeviceSaysWhyAndWhatToDo) {
+  lwo_engine* e = nullptr;
+  lwo_status_t s = lwo_engine_create(nullptr, &e);
+  if (s == LWO_OK) {
+    EXPECT_EQ(lwo_engine_destroy(e), LWO_OK);
+    return;
+  }
+  ASSERT_EQ(s, LWO_ERR_NO_DEVICE) << msg();
+  std::string m = msg();
+  const char* reasons[] = {"no NVIDIA driver is installed", "older than the CUDA",
+                           "found no GPU", "older than every architecture"};
+  int found = 0;
+  for (const char* r : reasons) found += m.find(r) != std::string::npos;
+  EXPECT_EQ(found, 1) << m;
+  EXPECT_EQ(m.find("driver version is insufficient"), std::string::npos) << m;
+}
+
 TEST_F(ApiTest, NullAndDestroyedAndForeignHandles) {
   lwo_ticket t{};
   EXPECT_EQ(lwo_ring_stage(nullptr, 0, &t), LWO_ERR_INVALID_HANDLE);

@@ -1,5 +1,6 @@
 // Pools over safetensors checkpoints, on the recording backend: registered
 // and staged paths, layer mapping, sharded checkpoints, a file that changes.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -303,6 +304,138 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   ASSERT_LWO(lwo_pool_destroy(pool));
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
   EXPECT_EQ(lwo_checkpoint_destroy(ck), LWO_ERR_INVALID_HANDLE);
+}
+
+// Several patterns: the layers of the first come first; a tensor the first
+// took is not matched again; names inside layers lose their own prefix.
+TEST_F(CheckpointTest, SeveralPatternsStackTheirLayers) {
+  lwo_pool* pool = nullptr;
+  std::vector<FileTensor> ts;
+  ts.push_back(make_tensor("double_blocks.0.w", "BF16", 2, {8, 4}, 1));
+  ts.push_back(make_tensor("double_blocks.1.w", "BF16", 2, {8, 4}, 2));
+  ts.push_back(make_tensor("single_blocks.0.w", "F32", 4, {3}, 3));
+  ts.push_back(make_tensor("single_blocks.1.w", "F32", 4, {5}, 4));
+  ts.push_back(make_tensor("single_blocks.2.w", "F32", 4, {7}, 5));
+  ts.push_back(make_tensor("final.w", "F32", 4, {2}, 6));
+  std::string path = file("flux.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  const char* const patterns[] = {"double_blocks.{i}.", "single_blocks.{i}."};
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.patterns = patterns;
+  cfg.n_patterns = 2;
+  uint32_t layer[6];
+  const char* name[6];
+  uint32_t n_layers = 0;
+  ASSERT_LWO(lwo_checkpoint_map_tensors(ck, &cfg, 6, layer, name, &n_layers));
+  EXPECT_EQ(n_layers, 5u);
+  const uint32_t want[] = {0, 1, 2, 3, 4, LWO_NO_LAYER};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(layer[i], want[i]) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_STREQ(name[i], "w") << i;
+  EXPECT_EQ(name[5], nullptr);
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  uint64_t rb = 0;
+  ASSERT_LWO(lwo_pool_record_bytes(pool, 3, &rb));  // single_blocks.1.w: 5 f32
+  EXPECT_EQ(rb, 256u);
+  lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+  ASSERT_LWO(lwo_pool_tensor_info(pool, 4, 0, &ti));
+  EXPECT_EQ(ti.bytes, 28u);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  // A tensor an earlier pattern took is not the later one's.
+  const char* const overlapping[] = {"{i}_blocks.0.", "double_blocks.{i}."};
+  cfg.patterns = overlapping;
+  EXPECT_EQ(lwo_checkpoint_map_tensors(ck, &cfg, 6, layer, name, &n_layers), LWO_ERR_NOT_FOUND);
+  // One of pattern, patterns, names.
+  cfg.patterns = patterns;
+  cfg.pattern = "double_blocks.{i}.";
+  EXPECT_EQ(lwo_checkpoint_map_tensors(ck, &cfg, 6, layer, name, &n_layers),
+            LWO_ERR_INVALID_ARGUMENT);
+  cfg.pattern = nullptr;
+  cfg.n_patterns = 0;
+  EXPECT_EQ(lwo_checkpoint_map_tensors(ck, &cfg, 6, layer, name, &n_layers),
+            LWO_ERR_INVALID_ARGUMENT);
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
+// LWO_CHECKPOINT_ALLOW_GAPS: a missing layer index is an empty layer, not an
+// error; without it the mapping refuses, naming the missing layer.
+TEST_F(CheckpointTest, GapsBecomeEmptyLayersOnRequest) {
+  lwo_pool* pool = nullptr;
+  std::vector<FileTensor> ts;
+  ts.push_back(make_tensor("h.0.w", "F32", 4, {4}, 1));
+  ts.push_back(make_tensor("h.3.w", "F32", 4, {4}, 2));
+  std::string path = file("gaps.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "h.{i}.";
+  uint32_t layer[2];
+  uint32_t n_layers = 0;
+  EXPECT_EQ(lwo_checkpoint_map_tensors(ck, &cfg, 2, layer, nullptr, &n_layers), LWO_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("layer 1"), std::string::npos)
+      << lwo_last_error_message();
+  cfg.flags = LWO_CHECKPOINT_ALLOW_GAPS;
+  ASSERT_LWO(lwo_checkpoint_map_tensors(ck, &cfg, 2, layer, nullptr, &n_layers));
+  EXPECT_EQ(n_layers, 4u);
+  EXPECT_EQ(layer[0], 0u);
+  EXPECT_EQ(layer[1], 3u);
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  uint32_t nt = 9;
+  ASSERT_LWO(lwo_pool_layer_tensor_count(pool, 1, &nt));
+  EXPECT_EQ(nt, 0u);
+  uint64_t rb = 9;
+  ASSERT_LWO(lwo_pool_record_bytes(pool, 2, &rb));
+  EXPECT_EQ(rb, 0u);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
+// Every safetensors dtype is an lwo dtype, so a layer holding integer,
+// boolean and f64 tensors streams as bytes.
+TEST_F(CheckpointTest, EveryDtypeStreamsAsBytes) {
+  lwo_pool* pool = nullptr;
+  std::vector<FileTensor> ts;
+  ts.push_back(make_tensor("embed", "F32", 4, {2}, 9));
+  ts.push_back(make_tensor("blocks.0.weight", "I64", 8, {3, 5}, 1));
+  ts.push_back(make_tensor("blocks.0.bias", "BOOL", 1, {7}, 2));
+  ts.push_back(make_tensor("blocks.1.weight", "F64", 8, {4, 2}, 3));
+  ts.push_back(make_tensor("blocks.1.bias", "U16", 2, {9}, 4));
+  std::string path = file("ints.safetensors");
+  write_safetensors(path, ts);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
+  ASSERT_LWO(lwo_checkpoint_tensor_info(ck, 2, &info));
+  EXPECT_EQ(info.dtype, LWO_DTYPE_BOOL);
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+  ASSERT_LWO(lwo_pool_tensor_info(pool, 0, 0, &ti));
+  EXPECT_EQ(ti.dtype, LWO_DTYPE_I64);
+  stream_and_check(pool, ts, 2);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
+// Anything but a regular file is refused at once, without blocking: a named
+// pipe nobody writes to would block a plain open forever.
+TEST_F(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  std::string fifo = file("pipe.safetensors");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(fifo.c_str(), &ck), LWO_ERR_IO);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("named pipe"), std::string::npos)
+      << lwo_last_error_message();
+  std::string index = file("pipe.safetensors.index.json");
+  ASSERT_EQ(mkfifo(index.c_str(), 0600), 0);
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_IO);
+  EXPECT_EQ(lwo_checkpoint_open(dir.c_str(), &ck), LWO_ERR_IO);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("a folder"), std::string::npos)
+      << lwo_last_error_message();
+  EXPECT_EQ(ck, nullptr);
 }
 
 }  // namespace

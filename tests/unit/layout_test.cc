@@ -32,7 +32,14 @@ TEST(Layout, DtypeSizesAndNames) {
   EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F8_E5M2), 1u);
   EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I8), 1u);
   EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_U8), 1u);
-  EXPECT_EQ(lwo_dtype_size(static_cast<lwo_dtype_t>(7)), 0u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_BOOL), 1u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I16), 2u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_U32), 4u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I64), 8u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F64), 8u);
+  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_C64), 8u);
+  EXPECT_STREQ(lwo_dtype_name(LWO_DTYPE_F8_E8M0), "f8_e8m0");
+  EXPECT_EQ(lwo_dtype_size(static_cast<lwo_dtype_t>(17)), 0u);  // past the last
   EXPECT_STREQ(lwo_dtype_name(LWO_DTYPE_F8_E5M2), "f8_e5m2");
   EXPECT_STREQ(lwo_dtype_name(static_cast<lwo_dtype_t>(-1)), "unknown");
 }

@@ -112,7 +112,7 @@ TEST(Safetensors, ParsesTensorsMetadataScalarsAndEmptyTensors) {
   EXPECT_EQ(e[3].name, "scalar");
   EXPECT_TRUE(e[3].shape.empty());
   EXPECT_EQ(e[3].dtype_name, "I64");
-  EXPECT_EQ(e[3].dtype, kNoDtype);
+  EXPECT_EQ(e[3].dtype, LWO_DTYPE_I64);
   EXPECT_EQ(e[3].elem_size, 8u);
   EXPECT_EQ(e[3].end - e[3].begin, 8u);
   EXPECT_EQ(f[e[3].begin], 28);  // absolute offsets index the file
@@ -158,15 +158,15 @@ TEST(Safetensors, EveryDtypeHasItsSizeAndLwoDtype) {
     size_t size;
     lwo_dtype_t dtype;
   };
-  const D all[] = {{"BOOL", 1, kNoDtype},   {"U8", 1, LWO_DTYPE_U8},
-                   {"I8", 1, LWO_DTYPE_I8}, {"F8_E5M2", 1, LWO_DTYPE_F8_E5M2},
-                   {"F8_E4M3", 1, LWO_DTYPE_F8_E4M3}, {"F8_E8M0", 1, kNoDtype},
-                   {"I16", 2, kNoDtype},    {"U16", 2, kNoDtype},
-                   {"F16", 2, LWO_DTYPE_F16}, {"BF16", 2, LWO_DTYPE_BF16},
-                   {"I32", 4, kNoDtype},    {"U32", 4, kNoDtype},
-                   {"F32", 4, LWO_DTYPE_F32}, {"F64", 8, kNoDtype},
-                   {"I64", 8, kNoDtype},    {"U64", 8, kNoDtype},
-                   {"C64", 8, kNoDtype}};
+  const D all[] = {{"BOOL", 1, LWO_DTYPE_BOOL},   {"U8", 1, LWO_DTYPE_U8},
+                   {"I8", 1, LWO_DTYPE_I8},       {"F8_E5M2", 1, LWO_DTYPE_F8_E5M2},
+                   {"F8_E4M3", 1, LWO_DTYPE_F8_E4M3}, {"F8_E8M0", 1, LWO_DTYPE_F8_E8M0},
+                   {"I16", 2, LWO_DTYPE_I16},     {"U16", 2, LWO_DTYPE_U16},
+                   {"F16", 2, LWO_DTYPE_F16},     {"BF16", 2, LWO_DTYPE_BF16},
+                   {"I32", 4, LWO_DTYPE_I32},     {"U32", 4, LWO_DTYPE_U32},
+                   {"F32", 4, LWO_DTYPE_F32},     {"F64", 8, LWO_DTYPE_F64},
+                   {"I64", 8, LWO_DTYPE_I64},     {"U64", 8, LWO_DTYPE_U64},
+                   {"C64", 8, LWO_DTYPE_C64}};
   for (const D& d : all) {
     SCOPED_TRACE(d.name);
     std::string h = strf(R"({"t":{"dtype":"%s","shape":[3],"data_offsets":[0,%zu]}})", d.name,
