@@ -7,8 +7,15 @@
  * each rank receives, in host memory, only the part that matches its half of
  * the weights, which it updates itself (a sharded SGD step).
  *
+ * The check, every step: each rank compares its part of the last layer's
+ * summed gradients with a CPU reference summed over both ranks' micro-batches
+ * (the bias gradient exactly, the weight gradient at a sample of elements),
+ * then prints "rank R step S: ..."; the program ends with "sharded_train: ok".
+ *
  * Build: cc -std=c11 sharded_train.c $(pkg-config --cflags --libs lwo) -lcudart -lpthread
  * Run on a machine with two GPUs: NCCL_NVLS_ENABLE=0 ./a.out */
+#define _POSIX_C_SOURCE 200809L /* pthread_barrier_t */
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,7 +29,7 @@
   do {                                                                    \
     lwo_status_t s_ = (call);                                             \
     if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "rank %d: %s: %s: %s\n", rank, #call,               \
+      fprintf(stderr, "sharded_train: rank %d: %s: %s: %s\n", rank, #call, \
               lwo_status_string(s_), lwo_last_error_message());           \
       exit(1);                                                            \
     }                                                                     \
@@ -32,7 +39,7 @@
   do {                                                                    \
     cudaError_t e_ = (call);                                              \
     if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "rank %d: %s: %s\n", rank, #call,                   \
+      fprintf(stderr, "sharded_train: rank %d: %s: %s\n", rank, #call,     \
               cudaGetErrorString(e_));                                    \
       exit(1);                                                            \
     }                                                                     \
@@ -41,6 +48,10 @@
 enum { N_RANKS = 2, N_LAYERS = 8, DIM = 1024, TOKENS = 512, DEPTH = 2, N_STEPS = 3 };
 static const float LEARNING_RATE = 1e-3f;
 static lwo_nccl_unique_id g_id; /* made once, before the ranks start */
+/* For the check: every rank's loss gradient and input of the last layer. */
+static float* g_dy_last[N_RANKS];
+static float* g_x_last[N_RANKS];
+static pthread_barrier_t g_barrier;
 
 static uint16_t to_bf16(float f) {
   uint32_t u;
@@ -61,6 +72,39 @@ static float uniform_at(uint64_t i, float bound) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return ((float)(z >> 40) / 16777216.0f * 2.0f - 1.0f) * bound;
+}
+/* Rank r's loss gradient, element k (bf16). */
+static uint16_t dy_last_at(int r, uint64_t k) {
+  return to_bf16(uniform_at((1ull << 44) * (uint64_t)(r + 1) + k, 0.01f));
+}
+
+/* Compares this rank's part of the summed gradient of the last layer's
+ * tensor `name` with the sum over the ranks computed here: the bias
+ * gradient is the sum of dy over tokens, the weight gradient dy^T x (checked
+ * at every 61st element). Exits on a difference. */
+static void check_last_layer(int rank, lwo_grads* grads, const char* name, uint32_t step) {
+  const int is_weight = strcmp(name, "weight") == 0;
+  float* grad = NULL;
+  uint64_t first = 0, n = 0, q;
+  LWO_CHECK(lwo_grads_shard(grads, N_LAYERS - 1, name, &grad, &first, &n));
+  for (q = 0; q < n; q += is_weight ? 61 : 1) {
+    const uint64_t e = first + q, o = is_weight ? e / DIM : e, i = e % DIM;
+    double sum = 0.0, scale = 0.0;
+    int r, t;
+    for (r = 0; r < N_RANKS; ++r)
+      for (t = 0; t < TOKENS; ++t) {
+        double term = g_dy_last[r][(uint64_t)t * DIM + o];
+        if (is_weight) term *= g_x_last[r][(uint64_t)t * DIM + i];
+        sum += term;
+        scale += term < 0 ? -term : term;
+      }
+    if (!(grad[q] - sum <= 1e-4 * scale + 1e-7 && sum - grad[q] <= 1e-4 * scale + 1e-7)) {
+      fprintf(stderr, "sharded_train: rank %d step %u: layer %d %s gradient element %llu "
+              "is %g, the sum over the ranks is %g\n", rank, step, N_LAYERS - 1, name,
+              (unsigned long long)e, grad[q], sum);
+      exit(1);
+    }
+  }
 }
 
 static void* run_rank(void* arg) {
@@ -138,7 +182,7 @@ static void* run_rank(void* arg) {
   /* This rank's micro-batch: its own inputs and loss gradient. */
   for (k = 0; k < act_bytes / 2; ++k) host[k] = to_bf16(uniform_at((1ull << 40) * (rank + 1) + k, 1.0f));
   CUDA_CHECK(cudaMemcpy(x[0], host, act_bytes, cudaMemcpyHostToDevice));
-  for (k = 0; k < act_bytes / 2; ++k) host[k] = to_bf16(uniform_at((1ull << 44) * (rank + 1) + k, 0.01f));
+  for (k = 0; k < act_bytes / 2; ++k) host[k] = dy_last_at(rank, k);
   CUDA_CHECK(cudaMemcpy(dy_last, host, act_bytes, cudaMemcpyHostToDevice));
 
   for (step = 0; step < N_STEPS; ++step) {
@@ -174,6 +218,15 @@ static void* run_rank(void* arg) {
     }
     if (s != LWO_END) LWO_CHECK(s);
     LWO_CHECK(lwo_grads_wait(grads));
+
+    /* The check: this step's input of the last layer, from every rank. */
+    CUDA_CHECK(cudaMemcpyAsync(host, x[N_LAYERS - 1], act_bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (k = 0; k < act_bytes / 2; ++k) g_x_last[rank][k] = from_bf16(host[k]);
+    pthread_barrier_wait(&g_barrier);
+    check_last_layer(rank, grads, "weight", step);
+    check_last_layer(rank, grads, "bias", step);
+    pthread_barrier_wait(&g_barrier); /* before the next step rewrites g_x_last */
 
     /* Sharded SGD: the gradient part and the weight part cover the same
      * elements of each tensor, so element i updates element i. */
@@ -220,15 +273,39 @@ static void* run_rank(void* arg) {
 
 int main(void) {
   pthread_t threads[N_RANKS];
+  lwo_engine* engine = NULL;
+  lwo_status_t s;
   int rank = -1, n_devices = 0, r;
-  CUDA_CHECK(cudaGetDeviceCount(&n_devices));
-  if (n_devices < N_RANKS) {
-    fprintf(stderr, "this example needs %d GPUs; found %d\n", N_RANKS, n_devices);
+  uint64_t k;
+  /* Is there a GPU at all? lwo's message says what is missing. */
+  s = lwo_engine_create(NULL, &engine);
+  if (s != LWO_OK) {
+    fprintf(stderr, "sharded_train: lwo_engine_create: %s: %s\n", lwo_status_string(s),
+            lwo_last_error_message());
     return 1;
   }
+  LWO_CHECK(lwo_engine_destroy(engine));
+  CUDA_CHECK(cudaGetDeviceCount(&n_devices));
+  if (n_devices < N_RANKS) {
+    fprintf(stderr, "sharded_train: this example needs %d GPUs; found %d\n", N_RANKS, n_devices);
+    return 1;
+  }
+  for (r = 0; r < N_RANKS; ++r) {
+    g_dy_last[r] = (float*)malloc((size_t)TOKENS * DIM * sizeof(float));
+    g_x_last[r] = (float*)malloc((size_t)TOKENS * DIM * sizeof(float));
+    if (!g_dy_last[r] || !g_x_last[r]) return 1;
+    for (k = 0; k < (uint64_t)TOKENS * DIM; ++k) g_dy_last[r][k] = from_bf16(dy_last_at(r, k));
+  }
+  if (pthread_barrier_init(&g_barrier, NULL, N_RANKS) != 0) return 1;
   LWO_CHECK(lwo_nccl_get_unique_id(&g_id)); /* processes would send it to each other */
   for (r = 0; r < N_RANKS; ++r)
     if (pthread_create(&threads[r], NULL, run_rank, (void*)(intptr_t)r) != 0) return 1;
   for (r = 0; r < N_RANKS; ++r) pthread_join(threads[r], NULL);
+  pthread_barrier_destroy(&g_barrier);
+  for (r = 0; r < N_RANKS; ++r) {
+    free(g_dy_last[r]);
+    free(g_x_last[r]);
+  }
+  printf("sharded_train: ok\n"); /* a failing rank exits the process with 1 */
   return 0;
 }
