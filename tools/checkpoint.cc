@@ -1,8 +1,15 @@
-// Checkpoint helpers shared by lwo info and lwo run --weights: opening a
-// safetensors checkpoint, reading its tensor list, and mapping tensors to
-// layers by a name pattern (given, or the first default that maps a tensor).
+// Checkpoint helpers shared by lwo info and lwo stream: opening a safetensors
+// checkpoint, reading its files, metadata and tensor list, reading a names
+// file, and mapping tensors to layers by name patterns (given, or the first
+// default that maps a tensor) or by explicit names.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -23,8 +30,36 @@ std::string default_patterns_text() {
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+std::string CkptTensor::lwo_dtype() const {
+  if (dtype < 0) return dtype_name + "?";
+  return lwo_dtype_name(static_cast<lwo_dtype_t>(dtype));
+}
+
+namespace {
+
+// What a file that is not a regular file is, for the message.
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a named pipe";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string base_name(const std::string& path) {
+  size_t i = path.find_last_of('/');
+  return i == std::string::npos ? path : path.substr(i + 1);
+}
+
+}  // namespace
+
 void open_checkpoint(const std::string& path, Checkpoint& checkpoint) {
-  check(lwo_checkpoint_open(path.c_str(), checkpoint.out()), "lwo_checkpoint_open");
+  // Nothing here opens or reads `path` first: the library refuses what is
+  // not a regular file (a folder, a named pipe, a device; shards of an index
+  // too) without blocking, LWO_ERR_IO.
+  lwo_status_t s = lwo_checkpoint_open(path.c_str(), checkpoint.out());
+  if (s != LWO_OK) fail(strf("%s (%s)", lwo_last_error_message(), lwo_status_string(s)));
 }
 
 std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
@@ -32,18 +67,47 @@ std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
   CHECK(lwo_checkpoint_tensor_count(checkpoint, &n));
   std::vector<CkptTensor> out(n);
   for (uint32_t i = 0; i < n; ++i) {
-    lwo_checkpoint_tensor info{};
-    info.size = sizeof info;
+    lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
     CHECK(lwo_checkpoint_tensor_info(checkpoint, i, &info));
     CkptTensor& t = out[i];
     t.name = info.name ? info.name : "";
     t.dtype_name = info.dtype_name ? info.dtype_name : "?";
     t.dtype = info.dtype;
     t.n_dims = info.n_dims;
-    t.shape.assign(info.shape, info.shape + std::min<int32_t>(std::max(info.n_dims, 0), LWO_MAX_DIMS));
+    t.shape.assign(info.shape,
+                   info.shape + std::min<int32_t>(std::max(info.n_dims, 0), LWO_MAX_DIMS));
     t.bytes = info.bytes;
     t.offset = info.file_offset;
     t.file = info.file;
+  }
+  return out;
+}
+
+std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
+  uint32_t n = 0;
+  CHECK(lwo_checkpoint_file_count(checkpoint, &n));
+  std::vector<CkptFile> out(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
+    CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
+    out[i].path = info.path ? info.path : "";
+    out[i].name = base_name(out[i].path);
+    out[i].bytes = info.bytes;
+    out[i].n_tensors = info.n_tensors;
+  }
+  return out;
+}
+
+std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint) {
+  uint32_t n = 0;
+  CHECK(lwo_checkpoint_metadata_count(checkpoint, &n));
+  std::vector<CkptMeta> out(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* key = nullptr;
+    const char* value = nullptr;
+    CHECK(lwo_checkpoint_metadata(checkpoint, i, &out[i].file, &key, &value));
+    out[i].key = key ? key : "";
+    out[i].value = value ? value : "";
   }
   return out;
 }
@@ -54,6 +118,98 @@ std::string shape_text(const CkptTensor& t) {
     s += (d ? ", " : "") + std::to_string(static_cast<long long>(t.shape[d]));
   if (t.n_dims > static_cast<int32_t>(t.shape.size())) s += ", ...";
   return s + "]";
+}
+
+std::string index_list(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    s += (s.empty() ? "" : ", ") + std::to_string(v[i]);
+    if (j > i) s += (j == i + 1 ? ", " : "..") + std::to_string(v[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
+  constexpr off_t kMaxBytes = off_t(64) << 20;
+  // O_NONBLOCK: opening a named pipe returns at once; fstat then refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    fail(strf("--names %s: cannot open it: %s", quoted(path).c_str(), std::strerror(errno)));
+  struct stat st {};
+  std::string text;
+  std::string error;
+  if (fstat(fd, &st) != 0)
+    error = strf("cannot stat it: %s", std::strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    error = strf("it is %s, not a regular file", kind_of(st.st_mode));
+  else if (st.st_size > kMaxBytes)
+    error = strf("it is %s, more than a names file of %s can be", fmt_bytes(st.st_size).c_str(),
+                 fmt_bytes(kMaxBytes).c_str());
+  else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < text.size()) {
+      ssize_t n = ::read(fd, &text[got], text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (n < 0) error = strf("cannot read it: %s", std::strerror(errno));
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  if (!error.empty()) fail(strf("--names %s: %s", quoted(path).c_str(), error.c_str()));
+
+  std::vector<std::vector<std::string>> layers;
+  size_t b = 0;
+  while (b < text.size()) {
+    size_t e = text.find('\n', b);
+    if (e == std::string::npos) e = text.size();
+    std::string line = text.substr(b, e - b);
+    b = e + 1;
+    size_t first = line.find_first_not_of(" \t\r\f\v");
+    if (first == std::string::npos || line[first] == '#') continue;
+    std::vector<std::string> names;
+    size_t i = first;
+    while (i < line.size()) {
+      size_t j = line.find_first_of(" \t\r\f\v", i);
+      if (j == std::string::npos) j = line.size();
+      names.push_back(line.substr(i, j - i));
+      i = line.find_first_not_of(" \t\r\f\v", j);
+      if (i == std::string::npos) break;
+    }
+    layers.push_back(std::move(names));
+  }
+  if (layers.empty())
+    throw UsageError(strf("--names %s names no tensor: give one line of names per layer",
+                          quoted(path).c_str()));
+  return layers;
+}
+
+std::string CkptMap::describe() const {
+  if (!names_file.empty()) return "the names in " + quoted(names_file);
+  std::string s = patterns.size() == 1 ? "the pattern " : "the patterns ";
+  for (size_t i = 0; i < patterns.size(); ++i) s += (i ? ", " : "") + quoted(patterns[i]);
+  if (is_default) s += " (the first default that maps a tensor)";
+  return s;
+}
+
+std::string json_mapping(const CkptMap& m) {
+  std::string s = "{";
+  if (!m.names_file.empty()) {
+    s += "\"names_file\": " + json_string(m.names_file) + ", \"patterns\": null";
+  } else {
+    s += "\"names_file\": null, \"patterns\": [";
+    for (size_t i = 0; i < m.patterns.size(); ++i)
+      s += (i ? ", " : "") + json_string(m.patterns[i]);
+    s += strf("], \"pattern_source\": \"%s\"", m.is_default ? "default" : "given");
+  }
+  return s + "}";
 }
 
 namespace {
@@ -82,40 +238,71 @@ bool maps_any(const std::vector<CkptTensor>& tensors, const std::string& pattern
 
 }  // namespace
 
-lwo_checkpoint_pool_config checkpoint_pool_config(const CkptMap& map, uint32_t flags) {
+lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags) {
   lwo_checkpoint_pool_config config = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-  config.pattern = map.pattern.c_str();
   config.flags = flags;
+  if (!map.names.empty()) {
+    map.name_ptrs.clear();
+    map.n_names.clear();
+    for (const auto& layer : map.names) {
+      map.n_names.push_back(static_cast<uint32_t>(layer.size()));
+      for (const std::string& n : layer) map.name_ptrs.push_back(n.c_str());
+    }
+    config.names = map.name_ptrs.data();
+    config.n_names = map.n_names.data();
+    config.n_layers = static_cast<uint32_t>(map.names.size());
+  } else if (map.patterns.size() == 1) {
+    config.pattern = map.patterns[0].c_str();
+  } else {
+    map.pattern_ptrs.clear();
+    for (const std::string& p : map.patterns) map.pattern_ptrs.push_back(p.c_str());
+    config.patterns = map.pattern_ptrs.data();
+    config.n_patterns = static_cast<uint32_t>(map.patterns.size());
+  }
   return config;
 }
 
 bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& tensors,
-                    const std::string& pattern, CkptMap* map) {
+                    const CkptSpec& spec, uint32_t flags, const std::string& hint, CkptMap* map) {
   *map = CkptMap{};
-  if (pattern.empty()) {
-    for (size_t i = 0; i < kNumDefaultPatterns && map->pattern.empty(); ++i)
-      if (maps_any(tensors, kDefaultPatterns[i])) map->pattern = kDefaultPatterns[i];
-    if (map->pattern.empty()) return false;
-    map->is_default = true;
+  if (!spec.names_file.empty()) {
+    map->names_file = spec.names_file;
+    map->names = read_names_file(spec.names_file);
+  } else if (!spec.patterns.empty()) {
+    map->patterns = spec.patterns;
   } else {
-    map->pattern = pattern;
+    for (size_t i = 0; i < kNumDefaultPatterns && map->patterns.empty(); ++i)
+      if (maps_any(tensors, kDefaultPatterns[i])) map->patterns = {kDefaultPatterns[i]};
+    if (map->patterns.empty()) return false;
+    map->is_default = true;
   }
 
-  // The library maps: it rejects a bad pattern or a missing layer index, and
-  // says which layer each tensor is in (tensors in file order).
-  const lwo_checkpoint_pool_config config = checkpoint_pool_config(*map, 0);
+  // The library maps: it rejects a bad pattern, a missing name or layer
+  // index, and says which layer each tensor is in (tensors in file order).
+  const lwo_checkpoint_pool_config config = checkpoint_pool_config(*map, flags);
   std::vector<uint32_t> layer(tensors.size(), LWO_NO_LAYER);
   uint32_t n_layers = 0;
-  check(lwo_checkpoint_map_tensors(checkpoint, &config, static_cast<uint32_t>(tensors.size()),
-                                   layer.data(), nullptr, &n_layers),
-        strf("lwo_checkpoint_map_tensors(pattern \"%s\")", map->pattern.c_str()).c_str());
+  lwo_status_t s = lwo_checkpoint_map_tensors(checkpoint, &config,
+                                              static_cast<uint32_t>(tensors.size()), layer.data(),
+                                              nullptr, &n_layers);
+  // A pattern or name list that does not fit the checkpoint is the command
+  // line's fault: a usage error.
+  if (LWO_STATUS_CLASS(s) == LWO_STATUS_CLASS_ARGUMENT)
+    throw UsageError(strf("%s (%s)", lwo_last_error_message(), lwo_status_string(s)), hint);
+  check(s, "lwo_checkpoint_map_tensors");
   map->layers.resize(n_layers);
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     if (layer[i] == LWO_NO_LAYER)
       map->unmatched.push_back(i);
-    else
+    else if (layer[i] < n_layers)
       map->layers[layer[i]].push_back(i);
+    else
+      fail(strf("internal: lwo_checkpoint_map_tensors put tensor %u in layer %u of %u; please "
+                "report this",
+                i, layer[i], n_layers));
   }
+  for (uint32_t l = 0; l < n_layers; ++l)
+    if (map->layers[l].empty()) map->gaps.push_back(l);
   return true;
 }
 

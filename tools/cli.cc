@@ -12,12 +12,21 @@
 #include <system_error>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "testkit/checksum.h"
 
 namespace cli {
 
 bool g_cleanup_failed = false;
-bool g_quiet = false;
+std::string g_command;
+
+std::string prefix() { return g_command.empty() ? "lwo" : "lwo " + g_command; }
+
+std::string default_hint() {
+  if (g_command.empty()) return "run 'lwo help' for the commands";
+  return strf("run 'lwo %s --help' for the flags", g_command.c_str());
+}
 
 std::string strf(const char* fmt, ...) {
   va_list ap, ap2;
@@ -32,7 +41,12 @@ std::string strf(const char* fmt, ...) {
 }
 
 void fail(const std::string& message) {
-  std::fprintf(stderr, "lwo: %s\n", message.c_str());
+  print_stderr(strf("%s: %s\n", prefix().c_str(), message.c_str()));
+  throw Failure(message);
+}
+
+void fail(const std::string& message, const std::string& hint) {
+  print_stderr(strf("%s: %s\n%s\n", prefix().c_str(), message.c_str(), hint.c_str()));
   throw Failure(message);
 }
 
@@ -48,14 +62,14 @@ void check(cudaError_t error, const char* call) {
 }
 
 void report_cleanup(lwo_status_t status, const char* call) {
-  std::fprintf(stderr, "lwo: %s failed: %s: %s\n", call, lwo_status_string(status),
-               lwo_last_error_message());
+  print_stderr(strf("%s: %s failed: %s: %s\n", prefix().c_str(), call, lwo_status_string(status),
+                    lwo_last_error_message()));
   g_cleanup_failed = true;
 }
 
 void report_cleanup(cudaError_t error, const char* call) {
-  std::fprintf(stderr, "lwo: %s failed: %s: %s\n", call, cudaGetErrorName(error),
-               cudaGetErrorString(error));
+  print_stderr(strf("%s: %s failed: %s: %s\n", prefix().c_str(), call, cudaGetErrorName(error),
+                    cudaGetErrorString(error)));
   g_cleanup_failed = true;
 }
 
@@ -83,24 +97,43 @@ float elapsed_ms(const Event& a, const Event& b) {
   return ms;
 }
 
-void open_device(int ordinal, Device& device) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    fail(strf("no CUDA device was found (cudaGetDeviceCount: %s)",
-              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
-  }
-  if (ordinal >= n)
-    fail(strf("CUDA device %d does not exist (%d device%s found)", ordinal, n, n == 1 ? "" : "s"));
-  device.ordinal = ordinal;
-  CHECK(cudaSetDevice(ordinal));
-  CHECK(cudaGetDeviceProperties(&device.prop, ordinal));
+void fail_no_device(const std::string& library_message) {
+  fail(library_message, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
+}
+
+bool try_open_device(int ordinal, Device& device, std::string* why) {
+  // The library says why there is no device (no driver, no GPU, a GPU too
+  // old, a driver older than the runtime): ask it first, before any CUDA
+  // call of our own.
   lwo_engine_config config = LWO_ENGINE_CONFIG_INIT;
   config.device = ordinal;
   lwo_status_t s = lwo_engine_create(&config, device.engine.out());
-  if (s == LWO_ERR_NO_DEVICE) fail(lwo_last_error_message());
+  if (s == LWO_ERR_NO_DEVICE) {
+    if (why) *why = lwo_last_error_message();
+    return false;
+  }
   check(s, "lwo_engine_create");
+  device.ordinal = ordinal;
+  CHECK(cudaSetDevice(ordinal));
+  CHECK(cudaGetDeviceProperties(&device.prop, ordinal));
+  return true;
+}
+
+void open_device(int ordinal, Device& device) {
+  std::string why;
+  if (!try_open_device(ordinal, device, &why)) fail_no_device(why);
+}
+
+int device_count() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return n;
+  (void)cudaGetLastError();
+  // The library's message says why.
+  Device probe;
+  std::string why;
+  if (!try_open_device(0, probe, &why)) fail_no_device(why);
+  fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
 }
 
 std::string describe(const Device& device) {
@@ -176,80 +209,87 @@ void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long
 
 // --- command line -----------------------------------------------------------
 
-bool parse_flags(int argc, char** argv, int first, const std::vector<Flag>& flags) {
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") return false;
-    std::string name = arg, value;
-    bool inline_value = false;
-    size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      inline_value = true;
-    }
-    auto it =
-        std::find_if(flags.begin(), flags.end(), [&](const Flag& f) { return name == f.name; });
-    if (it == flags.end())
-      throw UsageError(arg.rfind("-", 0) == 0 ? strf("unknown flag '%s'", name.c_str())
-                                              : strf("unexpected argument '%s'", arg.c_str()));
-    if (it->on_set) {
-      if (inline_value) throw UsageError(strf("%s takes no value", it->name));
-      it->on_set();
-      continue;
-    }
-    if (!inline_value) {
-      if (i + 1 >= argc) throw UsageError(strf("%s needs a value", it->name));
-      value = argv[++i];
-    }
-    it->set(value);
-  }
-  return true;
+Flag value_flag(const char* name, const char* value, std::string help,
+                std::function<void(const std::string&)> set) {
+  Flag f;
+  f.name = name;
+  f.value = value;
+  f.help = std::move(help);
+  f.set = std::move(set);
+  return f;
+}
+
+Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
+  Flag f;
+  f.name = name;
+  f.help = std::move(help);
+  f.on = std::move(on);
+  return f;
+}
+
+Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved) {
+  Flag f;
+  f.name = name;
+  f.moved = std::move(moved);
+  return f;
 }
 
 namespace {
 
-enum class Number { kOk, kMalformed, kTooLarge };
+enum class Number { kOk, kMalformed, kTooLarge, kNegative };
 
-// A whole number in decimal, or in hexadecimal after 0x.
+// A whole number in decimal, or in hexadecimal after 0x; a '-' before one is
+// kNegative (out of range, not malformed).
 Number to_u64(const std::string& text, uint64_t* out) {
   const char* s = text.c_str();
+  bool negative = false;
+  if (*s == '-') {
+    negative = true;
+    ++s;
+  }
   int base = 10;
-  if (text.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X') && s[2]) {
     s += 2;
     base = 16;
   }
-  if (!std::isxdigit(static_cast<unsigned char>(*s))) return Number::kMalformed;
+  if (base == 10 ? !std::isdigit(static_cast<unsigned char>(*s))
+                 : !std::isxdigit(static_cast<unsigned char>(*s)))
+    return Number::kMalformed;
   errno = 0;
   char* end = nullptr;
   unsigned long long v = std::strtoull(s, &end, base);
   if (*end != '\0') return Number::kMalformed;
+  if (negative) return v == 0 && errno != ERANGE ? (*out = 0, Number::kOk) : Number::kNegative;
   if (errno == ERANGE) return Number::kTooLarge;
   *out = v;
   return Number::kOk;
 }
 
-std::string range_text(uint64_t min, uint64_t max, bool sizes) {
-  if (sizes) return fmt_bytes(min) + " and " + fmt_bytes(max);
-  return strf("%llu and %llu", static_cast<unsigned long long>(min),
-              static_cast<unsigned long long>(max));
+std::string size_range_text(uint64_t min, uint64_t max) {
+  return fmt_bytes(min) + ".." + fmt_bytes(max);
 }
 
 }  // namespace
 
-uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uint64_t max) {
+std::string range_text(uint64_t min, uint64_t max) {
+  return strf("%llu..%llu", static_cast<unsigned long long>(min),
+              static_cast<unsigned long long>(max));
+}
+
+uint64_t parse_uint(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
   uint64_t v = 0;
   Number n = to_u64(text, &v);
   if (n == Number::kMalformed)
-    throw UsageError(strf("%s: '%s' is not a whole number", flag, text.c_str()));
-  if (n == Number::kTooLarge || v < min || v > max)
-    throw UsageError(strf("%s: %s is out of range (must be between %s)", flag, text.c_str(),
-                          range_text(min, max, false).c_str()));
+    throw UsageError(strf("%s %s is not a whole number in %s", flag.c_str(), quoted(text).c_str(),
+                          range_text(min, max).c_str()));
+  if (n != Number::kOk || v < min || v > max)
+    throw UsageError(strf("%s %s is not in %s", flag.c_str(), escape(text).c_str(),
+                          range_text(min, max).c_str()));
   return v;
 }
 
-uint64_t parse_size(const char* flag, const std::string& text, uint64_t min, uint64_t max) {
-  size_t n = text.find_first_not_of("0123456789");
+uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
+  size_t n = text.find_first_not_of("-0123456789");
   std::string digits = text.substr(0, n), suffix = n == std::string::npos ? "" : text.substr(n);
   for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::pair<const char*, int> kUnits[] = {
@@ -261,18 +301,19 @@ uint64_t parse_size(const char* flag, const std::string& text, uint64_t min, uin
   uint64_t v = 0;
   Number parsed = digits.empty() || shift < 0 ? Number::kMalformed : to_u64(digits, &v);
   if (parsed == Number::kMalformed)
-    throw UsageError(strf("%s: '%s' is not a size (a whole number, optionally with K, M or G)",
-                          flag, text.c_str()));
-  bool overflow = parsed == Number::kTooLarge || (v << shift) >> shift != v;
+    throw UsageError(
+        strf("%s %s is not a size (a whole number with an optional K, M or G suffix)",
+             flag.c_str(), quoted(text).c_str()));
+  bool overflow = parsed != Number::kOk || (v << shift) >> shift != v;
   v <<= shift;
   if (overflow || v < min || v > max)
-    throw UsageError(strf("%s: %s is out of range (must be between %s)", flag, text.c_str(),
-                          range_text(min, max, true).c_str()));
+    throw UsageError(strf("%s %s is not in %s", flag.c_str(), escape(text).c_str(),
+                          size_range_text(min, max).c_str()));
   return v;
 }
 
-std::vector<uint64_t> parse_size_list(const char* flag, const std::string& text, uint64_t min,
-                                      uint64_t max) {
+std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
+                                      uint64_t min, uint64_t max) {
   std::vector<uint64_t> out;
   size_t b = 0;
   for (;;) {
@@ -286,19 +327,187 @@ std::vector<uint64_t> parse_size_list(const char* flag, const std::string& text,
   return out;
 }
 
-std::string parse_path(const char* flag, const std::string& text) {
-  if (text.empty()) throw UsageError(strf("%s needs a file name", flag));
+std::string parse_path(const std::string& flag, const std::string& text) {
+  if (text.empty()) throw UsageError(strf("%s needs a file name", flag.c_str()));
   return text;
 }
 
-lwo_dtype_t parse_dtype(const char* flag, const std::string& text) {
-  std::string names;
-  for (int d = LWO_DTYPE_F32; d <= LWO_DTYPE_U8; ++d) {
+// --- the flags several commands share ----------------------------------------
+
+Flag device_flag(int& device) {
+  return uint_flag("--device", "N", device, 0, 1023, "CUDA device ordinal");
+}
+Flag depth_flag(uint32_t& depth) {
+  return uint_flag("--depth", "D", depth, 1, kMaxDepth, "ring depth (device slots)");
+}
+Flag layers_flag(uint32_t& layers) {
+  return uint_flag("--layers", "N", layers, 1, 1000000, "layers of the model");
+}
+Flag rows_flag(int64_t& rows) {
+  return uint_flag("--rows", "R", rows, 1, kMaxDim, "rows of each layer's tensor \"weight\"");
+}
+Flag cols_flag(int64_t& cols) {
+  return uint_flag("--cols", "C", cols, 1, kMaxDim, "columns of each layer's tensor \"weight\"");
+}
+Flag tokens_flag(int64_t& tokens) {
+  return uint_flag("--tokens", "T", tokens, 1, kMaxDim, "tokens per training step");
+}
+Flag passes_flag(uint32_t& passes) {
+  return uint_flag("--passes", "P", passes, 1, 100000, "timed passes, after one warm-up pass");
+}
+Flag steps_flag(uint32_t& steps) {
+  return uint_flag("--steps", "S", steps, 1, 100000,
+                   "timed training steps, after one warm-up step");
+}
+Flag grad_depth_flag(uint32_t& grad_depth) {
+  return uint_flag("--grad-depth", "G", grad_depth, 1, 64, "gradient staging slots");
+}
+Flag seed_flag(uint64_t& seed) {
+  return uint_flag("--seed", "S", seed, 0, UINT64_MAX, "seed of the random weights");
+}
+Flag timing_flag(bool& timing) {
+  return switch_flag("--timing", "create the ring with LWO_RING_TIMING (copy and wait times)",
+                     [&timing] { timing = true; });
+}
+Flag json_flag(std::string& path) {
+  return value_flag("--json", "FILE", "also write the results as JSON to FILE",
+                    [&path](const std::string& v) { path = parse_path("--json", v); });
+}
+Flag quiet_flag() {
+  return switch_flag("--quiet", "no progress on stderr (results still print)",
+                     [] { g_quiet = true; });
+}
+
+std::vector<lwo_dtype_t> all_dtypes() {
+  std::vector<lwo_dtype_t> out;
+  for (int d = 0; d < 256; ++d) {
     auto dtype = static_cast<lwo_dtype_t>(d);
-    if (text == lwo_dtype_name(dtype)) return dtype;
-    names += (names.empty() ? "" : ", ") + std::string(lwo_dtype_name(dtype));
+    if (std::strcmp(lwo_dtype_name(dtype), "unknown") == 0) break;
+    out.push_back(dtype);
   }
-  throw UsageError(strf("%s: unknown dtype '%s' (one of %s)", flag, text.c_str(), names.c_str()));
+  return out;
+}
+
+Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed) {
+  std::string names;
+  for (size_t i = 0; i < allowed.size(); ++i)
+    names += std::string(i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") +
+             lwo_dtype_name(allowed[i]);
+  std::string help =
+      strf("element type: %s (default %s)", names.c_str(), lwo_dtype_name(dtype));
+  return value_flag("--dtype", "T", help, [&dtype, allowed, names](const std::string& v) {
+    for (lwo_dtype_t d : allowed)
+      if (v == lwo_dtype_name(d)) {
+        dtype = d;
+        return;
+      }
+    throw UsageError(strf("--dtype %s is not one of %s", quoted(v).c_str(), names.c_str()));
+  });
+}
+
+Flag pattern_flag(CkptSpec& spec) {
+  return value_flag(
+      "--pattern", "P",
+      "layer names: a prefix with one {i} for the layer index, e.g. \"blocks.{i}.\"; repeat it "
+      "for models with several stacks (the layers of the first pattern come first); default: "
+      "the first of " + default_patterns_text() + " that maps a tensor",
+      [&spec](const std::string& v) {
+        if (v.empty())
+          throw UsageError("--pattern needs a pattern such as \"blocks.{i}.\"");
+        if (!spec.names_file.empty())
+          throw UsageError("--pattern and --names exclude each other");
+        spec.patterns.push_back(v);
+      });
+}
+
+Flag names_flag(CkptSpec& spec) {
+  return value_flag("--names", "FILE",
+                    "the layers by name: one line of FILE per layer, its tensors' full names "
+                    "separated by blanks (blank lines and lines starting with # are skipped)",
+                    [&spec](const std::string& v) {
+                      if (!spec.patterns.empty())
+                        throw UsageError("--pattern and --names exclude each other");
+                      spec.names_file = parse_path("--names", v);
+                    });
+}
+
+// --- parsing --------------------------------------------------------------------
+
+namespace {
+
+// "lwo train and lwo shard": the other commands that have `name`.
+std::string commands_with(const std::string& name) {
+  std::vector<std::string> with;
+  for (const Command* c : commands()) {
+    if (c->name == g_command) continue;
+    for (const Flag& f : c->flags())
+      if (f.name == name && !f.hidden()) {
+        with.push_back(std::string("lwo ") + c->name);
+        break;
+      }
+  }
+  std::string s;
+  for (size_t i = 0; i < with.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == with.size() ? " and " : ", ") + with[i];
+  return s;
+}
+
+}  // namespace
+
+bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
+                 std::vector<std::string>* operands) {
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--")) break;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return false;
+  }
+  bool only_operands = false;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (!only_operands && arg == "--") {
+      only_operands = true;
+      continue;
+    }
+    if (only_operands || arg.size() < 2 || arg[0] != '-') {
+      if (!operands) throw UsageError(strf("unexpected argument %s", quoted(arg).c_str()));
+      operands->push_back(arg);
+      continue;
+    }
+    std::string name = arg, value;
+    bool inline_value = false;
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      inline_value = true;
+    }
+    auto it =
+        std::find_if(flags.begin(), flags.end(), [&](const Flag& f) { return name == f.name; });
+    if (it == flags.end()) {
+      std::string with = commands_with(name);
+      if (!with.empty())
+        throw UsageError(strf("%s is not a flag of lwo %s (%s %s it)", escape(name).c_str(),
+                              g_command.c_str(), with.c_str(),
+                              with.find(" and ") != std::string::npos ? "have" : "has"));
+      throw UsageError(strf("unknown flag %s", escape(name).c_str()));
+    }
+    if (it->moved) {
+      it->moved(inline_value ? value : i + 1 < argc ? argv[i + 1] : "");
+      throw UsageError(strf("%s is not a flag of lwo %s", it->name.c_str(), g_command.c_str()));
+    }
+    if (it->on) {
+      if (inline_value) throw UsageError(strf("%s takes no value", it->name.c_str()));
+      it->on();
+      continue;
+    }
+    if (!inline_value) {
+      if (i + 1 >= argc)
+        throw UsageError(strf("%s needs a value: %s %s", it->name.c_str(), it->name.c_str(),
+                              it->value.c_str()));
+      value = argv[++i];
+    }
+    it->set(value);
+  }
+  return true;
 }
 
 // --- host work over all cores ----------------------------------------------
@@ -319,7 +528,7 @@ void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_th
   for (auto& t : threads) t.join();
 }
 
-void fill_random(const std::vector<HostRange>& ranges, uint64_t seed) {
+void fill_random(const std::vector<HostRange>& ranges, uint64_t seed, Phase* phase) {
   constexpr uint64_t kChunk = uint64_t(4) << 20;  // bytes per work item, a multiple of 8
   struct Item {
     size_t range;
@@ -333,6 +542,7 @@ void fill_random(const std::vector<HostRange>& ranges, uint64_t seed) {
     uint64_t key = mix64(seed ^ mix64(items[i].range + 1));
     auto* p = static_cast<uint8_t*>(range.data);
     uint64_t off = items[i].offset, end = std::min(range.bytes, off + kChunk);
+    const uint64_t n = end - off;
     auto word = [&](uint64_t at) { return mix64(key + (at / 8 + 1) * kGolden); };
     for (; off + 8 <= end; off += 8) {
       uint64_t w = word(off);
@@ -342,19 +552,23 @@ void fill_random(const std::vector<HostRange>& ranges, uint64_t seed) {
       uint64_t w = word(off);
       std::memcpy(p + off, &w, end - off);
     }
+    if (phase) phase->add(n);
   });
 }
 
-std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges) {
+std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, Phase* phase) {
   std::vector<uint64_t> out(ranges.size());
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   if (ranges.size() >= hw) {  // one range per core at a time
     parallel_for(ranges.size(), [&](size_t i) {
       out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 1);
+      if (phase) phase->add(ranges[i].bytes);
     });
   } else {  // all cores on each range
-    for (size_t i = 0; i < ranges.size(); ++i)
+    for (size_t i = 0; i < ranges.size(); ++i) {
       out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 0);
+      if (phase) phase->add(ranges[i].bytes);
+    }
   }
   return out;
 }
@@ -392,13 +606,17 @@ double median(std::vector<double> v) {
 JsonFile::~JsonFile() {
   if (!f_) return;
   std::fclose(f_);
-  std::remove(path_.c_str());
+  if (regular_) std::remove(path_.c_str());
 }
 
 void JsonFile::open(const std::string& path) {
   f_ = std::fopen(path.c_str(), "w");
-  if (!f_) fail(strf("cannot write the JSON file '%s': %s", path.c_str(), std::strerror(errno)));
+  if (!f_)
+    fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
   path_ = path;
+  // Only a file of our own is removed again on failure (never /dev/stdout).
+  struct stat st {};
+  regular_ = fstat(fileno(f_), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void JsonFile::commit() {
@@ -406,32 +624,112 @@ void JsonFile::commit() {
   bool ok = !std::ferror(f_);
   ok = std::fclose(f_) == 0 && ok;
   f_ = nullptr;
-  if (!ok) fail(strf("writing the JSON file '%s' failed", path_.c_str()));
-  progress("lwo: wrote %s", path_.c_str());
+  if (!ok) fail(strf("writing the JSON file %s failed", quoted(path_).c_str()));
+  std::fflush(stdout);  // the results first, where both go to one file
+  progress("wrote %s", escape(path_).c_str());
+}
+
+namespace {
+
+// The length of the valid UTF-8 sequence at s[i] (a lead byte >= 0x80), or
+// 0 when it is not one (as the library's checkpoint messages judge it).
+size_t utf8_len(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char c = b(i);
+  size_t n;
+  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+  return n;
+}
+
+// C1 control characters (U+0080..U+009F) are two bytes, C2 80..C2 9F.
+bool is_c1(const std::string& s, size_t i, size_t n) {
+  return n == 2 && static_cast<unsigned char>(s[i]) == 0xC2 &&
+         static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+}
+
+// Appends the escaped form of s[i..] (at most `max` input bytes); returns
+// the input bytes used.
+size_t escape_into(const std::string& s, size_t max, std::string& out) {
+  size_t i = 0;
+  while (i < s.size() && i < max) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c >= 0x20 && c < 0x7F) {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (size_t n = c >= 0x80 ? utf8_len(s, i) : 0; n && !is_c1(s, i, n)) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += strf("\\x%02x", c);
+      ++i;
+    }
+  }
+  return i;
+}
+
+}  // namespace
+
+std::string escape(const std::string& s) {
+  std::string out;
+  escape_into(s, s.size(), out);
+  return out;
+}
+
+std::string quoted(const std::string& s, size_t max) {
+  std::string out = "\"";
+  size_t used = escape_into(s, max, out);
+  out += '"';
+  if (used < s.size()) out += strf("... (%zu bytes)", s.size());
+  return out;
 }
 
 std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
-    } else if (c < 0x20) {
+      ++i;
+    } else if (c < 0x20 || c == 0x7F) {
       out += strf("\\u%04x", c);
-    } else {
+      ++i;
+    } else if (c < 0x80) {
       out += static_cast<char>(c);
+      ++i;
+    } else if (size_t n = utf8_len(s, i)) {
+      if (is_c1(s, i, n))
+        out += strf("\\u%04x", static_cast<unsigned char>(s[i + 1]));
+      else
+        out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\\ufffd";  // not UTF-8: JSON cannot hold the byte
+      ++i;
     }
   }
   return out + "\"";
-}
-
-void progress(const char* fmt, ...) {
-  if (g_quiet) return;
-  va_list ap;
-  va_start(ap, fmt);
-  std::vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  std::fputc('\n', stderr);
 }
 
 void print_ring_stats(const lwo_ring_stats& s, bool timing) {

@@ -1,5 +1,6 @@
-// Shared pieces of the lwo program: error checks, owners of lwo handles and
-// CUDA resources, flag parsing, host-side fill and checksum, JSON output.
+// Shared pieces of the lwo program: the commands and their flags, error
+// checks, owners of lwo handles and CUDA resources, progress on stderr,
+// host-side fill and checksum, text escaping and JSON output.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,23 +17,41 @@
 
 namespace cli {
 
+// Exit status: 0 success, 1 a runtime failure, 2 a usage error.
+constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
-extern const char* const kUsage;
+
+// The deepest ring lwo_ring_create accepts (lwo_ring_config.depth, lwo.h).
+constexpr uint32_t kMaxDepth = 4096;
+// Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
+constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// The command being run ("run"), for messages: "lwo run: ...". Empty before
+// a command is chosen.
+extern std::string g_command;
+std::string prefix();  // "lwo run" or "lwo"
 
 // A reason to stop, already printed to stderr; main turns it into exit 1.
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// A bad command line, not yet printed; main prints it with the usage, exit 2.
+// A bad command line (or a pattern or name list the checkpoint refuses), not
+// yet printed: main prints "lwo CMD: <message>" and one hint line, exit 2.
+// The hint defaults to "run 'lwo CMD --help' for the flags".
 struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& message, std::string hint_line = {})
+      : std::runtime_error(message), hint(std::move(hint_line)) {}
+  std::string hint;
 };
+std::string default_hint();  // "run 'lwo run --help' for the flags"
 
-// Prints "lwo: <message>" to stderr and throws Failure.
+// Prints "lwo CMD: <message>" to stderr and throws Failure.
 [[noreturn]] void fail(const std::string& message);
+// The same with a second line, the hint.
+[[noreturn]] void fail(const std::string& message, const std::string& hint);
 
 // Stops with the call's text, the status name and the library's message.
 void check(lwo_status_t status, const char* call);
@@ -110,47 +129,154 @@ float elapsed_ms(const Event& a, const Event& b);  // both must have completed
 // resets the schedule for the next pass.
 void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums);
 
-// The CUDA device and the engine on it, or a one-line "no CUDA device" failure.
+// The CUDA device and the engine on it.
 struct Device {
   int ordinal = 0;
   cudaDeviceProp prop{};
   Engine engine;
 };
+// The engine on `ordinal`; without a usable GPU it stops with the library's
+// own message (no driver, no GPU, a GPU too old, a driver older than the
+// runtime) and a hint line (fail_no_device).
 void open_device(int ordinal, Device& device);
+// The same, but returns false with the library's message in *why when
+// lwo_engine_create says there is no device.
+bool try_open_device(int ordinal, Device& device, std::string* why);
+// The number of CUDA devices; with none, stops as open_device does.
+int device_count();
+[[noreturn]] void fail_no_device(const std::string& library_message);
 std::string describe(const Device& device);     // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
 std::string json_device(const Device& device);  // a JSON object
 
-// --- command line -----------------------------------------------------------
+// --- commands and flags ------------------------------------------------------
 
-uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uint64_t max);
-
-// One flag: "--name VALUE" or "--name=VALUE", or a switch that takes no value.
+// One flag: "--name VALUE" or "--name=VALUE", or a switch that takes no
+// value. Its help line is generated from `value` and `help`.
 struct Flag {
-  Flag(const char* flag, std::function<void(const std::string& value)> fn)
-      : name(flag), set(std::move(fn)) {}
-  Flag(const char* flag, std::function<void()> fn) : name(flag), on_set(std::move(fn)) {}
-  const char* name;
-  std::function<void(const std::string& value)> set;
-  std::function<void()> on_set;
+  std::string name;   // "--depth"
+  std::string value;  // the value's placeholder ("D"); empty for a switch
+  std::string help;   // "ring depth (device slots), 1..4096 (default 2)"
+  std::function<void(const std::string& value)> set;  // flags with a value
+  std::function<void()> on;                           // switches
+  // A flag this command no longer has: given the next argument (or the
+  // inline value), throws the UsageError that says where it went. Not listed.
+  std::function<void(const std::string& next)> moved;
+  bool hidden() const { return static_cast<bool>(moved); }
 };
-// A flag whose value is a whole number in [min, max], stored into `target`.
+
+Flag value_flag(const char* name, const char* value, std::string help,
+                std::function<void(const std::string&)> set);
+Flag switch_flag(const char* name, std::string help, std::function<void()> on);
+Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved);
+
+// A whole number in [min, max]: "--depth -1 is not in 1..4096".
+uint64_t parse_uint(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
+std::string range_text(uint64_t min, uint64_t max);  // "1..4096"
+
+// A flag whose value is a whole number in [min, max], stored into `target`;
+// the help reads "<what>, min..max (default <target's value now>)".
 template <class T>
-Flag uint_flag(const char* name, T& target, uint64_t min, uint64_t max) {
-  return Flag(name, [name, &target, min, max](const std::string& value) {
-    target = static_cast<T>(parse_uint(name, value, min, max));
+Flag uint_flag(const char* name, const char* value, T& target, uint64_t min, uint64_t max,
+               const std::string& what) {
+  std::string help = what + ", " + range_text(min, max) +
+                     strf(" (default %llu)", static_cast<unsigned long long>(target));
+  return value_flag(name, value, help, [name, &target, min, max](const std::string& v) {
+    target = static_cast<T>(parse_uint(name, v, min, max));
   });
 }
 
-// Applies argv[first..argc) to the flags. Returns false if --help/-h was given.
-bool parse_flags(int argc, char** argv, int first, const std::vector<Flag>& flags);
+// The flags several commands share: one name, one range, one wording.
+Flag device_flag(int& device);
+Flag depth_flag(uint32_t& depth);  // 1..kMaxDepth
+Flag layers_flag(uint32_t& layers);
+Flag rows_flag(int64_t& rows);
+Flag cols_flag(int64_t& cols);
+Flag tokens_flag(int64_t& tokens);
+Flag passes_flag(uint32_t& passes);
+Flag steps_flag(uint32_t& steps);
+Flag grad_depth_flag(uint32_t& grad_depth);
+Flag seed_flag(uint64_t& seed);
+Flag timing_flag(bool& timing);
+Flag json_flag(std::string& path);
+Flag quiet_flag();
+// --dtype: one of `allowed` (lwo dtypes), default `dtype`.
+Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
+std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
+// Checkpoint mapping: --pattern P (repeatable) and --names FILE.
+struct CkptSpec;
+Flag pattern_flag(CkptSpec& spec);
+Flag names_flag(CkptSpec& spec);
+
+// One subcommand of lwo.
+struct Command {
+  const char* name;      // "stream"
+  const char* operands;  // "FILE...", or "" when it takes none
+  const char* summary;   // one line of `lwo help`
+  const char* about;     // what it does, for `lwo help COMMAND` (lines end in \n)
+  // Its flags, bound to a throwaway: for help, and to say which command has
+  // a flag given to another.
+  std::vector<Flag> (*flags)();
+  int (*main)(int argc, char** argv);  // argv[1] is the command's name
+};
+extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
+    kShardCommand;
+const std::vector<const Command*>& commands();  // in `lwo help` order
+const Command* find_command(const std::string& name);
+void print_command_help(const Command& c, std::FILE* out);
+void print_overview(std::FILE* out);
+
+// Applies argv[2..argc) to `flags`. Arguments that are not flags (and all
+// after "--") go to *operands, or are an error when operands is NULL. A
+// later value of the same flag replaces an earlier one (--pattern adds).
+// Returns false (having applied nothing) when --help or -h is among them.
+bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
+                 std::vector<std::string>* operands = nullptr);
 
 // A byte count: a whole number with an optional K, M or G suffix (powers of
 // 1024; KiB, MiB, GiB also accepted).
-uint64_t parse_size(const char* flag, const std::string& text, uint64_t min, uint64_t max);
-std::vector<uint64_t> parse_size_list(const char* flag, const std::string& text, uint64_t min,
-                                      uint64_t max);
-std::string parse_path(const char* flag, const std::string& text);  // non-empty
-lwo_dtype_t parse_dtype(const char* flag, const std::string& text);
+uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
+std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
+                                      uint64_t min, uint64_t max);
+std::string parse_path(const std::string& flag, const std::string& text);  // non-empty
+
+// --- progress on stderr -----------------------------------------------------
+//
+// Results go to stdout; progress to stderr. On a terminal (stderr is a tty
+// and TERM is not "dumb") the phase running now shows a bar, redrawn in
+// place and cleared when the phase ends, and each phase leaves one line.
+// Elsewhere only those lines. --quiet: nothing (results still print).
+
+extern bool g_quiet;
+// One line, printed whole (above the bar, if one is showing). Any thread.
+void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+bool progress_on_terminal();  // bars are drawn
+void progress_clear();         // clears the bar now
+// Writes `text` to stderr whole, the bar cleared first; not silenced by
+// --quiet (for errors). Any thread.
+void print_stderr(const std::string& text);
+
+// One phase of long work: pool creation and fill, passes, steps.
+class Phase {
+ public:
+  // `total` units of work; 0 when unknown (the bar then shows the time
+  // only). With `bytes`, units are bytes and shown as such.
+  explicit Phase(std::string label, uint64_t total = 0, bool bytes = false);
+  ~Phase();  // clears the bar if done() was not called (a failure)
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+  void set(uint64_t done, const std::string& detail = {});  // any thread
+  void add(uint64_t n);                                      // any thread
+  // Ends the phase: clears the bar, prints "<label>: <text>" (both modes).
+  void done(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  // Ends the phase without a line.
+  void end();
+  double seconds() const;  // since the phase began
+
+  struct State;  // tools/progress.cc
+
+ private:
+  State* s_;
+};
 
 // --- host work over all cores ----------------------------------------------
 
@@ -167,14 +293,16 @@ inline uint64_t mix64(uint64_t z) {
 }
 
 // Fills each (pointer, bytes) range with pseudo-random bytes from all cores.
-// The bytes depend only on the seed and the range's index and size.
+// The bytes depend only on the seed and the range's index and size. Adds the
+// bytes written to `phase` as it goes (may be NULL).
 struct HostRange {
   void* data;
   uint64_t bytes;
 };
-void fill_random(const std::vector<HostRange>& ranges, uint64_t seed);
-// lwo::kernels::checksum_host of each range, computed from all cores.
-std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges);
+void fill_random(const std::vector<HostRange>& ranges, uint64_t seed, Phase* phase = nullptr);
+// lwo::kernels::checksum_host of each range, computed from all cores; adds
+// each range's bytes to `phase` when it is done (may be NULL).
+std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, Phase* phase = nullptr);
 
 // Raw pinned-copy peaks, GB/s of the best of kPeakRepeats rounds (after one
 // untimed copy); *best_ms is that round's time.
@@ -197,8 +325,16 @@ double seconds_since(double start);
 double now_seconds();  // monotonic
 double median(std::vector<double> v);
 
+// Text from a file or the command line made safe for a terminal, as the
+// library's checkpoint messages quote it: '"' and '\' get a backslash,
+// control characters (C0, DEL, C1) and bytes that are not valid UTF-8 become
+// \xNN; printable ASCII and valid UTF-8 stay. escape() adds no quotes;
+// quoted() adds them and cuts after `max` bytes ("..." (N bytes)).
+std::string escape(const std::string& s);
+std::string quoted(const std::string& s, size_t max = 160);
+
 // A JSON file opened before the work starts (so a bad path fails early) and
-// removed again unless commit() is called.
+// removed again unless commit() is called (only when it is a regular file).
 class JsonFile {
  public:
   JsonFile() = default;
@@ -213,12 +349,11 @@ class JsonFile {
  private:
   std::FILE* f_ = nullptr;
   std::string path_;
+  bool regular_ = false;
 };
-std::string json_string(const std::string& s);  // quoted and escaped
-
-// Progress lines go to stderr unless quiet.
-extern bool g_quiet;
-void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Quoted and escaped for JSON: always valid JSON (control characters as
+// \u00XX, bytes that are not valid UTF-8 as U+FFFD).
+std::string json_string(const std::string& s);
 
 // --- checkpoints (tools/checkpoint.cc) -------------------------------------
 
@@ -232,6 +367,27 @@ struct CkptTensor {
   uint64_t bytes = 0;
   uint64_t offset = 0;  // of the first byte, in its file
   uint32_t file = 0;    // index of the shard
+  std::string lwo_dtype() const;  // "bf16", or "BF16?" when lwo has no such dtype
+};
+
+// One file of a checkpoint (lwo_checkpoint_file_info).
+struct CkptFile {
+  std::string path;  // as opened
+  std::string name;  // its last component
+  uint64_t bytes = 0;
+  uint32_t n_tensors = 0;
+};
+
+// One "__metadata__" entry (lwo_checkpoint_metadata).
+struct CkptMeta {
+  uint32_t file = 0;
+  std::string key, value;
+};
+
+// How tensors become layers, as the command line says.
+struct CkptSpec {
+  std::vector<std::string> patterns;  // --pattern, in order
+  std::string names_file;             // --names
 };
 
 // The patterns tried, in order, when none is given.
@@ -239,47 +395,49 @@ extern const char* const kDefaultPatterns[];
 extern const size_t kNumDefaultPatterns;
 std::string default_patterns_text();  // "model.layers.{i}.", "blocks.{i}.", ...
 
-// Tensors mapped to layers by a pattern, as the library maps them.
+// Tensors mapped to layers, as the library maps them.
 struct CkptMap {
-  std::string pattern;       // empty when no default pattern maps any tensor
-  bool is_default = false;   // picked from kDefaultPatterns, not given
-  std::vector<std::vector<uint32_t>> layers;  // tensor indices, in file order
-  std::vector<uint32_t> unmatched;            // tensor indices, in file order
+  std::vector<std::string> patterns;           // used; empty with names
+  bool is_default = false;                     // a default pattern, picked
+  std::string names_file;                      // with names
+  std::vector<std::vector<std::string>> names;  // from names_file, per layer
+  std::vector<std::vector<uint32_t>> layers;   // tensor indices, in file order
+  std::vector<uint32_t> unmatched;             // tensor indices, in file order
+  std::vector<uint32_t> gaps;                  // layers without tensors
+  // "the pattern \"blocks.{i}.\"", "the patterns ...", "the names in F".
+  std::string describe() const;
+  // Storage the config points into.
+  std::vector<const char*> pattern_ptrs, name_ptrs;
+  std::vector<uint32_t> n_names;
 };
 
-// Opens `path` (needs no GPU); a bad file stops with the status and the
-// library's message.
+// Opens `path` (needs no GPU); a bad file stops with the library's message
+// and status. The library refuses anything that is not a regular file
+// without blocking; nothing here touches the path first.
 void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
 std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
-// Maps the tensors by `pattern`, or by the first default pattern that maps
-// any tensor when `pattern` is empty. Returns false (and an empty map) if no
-// default pattern maps any tensor. A pattern the library rejects (no "{i}",
-// nothing matched, a missing layer index) stops with its message. The layers
-// are checked against the library: the same tensors are left unmatched.
+std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint);
+std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
+// Reads --names FILE: one layer per line, its tensors' full names separated
+// by blanks; blank lines and lines whose first non-blank is '#' are skipped.
+// Refuses anything that is not a regular file without blocking.
+std::vector<std::vector<std::string>> read_names_file(const std::string& path);
+// Maps the tensors by `spec` (patterns, or names), or by the first default
+// pattern that maps any tensor when it gives neither. Returns false (and an
+// empty map) if no default pattern maps any tensor. `flags` may hold
+// LWO_CHECKPOINT_ALLOW_GAPS (gaps are then listed in map->gaps). A mapping
+// the library refuses (no "{i}", nothing matched, a missing layer index or
+// name) is a usage error with the library's message and `hint`.
 bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& tensors,
-                    const std::string& pattern, CkptMap* map);
+                    const CkptSpec& spec, uint32_t flags, const std::string& hint, CkptMap* map);
 // The config lwo_pool_create_from_checkpoint needs for `map` (which must
-// outlive it).
-lwo_checkpoint_pool_config checkpoint_pool_config(const CkptMap& map, uint32_t flags);
+// outlive it and not move).
+lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags);
+// {"names_file": ..., "patterns": [...], "pattern_source": "default" | "given"}
+std::string json_mapping(const CkptMap& map);
 std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
 uint64_t align_up(uint64_t v, uint64_t a);
-
-int cmd_probe(int argc, char** argv);
-int cmd_run(int argc, char** argv);
-// lwo run --train / --frozen (tools/train.cc). run_wants_train tells cmd_run
-// to hand over; it throws UsageError for a training flag without --train.
-bool run_wants_train(int argc, char** argv);
-int cmd_train(int argc, char** argv);
-// lwo run --weights FILE (tools/run_weights.cc): streams a safetensors
-// checkpoint. run_wants_weights tells cmd_run to hand over; it throws
-// UsageError for a flag that does not apply (a synthetic-model or training
-// flag with --weights, a checkpoint flag without it).
-bool run_wants_weights(int argc, char** argv);
-int cmd_run_weights(int argc, char** argv);
-// lwo info FILE (tools/info.cc): a checkpoint's tensors, layers and ring size.
-int cmd_info(int argc, char** argv);
-// lwo shard (tools/shard.cc): host weights sharded across the GPUs of this
-// machine, one NCCL rank (thread) per GPU; bandwidth against the rank count.
-int cmd_shard(int argc, char** argv);
+// "3, 7..9, 12": ascending indices, runs folded.
+std::string index_list(const std::vector<uint32_t>& v);
 
 }  // namespace cli

@@ -1,6 +1,8 @@
-// lwo info: what a safetensors checkpoint holds (every tensor), the layers a
-// name pattern maps it to, bytes per layer, and the device memory a ring over
-// it needs. Works without a CUDA device (the ring size is then estimated).
+// lwo info FILE: what a safetensors checkpoint holds (its files, metadata and
+// every tensor), the layers name patterns or a names file map it to, bytes
+// per layer, the layer indices no tensor has (gaps), and the device memory a
+// ring over it needs. Works without a CUDA device (the ring size is then
+// estimated).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -11,8 +13,8 @@ namespace cli {
 namespace {
 
 struct Options {
-  std::string path;
-  std::string pattern;
+  std::vector<std::string> paths;
+  CkptSpec spec;
   uint32_t depth = 2;
   int device = 0;
   bool device_given = false;
@@ -20,48 +22,31 @@ struct Options {
   std::string json;
 };
 
-// Flags of lwo info that take a value (so that a value is never taken for
-// the file name).
-const char* const kValueFlags[] = {"--pattern", "--depth", "--json", "--device"};
-
-Options parse_options(int argc, char** argv, bool* help) {
-  Options o;
-  // The one argument that is not a flag (nor a flag's value) is the file.
-  std::vector<char*> rest = {argv[0], argv[1]};
-  std::vector<std::string> files;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.empty() || arg[0] != '-') {
-      files.push_back(arg);
-      continue;
-    }
-    rest.push_back(argv[i]);
-    if (arg.find('=') == std::string::npos)
-      for (const char* f : kValueFlags)
-        if (arg == f && i + 1 < argc) rest.push_back(argv[++i]);
-  }
-  const std::vector<Flag> flags = {
-      {"--pattern",
-       [&](const std::string& v) {
-         if (v.empty()) throw UsageError("--pattern needs a pattern such as \"blocks.{i}.\"");
-         o.pattern = v;
-       }},
-      uint_flag("--depth", o.depth, 1, 4096),
-      {"--device",
-       [&](const std::string& v) {
-         o.device = static_cast<int>(parse_uint("--device", v, 0, 1023));
-         o.device_given = true;
-       }},
-      {"--estimate", [&] { o.estimate = true; }},
-      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
-      {"--quiet", [] { g_quiet = true; }},
+std::vector<Flag> make_flags(Options& o) {
+  Flag device = device_flag(o.device);
+  device.set = [&o](const std::string& v) {
+    o.device = static_cast<int>(parse_uint("--device", v, 0, 1023));
+    o.device_given = true;
   };
-  *help = !parse_flags(static_cast<int>(rest.size()), rest.data(), 2, flags);
-  if (*help) return o;
-  if (files.empty()) throw UsageError("lwo info needs a checkpoint file (.safetensors or .json)");
-  if (files.size() > 1) throw UsageError(strf("unexpected argument '%s'", files[1].c_str()));
-  o.path = files[0];
-  return o;
+  device.help += "; without it the first device is used if there is one";
+  Flag depth = depth_flag(o.depth);
+  depth.help = "ring depth (device slots) for the memory figure" +
+               depth.help.substr(depth.help.find(','));
+  return {
+      pattern_flag(o.spec),
+      names_flag(o.spec),
+      depth,
+      switch_flag("--estimate", "estimate the ring's memory even when a CUDA device is present",
+                  [&o] { o.estimate = true; }),
+      device,
+      json_flag(o.json),
+      quiet_flag(),
+  };
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  return make_flags(o);
 }
 
 struct LayerRow {
@@ -70,11 +55,14 @@ struct LayerRow {
   uint64_t record_bytes = 0;  // the pool's record (0 without a pool)
   uint64_t estimate = 0;      // tensors rounded up to LWO_RECORD_ALIGN each
   std::string not_streamable; // a tensor lwo has no dtype for, if any
+  bool gap() const { return n_tensors == 0; }
 };
 
 struct Report {
+  std::string path;
+  std::vector<CkptFile> files;
+  std::vector<CkptMeta> metadata;
   std::vector<CkptTensor> tensors;
-  uint32_t n_files = 0;
   uint64_t tensor_bytes = 0;
   bool mapped = false;
   CkptMap map;
@@ -83,69 +71,124 @@ struct Report {
   // The ring.
   bool exact = false;          // from a pool on a device
   std::string estimate_reason; // why estimated
+  std::string no_gpu;          // the library's message, when there is no GPU
   uint64_t slot_bytes = 0;
   uint64_t pool_total = 0;     // sum of records (exact only)
 };
 
+// Columns `s` takes on a terminal: one per code point (escape() leaves only
+// printable ASCII and valid UTF-8).
+size_t width(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+std::string pad(const std::string& s, size_t w) {
+  return s + std::string(w > width(s) ? w - width(s) : 0, ' ');
+}
+
 void print_report(const Options& o, const Report& r, const Device* dev) {
-  std::printf("checkpoint %s: %u file%s, %zu tensor%s, %s of tensor data\n", o.path.c_str(),
-              r.n_files, r.n_files == 1 ? "" : "s", r.tensors.size(),
-              r.tensors.size() == 1 ? "" : "s", fmt_bytes(r.tensor_bytes).c_str());
-  // The tensor table, its name and shape columns as wide as their longest.
-  size_t wname = 4, wshape = 5, wdtype = 5;
-  std::vector<std::string> shapes;
-  for (const CkptTensor& t : r.tensors) {
-    shapes.push_back(shape_text(t));
-    wname = std::max(wname, t.name.size());
-    wshape = std::max(wshape, shapes.back().size());
-    wdtype = std::max(wdtype, t.dtype_name.size());
+  const bool several = r.files.size() > 1;
+  std::printf("checkpoint %s: %zu file%s, %zu tensor%s, %s of tensor data\n",
+              escape(r.path).c_str(), r.files.size(), r.files.size() == 1 ? "" : "s",
+              r.tensors.size(), r.tensors.size() == 1 ? "" : "s",
+              fmt_bytes(r.tensor_bytes).c_str());
+
+  // The files, and their metadata.
+  std::printf("\n%4s  %7s  %14s  %s\n", "file", "tensors", "bytes", "path");
+  for (size_t f = 0; f < r.files.size(); ++f)
+    std::printf("%4zu  %7u  %14llu  %s\n", f, r.files[f].n_tensors,
+                static_cast<unsigned long long>(r.files[f].bytes),
+                escape(r.files[f].path).c_str());
+  if (r.metadata.empty()) {
+    std::printf("\nmetadata   none\n");
+  } else {
+    std::printf("\nmetadata   %zu entr%s (__metadata__)\n", r.metadata.size(),
+                r.metadata.size() == 1 ? "y" : "ies");
+    for (const CkptMeta& m : r.metadata) {
+      std::printf("           %s = %s", escape(m.key).c_str(), quoted(m.value).c_str());
+      if (several) std::printf("  (%s)", escape(r.files[m.file].name).c_str());
+      std::printf("\n");
+    }
   }
-  std::printf("\n%6s  %-*s  %-*s  %-*s  %14s  %4s  %14s\n", "tensor", static_cast<int>(wname),
-              "name", static_cast<int>(wdtype), "dtype", static_cast<int>(wshape), "shape",
-              "bytes", "file", "offset");
+
+  // The tensor table, its columns as wide as their longest entry.
+  std::vector<std::string> names, shapes, dtypes, files;
+  size_t wname = 4, wshape = 5, wdtype = 5, wfile = 4;
+  for (const CkptTensor& t : r.tensors) {
+    names.push_back(escape(t.name));
+    shapes.push_back(shape_text(t));
+    dtypes.push_back(t.lwo_dtype());
+    files.push_back(several ? escape(r.files[t.file].name) : "");
+    wname = std::max(wname, width(names.back()));
+    wshape = std::max(wshape, shapes.back().size());
+    wdtype = std::max(wdtype, dtypes.back().size());
+    wfile = std::max(wfile, width(files.back()));
+  }
+  std::printf("\n%6s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname), "name",
+              static_cast<int>(wdtype), "dtype", static_cast<int>(wshape), "shape", "bytes");
+  if (several) std::printf("  %-*s", static_cast<int>(wfile), "file");
+  std::printf("  %14s\n", "offset");
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const CkptTensor& t = r.tensors[i];
-    std::printf("%6zu  %-*s  %-*s  %-*s  %14llu  %4u  %14llu%s\n", i, static_cast<int>(wname),
-                t.name.c_str(), static_cast<int>(wdtype), t.dtype_name.c_str(),
-                static_cast<int>(wshape), shapes[i].c_str(),
-                static_cast<unsigned long long>(t.bytes), t.file,
-                static_cast<unsigned long long>(t.offset),
-                t.dtype < 0 ? "  (lwo cannot stream this dtype)" : "");
+    std::printf("%6zu  %s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
+                static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wshape),
+                shapes[i].c_str(), static_cast<unsigned long long>(t.bytes));
+    if (several) std::printf("  %s", pad(files[i], wfile).c_str());
+    std::printf("  %14llu%s\n", static_cast<unsigned long long>(t.offset),
+                t.dtype < 0 ? "  (not an lwo dtype: cannot be streamed)" : "");
   }
 
   std::printf("\n");
   if (!r.mapped) {
     std::printf(
-        "layers     none: no default pattern (%s) maps any tensor; give one with --pattern\n",
+        "layers     none: no default pattern (%s) maps any tensor; give --pattern or --names\n",
         default_patterns_text().c_str());
     return;
   }
-  size_t matched = r.tensors.size() - r.map.unmatched.size();
-  std::printf("layers     %zu, by the pattern \"%s\"%s: %zu tensor%s in layers, %zu unmatched\n",
-              r.layers.size(), r.map.pattern.c_str(),
-              r.map.is_default ? " (the first default that maps a tensor)" : " (--pattern)",
+  const size_t matched = r.tensors.size() - r.map.unmatched.size();
+  std::printf("layers     %zu by %s%s: %zu tensor%s in layers, %zu unmatched", r.layers.size(),
+              r.map.describe().c_str(),
+              r.map.is_default || !r.map.names_file.empty() ? ""
+              : r.map.patterns.size() == 1                  ? " (--pattern)"
+                                                            : " (--pattern, in order)",
               matched, matched == 1 ? "" : "s", r.map.unmatched.size());
+  if (!r.map.gaps.empty())
+    std::printf(", %zu gap%s", r.map.gaps.size(), r.map.gaps.size() == 1 ? "" : "s");
+  std::printf("\n");
   if (r.exact)
     std::printf("\n%6s  %7s  %14s  %10s  %14s\n", "layer", "tensors", "bytes", "", "record bytes");
   else
     std::printf("\n%6s  %7s  %14s\n", "layer", "tensors", "bytes");
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerRow& row = r.layers[l];
+    if (row.gap()) {
+      std::printf("%6zu  %7s  %14s  gap: no tensor has this layer index\n", l, "-", "-");
+      continue;
+    }
     std::printf("%6zu  %7u  %14llu  %10s", l, row.n_tensors,
                 static_cast<unsigned long long>(row.bytes), fmt_bytes(row.bytes).c_str());
     if (r.exact) std::printf("  %14llu", static_cast<unsigned long long>(row.record_bytes));
     if (!row.not_streamable.empty())
-      std::printf("  (\"%s\" has a dtype lwo cannot stream)", row.not_streamable.c_str());
+      std::printf("  (%s has a dtype lwo cannot stream)", quoted(row.not_streamable).c_str());
     std::printf("\n");
   }
+  if (!r.map.gaps.empty())
+    std::printf(
+        "\ngaps       layer%s %s: no tensor has %s index; lwo stream refuses a mapping with "
+        "gaps\n",
+        r.map.gaps.size() == 1 ? "" : "s", index_list(r.map.gaps).c_str(),
+        r.map.gaps.size() == 1 ? "its" : "their");
   std::printf("\nunmatched  %zu tensor%s%s\n", r.map.unmatched.size(),
               r.map.unmatched.size() == 1 ? "" : "s", r.map.unmatched.empty() ? "" : ":");
   for (uint32_t i : r.map.unmatched)
-    std::printf("             %s (%s)\n", r.tensors[i].name.c_str(),
+    std::printf("             %s (%s)\n", escape(r.tensors[i].name).c_str(),
                 fmt_bytes(r.tensors[i].bytes).c_str());
-  std::printf("per layer  min %s, max %s, total %s (%llu bytes)\n", fmt_bytes(r.min_layer).c_str(),
-              fmt_bytes(r.max_layer).c_str(), fmt_bytes(r.total_layers).c_str(),
-              static_cast<unsigned long long>(r.total_layers));
+  std::printf("per layer  min %s, max %s, total %s (%llu bytes)%s\n",
+              fmt_bytes(r.min_layer).c_str(), fmt_bytes(r.max_layer).c_str(),
+              fmt_bytes(r.total_layers).c_str(), static_cast<unsigned long long>(r.total_layers),
+              r.map.gaps.empty() ? "" : " (gaps left out)");
   std::printf("ring       depth %u: %u x %s = %s of device memory (%llu bytes)\n", o.depth,
               o.depth, fmt_bytes(r.slot_bytes).c_str(), fmt_bytes(r.slot_bytes * o.depth).c_str(),
               static_cast<unsigned long long>(r.slot_bytes * o.depth));
@@ -157,11 +200,12 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
     std::printf(
         "           estimated (%s): the largest layer's tensors, each rounded up to %d bytes\n",
         r.estimate_reason.c_str(), LWO_RECORD_ALIGN);
+    if (!r.no_gpu.empty()) std::printf("           (%s)\n", r.no_gpu.c_str());
   }
   for (const LayerRow& row : r.layers)
     if (!row.not_streamable.empty()) {
       std::printf(
-          "note       some layers hold tensors whose dtype lwo cannot stream: lwo run --weights "
+          "note       some layers hold tensors whose dtype lwo does not know: lwo stream "
           "would fail (LWO_ERR_BAD_DTYPE)\n");
       break;
     }
@@ -170,14 +214,27 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
 void write_json(std::FILE* j, const Options& o, const Report& r, const Device* dev) {
   std::fprintf(j,
                "{\n  \"tool\": \"lwo\",\n  \"command\": \"info\",\n  \"version\": \"%s\",\n"
-               "  \"path\": %s,\n  \"files\": %u,\n  \"tensor_bytes\": %llu,\n  \"tensors\": [",
-               version_text().c_str(), json_string(o.path).c_str(), r.n_files,
-               static_cast<unsigned long long>(r.tensor_bytes));
+               "  \"path\": %s,\n  \"files\": [",
+               version_text().c_str(), json_string(r.path).c_str());
+  for (size_t f = 0; f < r.files.size(); ++f)
+    std::fprintf(j, "%s\n    {\"file\": %zu, \"path\": %s, \"bytes\": %llu, \"tensors\": %u}",
+                 f ? "," : "", f, json_string(r.files[f].path).c_str(),
+                 static_cast<unsigned long long>(r.files[f].bytes), r.files[f].n_tensors);
+  std::fprintf(j, "\n  ],\n  \"metadata\": [");
+  for (size_t m = 0; m < r.metadata.size(); ++m)
+    std::fprintf(j, "%s\n    {\"file\": %u, \"key\": %s, \"value\": %s}", m ? "," : "",
+                 r.metadata[m].file, json_string(r.metadata[m].key).c_str(),
+                 json_string(r.metadata[m].value).c_str());
+  std::fprintf(j, "%s],\n  \"tensor_bytes\": %llu,\n  \"tensors\": [",
+               r.metadata.empty() ? "" : "\n  ", static_cast<unsigned long long>(r.tensor_bytes));
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const CkptTensor& t = r.tensors[i];
-    std::fprintf(j, "%s\n    {\"name\": %s, \"dtype\": %s, \"streamable\": %s, \"shape\": [",
-                 i ? "," : "", json_string(t.name).c_str(), json_string(t.dtype_name).c_str(),
-                 t.dtype >= 0 ? "true" : "false");
+    std::fprintf(j,
+                 "%s\n    {\"name\": %s, \"dtype\": %s, \"file_dtype\": %s, \"streamable\": %s, "
+                 "\"shape\": [",
+                 i ? "," : "", json_string(t.name).c_str(),
+                 t.dtype >= 0 ? json_string(t.lwo_dtype()).c_str() : "null",
+                 json_string(t.dtype_name).c_str(), t.dtype >= 0 ? "true" : "false");
     for (size_t d = 0; d < t.shape.size(); ++d)
       std::fprintf(j, "%s%lld", d ? ", " : "", static_cast<long long>(t.shape[d]));
     std::fprintf(j, "], \"n_dims\": %d, \"bytes\": %llu, \"file\": %u, \"offset\": %llu}",
@@ -186,20 +243,23 @@ void write_json(std::FILE* j, const Options& o, const Report& r, const Device* d
   }
   std::fprintf(j, "\n  ]");
   if (!r.mapped) {
-    std::fprintf(j, ",\n  \"pattern\": null,\n  \"layers\": []\n}\n");
+    std::fprintf(j, ",\n  \"mapping\": null,\n  \"layers\": [],\n  \"gaps\": []\n}\n");
     return;
   }
-  std::fprintf(j, ",\n  \"pattern\": %s,\n  \"pattern_source\": \"%s\",\n  \"layers\": [",
-               json_string(r.map.pattern).c_str(), r.map.is_default ? "default" : "given");
+  std::fprintf(j, ",\n  \"mapping\": %s,\n  \"layers\": [", json_mapping(r.map).c_str());
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerRow& row = r.layers[l];
-    std::fprintf(j, "%s\n    {\"layer\": %zu, \"tensors\": %u, \"bytes\": %llu", l ? "," : "", l,
-                 row.n_tensors, static_cast<unsigned long long>(row.bytes));
+    std::fprintf(j, "%s\n    {\"layer\": %zu, \"tensors\": %u, \"bytes\": %llu, \"gap\": %s",
+                 l ? "," : "", l, row.n_tensors, static_cast<unsigned long long>(row.bytes),
+                 row.gap() ? "true" : "false");
     if (r.exact)
       std::fprintf(j, ", \"record_bytes\": %llu", static_cast<unsigned long long>(row.record_bytes));
     std::fprintf(j, ", \"streamable\": %s}", row.not_streamable.empty() ? "true" : "false");
   }
-  std::fprintf(j, "\n  ],\n  \"unmatched\": [");
+  std::fprintf(j, "\n  ],\n  \"gaps\": [");
+  for (size_t i = 0; i < r.map.gaps.size(); ++i)
+    std::fprintf(j, "%s%u", i ? ", " : "", r.map.gaps[i]);
+  std::fprintf(j, "],\n  \"unmatched\": [");
   for (size_t i = 0; i < r.map.unmatched.size(); ++i)
     std::fprintf(j, "%s%s", i ? ", " : "", json_string(r.tensors[r.map.unmatched[i]].name).c_str());
   std::fprintf(j,
@@ -212,47 +272,59 @@ void write_json(std::FILE* j, const Options& o, const Report& r, const Device* d
                static_cast<unsigned long long>(r.slot_bytes),
                static_cast<unsigned long long>(r.slot_bytes * o.depth),
                r.exact ? "false" : "true");
-  if (!r.exact) std::fprintf(j, ", \"estimate_reason\": %s", json_string(r.estimate_reason).c_str());
+  if (!r.exact)
+    std::fprintf(j, ", \"estimate_reason\": %s",
+                 json_string(r.no_gpu.empty() ? r.estimate_reason
+                                              : r.estimate_reason + ": " + r.no_gpu)
+                     .c_str());
   std::fprintf(j, "},\n  \"device\": %s\n}\n", dev ? json_device(*dev).c_str() : "null");
-}
-
-// Whether a CUDA device can be used; else why not.
-bool have_device(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    *why = strf("no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return false;
-  }
-  return true;
 }
 
 }  // namespace
 
+int cmd_info(int argc, char** argv);
+
+const Command kInfoCommand = {
+    "info",
+    "FILE",
+    "a checkpoint's files, metadata, tensors, layers and gaps (no GPU needed)",
+    "Prints a safetensors checkpoint (a .safetensors file, or the shards of a\n"
+    "*.safetensors.index.json): its files, their __metadata__, every tensor (name,\n"
+    "lwo dtype, shape, bytes, file, offset), the layers the patterns or names map\n"
+    "the tensors to (tensors and bytes per layer), the layer indices no tensor has\n"
+    "(gaps: listed, not refused), the unmatched tensors, and the device memory a\n"
+    "ring of depth D needs: D x the largest record, from a pool on the device when\n"
+    "one is present, else estimated (each tensor rounded up to 256 bytes). Names\n"
+    "and metadata are shown with control characters escaped.\n",
+    help_flags,
+    cmd_info,
+};
+
 int cmd_info(int argc, char** argv) {
-  bool help = false;
-  const Options o = parse_options(argc, argv, &help);
-  if (help) {
-    std::fputs(kUsage, stdout);
+  Options o;
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
+    print_command_help(kInfoCommand, stdout);
     return 0;
   }
+  if (o.paths.empty())
+    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  if (o.paths.size() > 1)
+    throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
+                          quoted(o.paths[1]).c_str()));
   JsonFile json;
   if (!o.json.empty()) json.open(o.json);
 
   Report r;
+  r.path = parse_path("FILE", o.paths[0]);
   Checkpoint ck;
-  open_checkpoint(o.path, ck);
+  open_checkpoint(r.path, ck);
+  r.files = checkpoint_files(ck.get());
+  r.metadata = checkpoint_metadata(ck.get());
   r.tensors = checkpoint_tensors(ck.get());
-  // A .safetensors file is one file even without tensors; an index names
-  // its shards through its tensors.
-  const bool is_index = o.path.size() >= 5 && o.path.compare(o.path.size() - 5, 5, ".json") == 0;
-  r.n_files = is_index ? 0 : 1;
-  for (const CkptTensor& t : r.tensors) {
-    r.n_files = std::max(r.n_files, t.file + 1);
-    r.tensor_bytes += t.bytes;
-  }
-  r.mapped = map_checkpoint(ck.get(), r.tensors, o.pattern, &r.map);
+  for (const CkptTensor& t : r.tensors) r.tensor_bytes += t.bytes;
+  // Gaps are listed, not refused.
+  r.mapped = map_checkpoint(ck.get(), r.tensors, o.spec, LWO_CHECKPOINT_ALLOW_GAPS,
+                            "run 'lwo help info' for --pattern and --names", &r.map);
 
   Device dev;
   bool on_device = false;
@@ -270,11 +342,13 @@ int cmd_info(int argc, char** argv) {
         if (t.dtype < 0 && row.not_streamable.empty()) row.not_streamable = t.name;
       }
       streamable = streamable && row.not_streamable.empty();
+      r.slot_bytes = std::max(r.slot_bytes, row.estimate);
+      if (row.gap()) continue;
       r.min_layer = std::min(r.min_layer, row.bytes);
       r.max_layer = std::max(r.max_layer, row.bytes);
       r.total_layers += row.bytes;
-      r.slot_bytes = std::max(r.slot_bytes, row.estimate);
     }
+    if (r.min_layer == UINT64_MAX) r.min_layer = 0;
 
     // The exact slot size comes from a pool, which needs a device. The pool
     // is created staged: that registers nothing (no pinning of the file).
@@ -282,10 +356,16 @@ int cmd_info(int argc, char** argv) {
       r.estimate_reason = "--estimate";
     else if (!streamable)
       r.estimate_reason = "a layer holds a tensor lwo cannot stream, so no pool";
-    else if (o.device_given || have_device(&r.estimate_reason))
-      on_device = true;
-    if (on_device) {
+    else if (!r.map.gaps.empty())
+      r.estimate_reason = "the layers have gaps, so no pool";
+    else if (o.device_given) {
       open_device(o.device, dev);
+      on_device = true;
+    }
+    else if (!(on_device = try_open_device(o.device, dev, &r.no_gpu)))
+      r.estimate_reason = "no usable GPU";
+    if (on_device) {
+      Phase phase("pool");
       const lwo_checkpoint_pool_config config =
           checkpoint_pool_config(r.map, LWO_CHECKPOINT_STAGED);
       Pool pool;
@@ -294,14 +374,14 @@ int cmd_info(int argc, char** argv) {
       info.size = sizeof info;
       CHECK(lwo_pool_get_info(pool.get(), &info));
       if (info.n_layers != r.layers.size())
-        fail(strf("internal: the pool has %u layers, the pattern %zu; please report this",
+        fail(strf("internal: the pool has %u layers, the mapping %zu; please report this",
                   info.n_layers, r.layers.size()));
       for (uint32_t l = 0; l < info.n_layers; ++l) {
         CHECK(lwo_pool_record_bytes(pool.get(), l, &r.layers[l].record_bytes));
         uint32_t n = 0;
         CHECK(lwo_pool_layer_tensor_count(pool.get(), l, &n));
         if (n != r.layers[l].n_tensors)
-          fail(strf("internal: layer %u of the pool has %u tensors, of the pattern %u; please "
+          fail(strf("internal: layer %u of the pool has %u tensors, of the mapping %u; please "
                     "report this",
                     l, n, r.layers[l].n_tensors));
       }
@@ -309,6 +389,7 @@ int cmd_info(int argc, char** argv) {
       r.slot_bytes = info.max_record_bytes;
       r.pool_total = info.total_bytes;
       pool.destroy();
+      phase.end();
     }
   }
 

@@ -1,8 +1,9 @@
-// The lwo program: measures how fast host weights stream through a ring of
-// device slots (probe), streams a synthetic model or a safetensors checkpoint,
-// checking every byte (run, run --weights), trains a chain of linear layers
-// through the ring (run --train), streams host weights sharded across the
-// GPUs of one machine (shard), and describes a checkpoint (info).
+// The lwo program: subcommands that measure how fast host weights stream
+// through a ring of device slots (probe), stream a synthetic model (run) or
+// safetensors checkpoints (stream), checking every byte, train a chain of
+// linear layers through the ring (train), stream host weights sharded across
+// the GPUs of one machine (shard), and describe a checkpoint (info). This
+// file dispatches and prints the help; docs/CLI.md is the reference.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -12,151 +13,144 @@
 
 namespace cli {
 
-const char* const kUsage =
-    "usage: lwo <command> [flags]\n"
-    "\n"
-    "commands:\n"
-    "  probe      pinned copy bandwidth by size, and ring streaming bandwidth by\n"
-    "             ring depth and record size\n"
-    "  run        stream a synthetic model through a ring, time each pass against\n"
-    "             the pinned-copy peak and check every byte that arrives; with\n"
-    "             --weights, stream a safetensors checkpoint instead; with\n"
-    "             --train, train a chain of linear layers through the ring\n"
-    "  shard      shard the host weights across N GPUs (one NCCL rank each) and\n"
-    "             measure the link peaks, the all-gather, forward streaming and a\n"
-    "             training step against the number of ranks\n"
-    "  info       list a safetensors checkpoint's tensors, the layers they map to\n"
-    "             and the device memory a ring over them needs (no GPU needed)\n"
-    "  help       print this help (also --help, -h)\n"
-    "  version    print the library version (also --version)\n"
-    "\n"
-    "lwo probe [flags]\n"
-    "  --max-depth N    deepest ring measured, 1..64 (default 8)\n"
-    "  --sizes LIST     copy sizes, e.g. 256K,1M,1G (default 256K,1M,4M,16M,64M,256M,1G)\n"
-    "  --records LIST   ring record sizes (default 4M,16M,64M,256M)\n"
-    "\n"
-    "lwo run [flags]\n"
-    "  --layers N       layers of the model (default 32)\n"
-    "  --rows R         rows of each layer's tensor \"weight\" (default 8192)\n"
-    "  --cols C         columns of it (default 8192)\n"
-    "  --dtype T        bf16, f16, f32, f8_e4m3, f8_e5m2, i8 or u8 (default bf16)\n"
-    "  --depth D        ring depth (default 2)\n"
-    "  --passes P       timed passes, after one warm-up pass (default 5)\n"
-    "  --seed S         seed of the random weights (default 1)\n"
-    "  --timing         create the ring with LWO_RING_TIMING (copy and wait times)\n"
-    "\n"
-    "lwo run --weights FILE [flags]\n"
-    "  Streams the layers of a safetensors checkpoint (a .safetensors file, or\n"
-    "  the shards of a *.safetensors.index.json) through a ring, as lwo run\n"
-    "  does: checksums of every layer against the file's bytes, bandwidth\n"
-    "  against the pinned-copy peak of the same copy sizes. The file is mapped\n"
-    "  and registered for DMA in place (\"registered\" path; target >= 97% of\n"
-    "  the peak at depth >= 2); where that is refused, or with --staged, layers\n"
-    "  go through pinned staging buffers (\"staged\" path; its share is\n"
-    "  reported). Processes that stream the same file share its pages.\n"
-    "  --weights FILE   the checkpoint\n"
-    "  --pattern P      layer names: a prefix with one {i} for the layer index\n"
-    "                   (default: the first of \"model.layers.{i}.\", \"blocks.{i}.\",\n"
-    "                   \"layers.{i}.\", \"h.{i}.\", \"transformer.h.{i}.\" that maps\n"
-    "                   a tensor); tensors that match no layer are left out\n"
-    "  --staged         stream through pinned staging buffers, not the registered\n"
-    "                   file (LWO_CHECKPOINT_STAGED)\n"
-    "  --depth, --passes and --timing as for lwo run\n"
-    "\n"
-    "lwo run --train [flags]\n"
-    "  Trains a chain of square linear layers y = x W^T on random data: one\n"
-    "  schedule streams layers 0..L-1 forward, then L-1..0 backward; weight\n"
-    "  gradients go to f32 host buffers (lwo_grads). Each step is timed against\n"
-    "  max(resident compute, H2D bytes / H2D peak, D2H bytes / D2H peak), all\n"
-    "  measured in the same run, and the first timed step is checked bit for bit\n"
-    "  against the same computation with every weight resident on the device.\n"
-    "  --train          train (the flags below need it)\n"
-    "  --frozen         every layer frozen: input gradients only, no weight\n"
-    "                   gradients (implies --train)\n"
-    "  --tokens T       tokens per step (default 8192)\n"
-    "  --steps S        timed steps, after one warm-up step (default 5)\n"
-    "  --grad-depth G   gradient staging slots, 1..64 (default 2)\n"
-    "  --native-wire    gradients travel in the layer dtype, not f32\n"
-    "                   (LWO_GRADS_NATIVE_WIRE)\n"
-    "  --bias           each layer also has a tensor \"bias\" [rows]\n"
-    "  --layers, --rows, --cols, --depth, --seed and --timing as for lwo run;\n"
-    "  --rows must equal --cols; --dtype is bf16, f16 or f32 (default bf16)\n"
-    "\n"
-    "lwo shard [flags]\n"
-    "  Runs N ranks as threads of this process, rank r on GPU r, each with its\n"
-    "  own engine, NCCL communicator and a sharded pool holding 1/N of every\n"
-    "  layer (a chain of layers \"weight\" [rows x cols] bf16; rank r fills only\n"
-    "  its shard). Measures, in one run and per rank count: each GPU's pinned\n"
-    "  H2D peak of shard-sized copies, alone and with all GPUs at once; the\n"
-    "  in-place NCCL all-gather of one record; forward streaming through a ring\n"
-    "  (every slot checksummed against the records; bandwidth per GPU = layers\n"
-    "  x record bytes x passes / time, the slowest rank, and its ratio to the\n"
-    "  link peak); and a training step (forward, backward, weight gradients\n"
-    "  summed over the ranks into host shards, checked) against max(resident\n"
-    "  compute, H2D, D2H, collectives), each term measured in the same run.\n"
-    "  Sets NCCL_NVLS_ENABLE=0 unless it is set.\n"
-    "  --ranks N        ranks, 1..GPUs (default: every GPU)\n"
-    "  --ranks-list L   several rank counts in turn, e.g. 1,2 (each with its own\n"
-    "                   threads, engines and communicators)\n"
-    "  --layers N       layers of the model (default 32)\n"
-    "  --rows R         rows of each layer's tensor \"weight\" (default 8192)\n"
-    "  --cols C         columns of it (default 8192)\n"
-    "  --depth D        ring depth (default 2)\n"
-    "  --passes P       timed passes and training steps, after one warm-up each\n"
-    "                   (default 5)\n"
-    "  --tokens T       tokens per training step (default 8192)\n"
-    "  --grad-depth G   gradient staging slots, 1..64 (default 2)\n"
-    "  --no-train       skip the training step (it needs f32 gradient shards on\n"
-    "                   the host: twice the weights' host memory)\n"
-    "  --check-collectives  engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds\n"
-    "                   ranks whose collective calls differ)\n"
-    "  --seed S         seed of the records (the same bytes as lwo run --seed S)\n"
-    "  --json and --quiet as below (the JSON holds one result per rank count);\n"
-    "  --device does not apply: rank r runs on GPU r\n"
-    "\n"
-    "lwo info FILE [flags]\n"
-    "  Prints every tensor of a safetensors checkpoint (name, dtype, shape,\n"
-    "  bytes, file, offset), the layers a pattern maps them to (tensors and\n"
-    "  bytes per layer), the unmatched tensors, and the device memory a ring of\n"
-    "  depth D needs: D x the largest record, from a pool on the device when one\n"
-    "  is present, else estimated (each tensor rounded up to 256 bytes).\n"
-    "  --pattern P      as for lwo run --weights\n"
-    "  --depth D        ring depth for the memory figure (default 2)\n"
-    "  --estimate       estimate even when a CUDA device is present\n"
-    "\n"
-    "flags of all:\n"
-    "  --device N       CUDA device ordinal (default 0)\n"
-    "  --json FILE      also write the results as JSON to FILE\n"
-    "  --quiet          no progress lines on stderr\n"
-    "\n"
-    "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
-    "bandwidths are in GB/s (1e9 bytes/s). Exit status: 0 success, 1 failure\n"
-    "(no CUDA device, a failed call, a checksum or check mismatch), 2 bad command\n"
-    "line.\n";
+const std::vector<const Command*>& commands() {
+  static const std::vector<const Command*> all = {&kProbeCommand,  &kRunCommand,
+                                                  &kTrainCommand,  &kStreamCommand,
+                                                  &kInfoCommand,   &kShardCommand};
+  return all;
+}
+
+const Command* find_command(const std::string& name) {
+  for (const Command* c : commands())
+    if (name == c->name) return c;
+  return nullptr;
+}
+
+namespace {
+
+constexpr size_t kWidth = 79;     // columns of the help text
+constexpr size_t kFlagCol = 21;   // where a flag's help starts
+
+// `text` wrapped at kWidth, every line after the first indented by `indent`
+// (the first starts at column `at`).
+std::string wrap(const std::string& text, size_t at, size_t indent) {
+  std::string out, word;
+  size_t col = at;
+  bool line_empty = true;
+  auto flush = [&] {
+    if (word.empty()) return;
+    if (!line_empty && col + 1 + word.size() > kWidth) {
+      out += "\n" + std::string(indent, ' ');
+      col = indent;
+      line_empty = true;
+    }
+    if (!line_empty) {
+      out += ' ';
+      ++col;
+    }
+    out += word;
+    col += word.size();
+    line_empty = false;
+    word.clear();
+  };
+  for (char c : text) {
+    if (c == ' ') {
+      flush();
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+void print_command_help(const Command& c, std::FILE* out) {
+  std::fprintf(out, "usage: lwo %s%s%s [flags]\n\n", c.name, *c.operands ? " " : "", c.operands);
+  std::fputs(c.about, out);
+  std::fputs("\nflags:\n", out);
+  for (const Flag& f : c.flags()) {
+    if (f.hidden()) continue;
+    std::string head = "  " + f.name + (f.value.empty() ? "" : " " + f.value);
+    if (head.size() + 1 > kFlagCol) {
+      std::fprintf(out, "%s\n%s", head.c_str(), std::string(kFlagCol, ' ').c_str());
+    } else {
+      std::fprintf(out, "%-*s", static_cast<int>(kFlagCol), head.c_str());
+    }
+    std::fprintf(out, "%s\n", wrap(f.help, kFlagCol, kFlagCol).c_str());
+  }
+  std::fputs("  --help, -h         this help\n", out);
+}
+
+void print_overview(std::FILE* out) {
+  std::fprintf(out,
+               "lwo %s: streams model layers from host memory through a ring of GPU slots\n\n"
+               "usage: lwo COMMAND [flags]\n\ncommands:\n",
+               version_text().c_str());
+  for (const Command* c : commands()) {
+    std::string head = strf("  %s %s", c->name, c->operands);
+    std::fprintf(out, "%-18s%s\n", head.c_str(), wrap(c->summary, 18, 18).c_str());
+  }
+  std::fputs(
+      "  help [COMMAND]  this overview, or the flags of COMMAND (lwo COMMAND --help)\n"
+      "  version         the library version (also --version)\n"
+      "\n"
+      "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
+      "bandwidths are in GB/s (1e9 bytes/s). Results go to stdout; progress to\n"
+      "stderr: a bar on a terminal, else one line per phase; --quiet silences it.\n"
+      "--json FILE also writes the results of a command as JSON.\n"
+      "\n"
+      "exit status:\n"
+      "  0  success\n"
+      "  1  runtime failure: no usable GPU, a failed call, a checksum or check\n"
+      "     mismatch, a file that cannot be read\n"
+      "  2  usage error: a bad command, flag or value, or a pattern or name list\n"
+      "     that does not fit the checkpoint (one line, then a hint)\n"
+      "\n"
+      "The reference: docs/CLI.md\n",
+      out);
+}
 
 }  // namespace cli
 
 namespace {
 
 int dispatch(int argc, char** argv) {
-  if (argc < 2) {
-    std::fputs(cli::kUsage, stderr);
-    return cli::kExitUsage;
+  using cli::UsageError;
+  const std::string kOverviewHint = "run 'lwo help' for the commands";
+  if (argc < 2)
+    throw UsageError("a command is needed: probe, run, train, stream, info, shard, help or version",
+                     kOverviewHint);
+  const std::string cmd = argv[1];
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    cli::g_command = "help";
+    if (argc == 2) {
+      cli::print_overview(stdout);
+      return cli::kExitOk;
+    }
+    const cli::Command* c = cli::find_command(argv[2]);
+    if (!c)
+      throw UsageError(cli::strf("unknown command %s", cli::quoted(argv[2]).c_str()),
+                       kOverviewHint);
+    if (argc > 3)
+      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[3]).c_str()),
+                       kOverviewHint);
+    cli::print_command_help(*c, stdout);
+    return cli::kExitOk;
   }
-  const char* cmd = argv[1];
-  if (!std::strcmp(cmd, "help") || !std::strcmp(cmd, "--help") || !std::strcmp(cmd, "-h")) {
-    std::fputs(cli::kUsage, stdout);
-    return 0;
-  }
-  if (!std::strcmp(cmd, "version") || !std::strcmp(cmd, "--version")) {
+  if (cmd == "version" || cmd == "--version") {
+    cli::g_command = "version";
+    if (argc > 2)
+      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[2]).c_str()),
+                       kOverviewHint);
     std::printf("lwo %s\n", cli::version_text().c_str());
-    return 0;
+    return cli::kExitOk;
   }
-  if (!std::strcmp(cmd, "probe")) return cli::cmd_probe(argc, argv);
-  if (!std::strcmp(cmd, "run")) return cli::cmd_run(argc, argv);
-  if (!std::strcmp(cmd, "info")) return cli::cmd_info(argc, argv);
-  if (!std::strcmp(cmd, "shard")) return cli::cmd_shard(argc, argv);
-  throw cli::UsageError(cli::strf("unknown command '%s'", cmd));
+  const cli::Command* c = cli::find_command(cmd);
+  if (!c) throw UsageError(cli::strf("unknown command %s", cli::quoted(cmd).c_str()), kOverviewHint);
+  cli::g_command = c->name;
+  return c->main(argc, argv);
 }
 
 }  // namespace
@@ -166,15 +160,20 @@ int main(int argc, char** argv) {
   try {
     rc = dispatch(argc, argv);
   } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "lwo: %s\n\n%s", e.what(), cli::kUsage);
+    // One line and one hint line, whatever the message holds.
+    std::string message = e.what();
+    for (char& c : message)
+      if (c == '\n' || c == '\r') c = ' ';
+    cli::print_stderr(cli::strf("%s: %s\n%s\n", cli::prefix().c_str(), message.c_str(),
+                                e.hint.empty() ? cli::default_hint().c_str() : e.hint.c_str()));
     return cli::kExitUsage;
   } catch (const cli::Failure&) {
     rc = cli::kExitFailure;  // already printed
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "lwo: %s\n", e.what());
+    cli::print_stderr(cli::strf("%s: %s\n", cli::prefix().c_str(), e.what()));
     rc = cli::kExitFailure;
   } catch (...) {
-    std::fprintf(stderr, "lwo: unknown error\n");
+    cli::print_stderr(cli::strf("%s: unknown error\n", cli::prefix().c_str()));
     rc = cli::kExitFailure;
   }
   return cli::g_cleanup_failed && rc == 0 ? cli::kExitFailure : rc;

@@ -88,6 +88,7 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   PinnedMem host;
   DeviceMem dev;
   uint64_t fit = alloc_copy_buffers(sizes, host, dev);
+  Phase phase("copies", sizes.size());
   Stream stream = make_stream();
   Event a = make_event(), b = make_event();
   std::vector<CopyFigure> out;
@@ -105,11 +106,24 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
       f.d2h_best = *std::max_element(d2h.begin(), d2h.end());
       f.d2h_median = median(d2h);
       f.measured = true;
-      progress("copy %8s: H2D %6.2f GB/s, D2H %6.2f GB/s", fmt_bytes(bytes).c_str(), f.h2d_best,
-               f.d2h_best);
+      phase.set(out.size() + 1, strf("%s: H2D %.2f GB/s, D2H %.2f GB/s", fmt_bytes(bytes).c_str(),
+                                     f.h2d_best, f.d2h_best));
     }
     out.push_back(f);
   }
+  double peak = 0;
+  uint64_t peak_bytes = 0;
+  size_t measured = 0;
+  for (const CopyFigure& f : out)
+    if (f.measured) {
+      ++measured;
+      if (f.h2d_best > peak) {
+        peak = f.h2d_best;
+        peak_bytes = f.bytes;
+      }
+    }
+  phase.done("%zu of %zu sizes in %.1f s; peak H2D %.2f GB/s (%s copies)", measured, out.size(),
+             phase.seconds(), peak, fmt_bytes(peak_bytes).c_str());
   return out;
 }
 
@@ -178,8 +192,9 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
     f.layers = layers;
     out.push_back(f);
   }
+  Phase phase("ring " + fmt_bytes(record), o.max_depth);
   auto skip_all = [&](const std::string& why) {
-    progress("ring %s: skipped: %s", fmt_bytes(record).c_str(), why.c_str());
+    phase.done("skipped: %s", why.c_str());
     for (size_t i = first; i < out.size(); ++i) out[i].skipped = why;
   };
 
@@ -189,7 +204,6 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
   tensor.n_dims = 1;
   tensor.shape[0] = static_cast<int64_t>(record);
   std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1, nullptr});
-  double t0 = now_seconds();
   Pool pool;
   lwo_status_t s =
       lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
@@ -205,9 +219,7 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
   std::vector<uint64_t> expect = checksums(ranges);
   const uint32_t passes = static_cast<uint32_t>(std::max<uint64_t>(
       2, std::min((kStreamBytes + info.total_bytes - 1) / info.total_bytes, kMaxSteps / layers)));
-  progress("ring %s: pool of %u layers (%s) ready in %.2f s; %u passes per depth",
-           fmt_bytes(record).c_str(), layers, fmt_bytes(info.total_bytes).c_str(),
-           seconds_since(t0), passes);
+  const double pool_s = phase.seconds();
 
   DeviceMem sums = device_alloc(layers * sizeof(unsigned long long));
   Event a = make_event(), b = make_event();
@@ -222,14 +234,22 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
                    static_cast<unsigned long long*>(sums.get()), a, b, f);
       if (!f.measured) no_room = f.depth;
     }
-    if (f.measured)
-      progress("ring %s depth %u: %6.2f GB/s", fmt_bytes(record).c_str(), f.depth, f.gbps);
-    else
-      progress("ring %s depth %u: skipped: %s", fmt_bytes(record).c_str(), f.depth,
-               f.skipped.c_str());
+    phase.set(f.depth, f.measured ? strf("depth %u: %.2f GB/s", f.depth, f.gbps)
+                                  : strf("depth %u: skipped", f.depth));
   }
   sums.destroy();
   pool.destroy();
+  std::string best;
+  double best_gbps = 0;
+  for (size_t i = first; i < out.size(); ++i)
+    if (out[i].measured && out[i].gbps > best_gbps) {
+      best_gbps = out[i].gbps;
+      best = strf("best %.2f GB/s at depth %u", out[i].gbps, out[i].depth);
+    }
+  phase.done("pool of %u layers (%s) in %.2f s; depths 1..%u, %u passes each, in %.1f s%s%s%s",
+             layers, fmt_bytes(info.total_bytes).c_str(), pool_s, o.max_depth, passes,
+             phase.seconds() - pool_s, best.empty() ? "" : "; ", best.c_str(),
+             no_room ? strf("; depth %u and deeper did not fit", no_room).c_str() : "");
 }
 
 void print_tables(const Device& dev, const Options& o, const std::vector<CopyFigure>& copies,
@@ -338,22 +358,52 @@ void write_json(std::FILE* j, const Device& dev, const std::vector<CopyFigure>& 
   std::fprintf(j, "\n  ]\n}\n");
 }
 
+std::vector<Flag> make_flags(Options& o) {
+  return {
+      uint_flag("--max-depth", "N", o.max_depth, 1, 64, "deepest ring measured"),
+      value_flag("--sizes", "LIST",
+                 "copy sizes, 1 B..16 GiB each, e.g. 256K,1M,1G (default "
+                 "256K,1M,4M,16M,64M,256M,1G)",
+                 [&o](const std::string& v) {
+                   o.sizes = parse_size_list("--sizes", v, 1, 16 * GiB);
+                 }),
+      value_flag("--records", "LIST",
+                 "ring record sizes, 256 B..4 GiB each (default 4M,16M,64M,256M)",
+                 [&o](const std::string& v) {
+                   o.records = parse_size_list("--records", v, 256, 4 * GiB);
+                 }),
+      device_flag(o.device),
+      json_flag(o.json),
+      quiet_flag(),
+  };
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  return make_flags(o);
+}
+
 }  // namespace
+
+int cmd_probe(int argc, char** argv);
+
+const Command kProbeCommand = {
+    "probe",
+    "",
+    "pinned copy bandwidth by size; ring bandwidth by depth and record size",
+    "Measures (1) pinned copy bandwidth by copy size, both directions, best and\n"
+    "median of 5 batches; (2) ring streaming bandwidth by ring depth (1 to\n"
+    "--max-depth) and record size, as a share of (1)'s H2D peak: a pinned pool of\n"
+    "random records streamed through a ring, a checksum kernel reading every\n"
+    "slot, every sum checked.\n",
+    help_flags,
+    cmd_probe,
+};
 
 int cmd_probe(int argc, char** argv) {
   Options o;
-  const std::vector<Flag> flags = {
-      uint_flag("--device", o.device, 0, 1023),
-      uint_flag("--max-depth", o.max_depth, 1, 64),
-      {"--sizes",
-       [&](const std::string& v) { o.sizes = parse_size_list("--sizes", v, 1, 16 * GiB); }},
-      {"--records",
-       [&](const std::string& v) { o.records = parse_size_list("--records", v, 256, 4 * GiB); }},
-      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
-      {"--quiet", [] { g_quiet = true; }},
-  };
-  if (!parse_flags(argc, argv, 2, flags)) {
-    std::fputs(kUsage, stdout);
+  if (!parse_flags(argc, argv, make_flags(o))) {
+    print_command_help(kProbeCommand, stdout);
     return 0;
   }
 

@@ -72,7 +72,6 @@ namespace {
 constexpr uint64_t kPeakBytes = uint64_t(2) << 30;  // bytes per round of a peak measurement
 constexpr int kGraceSeconds = 30;  // after a rank fails, how long the others may take to stop
 constexpr uint32_t kMaxMismatchLines = 8;
-constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;  // lwo_linear_* limit
 constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item
 
 struct Options {
@@ -226,7 +225,7 @@ class Coord {
         for (uint32_t r = 0; r < n_; ++r)
           if (!done_[r]) which += strf("%s%u", which.empty() ? "" : ", ", r);
         std::fprintf(stderr,
-                     "lwo: rank %s still running %d s after the failure above (waiting in a "
+                     "lwo shard: rank %s still running %d s after the failure above (waiting in a "
                      "collective for the failed rank, most likely); exiting without cleanup\n",
                      which.c_str(), kGraceSeconds);
         if (!json_path.empty()) std::remove(json_path.c_str());
@@ -274,19 +273,6 @@ void rcheck(ncclResult_t r, const char* call) {
 }
 #define RCHECK(call) rcheck((call), #call)
 
-// A progress line, whole, from any thread.
-std::mutex g_say_mu;
-void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void say(const char* fmt, ...) {
-  if (g_quiet) return;
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(g_say_mu);
-  std::fprintf(stderr, "%s\n", buf);
-}
 
 inline constexpr char kCommFree[] = "lwo_nccl_comm_destroy";
 using Comm = Owner<lwo_nccl_comm_t, lwo_nccl_comm_destroy, kCommFree>;
@@ -373,8 +359,9 @@ void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect,
     const unsigned long long want = times * expect[l];
     if (got[l] == want) continue;
     if (++bad <= kMaxMismatchLines)
-      std::fprintf(stderr, "lwo: rank %d: layer %zu, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                   t_rank, l, what, got[l], want);
+      print_stderr(strf("lwo shard: rank %d: layer %zu, %s: checksum 0x%016llx, expected "
+                        "0x%016llx\n",
+                        t_rank, l, what, got[l], want));
   }
   if (bad)
     rank_fail(
@@ -456,7 +443,7 @@ void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, Ran
   pass(sums);
   RCHECK(cudaStreamSynchronize(consumer.get()));
   verify(sums, m.expect, 1, "warm-up pass");
-  if (rank == 0) say("forward: warm-up pass checked on rank 0");
+  if (rank == 0) progress("forward: warm-up pass checked on rank 0");
 
   // Row 1 of the sums holds every timed pass. The host enqueues pass p while
   // the GPU runs pass p-1, then waits for pass p-1.
@@ -466,9 +453,12 @@ void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, Ran
   for (uint32_t p = 0; p < P; ++p) ends.push_back(new_event());
   out.pass_ms.assign(P, 0);
   RCHECK(cudaEventRecord(start.get(), consumer.get()));
+  std::unique_ptr<Phase> bar;
+  if (rank == 0) bar = std::make_unique<Phase>("forward", P);
   auto finish = [&](uint32_t p) {
     RCHECK(cudaEventSynchronize(ends[p].get()));
     out.pass_ms[p] = ms_between(p == 0 ? start : ends[p - 1], ends[p]);
+    if (bar) bar->set(p + 1, strf("pass %u/%u on rank 0: %.3f ms", p + 1, P, out.pass_ms[p]));
   };
   for (uint32_t p = 0; p < P; ++p) {
     pass(sums + L);
@@ -477,11 +467,12 @@ void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, Ran
   }
   finish(P - 1);
   out.forward_ms = ms_between(start, ends.back());
+  if (bar) bar->end();
   RCHECK(cudaStreamSynchronize(consumer.get()));
   verify(sums + L, m.expect, P, "timed passes, summed");
   out.fwd_stats.size = sizeof out.fwd_stats;
   RCHECK(lwo_ring_get_stats(ring.get(), &out.fwd_stats));
-  say("rank %u: forward %u passes in %.3f ms: %.2f GB/s effective, checksums match", rank, P,
+  progress("rank %u: forward %u passes in %.3f ms: %.2f GB/s effective, checksums match", rank, P,
       out.forward_ms, gbps(static_cast<double>(m.record_bytes) * L * P, out.forward_ms));
 }
 
@@ -610,7 +601,7 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
     if (s > 0) out.resident_ms.push_back(ms_between(a, b));
   }
   out.resident_median = median(out.resident_ms);
-  say("rank %u: resident step %.3f ms (median of %u)", rank, out.resident_median, P);
+  progress("rank %u: resident step %.3f ms (median of %u)", rank, out.resident_median, P);
 
   // The streamed steps: one schedule, forward 0..L-1 then backward L-1..0.
   lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
@@ -626,8 +617,10 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
   Grads grads;
   const double t = now_seconds();
   RCHECK(lwo_grads_create(pool, nullptr, &grads_config, grads.out()));
-  say("rank %u: gradient buffers in %.2f s", rank, seconds_since(t));
+  progress("rank %u: gradient buffers in %.2f s", rank, seconds_since(t));
 
+  std::unique_ptr<Phase> bar;
+  if (rank == 0) bar = std::make_unique<Phase>("train", P + 1);
   for (uint32_t s = 0; s <= P; ++s) {
     RCHECK(lwo_grads_zero(grads.get()));
     lwo_ring_stats r0{}, r1{};
@@ -678,18 +671,20 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
     out.step_stages = r1.n_stages - r0.n_stages;
     out.step_hits = r1.n_hits - r0.n_hits;
     out.step_d2h_bytes = g1.bytes - g0.bytes;
+    if (bar) bar->set(s + 1, s == 0 ? strf("warm-up step on rank 0: %.3f ms", ms)
+                                    : strf("step %u/%u on rank 0: %.3f ms", s, P, ms));
     if (s == 0) {
-      say("rank %u: warm-up step %.3f ms", rank, ms);
+      progress("rank %u: warm-up step %.3f ms", rank, ms);
       continue;
     }
     out.step_ms.push_back(ms);
-    if (rank == 0) say("step %u/%u: %.3f ms on rank 0", s, P, ms);
     if (s == 1) {
       check_gradients(m, rank, n, pool, grads.get(), static_cast<const float*>(g_res.get()), out);
-      if (rank == 0) say("gradients: first timed step checked on rank 0");
+      if (rank == 0) progress("gradients: first timed step checked on rank 0");
     }
   }
   RCHECK(lwo_engine_synchronize(engine));
+  if (bar) bar->end();
 }
 
 void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
@@ -710,6 +705,8 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
                               static_cast<int32_t>(rank), comm.out()));
 
   // The pool of this rank's shards, filled from the formula.
+  std::unique_ptr<Phase> bar;
+  if (rank == 0) bar = std::make_unique<Phase>("pools");
   double t = now_seconds();
   Pool pool;
   RCHECK(
@@ -734,7 +731,8 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   fill_shards(shards, m.o.seed, m.record_bytes, std::max(1u, hw / n));
   out.fill_s = seconds_since(t);
-  say("rank %u (device %u, %s): shards of %s at offset %s, pool %.2f s, fill %.2f s", rank, rank,
+  if (bar) bar->end();
+  progress("rank %u (device %u, %s): shards of %s at offset %s, pool %.2f s, fill %.2f s", rank, rank,
       prop.name, fmt_bytes(S).c_str(), fmt_bytes(S * rank).c_str(), out.pool_s, out.fill_s);
 
   // Peaks: each GPU alone, in turn, then all at once.
@@ -744,7 +742,7 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   }
   c.barrier();
   out.h2d_together = copy_peak(hosts, S, cudaMemcpyHostToDevice);
-  say("rank %u: pinned H2D peak %.2f GB/s alone, %.2f GB/s with %u GPUs at once (%s copies)", rank,
+  progress("rank %u: pinned H2D peak %.2f GB/s alone, %.2f GB/s with %u GPUs at once (%s copies)", rank,
       out.h2d_alone, out.h2d_together, n, fmt_bytes(S).c_str());
   if (m.o.train) {
     PinnedMem buf;
@@ -752,7 +750,7 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
            strf("cudaHostAlloc(%s)", fmt_bytes(2 * S).c_str()).c_str());
     c.barrier();
     out.d2h_together = copy_peak({buf.get()}, 2 * S, cudaMemcpyDeviceToHost);
-    say("rank %u: pinned D2H peak %.2f GB/s with %u GPUs at once (%s copies)", rank,
+    progress("rank %u: pinned D2H peak %.2f GB/s with %u GPUs at once (%s copies)", rank,
         out.d2h_together, n, fmt_bytes(2 * S).c_str());
   }
 
@@ -760,7 +758,7 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   c.barrier();
   if (n > 1) {
     measure_collectives(m, rank, n, comm.get(), out);
-    say("rank %u: all-gather of %s in %.3f ms (%.2f GB/s)%s", rank,
+    progress("rank %u: all-gather of %s in %.3f ms (%.2f GB/s)%s", rank,
         fmt_bytes(m.record_bytes).c_str(), out.allgather_ms,
         gbps(static_cast<double>(m.record_bytes), out.allgather_ms),
         m.o.train ? strf("; reduce-scatter of %s f32 in %.3f ms", fmt_bytes(2 * S * n).c_str(),
@@ -785,10 +783,10 @@ void rank_main(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   } catch (const Failure&) {  // printed
     c.fail_now();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "lwo: rank %u: %s\n", rank, e.what());
+    print_stderr(strf("lwo shard: rank %u: %s\n", rank, e.what()));
     c.fail_now();
   } catch (...) {
-    std::fprintf(stderr, "lwo: rank %u: unknown error\n", rank);
+    print_stderr(strf("lwo shard: rank %u: unknown error\n", rank));
     c.fail_now();
   }
   c.finish(rank);
@@ -882,7 +880,7 @@ Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
 }
 
 Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
-  say("lwo shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
+  progress("lwo shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
       fmt_bytes(m.record_bytes).c_str(), fmt_bytes(m.shard_bytes(n)).c_str());
   Coord c(n);
   CHECK(lwo_nccl_get_unique_id(&c.id));
@@ -892,7 +890,7 @@ Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
     try {
       threads.emplace_back(rank_main, std::cref(m), std::ref(c), r, std::ref(rr[r]));
     } catch (const std::system_error& e) {
-      std::fprintf(stderr, "lwo: rank %u: cannot start its thread: %s\n", r, e.what());
+      print_stderr(strf("lwo shard: rank %u: cannot start its thread: %s\n", r, e.what()));
       c.fail_now();
       for (uint32_t q = r; q < n; ++q) c.finish(q);
       break;
@@ -919,36 +917,55 @@ std::vector<uint32_t> parse_ranks_list(const std::string& text) {
   return out;
 }
 
-Options parse_options(int argc, char** argv, bool* help) {
-  Options o;
-  bool ranks = false, list = false;
-  const std::vector<Flag> flags = {
-      {"--ranks",
-       [&](const std::string& v) {
-         o.ranks = {static_cast<uint32_t>(parse_uint("--ranks", v, 1, 1024))};
-         ranks = true;
-       }},
-      {"--ranks-list",
-       [&](const std::string& v) {
-         o.ranks = parse_ranks_list(v);
-         list = true;
-       }},
-      uint_flag("--layers", o.layers, 1, 1000000),
-      uint_flag("--rows", o.rows, 1, kMaxDim),
-      uint_flag("--cols", o.cols, 1, kMaxDim),
-      uint_flag("--tokens", o.tokens, 1, kMaxDim),
-      uint_flag("--depth", o.depth, 1, 1024),
-      uint_flag("--grad-depth", o.grad_depth, 1, 64),
-      uint_flag("--passes", o.passes, 1, 100000),
-      uint_flag("--seed", o.seed, 0, UINT64_MAX),
-      {"--no-train", [&] { o.train = false; }},
-      {"--check-collectives", [&] { o.check_collectives = true; }},
-      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
-      {"--quiet", [] { g_quiet = true; }},
+std::vector<Flag> make_flags(Options& o, bool& ranks, bool& list) {
+  return {
+      value_flag("--ranks", "N", "ranks, 1..the GPUs of this machine (default: every GPU)",
+                 [&o, &ranks](const std::string& v) {
+                   o.ranks = {static_cast<uint32_t>(parse_uint("--ranks", v, 1, 1024))};
+                   ranks = true;
+                 }),
+      value_flag("--ranks-list", "L",
+                 "several rank counts in turn, e.g. 1,2,4 (each with its own threads, engines "
+                 "and communicators)",
+                 [&o, &list](const std::string& v) {
+                   o.ranks = parse_ranks_list(v);
+                   list = true;
+                 }),
+      layers_flag(o.layers),
+      rows_flag(o.rows),
+      cols_flag(o.cols),
+      depth_flag(o.depth),
+      passes_flag(o.passes),
+      tokens_flag(o.tokens),
+      grad_depth_flag(o.grad_depth),
+      switch_flag("--no-train",
+                  "skip the training step (it needs f32 gradient shards on the host: twice the "
+                  "weights' host memory)",
+                  [&o] { o.train = false; }),
+      switch_flag("--check-collectives",
+                  "engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds ranks whose "
+                  "collective calls differ)",
+                  [&o] { o.check_collectives = true; }),
+      seed_flag(o.seed),
+      json_flag(o.json),
+      quiet_flag(),
+      moved_flag("--device",
+                 [](const std::string&) {
+                   throw UsageError("--device does not apply to lwo shard: rank r runs on GPU r "
+                                    "(CUDA_VISIBLE_DEVICES picks the GPUs)");
+                 }),
+      moved_flag("--steps",
+                 [](const std::string&) {
+                   throw UsageError("--steps does not apply to lwo shard: it times as many "
+                                    "training steps as --passes");
+                 }),
   };
-  *help = !parse_flags(argc, argv, 2, flags);
-  if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
-  return o;
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  static bool ranks, list;
+  return make_flags(o, ranks, list);
 }
 
 // MemAvailable from /proc/meminfo, or 0 if it cannot be read.
@@ -1122,13 +1139,36 @@ void print_table(const Model& m, const std::vector<Result>& results) {
 
 }  // namespace
 
+int cmd_shard(int argc, char** argv);
+
+const Command kShardCommand = {
+    "shard",
+    "",
+    "host weights sharded across this machine's GPUs, one NCCL rank each",
+    "Runs N ranks as threads of this process, rank r on GPU r, each with its own\n"
+    "engine, NCCL communicator and a sharded pool holding 1/N of every layer (a\n"
+    "chain of layers \"weight\" [rows x cols] bf16; rank r fills only its shard,\n"
+    "the same bytes as lwo run --seed S). Measures, in one run and per rank\n"
+    "count: each GPU's pinned H2D peak of shard-sized copies, alone and with all\n"
+    "GPUs at once; the in-place NCCL all-gather of one record; forward streaming\n"
+    "through a ring (every slot checksummed; bandwidth per GPU of the slowest\n"
+    "rank, and its ratio to the link peak); and a training step (as many as\n"
+    "--passes; weight gradients summed over the ranks into host shards, checked)\n"
+    "against max(resident compute, H2D, D2H, collectives), each term measured in\n"
+    "the same run. The JSON holds one result per rank count. Sets\n"
+    "NCCL_NVLS_ENABLE=0 unless it is set.\n",
+    help_flags,
+    cmd_shard,
+};
+
 int cmd_shard(int argc, char** argv) {
-  bool help = false;
-  Options o = parse_options(argc, argv, &help);
-  if (help) {
-    std::fputs(kUsage, stdout);
+  Options o;
+  bool ranks = false, list = false;
+  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) {
+    print_command_help(kShardCommand, stdout);
     return 0;
   }
+  if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
   m.tensor.name = "weight";
   m.tensor.dtype = LWO_DTYPE_BF16;
@@ -1146,13 +1186,7 @@ int cmd_shard(int argc, char** argv) {
 
   // NCCL reads its environment once, at its first call.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
-  int n_gpus = 0;
-  cudaError_t e = cudaGetDeviceCount(&n_gpus);
-  if (e != cudaSuccess || n_gpus == 0) {
-    (void)cudaGetLastError();
-    fail(strf("no CUDA device was found (cudaGetDeviceCount: %s)",
-              e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
-  }
+  const int n_gpus = device_count();
   if (o.ranks.empty()) o.ranks = {static_cast<uint32_t>(n_gpus)};
   for (uint32_t n : o.ranks)
     if (n > static_cast<uint32_t>(n_gpus))
@@ -1167,7 +1201,7 @@ int cmd_shard(int argc, char** argv) {
     // A warning, not a refusal: on some machines MemAvailable starts small
     // and grows as memory is used.
     if (avail && need > static_cast<double>(avail))
-      say("%s",
+      progress("%s",
           strf("warning: %u ranks need about %s of host memory (weight shards %s%s) but "
                "MemAvailable reads %s; if the run fails, lower --layers%s",
                n, fmt_bytes(static_cast<uint64_t>(need)).c_str(),
@@ -1180,7 +1214,7 @@ int cmd_shard(int argc, char** argv) {
               .c_str());
   }
   if (o.depth >= o.layers)
-    say("note: depth %u >= %u layers: after the first pass every layer stays in a slot, so "
+    progress("note: depth %u >= %u layers: after the first pass every layer stays in a slot, so "
         "passes hit and move nothing",
         o.depth, o.layers);
   JsonFile json;
@@ -1189,7 +1223,7 @@ int cmd_shard(int argc, char** argv) {
 
   double t = now_seconds();
   m.expect = record_checksums(o.seed, o.layers, m.record_bytes);
-  say("host: checksums of %u records of %s from their formula in %.2f s", o.layers,
+  progress("host: checksums of %u records of %s from their formula in %.2f s", o.layers,
       fmt_bytes(m.record_bytes).c_str(), seconds_since(t));
   if (o.train) {
     const uint64_t T = static_cast<uint64_t>(o.tokens);

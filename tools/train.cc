@@ -1,4 +1,4 @@
-// lwo run --train: streams a chain of L square linear layers forward and then
+// lwo train: streams a chain of L square linear layers forward and then
 // backward through a ring (one schedule over 0..L-1, L-1..0), sends each
 // layer's weight gradients to host memory, and times every step against the
 // bound max(resident compute time, H2D bytes / H2D peak, D2H bytes / D2H peak),
@@ -18,7 +18,6 @@ namespace {
 
 constexpr double kTargetFrozen = 1.03;               // step / bound, --frozen
 constexpr double kTargetTrainable = 1.10;            // step / bound, trainable layers
-constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;  // lwo_linear_* limit
 constexpr uint64_t kAlign = LWO_RECORD_ALIGN;
 // Device memory kept free beyond the buffers counted: cuBLASLt workspace
 // (32 MiB per stream), its handle, and slack for the allocator.
@@ -52,52 +51,60 @@ struct Sizes {
   uint64_t grad_bias_off = 0;        // offset of the bias gradient within them
 };
 
-Options parse_options(int argc, char** argv, bool* help) {
-  Options o;
-  const std::vector<Flag> flags = {
-      {"--train", [] {}},
-      {"--frozen", [&] { o.frozen = true; }},
-      uint_flag("--device", o.device, 0, 1023),
-      uint_flag("--layers", o.layers, 1, 1000000),
-      uint_flag("--rows", o.rows, 1, kMaxDim),
-      uint_flag("--cols", o.cols, 1, kMaxDim),
-      {"--dtype", [&](const std::string& v) { o.dtype = parse_dtype("--dtype", v); }},
-      uint_flag("--tokens", o.tokens, 1, kMaxDim),
-      uint_flag("--depth", o.depth, 1, 1024),
-      {"--grad-depth",
-       [&](const std::string& v) {
-         o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
-         o.grad_depth_set = true;
-       }},
-      uint_flag("--steps", o.steps, 1, 100000),
-      uint_flag("--seed", o.seed, 0, UINT64_MAX),
-      {"--native-wire", [&] { o.native_wire = true; }},
-      {"--bias", [&] { o.bias = true; }},
-      {"--timing", [&] { o.timing = true; }},
-      {"--json", [&](const std::string& v) { o.json = parse_path("--json", v); }},
-      {"--quiet", [] { g_quiet = true; }},
-      {"--passes",
-       [](const std::string&) {
-         throw UsageError(
-             "--passes counts the passes of lwo run without --train; "
-             "with --train, use --steps");
-       }},
+std::vector<Flag> make_flags(Options& o) {
+  return {
+      switch_flag("--frozen",
+                  "every layer frozen: input gradients only, no weight gradients",
+                  [&o] { o.frozen = true; }),
+      layers_flag(o.layers),
+      rows_flag(o.rows),
+      cols_flag(o.cols),
+      dtype_flag(o.dtype, {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32}),
+      tokens_flag(o.tokens),
+      steps_flag(o.steps),
+      depth_flag(o.depth),
+      value_flag("--grad-depth", "G", grad_depth_flag(o.grad_depth).help,
+                 [&o](const std::string& v) {
+                   o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
+                   o.grad_depth_set = true;
+                 }),
+      switch_flag("--native-wire",
+                  "weight gradients travel in the layer dtype, not f32 (LWO_GRADS_NATIVE_WIRE)",
+                  [&o] { o.native_wire = true; }),
+      switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]",
+                  [&o] { o.bias = true; }),
+      seed_flag(o.seed),
+      timing_flag(o.timing),
+      device_flag(o.device),
+      json_flag(o.json),
+      quiet_flag(),
+      moved_flag("--train",
+                 [](const std::string&) {
+                   throw UsageError("--train is not needed: lwo train trains");
+                 }),
+      moved_flag("--passes",
+                 [](const std::string&) {
+                   throw UsageError("--passes counts the passes of lwo run; lwo train counts "
+                                    "--steps");
+                 }),
   };
-  *help = !parse_flags(argc, argv, 2, flags);
-  if (*help) return o;
-  if (o.dtype != LWO_DTYPE_BF16 && o.dtype != LWO_DTYPE_F16 && o.dtype != LWO_DTYPE_F32)
-    throw UsageError(
-        strf("--dtype %s: --train computes in bf16, f16 or f32", lwo_dtype_name(o.dtype)));
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  return make_flags(o);
+}
+
+void check_options(const Options& o) {
   if (o.rows != o.cols)
     throw UsageError(
-        strf("--train chains the layers (the output of layer l is the input of layer l+1), so "
-             "each weight must be square: --rows %lld and --cols %lld differ",
+        strf("--rows %lld and --cols %lld differ: lwo train chains the layers (the output of "
+             "layer l is the input of layer l+1), so each weight is square",
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
   if (o.frozen && o.native_wire)
     throw UsageError("--native-wire sets how weight gradients travel; --frozen layers have none");
   if (o.frozen && o.grad_depth_set)
     throw UsageError("--grad-depth sizes the gradient staging; --frozen layers have no gradients");
-  return o;
 }
 
 Sizes compute_sizes(const Options& o) {
@@ -210,8 +217,9 @@ void fill_chunk(const UniformRange& r, uint64_t b, uint64_t e, Store store) {
   }
 }
 
-// Fills the ranges from all cores.
-void fill_uniform(const std::vector<UniformRange>& ranges) {
+// Fills the ranges from all cores; adds the bytes written to `phase` (may
+// be NULL).
+void fill_uniform(const std::vector<UniformRange>& ranges, Phase* phase = nullptr) {
   constexpr uint64_t kChunk = uint64_t(1) << 20;  // elements per work item
   struct Item {
     size_t range;
@@ -240,6 +248,7 @@ void fill_uniform(const std::vector<UniformRange>& ranges) {
         break;
       }
     }
+    if (phase) phase->add((e - b) * lwo_dtype_size(r.dtype));
   });
 }
 
@@ -616,7 +625,7 @@ void summarise(const Options& o, Results& r) {
 void print_results(const Device& dev, const Options& o, const Results& r) {
   const uint32_t L = o.layers;
   const Sizes& sz = r.sz;
-  std::printf("lwo run %s, %s\n", o.frozen ? "--train --frozen" : "--train", describe(dev).c_str());
+  std::printf("lwo train%s, %s\n", o.frozen ? " --frozen" : "", describe(dev).c_str());
   std::printf("%-10s %u layers x \"weight\" [%lld x %lld]%s %s: %s per record, %s in all; %s\n",
               "model", L, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
               o.bias ? " + \"bias\"" : "", lwo_dtype_name(o.dtype),
@@ -714,7 +723,7 @@ void json_list(std::FILE* j, const std::vector<double>& v) {
 void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
   const Sizes& sz = r.sz;
   std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"run\",\n  \"mode\": \"%s\",\n"
+               "{\n  \"tool\": \"lwo\",\n  \"command\": \"train\",\n  \"mode\": \"%s\",\n"
                "  \"version\": \"%s\",\n  \"device\": %s,\n",
                o.frozen ? "frozen" : "train", version_text().c_str(), json_device(dev).c_str());
   std::fprintf(j,
@@ -797,40 +806,30 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
 
 }  // namespace
 
-bool run_wants_train(int argc, char** argv) {
-  // Flags of lwo run (with or without --train) that take a value, so that a
-  // value is never taken for a flag.
-  static const char* const kValueFlags[] = {"--device", "--layers",  "--rows",      "--cols",
-                                            "--dtype",  "--depth",   "--passes",    "--seed",
-                                            "--json",   "--tokens",  "--steps",     "--grad-depth",
-                                            "--weights", "--pattern"};
-  static const char* const kTrainOnly[] = {"--tokens", "--steps", "--grad-depth", "--native-wire",
-                                           "--bias"};
-  bool train = false;
-  std::string train_only;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    size_t eq = arg.find('=');
-    std::string name = arg.substr(0, eq);
-    if (name == "--train" || name == "--frozen") train = true;
-    for (const char* f : kTrainOnly)
-      if (name == f && train_only.empty()) train_only = name;
-    if (eq == std::string::npos)
-      for (const char* f : kValueFlags)
-        if (name == f) ++i;
-  }
-  if (!train && !train_only.empty())
-    throw UsageError(strf("%s is a flag of lwo run --train", train_only.c_str()));
-  return train;
-}
+int cmd_train(int argc, char** argv);
+
+const Command kTrainCommand = {
+    "train",
+    "",
+    "training steps through a ring, timed against their bound",
+    "Trains a chain of square linear layers y = x W^T on random data: one schedule\n"
+    "streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to\n"
+    "f32 host buffers (lwo_grads). Each step is timed against max(resident\n"
+    "compute, H2D bytes / H2D peak, D2H bytes / D2H peak), all measured in the\n"
+    "same run (target: step <= 1.10 x bound, frozen <= 1.03 x), and the first\n"
+    "timed step is checked bit for bit against the same computation with every\n"
+    "weight resident on the device. --rows must equal --cols.\n",
+    help_flags,
+    cmd_train,
+};
 
 int cmd_train(int argc, char** argv) {
-  bool help = false;
-  const Options o = parse_options(argc, argv, &help);
-  if (help) {
-    std::fputs(kUsage, stdout);
+  Options o;
+  if (!parse_flags(argc, argv, make_flags(o))) {
+    print_command_help(kTrainCommand, stdout);
     return 0;
   }
+  check_options(o);
   const uint32_t L = o.layers;
   Results r;
   r.sz = compute_sizes(o);
@@ -841,7 +840,7 @@ int cmd_train(int argc, char** argv) {
   lwo_engine* engine = dev.engine.get();
   JsonFile json;
   if (!o.json.empty()) json.open(o.json);
-  progress("lwo run --train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
+  progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
            describe(dev).c_str(), L, fmt_bytes(sz.record_bytes).c_str(),
            fmt_bytes(sz.pool_bytes).c_str(), static_cast<long long>(o.tokens));
   if (o.depth >= L)
@@ -868,7 +867,7 @@ int cmd_train(int argc, char** argv) {
     r.need_bytes = need < 1.8e19 ? static_cast<uint64_t>(need) : UINT64_MAX;
     if (need > static_cast<double>(free_b))
       fail(
-          strf("--train needs about %s of device memory (activations and gradients %s, ring "
+          strf("lwo train needs about %s of device memory (activations and gradients %s, ring "
                "%s, gradient buffers %s, check records %s, margin %s) but %s of %s is free: "
                "lower --tokens, --layers or --depth",
                fmt_bytes(r.need_bytes).c_str(), fmt_bytes(static_cast<uint64_t>(act)).c_str(),
@@ -883,6 +882,7 @@ int cmd_train(int argc, char** argv) {
   // any number of layers, so f16 neither overflows nor underflows), biases
   // within +-1 / sqrt(cols).
   double t = now_seconds();
+  Phase pool_phase("pool");
   lwo_tensor_desc tensors[2] = {};
   tensors[0].name = "weight";
   tensors[0].dtype = o.dtype;
@@ -897,6 +897,7 @@ int cmd_train(int argc, char** argv) {
   Pool pool;
   CHECK(lwo_pool_create_pinned(engine, layers.data(), L, nullptr, pool.out()));
   r.pool_s = seconds_since(t);
+  pool_phase.done("pinned, %s in %.2f s", fmt_bytes(sz.pool_bytes).c_str(), r.pool_s);
   r.weight_bound = std::sqrt(3.0f / static_cast<float>(o.cols));
   const float bias_bound = 1.0f / std::sqrt(static_cast<float>(o.cols));
   std::vector<HostRange> records(L);
@@ -911,20 +912,30 @@ int cmd_train(int argc, char** argv) {
                       range_key(o.seed, 2 * uint64_t(l) + k + 1)});
     }
   }
-  t = now_seconds();
-  fill_uniform(fill);
-  r.fill_s = seconds_since(t);
-  progress("host: pinned pool %.2f s, uniform fill %.2f s (%.1f GB/s)", r.pool_s, r.fill_s,
-           static_cast<double>(sz.pool_bytes) / std::max(r.fill_s, 1e-9) / 1e9);
+  {
+    uint64_t fill_bytes = 0;
+    for (const UniformRange& u : fill) fill_bytes += u.n * sz.elem;
+    Phase phase("fill", fill_bytes, true);
+    fill_uniform(fill, &phase);
+    r.fill_s = phase.seconds();
+    phase.done("%s uniform within +-%.4g in %.2f s (%.1f GB/s, seed %llu)",
+               fmt_bytes(fill_bytes).c_str(), r.weight_bound, r.fill_s,
+               static_cast<double>(fill_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
+               static_cast<unsigned long long>(o.seed));
+  }
 
   // Peaks, before anything else runs on the GPU.
-  r.h2d_peak = measure_h2d_peak(records, sz.record_bytes, &r.h2d_peak_ms);
-  progress("peak: %.2f GB/s pinned H2D, %s in %.2f ms", r.h2d_peak,
-           fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms);
-  if (o.trainable()) {
-    r.d2h_peak = measure_d2h_peak(sz.grad_bytes, L, &r.d2h_peak_ms);
-    progress("peak: %.2f GB/s pinned D2H, %u x %s in %.2f ms", r.d2h_peak, L,
-             fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms);
+  {
+    Phase phase("peak");
+    r.h2d_peak = measure_h2d_peak(records, sz.record_bytes, &r.h2d_peak_ms);
+    std::string d2h;
+    if (o.trainable()) {
+      r.d2h_peak = measure_d2h_peak(sz.grad_bytes, L, &r.d2h_peak_ms);
+      d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms", r.d2h_peak, L,
+                 fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms);
+    }
+    phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
+               fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
   }
 
   // The chain's buffers and inputs: x_0 uniform in [-1, 1), dy_L uniform
@@ -975,11 +986,11 @@ int cmd_train(int argc, char** argv) {
     lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
     grads_config.depth = o.grad_depth;
     grads_config.flags = o.native_wire ? LWO_GRADS_NATIVE_WIRE : 0u;
-    t = now_seconds();
+    Phase phase("grads");
     CHECK(lwo_grads_create(pool.get(), nullptr, &grads_config, grads.out()));
-    r.grads_s = seconds_since(t);
-    progress("grads: f32 host buffers for %u layers in %.2f s, %s on the wire", L, r.grads_s,
-             lwo_dtype_name(sz.wire));
+    r.grads_s = phase.seconds();
+    phase.done("f32 host buffers for %u layers in %.2f s, %s on the wire", L, r.grads_s,
+               lwo_dtype_name(sz.wire));
   }
 
   // The resident reference: every record on the device where they fit, else
@@ -1042,41 +1053,49 @@ int cmd_train(int argc, char** argv) {
   r.resident_note = res.skipped;
 
   if (res.all) {
+    Phase phase("resident", o.steps + 1);
     Event a = make_event(), mid = make_event(), b = make_event();
     for (uint32_t s = 0; s <= o.steps; ++s) {
       resident_step(net, res, &a, &mid, &b);
       CHECK(cudaEventSynchronize(b.get()));
       CHECK(lwo_engine_check(engine));
-      if (s == 0) continue;  // warm-up: algorithm choice, workspace
+      if (s == 0) {  // warm-up: algorithm choice, workspace
+        phase.set(1, "warm-up step done");
+        continue;
+      }
       double f = elapsed_ms(a, mid), bw = elapsed_ms(mid, b);
       r.res_fwd_ms.push_back(f);
       r.res_bwd_ms.push_back(bw);
       r.res_ms.push_back(f + bw);
-      progress("resident step %u/%u: %9.3f ms (forward %.3f, backward %.3f)", s, o.steps, f + bw, f,
-               bw);
+      phase.set(s + 1, strf("step %u/%u: %.3f ms (forward %.3f, backward %.3f)", s, o.steps,
+                            f + bw, f, bw));
     }
     r.res_median = median(r.res_ms);
     r.res_fwd = median(r.res_fwd_ms);
     r.res_bwd = median(r.res_bwd_ms);
+    phase.done("1 warm-up + %u timed steps with every record on the device: median %.3f ms "
+               "(forward %.3f, backward %.3f)",
+               o.steps, r.res_median, r.res_fwd, r.res_bwd);
   } else {
     progress("resident: skipped: %s; the bound has no compute term", res.skipped.c_str());
   }
 
   // The streamed steps: one warm-up, then the timed ones.
+  Phase steps_phase("steps", o.steps + 1);
   auto report = [&](const char* name, const StepStats& s) {
-    progress(
-        "%s: %9.3f ms; H2D %s %.2f GB/s, %llu hits%s", name, s.ms, fmt_bytes(s.h2d_bytes).c_str(),
-        r.gbps(s.h2d_bytes, s.ms), static_cast<unsigned long long>(s.hits),
-        o.trainable()
-            ? strf("; D2H %s %.2f GB/s", fmt_bytes(s.d2h_bytes).c_str(), r.gbps(s.d2h_bytes, s.ms))
-                  .c_str()
-            : "");
+    return strf("%s: %.3f ms; H2D %s %.2f GB/s, %llu hits%s", name, s.ms,
+                fmt_bytes(s.h2d_bytes).c_str(), r.gbps(s.h2d_bytes, s.ms),
+                static_cast<unsigned long long>(s.hits),
+                o.trainable() ? strf("; D2H %s %.2f GB/s", fmt_bytes(s.d2h_bytes).c_str(),
+                                     r.gbps(s.d2h_bytes, s.ms))
+                                    .c_str()
+                              : "");
   };
   r.warm = stream_step(net, schedule.get(), ring.get(), grads.get(), o.timing);
-  report("warm-up step", r.warm);
+  steps_phase.set(1, report("warm-up step", r.warm));
   for (uint32_t s = 1; s <= o.steps; ++s) {
     r.steps.push_back(stream_step(net, schedule.get(), ring.get(), grads.get(), o.timing));
-    report(strf("step %u/%u", s, o.steps).c_str(), r.steps.back());
+    steps_phase.set(s + 1, report(strf("step %u/%u", s, o.steps).c_str(), r.steps.back()));
     if (s == 1) {
       r.check = check_step(o, sz, net, res, grads.get());
       progress("check: %s", r.check.c_str());
@@ -1085,6 +1104,9 @@ int cmd_train(int argc, char** argv) {
   CHECK(cudaStreamSynchronize(compute.get()));
   CHECK(lwo_engine_synchronize(engine));
   summarise(o, r);
+  steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
+                   "bound (%s)",
+                   o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);
 
   print_results(dev, o, r);
   if (json.is_open()) {

@@ -1,0 +1,536 @@
+// lwo stream FILE...: streams the layers of safetensors checkpoints through a
+// ring, pass after pass, straight from the mapped files (registered for DMA)
+// or through pinned staging buffers (--staged, or where registration is
+// refused). Times each pass against the raw pinned-copy peak measured in the
+// same run and checks that every layer arrived byte for byte. Tensors of
+// every dtype stream as bytes.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "testkit/checksum.h"
+#include "tools/cli.h"
+
+namespace cli {
+namespace {
+
+constexpr double kTargetShare = 0.97;  // registered path, depth >= 2
+constexpr uint32_t kMaxMismatchLines = 8;
+// checksum_async needs this alignment.
+constexpr uint64_t kChecksumAlign = 16;
+
+struct Options {
+  int device = 0;
+  std::vector<std::string> paths;
+  CkptSpec spec;
+  bool staged = false;
+  uint32_t depth = 2;
+  uint32_t passes = 5;
+  bool timing = false;
+  std::string json;
+};
+
+// One range of a slot the consumer checksums: a layer's whole copied span
+// (tensor < 0), or one tensor.
+struct Check {
+  uint32_t layer;
+  int32_t tensor;
+  std::string name;  // of the tensor
+  uint64_t bytes;
+  HostRange host;
+};
+
+// One checkpoint: opened and mapped before the device, streamed after.
+struct Results {
+  std::string path;
+  Checkpoint ck;
+  std::vector<CkptTensor> tensors;
+  std::vector<CkptFile> files;
+  std::vector<CkptMeta> metadata;
+  CkptMap map;
+  lwo_pool_info pool{};
+  std::vector<uint64_t> copy_bytes;  // per layer: what the ring moves from the file
+  uint64_t pass_bytes = 0;
+  std::vector<Check> checks;
+  std::vector<std::vector<uint32_t>> layer_checks;  // indices into checks, per layer
+  uint32_t whole_layers = 0, checked_tensors = 0, skipped_tensors = 0;
+  double open_s = 0, pool_s = 0, checksum_s = 0;
+  double peak_gbps = 0, peak_ms = 0;
+  lwo_ring_info ring{};
+  std::vector<double> pass_ms;
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+  lwo_ring_stats stats{};
+  double gbps(double ms) const { return static_cast<double>(pass_bytes) / (ms * 1e6); }
+  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+  bool staged() const { return pool.kind == LWO_POOL_CHECKPOINT_STAGED; }
+  size_t n_matched() const { return tensors.size() - map.unmatched.size(); }
+};
+
+std::vector<Flag> make_flags(Options& o) {
+  return {
+      pattern_flag(o.spec),
+      names_flag(o.spec),
+      switch_flag("--staged",
+                  "stream through pinned staging buffers, not the registered file "
+                  "(LWO_CHECKPOINT_STAGED)",
+                  [&o] { o.staged = true; }),
+      depth_flag(o.depth),
+      passes_flag(o.passes),
+      timing_flag(o.timing),
+      device_flag(o.device),
+      json_flag(o.json),
+      quiet_flag(),
+      moved_flag("--weights",
+                 [](const std::string& next) {
+                   throw UsageError(strf("--weights is not needed: the checkpoints are the "
+                                         "operands, lwo stream %s",
+                                         next.empty() || next[0] == '-' ? "FILE"
+                                                                        : escape(next).c_str()));
+                 }),
+  };
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  return make_flags(o);
+}
+
+// Copies the device sums back and compares each with `times` the host
+// checksum of its range; `what` names the passes summed.
+void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
+            uint64_t times, const char* what) {
+  // Every stream in flight is non-blocking, so this copy on the legacy
+  // default stream waits for none of them; the caller has waited for the sums.
+  std::vector<unsigned long long> got(expect.size());
+  if (!got.empty())
+    CHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    unsigned long long want = times * expect[i];
+    if (got[i] == want) continue;
+    const Check& c = r.checks[i];
+    if (++bad <= kMaxMismatchLines)
+      print_stderr(strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                        prefix().c_str(), c.layer,
+                        c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what,
+                        got[i], want));
+  }
+  if (bad)
+    fail(
+        strf("%s: checksum mismatch in %zu of %zu checked ranges (%s): the ring delivered bytes "
+             "that differ from the file",
+             escape(r.path).c_str(), bad, got.size(), what));
+}
+
+// One pass of `schedule` on `stream`: each layer's checks add into their sums.
+void weights_pass(const Results& r, lwo_schedule* schedule, cudaStream_t stream,
+                  unsigned long long* sums) {
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
+  for (;;) {
+    lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
+    if (s == LWO_END) break;
+    check(s, "lwo_schedule_next");
+    for (uint32_t i : r.layer_checks[view.layer]) {
+      const Check& c = r.checks[i];
+      const void* data = c.tensor < 0 ? view.base : view.tensors[c.tensor];
+      check(lwo::kernels::checksum_async(data, c.bytes, sums + i, stream),
+            "lwo::kernels::checksum_async");
+    }
+  }
+  CHECK(lwo_schedule_reset(schedule, stream));
+}
+
+std::string path_text(const Options& o, const Results& r) {
+  if (!r.staged()) return "registered";
+  return o.staged ? "staged (--staged)" : "staged (registering the file was refused)";
+}
+
+// "bf16 x 120, i64 x 2": the lwo dtypes of the tensors in layers.
+std::string dtypes_text(const Results& r) {
+  std::map<std::string, size_t> count;
+  for (const auto& layer : r.map.layers)
+    for (uint32_t i : layer) ++count[r.tensors[i].lwo_dtype()];
+  std::string s;
+  for (const auto& [name, n] : count) s += strf("%s%s x %zu", s.empty() ? "" : ", ", name.c_str(), n);
+  return s.empty() ? "none" : s;
+}
+
+void print_results(const Device& dev, const Options& o, const Results& r) {
+  const uint32_t n_layers = r.pool.n_layers;
+  std::printf("lwo stream, %s\n", describe(dev).c_str());
+  std::printf("%-10s %s\n", "weights", escape(r.path).c_str());
+  for (size_t f = 0; f < r.files.size(); ++f)
+    std::printf("%-10s %s: %u tensor%s, %s\n", f == 0 ? "files" : "",
+                escape(r.files[f].path).c_str(), r.files[f].n_tensors,
+                r.files[f].n_tensors == 1 ? "" : "s", fmt_bytes(r.files[f].bytes).c_str());
+  for (size_t m = 0; m < r.metadata.size(); ++m) {
+    const CkptMeta& e = r.metadata[m];
+    std::printf("%-10s %s = %s", m == 0 ? "metadata" : "", escape(e.key).c_str(),
+                quoted(e.value).c_str());
+    if (r.files.size() > 1) std::printf(" (%s)", escape(r.files[e.file].name).c_str());
+    std::printf("\n");
+  }
+  std::printf(
+      "%-10s %u layers by %s, %zu tensors (%zu unmatched, left out); %s per pass, largest "
+      "record %s\n",
+      "layers", n_layers, r.map.describe().c_str(), r.n_matched(), r.map.unmatched.size(),
+      fmt_bytes(r.pass_bytes).c_str(), fmt_bytes(r.pool.max_record_bytes).c_str());
+  std::printf("%-10s %s (streamed as bytes)\n", "dtypes", dtypes_text(r).c_str());
+  if (r.staged())
+    std::printf(
+        "%-10s %s: host threads pack each layer into one of 2 pinned staging buffers of %s, "
+        "then it is copied to its slot\n",
+        "path", path_text(o, r).c_str(), fmt_bytes(r.ring.slot_bytes).c_str());
+  else
+    std::printf(
+        "%-10s registered: the mapped file is registered for DMA (read-only) and copied "
+        "straight from the page cache\n",
+        "path");
+  std::printf("%-10s open %.3f s, pool %.2f s, host checksums %.2f s\n", "host", r.open_s,
+              r.pool_s, r.checksum_s);
+  std::printf(
+      "%-10s %.2f GB/s pinned H2D (each layer's copy size back-to-back from one pinned buffer "
+      "of %s on one stream, best of %d: %.2f ms)\n",
+      "peak", r.peak_gbps, fmt_bytes(r.pool.max_record_bytes).c_str(), kPeakRepeats, r.peak_ms);
+  std::printf(
+      "%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream\n",
+      "ring", r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
+      o.timing ? ", timing on" : "");
+  std::printf("%-10s %u timed after 1 warm-up\n", "passes", o.passes);
+  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", r.median_ms, r.best_ms);
+  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
+              r.gbps(r.median_ms), r.gbps(r.best_ms), r.gbps(r.total_ms / o.passes));
+  std::printf("%-10s median %.2f%%, best %.2f%% of the peak, %s path", "share",
+              100 * r.share(r.median_ms), 100 * r.share(r.best_ms),
+              r.staged() ? "staged" : "registered");
+  if (r.staged())
+    std::printf(" (reported; the target is for the registered path)");
+  else if (o.depth >= 2)
+    std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
+                r.share(r.median_ms) >= kTargetShare ? "met" : "NOT met");
+  std::printf("\n%-10s %u layers x %u passes match the file (%u layers whole, %u tensors one by "
+              "one",
+              "checksums", n_layers, o.passes + 1, r.whole_layers, r.checked_tensors);
+  if (r.skipped_tensors)
+    std::printf(", %u tensors not checked: not %llu-byte aligned", r.skipped_tensors,
+                static_cast<unsigned long long>(kChecksumAlign));
+  std::printf(")\n");
+  print_ring_stats(r.stats, o.timing);
+}
+
+// One checkpoint's results, a JSON object (indented for the "checkpoints"
+// list).
+std::string json_checkpoint(const Options& o, const Results& r) {
+  std::string j = "    {\n";
+  j += "      \"path\": " + json_string(r.path) + ",\n      \"files\": [";
+  for (size_t f = 0; f < r.files.size(); ++f)
+    j += strf("%s{\"path\": %s, \"bytes\": %llu, \"tensors\": %u}", f ? ", " : "",
+              json_string(r.files[f].path).c_str(),
+              static_cast<unsigned long long>(r.files[f].bytes), r.files[f].n_tensors);
+  j += "],\n      \"metadata\": [";
+  for (size_t m = 0; m < r.metadata.size(); ++m)
+    j += strf("%s{\"file\": %u, \"key\": %s, \"value\": %s}", m ? ", " : "", r.metadata[m].file,
+              json_string(r.metadata[m].key).c_str(), json_string(r.metadata[m].value).c_str());
+  j += "],\n      \"mapping\": " + json_mapping(r.map) + ",\n";
+  j += strf(
+      "      \"path_kind\": \"%s\",\n      \"is_staged\": %s,\n      \"layers\": %u,\n"
+      "      \"tensors\": %zu,\n      \"unmatched\": %zu,\n      \"max_record_bytes\": %llu,\n"
+      "      \"records_bytes\": %llu,\n      \"bytes_per_pass\": %llu,\n",
+      r.staged() ? "staged" : "registered", r.staged() ? "true" : "false", r.pool.n_layers,
+      r.n_matched(), r.map.unmatched.size(),
+      static_cast<unsigned long long>(r.pool.max_record_bytes),
+      static_cast<unsigned long long>(r.pool.total_bytes),
+      static_cast<unsigned long long>(r.pass_bytes));
+  j += strf(
+      "      \"host_seconds\": {\"open\": %.4f, \"pool_create\": %.4f, \"checksum\": %.4f},\n"
+      "      \"peak\": {\"gbps\": %.4f, \"ms\": %.4f, \"repeats\": %d},\n      \"pass_ms\": [",
+      r.open_s, r.pool_s, r.checksum_s, r.peak_gbps, r.peak_ms, kPeakRepeats);
+  for (size_t i = 0; i < r.pass_ms.size(); ++i) j += strf("%s%.4f", i ? ", " : "", r.pass_ms[i]);
+  j += strf(
+      "],\n      \"median_ms\": %.4f,\n      \"best_ms\": %.4f,\n"
+      "      \"gbps\": {\"median\": %.4f, \"best\": %.4f, \"all_passes\": %.4f},\n"
+      "      \"share_of_peak\": {\"median\": %.5f, \"best\": %.5f, \"all_passes\": %.5f},\n",
+      r.median_ms, r.best_ms, r.gbps(r.median_ms), r.gbps(r.best_ms),
+      r.gbps(r.total_ms / o.passes), r.share(r.median_ms), r.share(r.best_ms),
+      r.share(r.total_ms / o.passes));
+  if (r.staged() || o.depth < 2)
+    j += strf("      \"target\": {\"share\": %.2f, \"applies\": false},\n", kTargetShare);
+  else
+    j += strf("      \"target\": {\"share\": %.2f, \"applies\": true, \"met\": %s},\n",
+              kTargetShare, r.share(r.median_ms) >= kTargetShare ? "true" : "false");
+  const lwo_ring_stats& s = r.stats;
+  j += strf(
+      "      \"ring\": {\"depth\": %u, \"slot_bytes\": %llu, \"stages\": %llu, "
+      "\"hits\": %llu, \"copies\": %llu, \"bytes_copied\": %llu",
+      r.ring.depth, static_cast<unsigned long long>(r.ring.slot_bytes),
+      static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
+      static_cast<unsigned long long>(s.n_copies), static_cast<unsigned long long>(s.bytes_copied));
+  if (o.timing)
+    j += strf(", \"copy_ms\": %.4f, \"wait_ms\": %.4f, \"copy_gbps\": %.4f", s.copy_ms, s.wait_ms,
+              s.bandwidth_gbps);
+  j += strf(
+      "},\n      \"checks\": {\"whole_layers\": %u, \"tensors\": %u, \"skipped_tensors\": %u},\n"
+      "      \"verified\": true\n    }",
+      r.whole_layers, r.checked_tensors, r.skipped_tensors);
+  return j;
+}
+
+void write_json(std::FILE* j, const Device& dev, const Options& o,
+                const std::vector<std::unique_ptr<Results>>& all) {
+  std::fprintf(j,
+               "{\n  \"tool\": \"lwo\",\n  \"command\": \"stream\",\n  \"version\": \"%s\",\n"
+               "  \"device\": %s,\n",
+               version_text().c_str(), json_device(dev).c_str());
+  std::string paths;
+  for (size_t i = 0; i < o.paths.size(); ++i) paths += (i ? ", " : "") + json_string(o.paths[i]);
+  std::fprintf(j,
+               "  \"config\": {\"paths\": [%s], \"mapping\": %s, \"staged\": %s, \"depth\": %u, "
+               "\"passes\": %u, \"timing\": %s},\n  \"checkpoints\": [\n",
+               paths.c_str(), json_mapping(all.front()->map).c_str(),
+               o.staged ? "true" : "false", o.depth, o.passes, o.timing ? "true" : "false");
+  for (size_t i = 0; i < all.size(); ++i)
+    std::fprintf(j, "%s%s\n", json_checkpoint(o, *all[i]).c_str(), i + 1 < all.size() ? "," : "");
+  std::fprintf(j, "  ]\n}\n");
+}
+
+// What each layer's slot is checked by: the whole copied span where the pool
+// gives the layer's host bytes in one piece (the file's bytes from its first
+// tensor on, exactly what the ring copies), else each tensor on its own
+// (those whose slot address suits the checksum kernel).
+void plan_checks(lwo_pool* pool, Results& r) {
+  const uint32_t n_layers = r.pool.n_layers;
+  r.copy_bytes.assign(n_layers, 0);
+  r.layer_checks.assign(n_layers, {});
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    void* data = nullptr;
+    uint64_t bytes = 0;
+    lwo_status_t s = lwo_pool_layer_host(pool, l, &data, &bytes);
+    if (s == LWO_OK) {
+      r.copy_bytes[l] = bytes;
+      ++r.whole_layers;
+      if (bytes) {
+        r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
+        r.checks.push_back({l, -1, "", bytes, {data, bytes}});
+      }
+      continue;
+    }
+    if (s != LWO_ERR_UNSUPPORTED) check(s, "lwo_pool_layer_host");
+    uint32_t n = 0;
+    CHECK(lwo_pool_layer_tensor_count(pool, l, &n));
+    for (uint32_t t = 0; t < n; ++t) {
+      lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
+      CHECK(lwo_pool_tensor_info(pool, l, t, &info));
+      r.copy_bytes[l] += info.bytes;
+      if (!info.bytes) continue;
+      if (info.offset % kChecksumAlign) {
+        ++r.skipped_tensors;
+        continue;
+      }
+      void* host = nullptr;
+      uint64_t host_bytes = 0;
+      CHECK(lwo_pool_tensor_host(pool, l, info.name, &host, &host_bytes));
+      ++r.checked_tensors;
+      r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
+      r.checks.push_back({l, static_cast<int32_t>(t), info.name, host_bytes, {host, host_bytes}});
+    }
+  }
+  r.pass_bytes = std::accumulate(r.copy_bytes.begin(), r.copy_bytes.end(), uint64_t(0));
+}
+
+// Opens one checkpoint and maps its tensors to layers (no device needed):
+// every usage error is found before the GPU is touched.
+void open_and_map(const Options& o, const std::string& path, Results& r) {
+  r.path = path;
+  Phase phase("open");
+  open_checkpoint(path, r.ck);
+  r.tensors = checkpoint_tensors(r.ck.get());
+  r.files = checkpoint_files(r.ck.get());
+  r.metadata = checkpoint_metadata(r.ck.get());
+  r.open_s = phase.seconds();
+  const std::string hint = strf("run 'lwo info %s' for its tensors and layers", escape(path).c_str());
+  if (!map_checkpoint(r.ck.get(), r.tensors, o.spec, 0, hint, &r.map))
+    throw UsageError(strf("%s: no default pattern (%s) maps any tensor; give --pattern or --names",
+                          escape(path).c_str(), default_patterns_text().c_str()),
+                     hint);
+  phase.done("%s: %zu file%s, %zu tensors, %zu layers by %s in %.3f s", escape(path).c_str(),
+             r.files.size(), r.files.size() == 1 ? "" : "s", r.tensors.size(),
+             r.map.layers.size(), r.map.describe().c_str(), r.open_s);
+}
+
+void stream_one(const Device& dev, const Options& o, Results& r) {
+  Pool pool;
+  {
+    Phase phase("pool");
+    const lwo_checkpoint_pool_config config =
+        checkpoint_pool_config(r.map, o.staged ? LWO_CHECKPOINT_STAGED : 0u);
+    CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
+    r.pool_s = phase.seconds();
+    r.ck.destroy();  // the pool keeps the files mapped
+    r.pool.size = sizeof r.pool;
+    CHECK(lwo_pool_get_info(pool.get(), &r.pool));
+    phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
+               fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
+  }
+  const uint32_t n_layers = r.pool.n_layers;
+  if (o.depth >= n_layers)
+    progress(
+        "note: depth %u >= %u layers: after the first pass every layer stays in a slot, "
+        "so passes hit and copy nothing",
+        o.depth, n_layers);
+
+  plan_checks(pool.get(), r);
+  std::vector<HostRange> ranges;
+  uint64_t check_bytes = 0;
+  for (const Check& c : r.checks) {
+    ranges.push_back(c.host);
+    check_bytes += c.bytes;
+  }
+  std::vector<uint64_t> expect;
+  {
+    Phase phase("checksums", check_bytes, true);
+    expect = checksums(ranges, &phase);
+    r.checksum_s = phase.seconds();
+    phase.done("%s of the file on the host in %.2f s", fmt_bytes(check_bytes).c_str(),
+               r.checksum_s);
+  }
+
+  // The peak: the same copy sizes from pinned memory (the pool is the file).
+  {
+    Phase phase("peak");
+    PinnedMem buffer;
+    check(cudaHostAlloc(buffer.out(), r.pool.max_record_bytes, cudaHostAllocDefault),
+          strf("cudaHostAlloc(%s)", fmt_bytes(r.pool.max_record_bytes).c_str()).c_str());
+    std::memset(buffer.get(), 0, r.pool.max_record_bytes);
+    std::vector<HostRange> copies;
+    for (uint64_t b : r.copy_bytes)
+      if (b) copies.push_back({buffer.get(), b});
+    r.peak_gbps = measure_h2d_peak(copies, r.pool.max_record_bytes, &r.peak_ms);
+    phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
+               r.peak_ms);
+  }
+
+  // The ring, the schedule and the consumer.
+  const size_t n_checks = r.checks.size();
+  Stream consumer = make_stream();
+  DeviceMem sums_mem = device_alloc(2 * std::max<size_t>(n_checks, 1) * sizeof(unsigned long long));
+  auto* sums = static_cast<unsigned long long*>(sums_mem.get());
+  CHECK(cudaMemsetAsync(sums, 0, 2 * std::max<size_t>(n_checks, 1) * sizeof(*sums),
+                        consumer.get()));
+  lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
+  ring_config.depth = o.depth;
+  ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
+  Ring ring;
+  CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
+  r.ring.size = sizeof r.ring;
+  CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  std::vector<uint32_t> order(n_layers);
+  std::iota(order.begin(), order.end(), 0u);
+  Schedule schedule;
+  CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
+
+  // Pass 0 warms up. The host enqueues pass p while the GPU runs pass p-1,
+  // then waits for pass p-1 and reports it. ends[p] follows pass p's last
+  // consumer kernel.
+  std::vector<Event> ends;
+  for (uint32_t p = 0; p <= o.passes; ++p) ends.push_back(make_event());
+  r.pass_ms.resize(o.passes);
+  Phase phase("passes", o.passes + 1);
+  auto finish = [&](uint32_t p) {
+    CHECK(cudaEventSynchronize(ends[p].get()));
+    double ms = r.pass_ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
+    phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes, ms,
+                          r.gbps(ms), 100 * r.share(ms)));
+    if (p == 1) verify(sums, r, expect, 1, "first timed pass");
+  };
+  for (uint32_t p = 0; p <= o.passes; ++p) {
+    // Row 0 of the sums holds the first timed pass alone, row 1 all others.
+    weights_pass(r, schedule.get(), consumer.get(), p == 1 ? sums : sums + n_checks);
+    CHECK(cudaEventRecord(ends[p].get(), consumer.get()));
+    if (p >= 2) finish(p - 1);
+  }
+  finish(o.passes);
+  CHECK(cudaStreamSynchronize(consumer.get()));
+  CHECK(lwo_engine_check(dev.engine.get()));
+  r.total_ms = elapsed_ms(ends.front(), ends.back());
+  r.median_ms = median(r.pass_ms);
+  r.best_ms = *std::min_element(r.pass_ms.begin(), r.pass_ms.end());
+  r.stats.size = sizeof r.stats;
+  CHECK(lwo_ring_get_stats(ring.get(), &r.stats));
+  schedule.destroy();
+  ring.destroy();
+
+  verify(sums + n_checks, r, expect, o.passes, "warm-up and later timed passes, summed");
+  phase.done("1 warm-up + %u timed in %.2f s: median %.3f ms, %.2f GB/s, %.2f%% of the peak; "
+             "checksums match",
+             o.passes, phase.seconds(), r.median_ms, r.gbps(r.median_ms),
+             100 * r.share(r.median_ms));
+
+  ends.clear();
+  sums_mem.destroy();
+  consumer.destroy();
+  pool.destroy();
+}
+
+}  // namespace
+
+int cmd_stream(int argc, char** argv);
+
+const Command kStreamCommand = {
+    "stream",
+    "FILE...",
+    "stream safetensors checkpoints through a ring, timed, every byte checked",
+    "Streams the layers of each checkpoint FILE (a .safetensors file, or the shards\n"
+    "of a *.safetensors.index.json) through a ring, in turn, as lwo run does:\n"
+    "checksums of every layer against the file's bytes, bandwidth against the\n"
+    "pinned-copy peak of the same copy sizes. Tensors of every dtype stream as\n"
+    "bytes. The files are mapped and registered for DMA in place (\"registered\"\n"
+    "path; target >= 97% of the peak at depth >= 2); where that is refused, or\n"
+    "with --staged, layers go through pinned staging buffers (\"staged\" path).\n"
+    "Processes that stream the same file share its pages. A layer index that no\n"
+    "tensor has (a gap) is refused: lwo info FILE lists the gaps.\n",
+    help_flags,
+    cmd_stream,
+};
+
+int cmd_stream(int argc, char** argv) {
+  Options o;
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
+    print_command_help(kStreamCommand, stdout);
+    return 0;
+  }
+  if (o.paths.empty())
+    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  for (const std::string& p : o.paths) parse_path("FILE", p);
+
+  // Every checkpoint opened and mapped first: usage errors need no device.
+  std::vector<std::unique_ptr<Results>> all;
+  for (const std::string& path : o.paths) {
+    all.push_back(std::make_unique<Results>());
+    open_and_map(o, path, *all.back());
+  }
+
+  Device dev;
+  open_device(o.device, dev);
+  JsonFile json;
+  if (!o.json.empty()) json.open(o.json);
+  progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
+           all.size() == 1 ? "" : "s");
+  for (size_t i = 0; i < all.size(); ++i) {
+    stream_one(dev, o, *all[i]);
+    if (i) std::printf("\n");
+    print_results(dev, o, *all[i]);
+    std::fflush(stdout);
+  }
+  if (json.is_open()) {
+    write_json(json.get(), dev, o, all);
+    json.commit();
+  }
+  dev.engine.destroy();
+  return 0;
+}
+
+}  // namespace cli
