@@ -56,6 +56,16 @@ SEEDS = {
     "shape_mismatch": st('{"w":' + t("F32", [3], 0, 8) + '}', bytes(8)),
     "overlap": st('{"a":' + t("U8", [8], 0, 8) + ',"b":' + t("U8", [8], 4, 12) + '}', bytes(12)),
     "duplicate": st('{"a":' + t("U8", [1], 0, 1) + ',"a":' + t("U8", [1], 1, 2) + '}', bytes(2)),
+    # Every dtype, in layers with gaps between their indices, and metadata.
+    "every_dtype_metadata": st(
+        '{"__metadata__":{"format":"pt","b":"2"},'
+        + ",".join('"blocks.%d.w%d":%s' % (idx, k, t(dt, [2], off, off + 2 * size))
+                   for k, (idx, dt, size, off) in enumerate([
+                       (0, "BOOL", 1, 0), (2, "I16", 2, 2), (5, "U16", 2, 6), (3, "I32", 4, 10),
+                       (9, "U32", 4, 18), (1, "I64", 8, 26), (4, "U64", 8, 42),
+                       (6, "F64", 8, 58), (7, "F8_E8M0", 1, 74), (8, "C64", 8, 76)]))
+        + '}', bytes(92)),
+    "gaps": st('{"h.0.w":' + t("F32", [1], 0, 4) + ',"h.7.w":' + t("F32", [1], 4, 8) + '}', bytes(8)),
 }
 
 

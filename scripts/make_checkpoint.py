@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a safetensors checkpoint of random weights, for lwo info / lwo run --weights.
+"""Writes a safetensors checkpoint of random weights, for lwo info / lwo stream.
 
 Every layer i gets two tensors, named by the pattern with {i} replaced:
   <prefix>weight  [rows, cols]
