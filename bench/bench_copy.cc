@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -30,7 +31,7 @@ constexpr uint64_t kBatchBytes = 256 * MiB;
 constexpr int kIterations = 5;
 
 enum class Memory { kPinned, kRegistered, kPageable };
-enum class Direction { kH2D, kD2H, kBoth };
+using testkit::Direction;
 
 const char* memory_name(Memory m) {
   switch (m) {
@@ -42,73 +43,44 @@ const char* memory_name(Memory m) {
       return "pageable";
   }
 }
-const char* direction_name(Direction d) {
-  switch (d) {
-    case Direction::kH2D:
-      return "h2d";
-    case Direction::kD2H:
-      return "d2h";
-    default:
-      return "both";
-  }
-}
 
 // Two host buffers of kMaxBytes of one kind (the H2D source and the D2H
 // destination), touched before use so no page fault is timed.
 class HostBuffers {
  public:
   explicit HostBuffers(Memory kind) : kind_(kind) {
-    try {
-      allocate();
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~HostBuffers() { release(); }
-  HostBuffers(const HostBuffers&) = delete;
-  HostBuffers& operator=(const HostBuffers&) = delete;
-  Memory kind() const { return kind_; }
-  void* src() const { return p_[0]; }
-  void* dst() const { return p_[1]; }
-
- private:
-  void allocate() {
-    const Memory kind = kind_;
-    for (void*& p : p_) {
+    for (int i = 0; i < 2; ++i) {
+      void* p = nullptr;
       if (kind == Memory::kPinned) {
-        check(cudaHostAlloc(&p, kMaxBytes, cudaHostAllocDefault), "cudaHostAlloc");
+        pinned_[i] = pinned_alloc(kMaxBytes);
+        p = pinned_[i].get();
       } else {
-        if (posix_memalign(&p, 4096, kMaxBytes) != 0) {
-          p = nullptr;
+        if (posix_memalign(&p, 4096, kMaxBytes) != 0)
           fail(strf("posix_memalign(%s) failed", fmt_bytes(kMaxBytes).c_str()));
-        }
+        plain_[i].reset(p);
         if (kind == Memory::kRegistered) (void)madvise(p, kMaxBytes, MADV_HUGEPAGE);
       }
       std::memset(p, 0x5a, kMaxBytes);
       if (kind == Memory::kRegistered) {
         check(cudaHostRegister(p, kMaxBytes, cudaHostRegisterDefault), "cudaHostRegister");
-        registered_[&p - p_] = true;
+        registered_[i] = testkit::Registration(p);
       }
+      p_[i] = p;
     }
   }
-  void release() noexcept {
-    for (void*& p : p_) {
-      if (!p) continue;
-      if (kind_ == Memory::kPinned) {
-        report_release(cudaFreeHost(p));
-      } else {
-        if (kind_ == Memory::kRegistered && registered_[&p - p_])
-          report_release(cudaHostUnregister(p));
-        std::free(p);
-      }
-      p = nullptr;
-    }
-  }
+  Memory kind() const { return kind_; }
+  void* src() const { return p_[0]; }
+  void* dst() const { return p_[1]; }
 
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
   Memory kind_;
-  bool registered_[2] = {false, false};
   void* p_[2] = {nullptr, nullptr};
+  PinnedMem pinned_[2];
+  std::unique_ptr<void, Free> plain_[2];
+  testkit::Registration registered_[2];  // unregistered before plain_ is freed
 };
 
 // Resources kept across benchmarks (registered memory-kind-major, so one kind
@@ -116,27 +88,20 @@ class HostBuffers {
 struct Shared {
   std::unique_ptr<HostBuffers> host;
   DeviceMem dev[2];
-  Stream stream[2];
-  Event start, end[2];
-  bool ready = false;
+  std::unique_ptr<testkit::CopyLoop> loop;
 };
 Shared* g_shared = nullptr;
 
 Shared& shared(Memory kind) {
   if (!g_shared) g_shared = new Shared;
   Shared& s = *g_shared;
-  if (!s.ready) {
+  if (!s.loop) {
     s.dev[0] = device_alloc(kMaxBytes);
     s.dev[1] = device_alloc(kMaxBytes);
     check(cudaMemset(s.dev[0].get(), 0, kMaxBytes), "cudaMemset");
     check(cudaMemset(s.dev[1].get(), 0, kMaxBytes), "cudaMemset");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // not ordered with our streams
-    s.stream[0] = make_stream();
-    s.stream[1] = make_stream();
-    s.start = make_event();
-    s.end[0] = make_event();
-    s.end[1] = make_event();
-    s.ready = true;
+    s.loop = std::make_unique<testkit::CopyLoop>();
   }
   if (!s.host || s.host->kind() != kind) {
     s.host.reset();  // free the other kind first
@@ -150,70 +115,32 @@ void cleanup() {
   g_shared = nullptr;
 }
 
-struct BatchTimes {
-  double all_ms = 0, h2d_ms = 0, d2h_ms = 0;
-};
-
-// One batch: `copies` copies of `bytes` per direction. For both directions the
-// copies are enqueued alternately (H2D on stream 0, D2H on stream 1), so that
-// pageable copies, which hold the host thread, still overlap.
-BatchTimes run_batch(Shared& s, Direction dir, uint64_t bytes, uint64_t copies) {
-  cudaStream_t s0 = s.stream[0].get(), s1 = s.stream[1].get();
-  check(cudaEventRecord(s.start.get(), s0), "cudaEventRecord");
-  if (dir == Direction::kBoth)
-    check(cudaStreamWaitEvent(s1, s.start.get(), 0), "cudaStreamWaitEvent");
-  for (uint64_t i = 0; i < copies; ++i) {
-    if (dir != Direction::kD2H)
-      check(cudaMemcpyAsync(s.dev[0].get(), s.host->src(), bytes, cudaMemcpyHostToDevice, s0),
-            "cudaMemcpyAsync (H2D)");
-    if (dir != Direction::kH2D)
-      check(cudaMemcpyAsync(s.host->dst(), s.dev[1].get(), bytes, cudaMemcpyDeviceToHost,
-                            dir == Direction::kBoth ? s1 : s0),
-            "cudaMemcpyAsync (D2H)");
-  }
-  check(cudaEventRecord(s.end[0].get(), s0), "cudaEventRecord");
-  if (dir == Direction::kBoth) check(cudaEventRecord(s.end[1].get(), s1), "cudaEventRecord");
-  check(cudaEventSynchronize(s.end[0].get()), "cudaEventSynchronize");
-  BatchTimes t;
-  if (dir == Direction::kBoth) {
-    check(cudaEventSynchronize(s.end[1].get()), "cudaEventSynchronize");
-    t.h2d_ms = elapsed_ms(s.start, s.end[0]);
-    t.d2h_ms = elapsed_ms(s.start, s.end[1]);
-    t.all_ms = std::max(t.h2d_ms, t.d2h_ms);
-  } else {
-    t.all_ms = elapsed_ms(s.start, s.end[0]);
-    (dir == Direction::kH2D ? t.h2d_ms : t.d2h_ms) = t.all_ms;
-  }
-  return t;
-}
-
 void bm_copy(benchmark::State& state, Memory kind, Direction dir) {
   run_guarded(state, [&] {
     const uint64_t bytes = static_cast<uint64_t>(state.range(0));
     const uint64_t copies = std::max<uint64_t>(1, kBatchBytes / bytes);
     const uint64_t moved = bytes * copies * (dir == Direction::kBoth ? 2 : 1);
     Shared& s = shared(kind);
-    run_batch(s, dir, bytes, copies);  // warm-up
-    std::vector<double> all, h2d, d2h;
+    const testkit::CopyPlan plan = testkit::uniform_plan(
+        dir, s.host->src(), s.host->dst(), s.dev[0].get(), s.dev[1].get(), bytes, copies);
+    s.loop->run_batch(plan);  // warm-up
+    testkit::CopyResult r;
+    r.direction = dir;
+    r.h2d_bytes = plan.h2d_bytes();
+    r.d2h_bytes = plan.d2h_bytes();
     for (auto _ : state) {
-      BatchTimes t = run_batch(s, dir, bytes, copies);
-      state.SetIterationTime(t.all_ms / 1e3);
-      all.push_back(t.all_ms);
-      h2d.push_back(t.h2d_ms);
-      d2h.push_back(t.d2h_ms);
+      r.batches.push_back(s.loop->run_batch(plan));
+      state.SetIterationTime(r.batches.back().ms / 1e3);
     }
-    auto gbps = [](uint64_t b, double ms) {
-      return ms > 0 ? static_cast<double>(b) / (ms * 1e6) : 0.0;
-    };
-    const double med = gbps(moved, median(all));
+    const double med = r.median_gbps();
     state.counters["GB/s"] = med;
-    state.counters["GB/s_best"] = gbps(moved, *std::min_element(all.begin(), all.end()));
+    state.counters["GB/s_best"] = r.best_gbps();
     state.counters["share_of_peak"] = peaks().h2d_gbps > 0 ? med / peaks().h2d_gbps : 0;
     state.counters["bytes"] = static_cast<double>(bytes);
     state.counters["copies_per_batch"] = static_cast<double>(copies);
     if (dir == Direction::kBoth) {
-      state.counters["h2d_GB/s"] = gbps(bytes * copies, median(h2d));
-      state.counters["d2h_GB/s"] = gbps(bytes * copies, median(d2h));
+      state.counters["h2d_GB/s"] = r.h2d_median_gbps();
+      state.counters["d2h_GB/s"] = r.d2h_median_gbps();
     }
     state.SetBytesProcessed(static_cast<int64_t>(moved) * state.iterations());
   });
@@ -222,7 +149,7 @@ void bm_copy(benchmark::State& state, Memory kind, Direction dir) {
 void register_benchmarks() {
   for (Memory m : {Memory::kPinned, Memory::kRegistered, Memory::kPageable})
     for (Direction d : {Direction::kH2D, Direction::kD2H, Direction::kBoth}) {
-      std::string name = strf("copy/%s/%s", memory_name(m), direction_name(d));
+      std::string name = strf("copy/%s/%s", memory_name(m), testkit::direction_name(d));
       auto* b = benchmark::RegisterBenchmark(name.c_str(),
                                              [m, d](benchmark::State& st) { bm_copy(st, m, d); });
       for (uint64_t bytes = 256 * KiB; bytes <= kMaxBytes; bytes *= 4)

@@ -102,6 +102,31 @@ void sync_all(cudaStream_t stream) {
   check(lwo_engine_synchronize(engine()), "lwo_engine_synchronize");
 }
 
+Ring make_ring(lwo_pool* pool, uint32_t depth) {
+  lwo_ring_config config = LWO_RING_CONFIG_INIT;
+  config.depth = depth;
+  Ring ring;
+  check(lwo_ring_create(pool, &config, ring.out()), "lwo_ring_create");
+  return ring;
+}
+
+// time_layers over a ring's calls: kLayersPerIter layers per iteration, and
+// the share of the timed stages (the warm-up's excluded) that hit.
+template <class Step>
+void time_ring_layers(benchmark::State& state, lwo_ring* ring, uint32_t depth,
+                      cudaStream_t stream, Step step) {
+  lwo_ring_stats before{};
+  time_layers(state, kLayersPerIter, step, [&] {
+    sync_all(stream);
+    if (before.n_stages == 0) before = testkit::ring_stats(ring);
+  });
+  const lwo_ring_stats after = testkit::ring_stats(ring);
+  const double stages = static_cast<double>(after.n_stages - before.n_stages);
+  state.counters["hit_share"] =
+      stages > 0 ? static_cast<double>(after.n_hits - before.n_hits) / stages : 0;
+  state.counters["depth"] = depth;
+}
+
 // stage + acquire + release per layer; `cycle` layers (kLayers: every stage
 // copies; depth: every stage hits).
 void bm_stage_acquire_release(benchmark::State& state, bool hit) {
@@ -110,14 +135,9 @@ void bm_stage_acquire_release(benchmark::State& state, bool hit) {
     const uint32_t cycle = hit ? depth : kLayers;
     Shared& s = shared();
     cudaStream_t stream = s.stream.get();
-    lwo_ring_config config = LWO_RING_CONFIG_INIT;
-    config.depth = depth;
-    Ring ring;
-    check(lwo_ring_create(s.pool.get(), &config, ring.out()), "lwo_ring_create");
-    lwo_ring_stats before{};
-    before.size = sizeof before;
-    time_layers(
-        state, kLayersPerIter,
+    Ring ring = make_ring(s.pool.get(), depth);
+    time_ring_layers(
+        state, ring.get(), depth, stream,
         [&](uint64_t i) {
           lwo_ticket t{};
           lwo_layer_view view = LWO_LAYER_VIEW_INIT;
@@ -127,19 +147,7 @@ void bm_stage_acquire_release(benchmark::State& state, bool hit) {
           if (st != LWO_OK) check(st, "lwo_ring_acquire");
           st = lwo_ring_release(ring.get(), t, stream);
           if (st != LWO_OK) check(st, "lwo_ring_release");
-        },
-        [&] {
-          sync_all(stream);
-          if (before.n_stages == 0)
-            check(lwo_ring_get_stats(ring.get(), &before), "lwo_ring_get_stats");
         });
-    lwo_ring_stats after{};
-    after.size = sizeof after;
-    check(lwo_ring_get_stats(ring.get(), &after), "lwo_ring_get_stats");
-    const double stages = static_cast<double>(after.n_stages - before.n_stages);
-    state.counters["hit_share"] =
-        stages > 0 ? static_cast<double>(after.n_hits - before.n_hits) / stages : 0;
-    state.counters["depth"] = depth;
   });
 }
 
@@ -150,19 +158,14 @@ void bm_schedule_next(benchmark::State& state, bool hit) {
     const uint32_t depth = static_cast<uint32_t>(state.range(0));
     Shared& s = shared();
     cudaStream_t stream = s.stream.get();
-    lwo_ring_config config = LWO_RING_CONFIG_INIT;
-    config.depth = depth;
-    Ring ring;
-    check(lwo_ring_create(s.pool.get(), &config, ring.out()), "lwo_ring_create");
+    Ring ring = make_ring(s.pool.get(), depth);
     std::vector<uint32_t> order(kLayers);
     for (uint32_t i = 0; i < kLayers; ++i) order[i] = hit ? i % depth : i;
     Schedule schedule;
     check(lwo_schedule_create(ring.get(), order.data(), kLayers, schedule.out()),
           "lwo_schedule_create");
-    lwo_ring_stats before{};
-    before.size = sizeof before;
-    time_layers(
-        state, kLayersPerIter,
+    time_ring_layers(
+        state, ring.get(), depth, stream,
         [&](uint64_t) {
           lwo_layer_view view = LWO_LAYER_VIEW_INIT;
           lwo_status_t st = lwo_schedule_next(schedule.get(), stream, &view);
@@ -171,19 +174,7 @@ void bm_schedule_next(benchmark::State& state, bool hit) {
             st = lwo_schedule_next(schedule.get(), stream, &view);
           }
           if (st != LWO_OK) check(st, "lwo_schedule_next");
-        },
-        [&] {
-          sync_all(stream);
-          if (before.n_stages == 0)
-            check(lwo_ring_get_stats(ring.get(), &before), "lwo_ring_get_stats");
         });
-    lwo_ring_stats after{};
-    after.size = sizeof after;
-    check(lwo_ring_get_stats(ring.get(), &after), "lwo_ring_get_stats");
-    const double stages = static_cast<double>(after.n_stages - before.n_stages);
-    state.counters["hit_share"] =
-        stages > 0 ? static_cast<double>(after.n_hits - before.n_hits) / stages : 0;
-    state.counters["depth"] = depth;
   });
 }
 

@@ -21,7 +21,7 @@
 #include <numeric>
 
 #include "bench/common.h"
-#include "testkit/checksum.h"
+#include "tests/testkit/checksum.h"
 
 namespace lwob {
 namespace {
@@ -62,18 +62,16 @@ RingPool& pool_for(uint64_t record) {
   std::vector<lwo_layer_desc> descs(p->layers, lwo_layer_desc{&tensor, 1, nullptr});
   check(lwo_pool_create_pinned(engine(), descs.data(), p->layers, nullptr, p->pool.out()),
         "lwo_pool_create_pinned");
-  std::vector<void*> host(p->layers);
-  std::vector<uint64_t> bytes(p->layers);
-  std::vector<ByteRange> fill;
+  std::vector<testkit::HostRange> host(p->layers);
+  std::vector<testkit::ByteRange> fill;
   for (uint32_t l = 0; l < p->layers; ++l) {
-    check(lwo_pool_layer_host(p->pool.get(), l, &host[l], &bytes[l]), "lwo_pool_layer_host");
-    p->total += bytes[l];
-    fill.push_back({host[l], bytes[l], mix64(record) ^ mix64(l + 1)});
+    check(lwo_pool_layer_host(p->pool.get(), l, &host[l].data, &host[l].bytes),
+          "lwo_pool_layer_host");
+    p->total += host[l].bytes;
+    fill.push_back({host[l].data, host[l].bytes, testkit::key_of(record, l)});
   }
-  fill_random_bytes(fill);
-  p->expect.resize(p->layers);
-  parallel_for(p->layers,
-               [&](size_t l) { p->expect[l] = lwo::kernels::checksum_host(host[l], bytes[l], 1); });
+  testkit::fill_bytes(fill);
+  p->expect = testkit::checksums(host);
   p->sums = device_alloc(p->layers * sizeof(unsigned long long));
   p->consumer = make_stream();
   p->a = make_event();
@@ -87,25 +85,8 @@ void cleanup() {
   g_pool = nullptr;
 }
 
-lwo_ring_stats ring_stats(lwo_ring* ring) {
-  lwo_ring_stats s{};
-  s.size = sizeof s;
-  check(lwo_ring_get_stats(ring, &s), "lwo_ring_get_stats");
-  return s;
-}
-
-// One pass of the schedule: the checksum kernel reads each layer's slot.
-void pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
-  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
-  for (;;) {
-    lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
-    if (s == LWO_END) break;
-    check(s, "lwo_schedule_next");
-    check(lwo::kernels::checksum_async(view.base, view.record_bytes, sums + view.layer, stream),
-          "checksum_async");
-  }
-  check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
-}
+using testkit::checksum_pass;
+using testkit::ring_stats;
 
 void bm_ring(benchmark::State& state) {
   run_guarded(state, [&] {
@@ -128,13 +109,13 @@ void bm_ring(benchmark::State& state) {
     const uint32_t passes =
         static_cast<uint32_t>(std::max<uint64_t>(1, (kIterBytes + p.total - 1) / p.total));
 
-    pass(schedule.get(), cs, sums);  // warm-up
+    checksum_pass(schedule.get(), cs, sums);  // warm-up
     check(cudaStreamSynchronize(cs), "cudaStreamSynchronize");
     const lwo_ring_stats s0 = ring_stats(ring.get());
     std::vector<double> ms;
     for (auto _ : state) {
       check(cudaEventRecord(p.a.get(), cs), "cudaEventRecord");
-      for (uint32_t i = 0; i < passes; ++i) pass(schedule.get(), cs, sums);
+      for (uint32_t i = 0; i < passes; ++i) checksum_pass(schedule.get(), cs, sums);
       check(cudaEventRecord(p.b.get(), cs), "cudaEventRecord");
       check(cudaEventSynchronize(p.b.get()), "cudaEventSynchronize");
       ms.push_back(elapsed_ms(p.a, p.b));
@@ -146,22 +127,16 @@ void bm_ring(benchmark::State& state) {
     check(lwo_engine_check(engine()), "lwo_engine_check");
 
     // Every pass, warm-up included, added each layer's checksum once.
-    std::vector<unsigned long long> got(p.layers);
-    check(
-        cudaMemcpyAsync(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost, cs),
-        "cudaMemcpyAsync (sums)");
-    check(cudaStreamSynchronize(cs), "cudaStreamSynchronize");
     const uint64_t times = 1 + uint64_t(passes) * ms.size();
-    for (uint32_t l = 0; l < p.layers; ++l)
-      if (got[l] != times * p.expect[l])
-        fail(
-            strf("layer %u summed to checksum 0x%016llx over %llu passes, expected 0x%016llx: "
-                 "a slot did not hold its layer's bytes",
-                 l, got[l], static_cast<unsigned long long>(times),
-                 static_cast<unsigned long long>(times * p.expect[l])));
+    const std::vector<testkit::SumMismatch> bad = testkit::verify_sums(sums, p.expect, times, cs);
+    if (!bad.empty())
+      fail(strf("layer %u summed to checksum 0x%016llx over %llu passes, expected 0x%016llx: "
+                "a slot did not hold its layer's bytes (%zu of %u layers differ)",
+                bad[0].layer, bad[0].got, static_cast<unsigned long long>(times), bad[0].want,
+                bad.size(), p.layers));
 
     const uint64_t iter_bytes = p.total * passes;
-    auto gbps = [&](double t) { return static_cast<double>(iter_bytes) / (t * 1e6); };
+    auto gbps = [&](double t) { return testkit::gbps(static_cast<double>(iter_bytes), t); };
     const double peak = peaks().h2d_gbps;
     const double med = gbps(median(ms)), best = gbps(*std::min_element(ms.begin(), ms.end()));
     state.counters["GB/s"] = med;

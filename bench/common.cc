@@ -1,75 +1,11 @@
 #include "bench/common.h"
 
-#include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <thread>
+#include <stdexcept>
 
 namespace lwob {
-
-std::string strf(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  va_list ap2;
-  va_copy(ap2, ap);
-  int n = std::vsnprintf(nullptr, 0, fmt, ap);
-  va_end(ap);
-  std::string s(n > 0 ? static_cast<size_t>(n) : 0, '\0');
-  if (n > 0) std::vsnprintf(&s[0], s.size() + 1, fmt, ap2);
-  va_end(ap2);
-  return s;
-}
-
-std::string fmt_bytes(uint64_t bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  uint64_t whole = bytes;
-  while (u < 4 && whole >= 1024 && whole % 1024 == 0) {
-    whole /= 1024;
-    ++u;
-  }
-  if (whole < 1024 || u == 4)
-    return strf("%llu %s", static_cast<unsigned long long>(whole), units[u]);
-  double v = static_cast<double>(bytes);
-  u = 0;
-  while (u < 4 && v >= 1024) {
-    v /= 1024;
-    ++u;
-  }
-  return strf("%.2f %s", v, units[u]);
-}
-
-void fail(const std::string& message) { throw Error(message); }
-
-void check(lwo_status_t status, const char* call) {
-  if (status == LWO_OK) return;
-  fail(strf("%s: %s: %s", call, lwo_status_string(status), lwo_last_error_message()));
-}
-
-void check(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return;
-  (void)cudaGetLastError();
-  fail(strf("%s: %s (%s)", call, cudaGetErrorName(error), cudaGetErrorString(error)));
-}
-
-void report_release(lwo_status_t status) {
-  if (status != LWO_OK)
-    std::fprintf(stderr, "lwo bench: releasing a handle failed: %s: %s\n",
-                 lwo_status_string(status), lwo_last_error_message());
-}
-
-void report_release(cudaError_t error) {
-  if (error != cudaSuccess)
-    std::fprintf(stderr, "lwo bench: releasing a CUDA resource failed: %s\n",
-                 cudaGetErrorString(error));
-}
 
 namespace {
 int g_failures = 0;  // benchmarks that stopped with an error
@@ -90,191 +26,33 @@ void run_guarded(benchmark::State& state, const std::function<void()>& body) {
   state.SkipWithError(message.c_str());
 }
 
-Stream make_stream() {
-  Stream s;
-  check(cudaStreamCreateWithFlags(s.out(), cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  return s;
-}
-
-Event make_event() {
-  Event e;
-  check(cudaEventCreate(e.out()), "cudaEventCreate");
-  return e;
-}
-
-DeviceMem device_alloc(size_t bytes) {
-  DeviceMem m;
-  check(cudaMalloc(m.out(), std::max<size_t>(bytes, 1)),
-        strf("cudaMalloc(%s)", fmt_bytes(bytes).c_str()).c_str());
-  return m;
-}
-
-PinnedMem pinned_alloc(size_t bytes) {
-  PinnedMem m;
-  check(cudaHostAlloc(m.out(), std::max<size_t>(bytes, 1), cudaHostAllocDefault),
-        strf("cudaHostAlloc(%s)", fmt_bytes(bytes).c_str()).c_str());
-  return m;
-}
-
-double elapsed_ms(const Event& a, const Event& b) {
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
-  return ms;
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // --- process state ------------------------------------------------------------
 
 namespace {
 lwo_engine* g_engine = nullptr;
 int g_device = 0;
-Peaks g_peaks;
+testkit::Peaks g_peaks;
+
+void report_release(const char* call, const std::string& why) {
+  std::fprintf(stderr, "lwo bench: releasing a resource failed: %s: %s\n", call, why.c_str());
+}
 }  // namespace
+
+const testkit::PeakKnobs kPeakKnobs = [] {
+  testkit::PeakKnobs k;
+  k.copy_bytes = 256 * MiB;
+  k.copies = 4;
+  k.warmup = 1;
+  k.repeats = 5;
+  return k;
+}();
 
 lwo_engine* engine() {
   if (!g_engine) fail("no lwo engine in this program");
   return g_engine;
 }
 int device() { return g_device; }
-const Peaks& peaks() { return g_peaks; }
-
-namespace {
-
-constexpr uint64_t kPeakChunk = 256 * MiB;
-constexpr int kPeakChunks = 4;
-constexpr int kPeakRounds = 5;
-
-double measure_peak(cudaMemcpyKind kind, void* host, void* dev, cudaStream_t stream, const Event& a,
-                    const Event& b) {
-  void* dst = kind == cudaMemcpyHostToDevice ? dev : host;
-  const void* src = kind == cudaMemcpyHostToDevice ? host : dev;
-  double best = std::numeric_limits<double>::infinity();
-  for (int round = -1; round < kPeakRounds; ++round) {
-    check(cudaEventRecord(a.get(), stream), "cudaEventRecord");
-    for (int i = 0; i < kPeakChunks; ++i)
-      check(cudaMemcpyAsync(dst, src, kPeakChunk, kind, stream), "cudaMemcpyAsync (peak)");
-    check(cudaEventRecord(b.get(), stream), "cudaEventRecord");
-    check(cudaEventSynchronize(b.get()), "cudaEventSynchronize");
-    if (round >= 0) best = std::min(best, elapsed_ms(a, b));
-  }
-  return static_cast<double>(kPeakChunk) * kPeakChunks / (best * 1e6);
-}
-
-void measure_peaks(bool d2h) {
-  PinnedMem host = pinned_alloc(kPeakChunk);
-  DeviceMem dev = device_alloc(kPeakChunk);
-  std::memset(host.get(), 0x5a, kPeakChunk);
-  check(cudaMemset(dev.get(), 0, kPeakChunk), "cudaMemset");
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the memset is not ordered with s
-  Stream s = make_stream();
-  Event a = make_event(), b = make_event();
-  g_peaks.h2d_gbps = measure_peak(cudaMemcpyHostToDevice, host.get(), dev.get(), s.get(), a, b);
-  if (d2h)
-    g_peaks.d2h_gbps = measure_peak(cudaMemcpyDeviceToHost, host.get(), dev.get(), s.get(), a, b);
-}
-
-}  // namespace
-
-// --- host fills -----------------------------------------------------------------
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-void parallel_for(size_t n, const std::function<void(size_t)>& fn) {
-  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  size_t n_threads = std::min<size_t>(hw, n);
-  if (n_threads <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> threads;
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  for (size_t t = 0; t < n_threads; ++t)
-    threads.emplace_back([&] {
-      for (size_t i; (i = next.fetch_add(1)) < n;) {
-        if (failed.load()) return;
-        try {
-          fn(i);
-        } catch (...) {
-          if (!failed.exchange(true)) error = std::current_exception();
-          return;
-        }
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
-namespace {
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-constexpr uint64_t kFillChunk = uint64_t(1) << 22;  // elements (bytes) per work item
-
-uint16_t f32_to_bf16(float f) {  // round to nearest even; finite inputs
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-}  // namespace
-
-namespace {
-
-// Work items of at most kFillChunk elements over a list of ranges.
-struct Item {
-  size_t range;
-  uint64_t begin, end;
-};
-template <class R>
-std::vector<Item> split(const std::vector<R>& ranges) {
-  std::vector<Item> items;
-  for (size_t r = 0; r < ranges.size(); ++r)
-    for (uint64_t b = 0; b < ranges[r].n; b += kFillChunk)
-      items.push_back({r, b, std::min(ranges[r].n, b + kFillChunk)});
-  return items;
-}
-
-}  // namespace
-
-void fill_random_bytes(const std::vector<ByteRange>& ranges) {
-  std::vector<Item> items = split(ranges);
-  parallel_for(items.size(), [&](size_t i) {
-    const ByteRange& r = ranges[items[i].range];
-    auto* p = static_cast<uint8_t*>(r.data);
-    // Items start at multiples of 8 bytes: word k holds bytes 8k..8k+7.
-    for (uint64_t j = items[i].begin; j < items[i].end; j += 8) {
-      uint64_t w = mix64(r.key + (j / 8 + 1) * kGolden);
-      std::memcpy(p + j, &w, std::min<uint64_t>(8, items[i].end - j));
-    }
-  });
-}
-
-void fill_uniform_bf16(const std::vector<Bf16Range>& ranges) {
-  std::vector<Item> items = split(ranges);
-  parallel_for(items.size(), [&](size_t i) {
-    const Bf16Range& r = ranges[items[i].range];
-    auto* p = static_cast<uint16_t*>(r.data);
-    for (uint64_t j = items[i].begin; j < items[i].end; ++j) {
-      uint64_t w = mix64(r.key + (j + 1) * kGolden);
-      float u = static_cast<float>(w >> 40) * (1.0f / 8388608.0f) - 1.0f;  // [-1, 1)
-      p[j] = f32_to_bf16(u * r.bound);
-    }
-  });
-}
+const testkit::Peaks& peaks() { return g_peaks; }
 
 // --- flags and main -------------------------------------------------------------
 
@@ -369,17 +147,16 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
   benchmark::Initialize(&n_rest, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n_rest, rest.data())) return 2;
   g_device = dev;
+  testkit::set_release_reporter(report_release);
   spec.register_benchmarks();
 
   if (!listing) {
-    int n = 0;
-    cudaError_t count_error = cudaGetDeviceCount(&n);
-    if (count_error != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      std::fprintf(stderr, "%s: no CUDA device (cudaGetDeviceCount: %s)\n", spec.program,
-                   count_error != cudaSuccess ? cudaGetErrorString(count_error) : "0 devices");
+    if (!testkit::no_device_reason().empty()) {
+      std::fprintf(stderr, "%s: no CUDA device (%s)\n", spec.program,
+                   testkit::no_device_reason().c_str());
       return 1;
     }
+    const int n = testkit::device_count();
     if (dev >= n) {
       std::fprintf(stderr, "%s: no CUDA device %d (%d found)\n", spec.program, dev, n);
       return 1;
@@ -393,7 +170,8 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
         config.device = dev;
         check(lwo_engine_create(&config, &g_engine), "lwo_engine_create");
       }
-      if (spec.needs_peaks) measure_peaks(spec.needs_d2h_peak);
+      if (spec.needs_peaks)
+        g_peaks = testkit::measure_pinned_peaks(kPeakKnobs, /*h2d_only=*/!spec.needs_d2h_peak);
       unsigned v = lwo_version();
       benchmark::AddCustomContext("lwo_version",
                                   strf("%u.%u.%u", v / 10000, v / 100 % 100, v % 100));
@@ -405,10 +183,7 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
         benchmark::AddCustomContext("lwo_h2d_peak_gbps", strf("%.4f", g_peaks.h2d_gbps));
         if (spec.needs_d2h_peak)
           benchmark::AddCustomContext("lwo_d2h_peak_gbps", strf("%.4f", g_peaks.d2h_gbps));
-        benchmark::AddCustomContext(
-            "lwo_peak_method", strf("pinned (cudaHostAlloc) copies, %d x %s back-to-back on one "
-                                    "stream, best of %d rounds",
-                                    kPeakChunks, fmt_bytes(kPeakChunk).c_str(), kPeakRounds));
+        benchmark::AddCustomContext("lwo_peak_method", kPeakKnobs.method());
       }
       std::fprintf(stderr, "%s: device %d: %s", spec.program, dev, prop.name);
       if (spec.needs_peaks) std::fprintf(stderr, "; pinned peak H2D %.2f GB/s", g_peaks.h2d_gbps);
@@ -417,7 +192,8 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
       std::fprintf(stderr, "\n");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", spec.program, e.what());
-      if (g_engine) lwo_engine_destroy(g_engine);
+      if (g_engine) testkit::report_release("lwo_engine_destroy", lwo_engine_destroy(g_engine));
+      g_engine = nullptr;
       return 1;
     }
   }
@@ -445,6 +221,7 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
       rc = 1;
     }
   }
+  if (testkit::release_failures()) rc = 1;
   benchmark::Shutdown();
   return rc;
 }

@@ -83,20 +83,20 @@ TEST_F(CheckpointGpu, SlotsHoldTheFileBytesOnBothPaths) {
     EXPECT_EQ(pi.kind, flags ? LWO_POOL_CHECKPOINT_STAGED : LWO_POOL_CHECKPOINT_MAPPED);
     for (uint32_t depth : {1u, 2u, 3u, 5u, 8u}) {
       SCOPED_TRACE(std::string(flags ? "staged" : "registered") + " depth " + std::to_string(depth));
-      RingOwner ring;
+      Ring ring;
       create_ring(pool, depth, 0, &ring);
       if (HasFatalFailure()) return;
       std::vector<uint32_t> order(120);
       for (auto& o : order) o = static_cast<uint32_t>(rng() % L);
-      ScheduleOwner sched;
-      CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()), &sched.s));
+      Schedule sched;
+      CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()), sched.out()));
       Checks checks;
       checks.init(order.size() * 2);
       if (HasFatalFailure()) return;
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       int i = 0;
       lwo_status_t s;
-      while ((s = lwo_schedule_next(sched.s, stream(i % 2), &v)) == LWO_OK) {
+      while ((s = lwo_schedule_next(sched.get(), stream(i % 2), &v)) == LWO_OK) {
         uint64_t ab = 0, bb = 0;
         lwo_tensor_info ta = LWO_TENSOR_INFO_INIT, tb = LWO_TENSOR_INFO_INIT;
         CHECK_LWO(lwo_pool_tensor_info(pool, v.layer, 0, &ta));

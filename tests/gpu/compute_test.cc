@@ -1,44 +1,20 @@
 // Linear layers and gradients to host on the device: outputs and gradients
 // against an fp64 CPU reference, streamed against resident bit for bit, and
 // the gradient fence.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "gpu_util.h"
+#include "testkit/dtype.h"
 #include "testkit/spin.h"
 
 namespace lwo_test {
 namespace {
 
-// ---- host-side dtype handling ----
+// ---- host-side dtype handling (testkit/dtype.h) ----
 
 size_t esize(lwo_dtype_t d) { return lwo_dtype_size(d); }
 
 // Rounds v to `d` and stores it at p[i]; returns the rounded value.
-float store(void* p, size_t i, float v, lwo_dtype_t d) {
-  switch (d) {
-    case LWO_DTYPE_BF16: {
-      __nv_bfloat16 h = __float2bfloat16(v);
-      static_cast<__nv_bfloat16*>(p)[i] = h;
-      return __bfloat162float(h);
-    }
-    case LWO_DTYPE_F16: {
-      __half h = __float2half(v);
-      static_cast<__half*>(p)[i] = h;
-      return __half2float(h);
-    }
-    default:
-      static_cast<float*>(p)[i] = v;
-      return v;
-  }
-}
-float load(const void* p, size_t i, lwo_dtype_t d) {
-  switch (d) {
-    case LWO_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case LWO_DTYPE_F16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
+float store(void* p, size_t i, float v, lwo_dtype_t d) { return testkit::store_f32(p, d, i, v); }
+float load(const void* p, size_t i, lwo_dtype_t d) { return testkit::load_f32(p, d, i); }
 
 // A host matrix in a dtype with its rounded float values, and a device copy.
 struct Mat {
@@ -46,6 +22,7 @@ struct Mat {
   size_t n;
   std::vector<uint8_t> bytes;
   std::vector<float> vals;
+  testkit::DeviceMem mem;
   void* dev = nullptr;
   Mat(lwo_dtype_t d, size_t count, std::mt19937_64& rng, float scale) : dt(d), n(count) {
     bytes.resize(n * esize(d));
@@ -53,14 +30,10 @@ struct Mat {
     std::uniform_real_distribution<float> u(-scale, scale);
     for (size_t i = 0; i < n; ++i) vals[i] = store(bytes.data(), i, u(rng), d);
   }
-  Mat(const Mat&) = delete;
-  Mat& operator=(const Mat&) = delete;
-  ~Mat() {
-    if (dev) (void)cudaFree(dev);
-  }
   cudaError_t upload() {
-    cudaError_t e = cudaMalloc(&dev, bytes.size());
+    cudaError_t e = cudaMalloc(mem.out(), bytes.size());
     if (e != cudaSuccess) return e;
+    dev = mem.get();
     return cudaMemcpy(dev, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
   }
 };
@@ -68,16 +41,13 @@ struct Mat {
 // A device output, poisoned (all bits set: NaN in every float format).
 struct Out {
   size_t bytes;
+  testkit::DeviceMem mem;
   void* dev = nullptr;
   explicit Out(size_t b) : bytes(b) {}
-  Out(const Out&) = delete;
-  Out& operator=(const Out&) = delete;
-  ~Out() {
-    if (dev) (void)cudaFree(dev);
-  }
   cudaError_t alloc() {
-    cudaError_t e = cudaMalloc(&dev, bytes);
+    cudaError_t e = cudaMalloc(mem.out(), bytes);
     if (e != cudaSuccess) return e;
+    dev = mem.get();
     return cudaMemset(dev, 0xff, bytes);
   }
   std::vector<uint8_t> fetch() const {
@@ -255,22 +225,22 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
   for (uint32_t l = L; l-- > 0;) order.push_back(l);
   for (uint32_t depth = 1; depth <= 8; ++depth) {
     SCOPED_TRACE("depth " + std::to_string(depth));
-    RingOwner ring;
+    Ring ring;
     create_ring(pool, depth, 0, &ring);
     if (HasFatalFailure()) return;
     lwo_grads* grads = nullptr;
     CHECK_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
     auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
-    ScheduleOwner sched;
-    CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()), &sched.s));
+    Schedule sched;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()), sched.out()));
     Out y(ybytes), dx(dxbytes);
     CUDA_OK(y.alloc());
     CUDA_OK(dx.alloc());
     for (int m = 0; m < 2; ++m) {
-      CHECK_LWO(lwo_schedule_reset(sched.s, st));
+      CHECK_LWO(lwo_schedule_reset(sched.get(), st));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       for (size_t pos = 0; pos < order.size(); ++pos) {
-        CHECK_LWO(lwo_schedule_next(sched.s, st, &v));
+        CHECK_LWO(lwo_schedule_next(sched.get(), st, &v));
         uint32_t l = v.layer;
         if (pos < L) {
           CHECK_LWO(lwo_linear_forward(engine_, &d, T, X[m][l]->dev, v.tensors[0], v.tensors[1], y.dev, st));
@@ -286,7 +256,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
           EXPECT_EQ(dx.fetch(), rdx[m * L + l]) << "dx of layer " << l;
         }
       }
-      EXPECT_EQ(lwo_schedule_next(sched.s, st, &v), LWO_END);
+      EXPECT_EQ(lwo_schedule_next(sched.get(), st, &v), LWO_END);
     }
     CHECK_LWO(lwo_grads_wait(grads));
     for (uint32_t l = 0; l < L; ++l) {
@@ -300,10 +270,9 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
       ASSERT_EQ(first, 0u);
       EXPECT_EQ(0, std::memcmp(h, rdb[l].data(), n * 4)) << "db of layer " << l;
     }
-    lwo_ring_stats rs = ring_stats(ring.r);
+    lwo_ring_stats rs = ring_stats(ring.get());
     EXPECT_GE(rs.n_hits, 2u * std::min<uint32_t>(depth, L));  // backward reuses resident layers
-    CHECK_LWO(lwo_schedule_destroy(sched.s));
-    sched.s = nullptr;
+    CHECK_LWO(sched.reset());
   }
 }
 
@@ -558,7 +527,7 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
   }
   Mat x(LWO_DTYPE_BF16, size_t(N) * H * W * C, rng, 1.f);
   CUDA_OK(x.upload());
-  RingOwner ring;
+  Ring ring;
   create_ring(pool, 2, 0, &ring);
   if (HasFatalFailure()) return;
   cudaStream_t st = stream(0);
@@ -570,10 +539,10 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, Wt[l]->dev, B[l]->dev, yr.dev, st));
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
-    CHECK_LWO(lwo_ring_acquire(ring.r, t, st, &v));
+    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
+    CHECK_LWO(lwo_ring_acquire(ring.get(), t, st, &v));
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, v.tensors[0], v.tensors[1], ys.dev, st));
-    CHECK_LWO(lwo_ring_release(ring.r, t, st));
+    CHECK_LWO(lwo_ring_release(ring.get(), t, st));
     CUDA_OK(cudaStreamSynchronize(st));
     EXPECT_EQ(ys.fetch(), yr.fetch()) << "layer " << l;
   }

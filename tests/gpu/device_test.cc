@@ -33,79 +33,79 @@ void check_device_restored(int caller, int dev) {
   SCOPED_TRACE("caller on device " + std::to_string(caller) + ", engine on device " +
                std::to_string(dev));
   CUDA_OK(cudaSetDevice(caller));
-  EngineOwner engine;
+  Engine engine;
   lwo_engine_config cfg;
   lwo_engine_config_init(&cfg);
   cfg.device = dev;
-  CHECK_LWO(lwo_engine_create(&cfg, &engine.e));
+  CHECK_LWO(lwo_engine_create(&cfg, engine.out()));
   EXPECT_CURRENT(caller, "lwo_engine_create");
   int32_t reported = -1;
-  CHECK_LWO(lwo_engine_device(engine.e, &reported));
+  CHECK_LWO(lwo_engine_device(engine.get(), &reported));
   EXPECT_EQ(dev, reported);
 
   // Consumer streams and result slots live on the engine's device.
   CUDA_OK(cudaSetDevice(dev));
   Stream stream;
-  CUDA_OK(stream.create(cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(stream.out(), cudaStreamNonBlocking));
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(64));
   CUDA_OK(cudaSetDevice(caller));
 
   {
     TestPool tp;
-    ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine.e, small_specs(4, 2), 42, &tp));
+    ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine.get(), small_specs(4, 2), 42, &tp));
     EXPECT_CURRENT(caller, "lwo_pool_create_pinned and pool queries");
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 2, LWO_RING_TIMING, &ring));
     EXPECT_CURRENT(caller, "lwo_ring_create");
     for (uint32_t l = 0; l < 4; ++l) {
       lwo_ticket t{0};
-      CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
+      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
       EXPECT_CURRENT(caller, "lwo_ring_stage");
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.r, t, stream.s, &v));
+      CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream.get(), &v));
       EXPECT_CURRENT(caller, "lwo_ring_acquire");
       void* p = nullptr;
-      CHECK_LWO(lwo_ring_tensor(ring.r, t, "q", &p));
+      CHECK_LWO(lwo_ring_tensor(ring.get(), t, "q", &p));
       EXPECT_CURRENT(caller, "lwo_ring_tensor");
       CUDA_OK(cudaSetDevice(dev));
-      CUDA_OK(checks.add(v.base, tp.layers[l].whole_bytes, tp.layers[l].whole_sum, stream.s,
+      CUDA_OK(checks.add(v.base, tp.layers[l].whole_bytes, tp.layers[l].whole_sum, stream.get(),
                          "layer " + std::to_string(l)));
       CUDA_OK(cudaSetDevice(caller));
-      CHECK_LWO(lwo_ring_release(ring.r, t, stream.s));
+      CHECK_LWO(lwo_ring_release(ring.get(), t, stream.get()));
       EXPECT_CURRENT(caller, "lwo_ring_release");
     }
     // Failed calls restore it too.
     lwo_ticket t{0};
-    EXPECT_EQ(LWO_ERR_OUT_OF_RANGE, lwo_ring_stage(ring.r, 99, &t));
+    EXPECT_EQ(LWO_ERR_OUT_OF_RANGE, lwo_ring_stage(ring.get(), 99, &t));
     EXPECT_CURRENT(caller, "a failed lwo_ring_stage");
     lwo_ticket t0{0}, t1{0};
-    CHECK_LWO(lwo_ring_stage(ring.r, 0, &t0));
-    CHECK_LWO(lwo_ring_stage(ring.r, 1, &t1));
-    EXPECT_EQ(LWO_ERR_RING_FULL, lwo_ring_stage(ring.r, 2, &t));
+    CHECK_LWO(lwo_ring_stage(ring.get(), 0, &t0));
+    CHECK_LWO(lwo_ring_stage(ring.get(), 1, &t1));
+    EXPECT_EQ(LWO_ERR_RING_FULL, lwo_ring_stage(ring.get(), 2, &t));
     EXPECT_CURRENT(caller, "lwo_ring_stage returning RING_FULL");
-    CHECK_LWO(lwo_ring_release(ring.r, t0, stream.s));
-    CHECK_LWO(lwo_ring_release(ring.r, t1, stream.s));
-    lwo_ring_stats st = ring_stats(ring.r);  // blocks on timing events
+    CHECK_LWO(lwo_ring_release(ring.get(), t0, stream.get()));
+    CHECK_LWO(lwo_ring_release(ring.get(), t1, stream.get()));
+    lwo_ring_stats st = ring_stats(ring.get());  // blocks on timing events
     EXPECT_CURRENT(caller, "lwo_ring_get_stats");
     EXPECT_GT(st.n_stages, 0u);
-    CHECK_LWO(lwo_ring_reset_stats(ring.r));
+    CHECK_LWO(lwo_ring_reset_stats(ring.get()));
     EXPECT_CURRENT(caller, "lwo_ring_reset_stats");
     uint32_t order[] = {0, 1, 2, 3, 1};
-    ScheduleOwner sched;
-    CHECK_LWO(lwo_schedule_create(ring.r, order, 5, &sched.s));
+    Schedule sched;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order, 5, sched.out()));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     lwo_status_t s;
-    while ((s = lwo_schedule_next(sched.s, stream.s, &v)) == LWO_OK)
+    while ((s = lwo_schedule_next(sched.get(), stream.get(), &v)) == LWO_OK)
       EXPECT_CURRENT(caller, "lwo_schedule_next");
     EXPECT_EQ(LWO_END, s) << lwo_last_error_message();
-    CHECK_LWO(lwo_schedule_reset(sched.s, stream.s));
+    CHECK_LWO(lwo_schedule_reset(sched.get(), stream.get()));
     EXPECT_CURRENT(caller, "lwo_schedule_reset");
     CHECK_LWO(sched.reset());
     EXPECT_CURRENT(caller, "lwo_schedule_destroy");
-    CHECK_LWO(lwo_engine_check(engine.e));
+    CHECK_LWO(lwo_engine_check(engine.get()));
     EXPECT_CURRENT(caller, "lwo_engine_check");
-    CHECK_LWO(lwo_engine_synchronize(engine.e));
+    CHECK_LWO(lwo_engine_synchronize(engine.get()));
     EXPECT_CURRENT(caller, "lwo_engine_synchronize");
     CHECK_LWO(ring.reset());
     EXPECT_CURRENT(caller, "lwo_ring_destroy");
@@ -142,15 +142,15 @@ TEST_F(GpuOnlyTest, TransferStreamIsOnTheEngineDevice) {
   const int n = std::min(device_count(), 2);
   for (int dev = 0; dev < n; ++dev) {
     SCOPED_TRACE("device " + std::to_string(dev));
-    EngineOwner engine;
+    Engine engine;
     lwo_engine_config cfg;
     lwo_engine_config_init(&cfg);
     cfg.device = dev;
-    CHECK_LWO(lwo_engine_create(&cfg, &engine.e));
+    CHECK_LWO(lwo_engine_create(&cfg, engine.out()));
     lwo_stream_t s = nullptr, s2 = nullptr;
-    CHECK_LWO(lwo_engine_transfer_stream(engine.e, &s));
+    CHECK_LWO(lwo_engine_transfer_stream(engine.get(), &s));
     ASSERT_NE(nullptr, s) << "the transfer stream is the engine's own, not the legacy stream";
-    CHECK_LWO(lwo_engine_transfer_stream(engine.e, &s2));
+    CHECK_LWO(lwo_engine_transfer_stream(engine.get(), &s2));
     EXPECT_EQ(s, s2) << "one transfer stream per engine";
     int sd = -1;
     CUDA_OK(cudaStreamGetDevice(s, &sd));
@@ -169,9 +169,9 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
   const int n = device_count();
   if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << n;
   struct PerDevice {
-    EngineOwner engine;
+    Engine engine;
     TestPool tp;
-    RingOwner ring;
+    Ring ring;
     Stream stream;
     Checks checks;
   };
@@ -182,18 +182,18 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
     lwo_engine_config_init(&cfg);
     cfg.device = i;
     CUDA_OK(cudaSetDevice(0));
-    CHECK_LWO(lwo_engine_create(&cfg, &d[i].engine.e));
+    CHECK_LWO(lwo_engine_create(&cfg, d[i].engine.out()));
     lwo_stream_t ts = nullptr;
-    CHECK_LWO(lwo_engine_transfer_stream(d[i].engine.e, &ts));
+    CHECK_LWO(lwo_engine_transfer_stream(d[i].engine.get(), &ts));
     int sd = -1;
     CUDA_OK(cudaStreamGetDevice(ts, &sd));
     EXPECT_EQ(i, sd) << "transfer stream of the engine on device " << i;
     std::mt19937_64 rng(test_seed(100 + i));
     ASSERT_NO_FATAL_FAILURE(create_pinned_pool(
-        d[i].engine.e, random_layer_specs(rng, 8, 64, uint64_t(4) << 20, 3), 100 + i, &d[i].tp));
+        d[i].engine.get(), random_layer_specs(rng, 8, 64, uint64_t(4) << 20, 3), 100 + i, &d[i].tp));
     ASSERT_NO_FATAL_FAILURE(create_ring(d[i].tp.pool, 3, LWO_RING_TIMING, &d[i].ring));
     CUDA_OK(cudaSetDevice(i));
-    CUDA_OK(d[i].stream.create(cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(d[i].stream.out(), cudaStreamNonBlocking));
     ASSERT_NO_FATAL_FAILURE(d[i].checks.init(512));
     EXPECT_CURRENT(i, "setup");
   }
@@ -210,7 +210,7 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
         const uint32_t layers = p.tp.n_layers();
         if (k < layers) {
           lwo_ticket t{0};
-          CHECK_LWO(lwo_ring_stage(p.ring.r, (k + pass) % layers, &t));
+          CHECK_LWO(lwo_ring_stage(p.ring.get(), (k + pass) % layers, &t));
           ahead[i].push_back(t);
         }
         if (k >= 2 && k - 2 < layers) {
@@ -218,16 +218,16 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
           lwo_ticket t = ahead[i].front();
           ahead[i].erase(ahead[i].begin());
           lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-          CHECK_LWO(lwo_ring_acquire(p.ring.r, t, p.stream.s, &v));
+          CHECK_LWO(lwo_ring_acquire(p.ring.get(), t, p.stream.get(), &v));
           ASSERT_EQ(layer, v.layer);
           CUDA_OK(cudaSetDevice(i));
           const LayerRef& lr = p.tp.layers[layer];
           if (lr.whole_bytes)
-            CUDA_OK(p.checks.add(v.base, lr.whole_bytes, lr.whole_sum, p.stream.s,
+            CUDA_OK(p.checks.add(v.base, lr.whole_bytes, lr.whole_sum, p.stream.get(),
                                  "device " + std::to_string(i) + " pass " +
                                      std::to_string(pass) + " layer " + std::to_string(layer)));
           CUDA_OK(cudaSetDevice(0));
-          CHECK_LWO(lwo_ring_release(p.ring.r, t, p.stream.s));
+          CHECK_LWO(lwo_ring_release(p.ring.get(), t, p.stream.get()));
           EXPECT_CURRENT(0, "ring calls of device " + std::to_string(i));
         }
       }
@@ -235,14 +235,14 @@ TEST_F(GpuOnlyTest, TwoEnginesOnTwoDevicesStreamConcurrently) {
   }
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE("device " + std::to_string(i));
-    lwo_ring_stats st = ring_stats(d[i].ring.r);
+    lwo_ring_stats st = ring_stats(d[i].ring.get());
     std::printf("[  2 gpus  ] device %d: %llu copies, %.1f MB, %.2f GB/s\n", i,
                 (unsigned long long)st.n_copies, st.bytes_copied / 1e6, st.bandwidth_gbps);
     EXPECT_GT(st.copy_ms, 0.0);
-    CHECK_LWO(lwo_engine_check(d[i].engine.e));
-    CHECK_LWO(lwo_engine_synchronize(d[i].engine.e));
+    CHECK_LWO(lwo_engine_check(d[i].engine.get()));
+    CHECK_LWO(lwo_engine_synchronize(d[i].engine.get()));
     CUDA_OK(cudaSetDevice(i));
-    CUDA_OK(cudaStreamSynchronize(d[i].stream.s));
+    CUDA_OK(cudaStreamSynchronize(d[i].stream.get()));
     CUDA_OK(cudaSetDevice(0));
     d[i].checks.verify();
     CHECK_LWO(d[i].ring.reset());
@@ -263,17 +263,17 @@ TEST_F(GpuTest, TimingStatsArePlausible) {
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, specs, 5, &tp));
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(256));
-  RingOwner timed, plain;
+  Ring timed, plain;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 2, LWO_RING_TIMING, &timed));
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 2, 0, &plain));
   for (int round = 0; round < 3; ++round)
     for (uint32_t l = 0; l < tp.n_layers(); ++l) {
-      ASSERT_NO_FATAL_FAILURE(round_trip(timed.r, tp, l, stream(0), &checks, "timed"));
+      ASSERT_NO_FATAL_FAILURE(round_trip(timed.get(), tp, l, stream(0), &checks, "timed"));
       if (round == 0) {
-        ASSERT_NO_FATAL_FAILURE(round_trip(plain.r, tp, l, stream(1), &checks, "plain"));
+        ASSERT_NO_FATAL_FAILURE(round_trip(plain.get(), tp, l, stream(1), &checks, "plain"));
       }
     }
-  lwo_ring_stats st = ring_stats(timed.r);
+  lwo_ring_stats st = ring_stats(timed.get());
   std::printf("[  timing  ] %llu copies, %.1f MB in %.3f ms: %.2f GB/s, waited %.3f ms\n",
               (unsigned long long)st.n_copies, st.bytes_copied / 1e6, st.copy_ms,
               st.bandwidth_gbps, st.wait_ms);
@@ -285,22 +285,22 @@ TEST_F(GpuTest, TimingStatsArePlausible) {
   EXPECT_NEAR(st.bandwidth_gbps, st.bytes_copied / (st.copy_ms * 1e6), 1e-6 * st.bandwidth_gbps);
   EXPECT_GE(st.wait_ms, 0.0);
   // Without the flag: counts, but no timing.
-  lwo_ring_stats ps = ring_stats(plain.r);
+  lwo_ring_stats ps = ring_stats(plain.get());
   EXPECT_EQ(6u, ps.n_copies);
   EXPECT_EQ(0.0, ps.copy_ms);
   EXPECT_EQ(0.0, ps.wait_ms);
   EXPECT_EQ(0.0, ps.bandwidth_gbps);
   // Reset zeroes everything; new copies count again.
-  CHECK_LWO(lwo_ring_reset_stats(timed.r));
-  lwo_ring_stats z = ring_stats(timed.r);
+  CHECK_LWO(lwo_ring_reset_stats(timed.get()));
+  lwo_ring_stats z = ring_stats(timed.get());
   EXPECT_EQ(0u, z.n_stages);
   EXPECT_EQ(0u, z.n_copies);
   EXPECT_EQ(0u, z.bytes_copied);
   EXPECT_EQ(0.0, z.copy_ms);
   EXPECT_EQ(0.0, z.bandwidth_gbps);
   for (uint32_t l = 0; l < 3; ++l)
-    ASSERT_NO_FATAL_FAILURE(round_trip(timed.r, tp, l, stream(0), &checks, "after reset"));
-  z = ring_stats(timed.r);
+    ASSERT_NO_FATAL_FAILURE(round_trip(timed.get(), tp, l, stream(0), &checks, "after reset"));
+  z = ring_stats(timed.get());
   EXPECT_EQ(3u, z.n_stages);
   EXPECT_GT(z.copy_ms, 0.0);
   // A caller with an older, shorter stats struct gets only what it asked for.
@@ -311,7 +311,7 @@ TEST_F(GpuTest, TimingStatsArePlausible) {
     } s;
     std::memset(&s, 0xEE, sizeof s);
     s.st.size = offsetof(lwo_ring_stats, copy_ms);
-    CHECK_LWO(lwo_ring_get_stats(timed.r, &s.st));
+    CHECK_LWO(lwo_ring_get_stats(timed.get(), &s.st));
     EXPECT_EQ(3u, s.st.n_stages);
     const uint8_t* tail = reinterpret_cast<const uint8_t*>(&s.st) + offsetof(lwo_ring_stats, copy_ms);
     for (size_t i = 0; i < sizeof(lwo_ring_stats) - offsetof(lwo_ring_stats, copy_ms); ++i)
@@ -332,7 +332,7 @@ TEST_F(GpuTest, EngineCheckAndSynchronizeAfterHealthyWork) {
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, small_specs(5, 16), 9, &tp));
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(128));
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 2, 0, &ring));
   lwo_stream_t transfer = nullptr;
   CHECK_LWO(lwo_engine_transfer_stream(engine_, &transfer));
@@ -340,7 +340,7 @@ TEST_F(GpuTest, EngineCheckAndSynchronizeAfterHealthyWork) {
     // Keep the transfer stream busy so that the checks run with work in flight.
     CUDA_OK(stream_delay(transfer, 2000));
     for (uint32_t l = 0; l < tp.n_layers(); ++l)
-      ASSERT_NO_FATAL_FAILURE(round_trip(ring.r, tp, l, stream(round % 2), &checks, "health"));
+      ASSERT_NO_FATAL_FAILURE(round_trip(ring.get(), tp, l, stream(round % 2), &checks, "health"));
     CHECK_LWO(lwo_engine_check(engine_));
   }
   CHECK_LWO(lwo_engine_synchronize(engine_));

@@ -1,11 +1,12 @@
-// Shared helpers of the GPU tests (tests/gpu): device detection and skipping,
-// status/CUDA check macros, RAII owners, a seeded random filler, random layer
-// descriptions, test pools (pinned and registered) that remember the checksums
-// of their host bytes, and a collector of device-side checksum results.
+// Shared helpers of the GPU tests (tests/gpu) on top of the testkit
+// (tests/testkit: device detection, owners, the generator, the checksum
+// kernel): skipping, gtest check macros, random layer descriptions, test
+// pools (pinned and registered) that remember the checksums of their host
+// bytes, and a collector of device-side checksum results.
 //
-// The tests use only the public C API (lwo.h), the CUDA runtime and
-// lwo::kernels (checksum_async / checksum_host). Every test skips with a
-// visible reason when no CUDA device is present.
+// The tests use only the public C API (lwo.h), the CUDA runtime and the
+// testkit. Every test skips with a visible reason when no CUDA device is
+// present.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,40 +25,25 @@
 #include <utility>
 #include <vector>
 
-#include "testkit/checksum.h"
 #include "lwo.h"
+#include "testkit/check.h"
+#include "testkit/checksum.h"
+#include "testkit/owner.h"
+#include "testkit/random.h"
 
 namespace lwo_test {
 
-// ---------------------------------------------------------------------------
-// Devices
-// ---------------------------------------------------------------------------
+// Devices: why there is no usable device ("" when there is one), how many.
+using testkit::device_count;
+using testkit::no_device_reason;
 
-// Why there is no usable device ("" when there is one). Computed once.
-inline const std::string& no_device_reason() {
-  static const std::string reason = [] {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" +
-             cudaGetErrorString(e) + ")";
-    }
-    if (n <= 0) return std::string("cudaGetDeviceCount reports 0 devices");
-    return std::string();
-  }();
-  return reason;
-}
-
-inline int device_count() {
-  if (!no_device_reason().empty()) return 0;
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+// Owners (testkit/owner.h): get(), out() for create calls, reset() returns
+// the release's status.
+using testkit::Engine;
+using testkit::Event;
+using testkit::Ring;
+using testkit::Schedule;
+using testkit::Stream;
 
 // ---------------------------------------------------------------------------
 // Check macros
@@ -69,27 +55,16 @@ inline int device_count() {
       GTEST_SKIP() << "no CUDA device: " << ::lwo_test::no_device_reason(); \
   } while (0)
 
-#define CUDA_OK(expr)                                                          \
-  do {                                                                         \
-    cudaError_t cuda_e_ = (expr);                                              \
-    ASSERT_EQ(cudaSuccess, cuda_e_) << #expr << ": " << cudaGetErrorName(cuda_e_) \
-                                    << " (" << cudaGetErrorString(cuda_e_) << ")"; \
+// Asserts (or expects) that a call succeeded; on failure prints the call, the
+// status and, for lwo, the thread's message (testkit::describe).
+#define LWO_TEST_STATUS_(GTEST_EQ, ok, type, expr)                                 \
+  do {                                                                            \
+    type status_ = (expr);                                                        \
+    GTEST_EQ(ok, status_) << #expr << " returned " << ::testkit::describe(status_); \
   } while (0)
-
-// Asserts LWO_OK; on failure prints the status name and the thread's message.
-#define CHECK_LWO(expr)                                                         \
-  do {                                                                          \
-    lwo_status_t lwo_s_ = (expr);                                               \
-    ASSERT_EQ(LWO_OK, lwo_s_) << #expr << " returned " << lwo_status_string(lwo_s_) \
-                              << ": " << lwo_last_error_message();              \
-  } while (0)
-
-#define EXPECT_LWO_OK(expr)                                                     \
-  do {                                                                          \
-    lwo_status_t lwo_s_ = (expr);                                               \
-    EXPECT_EQ(LWO_OK, lwo_s_) << #expr << " returned " << lwo_status_string(lwo_s_) \
-                              << ": " << lwo_last_error_message();              \
-  } while (0)
+#define CUDA_OK(expr) LWO_TEST_STATUS_(ASSERT_EQ, cudaSuccess, cudaError_t, expr)
+#define CHECK_LWO(expr) LWO_TEST_STATUS_(ASSERT_EQ, LWO_OK, lwo_status_t, expr)
+#define EXPECT_LWO_OK(expr) LWO_TEST_STATUS_(EXPECT_EQ, LWO_OK, lwo_status_t, expr)
 
 // Expects status `want` from `expr`, and a message that names `call`.
 #define EXPECT_LWO_ERR(want, call, expr)                                          \
@@ -103,28 +78,8 @@ inline int device_count() {
   } while (0)
 
 // ---------------------------------------------------------------------------
-// Small RAII owners
+// Scope guards and stream delays
 // ---------------------------------------------------------------------------
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  bool owned = false;
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (owned && s) {
-      (void)cudaStreamSynchronize(s);
-      (void)cudaStreamDestroy(s);
-    }
-  }
-  // flags: cudaStreamNonBlocking or cudaStreamDefault.
-  cudaError_t create(unsigned flags) {
-    cudaError_t e = cudaStreamCreateWithFlags(&s, flags);
-    owned = (e == cudaSuccess);
-    return e;
-  }
-};
 
 // Runs a callable at scope exit.
 template <class F>
@@ -143,48 +98,6 @@ Defer<F> defer(F f) {
   return Defer<F>(std::move(f));
 }
 
-struct RingOwner {
-  lwo_ring* r = nullptr;
-  RingOwner() = default;
-  RingOwner(const RingOwner&) = delete;
-  RingOwner& operator=(const RingOwner&) = delete;
-  ~RingOwner() { reset(); }
-  lwo_status_t reset() {
-    if (!r) return LWO_OK;
-    lwo_status_t s = lwo_ring_destroy(r);
-    if (s == LWO_OK) r = nullptr;
-    return s;
-  }
-};
-
-struct ScheduleOwner {
-  lwo_schedule* s = nullptr;
-  ScheduleOwner() = default;
-  ScheduleOwner(const ScheduleOwner&) = delete;
-  ScheduleOwner& operator=(const ScheduleOwner&) = delete;
-  ~ScheduleOwner() { reset(); }
-  lwo_status_t reset() {
-    if (!s) return LWO_OK;
-    lwo_status_t st = lwo_schedule_destroy(s);
-    if (st == LWO_OK) s = nullptr;
-    return st;
-  }
-};
-
-struct EngineOwner {
-  lwo_engine* e = nullptr;
-  EngineOwner() = default;
-  EngineOwner(const EngineOwner&) = delete;
-  EngineOwner& operator=(const EngineOwner&) = delete;
-  ~EngineOwner() { reset(); }
-  lwo_status_t reset() {
-    if (!e) return LWO_OK;
-    lwo_status_t s = lwo_engine_destroy(e);
-    if (s == LWO_OK) e = nullptr;
-    return s;
-  }
-};
-
 // A stream delay: the stream stands still for `us` microseconds (a host
 // function), so that later work on it lags behind other streams.
 inline void CUDART_CB sleep_host_fn(void* us) {
@@ -198,36 +111,13 @@ inline cudaError_t stream_delay(cudaStream_t s, unsigned us) {
 // Random data
 // ---------------------------------------------------------------------------
 
-inline uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Fills [p, p+n) with bytes from a seeded generator; no 8-byte word is zero.
-inline void fill_random(void* p, size_t n, uint64_t seed) {
-  uint8_t* b = static_cast<uint8_t*>(p);
-  uint64_t x = seed * 0x2545F4914F6CDD1Dull + 0x1234567ull;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w = splitmix64(x);
-    if (w == 0) w = 0xA5A5A5A5A5A5A5A5ull;
-    std::memcpy(b + i, &w, 8);
-  }
-  if (i < n) {
-    uint64_t w = splitmix64(x) | 0x0101010101010101ull;
-    std::memcpy(b + i, &w, n - i);
-  }
-}
+inline void fill_random(void* p, size_t n, uint64_t seed) { testkit::fill_nonzero(p, n, seed); }
 
 // The seed of a test: LWO_TEST_SEED from the environment, else `fallback`.
 inline uint64_t test_seed(uint64_t fallback) {
   const char* s = std::getenv("LWO_TEST_SEED");
-  if (s && *s) {
-    uint64_t x = std::strtoull(s, nullptr, 0);
-    return splitmix64(x) + fallback;
-  }
+  if (s && *s) return testkit::Rng(std::strtoull(s, nullptr, 0)).next() + fallback;
   return fallback;
 }
 
@@ -775,13 +665,13 @@ class GpuTest : public GpuOnlyTest {
     cfg.device = 0;
     CHECK_LWO(lwo_engine_create(&cfg, &engine_));
     ASSERT_NE(nullptr, engine_);
-    CUDA_OK(streams_[0].create(cudaStreamNonBlocking));
-    CUDA_OK(streams_[1].create(cudaStreamDefault));
+    CUDA_OK(cudaStreamCreateWithFlags(streams_[0].out(), cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(streams_[1].out(), cudaStreamDefault));
   }
   void TearDown() override {
     for (Stream& s : streams_)
-      if (s.s) {
-        EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s.s));
+      if (s.get()) {
+        EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s.get()));
       }
     if (engine_) {
       EXPECT_LWO_OK(lwo_engine_check(engine_));
@@ -791,7 +681,7 @@ class GpuTest : public GpuOnlyTest {
     }
     GpuOnlyTest::TearDown();
   }
-  cudaStream_t stream(int i) const { return streams_[i].s; }
+  cudaStream_t stream(int i) const { return streams_[i].get(); }
 
   lwo_engine* engine_ = nullptr;
   Stream streams_[2];
@@ -846,13 +736,13 @@ inline lwo_ring_info ring_info(lwo_ring* ring) {
   return in;
 }
 
-inline void create_ring(lwo_pool* pool, uint32_t depth, uint32_t flags, RingOwner* out) {
+inline void create_ring(lwo_pool* pool, uint32_t depth, uint32_t flags, Ring* out) {
   lwo_ring_config cfg;
   lwo_ring_config_init(&cfg);
   cfg.depth = depth;
   cfg.flags = flags;
-  CHECK_LWO(lwo_ring_create(pool, &cfg, &out->r));
-  ASSERT_NE(nullptr, out->r);
+  CHECK_LWO(lwo_ring_create(pool, &cfg, out->out()));
+  ASSERT_NE(nullptr, out->get());
 }
 
 }  // namespace lwo_test

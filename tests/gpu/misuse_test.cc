@@ -54,123 +54,123 @@ class Misuse : public GpuTest {
 TEST_F(Misuse, RingFull) {
   for (uint32_t depth = 1; depth <= 3; ++depth) {
     SCOPED_TRACE("depth " + std::to_string(depth));
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, depth, 0, &ring));
     std::vector<lwo_ticket> t(depth);
-    for (uint32_t l = 0; l < depth; ++l) CHECK_LWO(lwo_ring_stage(ring.r, l, &t[l]));
-    EXPECT_EQ(0u, ring_info(ring.r).n_free);
+    for (uint32_t l = 0; l < depth; ++l) CHECK_LWO(lwo_ring_stage(ring.get(), l, &t[l]));
+    EXPECT_EQ(0u, ring_info(ring.get()).n_free);
     lwo_ticket extra{0};
-    EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.r, depth, &extra));
+    EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.get(), depth, &extra));
     // Also when the staged tickets are acquired (held).
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.r, t[0], stream(0), &v));
-    EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.r, depth + 1, &extra));
-    EXPECT_EQ(uint64_t(depth), ring_stats(ring.r).n_stages) << "failed stages are not counted";
-    CHECK_LWO(lwo_ring_release(ring.r, t[0], stream(0)));
+    CHECK_LWO(lwo_ring_acquire(ring.get(), t[0], stream(0), &v));
+    EXPECT_LWO_ERR(LWO_ERR_RING_FULL, "lwo_ring_stage", lwo_ring_stage(ring.get(), depth + 1, &extra));
+    EXPECT_EQ(uint64_t(depth), ring_stats(ring.get()).n_stages) << "failed stages are not counted";
+    CHECK_LWO(lwo_ring_release(ring.get(), t[0], stream(0)));
     for (uint32_t l = 1; l < depth; ++l)
-      ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.r, t[l], l, "after RING_FULL"));
-    ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after RING_FULL"));
+      ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.get(), t[l], l, "after RING_FULL"));
+    ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after RING_FULL"));
     CHECK_LWO(ring.reset());
   }
 }
 
 TEST_F(Misuse, LayerBusy) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 3, 0, &ring));
   lwo_ticket t{0}, again{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 1, &t));
-  EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.r, 1, &again));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 1, &t));
+  EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.get(), 1, &again));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(1), &v));
-  EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.r, 1, &again));
-  EXPECT_EQ(2u, ring_info(ring.r).n_free) << "a busy stage takes no slot";
+  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(1), &v));
+  EXPECT_LWO_ERR(LWO_ERR_LAYER_BUSY, "lwo_ring_stage", lwo_ring_stage(ring.get(), 1, &again));
+  EXPECT_EQ(2u, ring_info(ring.get()).n_free) << "a busy stage takes no slot";
   CUDA_OK(checks_.add(v.base, tp_.layers[1].whole_bytes, tp_.layers[1].whole_sum, stream(1),
                       "held through LAYER_BUSY"));
-  CHECK_LWO(lwo_ring_release(ring.r, t, stream(1)));
-  uint64_t hits = ring_stats(ring.r).n_hits;
-  CHECK_LWO(lwo_ring_stage(ring.r, 1, &again));
-  EXPECT_EQ(hits + 1, ring_stats(ring.r).n_hits) << "released and not overwritten: a hit";
+  CHECK_LWO(lwo_ring_release(ring.get(), t, stream(1)));
+  uint64_t hits = ring_stats(ring.get()).n_hits;
+  CHECK_LWO(lwo_ring_stage(ring.get(), 1, &again));
+  EXPECT_EQ(hits + 1, ring_stats(ring.get()).n_hits) << "released and not overwritten: a hit";
   EXPECT_NE(t.id, again.id) << "a new occupancy has a new ticket";
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.r, again, 1, "hit after LAYER_BUSY"));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after LAYER_BUSY"));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.get(), again, 1, "hit after LAYER_BUSY"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after LAYER_BUSY"));
 }
 
 TEST_F(Misuse, StaleTicket) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 1, 0, &ring));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   void* p = nullptr;
   // Released twice.
   lwo_ticket a{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 0, &a));
-  CHECK_LWO(lwo_ring_acquire(ring.r, a, stream(0), &v));
-  CHECK_LWO(lwo_ring_release(ring.r, a, stream(0)));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.r, a, stream(0)));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 0, &a));
+  CHECK_LWO(lwo_ring_acquire(ring.get(), a, stream(0), &v));
+  CHECK_LWO(lwo_ring_release(ring.get(), a, stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.get(), a, stream(0)));
   // Acquired after its release.
   lwo_ticket b{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 2, &b));
-  CHECK_LWO(lwo_ring_release(ring.r, b, stream(0)));  // staged, never acquired: allowed
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.r, b, stream(0), &v));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_tensor", lwo_ring_tensor(ring.r, b, "weight", &p));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 2, &b));
+  CHECK_LWO(lwo_ring_release(ring.get(), b, stream(0)));  // staged, never acquired: allowed
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), b, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), b, "weight", &p));
   // Used after its slot was reused by another layer (depth 1: one slot).
   lwo_ticket c{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 3, &c));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.r, b, stream(0), &v));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.r, a, stream(0)));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_tensor", lwo_ring_tensor(ring.r, a, "weight", &p));
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.r, c, 3, "after stale tickets"));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 3, &c));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), b, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.get(), a, stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), a, "weight", &p));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.get(), c, 3, "after stale tickets"));
   // Used after its slot was reused by the same layer (a hit: new occupancy).
   lwo_ticket d{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 3, &d));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 3, &d));
   EXPECT_NE(c.id, d.id);
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.r, c, stream(0), &v));
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.r, d, 3, "hit after stale tickets"));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after STALE_TICKET"));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), c, stream(0), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.get(), d, 3, "hit after stale tickets"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after STALE_TICKET"));
 }
 
 TEST_F(Misuse, TicketState) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 4, &t));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 4, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT, v2 = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
-  EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.r, t, stream(1), &v2));
-  EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.r, t, stream(0), &v2));
+  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), t, stream(1), &v2));
+  EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), t, stream(0), &v2));
   // Still acquired, still readable, released once.
   void* p = nullptr;
-  CHECK_LWO(lwo_ring_tensor(ring.r, t, "bias", &p));
+  CHECK_LWO(lwo_ring_tensor(ring.get(), t, "bias", &p));
   EXPECT_EQ(v.tensors[1], p);
   CUDA_OK(checks_.add(v.base, tp_.layers[4].whole_bytes, tp_.layers[4].whole_sum, stream(0),
                       "after TICKET_STATE"));
-  CHECK_LWO(lwo_ring_release(ring.r, t, stream(0)));
-  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.r, t, stream(0)));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after TICKET_STATE"));
+  CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release", lwo_ring_release(ring.get(), t, stream(0)));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after TICKET_STATE"));
 }
 
 TEST_F(Misuse, ForeignTicket) {
-  RingOwner r1, r2;
+  Ring r1, r2;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &r1));
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &r2));
   lwo_ticket t1{0}, t2{0};
-  CHECK_LWO(lwo_ring_stage(r1.r, 0, &t1));
-  CHECK_LWO(lwo_ring_stage(r2.r, 0, &t2));  // same layer, same slot index, other ring
+  CHECK_LWO(lwo_ring_stage(r1.get(), 0, &t1));
+  CHECK_LWO(lwo_ring_stage(r2.get(), 0, &t2));  // same layer, same slot index, other ring
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   void* p = nullptr;
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r2.r, t1, stream(0), &v));
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_release", lwo_ring_release(r2.r, t1, stream(0)));
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_tensor", lwo_ring_tensor(r2.r, t1, "weight", &p));
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r1.r, t2, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r2.get(), t1, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_release", lwo_ring_release(r2.get(), t1, stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_tensor", lwo_ring_tensor(r2.get(), t1, "weight", &p));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r1.get(), t2, stream(0), &v));
   // Ticket id 0 is never a ticket.
   const lwo_ticket zero{0};
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r1.r, zero, stream(0), &v));
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_release", lwo_ring_release(r1.r, zero, stream(0)));
-  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_tensor", lwo_ring_tensor(r1.r, zero, "weight", &p));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_acquire", lwo_ring_acquire(r1.get(), zero, stream(0), &v));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_release", lwo_ring_release(r1.get(), zero, stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_FOREIGN_TICKET, "lwo_ring_tensor", lwo_ring_tensor(r1.get(), zero, "weight", &p));
   // Both tickets still belong to their rings and work there.
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(r1.r, t1, 0, "ring 1 after FOREIGN_TICKET"));
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(r2.r, t2, 0, "ring 2 after FOREIGN_TICKET"));
-  ASSERT_NO_FATAL_FAILURE(still_works(r1.r, "ring 1 after FOREIGN_TICKET"));
-  ASSERT_NO_FATAL_FAILURE(still_works(r2.r, "ring 2 after FOREIGN_TICKET"));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(r1.get(), t1, 0, "ring 1 after FOREIGN_TICKET"));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(r2.get(), t2, 0, "ring 2 after FOREIGN_TICKET"));
+  ASSERT_NO_FATAL_FAILURE(still_works(r1.get(), "ring 1 after FOREIGN_TICKET"));
+  ASSERT_NO_FATAL_FAILURE(still_works(r2.get(), "ring 2 after FOREIGN_TICKET"));
 }
 
 TEST_F(Misuse, InvalidHandle) {
@@ -206,12 +206,12 @@ TEST_F(Misuse, InvalidHandle) {
   EXPECT_LWO_ERR(LWO_ERR_INVALID_HANDLE, "lwo_pool_record_bytes",
                  lwo_pool_record_bytes(reinterpret_cast<lwo_pool*>(engine_), 0, nullptr));
   // A destroyed schedule.
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   {
     uint32_t order[] = {0, 1, 2};
     lwo_schedule* dead = nullptr;
-    CHECK_LWO(lwo_schedule_create(ring.r, order, 3, &dead));
+    CHECK_LWO(lwo_schedule_create(ring.get(), order, 3, &dead));
     CHECK_LWO(lwo_schedule_next(dead, stream(0), &v));
     CHECK_LWO(lwo_schedule_destroy(dead));
     EXPECT_LWO_ERR(LWO_ERR_INVALID_HANDLE, "lwo_schedule_next", lwo_schedule_next(dead, stream(0), &v));
@@ -243,17 +243,17 @@ TEST_F(Misuse, InvalidHandle) {
   EXPECT_LWO_OK(lwo_pool_destroy(nullptr));
   EXPECT_LWO_OK(lwo_schedule_destroy(nullptr));
   EXPECT_LWO_OK(lwo_engine_destroy(nullptr));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after INVALID_HANDLE"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after INVALID_HANDLE"));
 }
 
 TEST_F(Misuse, OutOfRange) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   const uint32_t n = tp_.n_layers();
   lwo_ticket t{0};
-  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_ring_stage", lwo_ring_stage(ring.r, n, &t));
-  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_ring_stage", lwo_ring_stage(ring.r, UINT32_MAX, &t));
-  EXPECT_EQ(2u, ring_info(ring.r).n_free);
+  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_ring_stage", lwo_ring_stage(ring.get(), n, &t));
+  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_ring_stage", lwo_ring_stage(ring.get(), UINT32_MAX, &t));
+  EXPECT_EQ(2u, ring_info(ring.get()).n_free);
   uint64_t bytes = 0;
   EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_pool_record_bytes", lwo_pool_record_bytes(tp_.pool, n, &bytes));
   uint32_t count = 0;
@@ -268,23 +268,23 @@ TEST_F(Misuse, OutOfRange) {
   EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_pool_write", lwo_pool_write(tp_.pool, n, "bias", buf, 4));
   uint32_t order[] = {0, 1, n, 2};
   lwo_schedule* s = nullptr;
-  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_schedule_create", lwo_schedule_create(ring.r, order, 4, &s));
+  EXPECT_LWO_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_schedule_create", lwo_schedule_create(ring.get(), order, 4, &s));
   EXPECT_EQ(nullptr, s);
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after OUT_OF_RANGE"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after OUT_OF_RANGE"));
 }
 
 TEST_F(Misuse, NotFound) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 3, &t));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 3, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
+  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
   void* p = nullptr;
-  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.r, t, "nope", &p));
-  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.r, t, "only_in_2", &p));
-  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.r, t, "Weight", &p));
-  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.r, t, "", &p));
+  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "nope", &p));
+  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "only_in_2", &p));
+  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "Weight", &p));
+  EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "", &p));
   uint32_t idx = 0;
   EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_pool_find_tensor", lwo_pool_find_tensor(tp_.pool, 3, "only_in_2", &idx));
   CHECK_LWO(lwo_pool_find_tensor(tp_.pool, 2, "only_in_2", &idx));
@@ -295,17 +295,17 @@ TEST_F(Misuse, NotFound) {
   uint8_t buf[4] = {1, 2, 3, 4};
   EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_pool_write", lwo_pool_write(tp_.pool, 0, "nope", buf, 4));
   // The ticket is still acquired and readable through its real names.
-  CHECK_LWO(lwo_ring_tensor(ring.r, t, "scale", &p));
+  CHECK_LWO(lwo_ring_tensor(ring.get(), t, "scale", &p));
   EXPECT_EQ(v.tensors[2], p);
   const LayerRef& lr = tp_.layers[3];
   CUDA_OK(checks_.add(p, lr.tensors[2].bytes, lr.tensors[2].sum, stream(0), "scale after NOT_FOUND"));
   CUDA_OK(checks_.add(v.base, lr.whole_bytes, lr.whole_sum, stream(0), "layer 3 after NOT_FOUND"));
-  CHECK_LWO(lwo_ring_release(ring.r, t, stream(0)));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after NOT_FOUND"));
+  CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after NOT_FOUND"));
 }
 
 TEST_F(Misuse, SizeMismatch) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   const TensorRef& w = tp_.layers[1].tensors[0];
   std::vector<uint8_t> src(w.bytes + 8);
@@ -321,33 +321,33 @@ TEST_F(Misuse, SizeMismatch) {
   uint64_t bytes = 0;
   CHECK_LWO(lwo_pool_layer_host(tp_.pool, 1, &host, &bytes));
   EXPECT_EQ(tp_.layers[1].whole_sum, host_checksum(host, bytes));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after SIZE_MISMATCH"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after SIZE_MISMATCH"));
 }
 
 TEST_F(Misuse, Busy) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_pool_destroy", lwo_pool_destroy(tp_.pool));
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_engine_destroy", lwo_engine_destroy(engine_));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 2, &t));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 2, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(1), &v));
-  EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.r));
+  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(1), &v));
+  EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.get()));
   // The ring survived: its ticket is still good.
   CUDA_OK(checks_.add(v.base, tp_.layers[2].whole_bytes, tp_.layers[2].whole_sum, stream(1),
                       "held through BUSY"));
-  CHECK_LWO(lwo_ring_release(ring.r, t, stream(1)));
+  CHECK_LWO(lwo_ring_release(ring.get(), t, stream(1)));
   {
     uint32_t order[] = {0, 1};
-    ScheduleOwner s;
-    CHECK_LWO(lwo_schedule_create(ring.r, order, 2, &s.s));
-    EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.r));
+    Schedule s;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order, 2, s.out()));
+    EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.get()));
     CHECK_LWO(s.reset());
   }
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after BUSY"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after BUSY"));
   // A ticket staged but never acquired does not keep the ring alive.
-  CHECK_LWO(lwo_ring_stage(ring.r, 4, &t));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 4, &t));
   CHECK_LWO(ring.reset());
   // Without the ring, the pool can go (TearDown destroys it and the engine).
 }
@@ -421,31 +421,31 @@ TEST_F(Misuse, InvalidArgument) {
   }
   EXPECT_EQ(nullptr, p);
 
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
-  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_stage", lwo_ring_stage(ring.r, 0, nullptr));
-  EXPECT_EQ(2u, ring_info(ring.r).n_free) << "a failed stage takes no slot";
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_stage", lwo_ring_stage(ring.get(), 0, nullptr));
+  EXPECT_EQ(2u, ring_info(ring.get()).n_free) << "a failed stage takes no slot";
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 0, &t));
-  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_acquire", lwo_ring_acquire(ring.r, t, stream(0), nullptr));
-  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.r, t, 0, "acquired after a NULL view"));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 0, &t));
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_acquire", lwo_ring_acquire(ring.get(), t, stream(0), nullptr));
+  ASSERT_NO_FATAL_FAILURE(acquire_check_release(ring.get(), t, 0, "acquired after a NULL view"));
   lwo_ring_info small;
   small.size = 0;
-  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_get_info", lwo_ring_get_info(ring.r, &small));
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_ring_get_info", lwo_ring_get_info(ring.get(), &small));
   uint32_t order[] = {0};
   lwo_schedule* s = nullptr;
-  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_schedule_create", lwo_schedule_create(ring.r, order, 0, &s));
-  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_schedule_create", lwo_schedule_create(ring.r, nullptr, 1, &s));
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_schedule_create", lwo_schedule_create(ring.get(), order, 0, &s));
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_schedule_create", lwo_schedule_create(ring.get(), nullptr, 1, &s));
   EXPECT_EQ(nullptr, s);
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after INVALID_ARGUMENT"));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after INVALID_ARGUMENT"));
 }
 
 // Messages: set on failure, cleared by the next success, kept per thread.
 TEST_F(Misuse, MessagesArePerThreadAndClearedOnSuccess) {
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 1, 0, &ring));
   lwo_ticket t{0};
-  EXPECT_EQ(LWO_ERR_OUT_OF_RANGE, lwo_ring_stage(ring.r, 1000, &t));
+  EXPECT_EQ(LWO_ERR_OUT_OF_RANGE, lwo_ring_stage(ring.get(), 1000, &t));
   std::string mine = lwo_last_error_message();
   EXPECT_NE(std::string::npos, mine.find("1000")) << "the message names the value: " << mine;
   std::string other = "unset";
@@ -453,10 +453,10 @@ TEST_F(Misuse, MessagesArePerThreadAndClearedOnSuccess) {
   th.join();
   EXPECT_EQ("", other) << "another thread's message is its own";
   EXPECT_EQ(mine, lwo_last_error_message()) << "unchanged by the other thread";
-  CHECK_LWO(lwo_ring_stage(ring.r, 0, &t));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 0, &t));
   EXPECT_STREQ("", lwo_last_error_message()) << "a successful call clears the message";
-  CHECK_LWO(lwo_ring_release(ring.r, t, stream(0)));
-  ASSERT_NO_FATAL_FAILURE(still_works(ring.r, "after messages"));
+  CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
+  ASSERT_NO_FATAL_FAILURE(still_works(ring.get(), "after messages"));
 }
 
 }  // namespace

@@ -40,18 +40,18 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
   CHECK_LWO(lwo_engine_transfer_stream(engine, &transfer));
 
   Stream owned[2];
-  CUDA_OK(owned[0].create(cudaStreamNonBlocking));
-  CUDA_OK(owned[1].create(cudaStreamDefault));
-  std::vector<cudaStream_t> streams = {owned[0].s, owned[1].s};
+  CUDA_OK(cudaStreamCreateWithFlags(owned[0].out(), cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(owned[1].out(), cudaStreamDefault));
+  std::vector<cudaStream_t> streams = {owned[0].get(), owned[1].get()};
   if (opt.n_streams >= 3) streams.push_back(nullptr);  // legacy default stream
 
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(size_t(opt.n_ops) * 6 + 16));
 
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, opt.depth, 0, &ring));
   {
-    lwo_ring_info in = ring_info(ring.r);
+    lwo_ring_info in = ring_info(ring.get());
     ASSERT_EQ(opt.depth, in.depth);
     ASSERT_EQ(opt.depth, in.n_free);
     ASSERT_EQ(tp.max_record, in.slot_bytes);
@@ -73,13 +73,13 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
 
   // On any early return, release what is still held so the ring can go.
   auto cleanup = defer([&] {
-    for (auto& kv : held) (void)lwo_ring_release(ring.r, kv.second.t, streams[kv.second.stream]);
+    for (auto& kv : held) (void)lwo_ring_release(ring.get(), kv.second.t, streams[kv.second.stream]);
     held.clear();
   });
 
   auto do_release = [&](uint32_t layer, size_t stream_idx) {
     Held h = held.at(layer);
-    CHECK_LWO(lwo_ring_release(ring.r, h.t, streams[stream_idx]));
+    CHECK_LWO(lwo_ring_release(ring.get(), h.t, streams[stream_idx]));
     ASSERT_STREQ("", lwo_last_error_message());
     held.erase(layer);
     resident[layer] = ++clock;
@@ -133,7 +133,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
         want = LWO_OK;
 
       lwo_ticket t{0};
-      lwo_status_t s = lwo_ring_stage(ring.r, layer, &t);
+      lwo_status_t s = lwo_ring_stage(ring.get(), layer, &t);
       std::string msg = lwo_last_error_message();
       ASSERT_EQ(std::string(lwo_status_string(want)), lwo_status_string(s))
           << "lwo_ring_stage(layer " << layer << "), held " << held.size() << "/" << opt.depth
@@ -173,7 +173,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
       cudaStream_t st = streams[si];
       if (opt.delays && coin(0.05)) CUDA_OK(stream_delay(st, 100 + pick(400)));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.r, h.t, st, &v));
+      CHECK_LWO(lwo_ring_acquire(ring.get(), h.t, st, &v));
       h.acquired = true;
       h.stream = si;
       ++res->acquires;
@@ -195,7 +195,7 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
           uint32_t i = lr.whole_check ? static_cast<uint32_t>(pick(v.n_tensors)) : uint32_t(k);
           const TensorRef& tr = lr.tensors[i];
           void* p = nullptr;
-          CHECK_LWO(lwo_ring_tensor(ring.r, h.t, tr.name.c_str(), &p));
+          CHECK_LWO(lwo_ring_tensor(ring.get(), h.t, tr.name.c_str(), &p));
           ASSERT_EQ(v.tensors[i], p);
           if (tr.bytes)
             CUDA_OK(checks.add(p, tr.bytes, tr.sum, st,
@@ -229,30 +229,30 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
       if (kind == 0 && !dead.empty()) {
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
         EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_acquire",
-                       lwo_ring_acquire(ring.r, dead[pick(dead.size())], streams[0], &v));
+                       lwo_ring_acquire(ring.get(), dead[pick(dead.size())], streams[0], &v));
       } else if (kind == 1 && !dead.empty()) {
         EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_release",
-                       lwo_ring_release(ring.r, dead[pick(dead.size())], streams[0]));
+                       lwo_ring_release(ring.get(), dead[pick(dead.size())], streams[0]));
       } else {
         bool done = false;
         for (auto& kv : held) {
           if (!kv.second.acquired) continue;
           lwo_layer_view v = LWO_LAYER_VIEW_INIT;
           EXPECT_LWO_ERR(LWO_ERR_TICKET_STATE, "lwo_ring_acquire",
-                         lwo_ring_acquire(ring.r, kv.second.t, streams[0], &v));
+                         lwo_ring_acquire(ring.get(), kv.second.t, streams[0], &v));
           done = true;
           break;
         }
         if (!done && !dead.empty()) {
           void* p = nullptr;
           EXPECT_LWO_ERR(LWO_ERR_STALE_TICKET, "lwo_ring_tensor",
-                         lwo_ring_tensor(ring.r, dead.back(), tp.layers[0].tensors[0].name.c_str(),
+                         lwo_ring_tensor(ring.get(), dead.back(), tp.layers[0].tensors[0].name.c_str(),
                                          &p));
         }
       }
     }
     if (op % 64 == 0) {
-      lwo_ring_info in = ring_info(ring.r);
+      lwo_ring_info in = ring_info(ring.get());
       ASSERT_EQ(opt.depth - held.size(), in.n_free);
     }
     if (op % 128 == 0) EXPECT_LWO_OK(lwo_engine_check(engine));
@@ -264,9 +264,9 @@ inline void random_walk(lwo_engine* engine, TestPool& tp, const WalkOptions& opt
     ASSERT_NO_FATAL_FAILURE(
         do_release(it->first, it->second.acquired ? it->second.stream : pick(streams.size())));
   }
-  ASSERT_EQ(opt.depth, ring_info(ring.r).n_free);
+  ASSERT_EQ(opt.depth, ring_info(ring.get()).n_free);
 
-  lwo_ring_stats st = ring_stats(ring.r);
+  lwo_ring_stats st = ring_stats(ring.get());
   EXPECT_EQ(res->stages, st.n_stages);
   EXPECT_EQ(res->hits, st.n_hits);
   EXPECT_EQ(exp_copies, st.n_copies);

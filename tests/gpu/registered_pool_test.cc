@@ -83,11 +83,11 @@ TEST_F(GpuTest, RegisteredContiguousLayersMoveInOneCopy) {
   }
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(256));
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, tp.n_layers(), 0, &ring));
-  EXPECT_EQ(tp.max_record, ring_info(ring.r).slot_bytes);
-  ASSERT_NO_FATAL_FAILURE(stage_every_layer(ring.r, tp, stream(0), &checks));
-  lwo_ring_stats st = ring_stats(ring.r);
+  EXPECT_EQ(tp.max_record, ring_info(ring.get()).slot_bytes);
+  ASSERT_NO_FATAL_FAILURE(stage_every_layer(ring.get(), tp, stream(0), &checks));
+  lwo_ring_stats st = ring_stats(ring.get());
   EXPECT_EQ(runs, st.n_copies) << "one copy per non-empty layer";
   EXPECT_EQ(bytes, st.bytes_copied);
   CHECK_LWO(ring.reset());
@@ -115,10 +115,10 @@ TEST_F(GpuTest, RegisteredScatteredTensorsMoveInSeveralCopies) {
   EXPECT_TRUE(some_layer_several) << "the random layers should include multi-tensor ones";
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(512));
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, tp.n_layers(), 0, &ring));
-  ASSERT_NO_FATAL_FAILURE(stage_every_layer(ring.r, tp, stream(1), &checks));
-  EXPECT_EQ(runs, ring_stats(ring.r).n_copies);
+  ASSERT_NO_FATAL_FAILURE(stage_every_layer(ring.get(), tp, stream(1), &checks));
+  EXPECT_EQ(runs, ring_stats(ring.get()).n_copies);
   CHECK_LWO(ring.reset());
   checks.verify();
   CHECK_LWO(tp.destroy());
@@ -137,14 +137,14 @@ TEST_F(GpuTest, RegisteredMixedPlacementCopyPlan) {
     Checks checks;
     ASSERT_NO_FATAL_FAILURE(checks.init(1024));
     // Depth 1: every layer evicts the previous one; per-layer deltas still exact.
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 1, 0, &ring));
     for (int pass = 0; pass < 2; ++pass) {
       for (uint32_t l = 0; l < tp.n_layers(); ++l) {
         SCOPED_TRACE("layer " + std::to_string(l));
-        lwo_ring_stats before = ring_stats(ring.r);
-        ASSERT_NO_FATAL_FAILURE(round_trip(ring.r, tp, l, stream(pass), &checks, "mixed"));
-        lwo_ring_stats after = ring_stats(ring.r);
+        lwo_ring_stats before = ring_stats(ring.get());
+        ASSERT_NO_FATAL_FAILURE(round_trip(ring.get(), tp, l, stream(pass), &checks, "mixed"));
+        lwo_ring_stats after = ring_stats(ring.get());
         EXPECT_EQ(before.n_copies + tp.layers[l].copy_runs, after.n_copies);
         EXPECT_EQ(before.bytes_copied + tp.layers[l].copy_bytes, after.bytes_copied);
       }
@@ -187,15 +187,15 @@ TEST_F(GpuTest, RegisteredMemoryIsRegisteredOnlyWhileThePoolLives) {
                                        &pool));
   EXPECT_EQ(cudaMemoryTypeHost, host_memory_type(mem)) << "registered for DMA";
   {
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(pool, 2, 0, &ring));
     Checks checks;
     ASSERT_NO_FATAL_FAILURE(checks.init(16));
     for (uint32_t l = 0; l < 2; ++l) {
       lwo_ticket t{0};
-      CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
+      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.r, t, stream(0), &v));
+      CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
       for (uint32_t i = 0; i < v.n_tensors; ++i) {
         lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
         CHECK_LWO(lwo_pool_tensor_info(pool, l, i, &ti));
@@ -203,9 +203,9 @@ TEST_F(GpuTest, RegisteredMemoryIsRegisteredOnlyWhileThePoolLives) {
         CUDA_OK(checks.add(v.tensors[i], ti.bytes, host_checksum(host, ti.bytes), stream(0),
                            "layer " + std::to_string(l) + " " + ti.name));
       }
-      CHECK_LWO(lwo_ring_release(ring.r, t, stream(0)));
+      CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
     }
-    lwo_ring_stats st = ring_stats(ring.r);
+    lwo_ring_stats st = ring_stats(ring.get());
     EXPECT_EQ(2u, st.n_copies);
     CHECK_LWO(ring.reset());
     checks.verify();

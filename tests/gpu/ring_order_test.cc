@@ -23,7 +23,7 @@ class RingOrder : public GpuTest {
     ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 1, 0, &ring_));
   }
   void TearDown() override {
-    if (ring_.r) EXPECT_LWO_OK(ring_.reset());
+    if (ring_.get()) EXPECT_LWO_OK(ring_.reset());
     if (tp_.pool) {
       checks_.verify();
       EXPECT_LWO_OK(tp_.destroy());
@@ -38,17 +38,17 @@ class RingOrder : public GpuTest {
   // `stall`), releases it on `s`.
   void slow_read(uint32_t layer, cudaStream_t s, bool stall, const char* what) {
     lwo_ticket t{0};
-    CHECK_LWO(lwo_ring_stage(ring_.r, layer, &t));
+    CHECK_LWO(lwo_ring_stage(ring_.get(), layer, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring_.r, t, s, &v));
+    CHECK_LWO(lwo_ring_acquire(ring_.get(), t, s, &v));
     if (stall) CUDA_OK(stream_delay(s, kStallUs));
     ASSERT_NO_FATAL_FAILURE(read(v, s, what));
-    CHECK_LWO(lwo_ring_release(ring_.r, t, s));
+    CHECK_LWO(lwo_ring_release(ring_.get(), t, s));
   }
 
   TestPool tp_;
   Checks checks_;
-  RingOwner ring_;
+  Ring ring_;
 };
 
 // A copy into a slot waits for the reader that released it.
@@ -71,9 +71,9 @@ TEST_F(RingOrder, ReaderWaitsForTheCopy) {
 // first (stalled) reader: the hit's acquire joined the earlier release.
 TEST_F(RingOrder, EvictionWaitsForReadersOfEveryOccupancy) {
   ASSERT_NO_FATAL_FAILURE(slow_read(0, stream(0), true, "stalled first reader of layer 0"));
-  uint64_t hits = ring_stats(ring_.r).n_hits;
+  uint64_t hits = ring_stats(ring_.get()).n_hits;
   ASSERT_NO_FATAL_FAILURE(slow_read(0, stream(1), false, "hit of layer 0 on another stream"));
-  EXPECT_EQ(hits + 1, ring_stats(ring_.r).n_hits);
+  EXPECT_EQ(hits + 1, ring_stats(ring_.get()).n_hits);
   ASSERT_NO_FATAL_FAILURE(slow_read(1, stream(1), false, "layer 1 evicting layer 0"));
 }
 
@@ -81,8 +81,8 @@ TEST_F(RingOrder, EvictionWaitsForReadersOfEveryOccupancy) {
 TEST_F(RingOrder, EvictionWaitsAfterAnUnacquiredHit) {
   ASSERT_NO_FATAL_FAILURE(slow_read(0, stream(0), true, "stalled reader of layer 0"));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring_.r, 0, &t));
-  CHECK_LWO(lwo_ring_release(ring_.r, t, stream(1)));
+  CHECK_LWO(lwo_ring_stage(ring_.get(), 0, &t));
+  CHECK_LWO(lwo_ring_release(ring_.get(), t, stream(1)));
   ASSERT_NO_FATAL_FAILURE(slow_read(2, stream(1), false, "layer 2 evicting layer 0"));
 }
 
@@ -90,24 +90,20 @@ TEST_F(RingOrder, EvictionWaitsAfterAnUnacquiredHit) {
 // pattern), all finish before the slot is overwritten.
 TEST_F(RingOrder, ReadersJoinedIntoTheReleasingStream) {
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring_.r, 1, &t));
+  CHECK_LWO(lwo_ring_stage(ring_.get(), 1, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring_.r, t, stream(0), &v));
-  cudaEvent_t acquired = nullptr, read_done = nullptr;
-  CUDA_OK(cudaEventCreateWithFlags(&acquired, cudaEventDisableTiming));
-  CUDA_OK(cudaEventCreateWithFlags(&read_done, cudaEventDisableTiming));
-  auto free_events = defer([&] {
-    (void)cudaEventDestroy(acquired);
-    (void)cudaEventDestroy(read_done);
-  });
-  CUDA_OK(cudaEventRecord(acquired, stream(0)));
-  CUDA_OK(cudaStreamWaitEvent(stream(1), acquired, 0));
+  CHECK_LWO(lwo_ring_acquire(ring_.get(), t, stream(0), &v));
+  Event acquired, read_done;
+  CUDA_OK(cudaEventCreateWithFlags(acquired.out(), cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(read_done.out(), cudaEventDisableTiming));
+  CUDA_OK(cudaEventRecord(acquired.get(), stream(0)));
+  CUDA_OK(cudaStreamWaitEvent(stream(1), acquired.get(), 0));
   CUDA_OK(stream_delay(stream(1), kStallUs));
   ASSERT_NO_FATAL_FAILURE(read(v, stream(1), "stalled second reader of layer 1"));
-  CUDA_OK(cudaEventRecord(read_done, stream(1)));
+  CUDA_OK(cudaEventRecord(read_done.get(), stream(1)));
   ASSERT_NO_FATAL_FAILURE(read(v, stream(0), "first reader of layer 1"));
-  CUDA_OK(cudaStreamWaitEvent(stream(0), read_done, 0));
-  CHECK_LWO(lwo_ring_release(ring_.r, t, stream(0)));
+  CUDA_OK(cudaStreamWaitEvent(stream(0), read_done.get(), 0));
+  CHECK_LWO(lwo_ring_release(ring_.get(), t, stream(0)));
   ASSERT_NO_FATAL_FAILURE(slow_read(2, stream(0), false, "layer 2 evicting layer 1"));
 }
 

@@ -110,22 +110,22 @@ TEST_P(ScheduleDepth, UniformRecordsExactAccounting) {
   for (size_t oi = 0; oi < orders.size(); ++oi) {
     const std::vector<uint32_t>& order = orders[oi];
     SCOPED_TRACE("order " + std::to_string(oi));
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, depth, 0, &ring));
-    ScheduleOwner sched;
-    CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()),
-                                  &sched.s));
+    Schedule sched;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
+                                  sched.out()));
     for (int p = 0; p < passes; ++p) {
       // A new pass starts from the first layer again after LWO_END (reset);
       // passes alternate between the two consumer streams.
-      if (p > 0) CHECK_LWO(lwo_schedule_reset(sched.s, stream(p % 2)));
-      ASSERT_NO_FATAL_FAILURE(run_pass(sched.s, tp, order, stream(p % 2), &checks,
+      if (p > 0) CHECK_LWO(lwo_schedule_reset(sched.get(), stream(p % 2)));
+      ASSERT_NO_FATAL_FAILURE(run_pass(sched.get(), tp, order, stream(p % 2), &checks,
                                        "order " + std::to_string(oi) + " pass " +
                                            std::to_string(p),
                                        SIZE_MAX, seed + p));
-      ASSERT_EQ(depth, ring_info(ring.r).n_free) << "everything is released after LWO_END";
+      ASSERT_EQ(depth, ring_info(ring.get()).n_free) << "everything is released after LWO_END";
     }
-    lwo_ring_stats st = ring_stats(ring.r);
+    lwo_ring_stats st = ring_stats(ring.get());
     const uint64_t stages = uint64_t(passes) * order.size();
     std::set<uint32_t> distinct(order.begin(), order.end());
     std::printf("[ schedule ] depth %u, order %zu (%zu entries, %zu distinct): %llu stages, "
@@ -171,19 +171,19 @@ TEST_F(GpuTest, ScheduleRandomRecordsWithReset) {
   for (uint32_t depth = 1; depth <= 8; ++depth) {
     SCOPED_TRACE("depth " + std::to_string(depth));
     std::vector<uint32_t> order = random_order(rng, n_layers, 40, 4);
-    RingOwner ring;
+    Ring ring;
     ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, depth, 0, &ring));
-    ScheduleOwner sched;
-    CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()),
-                                  &sched.s));
+    Schedule sched;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
+                                  sched.out()));
     uint64_t all_bytes = 0, distinct_bytes = 0;
     for (uint32_t l : order) all_bytes += tp.layers[l].record_bytes;
     for (uint32_t l : std::set<uint32_t>(order.begin(), order.end()))
       distinct_bytes += tp.layers[l].record_bytes;
 
-    ASSERT_NO_FATAL_FAILURE(run_pass(sched.s, tp, order, stream(0), &checks, "pass 0",
+    ASSERT_NO_FATAL_FAILURE(run_pass(sched.get(), tp, order, stream(0), &checks, "pass 0",
                                      SIZE_MAX, seed));
-    lwo_ring_stats st = ring_stats(ring.r);
+    lwo_ring_stats st = ring_stats(ring.get());
     EXPECT_EQ(order.size(), st.n_stages);
     EXPECT_LE(st.n_copies, st.n_stages - st.n_hits);
     EXPECT_GE(st.bytes_copied, distinct_bytes);
@@ -191,22 +191,22 @@ TEST_F(GpuTest, ScheduleRandomRecordsWithReset) {
     EXPECT_GE(st.n_hits, adjacent_repeats(order));
 
     // Half a pass, then back to the start.
-    CHECK_LWO(lwo_schedule_reset(sched.s, stream(0)));
+    CHECK_LWO(lwo_schedule_reset(sched.get(), stream(0)));
     ASSERT_NO_FATAL_FAILURE(
-        run_pass(sched.s, tp, order, stream(1), &checks, "pass 1 (cut)", order.size() / 2, seed));
-    CHECK_LWO(lwo_schedule_reset(sched.s, stream(1)));
+        run_pass(sched.get(), tp, order, stream(1), &checks, "pass 1 (cut)", order.size() / 2, seed));
+    CHECK_LWO(lwo_schedule_reset(sched.get(), stream(1)));
     uint32_t pos = 99;
-    CHECK_LWO(lwo_schedule_position(sched.s, &pos));
+    CHECK_LWO(lwo_schedule_position(sched.get(), &pos));
     EXPECT_EQ(0u, pos);
-    EXPECT_EQ(depth, ring_info(ring.r).n_free) << "reset releases everything it held";
+    EXPECT_EQ(depth, ring_info(ring.get()).n_free) << "reset releases everything it held";
 
-    CHECK_LWO(lwo_ring_reset_stats(ring.r));
-    st = ring_stats(ring.r);
+    CHECK_LWO(lwo_ring_reset_stats(ring.get()));
+    st = ring_stats(ring.get());
     EXPECT_EQ(0u, st.n_stages);
     EXPECT_EQ(0u, st.bytes_copied);
-    ASSERT_NO_FATAL_FAILURE(run_pass(sched.s, tp, order, stream(0), &checks, "pass 2",
+    ASSERT_NO_FATAL_FAILURE(run_pass(sched.get(), tp, order, stream(0), &checks, "pass 2",
                                      SIZE_MAX, seed + 2));
-    st = ring_stats(ring.r);
+    st = ring_stats(ring.get());
     EXPECT_EQ(order.size(), st.n_stages);
     EXPECT_LE(st.bytes_copied, all_bytes);
     EXPECT_GE(st.n_hits, adjacent_repeats(order));
@@ -225,21 +225,21 @@ TEST_F(GpuTest, ScheduleDestroyWhileHolding) {
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, uniform_specs(6), seed, &tp));
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(64));
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 3, 0, &ring));
   std::vector<uint32_t> order = {0, 1, 2, 3, 4, 5, 0, 1};
-  ScheduleOwner sched;
-  CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()),
-                                &sched.s));
-  ASSERT_NO_FATAL_FAILURE(run_pass(sched.s, tp, order, stream(0), &checks, "partial", 3, seed));
-  EXPECT_GT(3u - ring_info(ring.r).n_free, 0u) << "the schedule holds slots mid-pass";
-  EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.r));
+  Schedule sched;
+  CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
+                                sched.out()));
+  ASSERT_NO_FATAL_FAILURE(run_pass(sched.get(), tp, order, stream(0), &checks, "partial", 3, seed));
+  EXPECT_GT(3u - ring_info(ring.get()).n_free, 0u) << "the schedule holds slots mid-pass";
+  EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.get()));
   CHECK_LWO(sched.reset());
-  EXPECT_EQ(3u, ring_info(ring.r).n_free) << "destroying the schedule released its layers";
+  EXPECT_EQ(3u, ring_info(ring.get()).n_free) << "destroying the schedule released its layers";
   // The ring still works, and a released layer still in a slot is a hit.
-  lwo_ring_stats before = ring_stats(ring.r);
-  ASSERT_NO_FATAL_FAILURE(round_trip(ring.r, tp, order[2], stream(1), &checks, "after"));
-  lwo_ring_stats after = ring_stats(ring.r);
+  lwo_ring_stats before = ring_stats(ring.get());
+  ASSERT_NO_FATAL_FAILURE(round_trip(ring.get(), tp, order[2], stream(1), &checks, "after"));
+  lwo_ring_stats after = ring_stats(ring.get());
   EXPECT_EQ(before.n_hits + 1, after.n_hits);
   CHECK_LWO(ring.reset());
   checks.verify();
@@ -253,20 +253,20 @@ TEST_F(GpuTest, ScheduleSharesRingWithCallerTickets) {
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, uniform_specs(8), seed, &tp));
   Checks checks;
   ASSERT_NO_FATAL_FAILURE(checks.init(256));
-  RingOwner ring;
+  Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 3, 0, &ring));
   // The caller holds layer 7 for the whole pass.
   lwo_ticket mine{0};
-  CHECK_LWO(lwo_ring_stage(ring.r, 7, &mine));
+  CHECK_LWO(lwo_ring_stage(ring.get(), 7, &mine));
   lwo_layer_view mv = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.r, mine, stream(1), &mv));
+  CHECK_LWO(lwo_ring_acquire(ring.get(), mine, stream(1), &mv));
   std::vector<uint32_t> order = {0, 1, 2, 3, 0, 0, 4, 5, 6, 1, 2};
-  ScheduleOwner sched;
-  CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()),
-                                &sched.s));
+  Schedule sched;
+  CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
+                                sched.out()));
   for (int p = 0; p < 2; ++p) {
-    if (p) CHECK_LWO(lwo_schedule_reset(sched.s, stream(0)));
-    ASSERT_NO_FATAL_FAILURE(run_pass(sched.s, tp, order, stream(0), &checks,
+    if (p) CHECK_LWO(lwo_schedule_reset(sched.get(), stream(0)));
+    ASSERT_NO_FATAL_FAILURE(run_pass(sched.get(), tp, order, stream(0), &checks,
                                      "pass " + std::to_string(p), SIZE_MAX, seed + p));
   }
   CUDA_OK(checks.add(mv.base, tp.layers[7].whole_bytes, tp.layers[7].whole_sum, stream(1),
@@ -276,26 +276,26 @@ TEST_F(GpuTest, ScheduleSharesRingWithCallerTickets) {
   // A schedule that reaches the layer the caller holds: LWO_ERR_LAYER_BUSY,
   // the position stays, and once the caller releases it a retry succeeds.
   std::vector<uint32_t> order2 = {0, 7, 1};
-  CHECK_LWO(lwo_schedule_create(ring.r, order2.data(), 3, &sched.s));
+  CHECK_LWO(lwo_schedule_create(ring.get(), order2.data(), 3, sched.out()));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_schedule_next(sched.s, stream(0), &v));
+  CHECK_LWO(lwo_schedule_next(sched.get(), stream(0), &v));
   EXPECT_EQ(0u, v.layer);
-  lwo_status_t s = lwo_schedule_next(sched.s, stream(0), &v);
+  lwo_status_t s = lwo_schedule_next(sched.get(), stream(0), &v);
   EXPECT_EQ(std::string("LWO_ERR_LAYER_BUSY"), lwo_status_string(s)) << lwo_last_error_message();
   std::printf("[ schedule ] busy layer message: %s\n", lwo_last_error_message());
   uint32_t pos = 0;
-  CHECK_LWO(lwo_schedule_position(sched.s, &pos));
+  CHECK_LWO(lwo_schedule_position(sched.get(), &pos));
   EXPECT_EQ(1u, pos) << "a failed next does not advance";
-  CHECK_LWO(lwo_ring_release(ring.r, mine, stream(1)));
+  CHECK_LWO(lwo_ring_release(ring.get(), mine, stream(1)));
   // The release was on stream 1; the schedule reads on stream 0: join first is
   // not needed for correctness of layer 7 itself (a hit waits for its free).
-  CHECK_LWO(lwo_schedule_next(sched.s, stream(0), &v));
+  CHECK_LWO(lwo_schedule_next(sched.get(), stream(0), &v));
   EXPECT_EQ(7u, v.layer);
   CUDA_OK(checks.add(v.base, tp.layers[7].whole_bytes, tp.layers[7].whole_sum, stream(0),
                      "layer 7 through the schedule after the retry"));
-  CHECK_LWO(lwo_schedule_next(sched.s, stream(0), &v));
+  CHECK_LWO(lwo_schedule_next(sched.get(), stream(0), &v));
   EXPECT_EQ(1u, v.layer);
-  EXPECT_EQ(LWO_END, lwo_schedule_next(sched.s, stream(0), &v));
+  EXPECT_EQ(LWO_END, lwo_schedule_next(sched.get(), stream(0), &v));
   CHECK_LWO(sched.reset());
   CHECK_LWO(ring.reset());
   checks.verify();

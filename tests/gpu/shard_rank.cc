@@ -50,6 +50,10 @@
 #include <vector>
 
 #include "lwo.h"
+#include "testkit/check.h"
+#include "testkit/dtype.h"
+#include "testkit/owner.h"
+#include "testkit/random.h"
 
 namespace {
 
@@ -81,20 +85,18 @@ void fail(const char* fmt, ...) {
   std::fputc('\n', stderr);
 }
 
-#define LWO_CHECK(expr)                                                                   \
-  do {                                                                                    \
-    lwo_status_t lwo_s_ = (expr);                                                         \
-    if (lwo_s_ != LWO_OK)                                                                 \
-      die("%s (line %d) returned %s: %s", #expr, __LINE__, lwo_status_string(lwo_s_),     \
-          lwo_last_error_message());                                                      \
+#define LWO_CHECK(expr)                                                                    \
+  do {                                                                                     \
+    lwo_status_t lwo_s_ = (expr);                                                          \
+    if (lwo_s_ != LWO_OK)                                                                  \
+      die("%s (line %d) returned %s", #expr, __LINE__, testkit::describe(lwo_s_).c_str()); \
   } while (0)
 
-#define CUDA_CHECK(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t cuda_e_ = (expr);                                                         \
-    if (cuda_e_ != cudaSuccess)                                                           \
-      die("%s (line %d): %s (%s)", #expr, __LINE__, cudaGetErrorName(cuda_e_),            \
-          cudaGetErrorString(cuda_e_));                                                   \
+#define CUDA_CHECK(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t cuda_e_ = (expr);                                                           \
+    if (cuda_e_ != cudaSuccess)                                                             \
+      die("%s (line %d): %s", #expr, __LINE__, testkit::describe(cuda_e_).c_str());         \
   } while (0)
 
 #define REQUIRE(cond, ...)                   \
@@ -104,46 +106,17 @@ void fail(const char* fmt, ...) {
 
 // ---- deterministic random numbers (the same on every rank) ----
 
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-struct Rng {
-  uint64_t x;
-  Rng(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) : x(seed) {
-    for (uint64_t v : {a, b, c}) {
-      x ^= v + 0x632BE59BD9B4E019ull;
-      (void)splitmix64(x);
-    }
-  }
-  uint64_t next() { return splitmix64(x); }
-  uint64_t below(uint64_t n) { return next() % n; }
-  // Uniform in [-1, 1).
-  float sym() { return static_cast<float>(static_cast<double>(next() >> 40) / 8388608.0 - 1.0); }
-};
-
-uint16_t to_bf16(float f) {  // round to nearest even; f is finite
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+// The testkit generator's sub-stream of (a, b, c) under `seed`.
+testkit::Rng make_rng(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
+  testkit::Rng rng(seed);
+  rng.absorb(a).absorb(b).absorb(c);
+  return rng;
 }
 
 // Fills `count` elements of `dtype` (bf16 or f32) at `out` with values in
 // [-scale, scale).
-void fill_values(uint8_t* out, uint64_t count, lwo_dtype_t dtype, float scale, Rng& rng) {
-  for (uint64_t i = 0; i < count; ++i) {
-    float v = rng.sym() * scale;
-    if (dtype == LWO_DTYPE_BF16) {
-      uint16_t h = to_bf16(v);
-      std::memcpy(out + 2 * i, &h, 2);
-    } else {
-      std::memcpy(out + 4 * i, &v, 4);
-    }
-  }
+void fill_values(uint8_t* out, uint64_t count, lwo_dtype_t dtype, float scale, testkit::Rng& rng) {
+  for (uint64_t i = 0; i < count; ++i) testkit::store_f32(out, dtype, i, rng.uniform_pm1() * scale);
 }
 
 // ---- the model ----
@@ -203,7 +176,7 @@ std::vector<HostLayer> make_model(uint64_t seed, bool mismatched) {
     uint64_t offsets[2] = {0, 0};
     LWO_CHECK(lwo_record_layout(&ld, offsets, &h.record_bytes));
     h.record.assign(h.record_bytes, 0);
-    Rng rng(seed, 0x1000 + l);
+    testkit::Rng rng = make_rng(seed, 0x1000 + l);
     for (int k = 0; k < 2; ++k) {
       HostTensor& t = h.t[k];
       t.name = kNames[k];
@@ -242,18 +215,13 @@ Range shard_range(const HostTensor& t, uint64_t shard_off, uint64_t shard_bytes)
 // ---- device buffers ----
 
 struct DevBuf {
+  testkit::DeviceMem mem;
   void* p = nullptr;
   size_t bytes = 0;
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
-  ~DevBuf() {
-    if (p) (void)cudaFree(p);
-  }
   void alloc(size_t n) {
     bytes = n;
-    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1)));
+    CUDA_CHECK(cudaMalloc(mem.out(), std::max<size_t>(n, 1)));
+    p = mem.get();
   }
   void upload(const std::vector<uint8_t>& h) {
     alloc(h.size());
@@ -271,7 +239,8 @@ struct Inputs {
 Inputs make_inputs(uint64_t seed, int q, uint32_t layer, int micro, const LayerShape& s) {
   Inputs in;
   const int64_t T = tokens_of(q);
-  Rng rng(seed, 0x2000 + static_cast<uint64_t>(q), layer, static_cast<uint64_t>(micro));
+  testkit::Rng rng =
+      make_rng(seed, 0x2000 + static_cast<uint64_t>(q), layer, static_cast<uint64_t>(micro));
   in.x.resize(static_cast<size_t>(T * s.in) * 2);
   in.dy.resize(static_cast<size_t>(T * s.out) * 2);
   fill_values(in.x.data(), static_cast<uint64_t>(T * s.in), LWO_DTYPE_BF16, 1.0f, rng);
@@ -392,7 +361,7 @@ void check_pool_shards(Ctx& c) {
 // be staged: LWO_ERR_LAYER_BUSY). `*sure_hits` counts the entries that repeat
 // the one `depth` back.
 std::vector<uint32_t> stage_order(uint64_t seed, size_t n, uint32_t depth, uint64_t* sure_hits) {
-  Rng rng(seed, 0x3000, n, depth);
+  testkit::Rng rng = make_rng(seed, 0x3000, n, depth);
   std::vector<uint32_t> order(kNumLayers);
   for (uint32_t l = 0; l < kNumLayers; ++l) order[l] = l;
   for (uint32_t i = kNumLayers; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
@@ -424,16 +393,15 @@ void check_view(const Ctx& c, const lwo_layer_view& v, uint32_t layer, const cha
 
 // Slots copied back to pinned host memory, compared once the stream is done.
 struct SlotCopies {
+  testkit::PinnedMem mem;
   uint8_t* host = nullptr;
   uint64_t stride = 0;
   size_t capacity = 0;
   std::vector<std::pair<uint32_t, std::string>> entries;  // layer, what
   SlotCopies(size_t n, uint64_t max_record) : stride(max_record), capacity(n) {
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), std::max<uint64_t>(n * stride, 1)));
+    CUDA_CHECK(cudaMallocHost(mem.out(), std::max<uint64_t>(n * stride, 1)));
+    host = static_cast<uint8_t*>(mem.get());
   }
-  SlotCopies(const SlotCopies&) = delete;
-  SlotCopies& operator=(const SlotCopies&) = delete;
-  ~SlotCopies() { (void)cudaFreeHost(host); }
   void add(const Ctx& c, const lwo_layer_view& v, std::string what) {
     REQUIRE(entries.size() < capacity && v.record_bytes <= stride,
             "%s: no room to copy the slot back", what.c_str());

@@ -53,16 +53,16 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
   CUDA_OK(cudaSetDevice(rank));
   lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
   ec.device = rank;
-  EngineOwner eng;
-  CHECK_LWO(lwo_engine_create(&ec, &eng.e));
+  Engine eng;
+  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
+  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
   model_descs(m, td, ld);
   lwo_pool* pool = nullptr;
-  lwo_status_t s = lwo_pool_create_sharded(eng.e, ld.data(), n_layers_given, comm, nullptr, &pool);
+  lwo_status_t s = lwo_pool_create_sharded(eng.get(), ld.data(), n_layers_given, comm, nullptr, &pool);
   if (want_pool != LWO_OK) {
     EXPECT_EQ(lwo_status_string(want_pool), std::string(lwo_status_string(s)))
         << "rank " << rank << ": " << lwo_last_error_message();
@@ -79,27 +79,26 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
   CHECK_LWO(lwo_pool_shard_host(pool, 0, &shard, &off, &sb));
   EXPECT_EQ(off, rank * sb);
   for (uint32_t depth : {1u, 2u, 3u}) {
-    RingOwner ring;
+    Ring ring;
     lwo_ring_config rc = LWO_RING_CONFIG_INIT;
     rc.depth = depth;
-    CHECK_LWO(lwo_ring_create(pool, &rc, &ring.r));
-    ScheduleOwner sched;
-    CHECK_LWO(lwo_schedule_create(ring.r, order.data(), static_cast<uint32_t>(order.size()), &sched.s));
+    CHECK_LWO(lwo_ring_create(pool, &rc, ring.out()));
+    Schedule sched;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()), sched.out()));
     Stream st;
-    CUDA_OK(st.create(cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(st.out(), cudaStreamNonBlocking));
     Checks checks;
     checks.init(order.size());
     if (::testing::Test::HasFatalFailure()) return;
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    while ((s = lwo_schedule_next(sched.s, st.s, &v)) == LWO_OK)
-      CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[v.layer], st.s,
+    while ((s = lwo_schedule_next(sched.get(), st.get(), &v)) == LWO_OK)
+      CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[v.layer], st.get(),
                          "rank " + std::to_string(rank) + " layer " + std::to_string(v.layer)));
     EXPECT_EQ(s, LWO_END) << lwo_last_error_message();
     checks.verify();
-    CHECK_LWO(lwo_schedule_destroy(sched.s));
-    sched.s = nullptr;
+    CHECK_LWO(sched.reset());
   }
-  EXPECT_LWO_OK(lwo_engine_synchronize(eng.e));
+  EXPECT_LWO_OK(lwo_engine_synchronize(eng.get()));
 }
 
 TEST(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
@@ -167,7 +166,7 @@ struct GradModel {
 float grad_value(int rank, uint32_t layer, int k, uint64_t i, int micro) {
   uint64_t x = (uint64_t(rank) << 56) ^ (uint64_t(layer) << 40) ^ (uint64_t(k) << 36) ^
                (uint64_t(micro) << 34) ^ i;
-  x = splitmix64(x);
+  x = testkit::Rng(x).next();
   return static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t(1) << 23)) / 4096.0f;
 }
 
@@ -181,13 +180,13 @@ void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, Rank
   const uint32_t L = static_cast<uint32_t>(m.ld.size());
   lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
   ec.device = rank;
-  EngineOwner eng;
-  CHECK_LWO(lwo_engine_create(&ec, &eng.e));
+  Engine eng;
+  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
+  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
   lwo_pool* pool = nullptr;
-  CHECK_LWO(lwo_pool_create_sharded(eng.e, m.ld.data(), L, comm, nullptr, &pool));
+  CHECK_LWO(lwo_pool_create_sharded(eng.get(), m.ld.data(), L, comm, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
   lwo_grads* g = nullptr;
   lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
@@ -195,20 +194,20 @@ void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, Rank
   CHECK_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
   auto grads_guard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(g)); });
   Stream st;
-  CUDA_OK(st.create(cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(st.out(), cudaStreamNonBlocking));
   std::vector<std::vector<float>> host(2);
   for (int micro = 0; micro < 2; ++micro)
     for (uint32_t l = L; l-- > 0;) {
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_grads_begin(g, l, st.s, &v));
+      CHECK_LWO(lwo_grads_begin(g, l, st.get(), &v));
       for (int k = 0; k < 2; ++k) {
         std::vector<float>& h = host[k];
-        CUDA_OK(cudaStreamSynchronize(st.s));  // the previous copy from h is done
+        CUDA_OK(cudaStreamSynchronize(st.get()));  // the previous copy from h is done
         h.resize(m.n[l][k]);
         for (uint64_t i = 0; i < h.size(); ++i) h[i] = grad_value(rank, l, k, i, micro);
-        CUDA_OK(cudaMemcpyAsync(v.tensors[k], h.data(), h.size() * 4, cudaMemcpyHostToDevice, st.s));
+        CUDA_OK(cudaMemcpyAsync(v.tensors[k], h.data(), h.size() * 4, cudaMemcpyHostToDevice, st.get()));
       }
-      CHECK_LWO(lwo_grads_end(g, l, st.s));
+      CHECK_LWO(lwo_grads_end(g, l, st.get()));
     }
   CHECK_LWO(lwo_grads_wait(g));
   out->ranges.assign(L, {});
@@ -281,26 +280,26 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
   ec.device = rank;
   ec.flags = LWO_ENGINE_CHECK_COLLECTIVES;
-  EngineOwner eng;
-  CHECK_LWO(lwo_engine_create(&ec, &eng.e));
+  Engine eng;
+  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.e, &id, 2, rank, &comm));
+  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
   const uint32_t L = static_cast<uint32_t>(m.rows.size());
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
   model_descs(m, td, ld);
   lwo_pool* pool = nullptr;
-  CHECK_LWO(lwo_pool_create_sharded(eng.e, ld.data(), L, comm, nullptr, &pool));
+  CHECK_LWO(lwo_pool_create_sharded(eng.get(), ld.data(), L, comm, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
   for (uint32_t l = 0; l < L; ++l)
     CHECK_LWO(lwo_pool_write(pool, l, "w", m.bytes[l].data(), m.bytes[l].size()));
-  RingOwner ring;
-  CHECK_LWO(lwo_ring_create(pool, nullptr, &ring.r));
+  Ring ring;
+  CHECK_LWO(lwo_ring_create(pool, nullptr, ring.out()));
   Stream st;
-  CUDA_OK(st.create(cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(st.out(), cudaStreamNonBlocking));
   lwo_ticket t{};
-  lwo_status_t s = lwo_ring_stage(ring.r, rank == 0 ? 0 : 1, &t);
+  lwo_status_t s = lwo_ring_stage(ring.get(), rank == 0 ? 0 : 1, &t);
   EXPECT_EQ(std::string(lwo_status_string(s)), "LWO_ERR_COLLECTIVE_MISMATCH") << "rank " << rank;
   std::string msg = lwo_last_error_message();
   EXPECT_NE(msg.find("rank 0: step 0: lwo_ring_stage of layer 0"), std::string::npos) << msg;
@@ -308,12 +307,12 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   Checks checks;
   checks.init(4);
   for (uint32_t l : {2u, 3u, 2u}) {
-    CHECK_LWO(lwo_ring_stage(ring.r, l, &t));
+    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.r, t, st.s, &v));
-    CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[l], st.s,
+    CHECK_LWO(lwo_ring_acquire(ring.get(), t, st.get(), &v));
+    CUDA_OK(checks.add(v.base, v.record_bytes, m.record_sums[l], st.get(),
                        "rank " + std::to_string(rank) + " layer " + std::to_string(l)));
-    CHECK_LWO(lwo_ring_release(ring.r, t, st.s));
+    CHECK_LWO(lwo_ring_release(ring.get(), t, st.get()));
   }
   checks.verify();
 }

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "testkit/check.h"
 #include "testkit/checksum.h"
 
 namespace lwo {
@@ -108,3 +109,76 @@ uint64_t checksum_host(const void* data, size_t bytes, unsigned n_threads) {
 
 }  // namespace kernels
 }  // namespace lwo
+
+namespace testkit {
+
+std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, const Progress& progress) {
+  std::vector<uint64_t> out(ranges.size());
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  if (ranges.size() >= hw) {  // one range per core at a time
+    parallel_for(ranges.size(), [&](size_t i) {
+      out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 1);
+      if (progress) progress(ranges[i].bytes);
+    });
+  } else {  // all cores on each range
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 0);
+      if (progress) progress(ranges[i].bytes);
+    }
+  }
+  return out;
+}
+
+uint64_t checksum_generated(uint64_t key, uint64_t bytes, unsigned n_threads) {
+  constexpr uint64_t kWordsPerItem = uint64_t(1) << 19;
+  const uint64_t n_words = (bytes + 7) / 8;
+  const uint64_t n_items = (n_words + kWordsPerItem - 1) / kWordsPerItem;
+  std::vector<uint64_t> part(n_items, 0);
+  parallel_for(
+      n_items,
+      [&](size_t item) {
+        const uint64_t b = item * kWordsPerItem, e = std::min(n_words, b + kWordsPerItem);
+        uint64_t acc = 0;
+        for (uint64_t w = b; w < e; ++w) {
+          uint64_t word = counter_word(key, w);
+          const uint64_t left = bytes - w * 8;
+          if (left < 8) word &= (uint64_t(1) << (8 * left)) - 1;  // the zero-padded tail
+          acc += word * (2 * w + 1);
+        }
+        part[item] = acc;
+      },
+      n_threads);
+  uint64_t acc = 0;
+  for (uint64_t p : part) acc += p;
+  return acc;
+}
+
+void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
+  for (;;) {
+    lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
+    if (s == LWO_END) break;
+    check(s, "lwo_schedule_next");
+    check(lwo::kernels::checksum_async(view.base, view.record_bytes, sums + view.layer, stream),
+          "lwo::kernels::checksum_async");
+  }
+  check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
+}
+
+std::vector<SumMismatch> verify_sums(const unsigned long long* device_sums,
+                                     const std::vector<uint64_t>& expect, uint64_t times,
+                                     cudaStream_t stream) {
+  std::vector<unsigned long long> got(expect.size());
+  check(cudaMemcpyAsync(got.data(), device_sums, got.size() * sizeof(got[0]),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (checksums)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<SumMismatch> bad;
+  for (size_t l = 0; l < got.size(); ++l) {
+    const unsigned long long want = times * expect[l];
+    if (got[l] != want) bad.push_back({static_cast<uint32_t>(l), got[l], want});
+  }
+  return bad;
+}
+
+}  // namespace testkit

@@ -13,6 +13,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "lwo.h"
+#include "random.h"
 
 namespace lwo {
 namespace kernels {
@@ -27,3 +31,32 @@ uint64_t checksum_host(const void* data, size_t bytes, unsigned n_threads = 1);
 
 }  // namespace kernels
 }  // namespace lwo
+
+namespace testkit {
+
+// checksum_host of each range from all cores (a range per core, or all cores
+// on each range when there are fewer ranges than cores).
+std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges,
+                                const Progress& progress = {});
+
+// The checksum of the first `bytes` bytes of the stream of `key` (what
+// fill_bytes writes with offset 0), from its formula: no memory is read.
+uint64_t checksum_generated(uint64_t key, uint64_t bytes, unsigned n_threads = 0);
+
+// One pass of `schedule` on `stream`, the checksum consumer: for each layer,
+// checksum_async of the whole record from its slot into sums[layer]; then
+// lwo_schedule_reset for the next pass. A failure throws testkit::Error.
+void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums);
+
+// Copies the per-layer sums (expect.size() of them) from the device after
+// `stream` and returns the layers whose sum is not times x expect[layer]
+// (empty: every slot held its layer's bytes on every pass).
+struct SumMismatch {
+  uint32_t layer;
+  unsigned long long got, want;
+};
+std::vector<SumMismatch> verify_sums(const unsigned long long* device_sums,
+                                     const std::vector<uint64_t>& expect, uint64_t times,
+                                     cudaStream_t stream);
+
+}  // namespace testkit

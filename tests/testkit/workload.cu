@@ -1,0 +1,665 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "testkit/dtype.h"
+#include "testkit/workload.h"
+
+namespace testkit {
+namespace {
+
+uint64_t align(uint64_t v) { return (v + LWO_RECORD_ALIGN - 1) / LWO_RECORD_ALIGN * LWO_RECORD_ALIGN; }
+
+bool is_float(lwo_dtype_t d) {
+  return d == LWO_DTYPE_BF16 || d == LWO_DTYPE_F16 || d == LWO_DTYPE_F32;
+}
+
+// Index of op j's weight (or bias) among its record's tensors.
+uint32_t tensor_index(bool with_bias, uint32_t j, bool bias) {
+  return with_bias ? 2 * j + (bias ? 1 : 0) : j;
+}
+
+}  // namespace
+
+// --- the spec -------------------------------------------------------------------------
+
+uint64_t ChainSpec::weight_elems(uint32_t i) const {
+  return static_cast<uint64_t>(ops[i].first) * static_cast<uint64_t>(ops[i].second) *
+         (kind == OpKind::kConv3x3 ? 9 : 1);
+}
+
+uint64_t ChainSpec::fan_in(uint32_t i) const {
+  return static_cast<uint64_t>(ops[i].first) * (kind == OpKind::kConv3x3 ? 9 : 1);
+}
+
+void ChainSpec::group(uint32_t per_record) {
+  records.clear();
+  for (uint32_t i = 0; i < n_ops(); i += per_record) {
+    std::vector<uint32_t> r;
+    for (uint32_t k = i; k < std::min(n_ops(), i + per_record); ++k) r.push_back(k);
+    records.push_back(r);
+  }
+}
+
+ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_record) {
+  ChainSpec s;
+  s.name = std::move(name);
+  s.ops.assign(n, {dim, dim});
+  s.group(per_record);
+  return s;
+}
+
+// --- the weights ------------------------------------------------------------------------
+
+ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec)
+    : spec_(std::move(spec)), engine_(engine) {
+  const ChainSpec& s = spec_;
+  const uint32_t R = s.n_records();
+  if (s.ops.empty() || R == 0) fail("testkit::ChainWeights: a chain needs ops and records");
+  if (!is_float(s.dtype))
+    fail(strf("testkit::ChainWeights: dtype %s (bf16, f16 or f32)", lwo_dtype_name(s.dtype)));
+  uint32_t next = 0;
+  for (const auto& rec : s.records) {
+    if (rec.empty()) fail("testkit::ChainWeights: an empty record");
+    for (uint32_t i : rec)
+      if (i != next++) fail("testkit::ChainWeights: records must hold consecutive ops in order");
+  }
+  if (next != s.n_ops()) fail("testkit::ChainWeights: the records do not hold every op");
+  for (uint32_t i = 1; i < s.n_ops(); ++i)
+    if (s.ops[i].first != s.ops[i - 1].second)
+      fail(strf("testkit::ChainWeights: op %u takes %lld, op %u gives %lld", i,
+                static_cast<long long>(s.ops[i].first), i - 1,
+                static_cast<long long>(s.ops[i - 1].second)));
+
+  names_.resize(R);
+  std::vector<std::vector<lwo_tensor_desc>> tensors(R);
+  std::vector<lwo_layer_desc> layers(R);
+  for (uint32_t r = 0; r < R; ++r) {
+    const auto& rec = s.records[r];
+    for (uint32_t j = 0; j < rec.size(); ++j) {
+      names_[r].push_back(rec.size() == 1 ? "weight" : strf("w%u", j));
+      names_[r].push_back(rec.size() == 1 ? "bias" : strf("b%u", j));
+    }
+    for (uint32_t j = 0; j < rec.size(); ++j) {
+      const auto& op = s.ops[rec[j]];
+      lwo_tensor_desc t{};
+      t.name = names_[r][2 * j].c_str();
+      t.dtype = s.dtype;
+      if (s.kind == OpKind::kLinear) {
+        t.n_dims = 2;  // [out, in]
+        t.shape[0] = op.second;
+        t.shape[1] = op.first;
+      } else {
+        t.n_dims = 4;  // NHWC filters: [k, kh, kw, c]
+        t.shape[0] = op.second;
+        t.shape[1] = 3;
+        t.shape[2] = 3;
+        t.shape[3] = op.first;
+      }
+      tensors[r].push_back(t);
+      if (s.bias) {
+        lwo_tensor_desc b{};
+        b.name = names_[r][2 * j + 1].c_str();
+        b.dtype = s.dtype;
+        b.n_dims = 1;
+        b.shape[0] = op.second;
+        tensors[r].push_back(b);
+      }
+    }
+    layers[r] = lwo_layer_desc{tensors[r].data(), static_cast<uint32_t>(tensors[r].size()), nullptr};
+  }
+  double t0 = now_seconds();
+  check(lwo_pool_create_pinned(engine_, layers.data(), R, nullptr, pool_.out()),
+        "lwo_pool_create_pinned");
+  pool_s_ = now_seconds() - t0;
+
+  const uint64_t es = lwo_dtype_size(s.dtype);
+  std::vector<UniformRange> fill;
+  record_bytes_.resize(R);
+  tensor_off_.resize(R);
+  for (uint32_t r = 0; r < R; ++r) {
+    check(lwo_pool_record_bytes(pool_.get(), r, &record_bytes_[r]), "lwo_pool_record_bytes");
+    pool_bytes_ += record_bytes_[r];
+    const auto& rec = s.records[r];
+    tensor_off_[r].assign(2 * rec.size(), 0);
+    for (uint32_t j = 0; j < rec.size(); ++j) {
+      const uint32_t i = rec[j];
+      const float fan_in = static_cast<float>(s.fan_in(i));
+      for (int k = 0; k < (s.bias ? 2 : 1); ++k) {
+        lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
+        check(lwo_pool_tensor_info(pool_.get(), r, tensor_index(s.bias, j, k == 1), &info),
+              "lwo_pool_tensor_info");
+        tensor_off_[r][2 * j + k] = info.offset;
+        void* p = nullptr;
+        uint64_t bytes = 0;
+        check(lwo_pool_tensor_host(pool_.get(), r, names_[r][2 * j + k].c_str(), &p, &bytes),
+              "lwo_pool_tensor_host");
+        const float bound = k == 0 ? std::sqrt(3.0f / fan_in) : 1.0f / std::sqrt(fan_in);
+        fill.push_back({p, s.dtype, bytes / es, bound, key_of(s.seed, 2 * uint64_t(i) + k)});
+      }
+    }
+  }
+  t0 = now_seconds();
+  fill_uniform(fill);
+  fill_s_ = now_seconds() - t0;
+}
+
+ChainWeights::~ChainWeights() {
+  resident_.clear();
+  pool_.reset();
+}
+
+std::vector<HostRange> ChainWeights::record_hosts() const {
+  std::vector<HostRange> out(n_records());
+  for (uint32_t r = 0; r < n_records(); ++r)
+    check(lwo_pool_layer_host(pool_.get(), r, &out[r].data, &out[r].bytes), "lwo_pool_layer_host");
+  return out;
+}
+
+void ChainWeights::make_resident(bool allow_partial, uint64_t margin_bytes) {
+  const uint32_t R = n_records();
+  resident_.clear();
+  resident_.resize(R);
+  all_resident_ = true;
+  resident_note_.clear();
+  if (!allow_partial) {
+    for (uint32_t r = 0; r < R; ++r) resident_[r] = device_alloc(record_bytes_[r]);
+  } else {
+    resident_[0] = device_alloc(record_bytes_[0]);
+    if (R > 1) resident_[R - 1] = device_alloc(record_bytes_[R - 1]);
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    uint64_t rest = 0;
+    for (uint32_t r = 1; r + 1 < R; ++r) rest += record_bytes_[r];
+    if (rest + margin_bytes > free_b) {
+      all_resident_ = false;
+      resident_note_ = strf("the other %u records (%s) do not fit in the %s of device memory left",
+                            R - 2, fmt_bytes(rest).c_str(), fmt_bytes(free_b).c_str());
+    }
+    for (uint32_t r = 1; all_resident_ && r + 1 < R; ++r) {
+      cudaError_t e = cudaMalloc(resident_[r].out(), record_bytes_[r]);
+      if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        all_resident_ = false;
+        resident_note_ = strf("cudaMalloc of the record of layer %u failed: out of memory", r);
+        for (uint32_t k = 1; k < r; ++k) resident_[k].destroy();
+        break;
+      }
+      check(e, "cudaMalloc (resident record)");
+    }
+  }
+  const double t0 = now_seconds();
+  const std::vector<HostRange> hosts = record_hosts();
+  for (uint32_t r = 0; r < R; ++r)
+    if (resident_[r].get())
+      check(cudaMemcpy(resident_[r].get(), hosts[r].data, record_bytes_[r], cudaMemcpyHostToDevice),
+            "cudaMemcpy (resident record)");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  resident_s_ = now_seconds() - t0;
+}
+
+const void* ChainWeights::resident_weight(uint32_t r, uint32_t j) const {
+  if (!resident(r)) fail(strf("testkit::ChainWeights: record %u is not resident", r));
+  return static_cast<const uint8_t*>(resident_[r].get()) + tensor_off_[r][2 * j];
+}
+
+const void* ChainWeights::resident_bias(uint32_t r, uint32_t j) const {
+  if (!spec_.bias) return nullptr;
+  if (!resident(r)) fail(strf("testkit::ChainWeights: record %u is not resident", r));
+  return static_cast<const uint8_t*>(resident_[r].get()) + tensor_off_[r][2 * j + 1];
+}
+
+uint64_t ChainWeights::grad_offset(uint32_t r, uint32_t j, bool bias, lwo_dtype_t wire) const {
+  const uint64_t es = lwo_dtype_size(wire);
+  uint64_t off = 0;
+  const auto& rec = spec_.records[r];
+  for (uint32_t k = 0; k <= j && k < rec.size(); ++k) {
+    if (k == j && !bias) return off;
+    off += align(spec_.weight_elems(rec[k]) * es);
+    if (k == j) return off;
+    if (spec_.bias) off += align(static_cast<uint64_t>(spec_.ops[rec[k]].second) * es);
+  }
+  return off;
+}
+
+uint64_t ChainWeights::grad_bytes(uint32_t r, lwo_dtype_t wire) const {
+  const auto& rec = spec_.records[r];
+  const uint32_t last = static_cast<uint32_t>(rec.size()) - 1;
+  const uint64_t es = lwo_dtype_size(wire);
+  return spec_.bias ? grad_offset(r, last, true, wire) +
+                          align(static_cast<uint64_t>(spec_.ops[rec[last]].second) * es)
+                    : grad_offset(r, last, false, wire) + align(spec_.weight_elems(rec[last]) * es);
+}
+
+// --- the bound ------------------------------------------------------------------------------
+
+Bound bound_of(const std::vector<BoundTerm>& terms) {
+  Bound b;
+  for (const BoundTerm& t : terms) b.terms_ms.push_back(t.ms);
+  for (size_t i = 0; i < terms.size(); ++i)
+    if (terms[i].ms > b.ms) {
+      b.ms = terms[i].ms;
+      b.name = terms[i].name;
+      b.index = i;
+    }
+  return b;
+}
+
+Bound step_bound(double resident_ms, double h2d_bytes, double h2d_gbps, double d2h_bytes,
+                 double d2h_gbps) {
+  return bound_of({{"resident compute", resident_ms},
+                   {"H2D", ms_at(h2d_bytes, h2d_gbps)},
+                   {"D2H", ms_at(d2h_bytes, d2h_gbps)}});
+}
+
+// --- the step's driver ---------------------------------------------------------------------
+
+std::vector<uint32_t> step_order(uint32_t n_records, bool backward) {
+  std::vector<uint32_t> order(backward ? 2 * size_t(n_records) : n_records);
+  for (uint32_t r = 0; r < n_records; ++r) {
+    order[r] = r;
+    if (backward) order[2 * size_t(n_records) - 1 - r] = r;
+  }
+  return order;
+}
+
+StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cudaStream_t stream,
+                   uint32_t n_records, const StepOptions& o, const StepCalls& calls) {
+  const uint32_t R = n_records, n = o.backward ? 2 * R : R;
+  StepStats st;
+  if (grads && o.zero_grads) check(lwo_grads_zero(grads), "lwo_grads_zero");
+  const lwo_ring_stats r0 = ring_stats(ring);
+  const lwo_grads_stats g0 = grads_stats(grads);
+  lwo_ring_stats r_fwd{};
+  const double t0 = now_seconds();
+  check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
+  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
+  for (uint32_t i = 0; i < n; ++i) {
+    lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
+    if (s == LWO_END) fail(strf("the schedule ended after %u of its %u layers", i, n));
+    check(s, "lwo_schedule_next");
+    const uint32_t r = i < R ? i : 2 * R - 1 - i;
+    if (view.layer != r)
+      fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u",
+                view.layer, i, r));
+    if (i < R) {
+      calls.forward(r, view);
+      if (i + 1 == R && o.half_stats) r_fwd = ring_stats(ring);
+      continue;
+    }
+    if (!grads) {
+      calls.backward(r, view, nullptr, [] {});
+      continue;
+    }
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+    check(lwo_grads_begin(grads, r, stream, &g), "lwo_grads_begin");
+    // One reference captured: the std::function holds it without an allocation.
+    const struct {
+      lwo_grads* grads;
+      uint32_t r;
+      cudaStream_t stream;
+    } end{grads, r, stream};
+    calls.backward(r, view, &g, [&end] {
+      check(lwo_grads_end(end.grads, end.r, end.stream), "lwo_grads_end");
+    });
+  }
+  lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
+  if (s != LWO_END) {
+    check(s, "lwo_schedule_next");
+    fail(strf("the schedule did not end after its %u layers", n));
+  }
+  // The pass ends when every gradient has landed and the last dx is done.
+  if (grads) check(lwo_grads_wait(grads), "lwo_grads_wait");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  st.ms = (now_seconds() - t0) * 1e3;
+  if (o.check_engine) check(lwo_engine_check(o.check_engine), "lwo_engine_check");
+  const lwo_ring_stats r1 = ring_stats(ring);
+  const lwo_grads_stats g1 = grads_stats(grads);
+  st.h2d_bytes = r1.bytes_copied - r0.bytes_copied;
+  st.h2d_fwd_bytes = o.half_stats ? r_fwd.bytes_copied - r0.bytes_copied : 0;
+  st.copies = r1.n_copies - r0.n_copies;
+  st.hits = r1.n_hits - r0.n_hits;
+  st.stages = r1.n_stages - r0.n_stages;
+  st.copy_ms = r1.copy_ms - r0.copy_ms;
+  st.wait_ms = r1.wait_ms - r0.wait_ms;
+  st.d2h_bytes = g1.bytes - g0.bytes;
+  st.d2h_transfers = g1.n_transfers - g0.n_transfers;
+  return st;
+}
+
+// --- the chain on the device --------------------------------------------------------------
+
+ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t stream, bool trainable,
+                   lwo_dtype_t wire)
+    : weights_(weights),
+      spec_(weights.spec()),
+      rows_(rows),
+      stream_(stream),
+      trainable_(trainable),
+      wire_(wire) {
+  if (wire != LWO_DTYPE_F32 && wire != spec_.dtype)
+    fail("testkit::ChainRun: gradients in f32 or the chain's dtype");
+  const uint32_t N = spec_.n_ops();
+  int64_t widest = 0;
+  act_.push_back(device_alloc(act_bytes(spec_.ops[0].first)));
+  for (uint32_t i = 0; i < N; ++i) {
+    const auto& op = spec_.ops[i];
+    act_.push_back(device_alloc(act_bytes(op.second)));
+    widest = std::max({widest, op.first, op.second});
+    lwo_linear_desc l = LWO_LINEAR_DESC_INIT;
+    l.dtype = spec_.dtype;
+    l.flags = spec_.bias ? LWO_LINEAR_BIAS : 0u;
+    l.in_features = op.first;
+    l.out_features = op.second;
+    lin_.push_back(l);
+    lwo_conv2d_desc c = LWO_CONV2D_DESC_INIT;
+    c.dtype = spec_.dtype;
+    c.flags = spec_.bias ? LWO_CONV_BIAS : 0u;
+    c.in_channels = static_cast<int32_t>(op.first);
+    c.out_channels = static_cast<int32_t>(op.second);
+    c.kernel_h = c.kernel_w = 3;
+    c.pad_h = c.pad_w = 1;
+    conv_.push_back(c);
+  }
+  dy_last_ = device_alloc(act_bytes(spec_.ops[N - 1].second));
+  dbuf_[0] = device_alloc(act_bytes(widest));
+  dbuf_[1] = device_alloc(act_bytes(widest));
+  // x_0 uniform in [-1, 1); dy_N within +-1/sqrt(rows) (each weight gradient
+  // is a sum over the rows). Copies from pageable memory on the stream, each
+  // waited for: a cudaMemcpy may return before its DMA lands, and a
+  // non-blocking stream would not wait for it.
+  const uint64_t es = lwo_dtype_size(spec_.dtype);
+  const uint64_t n0 = input_bytes() / es, nl = output_bytes() / es;
+  std::vector<uint8_t> host(std::max(n0, nl) * es);
+  fill_uniform({{host.data(), spec_.dtype, n0, 1.0f, key_of(spec_.seed, kInputIndex)}});
+  check(cudaMemcpyAsync(x(0), host.data(), n0 * es, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (x_0)");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  fill_uniform({{host.data(), spec_.dtype, nl, 1.0f / std::sqrt(static_cast<float>(rows_)),
+                 key_of(spec_.seed, kGradIndex)}});
+  check(cudaMemcpyAsync(dy_last_.get(), host.data(), nl * es, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (dy_N)");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+uint64_t ChainRun::act_bytes(int64_t width) const {
+  return static_cast<uint64_t>(rows_) * spec_.spatial() * static_cast<uint64_t>(width) *
+         lwo_dtype_size(spec_.dtype);
+}
+uint64_t ChainRun::output_bytes() const { return act_bytes(spec_.ops.back().second); }
+uint64_t ChainRun::input_bytes() const { return act_bytes(spec_.ops.front().first); }
+
+const void* ChainRun::dy_in(uint32_t i) const {
+  const uint32_t k = spec_.n_ops() - 1 - i;  // backward position
+  return k == 0 ? dy_last_.get() : dbuf_[(k - 1) % 2].get();
+}
+void* ChainRun::dx_out(uint32_t i) const { return dbuf_[(spec_.n_ops() - 1 - i) % 2].get(); }
+
+void ChainRun::forward_op(uint32_t i, const void* w, const void* b) const {
+  lwo_engine* e = weights_.engine();
+  const void* bias = spec_.bias ? b : nullptr;
+  lwo_status_t s;
+  if (spec_.kind == OpKind::kLinear)
+    s = lwo_linear_forward(e, &lin_[i], rows_, x(i), w, bias, x(i + 1), stream_);
+  else
+    s = lwo_conv2d_forward(e, &conv_[i], static_cast<int32_t>(rows_), spec_.h, spec_.w, x(i), w,
+                           bias, x(i + 1), stream_);
+  if (s != LWO_OK) check(s, strf("the forward of op %u", i));
+}
+
+void ChainRun::backward_op(uint32_t i, const void* w, void* dx, void* dw, void* db) const {
+  lwo_engine* e = weights_.engine();
+  void* dbias = spec_.bias ? db : nullptr;
+  lwo_status_t s;
+  if (spec_.kind == OpKind::kLinear)
+    s = lwo_linear_backward(e, &lin_[i], rows_, x(i), dy_in(i), w, dx, dw, dbias, wire_, stream_);
+  else
+    s = lwo_conv2d_backward(e, &conv_[i], static_cast<int32_t>(rows_), spec_.h, spec_.w, x(i),
+                            dy_in(i), w, dx, dw, dbias, wire_, stream_);
+  if (s != LWO_OK) check(s, strf("the backward of op %u", i));
+}
+
+void ChainRun::forward_record(uint32_t r, const void* const* t) const {
+  const auto& rec = spec_.records[r];
+  const bool b = spec_.bias;
+  for (uint32_t j = 0; j < rec.size(); ++j)
+    forward_op(rec[j], t[tensor_index(b, j, false)], b ? t[tensor_index(b, j, true)] : nullptr);
+}
+
+void ChainRun::backward_record(uint32_t r, const void* const* t, void* const* g,
+                               const std::function<void()>& done) const {
+  const auto& rec = spec_.records[r];
+  const bool b = spec_.bias;
+  for (uint32_t j = static_cast<uint32_t>(rec.size()); j-- > 0;) {
+    const void* w = t[tensor_index(b, j, false)];
+    if (g)
+      backward_op(rec[j], w, nullptr, g[tensor_index(b, j, false)],
+                  b ? g[tensor_index(b, j, true)] : nullptr);
+    if (j == 0) done();
+    backward_op(rec[j], w, dx_out(rec[j]), nullptr, nullptr);
+  }
+}
+
+void ChainRun::ensure_grad_buffers() {
+  if (grad_first_) return;
+  const uint32_t R = spec_.n_records();
+  grad_first_ = device_alloc(weights_.grad_bytes(0, wire_));
+  if (R > 1) grad_last_ = device_alloc(weights_.grad_bytes(R - 1, wire_));
+  uint64_t scratch = 0;
+  for (uint32_t r = 1; r + 1 < R; ++r) scratch = std::max(scratch, weights_.grad_bytes(r, wire_));
+  if (scratch && weights_.all_resident()) grad_scratch_ = device_alloc(scratch);
+}
+
+// Record r's resident tensors, and where its weight gradients go (g: the
+// same order; empty when not asked for).
+void ChainRun::resident_views(uint32_t r, std::vector<const void*>& w, std::vector<void*>& g,
+                              bool grads) {
+  const uint32_t R = spec_.n_records();
+  const auto& rec = spec_.records[r];
+  w.clear();
+  g.clear();
+  uint8_t* base = nullptr;
+  if (grads) {
+    ensure_grad_buffers();
+    base = static_cast<uint8_t*>(r == 0       ? grad_first_.get()
+                                 : r == R - 1 ? grad_last_.get()
+                                              : grad_scratch_.get());
+    if (!base) fail(strf("testkit::ChainRun: no gradient buffer for record %u", r));
+  }
+  for (uint32_t j = 0; j < rec.size(); ++j) {
+    w.push_back(weights_.resident_weight(r, j));
+    if (grads) g.push_back(base + weights_.grad_offset(r, j, false, wire_));
+    if (spec_.bias) {
+      w.push_back(weights_.resident_bias(r, j));
+      if (grads) g.push_back(base + weights_.grad_offset(r, j, true, wire_));
+    }
+  }
+}
+
+PassTimes ChainRun::resident_pass(bool backward, bool events) {
+  if (!weights_.all_resident()) fail("testkit::ChainRun: not every record is resident");
+  const uint32_t R = spec_.n_records();
+  const bool grads = backward && trainable_;
+  std::vector<std::vector<const void*>> w(R);
+  std::vector<std::vector<void*>> g(R);
+  for (uint32_t r = 0; r < R; ++r) resident_views(r, w[r], g[r], grads);
+  Event a, mid, end;
+  if (events) {
+    a = make_event();
+    mid = make_event();
+    end = make_event();
+  }
+  const double t0 = now_seconds();
+  if (events) check(cudaEventRecord(a.get(), stream_), "cudaEventRecord");
+  for (uint32_t r = 0; r < R; ++r) forward_record(r, w[r].data());
+  if (events) check(cudaEventRecord(mid.get(), stream_), "cudaEventRecord");
+  if (backward)
+    for (uint32_t r = R; r-- > 0;)
+      backward_record(r, w[r].data(), grads ? g[r].data() : nullptr, [] {});
+  if (events) check(cudaEventRecord(end.get(), stream_), "cudaEventRecord");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  PassTimes t;
+  t.wall_ms = (now_seconds() - t0) * 1e3;
+  if (events) {
+    t.fwd_ms = elapsed_ms(a, mid);
+    t.bwd_ms = elapsed_ms(mid, end);
+  }
+  return t;
+}
+
+StepStats ChainRun::streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads,
+                                  const StepOptions& options) {
+  StepCalls calls;
+  calls.forward = [&](uint32_t r, const lwo_layer_view& v) {
+    forward_record(r, v.tensors);
+  };
+  calls.backward = [&](uint32_t r, const lwo_layer_view& v, const lwo_layer_view* g,
+                       const std::function<void()>& done) {
+    backward_record(r, v.tensors, g && trainable_ ? g->tensors : nullptr, done);
+  };
+  return run_step(schedule, ring, trainable_ ? grads : nullptr, stream_, spec_.n_records(),
+                  options, calls);
+}
+
+// --- the check ---------------------------------------------------------------------------
+
+std::vector<uint8_t> copy_back(const void* device, uint64_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  // Every stream in flight is non-blocking: this copy on the legacy default
+  // stream waits for none of them. Callers have synchronised.
+  check(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (check)");
+  return host;
+}
+
+std::string compare_bits(const std::string& what, const void* got, const void* want, uint64_t n,
+                         lwo_dtype_t dtype, int64_t cols) {
+  const uint64_t es = lwo_dtype_size(dtype);
+  const auto* g = static_cast<const uint8_t*>(got);
+  const auto* w = static_cast<const uint8_t*>(want);
+  if (n == 0 || std::memcmp(g, w, n * es) == 0) return "";
+  uint64_t first = n, bad = 0;
+  constexpr uint64_t kBlock = 4096;  // elements compared at once
+  for (uint64_t b = 0; b < n; b += kBlock) {
+    const uint64_t e = std::min(n, b + kBlock);
+    if (std::memcmp(g + b * es, w + b * es, (e - b) * es) == 0) continue;
+    for (uint64_t i = b; i < e; ++i)
+      if (std::memcmp(g + i * es, w + i * es, es) != 0) {
+        if (first == n) first = i;
+        ++bad;
+      }
+  }
+  uint64_t gb = 0, wb = 0;
+  std::memcpy(&gb, g + first * es, es);
+  std::memcpy(&wb, w + first * es, es);
+  const int hex = static_cast<int>(2 * es);
+  const uint64_t c = static_cast<uint64_t>(std::max<int64_t>(cols, 1));
+  return strf(
+      "%s differs from the resident reference at element %llu (row %llu, col %llu): streamed "
+      "%.9g (0x%0*llx), resident %.9g (0x%0*llx); %llu of %llu elements differ",
+      what.c_str(), static_cast<unsigned long long>(first),
+      static_cast<unsigned long long>(first / c), static_cast<unsigned long long>(first % c),
+      load_f32(g, dtype, first), hex, static_cast<unsigned long long>(gb),
+      load_f32(w, dtype, first), hex, static_cast<unsigned long long>(wb),
+      static_cast<unsigned long long>(bad), static_cast<unsigned long long>(n));
+}
+
+ChainCheck ChainRun::compare_with_resident(lwo_grads* grads, bool backward) {
+  const uint32_t R = spec_.n_records(), N = spec_.n_ops();
+  const bool with_grads = backward && trainable_ && grads;
+  ChainCheck out;
+  auto differ = [&](const std::string& item, const std::string& message) {
+    if (message.empty()) return;
+    out.same = false;
+    out.differs += " " + item;
+    if (out.first.empty()) out.first = message;
+  };
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  const std::vector<uint8_t> y = copy_back(x(N), output_bytes());
+  std::vector<uint8_t> dx0;
+  if (backward) dx0 = copy_back(dx_out(0), input_bytes());
+
+  // The resident computation, now.
+  if (weights_.all_resident()) {
+    resident_pass(backward, false);
+  } else {
+    if (spec_.records[0].size() != 1 || spec_.records[R - 1].size() != 1)
+      fail("testkit::ChainRun: a partly resident chain is checked with records of one op");
+    // The streamed x_{N-1} and the dy of op 0 are still in place. Op 0's
+    // backward goes first: it reads a ping-pong buffer that op N-1's dx would
+    // overwrite, so op N-1 computes no dx here.
+    std::vector<const void*> w;
+    std::vector<void*> g;
+    resident_views(R - 1, w, g, false);
+    forward_record(R - 1, w.data());
+    resident_views(0, w, g, with_grads);
+    if (backward) backward_record(0, w.data(), with_grads ? g.data() : nullptr, [] {});
+    if (backward && with_grads && R > 1) {
+      resident_views(R - 1, w, g, true);
+      const bool bias = spec_.bias;
+      backward_op(N - 1, w[0], nullptr, g[0], bias ? g[1] : nullptr);
+    }
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  check(lwo_engine_check(weights_.engine()), "lwo_engine_check");
+  const uint64_t es = lwo_dtype_size(spec_.dtype);
+  const int64_t out_cols = spec_.ops.back().second, in_cols = spec_.ops.front().first;
+  differ("output", compare_bits(strf("the output of op %u", N - 1), y.data(),
+                                copy_back(x(N), y.size()).data(), y.size() / es, spec_.dtype,
+                                out_cols));
+  if (backward)
+    differ("input-gradient",
+           compare_bits("the input gradient (dx of op 0)", dx0.data(),
+                        copy_back(dx_out(0), dx0.size()).data(), dx0.size() / es, spec_.dtype,
+                        in_cols));
+  const std::string how = weights_.all_resident()
+                              ? "the whole chain recomputed with every weight resident"
+                              : strf("records 0 and %u recomputed from the streamed pass's inputs",
+                                     R - 1);
+  std::string items = strf("output of op %u", N - 1);
+  if (backward) items += ", input gradient";
+
+  if (with_grads) {
+    const uint32_t checked[2] = {0, R - 1};
+    for (uint32_t c = 0; c < (R > 1 ? 2u : 1u); ++c) {
+      const uint32_t r = checked[c];
+      const auto& rec = spec_.records[r];
+      const std::vector<uint8_t> ref = copy_back(
+          r == 0 ? grad_first_.get() : grad_last_.get(), weights_.grad_bytes(r, wire_));
+      for (uint32_t j = 0; j < rec.size(); ++j)
+        for (int k = 0; k < (spec_.bias ? 2 : 1); ++k) {
+          const std::string& name = k == 0 ? weights_.weight_name(r, j) : weights_.bias_name(r, j);
+          const std::string item =
+              strf("%s-gradient(record %u, %s)", k == 0 ? "weight" : "bias", r, name.c_str());
+          float* host = nullptr;
+          uint64_t first = 0, n = 0;
+          check(lwo_grads_shard(grads, r, name.c_str(), &host, &first, &n),
+                         strf("lwo_grads_shard(record %u, \"%s\")", r, name.c_str()));
+          const uint64_t want_n =
+              k == 0 ? spec_.weight_elems(rec[j]) : static_cast<uint64_t>(spec_.ops[rec[j]].second);
+          if (first != 0 || n != want_n) {
+            differ(item, strf("lwo_grads_shard(record %u, \"%s\") has elements [%llu, %llu), "
+                              "expected [0, %llu)",
+                              r, name.c_str(), static_cast<unsigned long long>(first),
+                              static_cast<unsigned long long>(first + n),
+                              static_cast<unsigned long long>(want_n)));
+            continue;
+          }
+          // The reference in the wire dtype, widened to f32 exactly as the
+          // host gradients were (with the f32 wire, as it is).
+          const uint8_t* src = ref.data() + weights_.grad_offset(r, j, k == 1, wire_);
+          std::vector<float> want(n);
+          for (uint64_t i = 0; i < n; ++i) want[i] = load_f32(src, wire_, i);
+          const int64_t cols = k == 0 ? static_cast<int64_t>(spec_.fan_in(rec[j])) : 1;
+          differ(item, compare_bits(strf("d%s of record %u (host gradients)", name.c_str(), r),
+                                    host, want.data(), n, LWO_DTYPE_F32, cols));
+        }
+      items += strf(", the %s gradients of record %u", spec_.bias ? "weight and bias" : "weight", r);
+    }
+  }
+  out.what = strf("%s bit for bit%s: %s", how.c_str(),
+                  with_grads ? strf(" (%s wire)", lwo_dtype_name(wire_)).c_str() : "",
+                  items.c_str());
+  return out;
+}
+
+}  // namespace testkit
