@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 
+#include "checkpoint_files.h"
 #include "test_util.h"
 
 namespace lwo {
@@ -1269,53 +1270,6 @@ TEST_F(Abi02Errors, OtherOutputsOfFailedCallsAreLeftAlone) {
 /* Checkpoints                                                            */
 /* ---------------------------------------------------------------------- */
 
-struct FileTensor {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-FileTensor make_tensor(const std::string& name, const std::string& dt, size_t elem,
-                       std::vector<int64_t> shape, uint64_t seed) {
-  FileTensor t{name, dt, shape, {}};
-  size_t n = elem;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  t.bytes.resize(n);
-  fill_random(t.bytes.data(), n, seed);
-  return t;
-}
-
-// Writes a safetensors file: an optional "__metadata__" (keys in the order
-// given), the tensors' header entries and data in the given order.
-void write_safetensors(const std::string& path, const std::vector<FileTensor>& ts,
-                       const std::vector<std::pair<std::string, std::string>>& meta = {}) {
-  std::string h = "{";
-  if (!meta.empty()) {
-    h += "\"__metadata__\":{";
-    for (size_t i = 0; i < meta.size(); ++i)
-      h += (i ? "," : "") + std::string("\"") + meta[i].first + "\":\"" + meta[i].second + "\"";
-    h += "}";
-  }
-  uint64_t off = 0;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const FileTensor& t = ts[i];
-    std::string shape;
-    for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? "," : "") + std::to_string(t.shape[d]);
-    h += (i || !meta.empty() ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" +
-         t.dtype + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(off) + "," +
-         std::to_string(off + t.bytes.size()) + "]}";
-    off += t.bytes.size();
-  }
-  h += "}";
-  while (h.size() % 8) h += ' ';
-  uint64_t n = h.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const FileTensor& t : ts)
-    out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-}
-
 uint64_t file_size(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
@@ -1326,31 +1280,11 @@ class Abi02Checkpoints : public Abi02Test {
  protected:
   void SetUp() override {
     Abi02Test::SetUp();
-    char tmpl[] = "/tmp/lwo_abi02_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir = tmpl;
+    ASSERT_FALSE(tmp.dir().empty());
+    dir = tmp.dir();
   }
-  void TearDown() override {
-    for (const std::string& f : written) std::remove(f.c_str());
-    rmdir(dir.c_str());
-    Abi02Test::TearDown();
-  }
-  std::string file(const std::string& name) {
-    written.push_back(dir + "/" + name);
-    return written.back();
-  }
-  // "embed" (no layer), then for each of L layers "blocks.<i>.weight" [rows,
-  // 24] bf16 and "blocks.<i>.bias" [rows] f32.
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) {
-    std::vector<FileTensor> ts;
-    ts.push_back(make_tensor("embed", "F32", 4, {10, 3}, seed));
-    for (uint32_t i = 0; i < L; ++i) {
-      int64_t rows = 16 + 8 * (i % 3);
-      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".weight", "BF16", 2, {rows, 24}, seed + 2 * i + 1));
-      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".bias", "F32", 4, {rows}, seed + 2 * i + 2));
-    }
-    return ts;
-  }
+  std::string file(const std::string& name) { return tmp.file(name); }
+  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   lwo_checkpoint* open(const std::string& path) {
     lwo_checkpoint* ck = nullptr;
     EXPECT_EQ(lwo_checkpoint_open(path.c_str(), &ck), LWO_OK) << msg();
@@ -1366,8 +1300,8 @@ class Abi02Checkpoints : public Abi02Test {
     EXPECT_EQ(lwo_checkpoint_tensor_info(ck, i, &t), LWO_OK) << msg();
     return t;
   }
+  TempFiles tmp;
   std::string dir;
-  std::vector<std::string> written;
 };
 
 // lwo_checkpoint_destroy: NULL is fine, the handle is dead afterwards, and

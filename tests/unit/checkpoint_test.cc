@@ -7,86 +7,22 @@
 #include <fstream>
 #include <map>
 
+#include "checkpoint_files.h"
 #include "test_util.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-struct FileTensor {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  size_t elem;
-  std::vector<uint8_t> bytes;
-};
-
-// Writes a safetensors file: header JSON (tensors in the given order, data
-// packed in that order) and the data. Returns the absolute data offset of
-// each tensor.
-std::vector<uint64_t> write_safetensors(const std::string& path, const std::vector<FileTensor>& ts) {
-  std::string h = "{";
-  uint64_t off = 0;
-  std::vector<uint64_t> begins;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const FileTensor& t = ts[i];
-    std::string shape;
-    for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? "," : "") + std::to_string(t.shape[d]);
-    h += (i ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[" +
-         shape + "],\"data_offsets\":[" + std::to_string(off) + "," +
-         std::to_string(off + t.bytes.size()) + "]}";
-    begins.push_back(off);
-    off += t.bytes.size();
-  }
-  h += "}";
-  while (h.size() % 8) h += ' ';
-  uint64_t n = h.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const FileTensor& t : ts) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-  for (auto& b : begins) b += 8 + n;
-  return begins;
-}
-
-FileTensor make_tensor(const std::string& name, const std::string& dt, size_t elem,
-                       std::vector<int64_t> shape, uint64_t seed) {
-  FileTensor t{name, dt, shape, elem, {}};
-  size_t n = elem;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  t.bytes.resize(n);
-  fill_random(t.bytes.data(), n, seed);
-  return t;
-}
-
 class CheckpointTest : public EngineTest {
  protected:
   void SetUp() override {
     EngineTest::SetUp();
-    char tmpl[] = "/tmp/lwo_ckpt_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir = tmpl;
+    ASSERT_FALSE(tmp.dir().empty());
+    dir = tmp.dir();
   }
-  void TearDown() override {
-    for (const std::string& f : written) std::remove(f.c_str());
-    rmdir(dir.c_str());
-    EngineTest::TearDown();
-  }
-  std::string file(const std::string& name) {
-    written.push_back(dir + "/" + name);
-    return written.back();
-  }
-  // L layers "blocks.<i>.weight" [rows, 24] bf16 and "blocks.<i>.bias" [rows]
-  // f32, plus an "embed" tensor no layer takes.
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) {
-    std::vector<FileTensor> ts;
-    ts.push_back(make_tensor("embed", "F32", 4, {10, 3}, seed));
-    for (uint32_t i = 0; i < L; ++i) {
-      int64_t rows = 16 + 8 * (i % 3);
-      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".weight", "BF16", 2, {rows, 24}, seed + 2 * i + 1));
-      ts.push_back(make_tensor("blocks." + std::to_string(i) + ".bias", "F32", 4, {rows}, seed + 2 * i + 2));
-    }
-    return ts;
-  }
+  std::string file(const std::string& name) { return tmp.file(name); }
+  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   // Streams every layer twice through a ring of depth 2 and checks every
   // tensor's slot bytes against the file's.
   void stream_and_check(lwo_pool* pool, const std::vector<FileTensor>& ts, uint32_t L) {
@@ -113,8 +49,8 @@ class CheckpointTest : public EngineTest {
     EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
     ASSERT_LWO(lwo_ring_destroy(ring));
   }
+  TempFiles tmp;
   std::string dir;
-  std::vector<std::string> written;
 };
 
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
