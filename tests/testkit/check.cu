@@ -91,6 +91,10 @@ const std::string& no_device_reason() {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
+      // The library says which of no driver, old driver or no GPU it is.
+      lwo_engine* engine = nullptr;
+      if (lwo_engine_create(nullptr, &engine) != LWO_OK) return std::string(lwo_last_error_message());
+      (void)lwo_engine_destroy(engine);
       return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" +
              cudaGetErrorString(e) + ")";
     }
