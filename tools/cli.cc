@@ -1,4 +1,5 @@
 #include "tools/cli.h"
+#include "src/common/utf8.h"
 
 #include <algorithm>
 #include <atomic>
@@ -631,32 +632,7 @@ void JsonFile::commit() {
 
 namespace {
 
-// The length of the valid UTF-8 sequence at s[i] (a lead byte >= 0x80), or
-// 0 when it is not one (as the library's checkpoint messages judge it).
-size_t utf8_len(const std::string& s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char c = b(i);
-  size_t n;
-  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k)
-    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
-  return n;
-}
+using lwo::utf8_len;
 
 // C1 control characters (U+0080..U+009F) are two bytes, C2 80..C2 9F.
 bool is_c1(const std::string& s, size_t i, size_t n) {
