@@ -103,26 +103,14 @@ std::string describe(const Tag& t) {
 
 }  // namespace
 
-void Engine::collective_step(void* comm, Step::Kind kind, uint32_t layer,
-                             const std::function<void(Step&)>& plan) {
-  Step step{kind, layer};
-  if (!comm || !check_collectives_) {
-    plan(step);
-    return;
-  }
+void Engine::announce_failure(void* comm, Step::Kind kind, uint32_t layer) noexcept {
+  Step failing{kind, layer};
+  failing.failing = true;
   try {
-    plan(step);
-  } catch (const Error&) {
-    Step failing{kind, layer};
-    failing.failing = true;
-    try {
-      exchange(comm, failing);
-    } catch (const Error&) {
-      // The other ranks learn of this rank's error; this rank reports its own.
-    }
-    throw;
+    exchange(comm, failing);
+  } catch (...) {
+    // The other ranks learn of this rank's error; this rank reports its own.
   }
-  exchange(comm, step);
 }
 
 void Engine::exchange(void* comm, const Step& step) {

@@ -3,12 +3,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "backend.h"
+#include "src/common/error.h"
 
 namespace lwo {
 
@@ -45,8 +45,22 @@ class Engine {
   // do something else; a rank whose plan throws first tells the others it
   // fails (so they fail instead of hanging) and rethrows its own error.
   // Blocks until all ranks arrive. Otherwise it only runs `plan`.
-  void collective_step(void* comm, Step::Kind kind, uint32_t layer,
-                       const std::function<void(Step&)>& plan);
+  // (A template: it runs on every stage, and the check is off but in debug.)
+  template <class Plan>
+  void collective_step(void* comm, Step::Kind kind, uint32_t layer, Plan&& plan) {
+    Step step{kind, layer};
+    if (!comm || !check_collectives_) {
+      plan(step);
+      return;
+    }
+    try {
+      plan(step);
+    } catch (const Error&) {
+      announce_failure(comm, kind, layer);
+      throw;
+    }
+    exchange(comm, step);
+  }
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
 
@@ -69,6 +83,9 @@ class Engine {
   StreamH comm_ = nullptr;
   bool check_collectives_ = false;
   void exchange(void* comm, const Step& step);
+  // Tells the other ranks that this rank fails the step on its own (their
+  // mismatch error names it); this rank's own error is the caller's to throw.
+  void announce_failure(void* comm, Step::Kind kind, uint32_t layer) noexcept;
   std::mutex compute_mu_;
   std::unique_ptr<Compute> compute_;
   struct CommCheck {
