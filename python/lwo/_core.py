@@ -1,0 +1,1168 @@
+"""The Python objects over the C handles: Engine, Pool, Ring, Schedule,
+Grads, Checkpoint, NcclComm, and the views, dtypes and streams they use."""
+
+import collections
+import contextlib
+import ctypes
+import os
+
+from . import _capi as C
+from ._errors import check
+
+_lib = C.lib  # set by lwo/__init__ (load) before this module is imported
+_byref = ctypes.byref
+
+
+def _enc(s):
+    if s is None:
+        return None
+    if isinstance(s, bytes):
+        return s
+    return os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode()
+
+
+def _dec(b):
+    return None if b is None else b.decode(errors="replace")
+
+
+# --------------------------------------------------------------------------
+# dtypes
+# --------------------------------------------------------------------------
+_DTYPE_BY_NAME = {}
+for _v in C.DTYPES.values():
+    _DTYPE_BY_NAME[_lib.lwo_dtype_name(_v).decode()] = _v
+_DTYPE_ALIASES = {
+    "float32": C.LWO_DTYPE_F32, "float": C.LWO_DTYPE_F32, "bfloat16": C.LWO_DTYPE_BF16,
+    "float16": C.LWO_DTYPE_F16, "half": C.LWO_DTYPE_F16, "float8_e4m3fn": C.LWO_DTYPE_F8_E4M3,
+    "float8_e5m2": C.LWO_DTYPE_F8_E5M2, "int8": C.LWO_DTYPE_I8, "uint8": C.LWO_DTYPE_U8,
+    "bool": C.LWO_DTYPE_BOOL, "int16": C.LWO_DTYPE_I16, "uint16": C.LWO_DTYPE_U16,
+    "int32": C.LWO_DTYPE_I32, "uint32": C.LWO_DTYPE_U32, "int64": C.LWO_DTYPE_I64,
+    "uint64": C.LWO_DTYPE_U64, "float64": C.LWO_DTYPE_F64, "double": C.LWO_DTYPE_F64,
+    "float8_e8m0fnu": C.LWO_DTYPE_F8_E8M0, "complex64": C.LWO_DTYPE_C64,
+}
+# safetensors' names ("BF16", "F8_E4M3", ...), as lwo_checkpoint_tensor's dtype_name.
+for _k, _v in list(C.DTYPES.items()):
+    _DTYPE_ALIASES[_k[len("LWO_DTYPE_"):].lower()] = _v
+
+# __cuda_array_interface__ typestr per dtype; 'V' where numpy has no type.
+_TYPESTR = {
+    C.LWO_DTYPE_F32: "<f4", C.LWO_DTYPE_BF16: "<V2", C.LWO_DTYPE_F16: "<f2",
+    C.LWO_DTYPE_F8_E4M3: "|V1", C.LWO_DTYPE_F8_E5M2: "|V1", C.LWO_DTYPE_I8: "|i1",
+    C.LWO_DTYPE_U8: "|u1", C.LWO_DTYPE_BOOL: "|b1", C.LWO_DTYPE_I16: "<i2",
+    C.LWO_DTYPE_U16: "<u2", C.LWO_DTYPE_I32: "<i4", C.LWO_DTYPE_U32: "<u4",
+    C.LWO_DTYPE_I64: "<i8", C.LWO_DTYPE_U64: "<u8", C.LWO_DTYPE_F64: "<f8",
+    C.LWO_DTYPE_F8_E8M0: "|V1", C.LWO_DTYPE_C64: "<c8",
+}
+_TORCH_DTYPE = {
+    C.LWO_DTYPE_F32: "float32", C.LWO_DTYPE_BF16: "bfloat16", C.LWO_DTYPE_F16: "float16",
+    C.LWO_DTYPE_F8_E4M3: "float8_e4m3fn", C.LWO_DTYPE_F8_E5M2: "float8_e5m2",
+    C.LWO_DTYPE_I8: "int8", C.LWO_DTYPE_U8: "uint8", C.LWO_DTYPE_BOOL: "bool",
+    C.LWO_DTYPE_I16: "int16", C.LWO_DTYPE_U16: "uint16", C.LWO_DTYPE_I32: "int32",
+    C.LWO_DTYPE_U32: "uint32", C.LWO_DTYPE_I64: "int64", C.LWO_DTYPE_U64: "uint64",
+    C.LWO_DTYPE_F64: "float64", C.LWO_DTYPE_F8_E8M0: "float8_e8m0fnu",
+    C.LWO_DTYPE_C64: "complex64",
+}
+_RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+
+
+def dtype(value):
+    """An lwo_dtype_t from an int, an lwo name ("bf16"), a C name
+    ("LWO_DTYPE_BF16"), a safetensors name ("BF16"), or a torch/numpy dtype
+    or its name ("bfloat16", torch.bfloat16, numpy.float32)."""
+    if isinstance(value, bool):
+        raise TypeError("lwo.dtype: %r is not a dtype" % (value,))
+    if isinstance(value, int):
+        return int(value)
+    name = str(value)
+    for prefix in ("torch.", "LWO_DTYPE_", "<class 'numpy.", "numpy."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    name = name.rstrip("'>")
+    key = name.lower()
+    if key in _DTYPE_BY_NAME:
+        return _DTYPE_BY_NAME[key]
+    if key in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[key]
+    raise ValueError("lwo.dtype: unknown dtype %r (lwo names: %s)"
+                     % (value, ", ".join(sorted(_DTYPE_BY_NAME))))
+
+
+_to_dtype = dtype  # for functions whose dtype= parameter hides it
+
+
+def dtype_name(value):
+    """lwo_dtype_name: "bf16", or "unknown"."""
+    return _lib.lwo_dtype_name(dtype(value)).decode()
+
+
+def dtype_size(value):
+    """lwo_dtype_size: bytes of one element, or 0 for an unknown dtype."""
+    return _lib.lwo_dtype_size(dtype(value))
+
+
+def version():
+    """(major, minor, patch) of the loaded liblwo."""
+    v = _lib.lwo_version()
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
+# --------------------------------------------------------------------------
+# Pointers and streams
+# --------------------------------------------------------------------------
+def stream_handle(stream):
+    """The cudaStream_t (an int, or None for the legacy default stream) of a
+    torch.cuda.Stream (.cuda_stream), an object with __cuda_stream__ (returns
+    (version, handle)), a raw integer, a ctypes.c_void_p, or None."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise TypeError("lwo: a stream cannot be a bool")
+    if isinstance(stream, int):
+        return stream or None
+    if isinstance(stream, ctypes.c_void_p):
+        return stream.value
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        got = proto() if callable(proto) else proto
+        try:
+            _version, handle = got
+        except (TypeError, ValueError):
+            raise TypeError("lwo: %r.__cuda_stream__() returned %r, not (version, handle)"
+                            % (stream, got))
+        return int(handle) or None
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is not None:
+        return int(handle) or None
+    raise TypeError("lwo: %r is not a stream (give a torch.cuda.Stream, an object with "
+                    "__cuda_stream__, an integer cudaStream_t, or None)" % (stream,))
+
+
+def device_pointer(obj):
+    """A device address from an int, an object with __cuda_array_interface__,
+    a torch tensor (data_ptr()), a TensorView, or None."""
+    if obj is None:
+        return None
+    if isinstance(obj, bool):
+        raise TypeError("lwo: a device pointer cannot be a bool")
+    if isinstance(obj, int):
+        return obj or None
+    if isinstance(obj, ctypes.c_void_p):
+        return obj.value
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0]) or None
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):
+        return int(data_ptr()) or None
+    raise TypeError("lwo: %r is not device memory (give an integer address, an object "
+                    "with __cuda_array_interface__ or a torch tensor)" % (obj,))
+
+
+def _host_buffer(data, nbytes=None):
+    """(address, bytes, keep-alive) of host memory: an int address (with
+    nbytes), a ctypes object, an object with __array_interface__, or any
+    C-contiguous buffer (bytes, bytearray, memoryview, numpy array)."""
+    if isinstance(data, int) and not isinstance(data, bool):
+        if nbytes is None:
+            raise TypeError("lwo: an integer host address needs its byte count")
+        return data, int(nbytes), None
+    if isinstance(data, ctypes.c_void_p):
+        if nbytes is None:
+            raise TypeError("lwo: a c_void_p host address needs its byte count")
+        return data.value or 0, int(nbytes), None
+    if isinstance(data, ctypes._SimpleCData) or isinstance(data, (ctypes.Array, ctypes.Structure)):
+        n = ctypes.sizeof(data) if nbytes is None else int(nbytes)
+        return ctypes.addressof(data), n, data
+    if isinstance(data, bytes):
+        n = len(data) if nbytes is None else int(nbytes)
+        return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0, n, data
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise ValueError("lwo: host buffer is not C-contiguous")
+    mv = mv.cast("B")
+    n = mv.nbytes if nbytes is None else int(nbytes)
+    if mv.readonly:
+        ai = getattr(data, "__array_interface__", None)
+        if ai is not None:
+            return int(ai["data"][0]), n, data
+        copy = bytes(mv)
+        return ctypes.cast(ctypes.c_char_p(copy), ctypes.c_void_p).value or 0, n, copy
+    if mv.nbytes == 0:
+        return 0, 0, None
+    arr = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return ctypes.addressof(arr), n, (arr, mv, data)
+
+
+class HostMemory(collections.namedtuple("HostMemory", "address bytes")):
+    """Host bytes owned by lwo (a pool's record or tensor)."""
+    __slots__ = ()
+
+    def memoryview(self):
+        """A memoryview of the bytes (writable; do not write a checkpoint
+        pool's, which are a read-only mapping)."""
+        if not self.bytes:
+            return memoryview(b"")
+        return memoryview((ctypes.c_char * self.bytes).from_address(self.address)).cast("B")
+
+
+class ShardMemory(collections.namedtuple("ShardMemory", "address record_offset bytes")):
+    """This rank's shard of a record (lwo_pool_shard_host)."""
+    __slots__ = ()
+
+    def memoryview(self):
+        return HostMemory(self.address, self.bytes).memoryview()
+
+
+class TensorShard(collections.namedtuple("TensorShard", "address first_element n_elements")):
+    """Elements [first_element, first_element + n_elements) of a tensor in host
+    memory (lwo_pool_shard_tensor, lwo_grads_shard: f32)."""
+    __slots__ = ()
+
+    def memoryview(self, format="f", itemsize=4):
+        if not self.n_elements:
+            return memoryview(b"").cast(format)
+        raw = (ctypes.c_char * (self.n_elements * itemsize)).from_address(self.address)
+        return memoryview(raw).cast("B").cast(format)
+
+
+# --------------------------------------------------------------------------
+# Descriptors
+# --------------------------------------------------------------------------
+TensorSpec = collections.namedtuple("TensorSpec", "name dtype shape host_data")
+
+
+def _tensor_spec(t):
+    if isinstance(t, TensorSpec):
+        return t
+    if isinstance(t, dict):
+        return TensorSpec(t["name"], t["dtype"], tuple(t.get("shape", ())),
+                          t.get("host_data", t.get("data")))
+    t = tuple(t)
+    if len(t) == 3:
+        return TensorSpec(t[0], t[1], tuple(t[2]), None)
+    if len(t) == 4:
+        return TensorSpec(t[0], t[1], tuple(t[2]), t[3])
+    raise ValueError("lwo: a tensor is (name, dtype, shape[, host_data]) or a dict with "
+                     "name, dtype, shape[, host_data]; got %r" % (t,))
+
+
+def _layer_tensors(layer):
+    if isinstance(layer, dict):
+        layer = layer["tensors"]
+    return [_tensor_spec(t) for t in layer]
+
+
+def _tensor_descs(specs, keep, registered):
+    arr = (C.lwo_tensor_desc * max(len(specs), 1))()
+    for i, s in enumerate(specs):
+        shape = [int(d) for d in s.shape]
+        if len(shape) > C.LWO_MAX_DIMS:
+            raise ValueError("lwo: tensor %r has %d dimensions, more than LWO_MAX_DIMS (%d)"
+                             % (s.name, len(shape), C.LWO_MAX_DIMS))
+        name = _enc(s.name)
+        keep.append(name)
+        d = arr[i]
+        d.name = name
+        d.dtype = dtype(s.dtype)
+        d.n_dims = len(shape)
+        for j, n in enumerate(shape):
+            d.shape[j] = n
+        if s.host_data is not None:
+            if not registered:
+                raise ValueError("lwo: tensor %r has host_data, which only registered pools "
+                                 "take" % (s.name,))
+            addr, _n, k = _host_buffer(s.host_data, 0)
+            keep.append(k)
+            d.host_data = addr
+    keep.append(arr)
+    return arr
+
+
+def _layer_descs(layers, registered=False):
+    """(lwo_layer_desc array, n_layers, keep-alive) of Python layer specs: each
+    layer a list of tensors, each (name, dtype, shape[, host_data]) or a dict."""
+    layers = list(layers)
+    keep = []
+    arr = (C.lwo_layer_desc * max(len(layers), 1))()
+    for i, layer in enumerate(layers):
+        specs = _layer_tensors(layer)
+        arr[i].tensors = _tensor_descs(specs, keep, registered)
+        arr[i].n_tensors = len(specs)
+    keep.append(arr)
+    return arr, len(layers), keep
+
+
+def record_layout(layer):
+    """lwo_record_layout of one layer (a list of (name, dtype, shape) tuples or
+    dicts): returns (offsets, record_bytes)."""
+    arr, _n, keep = _layer_descs([layer], registered=True)
+    n = arr[0].n_tensors
+    offsets = (ctypes.c_uint64 * max(n, 1))()
+    record = ctypes.c_uint64()
+    check(_lib.lwo_record_layout(arr, offsets, _byref(record)))
+    del keep
+    return [offsets[i] for i in range(n)], record.value
+
+
+def _pool_config(n_threads):
+    cfg = C.lwo_pool_config()
+    _lib.lwo_pool_config_init(cfg)
+    cfg.n_threads = int(n_threads)
+    return cfg
+
+
+def linear_desc(in_features, out_features, dtype="bf16", bias=False, tf32=False, flags=0):
+    """An lwo_linear_desc (lwo_linear_desc_init's defaults, then these)."""
+    d = C.lwo_linear_desc()
+    _lib.lwo_linear_desc_init(d)
+    d.dtype = _to_dtype(dtype)
+    d.flags = int(flags) | (C.LWO_LINEAR_BIAS if bias else 0) | (C.LWO_LINEAR_TF32 if tf32 else 0)
+    d.in_features = int(in_features)
+    d.out_features = int(out_features)
+    return d
+
+
+def conv2d_desc(in_channels, out_channels, kernel, dtype="bf16", stride=1, padding=0,
+                dilation=1, groups=1, bias=False, tf32=False, layout="nhwc", flags=0):
+    """An lwo_conv2d_desc (lwo_conv2d_desc_init's defaults, then these);
+    kernel, stride, padding and dilation are an int or an (h, w) pair."""
+    def pair(v):
+        return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+    d = C.lwo_conv2d_desc()
+    _lib.lwo_conv2d_desc_init(d)
+    d.dtype = _to_dtype(dtype)
+    d.flags = int(flags) | (C.LWO_CONV_BIAS if bias else 0) | (C.LWO_CONV_TF32 if tf32 else 0)
+    if isinstance(layout, str):
+        layout = {"nchw": C.LWO_LAYOUT_NCHW, "nhwc": C.LWO_LAYOUT_NHWC}[layout.lower()]
+    d.layout = int(layout)
+    d.in_channels, d.out_channels = int(in_channels), int(out_channels)
+    d.kernel_h, d.kernel_w = pair(kernel)
+    d.stride_h, d.stride_w = pair(stride)
+    d.pad_h, d.pad_w = pair(padding)
+    d.dilation_h, d.dilation_w = pair(dilation)
+    d.groups = int(groups)
+    return d
+
+
+def conv2d_output_size(desc, h, w):
+    """lwo_conv2d_output_size: (out_h, out_w). Needs no engine."""
+    oh, ow = ctypes.c_int32(), ctypes.c_int32()
+    check(_lib.lwo_conv2d_output_size(desc, int(h), int(w), _byref(oh), _byref(ow)))
+    return oh.value, ow.value
+
+
+def nccl_get_unique_id():
+    """lwo_nccl_get_unique_id: an lwo_nccl_unique_id (bytes(id) gives its
+    128 bytes; lwo_nccl_unique_id.from_buffer_copy(b) makes one back)."""
+    uid = C.lwo_nccl_unique_id()
+    check(_lib.lwo_nccl_get_unique_id(_byref(uid)))
+    return uid
+
+
+# --------------------------------------------------------------------------
+# Handles
+# --------------------------------------------------------------------------
+class _Handle:
+    """A C handle owned by a Python object: close() destroys it (idempotent);
+    a context manager; __del__ destroys it as a last resort, never raising."""
+
+    _destroy = None  # name of the C destroy function
+    _handle = None
+
+    def _h(self):
+        if self._handle is None:
+            raise ValueError("lwo: %s is closed" % type(self).__name__)
+        return self._handle
+
+    @property
+    def handle(self):
+        """The C handle as an int (None once closed)."""
+        return self._handle
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """Destroys the C object (a failure, such as LWO_ERR_BUSY, raises and
+        leaves it open); closing a closed object does nothing."""
+        if self._handle is None:
+            return
+        check(getattr(_lib, self._destroy)(self._handle))
+        self._handle = None
+        self._closed_hook()
+
+    def _closed_hook(self):
+        pass
+
+    def __enter__(self):
+        self._h()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            if self._handle is not None:
+                self._last_resort()
+                getattr(_lib, self._destroy)(self._handle)
+                self._handle = None
+        except Exception:
+            pass
+
+    def _last_resort(self):
+        pass
+
+    def __repr__(self):
+        state = "closed" if self._handle is None else "0x%x" % self._handle
+        return "<lwo.%s %s>" % (type(self).__name__, state)
+
+
+def _new_handle(fn, *args):
+    out = ctypes.c_void_p()
+    check(fn(*(args + (_byref(out),))))
+    return out.value
+
+
+class Engine(_Handle):
+    """lwo_engine: one CUDA device, with its transfer and gradient streams."""
+
+    _destroy = "lwo_engine_destroy"
+
+    def __init__(self, device=0, check_collectives=False, flags=0):
+        cfg = C.lwo_engine_config()
+        _lib.lwo_engine_config_init(cfg)
+        cfg.device = int(device)
+        cfg.flags = int(flags) | (C.LWO_ENGINE_CHECK_COLLECTIVES if check_collectives else 0)
+        self._handle = _new_handle(_lib.lwo_engine_create, _byref(cfg))
+
+    @property
+    def device(self):
+        d = ctypes.c_int32()
+        check(_lib.lwo_engine_device(self._h(), _byref(d)))
+        return d.value
+
+    @property
+    def transfer_stream(self):
+        s = ctypes.c_void_p()
+        check(_lib.lwo_engine_transfer_stream(self._h(), _byref(s)))
+        return s.value
+
+    def check(self):
+        check(_lib.lwo_engine_check(self._h()))
+
+    def synchronize(self):
+        check(_lib.lwo_engine_synchronize(self._h()))
+
+    # pools
+    def pool_pinned(self, layers, n_threads=0):
+        return Pool.create_pinned(self, layers, n_threads=n_threads)
+
+    def pool_registered(self, layers, regions, n_threads=0):
+        return Pool.create_registered(self, layers, regions, n_threads=n_threads)
+
+    def pool_from_checkpoint(self, checkpoint, **mapping):
+        return Pool.from_checkpoint(self, checkpoint, **mapping)
+
+    # compute
+    def linear_forward(self, desc, tokens, x, weight, bias, y, stream=None):
+        check(_lib.lwo_linear_forward(self._h(), _byref(desc), int(tokens), device_pointer(x),
+                                      device_pointer(weight), device_pointer(bias),
+                                      device_pointer(y), stream_handle(stream)))
+
+    def linear_backward(self, desc, tokens, x, dy, weight, dx=None, dweight=None, dbias=None,
+                        grad_dtype="f32", stream=None):
+        check(_lib.lwo_linear_backward(
+            self._h(), _byref(desc), int(tokens), device_pointer(x), device_pointer(dy),
+            device_pointer(weight), device_pointer(dx), device_pointer(dweight),
+            device_pointer(dbias), dtype(grad_dtype), stream_handle(stream)))
+
+    def conv2d_forward(self, desc, n, h, w, x, weight, bias, y, stream=None):
+        check(_lib.lwo_conv2d_forward(
+            self._h(), _byref(desc), int(n), int(h), int(w), device_pointer(x),
+            device_pointer(weight), device_pointer(bias), device_pointer(y),
+            stream_handle(stream)))
+
+    def conv2d_backward(self, desc, n, h, w, x, dy, weight, dx=None, dweight=None, dbias=None,
+                        grad_dtype="f32", stream=None):
+        check(_lib.lwo_conv2d_backward(
+            self._h(), _byref(desc), int(n), int(h), int(w), device_pointer(x),
+            device_pointer(dy), device_pointer(weight), device_pointer(dx),
+            device_pointer(dweight), device_pointer(dbias), dtype(grad_dtype),
+            stream_handle(stream)))
+
+    # nccl
+    def nccl_comm_create(self, unique_id, n_ranks, rank):
+        return NcclComm(self, unique_id, n_ranks, rank)
+
+
+class NcclComm(_Handle):
+    """An ncclComm_t made by lwo_nccl_comm_create; close() destroys it (after
+    every pool and ring that uses it)."""
+
+    _destroy = "lwo_nccl_comm_destroy"
+
+    def __init__(self, engine, unique_id, n_ranks, rank):
+        if isinstance(unique_id, (bytes, bytearray)):
+            unique_id = C.lwo_nccl_unique_id.from_buffer_copy(bytes(unique_id))
+        self.engine = engine
+        comm = ctypes.c_void_p()
+        check(_lib.lwo_nccl_comm_create(engine._h(), _byref(unique_id), int(n_ranks),
+                                        int(rank), _byref(comm)))
+        self._handle = comm.value
+
+
+PoolInfo = collections.namedtuple(
+    "PoolInfo", "n_layers kind total_bytes max_record_bytes rank n_ranks")
+TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes")
+
+
+def _checkpoint_config(pattern=None, patterns=None, names=None, allow_gaps=False,
+                       staged=False, flags=0):
+    given = sum(x is not None for x in (pattern, patterns, names))
+    if given != 1:
+        raise TypeError("lwo: give exactly one of pattern=, patterns= or names=")
+    cfg = C.lwo_checkpoint_pool_config()
+    _lib.lwo_checkpoint_pool_config_init(cfg)
+    keep = []
+    if pattern is not None:
+        cfg.pattern = _enc(pattern)
+        keep.append(cfg.pattern)
+    elif patterns is not None:
+        enc = [_enc(p) for p in patterns]
+        arr = (ctypes.c_char_p * max(len(enc), 1))(*enc)
+        keep += [enc, arr]
+        cfg.patterns = arr
+        cfg.n_patterns = len(enc)
+    else:
+        groups = [list(g) for g in names]
+        flat = [_enc(n) for g in groups for n in g]
+        arr = (ctypes.c_char_p * max(len(flat), 1))(*flat)
+        counts = (ctypes.c_uint32 * max(len(groups), 1))(*[len(g) for g in groups])
+        keep += [flat, arr, counts]
+        cfg.names = arr
+        cfg.n_names = counts
+        cfg.n_layers = len(groups)
+    cfg.flags = (int(flags) | (C.LWO_CHECKPOINT_ALLOW_GAPS if allow_gaps else 0)
+                 | (C.LWO_CHECKPOINT_STAGED if staged else 0))
+    return cfg, keep
+
+
+class Pool(_Handle):
+    """lwo_pool: the host bytes of every layer. Make one with create_pinned,
+    create_registered, from_checkpoint or create_sharded; it keeps its engine
+    (and the caller memory of a registered pool) alive."""
+
+    _destroy = "lwo_pool_destroy"
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("lwo.Pool: use Pool.create_pinned, create_registered, "
+                        "from_checkpoint or create_sharded")
+
+    @classmethod
+    def _make(cls, engine, handle, keep=None, source=None):
+        self = object.__new__(cls)
+        self.engine = engine
+        self._keep = keep
+        self._source = source
+        self._handle = handle
+        self._tensor_cache = {}
+        return self
+
+    @classmethod
+    def create_pinned(cls, engine, layers, n_threads=0):
+        """lwo_pool_create_pinned: layers is a list of layers, each a list of
+        tensors (name, dtype, shape) or dicts {"name", "dtype", "shape"}."""
+        arr, n, keep = _layer_descs(layers)
+        cfg = _pool_config(n_threads)
+        h = _new_handle(_lib.lwo_pool_create_pinned, engine._h(), arr, n, _byref(cfg))
+        return cls._make(engine, h)
+
+    @classmethod
+    def create_registered(cls, engine, layers, regions, n_threads=0):
+        """lwo_pool_create_registered: tensors are (name, dtype, shape,
+        host_data), host_data an address or a buffer inside one of the
+        regions; regions are buffers or (address-or-buffer, bytes) pairs. The
+        pool keeps the buffers alive."""
+        arr, n, keep = _layer_descs(layers, registered=True)
+        regions = list(regions)
+        rarr = (C.lwo_host_region * max(len(regions), 1))()
+        for i, r in enumerate(regions):
+            if isinstance(r, tuple) and len(r) == 2:
+                addr, nbytes, k = _host_buffer(r[0], r[1])
+            else:
+                addr, nbytes, k = _host_buffer(r)
+            keep.append(k)
+            rarr[i].data = addr
+            rarr[i].bytes = nbytes
+        keep.append(rarr)
+        cfg = _pool_config(n_threads)
+        h = _new_handle(_lib.lwo_pool_create_registered, engine._h(), arr, n, rarr,
+                        len(regions), _byref(cfg))
+        return cls._make(engine, h, keep=keep)
+
+    @classmethod
+    def from_checkpoint(cls, engine, checkpoint, pattern=None, patterns=None, names=None,
+                        allow_gaps=False, staged=False):
+        """lwo_pool_create_from_checkpoint, mapping tensors to layers by one of
+        pattern= ("blocks.{i}."), patterns= (a list of them) or names= (a list
+        of lists of full tensor names)."""
+        cfg, keep = _checkpoint_config(pattern, patterns, names, allow_gaps, staged)
+        h = _new_handle(_lib.lwo_pool_create_from_checkpoint, engine._h(), checkpoint._h(),
+                        _byref(cfg))
+        return cls._make(engine, h, source=checkpoint)
+
+    @classmethod
+    def create_sharded(cls, engine, layers, comm, n_threads=0):
+        """lwo_pool_create_sharded (collective: every rank calls it alike)."""
+        arr, n, keep = _layer_descs(layers)
+        cfg = _pool_config(n_threads)
+        comm_h = comm._h() if isinstance(comm, NcclComm) else comm
+        h = _new_handle(_lib.lwo_pool_create_sharded, engine._h(), arr, n, comm_h,
+                        _byref(cfg))
+        return cls._make(engine, h, source=comm)
+
+    def info(self):
+        i = C.lwo_pool_info()
+        check(_lib.lwo_pool_get_info(self._h(), _byref(i)))
+        return PoolInfo(i.n_layers, i.kind, i.total_bytes, i.max_record_bytes, i.rank,
+                        i.n_ranks)
+
+    @property
+    def n_layers(self):
+        return self.info().n_layers
+
+    def __len__(self):
+        return self.n_layers
+
+    def tensor_count(self, layer):
+        n = ctypes.c_uint32()
+        check(_lib.lwo_pool_layer_tensor_count(self._h(), int(layer), _byref(n)))
+        return n.value
+
+    def tensor_info(self, layer, index):
+        i = C.lwo_tensor_info()
+        check(_lib.lwo_pool_tensor_info(self._h(), int(layer), int(index), _byref(i)))
+        return TensorInfo(_dec(i.name), i.dtype, tuple(i.shape[:i.n_dims]), i.offset, i.bytes)
+
+    def tensors(self, layer):
+        """The TensorInfo of every tensor of a layer, in record order (cached:
+        a pool's layout never changes)."""
+        layer = int(layer)
+        got = self._tensor_cache.get(layer)
+        if got is None:
+            got = [self.tensor_info(layer, i) for i in range(self.tensor_count(layer))]
+            self._tensor_cache[layer] = got
+        return got
+
+    def find_tensor(self, layer, name):
+        i = ctypes.c_uint32()
+        check(_lib.lwo_pool_find_tensor(self._h(), int(layer), _enc(name), _byref(i)))
+        return i.value
+
+    def record_bytes(self, layer):
+        n = ctypes.c_uint64()
+        check(_lib.lwo_pool_record_bytes(self._h(), int(layer), _byref(n)))
+        return n.value
+
+    def write(self, layer, name, data, nbytes=None):
+        """lwo_pool_write: data is a buffer (or an address with nbytes) of
+        exactly the tensor's size."""
+        addr, n, keep = _host_buffer(data, nbytes)
+        check(_lib.lwo_pool_write(self._h(), int(layer), _enc(name), addr, n))
+        del keep
+
+    def write_range(self, layer, name, offset, data, nbytes=None):
+        addr, n, keep = _host_buffer(data, nbytes)
+        check(_lib.lwo_pool_write_range(self._h(), int(layer), _enc(name), int(offset),
+                                        addr, n))
+        del keep
+
+    def layer_host(self, layer):
+        p, n = ctypes.c_void_p(), ctypes.c_uint64()
+        check(_lib.lwo_pool_layer_host(self._h(), int(layer), _byref(p), _byref(n)))
+        return HostMemory(p.value or 0, n.value)
+
+    def layer_changed(self, layer):
+        check(_lib.lwo_pool_layer_changed(self._h(), int(layer)))
+
+    def tensor_host(self, layer, name):
+        p, n = ctypes.c_void_p(), ctypes.c_uint64()
+        check(_lib.lwo_pool_tensor_host(self._h(), int(layer), _enc(name), _byref(p),
+                                        _byref(n)))
+        return HostMemory(p.value or 0, n.value)
+
+    def shard_host(self, layer):
+        p, off, n = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+        check(_lib.lwo_pool_shard_host(self._h(), int(layer), _byref(p), _byref(off),
+                                       _byref(n)))
+        return ShardMemory(p.value or 0, off.value, n.value)
+
+    def shard_tensor(self, layer, name):
+        p, first, n = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+        check(_lib.lwo_pool_shard_tensor(self._h(), int(layer), _enc(name), _byref(p),
+                                         _byref(first), _byref(n)))
+        return TensorShard(p.value or 0, first.value, n.value)
+
+    def ring(self, depth=2, timing=False):
+        return Ring(self, depth=depth, timing=timing)
+
+    def grads(self, trainable=None, depth=2, native_wire=False, n_threads=0):
+        return Grads(self, trainable=trainable, depth=depth, native_wire=native_wire,
+                     n_threads=n_threads)
+
+    def _closed_hook(self):
+        self._keep = None
+        self._tensor_cache = {}
+
+
+# --------------------------------------------------------------------------
+# Views
+# --------------------------------------------------------------------------
+class TensorView:
+    """One tensor of a view in device memory, with __cuda_array_interface__
+    (version 3; typestr from the dtype, 'V' of the element size where numpy
+    has no such type: bf16, the f8 types). Valid as long as its ticket (or
+    gradient layer) is."""
+
+    __slots__ = ("name", "dtype", "shape", "bytes", "data", "device", "_owner")
+
+    def __init__(self, name, dtype_, shape, nbytes, data, device, owner):
+        self.name, self.dtype, self.shape = name, dtype_, tuple(shape)
+        self.bytes, self.data, self.device, self._owner = nbytes, data, device, owner
+
+    @property
+    def typestr(self):
+        return _TYPESTR.get(self.dtype, "|V%d" % max(dtype_size(self.dtype), 1))
+
+    def _interface(self, typestr):
+        return {"shape": self.shape, "typestr": typestr, "data": (self.data or 0, False),
+                "strides": None, "version": 3}
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._interface(self.typestr)
+
+    def torch(self):
+        """A torch tensor on the view's device over the same memory (no
+        copy). Imports torch on first use."""
+        import torch  # lazily: the package needs no torch
+
+        name = _TORCH_DTYPE.get(self.dtype)
+        tdtype = getattr(torch, name, None) if name else None
+        if tdtype is None:
+            raise TypeError("lwo: torch %s has no dtype for lwo's %s"
+                            % (torch.__version__, dtype_name(self.dtype)))
+        size = dtype_size(self.dtype)
+
+        class _Raw:  # the bytes as integers of the element size, then .view
+            __cuda_array_interface__ = self._interface(_RAW_TYPESTR[size])
+
+        t = torch.as_tensor(_Raw(), device="cuda:%d" % self.device)
+        return t.view(tdtype)
+
+    def __repr__(self):
+        return "<lwo.TensorView %s %s%s at 0x%x>" % (self.name, dtype_name(self.dtype),
+                                                    list(self.shape), self.data or 0)
+
+
+class LayerView:
+    """The device addresses of an acquired layer (lwo_ring_acquire,
+    lwo_schedule_next) or a gradient slot (lwo_grads_begin); valid until its
+    ticket is released (the gradient layer ended). Holds its ring (or grads)
+    alive."""
+
+    def __init__(self, owner, pool, view, device, ticket=None):
+        self.owner = owner
+        self.ticket = ticket
+        self.layer = view.layer
+        self.base = view.base or 0
+        self.record_bytes = view.record_bytes
+        infos = pool.tensors(view.layer)
+        self.tensors = []
+        for i in range(view.n_tensors):
+            info = infos[i]
+            self.tensors.append(TensorView(info.name, view.tensor_dtypes[i], info.shape,
+                                           view.tensor_bytes[i], view.tensors[i] or 0,
+                                           device, self))
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    @property
+    def names(self):
+        return [t.name for t in self.tensors]
+
+    def tensor(self, key):
+        """A tensor by index or by name."""
+        if isinstance(key, int):
+            return self.tensors[key]
+        for t in self.tensors:
+            if t.name == key:
+                return t
+        raise KeyError("lwo: layer %d has no tensor %r" % (self.layer, key))
+
+    __getitem__ = tensor
+
+    def torch(self, key):
+        return self.tensor(key).torch()
+
+    def __repr__(self):
+        return "<lwo.LayerView layer %d, %d tensors, %d bytes at 0x%x>" % (
+            self.layer, len(self.tensors), self.record_bytes, self.base)
+
+
+# --------------------------------------------------------------------------
+# Rings and schedules
+# --------------------------------------------------------------------------
+class Ticket:
+    """An lwo_ticket: one occupancy of one slot of one ring."""
+
+    __slots__ = ("id", "layer")
+
+    def __init__(self, id_, layer=None):
+        self.id, self.layer = int(id_), layer
+
+    def __int__(self):
+        return self.id
+
+    __index__ = __int__
+
+    def __eq__(self, other):
+        return isinstance(other, (Ticket, int)) and int(other) == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return "<lwo.Ticket %d%s>" % (self.id, "" if self.layer is None else
+                                      " layer %d" % self.layer)
+
+
+def _ticket(t):
+    if isinstance(t, C.lwo_ticket):
+        return t
+    return C.lwo_ticket(id=int(t))
+
+
+RingInfo = collections.namedtuple("RingInfo", "depth n_free slot_bytes")
+RingStats = collections.namedtuple(
+    "RingStats", "n_stages n_hits n_copies bytes_copied copy_ms wait_ms bandwidth_gbps")
+
+
+class Ring(_Handle):
+    """lwo_ring: depth device slots serving the layers of a pool (kept alive)."""
+
+    _destroy = "lwo_ring_destroy"
+
+    def __init__(self, pool, depth=2, timing=False, flags=0):
+        cfg = C.lwo_ring_config()
+        _lib.lwo_ring_config_init(cfg)
+        cfg.depth = int(depth)
+        cfg.flags = int(flags) | (C.LWO_RING_TIMING if timing else 0)
+        self.pool = pool
+        self._handle = _new_handle(_lib.lwo_ring_create, pool._h(), _byref(cfg))
+        self._device = None
+
+    @property
+    def device(self):
+        if self._device is None:
+            self._device = self.pool.engine.device
+        return self._device
+
+    def stage(self, layer):
+        t = C.lwo_ticket()
+        check(_lib.lwo_ring_stage(self._h(), int(layer), _byref(t)))
+        return Ticket(t.id, int(layer))
+
+    def acquire(self, ticket, stream=None):
+        v = C.lwo_layer_view()
+        check(_lib.lwo_ring_acquire(self._h(), _ticket(ticket), stream_handle(stream),
+                                    _byref(v)))
+        return LayerView(self, self.pool, v, self.device, ticket)
+
+    def tensor(self, ticket, name):
+        p = ctypes.c_void_p()
+        check(_lib.lwo_ring_tensor(self._h(), _ticket(ticket), _enc(name), _byref(p)))
+        return p.value or 0
+
+    def query(self, ticket):
+        landed = ctypes.c_uint32()
+        check(_lib.lwo_ring_query(self._h(), _ticket(ticket), _byref(landed)))
+        return bool(landed.value)
+
+    def ticket_state(self, ticket):
+        s = C.lwo_ticket_state_t()
+        check(_lib.lwo_ring_ticket_state(self._h(), _ticket(ticket), _byref(s)))
+        return s.value
+
+    def release(self, ticket, stream=None):
+        check(_lib.lwo_ring_release(self._h(), _ticket(ticket), stream_handle(stream)))
+
+    def release_all(self, stream=None):
+        n = ctypes.c_uint32()
+        check(_lib.lwo_ring_release_all(self._h(), stream_handle(stream), _byref(n)))
+        return n.value
+
+    @contextlib.contextmanager
+    def layer(self, layer, stream=None):
+        """Stages and acquires a layer on stream; releases it on stream at the
+        end of the with block."""
+        t = self.stage(layer)
+        try:
+            yield self.acquire(t, stream)
+        finally:
+            self.release(t, stream)
+
+    def info(self):
+        i = C.lwo_ring_info()
+        check(_lib.lwo_ring_get_info(self._h(), _byref(i)))
+        return RingInfo(i.depth, i.n_free, i.slot_bytes)
+
+    def stats(self):
+        s = C.lwo_ring_stats()
+        check(_lib.lwo_ring_get_stats(self._h(), _byref(s)))
+        return RingStats(s.n_stages, s.n_hits, s.n_copies, s.bytes_copied, s.copy_ms,
+                         s.wait_ms, s.bandwidth_gbps)
+
+    def reset_stats(self):
+        check(_lib.lwo_ring_reset_stats(self._h()))
+
+    def schedule(self, layers, stream=None):
+        return Schedule(self, layers, stream=stream)
+
+    def _last_resort(self):
+        _lib.lwo_ring_release_all(self._handle, None, None)
+
+
+class Schedule(_Handle):
+    """lwo_schedule: a pass over a list of layers of a ring (kept alive).
+    Iterating yields one LayerView per layer (lwo_schedule_next on `stream`),
+    and ends at LWO_END."""
+
+    _destroy = "lwo_schedule_destroy"
+
+    def __init__(self, ring, layers, stream=None):
+        ids = [int(x) for x in layers]
+        arr = (ctypes.c_uint32 * max(len(ids), 1))(*ids)
+        self.ring = ring
+        self.stream = stream
+        self._handle = _new_handle(_lib.lwo_schedule_create, ring._h(), arr, len(ids))
+
+    def next(self, stream=None):
+        """The next layer's view, or None after the last (LWO_END)."""
+        v = C.lwo_layer_view()
+        status = check(_lib.lwo_schedule_next(self._h(), stream_handle(stream), _byref(v)))
+        if status == C.LWO_END:
+            return None
+        return LayerView(self, self.ring.pool, v, self.ring.device)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        view = self.next(self.stream)
+        if view is None:
+            raise StopIteration
+        return view
+
+    @property
+    def position(self):
+        p = ctypes.c_uint32()
+        check(_lib.lwo_schedule_position(self._h(), _byref(p)))
+        return p.value
+
+    def reset(self, stream=None):
+        check(_lib.lwo_schedule_reset(self._h(), stream_handle(
+            self.stream if stream is None else stream)))
+
+
+# --------------------------------------------------------------------------
+# Gradients
+# --------------------------------------------------------------------------
+GradsStats = collections.namedtuple("GradsStats", "n_transfers bytes n_accumulated")
+
+
+class Grads(_Handle):
+    """lwo_grads: f32 host gradient buffers of the trainable layers of a pool
+    (kept alive). trainable: None (every layer) or one bool per layer."""
+
+    _destroy = "lwo_grads_destroy"
+
+    def __init__(self, pool, trainable=None, depth=2, native_wire=False, n_threads=0, flags=0):
+        cfg = C.lwo_grads_config()
+        _lib.lwo_grads_config_init(cfg)
+        cfg.depth = int(depth)
+        cfg.flags = int(flags) | (C.LWO_GRADS_NATIVE_WIRE if native_wire else 0)
+        cfg.n_threads = int(n_threads)
+        mask = None
+        if trainable is not None:
+            flags_ = [1 if t else 0 for t in trainable]
+            mask = (ctypes.c_uint8 * max(len(flags_), 1))(*flags_)
+        self.pool = pool
+        self._handle = _new_handle(_lib.lwo_grads_create, pool._h(), mask, _byref(cfg))
+
+    def begin(self, layer, stream=None):
+        v = C.lwo_layer_view()
+        check(_lib.lwo_grads_begin(self._h(), int(layer), stream_handle(stream), _byref(v)))
+        return LayerView(self, self.pool, v, self.pool.engine.device)
+
+    def end(self, layer, stream=None):
+        check(_lib.lwo_grads_end(self._h(), int(layer), stream_handle(stream)))
+
+    def wait(self):
+        check(_lib.lwo_grads_wait(self._h()))
+
+    def zero(self):
+        check(_lib.lwo_grads_zero(self._h()))
+
+    def query(self):
+        done = ctypes.c_uint32()
+        check(_lib.lwo_grads_query(self._h(), _byref(done)))
+        return bool(done.value)
+
+    def shard(self, layer, name):
+        """lwo_grads_shard: the f32 host gradient this rank holds (read after
+        wait()); .memoryview() gives the floats."""
+        p = ctypes.POINTER(ctypes.c_float)()
+        first, n = ctypes.c_uint64(), ctypes.c_uint64()
+        check(_lib.lwo_grads_shard(self._h(), int(layer), _enc(name), _byref(p),
+                                   _byref(first), _byref(n)))
+        addr = ctypes.cast(p, ctypes.c_void_p).value or 0
+        return TensorShard(addr, first.value, n.value)
+
+    def stats(self):
+        s = C.lwo_grads_stats()
+        check(_lib.lwo_grads_get_stats(self._h(), _byref(s)))
+        return GradsStats(s.n_transfers, s.bytes, s.n_accumulated)
+
+
+# --------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------
+CheckpointTensor = collections.namedtuple(
+    "CheckpointTensor", "name dtype dtype_name shape bytes file_offset file")
+CheckpointFile = collections.namedtuple("CheckpointFile", "path bytes n_tensors")
+MetadataEntry = collections.namedtuple("MetadataEntry", "file key value")
+MappedTensor = collections.namedtuple("MappedTensor", "name layer layer_name")
+
+
+class TensorMap:
+    """lwo_checkpoint_map_tensors: for each checkpoint tensor (in
+    Checkpoint.tensors() order) its layer (None: no layer) and its name in
+    the layer; n_layers the layer count; unmatched the names of no layer."""
+
+    def __init__(self, n_layers, entries):
+        self.n_layers = n_layers
+        self.entries = entries
+
+    def layer(self, i):
+        """The (layer_name, checkpoint name) pairs of layer i, in file order."""
+        return [(e.layer_name, e.name) for e in self.entries if e.layer == i]
+
+    def layers(self):
+        out = [[] for _ in range(self.n_layers)]
+        for e in self.entries:
+            if e.layer is not None:
+                out[e.layer].append((e.layer_name, e.name))
+        return out
+
+    @property
+    def unmatched(self):
+        return [e.name for e in self.entries if e.layer is None]
+
+    def __repr__(self):
+        return "<lwo.TensorMap %d layers, %d tensors>" % (self.n_layers, len(self.entries))
+
+
+class Checkpoint(_Handle):
+    """lwo_checkpoint: a safetensors file (or the shards of an index) mapped
+    read-only. Needs no engine and no GPU."""
+
+    _destroy = "lwo_checkpoint_destroy"
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._handle = _new_handle(_lib.lwo_checkpoint_open, _enc(self.path))
+
+    @classmethod
+    def open(cls, path):
+        return cls(path)
+
+    def tensor_count(self):
+        n = ctypes.c_uint32()
+        check(_lib.lwo_checkpoint_tensor_count(self._h(), _byref(n)))
+        return n.value
+
+    def tensor(self, index):
+        t = C.lwo_checkpoint_tensor()
+        check(_lib.lwo_checkpoint_tensor_info(self._h(), int(index), _byref(t)))
+        nd = min(t.n_dims, C.LWO_MAX_DIMS)
+        return CheckpointTensor(_dec(t.name), None if t.dtype < 0 else t.dtype,
+                                _dec(t.dtype_name), tuple(t.shape[:nd]), t.bytes,
+                                t.file_offset, t.file)
+
+    def tensors(self):
+        return [self.tensor(i) for i in range(self.tensor_count())]
+
+    def file_count(self):
+        n = ctypes.c_uint32()
+        check(_lib.lwo_checkpoint_file_count(self._h(), _byref(n)))
+        return n.value
+
+    def files(self):
+        out = []
+        for i in range(self.file_count()):
+            f = C.lwo_checkpoint_file()
+            check(_lib.lwo_checkpoint_file_info(self._h(), i, _byref(f)))
+            out.append(CheckpointFile(_dec(f.path), f.bytes, f.n_tensors))
+        return out
+
+    def metadata(self):
+        """Every "__metadata__" entry: MetadataEntry(file, key, value), file by
+        file, key by key."""
+        n = ctypes.c_uint32()
+        check(_lib.lwo_checkpoint_metadata_count(self._h(), _byref(n)))
+        out = []
+        for i in range(n.value):
+            f, k, v = ctypes.c_uint32(), ctypes.c_char_p(), ctypes.c_char_p()
+            check(_lib.lwo_checkpoint_metadata(self._h(), i, _byref(f), _byref(k), _byref(v)))
+            out.append(MetadataEntry(f.value, _dec(k.value), _dec(v.value)))
+        return out
+
+    def map_tensors(self, pattern=None, patterns=None, names=None, allow_gaps=False,
+                    staged=False):
+        """Which layer each tensor becomes under pattern=, patterns= or names=,
+        exactly as Pool.from_checkpoint would map it: a TensorMap."""
+        cfg, keep = _checkpoint_config(pattern, patterns, names, allow_gaps, staged)
+        n = self.tensor_count()
+        layers = (ctypes.c_uint32 * max(n, 1))()
+        lnames = (ctypes.c_char_p * max(n, 1))()
+        n_layers = ctypes.c_uint32()
+        check(_lib.lwo_checkpoint_map_tensors(self._h(), _byref(cfg), n, layers, lnames,
+                                              _byref(n_layers)))
+        entries = []
+        for i in range(n):
+            t = C.lwo_checkpoint_tensor()
+            check(_lib.lwo_checkpoint_tensor_info(self._h(), i, _byref(t)))
+            layer = None if layers[i] == C.LWO_NO_LAYER else layers[i]
+            entries.append(MappedTensor(_dec(t.name), layer, _dec(lnames[i])))
+        return TensorMap(n_layers.value, entries)
+
+    def unmatched(self, pattern=None, patterns=None, names=None, allow_gaps=False,
+                  staged=False):
+        """lwo_checkpoint_unmatched_count/_name: the tensors the mapping leaves out."""
+        cfg, keep = _checkpoint_config(pattern, patterns, names, allow_gaps, staged)
+        n = ctypes.c_uint32()
+        check(_lib.lwo_checkpoint_unmatched_count(self._h(), _byref(cfg), _byref(n)))
+        out = []
+        for i in range(n.value):
+            s = ctypes.c_char_p()
+            check(_lib.lwo_checkpoint_unmatched_name(self._h(), _byref(cfg), i, _byref(s)))
+            out.append(_dec(s.value))
+        return out
