@@ -55,7 +55,7 @@ void Engine::check() {
 
 Compute& Engine::compute() {
   std::lock_guard<std::mutex> lock(compute_mu_);
-  if (!compute_) compute_ = std::make_unique<Compute>(device_);
+  if (!compute_) compute_ = std::make_unique<Compute>(device_, tune_gemms_);
   return *compute_;
 }
 

@@ -63,6 +63,9 @@ class Engine {
   }
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
+  // Time GEMM candidates on first use (LWO_ENGINE_HEURISTIC_GEMM: off). Set
+  // before the first compute call.
+  void set_tune_gemms(bool on) { tune_gemms_ = on; }
 
   // Throws the first error that device work of this engine reported.
   void check();
@@ -82,6 +85,7 @@ class Engine {
   StreamH d2h_ = nullptr;
   StreamH comm_ = nullptr;
   bool check_collectives_ = false;
+  bool tune_gemms_ = true;
   void exchange(void* comm, const Step& step);
   // Tells the other ranks that this rank fails the step on its own (their
   // mismatch error names it); this rank's own error is the caller's to throw.

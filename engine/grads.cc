@@ -1,6 +1,7 @@
 #include "grads.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -12,44 +13,17 @@
 
 namespace lwo {
 namespace {
-
-// dst[i] (=|+=) convert(src[i]) for i in [b, e).
-void convert_range(float* dst, const uint8_t* src, lwo_dtype_t wire, uint64_t b, uint64_t e,
-                   bool assign) {
-  switch (wire) {
-    case LWO_DTYPE_F32: {
-      const float* s = reinterpret_cast<const float*>(src);
-      if (assign)
-        std::memcpy(dst + b, s + b, (e - b) * 4);
-      else
-        for (uint64_t i = b; i < e; ++i) dst[i] += s[i];
-      break;
-    }
-    case LWO_DTYPE_BF16: {
-      const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-      if (assign)
-        for (uint64_t i = b; i < e; ++i) dst[i] = bf16_to_f32(s[i]);
-      else
-        for (uint64_t i = b; i < e; ++i) dst[i] += bf16_to_f32(s[i]);
-      break;
-    }
-    default: {  // f16
-      const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-      if (assign)
-        for (uint64_t i = b; i < e; ++i) dst[i] = f16_to_f32(s[i]);
-      else
-        for (uint64_t i = b; i < e; ++i) dst[i] += f16_to_f32(s[i]);
-      break;
-    }
-  }
-}
-
-}  // namespace
-
-namespace {
 // The wire record of a pool's trainable layers: what Grads needs to size its
 // slots before it can make them.
-uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, bool native) {
+// The dtypes of a tensor's gradient on the wire and in its host buffer.
+lwo_dtype_t wire_dtype(Grads::Mode mode, bool sharded, lwo_dtype_t t) {
+  return (mode == Grads::Mode::kF32 || sharded) ? LWO_DTYPE_F32 : t;
+}
+lwo_dtype_t host_dtype(Grads::Mode mode, bool sharded, lwo_dtype_t t) {
+  return (mode == Grads::Mode::kNative && !sharded) ? t : LWO_DTYPE_F32;
+}
+
+uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, Grads::Mode mode) {
   uint64_t m = 0;
   for (uint32_t li = 0; li < pool.n_layers(); ++li) {
     if (trainable && !trainable[li]) continue;
@@ -60,7 +34,8 @@ uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, bool native) {
         fail(LWO_ERR_INVALID_ARGUMENT,
              "layer %u tensor '%s' is %s; trainable tensors must be f32, bf16 or f16 "
              "(mark the layer frozen)", li, t.name.c_str(), dtype_name(t.dtype));
-      woff = align_up(woff + t.bytes / es * (native ? es : 4), LWO_RECORD_ALIGN);
+      woff = align_up(woff + t.bytes / es * dtype_size(wire_dtype(mode, pool.comm(), t.dtype)),
+                      LWO_RECORD_ALIGN);
     }
     m = std::max(m, woff);
   }
@@ -68,12 +43,13 @@ uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, bool native) {
 }
 }  // namespace
 
-Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_wire,
+Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
              uint32_t n_threads)
-    : pool_(pool), engine_(pool.engine()), native_(native_wire), n_threads_(n_threads),
-      max_wire_((pool.comm() && native_wire) ? 0 : max_wire_bytes(pool, trainable, native_wire)),
+    : pool_(pool), engine_(pool.engine()), mode_(mode), n_threads_(n_threads),
+      max_wire_((pool.comm() && mode == Mode::kNativeWire) ? 0
+                                                            : max_wire_bytes(pool, trainable, mode)),
       slots_(make_slots(pool, depth, max_wire_)) {
-  if (pool.comm() && native_)
+  if (pool.comm() && mode_ == Mode::kNativeWire)
     fail(LWO_ERR_UNSUPPORTED,
          "the pool is sharded over %d ranks: its gradients are summed over the ranks in "
          "f32, so LWO_GRADS_NATIVE_WIRE is not supported", pool.n_ranks());
@@ -87,14 +63,17 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_w
     any = true;
     const RecordLayout& rl = pool.layer(li).layout;
     uint64_t woff = 0, hoff = 0;
+    g.direct = true;
     for (const TensorLayout& t : rl.tensors) {
       Tensor gt;
-      gt.wire = native_ ? t.dtype : LWO_DTYPE_F32;
+      gt.wire = wire_dtype(mode_, pool.comm() != nullptr, t.dtype);
+      gt.host = host_dtype(mode_, pool.comm() != nullptr, t.dtype);
       gt.n = t.bytes / dtype_size(t.dtype);
       gt.wire_off = woff;
       gt.host_off = hoff;
       woff = align_up(woff + gt.n * dtype_size(gt.wire), LWO_RECORD_ALIGN);
-      hoff = align_up(hoff + gt.n * 4, LWO_RECORD_ALIGN);
+      hoff = align_up(hoff + gt.n * dtype_size(gt.host), LWO_RECORD_ALIGN);
+      g.direct = g.direct && gt.wire == gt.host;
       g.tensors.push_back(gt);
       g.names.push_back(t.name);
       g.view_bytes.push_back(gt.n * dtype_size(gt.wire));
@@ -233,7 +212,9 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.stream_wait(d2h, s.ready);
   }
   const uint64_t bytes = g.hi - g.lo;
-  bool direct = !native_ && g.fresh;
+  // The offsets of the wire record and the host region are the same when
+  // every tensor keeps its dtype (both align each tensor alike).
+  bool direct = g.direct && g.fresh;
   if (direct) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
@@ -276,26 +257,34 @@ void Grads::run_job(void* p) {
 void Grads::accumulate(const Job& job) {
   // Runs on the gradient stream's host thread; layers_ entries it reads are
   // fixed after construction.
+  const auto t0 = std::chrono::steady_clock::now();
   const Layer& g = layers_[job.layer];
   uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
   uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : hw, 32);
-  constexpr uint64_t kPerThread = uint64_t(1) << 20;
+  constexpr uint64_t kPerThread = uint64_t(1) << 18;  // elements
+  uint64_t bytes = 0;
   for (const Tensor& t : g.tensors) {
     // This rank's elements of the tensor: all of them, or (sharded pools,
-    // f32 wire) those whose wire bytes lie in [lo, hi); the staging copy
-    // and the host region both start at wire byte lo.
+    // f32 wire and host) those whose wire bytes lie in [lo, hi); the staging
+    // copy and the host region both start at wire byte lo.
     uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
     if (pool_.comm() && wb >= we) continue;
-    float* dst = pool_.comm()
-                     ? reinterpret_cast<float*>(host_.data() + g.host_base + (wb - g.lo))
-                     : reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off);
+    uint8_t* dst = pool_.comm() ? host_.data() + g.host_base + (wb - g.lo)
+                                : host_.data() + g.host_base + t.host_off;
     const uint8_t* src = pool_.comm() ? job.src + (wb - g.lo) : job.src + t.wire_off;
     const uint64_t count = pool_.comm() ? (we - wb) / 4 : t.n;
-    parallel_for(count, nt, kPerThread, 1, [&](uint64_t b, uint64_t e) {
-      convert_range(dst, src, t.wire, b, e, job.assign);
+    const size_t ds = dtype_size(t.host), ss = dtype_size(t.wire);
+    // Parts start on 64-element boundaries: whole cache lines per thread.
+    parallel_for(count, nt, kPerThread, 64, [&](uint64_t b, uint64_t e) {
+      lwo::accumulate(dst + b * ds, t.host, src + b * ss, t.wire, e - b, job.assign);
     });
+    bytes += count * ss;
   }
   n_accumulated_.fetch_add(1);
+  accumulated_bytes_.fetch_add(bytes);
+  accumulate_ns_.fetch_add(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count()));
 }
 
 void Grads::wait() {
@@ -326,7 +315,7 @@ void Grads::wait() {
 void Grads::zero() {
   wait();
   // No memset here: the next gradient of each layer assigns every element
-  // (f32 in place, or converted), and wait() zeroes the layers that got none.
+  // (in place, or converted), and wait() zeroes the layers that got none.
   std::lock_guard<std::mutex> lock(mu_);
   for (Layer& g : layers_)
     if (g.trainable && !g.fresh) {
@@ -342,15 +331,18 @@ int Grads::tensor_of(const Layer& g, uint32_t layer, const char* name) const {
   fail(LWO_ERR_NOT_FOUND, "layer %u has no tensor named '%.255s'", layer, name);
 }
 
-float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n) {
+void* Grads::tensor(uint32_t layer, const char* name, lwo_dtype_t* dtype, uint64_t* first,
+                    uint64_t* n) {
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
   const Tensor& t = g.tensors[tensor_of(g, layer, name)];
+  *dtype = t.host;
   if (!pool_.comm()) {
     *first = 0;
     *n = t.n;
-    return t.n ? reinterpret_cast<float*>(host_.data() + g.host_base + t.host_off) : nullptr;
+    return t.n ? host_.data() + g.host_base + t.host_off : nullptr;
   }
+  // Sharded: f32 on the wire and in the host region.
   uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
   if (wb >= we) {
     *first = 0;
@@ -359,7 +351,7 @@ float* Grads::shard(uint32_t layer, const char* name, uint64_t* first, uint64_t*
   }
   *first = (wb - t.wire_off) / 4;
   *n = (we - wb) / 4;
-  return reinterpret_cast<float*>(host_.data() + g.host_base + (wb - g.lo));
+  return host_.data() + g.host_base + (wb - g.lo);
 }
 
 bool Grads::done() {
@@ -374,6 +366,8 @@ void Grads::stats(lwo_grads_stats* out) {
   out->n_transfers = n_transfers_;
   out->bytes = bytes_;
   out->n_accumulated = n_accumulated_.load();
+  out->accumulated_bytes = accumulated_bytes_.load();
+  out->accumulate_ns = accumulate_ns_.load();
 }
 
 void Grads::check_destroyable() {

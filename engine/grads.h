@@ -1,8 +1,8 @@
 // Weight gradients to host memory: device staging slots the caller's backward
 // writes into, device-to-host copies on the engine's gradient stream, and
-// f32 host buffers (one per tensor of every trainable layer) that accumulate
-// across micro-batches until zeroed. The host may read them only after
-// wait(), the fence.
+// host buffers (one per tensor of every trainable layer, in the tensor's
+// dtype or f32) that accumulate across micro-batches until zeroed. The host
+// may read them only after wait(), the fence.
 //
 // Ordering, per staging slot (like the weight ring, mirrored):
 //   begin:  caller stream waits slot.free (the slot's previous copy to host)
@@ -10,8 +10,9 @@
 //           copies the slot to host, records slot.free, and where the bytes
 //           need converting or adding runs the accumulation as a host function
 //           in stream order.
-// With f32 on the wire and a freshly zeroed layer, the copy lands straight in
-// the f32 host buffer: no host work at all.
+// Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
+// and the layer is freshly zeroed, the copy lands straight in the host
+// buffer: no host work at all.
 #pragma once
 
 #include <atomic>
@@ -27,8 +28,9 @@ namespace lwo {
 
 class Grads {
  public:
-  Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, bool native_wire,
-        uint32_t n_threads);
+  // The dtypes of the wire and the host buffers (lwo.h, LWO_GRADS_*).
+  enum class Mode { kNative, kF32, kNativeWire };
+  Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads);
   ~Grads();  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
   Grads& operator=(const Grads&) = delete;
@@ -41,8 +43,10 @@ class Grads {
   // Non-blocking: every gradient ended so far has landed and been added.
   bool done();
   // This rank's part of a tensor's gradient (the whole tensor unless the pool
-  // is sharded): elements [*first, *first + *n) at the returned address.
-  float* shard(uint32_t layer, const char* name, uint64_t* first, uint64_t* n);
+  // is sharded): elements [*first, *first + *n) of dtype *dtype at the
+  // returned address.
+  void* tensor(uint32_t layer, const char* name, lwo_dtype_t* dtype, uint64_t* first,
+               uint64_t* n);
   void stats(lwo_grads_stats* out);
   void check_destroyable();
   Pool& pool() { return pool_; }
@@ -50,9 +54,10 @@ class Grads {
  private:
   struct Tensor {
     lwo_dtype_t wire;
+    lwo_dtype_t host;    // the host buffer's dtype
     uint64_t n;          // elements
     uint64_t wire_off;   // in the slot (and host staging) record
-    uint64_t host_off;   // in the layer's f32 host region
+    uint64_t host_off;   // in the layer's host region
   };
   struct Layer {
     bool trainable = false;
@@ -67,6 +72,7 @@ class Grads {
     uint64_t wire_bytes = 0;
     uint64_t host_base = 0;
     uint64_t host_bytes = 0;
+    bool direct = false;    // every tensor's wire dtype is its host dtype
     // Sharded pools: bounds[q] .. bounds[q+1] is rank q's part of the f32
     // wire record (the gradients of the elements in rank q's weight shard);
     // this rank's host region holds wire bytes [lo, hi). Else lo = 0 and
@@ -90,19 +96,19 @@ class Grads {
 
   Pool& pool_;
   Engine& engine_;
-  bool native_;
+  Mode mode_;
   uint32_t n_threads_;
   uint64_t max_wire_ = 0;
   SlotSet slots_;                   // device staging, max_wire_ bytes each
   std::vector<int32_t> slot_layer_;  // the layer begun in each slot, or -1
   std::mutex mu_;
   std::vector<Layer> layers_;
-  PinnedArena host_;                 // f32 gradients
+  PinnedArena host_;                 // the host gradients
   std::vector<PinnedArena> staging_;  // host staging for converted / added copies
   size_t next_staging_ = 0;
   EventH done_ = nullptr;            // recorded on the gradient stream after each end
   uint64_t n_transfers_ = 0, bytes_ = 0;
-  std::atomic<uint64_t> n_accumulated_{0};
+  std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
   std::mutex err_mu_;
   std::string async_error_;
 };

@@ -101,7 +101,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define LWO_VERSION_MAJOR 0
-#define LWO_VERSION_MINOR 2
+#define LWO_VERSION_MINOR 3
 #define LWO_VERSION_PATCH 0
 #define LWO_VERSION \
   (LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH)
@@ -336,7 +336,7 @@ typedef struct lwo_engine lwo_engine;
 typedef struct lwo_engine_config {
   size_t size;        /* sizeof(lwo_engine_config) */
   int32_t device;     /* CUDA device ordinal; default 0 */
-  uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES or 0 */
+  uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM */
 } lwo_engine_config;
 
 /* Debug mode for sharded pools: before every collective step (each stage of
@@ -349,6 +349,15 @@ typedef struct lwo_engine_config {
  * longer overlaps: use it to find a bug, not in production. The environment
  * variable LWO_CHECK_COLLECTIVES=1 turns it on for every engine as well. */
 #define LWO_ENGINE_CHECK_COLLECTIVES 0x1u
+
+/* GEMM algorithms: by default the first call of each GEMM shape times
+ * cuBLASLt's first 8 heuristic candidates on the caller's stream and data
+ * (a few runs each, the call's host thread waiting once) and keeps the
+ * fastest for the engine's lifetime, so a streamed layer still equals its
+ * resident twin bit for bit. Timing can pick differently in another engine
+ * or process; with this flag the engine takes the heuristic's first
+ * candidate instead, the same everywhere, and never waits. Since 0.3.0. */
+#define LWO_ENGINE_HEURISTIC_GEMM 0x2u
 
 #define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);
@@ -745,6 +754,11 @@ LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t str
 /* f32 layers may use TF32 tensor cores (about 10 bits of mantissa in the
  * products); without it f32 layers compute in full f32. */
 #define LWO_LINEAR_TF32 0x2u
+/* Backward adds into dweight and dbias (dW += dy^T x, db += the sum of dy)
+ * instead of overwriting them: one layer's gradients summed over several
+ * micro-batches on the GPU while the layer sits in its slot. The sum is
+ * formed in f32 and rounded once per call to grad_dtype. Since 0.3.0. */
+#define LWO_LINEAR_ACCUMULATE 0x4u
 
 /* y[tokens, out] = x[tokens, in] * W[out, in]^T (+ b[out]). Every matrix is
  * row-major and dense; x, W, b, y and dx share `dtype` (bf16, f16 or f32);
@@ -752,7 +766,7 @@ LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t str
 typedef struct lwo_linear_desc {
   size_t size;           /* sizeof(lwo_linear_desc) */
   lwo_dtype_t dtype;     /* LWO_DTYPE_BF16 (default), LWO_DTYPE_F16 or LWO_DTYPE_F32 */
-  uint32_t flags;        /* LWO_LINEAR_BIAS | LWO_LINEAR_TF32 */
+  uint32_t flags;        /* LWO_LINEAR_BIAS | LWO_LINEAR_TF32 | LWO_LINEAR_ACCUMULATE */
   int64_t in_features;   /* >= 1 */
   int64_t out_features;  /* >= 1 */
 } lwo_linear_desc;
@@ -762,7 +776,8 @@ LWO_API void lwo_linear_desc_init(lwo_linear_desc* desc);
 
 /* Enqueues y = x W^T (+ b) on `stream` (tokens >= 1; any sizes below 2^31,
  * aligned or not: LWO_ERR_OUT_OF_RANGE above). The GEMM algorithm is chosen
- * once per shape, dtype and pointer alignment and cached in the engine;
+ * once per shape, dtype and pointer alignment (timed on first use unless
+ * LWO_ENGINE_HEURISTIC_GEMM) and cached in the engine;
  * each stream gets its own workspace (32 MiB or what a convolution needs,
  * kept until the engine is destroyed). All pointers are device
  * memory of the engine's device; `bias` is read only with LWO_LINEAR_BIAS. */
@@ -773,8 +788,10 @@ LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_des
 /* Enqueues the backward pass on `stream`: dx = dy W (skipped if dx is NULL);
  * for a trainable layer dweight = dy^T x ([out, in]) and, with
  * LWO_LINEAR_BIAS, dbias = the sum of dy over tokens, both in `grad_dtype`
- * (LWO_DTYPE_F32, or the layer's dtype); pass NULL dweight and dbias for a
- * frozen layer. x is the forward input. */
+ * (LWO_DTYPE_F32, or the layer's dtype): the products accumulate in f32
+ * over the tokens and are rounded once to grad_dtype. With
+ * LWO_LINEAR_ACCUMULATE they are added to what dweight and dbias hold. Pass
+ * NULL dweight and dbias for a frozen layer. x is the forward input. */
 LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
                                          int64_t tokens, const void* x, const void* dy,
                                          const void* weight, void* dx, void* dweight,
@@ -789,16 +806,27 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
  * the engine's host threads, behind the lwo_grads_wait fence). */
 typedef struct lwo_grads lwo_grads;
 
-/* Send each tensor's gradient in its own dtype (bf16/f16) instead of f32:
- * half the traffic of a bf16 layer, converted to f32 and added on the host.
- * Without it gradients travel in f32, and land in place with no host work
- * while a layer's host buffer is freshly zeroed. */
+/* Gradients, by default (flags 0, since 0.3.0): each tensor's gradient is
+ * written on the GPU, sent and kept on the host in the tensor's own dtype
+ * (bf16, f16 or f32). A layer's first gradient after lwo_grads_zero lands by
+ * DMA straight in its host buffer, with no host work; each later one (a
+ * micro-batch summed on the host) goes through a pinned staging buffer and
+ * is added on the engine's host threads: element by element in f32, rounded
+ * once to the buffer's dtype (round to nearest even). Sharded pools of more
+ * than one rank are the exception: they reduce, send and keep f32.
+ *
+ * LWO_GRADS_F32: f32 on the wire and f32 host buffers (the 0.2 default):
+ * twice the traffic of a bf16 layer, and sums that round only in f32.
+ * LWO_GRADS_NATIVE_WIRE: the tensor's own dtype on the wire, f32 host
+ * buffers: the host widens every gradient and adds it. At most one of the
+ * two. */
 #define LWO_GRADS_NATIVE_WIRE 0x1u
+#define LWO_GRADS_F32 0x2u
 
 typedef struct lwo_grads_config {
   size_t size;         /* sizeof(lwo_grads_config) */
   uint32_t depth;      /* device staging slots, 1..64; default 2 */
-  uint32_t flags;      /* LWO_GRADS_NATIVE_WIRE or 0 */
+  uint32_t flags;      /* 0 (native), LWO_GRADS_F32 or LWO_GRADS_NATIVE_WIRE */
   uint32_t n_threads;  /* host threads for first-touching the buffers (at
                           most 64) and for accumulating (at most 32); 0 = one
                           per core, within those limits */
@@ -807,7 +835,8 @@ typedef struct lwo_grads_config {
 #define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
 LWO_API void lwo_grads_config_init(lwo_grads_config* config);
 
-/* Creates f32 host gradient buffers, zeroed, one per tensor of every trainable
+/* Creates host gradient buffers (in each tensor's dtype, or f32: see
+ * LWO_GRADS_F32), zeroed, one per tensor of every trainable
  * layer of `pool` (`trainable`: n_layers bytes, nonzero = trainable; NULL =
  * every layer), and `depth` device staging slots, each the size of the
  * largest trainable layer's gradients on the wire. Trainable tensors must be
@@ -818,8 +847,9 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * communicator on the engine's communication stream, so that each rank holds
  * the sum of every rank's gradient for the elements of its own weight shard,
  * and copies only that part to host memory (about 1/N of the layer). Read it
- * with lwo_grads_shard. The wire is always f32 (LWO_GRADS_NATIVE_WIRE gives
- * LWO_ERR_UNSUPPORTED), and lwo_grads_end is a collective: every rank must
+ * with lwo_grads_tensor. The wire and the buffers are always f32 (flags 0
+ * mean that here; LWO_GRADS_NATIVE_WIRE gives LWO_ERR_UNSUPPORTED), and
+ * lwo_grads_end is a collective: every rank must
  * end the same layers in the same order, interleaved alike with its ring
  * stages (see LWO_ENGINE_CHECK_COLLECTIVES). Frozen layers move nothing. */
 LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
@@ -832,10 +862,11 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
 /* Claims a staging slot for the gradients of trainable `layer`: makes
  * `stream` wait until the slot's previous contents have left for the host,
  * and returns the slot's device addresses in `view` (one per tensor, in the
- * layer's tensor order, each the tensor's shape in its wire dtype: f32, or
- * with LWO_GRADS_NATIVE_WIRE the tensor's own dtype). Write every tensor's
- * gradient there on `stream` (for example with lwo_linear_backward), then
- * call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
+ * layer's tensor order, each the tensor's shape in its wire dtype, which
+ * view.tensor_dtypes names: the tensor's own, or f32 with LWO_GRADS_F32 and
+ * on sharded pools). Write every tensor's gradient there on `stream` (for
+ * example with lwo_linear_backward: several micro-batches may be summed in
+ * the slot with LWO_LINEAR_ACCUMULATE), then call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
  * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
  * for a frozen layer. */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
@@ -843,7 +874,7 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
 
 /* Sends the gradients written on `stream` before this call to the host: the
  * engine's gradient stream waits for `stream`, copies the slot to host
- * memory and adds it into the layer's f32 buffers. Returns once enqueued;
+ * memory and adds it into the layer's host buffers. Returns once enqueued;
  * the host must not read the buffers before lwo_grads_wait.
  * LWO_ERR_TICKET_STATE if the layer was not begun. */
 LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream);
@@ -868,15 +899,30 @@ LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
  * is the fence, and finishes lazy zeroing). Since 0.2.0. */
 LWO_API lwo_status_t lwo_grads_query(lwo_grads* grads, uint32_t* done);
 
-/* The one gradient accessor: the part of tensor `name`'s f32 host gradient
- * that this rank holds, elements [*first_element, *first_element +
- * *n_elements) of the tensor (in its row-major order) at `*data` (owned by
- * `grads`, valid until it is destroyed). For a sharded pool these are
- * exactly the elements of the tensor that lie in this rank's weight shard
- * (see lwo_pool_shard_tensor), summed over the ranks; *n_elements may be 0
- * (then *data is NULL). For any other pool it is the whole tensor (first
- * element 0). Read it only after lwo_grads_wait. (0.2.0 removed
- * lwo_grads_host, which this replaces.) */
+/* One tensor's host gradient: the part of it that this rank holds. */
+typedef struct lwo_grad_tensor {
+  size_t size;             /* sizeof(lwo_grad_tensor), set by the caller */
+  void* data;              /* host memory owned by the grads object, valid
+                              until it is destroyed; NULL when n_elements is 0 */
+  lwo_dtype_t dtype;       /* of the host buffer: the tensor's, or f32 */
+  uint64_t first_element;  /* of the tensor, in its row-major order */
+  uint64_t n_elements;
+} lwo_grad_tensor;
+
+#define LWO_GRAD_TENSOR_INIT {sizeof(lwo_grad_tensor), NULL, LWO_DTYPE_F32, 0, 0}
+
+/* The gradient accessor: tensor `name`'s host gradient, elements
+ * [first_element, first_element + n_elements) of the tensor at data. For a
+ * sharded pool these are exactly the elements of the tensor that lie in
+ * this rank's weight shard (see lwo_pool_shard_tensor), summed over the
+ * ranks; n_elements may be 0. For any other pool it is the whole tensor
+ * (first element 0). Read it only after lwo_grads_wait. Since 0.3.0. */
+LWO_API lwo_status_t lwo_grads_tensor(lwo_grads* grads, uint32_t layer, const char* name,
+                                      lwo_grad_tensor* info);
+
+/* lwo_grads_tensor for f32 host buffers (LWO_GRADS_F32, LWO_GRADS_NATIVE_WIRE,
+ * f32 tensors, sharded pools): the same part as a float pointer. A buffer of
+ * another dtype is LWO_ERR_BAD_DTYPE (use lwo_grads_tensor). */
 LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const char* name,
                                      float** data, uint64_t* first_element,
                                      uint64_t* n_elements);
@@ -889,6 +935,10 @@ typedef struct lwo_grads_stats {
   uint64_t n_accumulated;    /* of those layers, how many the host has
                                 converted or added so far (the rest landed
                                 in place by DMA, or are still on their way) */
+  uint64_t accumulated_bytes; /* wire bytes those host additions read (since 0.3.0) */
+  uint64_t accumulate_ns;    /* their wall-clock time on the host, summed over
+                                layers (since 0.3.0): accumulated_bytes over it
+                                is the host's adding speed */
 } lwo_grads_stats;
 
 LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats);
@@ -909,6 +959,9 @@ typedef enum lwo_layout_t {
 #define LWO_CONV_BIAS 0x1u
 /* f32 layers may use TF32 tensor cores. */
 #define LWO_CONV_TF32 0x2u
+/* Backward adds into dweight and dbias instead of overwriting them (see
+ * LWO_LINEAR_ACCUMULATE). Since 0.3.0. */
+#define LWO_CONV_ACCUMULATE 0x4u
 
 /* y = conv2d(x, W) (+ b), a cross-correlation as deep-learning frameworks
  * define it, through cuDNN. x, W, b, y and dx share `dtype` (bf16, f16 or
@@ -916,7 +969,7 @@ typedef enum lwo_layout_t {
 typedef struct lwo_conv2d_desc {
   size_t size;             /* sizeof(lwo_conv2d_desc) */
   lwo_dtype_t dtype;       /* LWO_DTYPE_BF16 (default), LWO_DTYPE_F16 or LWO_DTYPE_F32 */
-  uint32_t flags;          /* LWO_CONV_BIAS | LWO_CONV_TF32 */
+  uint32_t flags;          /* LWO_CONV_BIAS | LWO_CONV_TF32 | LWO_CONV_ACCUMULATE */
   lwo_layout_t layout;     /* default LWO_LAYOUT_NHWC */
   int32_t in_channels;     /* >= 1, a multiple of groups */
   int32_t out_channels;    /* >= 1, a multiple of groups */
@@ -949,7 +1002,9 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
  * NULL), and for a trainable layer dweight (backward filter) and, with
  * LWO_CONV_BIAS, dbias, in `grad_dtype` (LWO_DTYPE_F32 or the layer's
  * dtype); NULL dweight and dbias for a frozen layer. cuDNN computes the
- * weight gradient in the layer's dtype; an f32 one is that, widened. */
+ * weight gradient in the layer's dtype; an f32 one is that, widened. With
+ * LWO_CONV_ACCUMULATE both are added to what the buffers hold (an f32
+ * dweight: the layer-dtype gradient, widened and added). */
 LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                          int32_t n, int32_t h, int32_t w, const void* x,
                                          const void* dy, const void* weight, void* dx,

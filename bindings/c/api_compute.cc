@@ -20,9 +20,8 @@ static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t token
   if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
     fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
          lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
-  if (d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32))
-    fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x",
-         d.flags & ~(LWO_LINEAR_BIAS | LWO_LINEAR_TF32));
+  const uint32_t known = LWO_LINEAR_BIAS | LWO_LINEAR_TF32 | LWO_LINEAR_ACCUMULATE;
+  if (d.flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", d.flags & ~known);
   if (d.in_features < 1 || d.out_features < 1)
     fail(LWO_ERR_INVALID_ARGUMENT, "in_features %lld and out_features %lld must be >= 1", static_cast<long long>(d.in_features), static_cast<long long>(d.out_features));
   if (tokens < 1)
@@ -33,7 +32,8 @@ static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t token
     fail(LWO_ERR_OUT_OF_RANGE, "tokens %lld x in %lld x out %lld: a dimension is 2^31 or more", static_cast<long long>(tokens), static_cast<long long>(d.in_features),
          static_cast<long long>(d.out_features));
   return lwo::Compute::Linear{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
-                              (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features};
+                              (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features,
+                              (d.flags & LWO_LINEAR_ACCUMULATE) != 0};
 }
 
 LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
@@ -86,9 +86,8 @@ static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
   if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
     fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
          lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
-  if (d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32))
-    fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x",
-         d.flags & ~(LWO_CONV_BIAS | LWO_CONV_TF32));
+  const uint32_t known = LWO_CONV_BIAS | LWO_CONV_TF32 | LWO_CONV_ACCUMULATE;
+  if (d.flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", d.flags & ~known);
   if (d.layout != LWO_LAYOUT_NCHW && d.layout != LWO_LAYOUT_NHWC)
     fail(LWO_ERR_INVALID_ARGUMENT, "layout %d is neither NCHW (0) nor NHWC (1)",
          static_cast<int>(d.layout));
@@ -106,7 +105,7 @@ static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
   return lwo::Compute::Conv{d.dtype, (d.flags & LWO_CONV_BIAS) != 0, (d.flags & LWO_CONV_TF32) != 0,
                             d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
                             d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
-                            d.dilation_w, d.groups};
+                            d.dilation_w, d.groups, (d.flags & LWO_CONV_ACCUMULATE) != 0};
 }
 
 static void check_image(int32_t n, int32_t h, int32_t w) {

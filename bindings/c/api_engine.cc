@@ -13,6 +13,7 @@ lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend
     auto h = std::make_unique<lwo_engine>();
     h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
     if (flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
+    if (flags & LWO_ENGINE_HEURISTIC_GEMM) h->impl->set_tune_gemms(false);
     *engine = publish(std::move(h));
   });
 }
@@ -33,7 +34,7 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
     need(engine, "engine (output)");
     *engine = nullptr;
     cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES);
+    check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM);
     if (cfg.device < 0) fail(LWO_ERR_INVALID_ARGUMENT, "device %d is negative", cfg.device);
     backend = lwo::make_cuda_backend(cfg.device);
   });

@@ -1,5 +1,6 @@
 // lwo.h: Weight gradients to host memory.
 #include "abi.h"
+#include "src/common/dtype.h"
 
 using namespace lwo::abi;
 using lwo::fail;
@@ -17,12 +18,17 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
     *grads = nullptr;
     lwo_pool* p = check_handle(pool);
     lwo_grads_config cfg = read_config(config, lwo_grads_config LWO_GRADS_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_GRADS_NATIVE_WIRE);
+    check_flags(cfg.flags, LWO_GRADS_NATIVE_WIRE | LWO_GRADS_F32);
+    if ((cfg.flags & LWO_GRADS_NATIVE_WIRE) && (cfg.flags & LWO_GRADS_F32))
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "flags 0x%x: LWO_GRADS_NATIVE_WIRE and LWO_GRADS_F32 exclude each other", cfg.flags);
     if (cfg.depth < 1 || cfg.depth > 64)
       fail(LWO_ERR_INVALID_ARGUMENT, "depth %u is outside 1..64", cfg.depth);
-    auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth,
-                                             (cfg.flags & LWO_GRADS_NATIVE_WIRE) != 0,
-                                             cfg.n_threads);
+    using Mode = lwo::Grads::Mode;
+    const Mode mode = (cfg.flags & LWO_GRADS_F32)           ? Mode::kF32
+                      : (cfg.flags & LWO_GRADS_NATIVE_WIRE) ? Mode::kNativeWire
+                                                            : Mode::kNative;
+    auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth, mode, cfg.n_threads);
     *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl)}));
   });
 }
@@ -62,6 +68,18 @@ LWO_API lwo_status_t lwo_grads_query(lwo_grads* grads, uint32_t* done) {
   });
 }
 
+LWO_API lwo_status_t lwo_grads_tensor(lwo_grads* grads, uint32_t layer, const char* name,
+                                      lwo_grad_tensor* info) {
+  return guard("lwo_grads_tensor", [&] {
+    lwo_grads* g = check_handle(grads);
+    check_out(info, "info");
+    lwo_grad_tensor v{};
+    v.size = sizeof v;
+    v.data = g->impl->tensor(layer, name, &v.dtype, &v.first_element, &v.n_elements);
+    write_out(info, v, "info");
+  });
+}
+
 LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const char* name,
                                      float** data, uint64_t* first_element,
                                      uint64_t* n_elements) {
@@ -69,7 +87,14 @@ LWO_API lwo_status_t lwo_grads_shard(lwo_grads* grads, uint32_t layer, const cha
     lwo_grads* g = check_handle(grads);
     need(data, "data");
     uint64_t first = 0, n = 0;
-    *data = g->impl->shard(layer, name, &first, &n);
+    lwo_dtype_t dtype = LWO_DTYPE_F32;
+    void* p = g->impl->tensor(layer, name, &dtype, &first, &n);
+    if (dtype != LWO_DTYPE_F32)
+      fail(LWO_ERR_BAD_DTYPE,
+           "layer %u tensor '%.255s': the host gradient is %s, not f32 (read it with "
+           "lwo_grads_tensor, or create the grads with LWO_GRADS_F32)",
+           layer, name, lwo::dtype_name(dtype));
+    *data = static_cast<float*>(p);
     if (first_element) *first_element = first;
     if (n_elements) *n_elements = n;
   });

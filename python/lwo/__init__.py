@@ -1,9 +1,9 @@
 """lwo: layer-wise weight offload, from Python.
 
-A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.2)
+A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.3)
 through ctypes. Importing it loads liblwo (see lwo._capi.load for where it
 looks: $LWO_LIBRARY, next to this package, the repository's build folder,
-the system loader) and checks that it is a 0.2.x library.
+the system loader) and checks that it is a 0.3.x library.
 
 The objects (Engine, Pool, Ring, Schedule, Grads, Checkpoint, NcclComm) are
 context managers whose close() destroys the C object; a failing call raises
@@ -22,11 +22,11 @@ from ._errors import (  # noqa: E402,F401
     ResourceError, StateError, check, error_class, last_error_message, status_string,
 )
 from ._core import (  # noqa: E402,F401
-    Checkpoint, CheckpointFile, CheckpointTensor, Engine, Grads, GradsStats, HostMemory,
+    Checkpoint, CheckpointFile, CheckpointTensor, Engine, GradTensor, Grads, GradsStats, HostMemory,
     LayerView, MappedTensor, MetadataEntry, NcclComm, Pool, PoolInfo, Ring, RingInfo,
     RingStats, Schedule, ShardMemory, TensorInfo, TensorMap, TensorShard, TensorSpec,
     TensorView, Ticket, conv2d_desc, conv2d_output_size, device_pointer, dtype, dtype_name,
     dtype_size, linear_desc, nccl_get_unique_id, record_layout, stream_handle, version,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

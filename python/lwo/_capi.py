@@ -1,4 +1,4 @@
-"""The raw C ABI of include/lwo.h (0.2) through ctypes.
+"""The raw C ABI of include/lwo.h (0.3) through ctypes.
 
 Everything in this module mirrors the header one to one: the constants
 (enum values and macros), the structs (ctypes.Structure with the same fields
@@ -19,7 +19,7 @@ import os
 # Version: the ABI this package was written for.
 # --------------------------------------------------------------------------
 LWO_VERSION_MAJOR = 0
-LWO_VERSION_MINOR = 2
+LWO_VERSION_MINOR = 3
 LWO_VERSION_PATCH = 0
 LWO_VERSION = LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH
 
@@ -119,6 +119,7 @@ LWO_RECORD_ALIGN = 256
 # Flags and other enums
 # --------------------------------------------------------------------------
 LWO_ENGINE_CHECK_COLLECTIVES = 0x1
+LWO_ENGINE_HEURISTIC_GEMM = 0x2
 
 LWO_POOL_PINNED = 0
 LWO_POOL_REGISTERED = 1
@@ -136,8 +137,10 @@ LWO_TICKET_STATE_FORCE_32 = 0x7FFFFFFF
 
 LWO_LINEAR_BIAS = 0x1
 LWO_LINEAR_TF32 = 0x2
+LWO_LINEAR_ACCUMULATE = 0x4
 
 LWO_GRADS_NATIVE_WIRE = 0x1
+LWO_GRADS_F32 = 0x2
 
 LWO_LAYOUT_NCHW = 0
 LWO_LAYOUT_NHWC = 1
@@ -145,6 +148,7 @@ LWO_LAYOUT_FORCE_32 = 0x7FFFFFFF
 
 LWO_CONV_BIAS = 0x1
 LWO_CONV_TF32 = 0x2
+LWO_CONV_ACCUMULATE = 0x4
 
 LWO_CHECKPOINT_STAGED = 0x1
 LWO_CHECKPOINT_ALLOW_GAPS = 0x2
@@ -310,6 +314,18 @@ class lwo_grads_stats(_Struct):
         ("n_transfers", _u64),
         ("bytes", _u64),
         ("n_accumulated", _u64),
+        ("accumulated_bytes", _u64),
+        ("accumulate_ns", _u64),
+    ]
+
+
+class lwo_grad_tensor(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("data", ctypes.c_void_p),
+        ("dtype", lwo_dtype_t),
+        ("first_element", _u64),
+        ("n_elements", _u64),
     ]
 
 
@@ -375,7 +391,7 @@ STRUCTS = {
         lwo_ext, lwo_tensor_desc, lwo_layer_desc, lwo_engine_config, lwo_pool_config,
         lwo_host_region, lwo_pool_info, lwo_tensor_info, lwo_ticket, lwo_ring_config,
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
-        lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
+        lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
         lwo_checkpoint_pool_config, lwo_nccl_unique_id,
     ]
 }
@@ -455,6 +471,7 @@ FUNCTIONS = {
     "lwo_grads_wait": (_S, [lwo_grads_p]),
     "lwo_grads_zero": (_S, [lwo_grads_p]),
     "lwo_grads_query": (_S, [lwo_grads_p, _P(_u32)]),
+    "lwo_grads_tensor": (_S, [lwo_grads_p, _u32, _cp, _P(lwo_grad_tensor)]),
     "lwo_grads_shard": (
         _S, [lwo_grads_p, _u32, _cp, _P(_P(ctypes.c_float)), _P(_u64), _P(_u64)]),
     "lwo_grads_get_stats": (_S, [lwo_grads_p, _P(lwo_grads_stats)]),
@@ -547,9 +564,9 @@ def load(force=False):
     Looks, in order: the file named by the environment variable LWO_LIBRARY
     (only there, when it is set); liblwo.so* next to this package; the
     repository's build folder (build/liblwo.so beside python/); the system
-    loader (ctypes.util.find_library("lwo"), then "liblwo.so.0.2"). Raises
+    loader (ctypes.util.find_library("lwo"), then "liblwo.so.0.3"). Raises
     LibraryNotFound naming every place looked at and why each failed, and
-    VersionMismatch when the library is not lwo 0.2.x.
+    VersionMismatch when the library is not lwo 0.3.x.
     """
     global lib, path
     if lib is not None and not force:

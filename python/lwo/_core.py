@@ -985,20 +985,39 @@ class Schedule(_Handle):
 # --------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------
-GradsStats = collections.namedtuple("GradsStats", "n_transfers bytes n_accumulated")
+GradsStats = collections.namedtuple(
+    "GradsStats", "n_transfers bytes n_accumulated accumulated_bytes accumulate_ns")
+
+
+class GradTensor(collections.namedtuple("GradTensor", "address dtype first_element n_elements")):
+    """Elements [first_element, first_element + n_elements) of a tensor's host
+    gradient, of `dtype` (lwo_grads_tensor)."""
+    __slots__ = ()
+
+    @property
+    def nbytes(self):
+        return self.n_elements * dtype_size(self.dtype)
+
+    def memoryview(self):
+        """The raw bytes (f32 buffers: cast("f") gives the floats)."""
+        return HostMemory(self.address, self.nbytes).memoryview()
 
 
 class Grads(_Handle):
-    """lwo_grads: f32 host gradient buffers of the trainable layers of a pool
-    (kept alive). trainable: None (every layer) or one bool per layer."""
+    """lwo_grads: host gradient buffers of the trainable layers of a pool
+    (kept alive), in each tensor's dtype (f32=True: f32 on the wire and on
+    the host; native_wire=True: the tensor's dtype on the wire, f32 on the
+    host). trainable: None (every layer) or one bool per layer."""
 
     _destroy = "lwo_grads_destroy"
 
-    def __init__(self, pool, trainable=None, depth=2, native_wire=False, n_threads=0, flags=0):
+    def __init__(self, pool, trainable=None, depth=2, native_wire=False, n_threads=0, flags=0,
+                 f32=False):
         cfg = C.lwo_grads_config()
         _lib.lwo_grads_config_init(cfg)
         cfg.depth = int(depth)
-        cfg.flags = int(flags) | (C.LWO_GRADS_NATIVE_WIRE if native_wire else 0)
+        cfg.flags = (int(flags) | (C.LWO_GRADS_NATIVE_WIRE if native_wire else 0)
+                     | (C.LWO_GRADS_F32 if f32 else 0))
         cfg.n_threads = int(n_threads)
         mask = None
         if trainable is not None:
@@ -1026,9 +1045,17 @@ class Grads(_Handle):
         check(_lib.lwo_grads_query(self._h(), _byref(done)))
         return bool(done.value)
 
+    def tensor(self, layer, name):
+        """lwo_grads_tensor: the host gradient this rank holds, in its buffer's
+        dtype (read after wait())."""
+        t = C.lwo_grad_tensor()
+        check(_lib.lwo_grads_tensor(self._h(), int(layer), _enc(name), _byref(t)))
+        return GradTensor(t.data or 0, int(t.dtype), t.first_element, t.n_elements)
+
     def shard(self, layer, name):
         """lwo_grads_shard: the f32 host gradient this rank holds (read after
-        wait()); .memoryview() gives the floats."""
+        wait()); .memoryview() gives the floats. Buffers of another dtype raise
+        FormatError (LWO_ERR_BAD_DTYPE): use tensor()."""
         p = ctypes.POINTER(ctypes.c_float)()
         first, n = ctypes.c_uint64(), ctypes.c_uint64()
         check(_lib.lwo_grads_shard(self._h(), int(layer), _enc(name), _byref(p),
@@ -1039,7 +1066,8 @@ class Grads(_Handle):
     def stats(self):
         s = C.lwo_grads_stats()
         check(_lib.lwo_grads_get_stats(self._h(), _byref(s)))
-        return GradsStats(s.n_transfers, s.bytes, s.n_accumulated)
+        return GradsStats(s.n_transfers, s.bytes, s.n_accumulated, s.accumulated_bytes,
+                          s.accumulate_ns)
 
 
 # --------------------------------------------------------------------------

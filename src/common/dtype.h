@@ -1,5 +1,5 @@
-// Element types: sizes, names, alignment arithmetic and the host conversions
-// of the 16-bit float formats. Host-only; used by every role.
+// Element types: sizes, names, alignment arithmetic, the host conversions
+// of the 16-bit float formats and the host gradient addition. Host-only; used by every role.
 #pragma once
 
 #include <cmath>
@@ -23,16 +23,61 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// Exact for every value; NaN stays a NaN. Branch-free, so loops vectorize.
 inline float f16_to_f32(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float v;
-  if (exp == 0)
-    v = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
-  else if (exp == 31)
-    v = man ? NAN : INFINITY;
-  else
-    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
-  return sign ? -v : v;
+  const uint32_t w = uint32_t(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  // Normal (and inf/NaN): shift the exponent and mantissa into place, rebias
+  // by a multiply (2^-112) that also carries inf and NaN through.
+  uint32_t nb = (two_w >> 4) + (uint32_t(0xe0) << 23);
+  float normal;
+  std::memcpy(&normal, &nb, 4);
+  normal *= 0x1.0p-112f;
+  // Subnormal: the mantissa as the low bits of 0.5 * 2^k, minus 0.5.
+  uint32_t db = (two_w >> 17) | (uint32_t(126) << 23);
+  float denormal;
+  std::memcpy(&denormal, &db, 4);
+  denormal -= 0.5f;
+  uint32_t nbits, dbits;
+  std::memcpy(&nbits, &normal, 4);
+  std::memcpy(&dbits, &denormal, 4);
+  const uint32_t r = sign | (two_w < (uint32_t(1) << 27) ? dbits : nbits);
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
 }
+
+// Round to nearest even; NaN stays a (quiet) NaN, overflow gives infinity.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Round to nearest even, subnormals included; NaN stays a (quiet) NaN, 65520
+// and up give infinity.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up: infinity
+  if (ax < 0x38800000u)                          // below 2^-14: subnormal or zero
+    return sign | static_cast<uint16_t>(std::lrint(std::fabs(f) * 16777216.0f));
+  ax += 0xc8000fffu + ((ax >> 13) & 1u);  // rebias the exponent by -112 and round
+  return sign | static_cast<uint16_t>(ax >> 13);
+}
+
+// dst[i] = src[i] (assign) or dst[i] = dst[i] + src[i] for i in [0, n): the
+// sum formed in f32 and rounded once to dst's dtype (round to nearest even).
+// dst and src must not overlap. Pairs: (f32, f32 / bf16 / f16), (bf16, bf16),
+// (f16, f16); anything else is LWO_ERR_INTERNAL. Vectorized for the host's
+// widest vector unit where the compiler can choose at run time.
+void accumulate(void* dst, lwo_dtype_t dst_dtype, const void* src, lwo_dtype_t src_dtype,
+                uint64_t n, bool assign);
 
 }  // namespace lwo

@@ -79,7 +79,7 @@ struct Descs {
 
 }  // namespace
 
-Compute::Compute(int device) : device_(device) {
+Compute::Compute(int device, bool tune) : device_(device), tune_(tune) {
   cublasLtHandle_t h = nullptr;
   LWO_LT(cublasLtCreate(&h), "cublasLtCreate");
   lt_ = h;
@@ -126,8 +126,62 @@ void* Compute::workspace(void* stream, size_t bytes) {
   return p;
 }
 
+// Candidates the first call of a shape times (LWO_ENGINE_HEURISTIC_GEMM: 1).
+constexpr int kCandidates = 8;
+
+int Compute::tune(void* op_, void* la_, void* lb_, void* ld_, const void* cands, int n,
+                  const void* a, const void* b, void* d, void* stream_) {
+  auto op = static_cast<cublasLtMatmulDesc_t>(op_);
+  auto la = static_cast<cublasLtMatrixLayout_t>(la_), lb = static_cast<cublasLtMatrixLayout_t>(lb_),
+       ld = static_cast<cublasLtMatrixLayout_t>(ld_);
+  auto res = static_cast<const cublasLtMatmulHeuristicResult_t*>(cands);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  auto lt = static_cast<cublasLtHandle_t>(lt_);
+  void* ws = workspace(stream_, kWorkspaceBytes);
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  struct Events {  // destroyed on every path out
+    cudaEvent_t* e;
+    ~Events() {
+      for (int i = 0; i < 2; ++i)
+        if (e[i]) (void)cudaEventDestroy(e[i]);
+    }
+  } guard{ev};
+  LWO_RT(cudaEventCreate(&ev[0]), "compute: timing GEMM candidates");
+  LWO_RT(cudaEventCreate(&ev[1]), "compute: timing GEMM candidates");
+  const float alpha = 1.f, beta = 0.f;
+  constexpr int kRuns = 3;
+  float first_ms = -1.f, best_ms = 0.f;
+  int best = 0;
+  for (int i = 0; i < n; ++i) {
+    // One untimed run (it also tells whether the candidate runs here at all),
+    // then kRuns timed ones. D is written; the caller's call overwrites it.
+    if (cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &res[i].algo, ws,
+                       kWorkspaceBytes, stream) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    LWO_RT(cudaEventRecord(ev[0], stream), "compute: timing GEMM candidates");
+    for (int r = 0; r < kRuns; ++r)
+      LWO_LT(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &res[i].algo, ws,
+                            kWorkspaceBytes, stream),
+             "cublasLtMatmul (timing a candidate)");
+    LWO_RT(cudaEventRecord(ev[1], stream), "compute: timing GEMM candidates");
+    LWO_RT(cudaEventSynchronize(ev[1]), "compute: timing GEMM candidates");
+    float ms = 0.f;
+    LWO_RT(cudaEventElapsedTime(&ms, ev[0], ev[1]), "compute: timing GEMM candidates");
+    if (i == 0) first_ms = ms;
+    if (i == 0 || ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  // Keep the heuristic's first unless another is clearly faster: a choice
+  // that timing noise alone would flip is not worth the variation.
+  if (first_ms > 0.f && best_ms > 0.98f * first_ms) best = 0;
+  ++n_tuned_;
+  return best;
+}
+
 void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
-                   void* stream) {
+                   void* stream, bool accumulate) {
   std::lock_guard<std::mutex> lock(mu_);
   bool use_bias_epilogue = bias && alignment(bias) >= 16;
   Key key{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab, g.d, g.tf32, use_bias_epilogue,
@@ -165,14 +219,26 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4), "pref align B");
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4), "pref align C");
     LWO_LT(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], 4), "pref align D");
-    cublasLtMatmulHeuristicResult_t res{};
+    cublasLtMatmulHeuristicResult_t res[kCandidates] = {};
     int n_res = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), ds.op, ds.a,
-                                                       ds.b, ds.d, ds.d, ds.pref, 1, &res, &n_res);
+                                                       ds.b, ds.d, ds.d, ds.pref,
+                                                       tune_ ? kCandidates : 1, res, &n_res);
     Algo algo{};
-    algo.ok = (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS);
+    algo.ok = (st == CUBLAS_STATUS_SUCCESS && n_res > 0 && res[0].state == CUBLAS_STATUS_SUCCESS);
     if (algo.ok) {
-      std::memcpy(algo.data, &res.algo, sizeof res.algo);
+      int pick = 0;
+      if (tune_ && n_res > 1 && !accumulate) {
+        // Timed on this call's operands (beta 0: a call that accumulates
+        // would have its D changed, so its shape takes the first candidate
+        // unless a plain call of the same shape came first).
+        if (use_bias_epilogue)
+          LWO_LT(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias),
+                 "BIAS_POINTER");
+        pick = tune(ds.op, ds.a, ds.b, ds.d, res, n_res, a, b, d, stream);
+      }
+      std::memcpy(algo.data, &res[pick].algo, sizeof res[pick].algo);
       // The plan keeps the descriptors; Descs no longer owns them.
       algo.op = ds.op;
       algo.a = ds.a;
@@ -189,7 +255,7 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
     // aligned for the epilogue: the plain kernel, correct for any shape.
     ++n_fallback_;
     detail::gemm_fallback(g.ta, g.tb, g.m, g.n, g.k, a, g.lda, b, g.ldb, d, g.ldd, bias, g.ab,
-                          g.d, stream);
+                          g.d, accumulate, stream);
     return;
   }
   auto op = static_cast<cublasLtMatmulDesc_t>(plan.op);
@@ -200,7 +266,7 @@ void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const v
   std::memcpy(&algo, plan.data, sizeof algo);
   auto la = static_cast<cublasLtMatrixLayout_t>(plan.a), lb = static_cast<cublasLtMatrixLayout_t>(plan.b),
        ld = static_cast<cublasLtMatrixLayout_t>(plan.d);
-  float alpha = 1.f, beta = 0.f;
+  float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   void* ws = workspace(stream, kWorkspaceBytes);
   LWO_LT(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), op, &alpha, a, la, b, lb, &beta, d, ld,
                         d, ld, &algo, ws, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
@@ -221,9 +287,9 @@ void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, co
   // Weight gradients first, so their copy to host can start while dx runs.
   if (dw) {  // dW' (in x out) = X' (in x T) dY'^T (T x out)
     Gemm g{false, true, l.in, l.out, tokens, l.in, l.out, l.in, l.dtype, grad_dtype, l.tf32};
-    gemm(g, x, dy, dw, nullptr, stream);
+    gemm(g, x, dy, dw, nullptr, stream, l.accumulate);
   }
-  if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, stream);
+  if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, l.accumulate, stream);
   if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
     Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
     gemm(g, w, dy, dx, nullptr, stream);

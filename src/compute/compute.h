@@ -15,7 +15,9 @@ namespace lwo {
 
 class Compute {
  public:
-  explicit Compute(int device);
+  // tune: time the heuristic's first candidates of each GEMM shape on first
+  // use and keep the fastest; else take its first.
+  Compute(int device, bool tune);
   ~Compute();
   Compute(const Compute&) = delete;
   Compute& operator=(const Compute&) = delete;
@@ -25,6 +27,7 @@ class Compute {
     bool bias;
     bool tf32;
     int64_t in, out;
+    bool accumulate = false;  // backward adds into dw and db
   };
 
   // y[T,out] = x[T,in] * W[out,in]^T (+ b[out]); all row-major, dtype `l.dtype`.
@@ -40,6 +43,7 @@ class Compute {
     lwo_dtype_t dtype;
     bool bias, tf32, nhwc;
     int32_t c, k, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    bool accumulate = false;  // backward adds into dwt and db
   };
   void conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, const void* x,
                     const void* wt, const void* b, void* y, void* stream);
@@ -48,19 +52,26 @@ class Compute {
                      lwo_dtype_t grad_dtype, void* stream);
   static void conv_out_size(const Conv& cv, int32_t h, int32_t w, int32_t* oh, int32_t* ow);
 
-  // Number of cached algorithms and of GEMMs that took the fallback kernel.
+  // Number of cached algorithms, of GEMMs that took the fallback kernel, and
+  // of shapes whose algorithm was chosen by timing.
   size_t n_cached() const;
   uint64_t n_fallback() const { return n_fallback_; }
+  uint64_t n_tuned() const { return n_tuned_; }
 
  private:
-  // D[m,n] (column-major, ldd) = op(A) * op(B) (+ bias[m] per row)
+  // D[m,n] (column-major, ldd) = op(A) * op(B) (+ bias[m] per row) (+ D with
+  // accumulate)
   struct Gemm {
     bool ta, tb;
     int64_t m, n, k, lda, ldb, ldd;
     lwo_dtype_t ab, d;
     bool tf32;
   };
-  void gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias, void* stream);
+  void gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias, void* stream,
+            bool accumulate = false);
+  // Times candidates [0, n) on the call's operands; the index of the fastest.
+  int tune(void* op, void* la, void* lb, void* ld, const void* algos, int n, const void* a,
+           const void* b, void* d, void* stream);
   // The stream's workspace, grown to at least `bytes` (callers hold mu_).
   void* workspace(void* stream, size_t bytes);
   void* cudnn();  // the cuDNN handle, made on first use (callers hold mu_)
@@ -92,6 +103,8 @@ class Compute {
   std::map<std::vector<int64_t>, std::pair<int, size_t>> conv_algos_;
   std::map<Key, Algo> algos_;
   uint64_t n_fallback_ = 0;
+  uint64_t n_tuned_ = 0;
+  bool tune_;
 };
 
 }  // namespace lwo

@@ -174,6 +174,9 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
     // cuDNN writes the gradient in the layer's dtype; an f32 gradient of a
     // bf16/f16 layer goes through a temporary after the workspace.
     bool convert = grad_dtype != cv.dtype;
+    // Accumulating: cuDNN adds (beta 1) into a gradient of the layer's dtype;
+    // an f32 one takes the temporary, widened and added.
+    const float beta_w = (cv.accumulate && !convert) ? 1.f : 0.f;
     int64_t n_w = int64_t(cv.k) * (cv.c / cv.groups) * cv.kh * cv.kw;
     size_t ws_bytes = (algo.second + 255) / 256 * 256;
     size_t tmp_bytes = convert ? size_t(n_w) * 4 : 0;  // at most f32-sized
@@ -182,14 +185,14 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
     LWO_DNN(cudnnConvolutionBackwardFilter(
                 dnn, &alpha, d.x, x, d.y, dy, d.conv,
                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.first), ws,
-                algo.second, &beta, d.w, target),
+                algo.second, &beta_w, d.w, target),
             "cudnnConvolutionBackwardFilter");
-    if (convert) detail::convert(target, cv.dtype, dwt, grad_dtype, n_w, stream);
+    if (convert) detail::convert(target, cv.dtype, dwt, grad_dtype, n_w, cv.accumulate, stream);
   }
   if (db) {
     int64_t outer = cv.nhwc ? int64_t(n) * d.oh * d.ow : n;
     int64_t inner = cv.nhwc ? 1 : int64_t(d.oh) * d.ow;
-    detail::channel_sum(dy, outer, cv.k, inner, cv.dtype, db, grad_dtype, stream);
+    detail::channel_sum(dy, outer, cv.k, inner, cv.dtype, db, grad_dtype, cv.accumulate, stream);
   }
   if (dx) {
     const auto algo =

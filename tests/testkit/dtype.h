@@ -1,6 +1,5 @@
-// testkit: host conversions between f32 and the 16-bit float formats. The
-// widening direction is the library's own (src/common/dtype.h); the rounding
-// direction (f32 -> bf16 / f16, round to nearest even) is written here once.
+// testkit: host conversions between f32 and the 16-bit float formats, both
+// directions the library's own (src/common/dtype.h), and element access by dtype.
 #pragma once
 
 #include <cmath>
@@ -15,29 +14,8 @@ namespace testkit {
 using lwo::bf16_to_f32;
 using lwo::f16_to_f32;
 
-// Round to nearest even; NaN stays a (quiet) NaN, overflow gives infinity.
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// Round to nearest even, subnormals included; NaN stays a (quiet) NaN, 65520
-// and up give infinity.
-inline uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return sign | 0x7e00u;   // NaN
-  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up: infinity
-  if (ax < 0x38800000u)                          // below 2^-14: subnormal or zero
-    return sign | static_cast<uint16_t>(std::lrint(std::fabs(f) * 16777216.0f));
-  ax += 0xc8000fffu + ((ax >> 13) & 1u);  // rebias the exponent by -112 and round
-  return sign | static_cast<uint16_t>(ax >> 13);
-}
+using lwo::f32_to_bf16;
+using lwo::f32_to_f16;
 
 // Element i of a buffer of dtype (bf16, f16 or f32; anything else reads as f32) as a float.
 inline float load_f32(const void* data, lwo_dtype_t dtype, uint64_t i) {

@@ -168,7 +168,9 @@ TEST_F(Abi02Structs, ViewsAreWrittenOnlyUpToTheirSize) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 3);
   lwo_grads* g = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
+  lwo_grads_config f32 = LWO_GRADS_CONFIG_INIT;
+  f32.flags = LWO_GRADS_F32;  // f32 on the wire (the 0.2 default)
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &f32, &g));
   StreamH c = gpu->new_stream();
   const size_t kBig = sizeof(lwo_layer_view) + 32;
   const size_t sizes[] = {offsetof(lwo_layer_view, layer), offsetof(lwo_layer_view, tensor_bytes),
@@ -701,7 +703,9 @@ TEST_F(Abi02Pools, ShardAccessOnRegisteredPools) {
 TEST_F(Abi02Pools, GradsShardOnUnshardedPoolIsTheWholeTensor) {
   lwo_pool* pool = make_pool(2);
   lwo_grads* g = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
+  lwo_grads_config f32 = LWO_GRADS_CONFIG_INIT;
+  f32.flags = LWO_GRADS_F32;  // f32 host buffers, which lwo_grads_shard reads
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &f32, &g));
   StreamH c = gpu->new_stream();
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_grads_begin(g, 1, stream(c), &v));
@@ -730,7 +734,7 @@ TEST_F(Abi02Pools, GradsShardOnUnshardedPoolIsTheWholeTensor) {
 
   WithEmpty we;
   ASSERT_LWO(lwo_pool_create_pinned(engine, &we.layer, 1, nullptr, &pool));
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &f32, &g));
   float* d = reinterpret_cast<float*>(uintptr_t{0x1234});
   uint64_t first = 99, ne = 99;
   ASSERT_LWO(lwo_grads_shard(g, 0, "empty", &d, &first, &ne));
