@@ -229,7 +229,9 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
     create_ring(pool, depth, 0, &ring);
     if (HasFatalFailure()) return;
     lwo_grads* grads = nullptr;
-    CHECK_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
+    lwo_grads_config f32 = LWO_GRADS_CONFIG_INIT;
+    f32.flags = LWO_GRADS_F32;  // f32 gradients, compared with lwo_grads_shard
+    CHECK_LWO(lwo_grads_create(pool, nullptr, &f32, &grads));
     auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
     Schedule sched;
     CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()), sched.out()));
@@ -364,7 +366,9 @@ TEST_F(Compute, FrozenLayersMoveNoGradient) {
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
   uint8_t trainable[L] = {1, 0, 1, 0};
   lwo_grads* grads = nullptr;
-  CHECK_LWO(lwo_grads_create(pool, trainable, nullptr, &grads));
+  lwo_grads_config f32 = LWO_GRADS_CONFIG_INIT;
+  f32.flags = LWO_GRADS_F32;  // 64 x 48 f32 gradients per layer on the wire
+  CHECK_LWO(lwo_grads_create(pool, trainable, &f32, &grads));
   auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
   lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
   EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_grads_begin", lwo_grads_begin(grads, 1, stream(0), &gv));
@@ -381,6 +385,211 @@ TEST_F(Compute, FrozenLayersMoveNoGradient) {
   EXPECT_EQ(gs.bytes, 2u * 64 * 48 * 4);
 }
 
+
+// ---- gradients in every dtype, in both accumulation orders ----
+
+// The host gradient of tensor `name` (lwo_grads_tensor), as bytes.
+std::vector<uint8_t> host_grad(lwo_grads* g, uint32_t layer, const char* name, lwo_dtype_t* dtype) {
+  lwo_grad_tensor t = LWO_GRAD_TENSOR_INIT;
+  EXPECT_EQ(lwo_grads_tensor(g, layer, name, &t), LWO_OK) << lwo_last_error_message();
+  *dtype = t.dtype;
+  const uint8_t* p = static_cast<const uint8_t*>(t.data);
+  return p ? std::vector<uint8_t>(p, p + t.n_elements * esize(t.dtype)) : std::vector<uint8_t>{};
+}
+
+// Gradients of one linear layer summed over K micro-batches, for every layer
+// dtype and every wire (native, LWO_GRADS_F32, LWO_GRADS_NATIVE_WIRE), in both
+// orders: batch-major (each micro-batch ended on its own and summed on the
+// host) and layer-major (summed in the slot with LWO_LINEAR_ACCUMULATE, one
+// end). Bit for bit against the same arithmetic done resident (device
+// buffers; the host sums done here with the library's rounding), and within a
+// tolerance of the fp64 sum.
+TEST_F(Compute, GradientOrdersAndWiresMatchResidentAndFp64) {
+  const int64_t T = 48, IN = 72, OUT = 40;
+  const int K = 3;
+  struct Mode {
+    uint32_t flags;
+    const char* name;
+  };
+  const Mode modes[] = {{0u, "native"}, {LWO_GRADS_F32, "f32"}, {LWO_GRADS_NATIVE_WIRE, "native wire"}};
+  for (lwo_dtype_t dt : {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32})
+    for (const Mode& mode : modes)
+      for (bool layer_major : {false, true}) {
+        SCOPED_TRACE(std::string(lwo_dtype_name(dt)) + ", " + mode.name + ", " +
+                     (layer_major ? "layer-major" : "batch-major"));
+        std::mt19937_64 rng(test_seed(900 + dt * 10 + mode.flags * 2 + layer_major));
+        lwo_tensor_desc td[2] = {};
+        td[0].name = "weight";
+        td[0].dtype = dt;
+        td[0].n_dims = 2;
+        td[0].shape[0] = OUT;
+        td[0].shape[1] = IN;
+        td[1].name = "bias";
+        td[1].dtype = dt;
+        td[1].n_dims = 1;
+        td[1].shape[0] = OUT;
+        lwo_layer_desc ld{td, 2, nullptr};
+        lwo_pool* pool = nullptr;
+        CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
+        auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+        std::vector<std::unique_ptr<Mat>> X, DY;
+        for (int k = 0; k < K; ++k) {
+          X.push_back(std::make_unique<Mat>(dt, T * IN, rng, 1.f));
+          DY.push_back(std::make_unique<Mat>(dt, T * OUT, rng, 1.f));
+          CUDA_OK(X[k]->upload());
+          CUDA_OK(DY[k]->upload());
+        }
+        lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+        gc.flags = mode.flags;
+        lwo_grads* grads = nullptr;
+        CHECK_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+        auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
+        const lwo_dtype_t wire = mode.flags == LWO_GRADS_F32 ? LWO_DTYPE_F32 : dt;
+        const lwo_dtype_t host = mode.flags == 0 ? dt : LWO_DTYPE_F32;
+        lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+        d.dtype = dt;
+        d.in_features = IN;
+        d.out_features = OUT;
+        auto flags_for = [&](int k) {
+          return LWO_LINEAR_BIAS | (layer_major && k > 0 ? LWO_LINEAR_ACCUMULATE : 0u);
+        };
+        cudaStream_t st = stream(0);
+        // Through lwo_grads.
+        lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+        for (int k = 0; k < K; ++k) {
+          if (k == 0 || !layer_major) {
+            CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
+            ASSERT_EQ(gv.tensor_dtypes[0], wire);
+          }
+          d.flags = flags_for(k);
+          CHECK_LWO(lwo_linear_backward(engine_, &d, T, X[k]->dev, DY[k]->dev, nullptr, nullptr,
+                                        gv.tensors[0], gv.tensors[1], wire, st));
+          if (k == K - 1 || !layer_major) CHECK_LWO(lwo_grads_end(grads, 0, st));
+        }
+        CHECK_LWO(lwo_grads_wait(grads));
+        lwo_grads_stats gs{};
+        gs.size = sizeof gs;
+        CHECK_LWO(lwo_grads_get_stats(grads, &gs));
+        EXPECT_EQ(gs.n_transfers, layer_major ? 1u : uint64_t(K));
+        EXPECT_EQ(gs.n_accumulated, layer_major ? (wire == host ? 0u : 1u)
+                                                : uint64_t(wire == host ? K - 1 : K));
+        // Resident: the same calls into device buffers, the host sums here.
+        std::vector<uint8_t> want_w(OUT * IN * esize(host)), want_b(OUT * esize(host));
+        Out rw(OUT * IN * esize(wire)), rb(OUT * esize(wire));
+        CUDA_OK(rw.alloc());
+        CUDA_OK(rb.alloc());
+        auto host_add = [&](std::vector<uint8_t>& sum, const std::vector<uint8_t>& part, size_t n,
+                            bool first) {
+          for (size_t i = 0; i < n; ++i)
+            store(sum.data(), i, first ? load(part.data(), i, wire)
+                                       : load(sum.data(), i, host) + load(part.data(), i, wire),
+                  host);
+        };
+        for (int k = 0; k < K; ++k) {
+          d.flags = flags_for(k);
+          CHECK_LWO(lwo_linear_backward(engine_, &d, T, X[k]->dev, DY[k]->dev, nullptr, nullptr,
+                                        rw.dev, rb.dev, wire, st));
+          CUDA_OK(cudaStreamSynchronize(st));
+          if (!layer_major) {
+            host_add(want_w, rw.fetch(), OUT * IN, k == 0);
+            host_add(want_b, rb.fetch(), OUT, k == 0);
+          }
+        }
+        if (layer_major) {
+          host_add(want_w, rw.fetch(), OUT * IN, true);
+          host_add(want_b, rb.fetch(), OUT, true);
+        }
+        lwo_dtype_t got_dt = LWO_DTYPE_F32;
+        std::vector<uint8_t> got_w = host_grad(grads, 0, "weight", &got_dt);
+        EXPECT_EQ(got_dt, host);
+        std::vector<uint8_t> got_b = host_grad(grads, 0, "bias", &got_dt);
+        EXPECT_TRUE(got_w == want_w) << "weight gradient differs from the resident computation";
+        EXPECT_TRUE(got_b == want_b) << "bias gradient differs from the resident computation";
+        // fp64: the sum over micro-batches of dy^T x and of dy over tokens.
+        std::vector<double> ref_w(OUT * IN, 0.0), ref_b(OUT, 0.0);
+        for (int k = 0; k < K; ++k)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t o = 0; o < OUT; ++o) {
+              const double g = DY[k]->vals[t * OUT + o];
+              ref_b[o] += g;
+              for (int64_t i = 0; i < IN; ++i) ref_w[o * IN + i] += g * X[k]->vals[t * IN + i];
+            }
+        // The coarsest rounding on the way sets the tolerance, a little wider
+        // for K sums in a 16-bit dtype.
+        const lwo_dtype_t coarse = wire != LWO_DTYPE_F32 ? wire : host;
+        const double tol = tol_for(coarse, false, dt != LWO_DTYPE_F32) * (coarse == LWO_DTYPE_F32 ? 1 : 1.5);
+        EXPECT_LE(rel_err(got_w, host, ref_w), tol) << "dW against fp64";
+        EXPECT_LE(rel_err(got_b, host, ref_b), tol) << "db against fp64";
+      }
+}
+
+// The fence for the native default: a bf16 gradient that lands in place
+// (fresh) and one added on the host both stay invisible until lwo_grads_wait.
+TEST_F(Compute, NativeGradientsAppearOnlyThroughTheFence) {
+  const int64_t T = 64, IN = 96, OUT = 80;
+  std::mt19937_64 rng(test_seed(6));
+  lwo_tensor_desc td{};
+  td.name = "weight";
+  td.dtype = LWO_DTYPE_BF16;
+  td.n_dims = 2;
+  td.shape[0] = OUT;
+  td.shape[1] = IN;
+  lwo_layer_desc ld{&td, 1, nullptr};
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  Mat x(LWO_DTYPE_BF16, T * IN, rng, 1.f), dy(LWO_DTYPE_BF16, T * OUT, rng, 1.f);
+  CUDA_OK(x.upload());
+  CUDA_OK(dy.upload());
+  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+  d.in_features = IN;
+  d.out_features = OUT;
+  Out ref(OUT * IN * 2);
+  CUDA_OK(ref.alloc());
+  cudaStream_t st = stream(0);
+  CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, ref.dev, nullptr,
+                                LWO_DTYPE_BF16, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  const std::vector<uint8_t> want = ref.fetch();
+  lwo_grads* grads = nullptr;
+  CHECK_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
+  auto gguard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(grads)); });
+  lwo_grad_tensor t = LWO_GRAD_TENSOR_INIT;
+  CHECK_LWO(lwo_grads_tensor(grads, 0, "weight", &t));
+  ASSERT_EQ(t.dtype, LWO_DTYPE_BF16);
+  auto* h = static_cast<uint16_t*>(t.data);
+  const uint64_t n = t.n_elements;
+  for (int round = 0; round < 2; ++round) {  // in place (fresh), then added on the host
+    CHECK_LWO(lwo_grads_zero(grads));
+    CHECK_LWO(lwo_grads_wait(grads));
+    if (round == 1) {  // one gradient already in
+      lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+      CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
+      CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
+                                    nullptr, LWO_DTYPE_BF16, st));
+      CHECK_LWO(lwo_grads_end(grads, 0, st));
+      CHECK_LWO(lwo_grads_wait(grads));
+    }
+    if (round == 0)
+      for (uint64_t i = 0; i < n; ++i) h[i] = 0xffff;  // poison (NaN) the fresh buffer
+    std::vector<uint16_t> before(h, h + n);
+    CUDA_OK(lwo::kernels::spin_async(300000, st));  // 300 ms
+    lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+    CHECK_LWO(lwo_grads_begin(grads, 0, st, &gv));
+    CHECK_LWO(lwo_linear_backward(engine_, &d, T, x.dev, dy.dev, nullptr, nullptr, gv.tensors[0],
+                                  nullptr, LWO_DTYPE_BF16, st));
+    CHECK_LWO(lwo_grads_end(grads, 0, st));
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), h))
+        << "gradient bytes reached the host before the fence (round " << round << ")";
+    CHECK_LWO(lwo_grads_wait(grads));
+    const auto* w = reinterpret_cast<const uint16_t*>(want.data());
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint16_t expect =
+          round == 0 ? w[i] : testkit::f32_to_bf16(testkit::bf16_to_f32(before[i]) + testkit::bf16_to_f32(w[i]));
+      ASSERT_EQ(h[i], expect) << "element " << i << " round " << round;
+    }
+  }
+}
 
 // ---- conv2d ----
 
