@@ -2,7 +2,8 @@
  * pool. Each step streams the layers through a ring of depth 2 with one
  * schedule, forward (layers 0 to 7) and then backward (7 to 0), all on one
  * compute stream. In the backward pass each layer's weight gradients are
- * written into a staging slot and sent to f32 host buffers before its input
+ * written into a staging slot in bf16 (the layer's dtype) and sent to bf16
+ * host buffers before its input
  * gradient is computed. After the fence, an SGD update is written into the
  * pool, each changed layer is declared with lwo_pool_layer_changed, and the
  * sums are zeroed for the next step.
@@ -170,6 +171,7 @@ int main(void) {
   const size_t act_n = (size_t)TOKENS * DIM;
   uint16_t* host;
   float* ref_x[N_LAYERS + 1];
+  float* grad_f32; /* one host gradient, widened from bf16 for the comparison */
   float *ref_dy_last, *ref_dy, *ref_dx, *ref_gw[N_LAYERS], *ref_gb[N_LAYERS];
   uint64_t rng = 1, k;
   uint32_t l, step;
@@ -209,7 +211,8 @@ int main(void) {
   ring_config.depth = DEPTH;
   LWO_CHECK(lwo_ring_create(pool, &ring_config, &ring));
   LWO_CHECK(lwo_schedule_create(ring, order, 2 * N_LAYERS, &sched));
-  /* Every layer trainable (NULL mask), gradients in f32 on the wire. */
+  /* Every layer trainable (NULL mask); gradients in each tensor's dtype
+   * (bf16) on the wire and in host memory, the default. */
   LWO_CHECK(lwo_grads_create(pool, NULL, &grads_config, &grads));
 
   lin.dtype = LWO_DTYPE_BF16;
@@ -232,8 +235,9 @@ int main(void) {
   ref_dy_last = (float*)malloc(act_n * sizeof(float));
   ref_dy = (float*)malloc(act_n * sizeof(float));
   ref_dx = (float*)malloc(act_n * sizeof(float));
+  grad_f32 = (float*)malloc((size_t)DIM * DIM * sizeof(float));
   host = (uint16_t*)malloc(act_bytes);
-  if (!host || !ref_dy_last || !ref_dy || !ref_dx) return 1;
+  if (!host || !ref_dy_last || !ref_dy || !ref_dx || !grad_f32) return 1;
   for (l = 0; l <= N_LAYERS; ++l)
     if (!ref_x[l]) return 1;
 
@@ -270,12 +274,12 @@ int main(void) {
         uint32_t j = pos - N_LAYERS;
         const void* dy_in = j == 0 ? dy_last : dy[(j - 1) % 2];
         lwo_layer_view g = LWO_LAYER_VIEW_INIT;
-        /* Weight gradients first, into a staging slot, in f32 (the wire
-         * dtype), and sent at once: their copy to host memory runs while dx
-         * is computed. */
+        /* Weight gradients first, into a staging slot, in the slot's wire
+         * dtype (bf16 here), and sent at once: their copy to host memory
+         * runs while dx is computed. */
         LWO_CHECK(lwo_grads_begin(grads, l, stream, &g));
         LWO_CHECK(lwo_linear_backward(engine, &lin, TOKENS, x[l], dy_in, w, NULL,
-                                      g.tensors[0], g.tensors[1], LWO_DTYPE_F32, stream));
+                                      g.tensors[0], g.tensors[1], g.tensor_dtypes[0], stream));
         LWO_CHECK(lwo_grads_end(grads, l, stream));
         /* Then dx, the dy of the layer below (layer 0 has none below). */
         if (l > 0)
@@ -300,12 +304,15 @@ int main(void) {
     for (l = 0; l < N_LAYERS; ++l) {
       uint32_t t;
       for (t = 0; t < 2; ++t) {
-        float* grad = NULL;
-        uint64_t first = 0, n = 0;
+        lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+        uint64_t i, n;
         double e;
-        LWO_CHECK(lwo_grads_shard(grads, l, names[t], &grad, &first, &n));
-        EXPECT(first == 0 && n == (t == 0 ? (uint64_t)DIM * DIM : (uint64_t)DIM));
-        e = relative_error(grad, t == 0 ? ref_gw[l] : ref_gb[l], n);
+        LWO_CHECK(lwo_grads_tensor(grads, l, names[t], &gt));
+        n = gt.n_elements;
+        EXPECT(gt.dtype == LWO_DTYPE_BF16);
+        EXPECT(gt.first_element == 0 && n == (t == 0 ? (uint64_t)DIM * DIM : (uint64_t)DIM));
+        for (i = 0; i < n; ++i) grad_f32[i] = from_bf16(((const uint16_t*)gt.data)[i]);
+        e = relative_error(grad_f32, t == 0 ? ref_gw[l] : ref_gb[l], n);
         if (!(e <= TOLERANCE)) {
           fprintf(stderr, "train_step: step %u layer %u %s gradient: relative error %.3g "
                   "against the CPU reference (at most %.3g)\n", step, l, names[t], e, TOLERANCE);
@@ -319,14 +326,17 @@ int main(void) {
     for (l = 0; l < N_LAYERS; ++l) {
       uint32_t t;
       for (t = 0; t < 2; ++t) {
-        float* grad = NULL;
+        lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+        const uint16_t* grad;
         void* p = NULL;
         uint16_t* param;
-        uint64_t first = 0, n = 0, i; /* not sharded: the whole tensor, first 0 */
-        LWO_CHECK(lwo_grads_shard(grads, l, names[t], &grad, &first, &n));
+        uint64_t i; /* not sharded: the whole tensor, first element 0 */
+        LWO_CHECK(lwo_grads_tensor(grads, l, names[t], &gt));
+        grad = (const uint16_t*)gt.data;
         LWO_CHECK(lwo_pool_tensor_host(pool, l, names[t], &p, NULL));
         param = (uint16_t*)p;
-        for (i = 0; i < n; ++i) param[i] = to_bf16(from_bf16(param[i]) - LEARNING_RATE * grad[i]);
+        for (i = 0; i < gt.n_elements; ++i)
+          param[i] = to_bf16(from_bf16(param[i]) - LEARNING_RATE * from_bf16(grad[i]));
       }
       /* Its host bytes changed: the next stage copies the layer again
        * instead of reusing a slot that holds the old weights. */
@@ -354,7 +364,7 @@ int main(void) {
   EXPECT(ring_stats.n_hits == 2 * N_STEPS);
   EXPECT(ring_stats.n_copies == (2 * N_LAYERS - 2) * N_STEPS);
   EXPECT(grads_stats.n_transfers == N_LAYERS * N_STEPS);
-  /* One gradient per layer per sum: each lands in its zeroed f32 buffer in
+  /* One gradient per layer per sum: each lands in its zeroed bf16 buffer in
    * place, by DMA, with no host work. */
   EXPECT(grads_stats.n_accumulated == 0);
 
@@ -375,6 +385,7 @@ int main(void) {
     free(ref_gb[l]);
   }
   free(ref_dy_last);
+  free(grad_f32);
   free(ref_dy);
   free(ref_dx);
   free(host);
