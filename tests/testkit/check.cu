@@ -30,7 +30,16 @@ std::string fmt_bytes(uint64_t bytes) {
   return strf("%.2f %s", static_cast<double>(bytes) / static_cast<double>(unit), units[u]);
 }
 
-void fail(const std::string& message) { throw Error(message); }
+namespace {
+thread_local FailHook t_fail_hook = nullptr;
+}  // namespace
+
+void set_thread_fail_hook(FailHook hook) { t_fail_hook = hook; }
+
+void fail(const std::string& message) {
+  if (t_fail_hook) t_fail_hook(message);
+  throw Error(message);
+}
 
 std::string describe(lwo_status_t status) {
   return strf("%s: %s", lwo_status_string(status), lwo_last_error_message());

@@ -31,6 +31,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 [[noreturn]] void fail(const std::string& message);
+// Called on this thread with the message just before fail() (and so every
+// check) throws; null: none. For threads that wait for each other (ranks at a
+// barrier): the hook tells the others at once, before the stack unwinds and
+// its releases perhaps wait for them.
+using FailHook = void (*)(const std::string& message);
+void set_thread_fail_hook(FailHook hook);
 
 // "LWO_ERR_BUSY: <lwo_last_error_message()>", "cudaErrorMemoryAllocation: out of memory"
 std::string describe(lwo_status_t status);

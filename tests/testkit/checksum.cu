@@ -153,12 +153,17 @@ uint64_t checksum_generated(uint64_t key, uint64_t bytes, unsigned n_threads) {
   return acc;
 }
 
-void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
+void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums,
+                   uint64_t record_bytes) {
   lwo_layer_view view = LWO_LAYER_VIEW_INIT;
   for (;;) {
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
     if (s == LWO_END) break;
     check(s, "lwo_schedule_next");
+    if (record_bytes && view.record_bytes != record_bytes)
+      fail(strf("layer %u arrived with %llu bytes, expected a record of %llu", view.layer,
+                static_cast<unsigned long long>(view.record_bytes),
+                static_cast<unsigned long long>(record_bytes)));
     check(lwo::kernels::checksum_async(view.base, view.record_bytes, sums + view.layer, stream),
           "lwo::kernels::checksum_async");
   }

@@ -45,8 +45,11 @@ uint64_t checksum_generated(uint64_t key, uint64_t bytes, unsigned n_threads = 0
 
 // One pass of `schedule` on `stream`, the checksum consumer: for each layer,
 // checksum_async of the whole record from its slot into sums[layer]; then
-// lwo_schedule_reset for the next pass. A failure throws testkit::Error.
-void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums);
+// lwo_schedule_reset for the next pass. With record_bytes, every layer must
+// arrive with a record of that size ("layer L arrived with N bytes, expected
+// a record of M"). A failure throws testkit::Error.
+void checksum_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums,
+                   uint64_t record_bytes = 0);
 
 // Copies the per-layer sums (expect.size() of them) from the device after
 // `stream` and returns the layers whose sum is not times x expect[layer]

@@ -22,10 +22,11 @@ Event make_event(unsigned flags) {
   return e;
 }
 
-DeviceMem device_alloc(size_t bytes) {
+DeviceMem device_alloc(size_t bytes, const char* what) {
   DeviceMem m;
   check(cudaMalloc(m.out(), std::max<size_t>(bytes, 1)),
-        strf("cudaMalloc(%s)", fmt_bytes(bytes).c_str()));
+        what ? strf("cudaMalloc(%s, %s)", fmt_bytes(bytes).c_str(), what)
+             : strf("cudaMalloc(%s)", fmt_bytes(bytes).c_str()));
   return m;
 }
 

@@ -95,7 +95,9 @@ TESTKIT_OWNER(Registration, void*, cudaHostUnregister);  // cudaHostRegister (no
 // Factories; a failure throws Error naming the call (and the size).
 Stream make_stream(unsigned flags = cudaStreamNonBlocking);
 Event make_event(unsigned flags = cudaEventDefault);  // cudaEventDefault: with timing
-DeviceMem device_alloc(size_t bytes);                 // at least 1 byte
+// At least 1 byte; `what` (may be null) names the buffer in the message:
+// "cudaMalloc(256 MiB, checksums) failed: ...".
+DeviceMem device_alloc(size_t bytes, const char* what = nullptr);
 PinnedMem pinned_alloc(size_t bytes);                 // cudaHostAlloc, at least 1 byte
 Engine make_engine(int device, uint32_t flags = 0);
 double elapsed_ms(const Event& a, const Event& b);  // both completed

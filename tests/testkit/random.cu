@@ -90,6 +90,13 @@ void fill_bytes(const std::vector<ByteRange>& ranges, unsigned n_threads,
       n_threads);
 }
 
+std::vector<ByteRange> keyed_ranges(const std::vector<HostRange>& ranges, uint64_t seed) {
+  std::vector<ByteRange> out;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    out.push_back({ranges[i].data, ranges[i].bytes, key_of(seed, i)});
+  return out;
+}
+
 void fill_uniform(const std::vector<UniformRange>& ranges, unsigned n_threads,
                   const Progress& progress) {
   for (const UniformRange& r : ranges)

@@ -88,6 +88,10 @@ struct ByteRange {
 };
 void fill_bytes(const std::vector<ByteRange>& ranges, unsigned n_threads = 0,
                 const Progress& progress = {});
+// Whole ranges, range i from the stream of key_of(seed, i): bytes that depend
+// only on the seed, the range's index and its size (the records of lwo run
+// and lwo probe).
+std::vector<ByteRange> keyed_ranges(const std::vector<HostRange>& ranges, uint64_t seed);
 
 // n elements of dtype (bf16, f16 or f32) uniform in [-bound, bound), rounded
 // to nearest even: element i is uniform_pm1(counter_word(key, i)) * bound. From

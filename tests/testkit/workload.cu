@@ -32,6 +32,14 @@ uint64_t ChainSpec::fan_in(uint32_t i) const {
   return static_cast<uint64_t>(ops[i].first) * (kind == OpKind::kConv3x3 ? 9 : 1);
 }
 
+float ChainSpec::weight_bound(uint32_t i) const {
+  return std::sqrt(3.0f / static_cast<float>(fan_in(i)));
+}
+
+float ChainSpec::bias_bound(uint32_t i) const {
+  return 1.0f / std::sqrt(static_cast<float>(fan_in(i)));
+}
+
 void ChainSpec::group(uint32_t per_record) {
   records.clear();
   for (uint32_t i = 0; i < n_ops(); i += per_record) {
@@ -51,7 +59,7 @@ ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_r
 
 // --- the weights ------------------------------------------------------------------------
 
-ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec)
+ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
     : spec_(std::move(spec)), engine_(engine) {
   const ChainSpec& s = spec_;
   const uint32_t R = s.n_records();
@@ -108,13 +116,12 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec)
     }
     layers[r] = lwo_layer_desc{tensors[r].data(), static_cast<uint32_t>(tensors[r].size()), nullptr};
   }
-  double t0 = now_seconds();
+  const double t0 = now_seconds();
   check(lwo_pool_create_pinned(engine_, layers.data(), R, nullptr, pool_.out()),
         "lwo_pool_create_pinned");
   pool_s_ = now_seconds() - t0;
 
   const uint64_t es = lwo_dtype_size(s.dtype);
-  std::vector<UniformRange> fill;
   record_bytes_.resize(R);
   tensor_off_.resize(R);
   for (uint32_t r = 0; r < R; ++r) {
@@ -124,7 +131,6 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec)
     tensor_off_[r].assign(2 * rec.size(), 0);
     for (uint32_t j = 0; j < rec.size(); ++j) {
       const uint32_t i = rec[j];
-      const float fan_in = static_cast<float>(s.fan_in(i));
       for (int k = 0; k < (s.bias ? 2 : 1); ++k) {
         lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
         check(lwo_pool_tensor_info(pool_.get(), r, tensor_index(s.bias, j, k == 1), &info),
@@ -134,14 +140,24 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec)
         uint64_t bytes = 0;
         check(lwo_pool_tensor_host(pool_.get(), r, names_[r][2 * j + k].c_str(), &p, &bytes),
               "lwo_pool_tensor_host");
-        const float bound = k == 0 ? std::sqrt(3.0f / fan_in) : 1.0f / std::sqrt(fan_in);
-        fill.push_back({p, s.dtype, bytes / es, bound, key_of(s.seed, 2 * uint64_t(i) + k)});
+        const float bound = k == 0 ? s.weight_bound(i) : s.bias_bound(i);
+        fill_.push_back({p, s.dtype, bytes / es, bound, key_of(s.seed, 2 * uint64_t(i) + k)});
       }
     }
   }
-  t0 = now_seconds();
-  fill_uniform(fill);
+  if (fill_now) fill();
+}
+
+void ChainWeights::fill(const Progress& progress) {
+  const double t0 = now_seconds();
+  fill_uniform(fill_, 0, progress);
   fill_s_ = now_seconds() - t0;
+}
+
+uint64_t ChainWeights::fill_bytes() const {
+  uint64_t bytes = 0;
+  for (const UniformRange& r : fill_) bytes += r.n * lwo_dtype_size(r.dtype);
+  return bytes;
 }
 
 ChainWeights::~ChainWeights() {
@@ -171,7 +187,7 @@ void ChainWeights::make_resident(bool allow_partial, uint64_t margin_bytes) {
     check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     uint64_t rest = 0;
     for (uint32_t r = 1; r + 1 < R; ++r) rest += record_bytes_[r];
-    if (rest + margin_bytes > free_b) {
+    if (R > 2 && rest + margin_bytes > free_b) {  // with 2 records or 1, all are resident
       all_resident_ = false;
       resident_note_ = strf("the other %u records (%s) do not fit in the %s of device memory left",
                             R - 2, fmt_bytes(rest).c_str(), fmt_bytes(free_b).c_str());
@@ -271,6 +287,7 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
   const lwo_ring_stats r0 = ring_stats(ring);
   const lwo_grads_stats g0 = grads_stats(grads);
   lwo_ring_stats r_fwd{};
+  if (o.before_start) o.before_start();
   const double t0 = now_seconds();
   check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
   lwo_layer_view view = LWO_LAYER_VIEW_INIT;
@@ -375,8 +392,7 @@ ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t strea
   check(cudaMemcpyAsync(x(0), host.data(), n0 * es, cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (x_0)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  fill_uniform({{host.data(), spec_.dtype, nl, 1.0f / std::sqrt(static_cast<float>(rows_)),
-                 key_of(spec_.seed, kGradIndex)}});
+  fill_uniform({{host.data(), spec_.dtype, nl, dy_bound(), key_of(spec_.seed, kGradIndex)}});
   check(cudaMemcpyAsync(dy_last_.get(), host.data(), nl * es, cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (dy_N)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -387,6 +403,7 @@ uint64_t ChainRun::act_bytes(int64_t width) const {
          lwo_dtype_size(spec_.dtype);
 }
 uint64_t ChainRun::output_bytes() const { return act_bytes(spec_.ops.back().second); }
+float ChainRun::dy_bound() const { return 1.0f / std::sqrt(static_cast<float>(rows_)); }
 uint64_t ChainRun::input_bytes() const { return act_bytes(spec_.ops.front().first); }
 
 const void* ChainRun::dy_in(uint32_t i) const {
@@ -515,6 +532,15 @@ StepStats ChainRun::streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_gr
   };
   calls.backward = [&](uint32_t r, const lwo_layer_view& v, const lwo_layer_view* g,
                        const std::function<void()>& done) {
+    // The backward writes its gradients in wire_: the slot must hold that
+    // dtype (lwo 0.3's default gradients are the tensor's own dtype).
+    if (g && trainable_ && g->tensor_dtypes)
+      for (uint32_t k = 0; k < g->n_tensors; ++k)
+        if (g->tensor_dtypes[k] != wire_)
+          fail(strf("testkit::ChainRun: record %u's gradient slot holds %s, the run computes "
+                    "%s gradients (create the grads with LWO_GRADS_F32, or "
+                    "LWO_GRADS_NATIVE_WIRE and the chain's dtype as the wire)",
+                    r, lwo_dtype_name(g->tensor_dtypes[k]), lwo_dtype_name(wire_)));
     backward_record(r, v.tensors, g && trainable_ ? g->tensors : nullptr, done);
   };
   return run_step(schedule, ring, trainable_ ? grads : nullptr, stream_, spec_.n_records(),

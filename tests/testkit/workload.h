@@ -59,6 +59,8 @@ struct ChainSpec {
   uint64_t spatial() const { return static_cast<uint64_t>(h) * static_cast<uint64_t>(w); }
   uint64_t weight_elems(uint32_t i) const;  // out x in (x 9 for convolutions)
   uint64_t fan_in(uint32_t i) const;        // in (x 9)
+  float weight_bound(uint32_t i) const;     // sqrt(3 / fan_in): the weights' values lie within +-it
+  float bias_bound(uint32_t i) const;       // 1 / sqrt(fan_in): the biases'
   void group(uint32_t per_record);          // records of per_record consecutive ops
 };
 // n ops of dim x dim, per_record to a record.
@@ -68,12 +70,18 @@ ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_r
 
 class ChainWeights {
  public:
-  // The pinned pool of spec's records on `engine`, filled from all cores.
+  // The pinned pool of spec's records on `engine`, filled from all cores
+  // (fill_now false: the caller calls fill() itself, e.g. with a progress bar).
   // Tensors are "weight" and "bias" in a record of one op, else "w<j>", "b<j>".
-  ChainWeights(lwo_engine* engine, ChainSpec spec);
+  ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now = true);
   ChainWeights(const ChainWeights&) = delete;
   ChainWeights& operator=(const ChainWeights&) = delete;
   ~ChainWeights();  // the gradients' objects (a caller's too) must be gone first
+
+  // Fills every weight and bias of the pool (fill_uniform; the constructor
+  // does unless told not to). fill_bytes() bytes in all.
+  void fill(const Progress& progress = {});
+  uint64_t fill_bytes() const;
 
   // Copies the records to device memory. Every record, or (allow_partial) where
   // they do not all fit in the free memory less margin_bytes, only the first and
@@ -112,6 +120,7 @@ class ChainWeights {
   std::vector<uint64_t> record_bytes_;
   std::vector<std::vector<uint64_t>> tensor_off_;  // per record: weight, bias, weight, ...
   std::vector<std::vector<std::string>> names_;    // the same order
+  std::vector<UniformRange> fill_;                 // every tensor's values
   std::vector<DeviceMem> resident_;                // per record; empty where not resident
   bool all_resident_ = false;
   std::string resident_note_;
@@ -171,6 +180,9 @@ struct StepOptions {
   bool timing = false;      // the ring has LWO_RING_TIMING (its counters then wait for the GPU)
   bool zero_grads = true;   // lwo_grads_zero first (false: the caller has, e.g. before a barrier)
   lwo_engine* check_engine = nullptr;  // lwo_engine_check after the timed part
+  // Called after the untimed part (the zeroing, the counters read), just
+  // before the timing starts: e.g. a barrier of ranks that step together.
+  std::function<void()> before_start;
 };
 
 // The schedule order of a pass over n records.
@@ -210,6 +222,7 @@ class ChainRun {
   const void* dy_in(uint32_t i) const;  // the gradient op i's backward reads
   void* dx_out(uint32_t i) const;       // ... and writes its dx into (dy_in(i - 1))
   uint64_t output_bytes() const;        // x_N
+  float dy_bound() const;               // 1 / sqrt(rows): dy_N's values lie within +-it
   uint64_t input_bytes() const;         // x_0, dx_0
 
   // Every record resident (make_resident): the same calls as a streamed pass,
