@@ -64,11 +64,11 @@ void open_checkpoint(const std::string& path, Checkpoint& checkpoint) {
 
 std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
   uint32_t n = 0;
-  CHECK(lwo_checkpoint_tensor_count(checkpoint, &n));
+  TK_CHECK(lwo_checkpoint_tensor_count(checkpoint, &n));
   std::vector<CkptTensor> out(n);
   for (uint32_t i = 0; i < n; ++i) {
     lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
-    CHECK(lwo_checkpoint_tensor_info(checkpoint, i, &info));
+    TK_CHECK(lwo_checkpoint_tensor_info(checkpoint, i, &info));
     CkptTensor& t = out[i];
     t.name = info.name ? info.name : "";
     t.dtype_name = info.dtype_name ? info.dtype_name : "?";
@@ -85,11 +85,11 @@ std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
 
 std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
   uint32_t n = 0;
-  CHECK(lwo_checkpoint_file_count(checkpoint, &n));
+  TK_CHECK(lwo_checkpoint_file_count(checkpoint, &n));
   std::vector<CkptFile> out(n);
   for (uint32_t i = 0; i < n; ++i) {
     lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
-    CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
+    TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
     out[i].path = info.path ? info.path : "";
     out[i].name = base_name(out[i].path);
     out[i].bytes = info.bytes;
@@ -100,12 +100,12 @@ std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
 
 std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint) {
   uint32_t n = 0;
-  CHECK(lwo_checkpoint_metadata_count(checkpoint, &n));
+  TK_CHECK(lwo_checkpoint_metadata_count(checkpoint, &n));
   std::vector<CkptMeta> out(n);
   for (uint32_t i = 0; i < n; ++i) {
     const char* key = nullptr;
     const char* value = nullptr;
-    CHECK(lwo_checkpoint_metadata(checkpoint, i, &out[i].file, &key, &value));
+    TK_CHECK(lwo_checkpoint_metadata(checkpoint, i, &out[i].file, &key, &value));
     out[i].key = key ? key : "";
     out[i].value = value ? value : "";
   }

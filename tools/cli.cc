@@ -2,24 +2,15 @@
 #include "src/common/utf8.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
-#include <cstdarg>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
-#include <system_error>
-#include <thread>
 
 #include <sys/stat.h>
 
-#include "testkit/checksum.h"
-
 namespace cli {
 
-bool g_cleanup_failed = false;
 std::string g_command;
 
 std::string prefix() { return g_command.empty() ? "lwo" : "lwo " + g_command; }
@@ -27,18 +18,6 @@ std::string prefix() { return g_command.empty() ? "lwo" : "lwo " + g_command; }
 std::string default_hint() {
   if (g_command.empty()) return "run 'lwo help' for the commands";
   return strf("run 'lwo %s --help' for the flags", g_command.c_str());
-}
-
-std::string strf(const char* fmt, ...) {
-  va_list ap, ap2;
-  va_start(ap, fmt);
-  va_copy(ap2, ap);
-  int n = std::vsnprintf(nullptr, 0, fmt, ap);
-  va_end(ap);
-  std::string s(n > 0 ? static_cast<size_t>(n) : 0, '\0');
-  if (n > 0) std::vsnprintf(s.data(), s.size() + 1, fmt, ap2);
-  va_end(ap2);
-  return s;
 }
 
 void fail(const std::string& message) {
@@ -51,51 +30,8 @@ void fail(const std::string& message, const std::string& hint) {
   throw Failure(message);
 }
 
-void check(lwo_status_t status, const char* call) {
-  if (status == LWO_OK) return;
-  fail(strf("%s failed: %s: %s", call, lwo_status_string(status), lwo_last_error_message()));
-}
-
-void check(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return;
-  (void)cudaGetLastError();
-  fail(strf("%s failed: %s: %s", call, cudaGetErrorName(error), cudaGetErrorString(error)));
-}
-
-void report_cleanup(lwo_status_t status, const char* call) {
-  print_stderr(strf("%s: %s failed: %s: %s\n", prefix().c_str(), call, lwo_status_string(status),
-                    lwo_last_error_message()));
-  g_cleanup_failed = true;
-}
-
-void report_cleanup(cudaError_t error, const char* call) {
-  print_stderr(strf("%s: %s failed: %s: %s\n", prefix().c_str(), call, cudaGetErrorName(error),
-                    cudaGetErrorString(error)));
-  g_cleanup_failed = true;
-}
-
-Stream make_stream() {
-  cudaStream_t s = nullptr;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return Stream(s);
-}
-
-Event make_event() {
-  cudaEvent_t e = nullptr;
-  CHECK(cudaEventCreate(&e));
-  return Event(e);
-}
-
-DeviceMem device_alloc(size_t bytes) {
-  void* p = nullptr;
-  check(cudaMalloc(&p, bytes), strf("cudaMalloc(%zu bytes)", bytes).c_str());
-  return DeviceMem(p);
-}
-
-float elapsed_ms(const Event& a, const Event& b) {
-  float ms = 0.f;
-  CHECK(cudaEventElapsedTime(&ms, a.get(), b.get()));
-  return ms;
+void report_release(const char* call, const std::string& why) {
+  print_stderr(strf("%s: %s failed: %s\n", prefix().c_str(), call, why.c_str()));
 }
 
 void fail_no_device(const std::string& library_message) {
@@ -115,8 +51,8 @@ bool try_open_device(int ordinal, Device& device, std::string* why) {
   }
   check(s, "lwo_engine_create");
   device.ordinal = ordinal;
-  CHECK(cudaSetDevice(ordinal));
-  CHECK(cudaGetDeviceProperties(&device.prop, ordinal));
+  TK_CHECK(cudaSetDevice(ordinal));
+  TK_CHECK(cudaGetDeviceProperties(&device.prop, ordinal));
   return true;
 }
 
@@ -150,62 +86,39 @@ std::string json_device(const Device& device) {
       device.prop.totalGlobalMem, device.prop.pciBusID);
 }
 
-double measure_h2d_peak(const std::vector<HostRange>& records, uint64_t record_bytes,
-                        double* best_ms) {
-  DeviceMem buffer = device_alloc(record_bytes);
-  Stream stream = make_stream();
-  Event a = make_event(), b = make_event();
-  uint64_t total = 0;
-  for (const HostRange& r : records) total += r.bytes;
-  CHECK(cudaMemcpyAsync(buffer.get(), records[0].data, records[0].bytes, cudaMemcpyHostToDevice,
-                        stream.get()));  // warm-up
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < kPeakRepeats; ++rep) {
-    CHECK(cudaEventRecord(a.get(), stream.get()));
-    for (const HostRange& r : records)
-      CHECK(cudaMemcpyAsync(buffer.get(), r.data, r.bytes, cudaMemcpyHostToDevice, stream.get()));
-    CHECK(cudaEventRecord(b.get(), stream.get()));
-    CHECK(cudaEventSynchronize(b.get()));
-    best = std::min<double>(best, elapsed_ms(a, b));
-  }
-  *best_ms = best;
-  return static_cast<double>(total) / (best * 1e6);
+testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes) {
+  DeviceMem buffer = device_alloc(device_bytes);
+  testkit::CopyPlan plan;
+  plan.direction = testkit::Direction::kH2D;
+  plan.h2d = copies;
+  plan.device_dst = buffer.get();
+  return testkit::time_copies(plan, {1, kPeakRepeats});
 }
 
-double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms) {
-  DeviceMem buffer = device_alloc(chunk_bytes);
-  PinnedMem host;
-  check(cudaHostAlloc(host.out(), chunk_bytes, cudaHostAllocDefault),
-        strf("cudaHostAlloc(%s)", fmt_bytes(chunk_bytes).c_str()).c_str());
-  Stream stream = make_stream();
-  Event a = make_event(), b = make_event();
-  CHECK(cudaMemsetAsync(buffer.get(), 0, chunk_bytes, stream.get()));
-  CHECK(cudaMemcpyAsync(host.get(), buffer.get(), chunk_bytes, cudaMemcpyDeviceToHost,
-                        stream.get()));  // warm-up
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < kPeakRepeats; ++rep) {
-    CHECK(cudaEventRecord(a.get(), stream.get()));
-    for (uint32_t i = 0; i < n_chunks; ++i)
-      CHECK(cudaMemcpyAsync(host.get(), buffer.get(), chunk_bytes, cudaMemcpyDeviceToHost,
-                            stream.get()));
-    CHECK(cudaEventRecord(b.get(), stream.get()));
-    CHECK(cudaEventSynchronize(b.get()));
-    best = std::min<double>(best, elapsed_ms(a, b));
+PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
+                      const std::function<void(uint32_t p)>& enqueue,
+                      const std::function<void(uint32_t p, double ms)>& timed) {
+  // ends[p] follows pass p's last consumer kernel.
+  std::vector<Event> ends;
+  for (uint32_t p = 0; p <= passes; ++p) ends.push_back(make_event());
+  PassTimes t;
+  t.ms.resize(passes);
+  auto finish = [&](uint32_t p) {
+    TK_CHECK(cudaEventSynchronize(ends[p].get()));
+    t.ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
+    timed(p, t.ms[p - 1]);
+  };
+  for (uint32_t p = 0; p <= passes; ++p) {
+    enqueue(p);
+    TK_CHECK(cudaEventRecord(ends[p].get(), consumer));
+    if (p >= 2) finish(p - 1);
   }
-  *best_ms = best;
-  return static_cast<double>(chunk_bytes) * n_chunks / (best * 1e6);
-}
-
-void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums) {
-  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
-  for (;;) {
-    lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
-    if (s == LWO_END) break;
-    check(s, "lwo_schedule_next");
-    check(lwo::kernels::checksum_async(view.base, view.record_bytes, sums + view.layer, stream),
-          "lwo::kernels::checksum_async");
-  }
-  CHECK(lwo_schedule_reset(schedule, stream));
+  finish(passes);
+  TK_CHECK(cudaStreamSynchronize(consumer));
+  t.total_ms = elapsed_ms(ends.front(), ends.back());
+  t.median_ms = median(t.ms);
+  t.best_ms = *std::min_element(t.ms.begin(), t.ms.end());
+  return t;
 }
 
 // --- command line -----------------------------------------------------------
@@ -511,69 +424,6 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
   return true;
 }
 
-// --- host work over all cores ----------------------------------------------
-
-void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_threads) {
-  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  size_t n_workers = std::min<size_t>(n, n_threads ? n_threads : hw);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-  };
-  std::vector<std::thread> threads;
-  try {
-    for (size_t t = 1; t < n_workers; ++t) threads.emplace_back(work);
-  } catch (const std::system_error&) {  // fewer threads than asked for: the others share
-  }
-  work();
-  for (auto& t : threads) t.join();
-}
-
-void fill_random(const std::vector<HostRange>& ranges, uint64_t seed, Phase* phase) {
-  constexpr uint64_t kChunk = uint64_t(4) << 20;  // bytes per work item, a multiple of 8
-  struct Item {
-    size_t range;
-    uint64_t offset;
-  };
-  std::vector<Item> items;
-  for (size_t r = 0; r < ranges.size(); ++r)
-    for (uint64_t off = 0; off < ranges[r].bytes; off += kChunk) items.push_back({r, off});
-  parallel_for(items.size(), [&](size_t i) {
-    const HostRange& range = ranges[items[i].range];
-    uint64_t key = mix64(seed ^ mix64(items[i].range + 1));
-    auto* p = static_cast<uint8_t*>(range.data);
-    uint64_t off = items[i].offset, end = std::min(range.bytes, off + kChunk);
-    const uint64_t n = end - off;
-    auto word = [&](uint64_t at) { return mix64(key + (at / 8 + 1) * kGolden); };
-    for (; off + 8 <= end; off += 8) {
-      uint64_t w = word(off);
-      std::memcpy(p + off, &w, 8);
-    }
-    if (off < end) {
-      uint64_t w = word(off);
-      std::memcpy(p + off, &w, end - off);
-    }
-    if (phase) phase->add(n);
-  });
-}
-
-std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, Phase* phase) {
-  std::vector<uint64_t> out(ranges.size());
-  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  if (ranges.size() >= hw) {  // one range per core at a time
-    parallel_for(ranges.size(), [&](size_t i) {
-      out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 1);
-      if (phase) phase->add(ranges[i].bytes);
-    });
-  } else {  // all cores on each range
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 0);
-      if (phase) phase->add(ranges[i].bytes);
-    }
-  }
-  return out;
-}
-
 // --- formatting and output --------------------------------------------------
 
 std::string version_text() {
@@ -581,28 +431,7 @@ std::string version_text() {
   return strf("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
 }
 
-std::string fmt_bytes(uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (u < 4 && bytes >= (uint64_t(1) << (10 * (u + 1)))) ++u;
-  uint64_t unit = uint64_t(1) << (10 * u);
-  if (bytes % unit == 0)
-    return strf("%llu %s", static_cast<unsigned long long>(bytes / unit), units[u]);
-  return strf("%.2f %s", static_cast<double>(bytes) / static_cast<double>(unit), units[u]);
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 double seconds_since(double start) { return now_seconds() - start; }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 JsonFile::~JsonFile() {
   if (!f_) return;

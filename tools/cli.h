@@ -1,6 +1,9 @@
-// Shared pieces of the lwo program: the commands and their flags, error
-// checks, owners of lwo handles and CUDA resources, progress on stderr,
-// host-side fill and checksum, text escaping and JSON output.
+// Shared pieces of the lwo program: the commands and their flags, progress
+// on stderr, the pinned H2D peak of a list of copies, text escaping and JSON
+// output. The harness (checks that throw testkit::Error, owners of lwo
+// handles and CUDA resources, the generator, host fills and checksums, the
+// copy loop, the training workload) is tests/testkit, shared with bench/ and
+// tests/gpu: main reports a testkit::Error as one line and exits 1.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,8 +17,35 @@
 #include <vector>
 
 #include "lwo.h"
+#include "testkit/check.h"
+#include "testkit/copy.h"
+#include "testkit/owner.h"
+#include "testkit/random.h"
 
 namespace cli {
+
+// The harness, as the commands name it.
+using testkit::check;  // throws testkit::Error("CALL failed: STATUS: message"); TK_CHECK(call)
+using testkit::Checkpoint;
+using testkit::Comm;
+using testkit::DeviceMem;
+using testkit::device_alloc;
+using testkit::elapsed_ms;
+using testkit::Engine;
+using testkit::Event;
+using testkit::fmt_bytes;  // "256 KiB", "1.50 GiB"
+using testkit::Grads;
+using testkit::HostRange;
+using testkit::make_event;   // with timing
+using testkit::make_stream;  // non-blocking
+using testkit::median;
+using testkit::now_seconds;  // monotonic
+using testkit::PinnedMem;
+using testkit::Pool;
+using testkit::Ring;
+using testkit::Schedule;
+using testkit::Stream;
+using testkit::strf;
 
 // Exit status: 0 success, 1 a runtime failure, 2 a usage error.
 constexpr int kExitOk = 0;
@@ -26,8 +56,6 @@ constexpr int kExitUsage = 2;
 constexpr uint32_t kMaxDepth = 4096;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
-
-std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // The command being run ("run"), for messages: "lwo run: ...". Empty before
 // a command is chosen.
@@ -53,81 +81,9 @@ std::string default_hint();  // "run 'lwo run --help' for the flags"
 // The same with a second line, the hint.
 [[noreturn]] void fail(const std::string& message, const std::string& hint);
 
-// Stops with the call's text, the status name and the library's message.
-void check(lwo_status_t status, const char* call);
-void check(cudaError_t error, const char* call);
-#define CHECK(call) ::cli::check((call), #call)
-
-// Set when releasing something failed during cleanup; main then exits 1.
-extern bool g_cleanup_failed;
-void report_cleanup(lwo_status_t status, const char* call);
-void report_cleanup(cudaError_t error, const char* call);
-
-// Owns one lwo handle or CUDA resource of type T, released by `Free` (named
-// `Name` in messages). Release failures are reported, never thrown.
-template <class T, auto Free, const char* Name>
-class Owner {
- public:
-  Owner() = default;
-  explicit Owner(T p) : p_(p) {}
-  Owner(Owner&& o) noexcept : p_(std::exchange(o.p_, T{})) {}
-  Owner& operator=(Owner&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, T{});
-    }
-    return *this;
-  }
-  Owner(const Owner&) = delete;
-  Owner& operator=(const Owner&) = delete;
-  ~Owner() { reset(); }
-
-  T get() const { return p_; }
-  // For create calls that write the new resource through a pointer.
-  T* out() {
-    reset();
-    return &p_;
-  }
-  // Releases now; a failure stops the program.
-  void destroy() {
-    if (p_) check(Free(std::exchange(p_, T{})), Name);
-  }
-  // Releases now; a failure is reported (see g_cleanup_failed).
-  void reset() noexcept {
-    if (!p_) return;
-    auto status = Free(std::exchange(p_, T{}));
-    if (status) report_cleanup(status, Name);
-  }
-
- private:
-  T p_{};
-};
-
-#define CLI_OWNER(Alias, T, Free)                 \
-  inline constexpr char k##Alias##Free[] = #Free; \
-  using Alias = Owner<T, Free, k##Alias##Free>
-
-CLI_OWNER(Engine, lwo_engine*, lwo_engine_destroy);
-CLI_OWNER(Pool, lwo_pool*, lwo_pool_destroy);
-CLI_OWNER(Ring, lwo_ring*, lwo_ring_destroy);
-CLI_OWNER(Schedule, lwo_schedule*, lwo_schedule_destroy);
-CLI_OWNER(Grads, lwo_grads*, lwo_grads_destroy);
-CLI_OWNER(Stream, cudaStream_t, cudaStreamDestroy);
-CLI_OWNER(Event, cudaEvent_t, cudaEventDestroy);
-CLI_OWNER(DeviceMem, void*, cudaFree);
-CLI_OWNER(PinnedMem, void*, cudaFreeHost);
-CLI_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_destroy);
-#undef CLI_OWNER
-
-Stream make_stream();  // non-blocking
-Event make_event();    // with timing
-DeviceMem device_alloc(size_t bytes);
-float elapsed_ms(const Event& a, const Event& b);  // both must have completed
-
-// Enqueues one pass of `schedule` on `stream`: for each layer, the checksum
-// kernel reads the whole record from its slot and adds into sums[layer]. Then
-// resets the schedule for the next pass.
-void stream_pass(lwo_schedule* schedule, cudaStream_t stream, unsigned long long* sums);
+// A release that failed in cleanup (an owner's reset, testkit's release
+// reporter): "lwo CMD: CALL failed: WHY" on stderr; main then exits 1.
+void report_release(const char* call, const std::string& why);
 
 // The CUDA device and the engine on it.
 struct Device {
@@ -266,6 +222,7 @@ class Phase {
   Phase& operator=(const Phase&) = delete;
   void set(uint64_t done, const std::string& detail = {});  // any thread
   void add(uint64_t n);                                      // any thread
+  testkit::Progress counter();  // add() as testkit's progress callback
   // Ends the phase: clears the bar, prints "<label>: <text>" (both modes).
   void done(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   // Ends the phase without a line.
@@ -278,52 +235,38 @@ class Phase {
   State* s_;
 };
 
-// --- host work over all cores ----------------------------------------------
+// --- the peaks ---------------------------------------------------------------
 
-// Calls fn(i) for i in [0, n) from up to `n_threads` threads (0: all cores).
-void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_threads = 0);
-
-// The splitmix64 finaliser: a counter-based generator, so any word can be
-// produced independently of the others.
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Fills each (pointer, bytes) range with pseudo-random bytes from all cores.
-// The bytes depend only on the seed and the range's index and size. Adds the
-// bytes written to `phase` as it goes (may be NULL).
-struct HostRange {
-  void* data;
-  uint64_t bytes;
-};
-void fill_random(const std::vector<HostRange>& ranges, uint64_t seed, Phase* phase = nullptr);
-// lwo::kernels::checksum_host of each range, computed from all cores; adds
-// each range's bytes to `phase` when it is done (may be NULL).
-std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, Phase* phase = nullptr);
-
-// Raw pinned-copy peaks, GB/s of the best of kPeakRepeats rounds (after one
-// untimed copy); *best_ms is that round's time.
+// Raw pinned-copy peaks (testkit::time_copies): the best of kPeakRepeats
+// timed batches after one untimed batch (best_gbps(), best_ms()).
 constexpr int kPeakRepeats = 3;
-// H2D: every record copied back-to-back into one device buffer on one stream.
-double measure_h2d_peak(const std::vector<HostRange>& records, uint64_t record_bytes,
-                        double* best_ms);
-// D2H: `n_chunks` copies of `chunk_bytes` back-to-back from one device buffer
-// into one pinned host buffer on one stream.
-double measure_d2h_peak(uint64_t chunk_bytes, uint32_t n_chunks, double* best_ms);
+// H2D: each of `copies` in turn, back-to-back on one stream into one device
+// buffer of device_bytes (every record of a pool, or its copy sizes).
+testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes);
+
+// --- timed passes -------------------------------------------------------------
+
+// The timed passes of lwo run and lwo stream on `consumer`: pass 0 warms up,
+// then `passes` timed ones. enqueue(p) enqueues pass p; the host enqueues
+// pass p while the GPU runs pass p - 1, then waits for pass p - 1 and calls
+// timed(p - 1, its ms) for a timed one. A pass is timed between CUDA events
+// after its last consumer kernel and after the previous pass's; total_ms
+// spans every timed pass. Returns once the consumer is done.
+struct PassTimes {
+  std::vector<double> ms;  // per timed pass
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+};
+PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
+                      const std::function<void(uint32_t p)>& enqueue,
+                      const std::function<void(uint32_t p, double ms)>& timed);
 
 // --- formatting and output --------------------------------------------------
 
 std::string version_text();             // lwo_version() as "0.2.0"
-std::string fmt_bytes(uint64_t bytes);  // "256 KiB", "1.50 GiB"
 // The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
 // timing figures when the ring was created with LWO_RING_TIMING).
 void print_ring_stats(const lwo_ring_stats& s, bool timing);
 double seconds_since(double start);
-double now_seconds();  // monotonic
-double median(std::vector<double> v);
 
 // Text from a file or the command line made safe for a terminal, as the
 // library's checkpoint messages quote it: '"' and '\' get a backslash,

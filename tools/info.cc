@@ -369,17 +369,17 @@ int cmd_info(int argc, char** argv) {
       const lwo_checkpoint_pool_config config =
           checkpoint_pool_config(r.map, LWO_CHECKPOINT_STAGED);
       Pool pool;
-      CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), ck.get(), &config, pool.out()));
+      TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), ck.get(), &config, pool.out()));
       lwo_pool_info info{};
       info.size = sizeof info;
-      CHECK(lwo_pool_get_info(pool.get(), &info));
+      TK_CHECK(lwo_pool_get_info(pool.get(), &info));
       if (info.n_layers != r.layers.size())
         fail(strf("internal: the pool has %u layers, the mapping %zu; please report this",
                   info.n_layers, r.layers.size()));
       for (uint32_t l = 0; l < info.n_layers; ++l) {
-        CHECK(lwo_pool_record_bytes(pool.get(), l, &r.layers[l].record_bytes));
+        TK_CHECK(lwo_pool_record_bytes(pool.get(), l, &r.layers[l].record_bytes));
         uint32_t n = 0;
-        CHECK(lwo_pool_layer_tensor_count(pool.get(), l, &n));
+        TK_CHECK(lwo_pool_layer_tensor_count(pool.get(), l, &n));
         if (n != r.layers[l].n_tensors)
           fail(strf("internal: layer %u of the pool has %u tensors, of the mapping %u; please "
                     "report this",

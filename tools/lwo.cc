@@ -157,6 +157,7 @@ int dispatch(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   int rc = cli::kExitFailure;
+  testkit::set_release_reporter(cli::report_release);
   try {
     rc = dispatch(argc, argv);
   } catch (const cli::UsageError& e) {
@@ -169,12 +170,12 @@ int main(int argc, char** argv) {
     return cli::kExitUsage;
   } catch (const cli::Failure&) {
     rc = cli::kExitFailure;  // already printed
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // testkit::Error (a failed call or check), and the like
     cli::print_stderr(cli::strf("%s: %s\n", cli::prefix().c_str(), e.what()));
     rc = cli::kExitFailure;
   } catch (...) {
     cli::print_stderr(cli::strf("%s: unknown error\n", cli::prefix().c_str()));
     rc = cli::kExitFailure;
   }
-  return cli::g_cleanup_failed && rc == 0 ? cli::kExitFailure : rc;
+  return testkit::release_failures() && rc == 0 ? cli::kExitFailure : rc;
 }

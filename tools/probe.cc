@@ -5,12 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "testkit/checksum.h"
 #include "tools/cli.h"
 
 namespace cli {
 namespace {
 
-constexpr uint64_t KiB = 1024, MiB = KiB << 10, GiB = MiB << 10;
+using testkit::GiB;
+using testkit::KiB;
+using testkit::MiB;
 constexpr int kBatches = 5;                  // timed batches per copy size and direction
 constexpr uint64_t kBatchBytes = 256 * MiB;  // bytes per batch of small copies
 constexpr uint64_t kPoolBytes = 1 * GiB;     // pool size aimed at per record size
@@ -68,43 +71,36 @@ uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host,
   return 0;
 }
 
-// GB/s of each of kBatches batches of `copies` back-to-back copies, after one
-// untimed batch.
-std::vector<double> time_batches(void* dst, const void* src, uint64_t bytes, uint64_t copies,
-                                 cudaMemcpyKind kind, cudaStream_t stream, const Event& a,
-                                 const Event& b) {
-  std::vector<double> gbps;
-  for (int rep = -1; rep < kBatches; ++rep) {
-    CHECK(cudaEventRecord(a.get(), stream));
-    for (uint64_t i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-    CHECK(cudaEventRecord(b.get(), stream));
-    CHECK(cudaEventSynchronize(b.get()));
-    if (rep >= 0) gbps.push_back(static_cast<double>(bytes * copies) / (elapsed_ms(a, b) * 1e6));
-  }
-  return gbps;
-}
-
 std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   PinnedMem host;
   DeviceMem dev;
   uint64_t fit = alloc_copy_buffers(sizes, host, dev);
   Phase phase("copies", sizes.size());
-  Stream stream = make_stream();
-  Event a = make_event(), b = make_event();
+  // One stream for both directions, in turn: kBatches timed batches of
+  // `copies` back-to-back copies, after one untimed batch.
+  testkit::CopyLoop loop;
+  const testkit::CopyRepeats repeats{1, kBatches};
   std::vector<CopyFigure> out;
   for (uint64_t bytes : sizes) {
     CopyFigure f;
     f.bytes = bytes;
     if (bytes <= fit) {
       f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      auto h2d = time_batches(dev.get(), host.get(), bytes, f.copies, cudaMemcpyHostToDevice,
-                              stream.get(), a, b);
-      auto d2h = time_batches(host.get(), dev.get(), bytes, f.copies, cudaMemcpyDeviceToHost,
-                              stream.get(), a, b);
-      f.h2d_best = *std::max_element(h2d.begin(), h2d.end());
-      f.h2d_median = median(h2d);
-      f.d2h_best = *std::max_element(d2h.begin(), d2h.end());
-      f.d2h_median = median(d2h);
+      const testkit::CopyResult h2d = testkit::time_copies(
+          loop,
+          testkit::uniform_plan(testkit::Direction::kH2D, host.get(), nullptr, dev.get(), nullptr,
+                                bytes, f.copies),
+          repeats);
+      const testkit::CopyResult d2h = testkit::time_copies(
+          loop,
+          testkit::uniform_plan(testkit::Direction::kD2H, nullptr, host.get(), nullptr, dev.get(),
+                                bytes, f.copies),
+          repeats);
+      // The median of the batches' GB/s (of their times, for an odd count).
+      f.h2d_best = h2d.best_gbps();
+      f.h2d_median = median(h2d.gbps());
+      f.d2h_best = d2h.best_gbps();
+      f.d2h_median = median(d2h.gbps());
       f.measured = true;
       phase.set(out.size() + 1, strf("%s: H2D %.2f GB/s, D2H %.2f GB/s", fmt_bytes(bytes).c_str(),
                                      f.h2d_best, f.d2h_best));
@@ -145,37 +141,31 @@ void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t
   std::vector<uint32_t> order(f.layers);
   std::iota(order.begin(), order.end(), 0u);
   Schedule schedule;
-  CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
+  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
 
-  CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
-  stream_pass(schedule.get(), consumer, sums);  // warm-up
-  CHECK(cudaEventRecord(a.get(), consumer));
-  for (uint32_t p = 0; p < f.passes; ++p) stream_pass(schedule.get(), consumer, sums);
-  CHECK(cudaEventRecord(b.get(), consumer));
-  CHECK(cudaEventSynchronize(b.get()));
+  TK_CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
+  testkit::checksum_pass(schedule.get(), consumer, sums);  // warm-up
+  TK_CHECK(cudaEventRecord(a.get(), consumer));
+  for (uint32_t p = 0; p < f.passes; ++p) testkit::checksum_pass(schedule.get(), consumer, sums);
+  TK_CHECK(cudaEventRecord(b.get(), consumer));
+  TK_CHECK(cudaEventSynchronize(b.get()));
   f.ms = elapsed_ms(a, b);
-  f.gbps = static_cast<double>(pool_bytes) * f.passes / (f.ms * 1e6);
+  f.gbps = testkit::gbps(static_cast<double>(pool_bytes) * f.passes, f.ms);
   f.measured = true;
 
-  lwo_ring_stats stats{};
-  stats.size = sizeof stats;
-  CHECK(lwo_ring_get_stats(ring.get(), &stats));
-  f.hits = stats.n_hits;
+  f.hits = testkit::ring_stats(ring.get()).n_hits;
   schedule.destroy();
   ring.destroy();
-  CHECK(lwo_engine_check(engine));
+  TK_CHECK(lwo_engine_check(engine));
 
-  std::vector<unsigned long long> got(f.layers);
-  CHECK(cudaMemcpyAsync(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost,
-                        consumer));
-  CHECK(cudaStreamSynchronize(consumer));
-  for (uint32_t l = 0; l < f.layers; ++l)
-    if (got[l] != (f.passes + 1ull) * expect[l])
-      fail(
-          strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
-               "passes, expected 0x%016llx: a slot did not hold its layer's bytes",
-               f.depth, fmt_bytes(f.record_bytes).c_str(), l, got[l], f.passes + 1,
-               static_cast<unsigned long long>((f.passes + 1ull) * expect[l])));
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, f.passes + 1ull, consumer);
+  if (!bad.empty())
+    fail(
+        strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
+             "passes, expected 0x%016llx: a slot did not hold its layer's bytes",
+             f.depth, fmt_bytes(f.record_bytes).c_str(), bad[0].layer, bad[0].got, f.passes + 1,
+             bad[0].want));
 }
 
 // All depths for one record size; appends one figure per depth.
@@ -211,12 +201,12 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
   check(s, "lwo_pool_create_pinned");
   lwo_pool_info info{};
   info.size = sizeof info;
-  CHECK(lwo_pool_get_info(pool.get(), &info));
+  TK_CHECK(lwo_pool_get_info(pool.get(), &info));
   std::vector<HostRange> ranges(layers);
   for (uint32_t l = 0; l < layers; ++l)
-    CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
-  fill_random(ranges, kSeed);
-  std::vector<uint64_t> expect = checksums(ranges);
+    TK_CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
+  testkit::fill_bytes(testkit::keyed_ranges(ranges, kSeed));
+  std::vector<uint64_t> expect = testkit::checksums(ranges);
   const uint32_t passes = static_cast<uint32_t>(std::max<uint64_t>(
       2, std::min((kStreamBytes + info.total_bytes - 1) / info.total_bytes, kMaxSteps / layers)));
   const double pool_s = phase.seconds();
@@ -426,7 +416,7 @@ int cmd_probe(int argc, char** argv) {
   Stream consumer = make_stream();
   std::vector<RingFigure> rings;
   for (uint64_t record : o.records) measure_record_size(dev, o, record, consumer.get(), rings);
-  CHECK(lwo_engine_synchronize(dev.engine.get()));
+  TK_CHECK(lwo_engine_synchronize(dev.engine.get()));
   consumer.destroy();
   progress("probe took %.1f s", seconds_since(t0));
 

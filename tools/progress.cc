@@ -157,6 +157,11 @@ void Phase::set(uint64_t done, const std::string& detail) {
 
 void Phase::add(uint64_t n) { s_->done += n; }
 
+testkit::Progress Phase::counter() {
+  State* s = s_;
+  return [s](uint64_t n) { s->done += n; };
+}
+
 double Phase::seconds() const { return now_seconds() - s_->start; }
 
 void Phase::end() {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "testkit/checksum.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -38,7 +39,7 @@ struct Results {
   std::vector<double> pass_ms;
   double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
-  double gbps(double ms) const { return static_cast<double>(pass_bytes) / (ms * 1e6); }
+  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
   double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
 };
 
@@ -82,27 +83,22 @@ std::vector<Flag> help_flags() {
   return make_flags(o);
 }
 
-// Copies `expect.size()` device sums back and compares each with `times`
-// the host checksum of its layer; `what` names the passes summed.
+// Compares the device sums with `times` the host checksum of each layer
+// (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  // Every stream in flight is non-blocking, so this copy on the legacy
-  // default stream waits for none of them; the caller has waited for the sums.
-  std::vector<unsigned long long> got(expect.size());
-  CHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
-  size_t bad = 0;
-  for (size_t l = 0; l < got.size(); ++l) {
-    unsigned long long want = times * expect[l];
-    if (got[l] == want) continue;
-    if (++bad <= kMaxMismatchLines)
-      std::fprintf(stderr, "lwo: layer %zu, %s: checksum 0x%016llx, expected 0x%016llx\n", l, what,
-                   got[l], want);
-  }
-  if (bad)
+  // On the legacy default stream: every stream in flight is non-blocking, so
+  // the copy back waits for none of them; the caller has waited for the sums.
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
+    std::fprintf(stderr, "lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                 bad[i].layer, what, bad[i].got, bad[i].want);
+  if (!bad.empty())
     fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the ring delivered bytes that "
              "differ from the host pool",
-             bad, got.size(), what));
+             bad.size(), expect.size(), what));
 }
 
 void print_results(const Device& dev, const Options& o, const Results& r) {
@@ -234,16 +230,16 @@ int cmd_run(int argc, char** argv) {
   {
     Phase phase("pool");
     std::vector<lwo_layer_desc> layers(o.layers, layer);
-    CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
+    TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
     r.host.pool_s = phase.seconds();
     phase.done("pinned, %s in %.2f s", fmt_bytes(r.pass_bytes).c_str(), r.host.pool_s);
   }
   std::vector<HostRange> records(o.layers);
   for (uint32_t l = 0; l < o.layers; ++l)
-    CHECK(lwo_pool_layer_host(pool.get(), l, &records[l].data, &records[l].bytes));
+    TK_CHECK(lwo_pool_layer_host(pool.get(), l, &records[l].data, &records[l].bytes));
   {
     Phase phase("fill", r.pass_bytes, true);
-    fill_random(records, o.seed, &phase);
+    testkit::fill_bytes(testkit::keyed_ranges(records, o.seed), 0, phase.counter());
     r.host.fill_s = phase.seconds();
     phase.done("%s of random bytes in %.2f s (%.1f GB/s, seed %llu)",
                fmt_bytes(r.pass_bytes).c_str(), r.host.fill_s,
@@ -253,13 +249,15 @@ int cmd_run(int argc, char** argv) {
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", r.pass_bytes, true);
-    expect = checksums(records, &phase);
+    expect = testkit::checksums(records, phase.counter());
     r.host.checksum_s = phase.seconds();
     phase.done("%u layers on the host in %.2f s", o.layers, r.host.checksum_s);
   }
   {
     Phase phase("peak");
-    r.peak_gbps = measure_h2d_peak(records, r.record_bytes, &r.peak_ms);
+    const testkit::CopyResult peak = measure_h2d_peak(records, r.record_bytes);
+    r.peak_gbps = peak.best_gbps();
+    r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
                r.peak_ms);
   }
@@ -268,47 +266,38 @@ int cmd_run(int argc, char** argv) {
   Stream consumer = make_stream();
   DeviceMem sums_mem = device_alloc(2 * size_t(o.layers) * sizeof(unsigned long long));
   auto* sums = static_cast<unsigned long long*>(sums_mem.get());
-  CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
+  TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
   lwo_ring_config config = LWO_RING_CONFIG_INIT;
   config.depth = o.depth;
   config.flags = o.timing ? LWO_RING_TIMING : 0u;
   Ring ring;
-  CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
+  TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
   r.ring.size = sizeof r.ring;
-  CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
   std::vector<uint32_t> order(o.layers);
   std::iota(order.begin(), order.end(), 0u);
   Schedule schedule;
-  CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
+  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
 
-  // Pass 0 warms up. The host enqueues pass p while the GPU runs pass p-1,
-  // then waits for pass p-1 and reports it. ends[p] follows pass p's last
-  // consumer kernel.
-  std::vector<Event> ends;
-  for (uint32_t p = 0; p <= o.passes; ++p) ends.push_back(make_event());
-  r.pass_ms.resize(o.passes);
+  // Pass 0 warms up; each pass is reported as it ends.
   Phase phase("passes", o.passes + 1);
-  auto finish = [&](uint32_t p) {
-    CHECK(cudaEventSynchronize(ends[p].get()));
-    double ms = r.pass_ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
-    phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes, ms,
-                          r.gbps(ms), 100 * r.share(ms)));
-    if (p == 1) verify(sums, expect, 1, "first timed pass");
-  };
-  for (uint32_t p = 0; p <= o.passes; ++p) {
-    // Row 0 of the sums holds the first timed pass alone, row 1 all others.
-    stream_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
-    CHECK(cudaEventRecord(ends[p].get(), consumer.get()));
-    if (p >= 2) finish(p - 1);
-  }
-  finish(o.passes);
-  CHECK(cudaStreamSynchronize(consumer.get()));
-  CHECK(lwo_engine_check(dev.engine.get()));
-  r.total_ms = elapsed_ms(ends.front(), ends.back());
-  r.median_ms = median(r.pass_ms);
-  r.best_ms = *std::min_element(r.pass_ms.begin(), r.pass_ms.end());
-  r.stats.size = sizeof r.stats;
-  CHECK(lwo_ring_get_stats(ring.get(), &r.stats));
+  const PassTimes times = time_passes(
+      o.passes, consumer.get(),
+      [&](uint32_t p) {
+        // Row 0 of the sums holds the first timed pass alone, row 1 all others.
+        testkit::checksum_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
+      },
+      [&](uint32_t p, double ms) {
+        phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes,
+                              ms, r.gbps(ms), 100 * r.share(ms)));
+        if (p == 1) verify(sums, expect, 1, "first timed pass");
+      });
+  TK_CHECK(lwo_engine_check(dev.engine.get()));
+  r.pass_ms = times.ms;
+  r.total_ms = times.total_ms;
+  r.median_ms = times.median_ms;
+  r.best_ms = times.best_ms;
+  r.stats = testkit::ring_stats(ring.get());
   schedule.destroy();
   ring.destroy();
 
@@ -323,7 +312,6 @@ int cmd_run(int argc, char** argv) {
     write_json(json.get(), dev, o, r);
     json.commit();
   }
-  ends.clear();
   sums_mem.destroy();
   consumer.destroy();
   pool.destroy();

@@ -27,9 +27,9 @@
 //     gradient shards of the first and last layer are checked against N x
 //     the resident dy^T x.
 //
-// The record of layer l is the same as `lwo run --seed S` makes: 8-byte word
-// i is mix64(mix64(S ^ mix64(l + 1)) + (i + 1) * kGolden). Each rank writes
-// only the words of its shard, and zero beyond the record.
+// The record of layer l is the same as `lwo run --seed S` makes: the bytes of
+// the stream of testkit::key_of(S, l) (8-byte word i is counter_word(key, i)).
+// Each rank writes only the words of its shard, and zero beyond the record.
 //
 // The JSON file holds {"tool", "command", "version", "config", "devices",
 // "results": [...]}, with one result per rank count, each on its own line
@@ -64,6 +64,8 @@
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/copy.h"
+#include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -72,7 +74,7 @@ namespace {
 constexpr uint64_t kPeakBytes = uint64_t(2) << 30;  // bytes per round of a peak measurement
 constexpr int kGraceSeconds = 30;  // after a rank fails, how long the others may take to stop
 constexpr uint32_t kMaxMismatchLines = 8;
-constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item
+constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item (fill_bf16)
 
 struct Options {
   std::vector<uint32_t> ranks;  // empty: every GPU
@@ -101,70 +103,23 @@ struct Model {
 
 // --- the records' bytes, from their formula -----------------------------------
 
-uint64_t layer_key(uint64_t seed, uint32_t layer) {
-  return mix64(seed ^ mix64(uint64_t(layer) + 1));
-}
-uint64_t record_word(uint64_t key, uint64_t word) { return mix64(key + (word + 1) * kGolden); }
-
-// Host memory for bytes [offset, offset + bytes) of the record of `layer`.
-struct Shard {
-  void* data;
-  uint64_t offset, bytes;
-  uint32_t layer;
-};
-
-// Writes each shard's words of its record, and zero beyond the record.
-// Offsets and sizes are multiples of 8.
-void fill_shards(const std::vector<Shard>& shards, uint64_t seed, uint64_t record_bytes,
-                 unsigned n_threads) {
-  struct Item {
-    size_t shard;
-    uint64_t begin;
-  };
-  std::vector<Item> items;
-  for (size_t s = 0; s < shards.size(); ++s)
-    for (uint64_t b = 0; b < shards[s].bytes; b += kChunk) items.push_back({s, b});
-  parallel_for(
-      items.size(),
-      [&](size_t i) {
-        const Shard& s = shards[items[i].shard];
-        const uint64_t key = layer_key(seed, s.layer);
-        auto* p = static_cast<uint8_t*>(s.data);
-        const uint64_t end = std::min(s.bytes, items[i].begin + kChunk);
-        for (uint64_t at = items[i].begin; at < end; at += 8) {
-          const uint64_t in_record = s.offset + at;
-          const uint64_t w = in_record < record_bytes ? record_word(key, in_record / 8) : 0;
-          std::memcpy(p + at, &w, 8);
-        }
-      },
-      n_threads);
-}
-
-// lwo::kernels::checksum of each layer's whole record, from the formula.
+// lwo::kernels::checksum of each layer's whole record, from the formula
+// (testkit::checksum_generated): no memory is read.
 std::vector<uint64_t> record_checksums(uint64_t seed, uint32_t n_layers, uint64_t record_bytes) {
-  const uint64_t n_words = record_bytes / 8, per_item = kChunk / 8;
-  const uint64_t items_per_layer = (n_words + per_item - 1) / per_item;
-  std::vector<uint64_t> part(n_layers * items_per_layer);
-  parallel_for(part.size(), [&](size_t i) {
-    const uint32_t l = static_cast<uint32_t>(i / items_per_layer);
-    const uint64_t key = layer_key(seed, l);
-    const uint64_t b = i % items_per_layer * per_item, e = std::min(n_words, b + per_item);
-    uint64_t acc = 0;
-    for (uint64_t w = b; w < e; ++w) acc += record_word(key, w) * (2 * w + 1);
-    part[i] = acc;
-  });
-  std::vector<uint64_t> out(n_layers, 0);
-  for (size_t i = 0; i < part.size(); ++i) out[i / items_per_layer] += part[i];
+  std::vector<uint64_t> out(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l)
+    out[l] = testkit::checksum_generated(testkit::key_of(seed, l), record_bytes);
   return out;
 }
 
-// Finite bf16 values of magnitude in [2^-7, 2), either sign.
+// Finite bf16 values of magnitude in [2^-7, 2), either sign: element i from
+// word i of the stream of `key`.
 void fill_bf16(std::vector<uint16_t>& v, uint64_t key) {
   const uint64_t per_item = kChunk / 2;
-  parallel_for((v.size() + per_item - 1) / per_item, [&](size_t item) {
+  testkit::parallel_for((v.size() + per_item - 1) / per_item, [&](size_t item) {
     const uint64_t b = item * per_item, e = std::min<uint64_t>(v.size(), b + per_item);
     for (uint64_t i = b; i < e; ++i) {
-      const uint64_t w = mix64(key + (i + 1) * kGolden);
+      const uint64_t w = testkit::counter_word(key, i);
       v[i] = static_cast<uint16_t>(((w >> 63) << 15) | ((120 + ((w >> 8) & 7)) << 7) | (w & 0x7f));
     }
   });
@@ -252,52 +207,21 @@ thread_local int t_rank = -1;
 thread_local Coord* t_coord = nullptr;
 
 // Tells the other ranks (their next barrier throws Aborted), prints
-// "lwo: rank R: <message>" and throws Failure.
+// "lwo shard: rank R: <message>" and throws Failure.
 [[noreturn]] void rank_fail(const std::string& message) {
   if (t_coord) t_coord->fail_now();
   fail(t_rank >= 0 ? strf("rank %d: %s", t_rank, message.c_str()) : message);
 }
 
-void rcheck(lwo_status_t s, const char* call) {
-  if (s == LWO_OK) return;
-  rank_fail(strf("%s failed: %s: %s", call, lwo_status_string(s), lwo_last_error_message()));
+// A failed lwo or CUDA call throws testkit::Error (TK_CHECK, testkit's
+// factories); so does a failed NCCL call of this program's own. rank_main
+// prints it with the rank and tells the other ranks.
+void nccl_check(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess) testkit::fail(strf("%s failed: %s", call, ncclGetErrorString(r)));
 }
-void rcheck(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();
-  rank_fail(strf("%s failed: %s: %s", call, cudaGetErrorName(e), cudaGetErrorString(e)));
-}
-void rcheck(ncclResult_t r, const char* call) {
-  if (r == ncclSuccess) return;
-  rank_fail(strf("%s failed: %s", call, ncclGetErrorString(r)));
-}
-#define RCHECK(call) rcheck((call), #call)
+#define NCCL_CHECK(call) nccl_check((call), #call)
 
-
-inline constexpr char kCommFree[] = "lwo_nccl_comm_destroy";
-using Comm = Owner<lwo_nccl_comm_t, lwo_nccl_comm_destroy, kCommFree>;
-
-Stream new_stream() {
-  cudaStream_t s = nullptr;
-  RCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return Stream(s);
-}
-Event new_event() {
-  cudaEvent_t e = nullptr;
-  RCHECK(cudaEventCreate(&e));
-  return Event(e);
-}
-DeviceMem alloc(uint64_t bytes, const char* what) {
-  void* p = nullptr;
-  rcheck(cudaMalloc(&p, bytes), strf("cudaMalloc(%s, %s)", fmt_bytes(bytes).c_str(), what).c_str());
-  return DeviceMem(p);
-}
-double ms_between(const Event& a, const Event& b) {
-  float ms = 0.f;
-  RCHECK(cudaEventElapsedTime(&ms, a.get(), b.get()));
-  return ms;
-}
-double gbps(double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0; }
+using testkit::gbps;
 
 // --- one rank --------------------------------------------------------------------
 
@@ -317,57 +241,38 @@ struct RankResult {
   uint64_t grad_first[2] = {}, grad_n[2] = {};
 };
 
-// GB/s of the best of kPeakRepeats rounds of back-to-back copies of `bytes`
-// on one stream, at least kPeakBytes a round, after one untimed copy:
-// host to device from each of `host` in turn into one device buffer, or
-// device to host from one device buffer into each of `host` in turn.
-double copy_peak(const std::vector<void*>& host, uint64_t bytes, cudaMemcpyKind kind) {
-  DeviceMem dev = alloc(bytes, "peak measurement");
-  Stream stream = new_stream();
-  Event a = new_event(), b = new_event();
-  RCHECK(cudaMemsetAsync(dev.get(), 0, bytes, stream.get()));
+// GB/s of the best of kPeakRepeats batches of back-to-back copies of `bytes`
+// on one stream, at least kPeakBytes a batch, after one untimed batch
+// (testkit::time_copies of a cycle_plan): host to device from each of `host`
+// in turn into one device buffer, or device to host from one device buffer
+// into each of `host` in turn.
+double copy_peak(const std::vector<void*>& host, uint64_t bytes, testkit::Direction direction) {
+  DeviceMem dev = device_alloc(bytes, "peak measurement");
+  TK_CHECK(cudaMemset(dev.get(), 0, bytes));
+  TK_CHECK(cudaDeviceSynchronize());  // the copy loop's streams do not wait for the memset
   const uint64_t n = std::max<uint64_t>(1, (kPeakBytes + bytes - 1) / bytes);
-  auto copy = [&](uint64_t i) {
-    void* h = host[i % host.size()];
-    if (kind == cudaMemcpyHostToDevice)
-      RCHECK(cudaMemcpyAsync(dev.get(), h, bytes, kind, stream.get()));
-    else
-      RCHECK(cudaMemcpyAsync(h, dev.get(), bytes, kind, stream.get()));
-  };
-  copy(0);  // warm-up
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < kPeakRepeats; ++rep) {
-    RCHECK(cudaEventRecord(a.get(), stream.get()));
-    for (uint64_t i = 0; i < n; ++i) copy(i);
-    RCHECK(cudaEventRecord(b.get(), stream.get()));
-    RCHECK(cudaEventSynchronize(b.get()));
-    best = std::min(best, ms_between(a, b));
-  }
-  return gbps(static_cast<double>(n) * static_cast<double>(bytes), best);
+  return testkit::time_copies(testkit::cycle_plan(direction, host, dev.get(), bytes, n),
+                              {1, kPeakRepeats})
+      .best_gbps();
 }
 
 // Compares the per-layer sums on the device with `times` x the expected
-// checksums; a mismatch stops the rank.
+// checksums (testkit::verify_sums); a mismatch stops the rank.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  std::vector<unsigned long long> got(expect.size());
-  // The streams in flight are non-blocking: this copy waits for none of them.
-  // The caller has waited for the sums.
-  RCHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
-  size_t bad = 0;
-  for (size_t l = 0; l < got.size(); ++l) {
-    const unsigned long long want = times * expect[l];
-    if (got[l] == want) continue;
-    if (++bad <= kMaxMismatchLines)
-      print_stderr(strf("lwo shard: rank %d: layer %zu, %s: checksum 0x%016llx, expected "
-                        "0x%016llx\n",
-                        t_rank, l, what, got[l], want));
-  }
-  if (bad)
+  // On the legacy default stream: the streams in flight are non-blocking, so
+  // the copy back waits for none of them. The caller has waited for the sums.
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
+    print_stderr(strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected "
+                      "0x%016llx\n",
+                      t_rank, bad[i].layer, what, bad[i].got, bad[i].want));
+  if (!bad.empty())
     rank_fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the slots hold bytes that differ "
              "from the records the shards make up",
-             bad, got.size(), what));
+             bad.size(), expect.size(), what));
 }
 
 // The in-place all-gather of one record and, for training, the in-place
@@ -377,30 +282,30 @@ void measure_collectives(const Model& m, uint32_t rank, uint32_t n, lwo_nccl_com
                          RankResult& out) {
   const uint64_t S = m.shard_bytes(n);
   const int reps = static_cast<int>(m.o.passes);
-  Stream stream = new_stream();
-  Event a = new_event(), b = new_event();
+  Stream stream = make_stream();
+  Event a = make_event(), b = make_event();
   auto timed = [&](const auto& op) {
     op();
-    RCHECK(cudaEventRecord(a.get(), stream.get()));
+    TK_CHECK(cudaEventRecord(a.get(), stream.get()));
     for (int i = 0; i < reps; ++i) op();
-    RCHECK(cudaEventRecord(b.get(), stream.get()));
-    RCHECK(cudaEventSynchronize(b.get()));
-    return ms_between(a, b) / reps;
+    TK_CHECK(cudaEventRecord(b.get(), stream.get()));
+    TK_CHECK(cudaEventSynchronize(b.get()));
+    return elapsed_ms(a, b) / reps;
   };
   {
-    DeviceMem buf = alloc(S * n, "all-gather measurement");
+    DeviceMem buf = device_alloc(S * n, "all-gather measurement");
     auto* base = static_cast<uint8_t*>(buf.get());
-    RCHECK(cudaMemsetAsync(base, 0, S * n, stream.get()));
+    TK_CHECK(cudaMemsetAsync(base, 0, S * n, stream.get()));
     out.allgather_ms = timed(
-        [&] { RCHECK(ncclAllGather(base + S * rank, base, S, ncclUint8, comm, stream.get())); });
+        [&] { NCCL_CHECK(ncclAllGather(base + S * rank, base, S, ncclUint8, comm, stream.get())); });
   }
   if (m.o.train) {
     const uint64_t count = S / 2;  // f32 gradients of a shard of bf16 weights
-    DeviceMem buf = alloc(count * 4 * n, "reduce-scatter measurement");
+    DeviceMem buf = device_alloc(count * 4 * n, "reduce-scatter measurement");
     auto* base = static_cast<float*>(buf.get());
-    RCHECK(cudaMemsetAsync(base, 0, count * 4 * n, stream.get()));
+    TK_CHECK(cudaMemsetAsync(base, 0, count * 4 * n, stream.get()));
     out.reduce_scatter_ms = timed([&] {
-      RCHECK(ncclReduceScatter(base, base + count * rank, count, ncclFloat32, ncclSum, comm,
+      NCCL_CHECK(ncclReduceScatter(base, base + count * rank, count, ncclFloat32, ncclSum, comm,
                                stream.get()));
     });
   }
@@ -409,69 +314,56 @@ void measure_collectives(const Model& m, uint32_t rank, uint32_t n, lwo_nccl_com
 // Forward streaming: a warm-up pass, checked, then the timed passes.
 void stream_forward(const Model& m, Coord& c, uint32_t rank, lwo_pool* pool, RankResult& out) {
   const uint32_t L = m.o.layers, P = m.o.passes;
-  Stream consumer = new_stream();
-  DeviceMem sums_mem = alloc(2 * uint64_t(L) * sizeof(unsigned long long), "checksums");
+  Stream consumer = make_stream();
+  DeviceMem sums_mem = device_alloc(2 * uint64_t(L) * sizeof(unsigned long long), "checksums");
   auto* sums = static_cast<unsigned long long*>(sums_mem.get());
-  RCHECK(cudaMemsetAsync(sums, 0, 2 * size_t(L) * sizeof(*sums), consumer.get()));
+  TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(L) * sizeof(*sums), consumer.get()));
   lwo_ring_config config = LWO_RING_CONFIG_INIT;
   config.depth = m.o.depth;
   Ring ring;
-  RCHECK(lwo_ring_create(pool, &config, ring.out()));
+  TK_CHECK(lwo_ring_create(pool, &config, ring.out()));
   std::vector<uint32_t> order(L);
   for (uint32_t l = 0; l < L; ++l) order[l] = l;
   Schedule schedule;
-  RCHECK(lwo_schedule_create(ring.get(), order.data(), L, schedule.out()));
+  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), L, schedule.out()));
 
-  // One pass: the checksum kernel reads each slot and adds into row[layer].
+  // One pass: the checksum kernel reads each slot (a whole record) and adds
+  // into row[layer].
   auto pass = [&](unsigned long long* row) {
-    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
-    for (;;) {
-      lwo_status_t s = lwo_schedule_next(schedule.get(), consumer.get(), &view);
-      if (s == LWO_END) break;
-      rcheck(s, "lwo_schedule_next");
-      if (view.record_bytes != m.record_bytes)
-        rank_fail(strf("layer %u arrived with %llu bytes, expected a record of %llu", view.layer,
-                       static_cast<unsigned long long>(view.record_bytes),
-                       static_cast<unsigned long long>(m.record_bytes)));
-      rcheck(lwo::kernels::checksum_async(view.base, view.record_bytes, row + view.layer,
-                                          consumer.get()),
-             "lwo::kernels::checksum_async");
-    }
-    RCHECK(lwo_schedule_reset(schedule.get(), consumer.get()));
+    testkit::checksum_pass(schedule.get(), consumer.get(), row, m.record_bytes);
   };
 
   pass(sums);
-  RCHECK(cudaStreamSynchronize(consumer.get()));
+  TK_CHECK(cudaStreamSynchronize(consumer.get()));
   verify(sums, m.expect, 1, "warm-up pass");
   if (rank == 0) progress("forward: warm-up pass checked on rank 0");
 
   // Row 1 of the sums holds every timed pass. The host enqueues pass p while
   // the GPU runs pass p-1, then waits for pass p-1.
   c.barrier();
-  Event start = new_event();
+  Event start = make_event();
   std::vector<Event> ends;
-  for (uint32_t p = 0; p < P; ++p) ends.push_back(new_event());
+  for (uint32_t p = 0; p < P; ++p) ends.push_back(make_event());
   out.pass_ms.assign(P, 0);
-  RCHECK(cudaEventRecord(start.get(), consumer.get()));
+  TK_CHECK(cudaEventRecord(start.get(), consumer.get()));
   std::unique_ptr<Phase> bar;
   if (rank == 0) bar = std::make_unique<Phase>("forward", P);
   auto finish = [&](uint32_t p) {
-    RCHECK(cudaEventSynchronize(ends[p].get()));
-    out.pass_ms[p] = ms_between(p == 0 ? start : ends[p - 1], ends[p]);
+    TK_CHECK(cudaEventSynchronize(ends[p].get()));
+    out.pass_ms[p] = elapsed_ms(p == 0 ? start : ends[p - 1], ends[p]);
     if (bar) bar->set(p + 1, strf("pass %u/%u on rank 0: %.3f ms", p + 1, P, out.pass_ms[p]));
   };
   for (uint32_t p = 0; p < P; ++p) {
     pass(sums + L);
-    RCHECK(cudaEventRecord(ends[p].get(), consumer.get()));
+    TK_CHECK(cudaEventRecord(ends[p].get(), consumer.get()));
     if (p >= 1) finish(p - 1);
   }
   finish(P - 1);
-  out.forward_ms = ms_between(start, ends.back());
+  out.forward_ms = elapsed_ms(start, ends.back());
   if (bar) bar->end();
-  RCHECK(cudaStreamSynchronize(consumer.get()));
+  TK_CHECK(cudaStreamSynchronize(consumer.get()));
   verify(sums + L, m.expect, P, "timed passes, summed");
-  out.fwd_stats.size = sizeof out.fwd_stats;
-  RCHECK(lwo_ring_get_stats(ring.get(), &out.fwd_stats));
+  out.fwd_stats = testkit::ring_stats(ring.get());
   progress("rank %u: forward %u passes in %.3f ms: %.2f GB/s effective, checksums match", rank, P,
       out.forward_ms, gbps(static_cast<double>(m.record_bytes) * L * P, out.forward_ms));
 }
@@ -486,17 +378,17 @@ struct LinearCalls {
 
   void forward(uint32_t l, const void* w) const {
     lwo_status_t s = lwo_linear_forward(engine, &desc, tokens, x, w, nullptr, y, stream);
-    if (s != LWO_OK) rcheck(s, strf("lwo_linear_forward (layer %u)", l).c_str());
+    if (s != LWO_OK) check(s, strf("lwo_linear_forward (layer %u)", l).c_str());
   }
   void weight_grad(uint32_t l, const void* w, void* dw) const {
     lwo_status_t s = lwo_linear_backward(engine, &desc, tokens, x, dy, w, nullptr, dw, nullptr,
                                          LWO_DTYPE_F32, stream);
-    if (s != LWO_OK) rcheck(s, strf("lwo_linear_backward (layer %u, dweight)", l).c_str());
+    if (s != LWO_OK) check(s, strf("lwo_linear_backward (layer %u, dweight)", l).c_str());
   }
   void input_grad(uint32_t l, const void* w) const {
     lwo_status_t s = lwo_linear_backward(engine, &desc, tokens, x, dy, w, dx, nullptr, nullptr,
                                          LWO_DTYPE_F32, stream);
-    if (s != LWO_OK) rcheck(s, strf("lwo_linear_backward (layer %u, dx)", l).c_str());
+    if (s != LWO_OK) check(s, strf("lwo_linear_backward (layer %u, dx)", l).c_str());
   }
 };
 
@@ -517,13 +409,13 @@ void check_gradients(const Model& m, uint32_t rank, uint32_t n, lwo_pool* pool, 
     const uint32_t l = checked[k];
     float* data = nullptr;
     uint64_t first = 0, count = 0;
-    rcheck(lwo_grads_shard(grads, l, "weight", &data, &first, &count),
+    check(lwo_grads_shard(grads, l, "weight", &data, &first, &count),
            strf("lwo_grads_shard (layer %u)", l).c_str());
     out.grad_first[k] = first;
     out.grad_n[k] = count;
     void* w = nullptr;
     uint64_t w_first = 0, w_count = 0;
-    rcheck(lwo_pool_shard_tensor(pool, l, "weight", &w, &w_first, &w_count),
+    check(lwo_pool_shard_tensor(pool, l, "weight", &w, &w_first, &w_count),
            strf("lwo_pool_shard_tensor (layer %u)", l).c_str());
     if (w_count != count || (count > 0 && w_first != first))
       rank_fail(
@@ -539,7 +431,7 @@ void check_gradients(const Model& m, uint32_t rank, uint32_t n, lwo_pool* pool, 
           static_cast<unsigned long long>(want_first), static_cast<unsigned long long>(want_n)));
     if (count == 0) continue;
     std::vector<float> ref(count);
-    RCHECK(cudaMemcpy(ref.data(), g_res + first, count * 4, cudaMemcpyDeviceToHost));
+    TK_CHECK(cudaMemcpy(ref.data(), g_res + first, count * 4, cudaMemcpyDeviceToHost));
     uint64_t bad = 0, first_bad = 0;
     for (uint64_t i = 0; i < count; ++i) {
       const double want = static_cast<double>(n) * ref[i], got = data[i];
@@ -570,13 +462,13 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
   const uint64_t x_bytes = T * static_cast<uint64_t>(m.o.cols) * 2;
   const uint64_t y_bytes = T * static_cast<uint64_t>(m.o.rows) * 2;
   const uint64_t g_bytes = static_cast<uint64_t>(m.o.rows) * static_cast<uint64_t>(m.o.cols) * 4;
-  DeviceMem x = alloc(x_bytes, "x"), y = alloc(y_bytes, "y"), dy = alloc(y_bytes, "dy"),
-            dx = alloc(x_bytes, "dx"), w_res = alloc(m.record_bytes, "resident weights"),
-            g_res = alloc(g_bytes, "resident weight gradient");
-  RCHECK(cudaMemcpy(x.get(), m.x.data(), x_bytes, cudaMemcpyHostToDevice));
-  RCHECK(cudaMemcpy(dy.get(), m.dy.data(), y_bytes, cudaMemcpyHostToDevice));
-  RCHECK(cudaMemcpy(w_res.get(), m.resident.data(), m.record_bytes, cudaMemcpyHostToDevice));
-  Stream compute = new_stream();
+  DeviceMem x = device_alloc(x_bytes, "x"), y = device_alloc(y_bytes, "y"), dy = device_alloc(y_bytes, "dy"),
+            dx = device_alloc(x_bytes, "dx"), w_res = device_alloc(m.record_bytes, "resident weights"),
+            g_res = device_alloc(g_bytes, "resident weight gradient");
+  TK_CHECK(cudaMemcpy(x.get(), m.x.data(), x_bytes, cudaMemcpyHostToDevice));
+  TK_CHECK(cudaMemcpy(dy.get(), m.dy.data(), y_bytes, cudaMemcpyHostToDevice));
+  TK_CHECK(cudaMemcpy(w_res.get(), m.resident.data(), m.record_bytes, cudaMemcpyHostToDevice));
+  Stream compute = make_stream();
   LinearCalls calls{
       engine,  LWO_LINEAR_DESC_INIT, m.o.tokens, compute.get(), x.get(), dy.get(), y.get(),
       dx.get()};
@@ -586,19 +478,19 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
 
   // The resident step: the same calls with one layer's weights resident,
   // every GPU at once. One warm-up (algorithm choice, workspace).
-  Event a = new_event(), b = new_event();
+  Event a = make_event(), b = make_event();
   for (uint32_t s = 0; s <= P; ++s) {
     c.barrier();
-    RCHECK(cudaEventRecord(a.get(), compute.get()));
+    TK_CHECK(cudaEventRecord(a.get(), compute.get()));
     for (uint32_t l = 0; l < L; ++l) calls.forward(l, w_res.get());
     for (uint32_t l = L; l-- > 0;) {
       calls.weight_grad(l, w_res.get(), g_res.get());
       calls.input_grad(l, w_res.get());
     }
-    RCHECK(cudaEventRecord(b.get(), compute.get()));
-    RCHECK(cudaEventSynchronize(b.get()));
-    RCHECK(lwo_engine_check(engine));
-    if (s > 0) out.resident_ms.push_back(ms_between(a, b));
+    TK_CHECK(cudaEventRecord(b.get(), compute.get()));
+    TK_CHECK(cudaEventSynchronize(b.get()));
+    TK_CHECK(lwo_engine_check(engine));
+    if (s > 0) out.resident_ms.push_back(elapsed_ms(a, b));
   }
   out.resident_median = median(out.resident_ms);
   progress("rank %u: resident step %.3f ms (median of %u)", rank, out.resident_median, P);
@@ -607,70 +499,44 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
   lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
   ring_config.depth = m.o.depth;
   Ring ring;
-  RCHECK(lwo_ring_create(pool, &ring_config, ring.out()));
-  std::vector<uint32_t> order(2 * size_t(L));
-  for (uint32_t l = 0; l < L; ++l) order[l] = order[2 * size_t(L) - 1 - l] = l;
+  TK_CHECK(lwo_ring_create(pool, &ring_config, ring.out()));
+  const std::vector<uint32_t> order = testkit::step_order(L, /*backward=*/true);
   Schedule schedule;
-  RCHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
   lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
   grads_config.depth = m.o.grad_depth;
   Grads grads;
   const double t = now_seconds();
-  RCHECK(lwo_grads_create(pool, nullptr, &grads_config, grads.out()));
+  TK_CHECK(lwo_grads_create(pool, nullptr, &grads_config, grads.out()));
   progress("rank %u: gradient buffers in %.2f s", rank, seconds_since(t));
+
+  // One step (testkit::run_step): the gradients zeroed and the counters read
+  // (untimed), then every rank starts together at a barrier; timed to the
+  // return of lwo_grads_wait and the compute stream's sync.
+  testkit::StepCalls step_calls;
+  step_calls.forward = [&](uint32_t l, const lwo_layer_view& w) { calls.forward(l, w.tensors[0]); };
+  step_calls.backward = [&](uint32_t l, const lwo_layer_view& w, const lwo_layer_view* g,
+                            const std::function<void()>& done) {
+    // The weight gradient first and sent at once (done: lwo_grads_end), so
+    // that its reduction and copy to host run while dx is computed.
+    calls.weight_grad(l, w.tensors[0], g->tensors[0]);
+    done();
+    calls.input_grad(l, w.tensors[0]);
+  };
+  testkit::StepOptions step_options;
+  step_options.check_engine = engine;
+  step_options.before_start = [&c] { c.barrier(); };
 
   std::unique_ptr<Phase> bar;
   if (rank == 0) bar = std::make_unique<Phase>("train", P + 1);
   for (uint32_t s = 0; s <= P; ++s) {
-    RCHECK(lwo_grads_zero(grads.get()));
-    lwo_ring_stats r0{}, r1{};
-    lwo_grads_stats g0{}, g1{};
-    r0.size = r1.size = sizeof r0;
-    g0.size = g1.size = sizeof g0;
-    RCHECK(lwo_ring_get_stats(ring.get(), &r0));
-    RCHECK(lwo_grads_get_stats(grads.get(), &g0));
-    c.barrier();
-    const double t0 = now_seconds();
-    RCHECK(lwo_schedule_reset(schedule.get(), compute.get()));
-    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
-    for (uint32_t i = 0; i < 2 * L; ++i) {
-      lwo_status_t st = lwo_schedule_next(schedule.get(), compute.get(), &view);
-      if (st == LWO_END) rank_fail(strf("the schedule ended after %u of its %u layers", i, 2 * L));
-      rcheck(st, "lwo_schedule_next");
-      const uint32_t l = i < L ? i : 2 * L - 1 - i;
-      if (view.layer != l)
-        rank_fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u",
-                       view.layer, i, l));
-      const void* w = view.tensors[0];
-      if (i < L) {
-        calls.forward(l, w);
-        continue;
-      }
-      // The weight gradient first and sent at once, so that its reduction
-      // and copy to host run while dx is computed.
-      lwo_layer_view g = LWO_LAYER_VIEW_INIT;
-      rcheck(lwo_grads_begin(grads.get(), l, compute.get(), &g),
-             strf("lwo_grads_begin (layer %u)", l).c_str());
-      calls.weight_grad(l, w, g.tensors[0]);
-      rcheck(lwo_grads_end(grads.get(), l, compute.get()),
-             strf("lwo_grads_end (layer %u)", l).c_str());
-      calls.input_grad(l, w);
-    }
-    lwo_status_t st = lwo_schedule_next(schedule.get(), compute.get(), &view);
-    if (st != LWO_END) {
-      rcheck(st, "lwo_schedule_next");
-      rank_fail(strf("the schedule did not end after its %u layers", 2 * L));
-    }
-    RCHECK(lwo_grads_wait(grads.get()));
-    RCHECK(cudaStreamSynchronize(compute.get()));
-    const double ms = seconds_since(t0) * 1e3;
-    RCHECK(lwo_engine_check(engine));
-    RCHECK(lwo_ring_get_stats(ring.get(), &r1));
-    RCHECK(lwo_grads_get_stats(grads.get(), &g1));
-    out.step_h2d_bytes = r1.bytes_copied - r0.bytes_copied;
-    out.step_stages = r1.n_stages - r0.n_stages;
-    out.step_hits = r1.n_hits - r0.n_hits;
-    out.step_d2h_bytes = g1.bytes - g0.bytes;
+    const testkit::StepStats st = testkit::run_step(schedule.get(), ring.get(), grads.get(),
+                                                    compute.get(), L, step_options, step_calls);
+    const double ms = st.ms;
+    out.step_h2d_bytes = st.h2d_bytes;
+    out.step_stages = st.stages;
+    out.step_hits = st.hits;
+    out.step_d2h_bytes = st.d2h_bytes;
     if (bar) bar->set(s + 1, s == 0 ? strf("warm-up step on rank 0: %.3f ms", ms)
                                     : strf("step %u/%u on rank 0: %.3f ms", s, P, ms));
     if (s == 0) {
@@ -683,25 +549,22 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
       if (rank == 0) progress("gradients: first timed step checked on rank 0");
     }
   }
-  RCHECK(lwo_engine_synchronize(engine));
+  TK_CHECK(lwo_engine_synchronize(engine));
   if (bar) bar->end();
 }
 
 void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   const uint32_t n = c.n_ranks(), L = m.o.layers;
   const uint64_t S = m.shard_bytes(n);
-  RCHECK(cudaSetDevice(static_cast<int>(rank)));
+  TK_CHECK(cudaSetDevice(static_cast<int>(rank)));
   cudaDeviceProp prop{};
-  RCHECK(cudaGetDeviceProperties(&prop, static_cast<int>(rank)));
+  TK_CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(rank)));
   out.device = prop.name;
   out.pci_bus = prop.pciBusID;
-  Engine engine;
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = static_cast<int32_t>(rank);
-  ec.flags = m.o.check_collectives ? LWO_ENGINE_CHECK_COLLECTIVES : 0u;
-  RCHECK(lwo_engine_create(&ec, engine.out()));
+  Engine engine = testkit::make_engine(static_cast<int>(rank),
+                                       m.o.check_collectives ? LWO_ENGINE_CHECK_COLLECTIVES : 0u);
   Comm comm;
-  RCHECK(lwo_nccl_comm_create(engine.get(), &c.id, static_cast<int32_t>(n),
+  TK_CHECK(lwo_nccl_comm_create(engine.get(), &c.id, static_cast<int32_t>(n),
                               static_cast<int32_t>(rank), comm.out()));
 
   // The pool of this rank's shards, filled from the formula.
@@ -709,27 +572,30 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   if (rank == 0) bar = std::make_unique<Phase>("pools");
   double t = now_seconds();
   Pool pool;
-  RCHECK(
+  TK_CHECK(
       lwo_pool_create_sharded(engine.get(), m.layers.data(), L, comm.get(), nullptr, pool.out()));
   out.pool_s = seconds_since(t);
-  std::vector<Shard> shards(L);
+  // Shard l: bytes [offset, offset + S) of the stream of layer l's key, and
+  // zero beyond the record.
+  std::vector<testkit::ByteRange> shards(L);
   std::vector<void*> hosts(L);
   for (uint32_t l = 0; l < L; ++l) {
-    Shard& s = shards[l];
-    s.layer = l;
-    RCHECK(lwo_pool_shard_host(pool.get(), l, &s.data, &s.offset, &s.bytes));
+    testkit::ByteRange& s = shards[l];
+    TK_CHECK(lwo_pool_shard_host(pool.get(), l, &s.data, &s.offset, &s.bytes));
     if (s.bytes != S || s.offset != S * rank)
       rank_fail(strf(
           "lwo_pool_shard_host (layer %u) gives %llu bytes at record offset %llu; "
           "expected %llu at %llu",
           l, static_cast<unsigned long long>(s.bytes), static_cast<unsigned long long>(s.offset),
           static_cast<unsigned long long>(S), static_cast<unsigned long long>(S * rank)));
+    s.key = testkit::key_of(m.o.seed, l);
+    s.limit = m.record_bytes;
     hosts[l] = s.data;
   }
   out.shard_offset = S * rank;
   t = now_seconds();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  fill_shards(shards, m.o.seed, m.record_bytes, std::max(1u, hw / n));
+  testkit::fill_bytes(shards, std::max(1u, hw / n));
   out.fill_s = seconds_since(t);
   if (bar) bar->end();
   progress("rank %u (device %u, %s): shards of %s at offset %s, pool %.2f s, fill %.2f s", rank, rank,
@@ -738,18 +604,16 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   // Peaks: each GPU alone, in turn, then all at once.
   for (uint32_t q = 0; q < n; ++q) {
     c.barrier();
-    if (q == rank) out.h2d_alone = copy_peak(hosts, S, cudaMemcpyHostToDevice);
+    if (q == rank) out.h2d_alone = copy_peak(hosts, S, testkit::Direction::kH2D);
   }
   c.barrier();
-  out.h2d_together = copy_peak(hosts, S, cudaMemcpyHostToDevice);
+  out.h2d_together = copy_peak(hosts, S, testkit::Direction::kH2D);
   progress("rank %u: pinned H2D peak %.2f GB/s alone, %.2f GB/s with %u GPUs at once (%s copies)", rank,
       out.h2d_alone, out.h2d_together, n, fmt_bytes(S).c_str());
   if (m.o.train) {
-    PinnedMem buf;
-    rcheck(cudaHostAlloc(buf.out(), 2 * S, cudaHostAllocDefault),
-           strf("cudaHostAlloc(%s)", fmt_bytes(2 * S).c_str()).c_str());
+    PinnedMem buf = testkit::pinned_alloc(2 * S);
     c.barrier();
-    out.d2h_together = copy_peak({buf.get()}, 2 * S, cudaMemcpyDeviceToHost);
+    out.d2h_together = copy_peak({buf.get()}, 2 * S, testkit::Direction::kD2H);
     progress("rank %u: pinned D2H peak %.2f GB/s with %u GPUs at once (%s copies)", rank,
         out.d2h_together, n, fmt_bytes(2 * S).c_str());
   }
@@ -770,12 +634,17 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   c.barrier();
   stream_forward(m, c, rank, pool.get(), out);
   if (m.o.train) train(m, c, rank, engine.get(), pool.get(), out);
-  RCHECK(lwo_engine_synchronize(engine.get()));
+  TK_CHECK(lwo_engine_synchronize(engine.get()));
 }
 
 void rank_main(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   t_rank = static_cast<int>(rank);
   t_coord = &c;
+  // A failed call (testkit::Error) tells the other ranks before this rank's
+  // stack unwinds, as rank_fail does; the catch below prints it.
+  testkit::set_thread_fail_hook([](const std::string&) {
+    if (t_coord) t_coord->fail_now();
+  });
   try {
     run_rank(m, c, rank, out);
   } catch (const Aborted&) {  // another rank failed and said why
@@ -840,7 +709,7 @@ Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
   r.fwd_ratio = r.peak > 0 ? r.fwd_gbps / r.peak : 0;
   // The best a pass can do: each shard up its link, each record all-gathered.
   const double fwd_bound_ms =
-      std::max(static_cast<double>(r.shard_bytes) / (r.peak_together * 1e6), r.allgather_ms);
+      std::max(testkit::ms_at(static_cast<double>(r.shard_bytes), r.peak_together), r.allgather_ms);
   r.fwd_bound_gbps = gbps(R, fwd_bound_ms);
   if (!m.o.train) {
     r.per_rank = std::move(rr);
@@ -852,8 +721,8 @@ Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
   for (RankResult& q : rr) {
     for (uint32_t s = 0; s < P; ++s) steps[s] = std::max(steps[s], q.step_ms[s]);
     r.resident_ms = std::max(r.resident_ms, q.resident_median);
-    const double h2d = static_cast<double>(q.step_h2d_bytes) / (q.h2d_together * 1e6);
-    const double d2h = static_cast<double>(q.step_d2h_bytes) / (q.d2h_together * 1e6);
+    const double h2d = testkit::ms_at(static_cast<double>(q.step_h2d_bytes), q.h2d_together);
+    const double d2h = testkit::ms_at(static_cast<double>(q.step_d2h_bytes), q.d2h_together);
     const double comm = n > 1 ? static_cast<double>(q.step_stages - q.step_hits) * q.allgather_ms +
                                     L * q.reduce_scatter_ms
                               : 0;
@@ -865,15 +734,12 @@ Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
   }
   r.step_ms = median(steps);
   r.train_gbps = gbps(2.0 * L * R, r.step_ms);
-  const std::pair<double, const char*> terms[] = {{r.resident_ms, "resident compute"},
-                                                  {r.h2d_term, "H2D"},
-                                                  {r.d2h_term, "D2H"},
-                                                  {r.comm_term, "collectives"}};
-  for (const auto& [ms, name] : terms)
-    if (ms > r.bound_ms) {
-      r.bound_ms = ms;
-      r.bound_term = name;
-    }
+  const testkit::Bound bound = testkit::bound_of({{"resident compute", r.resident_ms},
+                                                   {"H2D", r.h2d_term},
+                                                   {"D2H", r.d2h_term},
+                                                   {"collectives", r.comm_term}});
+  r.bound_ms = bound.ms;
+  r.bound_term = bound.name;
   r.train_ratio = r.bound_ms > 0 ? r.step_ms / r.bound_ms : 0;
   r.per_rank = std::move(rr);
   return r;
@@ -883,7 +749,7 @@ Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
   progress("lwo shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
       fmt_bytes(m.record_bytes).c_str(), fmt_bytes(m.shard_bytes(n)).c_str());
   Coord c(n);
-  CHECK(lwo_nccl_get_unique_id(&c.id));
+  TK_CHECK(lwo_nccl_get_unique_id(&c.id));
   std::vector<RankResult> rr(n);
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < n; ++r) {
@@ -1229,10 +1095,10 @@ int cmd_shard(int argc, char** argv) {
     const uint64_t T = static_cast<uint64_t>(o.tokens);
     m.x.resize(T * static_cast<uint64_t>(o.cols));
     m.dy.resize(T * static_cast<uint64_t>(o.rows));
-    fill_bf16(m.x, mix64(o.seed ^ 0x78));
-    fill_bf16(m.dy, mix64(o.seed ^ 0x6479));
+    fill_bf16(m.x, testkit::mix64(o.seed ^ 0x78));
+    fill_bf16(m.dy, testkit::mix64(o.seed ^ 0x6479));
     m.resident.resize(m.record_bytes);
-    fill_shards({{m.resident.data(), 0, m.record_bytes, 0}}, o.seed, m.record_bytes, 0);
+    testkit::fill_bytes({{m.resident.data(), m.record_bytes, testkit::key_of(o.seed, 0)}});
   }
 
   std::vector<Result> results;
@@ -1257,7 +1123,7 @@ int cmd_shard(int argc, char** argv) {
                  o.check_collectives ? "true" : "false", n_gpus);
     for (uint32_t d = 0; d < max_ranks; ++d) {
       cudaDeviceProp prop{};
-      CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(d)));
+      TK_CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(d)));
       std::fprintf(j,
                    "%s{\"ordinal\": %u, \"name\": %s, \"sms\": %d, \"memory_bytes\": %zu, "
                    "\"pci_bus\": %d}",

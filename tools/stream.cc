@@ -64,7 +64,7 @@ struct Results {
   std::vector<double> pass_ms;
   double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
-  double gbps(double ms) const { return static_cast<double>(pass_bytes) / (ms * 1e6); }
+  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
   double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
   bool staged() const { return pool.kind == LWO_POOL_CHECKPOINT_STAGED; }
   size_t n_matched() const { return tensors.size() - map.unmatched.size(); }
@@ -99,31 +99,26 @@ std::vector<Flag> help_flags() {
   return make_flags(o);
 }
 
-// Copies the device sums back and compares each with `times` the host
-// checksum of its range; `what` names the passes summed.
+// Compares the device sums with `times` the host checksum of each checked
+// range (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
             uint64_t times, const char* what) {
-  // Every stream in flight is non-blocking, so this copy on the legacy
-  // default stream waits for none of them; the caller has waited for the sums.
-  std::vector<unsigned long long> got(expect.size());
-  if (!got.empty())
-    CHECK(cudaMemcpy(got.data(), sums, got.size() * sizeof(got[0]), cudaMemcpyDeviceToHost));
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    unsigned long long want = times * expect[i];
-    if (got[i] == want) continue;
-    const Check& c = r.checks[i];
-    if (++bad <= kMaxMismatchLines)
-      print_stderr(strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                        prefix().c_str(), c.layer,
-                        c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what,
-                        got[i], want));
+  // On the legacy default stream: every stream in flight is non-blocking, so
+  // the copy back waits for none of them; the caller has waited for the sums.
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) {
+    const Check& c = r.checks[bad[i].layer];  // the index of the checked range
+    print_stderr(strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                      prefix().c_str(), c.layer,
+                      c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what,
+                      bad[i].got, bad[i].want));
   }
-  if (bad)
+  if (!bad.empty())
     fail(
         strf("%s: checksum mismatch in %zu of %zu checked ranges (%s): the ring delivered bytes "
              "that differ from the file",
-             escape(r.path).c_str(), bad, got.size(), what));
+             escape(r.path).c_str(), bad.size(), expect.size(), what));
 }
 
 // One pass of `schedule` on `stream`: each layer's checks add into their sums.
@@ -141,7 +136,7 @@ void weights_pass(const Results& r, lwo_schedule* schedule, cudaStream_t stream,
             "lwo::kernels::checksum_async");
     }
   }
-  CHECK(lwo_schedule_reset(schedule, stream));
+  TK_CHECK(lwo_schedule_reset(schedule, stream));
 }
 
 std::string path_text(const Options& o, const Results& r) {
@@ -320,10 +315,10 @@ void plan_checks(lwo_pool* pool, Results& r) {
     }
     if (s != LWO_ERR_UNSUPPORTED) check(s, "lwo_pool_layer_host");
     uint32_t n = 0;
-    CHECK(lwo_pool_layer_tensor_count(pool, l, &n));
+    TK_CHECK(lwo_pool_layer_tensor_count(pool, l, &n));
     for (uint32_t t = 0; t < n; ++t) {
       lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
-      CHECK(lwo_pool_tensor_info(pool, l, t, &info));
+      TK_CHECK(lwo_pool_tensor_info(pool, l, t, &info));
       r.copy_bytes[l] += info.bytes;
       if (!info.bytes) continue;
       if (info.offset % kChecksumAlign) {
@@ -332,7 +327,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
       }
       void* host = nullptr;
       uint64_t host_bytes = 0;
-      CHECK(lwo_pool_tensor_host(pool, l, info.name, &host, &host_bytes));
+      TK_CHECK(lwo_pool_tensor_host(pool, l, info.name, &host, &host_bytes));
       ++r.checked_tensors;
       r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
       r.checks.push_back({l, static_cast<int32_t>(t), info.name, host_bytes, {host, host_bytes}});
@@ -367,11 +362,11 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     Phase phase("pool");
     const lwo_checkpoint_pool_config config =
         checkpoint_pool_config(r.map, o.staged ? LWO_CHECKPOINT_STAGED : 0u);
-    CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
+    TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
     r.pool_s = phase.seconds();
     r.ck.destroy();  // the pool keeps the files mapped
     r.pool.size = sizeof r.pool;
-    CHECK(lwo_pool_get_info(pool.get(), &r.pool));
+    TK_CHECK(lwo_pool_get_info(pool.get(), &r.pool));
     phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
                fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
   }
@@ -392,7 +387,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", check_bytes, true);
-    expect = checksums(ranges, &phase);
+    expect = testkit::checksums(ranges, phase.counter());
     r.checksum_s = phase.seconds();
     phase.done("%s of the file on the host in %.2f s", fmt_bytes(check_bytes).c_str(),
                r.checksum_s);
@@ -401,14 +396,14 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   // The peak: the same copy sizes from pinned memory (the pool is the file).
   {
     Phase phase("peak");
-    PinnedMem buffer;
-    check(cudaHostAlloc(buffer.out(), r.pool.max_record_bytes, cudaHostAllocDefault),
-          strf("cudaHostAlloc(%s)", fmt_bytes(r.pool.max_record_bytes).c_str()).c_str());
+    PinnedMem buffer = testkit::pinned_alloc(r.pool.max_record_bytes);
     std::memset(buffer.get(), 0, r.pool.max_record_bytes);
     std::vector<HostRange> copies;
     for (uint64_t b : r.copy_bytes)
       if (b) copies.push_back({buffer.get(), b});
-    r.peak_gbps = measure_h2d_peak(copies, r.pool.max_record_bytes, &r.peak_ms);
+    const testkit::CopyResult peak = measure_h2d_peak(copies, r.pool.max_record_bytes);
+    r.peak_gbps = peak.best_gbps();
+    r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
                r.peak_ms);
   }
@@ -418,48 +413,39 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   Stream consumer = make_stream();
   DeviceMem sums_mem = device_alloc(2 * std::max<size_t>(n_checks, 1) * sizeof(unsigned long long));
   auto* sums = static_cast<unsigned long long*>(sums_mem.get());
-  CHECK(cudaMemsetAsync(sums, 0, 2 * std::max<size_t>(n_checks, 1) * sizeof(*sums),
+  TK_CHECK(cudaMemsetAsync(sums, 0, 2 * std::max<size_t>(n_checks, 1) * sizeof(*sums),
                         consumer.get()));
   lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
   ring_config.depth = o.depth;
   ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
   Ring ring;
-  CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
+  TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
   r.ring.size = sizeof r.ring;
-  CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
   std::vector<uint32_t> order(n_layers);
   std::iota(order.begin(), order.end(), 0u);
   Schedule schedule;
-  CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
+  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
 
-  // Pass 0 warms up. The host enqueues pass p while the GPU runs pass p-1,
-  // then waits for pass p-1 and reports it. ends[p] follows pass p's last
-  // consumer kernel.
-  std::vector<Event> ends;
-  for (uint32_t p = 0; p <= o.passes; ++p) ends.push_back(make_event());
-  r.pass_ms.resize(o.passes);
+  // Pass 0 warms up; each pass is reported as it ends.
   Phase phase("passes", o.passes + 1);
-  auto finish = [&](uint32_t p) {
-    CHECK(cudaEventSynchronize(ends[p].get()));
-    double ms = r.pass_ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
-    phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes, ms,
-                          r.gbps(ms), 100 * r.share(ms)));
-    if (p == 1) verify(sums, r, expect, 1, "first timed pass");
-  };
-  for (uint32_t p = 0; p <= o.passes; ++p) {
-    // Row 0 of the sums holds the first timed pass alone, row 1 all others.
-    weights_pass(r, schedule.get(), consumer.get(), p == 1 ? sums : sums + n_checks);
-    CHECK(cudaEventRecord(ends[p].get(), consumer.get()));
-    if (p >= 2) finish(p - 1);
-  }
-  finish(o.passes);
-  CHECK(cudaStreamSynchronize(consumer.get()));
-  CHECK(lwo_engine_check(dev.engine.get()));
-  r.total_ms = elapsed_ms(ends.front(), ends.back());
-  r.median_ms = median(r.pass_ms);
-  r.best_ms = *std::min_element(r.pass_ms.begin(), r.pass_ms.end());
-  r.stats.size = sizeof r.stats;
-  CHECK(lwo_ring_get_stats(ring.get(), &r.stats));
+  const PassTimes times = time_passes(
+      o.passes, consumer.get(),
+      [&](uint32_t p) {
+        // Row 0 of the sums holds the first timed pass alone, row 1 all others.
+        weights_pass(r, schedule.get(), consumer.get(), p == 1 ? sums : sums + n_checks);
+      },
+      [&](uint32_t p, double ms) {
+        phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes,
+                              ms, r.gbps(ms), 100 * r.share(ms)));
+        if (p == 1) verify(sums, r, expect, 1, "first timed pass");
+      });
+  TK_CHECK(lwo_engine_check(dev.engine.get()));
+  r.pass_ms = times.ms;
+  r.total_ms = times.total_ms;
+  r.median_ms = times.median_ms;
+  r.best_ms = times.best_ms;
+  r.stats = testkit::ring_stats(ring.get());
   schedule.destroy();
   ring.destroy();
 
@@ -469,7 +455,6 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
              o.passes, phase.seconds(), r.median_ms, r.gbps(r.median_ms),
              100 * r.share(r.median_ms));
 
-  ends.clear();
   sums_mem.destroy();
   consumer.destroy();
   pool.destroy();
