@@ -594,7 +594,9 @@ int cmd_train(int argc, char** argv) {
   if (o.trainable()) {
     lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
     grads_config.depth = o.grad_depth;
-    grads_config.flags = o.native_wire ? LWO_GRADS_NATIVE_WIRE : 0u;
+    // f32 host buffers either way; the wire is f32 unless --native-wire
+    // (since lwo 0.3, flags 0 would keep bf16/f16 host buffers).
+    grads_config.flags = o.native_wire ? LWO_GRADS_NATIVE_WIRE : LWO_GRADS_F32;
     Phase phase("grads");
     TK_CHECK(lwo_grads_create(weights->pool(), nullptr, &grads_config, grads.out()));
     r.grads_s = phase.seconds();
