@@ -395,8 +395,9 @@ TEST_F(GradsTest, NativeHostSumsRoundOnceToNearestEven) {
         if (micro == 0) continue;
         const double exact = double(widen(before[i])) + double(widen(w[i]));
         const double r = widen(got[i]);
-        const double ulp = dt == LWO_DTYPE_BF16 ? std::ldexp(1.0, std::ilogb(r) - 7)
-                                                : std::ldexp(1.0, std::max(std::ilogb(r), -14) - 10);
+        const int e = r == 0 ? -126 : std::ilogb(r);  // ilogb(0) is INT_MIN
+        const double ulp = dt == LWO_DTYPE_BF16 ? std::ldexp(1.0, std::max(e, -126) - 7)
+                                                : std::ldexp(1.0, std::max(e, -14) - 10);
         EXPECT_LE(std::fabs(r - exact), 0.5 * ulp + std::fabs(exact) * 0x1p-24) << "element " << i;
       }
     }
@@ -449,7 +450,8 @@ TEST(HostAddition, EveryPairMatchesTheScalarRoundingAndFp64) {
           const double exact = (assign ? 0.0 : double(load(d, dd, i))) + double(load(s, sd, i));
           const double r = load(got, dd, i);
           const int bits = dd == LWO_DTYPE_F32 ? 23 : dd == LWO_DTYPE_BF16 ? 7 : 10;
-          const double ulp = std::ldexp(1.0, std::ilogb(r) - bits);
+          const int e = r == 0 ? -126 : std::ilogb(r);  // ilogb(0) is INT_MIN
+          const double ulp = std::ldexp(1.0, std::max(e, dd == LWO_DTYPE_F16 ? -14 : -126) - bits);
           ASSERT_LE(std::fabs(r - exact), 0.5 * ulp + std::fabs(exact) * 0x1p-24) << "element " << i;
         }
       }
