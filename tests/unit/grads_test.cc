@@ -471,7 +471,9 @@ TEST(HostAddition, F16WideningIsExactForEveryValue) {
       ASSERT_TRUE(std::isnan(got)) << std::hex << h;
     else
       ASSERT_EQ(double(got), want) << std::hex << h;
-    if (!std::isnan(want)) ASSERT_EQ(f32_to_f16(got), h) << "round trip of " << std::hex << h;
+    if (!std::isnan(want)) {
+      ASSERT_EQ(f32_to_f16(got), h) << "round trip of " << std::hex << h;
+    }
   }
 }
 
