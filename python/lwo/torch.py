@@ -1,0 +1,1420 @@
+"""lwo.torch: stream a PyTorch model's nn.Linear and nn.Conv2d weights
+through lwo.
+
+    import lwo.torch
+    handle = lwo.torch.offload(model)          # weights -> an lwo pinned pool
+    loss = model(x).sum(); loss.backward()     # each layer streamed, computed by lwo
+    optimizer.step(); optimizer.zero_grad()    # CPU optimizer over the pool, in place
+
+:func:`offload` moves the weights (and biases) of the model's nn.Linear and
+nn.Conv2d modules into one lwo pinned pool in host memory, one record per
+module, or one per group (``group=``), and frees their device copies. The
+parameters become CPU tensors over the pool's pinned bytes. Each forward of
+a streamed module stages its record through an lwo ring (``depth`` device
+slots, default 2) and computes it with lwo (cuBLASLt, cuDNN) on
+torch.cuda.current_stream(); a custom torch.autograd.Function gives it a
+backward: dx through the same ring, and for trainable weights dW and db
+through lwo's gradient path, into host buffers in the weights' dtype that
+become ``param.grad`` once the backward pass is over.
+
+The contract (docs/PYTHON.md says more):
+
+- Prefetch follows the order the streamed modules ran in during the last
+  step whose order the plan did not predict (the first step, and any step
+  that changed it): forward order, then whatever the backward pass did.
+- ``param.grad`` of a trainable streamed weight is a CPU tensor over lwo's
+  host gradient buffer, valid after the backward pass returns (its fence,
+  lwo_grads_wait, runs in a callback at the end of the pass). A backward
+  pass that finds every such ``grad`` None (``optimizer.zero_grad()``, the
+  default set_to_none) starts new sums (lwo_grads_zero, no memory traffic);
+  one that finds them set adds to them, as PyTorch does.
+- Writing a streamed parameter in place (an optimizer step, copy_,
+  load_state_dict) is noticed through the tensor's version counter and
+  makes the ring copy the record again at its next stage. Writes that
+  bypass it (``param.data``, raw pointers) need ``handle.mark_changed()``.
+- The streamed modules' forwards are excluded from torch.compile
+  (torch.compiler.disable): a compiled model breaks its graph at each one.
+- ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
+  they are (in the pool, in their dtype).
+"""
+
+import contextlib
+import ctypes
+import math
+import time
+import weakref
+
+import torch
+import torch.nn as nn
+
+from . import _capi as C
+from . import _core
+from ._errors import Error, StateError, check
+from ._plan import FORWARD as _FORWARD, Planner
+
+__all__ = ["offload", "Offload", "is_offloaded", "handle_of"]
+
+_lib = C.lib
+
+# torch dtype <-> lwo dtype, for what lwo computes.
+_LWO_DTYPE = {torch.float32: C.LWO_DTYPE_F32, torch.bfloat16: C.LWO_DTYPE_BF16,
+              torch.float16: C.LWO_DTYPE_F16}
+_TORCH_DTYPE = {v: k for k, v in _LWO_DTYPE.items()}
+
+try:
+    _graph_task_id = torch._C._current_graph_task_id
+except AttributeError:  # pragma: no cover - very old torch
+    def _graph_task_id():
+        return -1
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - a torch without CUDA
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+try:
+    _compiler_disable = torch.compiler.disable
+except AttributeError:  # pragma: no cover - torch < 2.1
+    def _compiler_disable(fn=None, recursive=True):
+        return fn
+
+
+def _host_tensor(address, nbytes, dtype, shape, owner):
+    """A CPU tensor over host memory that `owner` keeps alive (the tensor keeps
+    owner alive in turn, through its buffer)."""
+    numel = math.prod(shape)
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    arr = (ctypes.c_char * int(nbytes)).from_address(int(address))
+    arr._lwo_owner = owner
+    return torch.frombuffer(arr, dtype=dtype, count=numel).view(shape)
+
+
+# --------------------------------------------------------------------------
+# The backend: the C calls the adapter makes, with their ctypes arguments
+# prepared once. Tests substitute a CPU stand-in with the same methods.
+# --------------------------------------------------------------------------
+class _Ring:
+    def __init__(self, pool, depth, timing):
+        self.obj = _core.Ring(pool, depth=depth, timing=timing)
+        self._h = self.obj.handle
+        self._t = C.lwo_ticket()
+        self._tref = ctypes.byref(self._t)
+        self._arg = C.lwo_ticket()
+        self._v = C.lwo_layer_view()
+        self._vref = ctypes.byref(self._v)
+        self._stage = _lib.lwo_ring_stage
+        self._acquire = _lib.lwo_ring_acquire
+        self._release = _lib.lwo_ring_release
+
+    def stage(self, layer):
+        st = self._stage(self._h, layer, self._tref)
+        if st:
+            check(st)
+        return self._t.id
+
+    def acquire(self, ticket, stream):
+        a = self._arg
+        a.id = ticket
+        st = self._acquire(self._h, a, stream, self._vref)
+        if st:
+            check(st)
+        return self._v.base
+
+    def release(self, ticket, stream):
+        a = self._arg
+        a.id = ticket
+        st = self._release(self._h, a, stream)
+        if st:
+            check(st)
+
+    def stats(self):
+        return self.obj.stats()
+
+    def reset_stats(self):
+        self.obj.reset_stats()
+
+    def info(self):
+        return self.obj.info()
+
+    def close(self):
+        self.obj.close()
+
+
+class _Grads:
+    def __init__(self, pool, mask, depth):
+        self.obj = _core.Grads(pool, trainable=mask, depth=depth)
+        self._h = self.obj.handle
+        self._v = C.lwo_layer_view()
+        self._vref = ctypes.byref(self._v)
+        self._begin = _lib.lwo_grads_begin
+        self._end = _lib.lwo_grads_end
+
+    def begin(self, layer, stream):
+        """(device address, wire dtype) of each tensor of the layer's slot."""
+        v = self._v
+        st = self._begin(self._h, layer, stream, self._vref)
+        if st:
+            check(st)
+        return [(v.tensors[i] or 0, v.tensor_dtypes[i]) for i in range(v.n_tensors)]
+
+    def end(self, layer, stream):
+        st = self._end(self._h, layer, stream)
+        if st:
+            check(st)
+
+    def wait(self):
+        self.obj.wait()
+
+    def zero(self):
+        self.obj.zero()
+
+    def tensor(self, layer, name):
+        g = self.obj.tensor(layer, name)
+        return g.address, g.dtype, g.n_elements
+
+    def stats(self):
+        return self.obj.stats()
+
+    def close(self):
+        self.obj.close()
+
+
+class _Backend:
+    """lwo on one CUDA device."""
+
+    device_type = "cuda"
+    events = True
+
+    _engines = {}
+
+    def __init__(self, device_index):
+        eng = _Backend._engines.get(device_index)
+        if eng is None:
+            eng = _core.Engine(device_index)  # DeviceError (LWO_ERR_NO_DEVICE) without a GPU
+            _Backend._engines[device_index] = eng  # one engine per device per process
+        self.engine = eng
+        self.device_index = device_index
+        self._eng = eng.handle
+        self._lin_fwd = _lib.lwo_linear_forward
+        self._lin_bwd = _lib.lwo_linear_backward
+        self._conv_fwd = _lib.lwo_conv2d_forward
+        self._conv_bwd = _lib.lwo_conv2d_backward
+        self._changed = _lib.lwo_pool_layer_changed
+
+    def current_stream(self, device_index):
+        return _raw_stream(device_index)
+
+    def transfer_stream(self):
+        return self.engine.transfer_stream
+
+    # pools, rings, gradients
+    def pool(self, layers):
+        return _core.Pool.create_pinned(self.engine, layers)
+
+    def layer_changed(self, pool, layer):
+        st = self._changed(pool.handle, layer)
+        if st:
+            check(st)
+
+    def ring(self, pool, depth, timing):
+        return _Ring(pool, depth, timing)
+
+    def grads(self, pool, mask, depth):
+        return _Grads(pool, mask, depth)
+
+    # compute
+    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False):
+        d = _core.linear_desc(in_features, out_features, dtype=dtype, bias=bias,
+                              flags=C.LWO_LINEAR_ACCUMULATE if accumulate else 0)
+        return (d, ctypes.byref(d))
+
+    def linear_forward(self, desc, tokens, x, w, b, y, stream):
+        st = self._lin_fwd(self._eng, desc[1], tokens, x, w, b, y, stream)
+        if st:
+            check(st)
+
+    def linear_backward(self, desc, tokens, x, dy, w, dx, dw, db, grad_dtype, stream):
+        st = self._lin_bwd(self._eng, desc[1], tokens, x, dy, w, dx, dw, db, grad_dtype, stream)
+        if st:
+            check(st)
+
+    def conv_desc(self, module, dtype, bias, padding, accumulate=False):
+        d = _core.conv2d_desc(module.in_channels, module.out_channels, tuple(module.kernel_size),
+                              dtype=dtype, stride=tuple(module.stride), padding=padding,
+                              dilation=tuple(module.dilation), groups=module.groups, bias=bias,
+                              layout="nchw", flags=C.LWO_CONV_ACCUMULATE if accumulate else 0)
+        return (d, ctypes.byref(d))
+
+    def conv_output_size(self, desc, h, w):
+        return _core.conv2d_output_size(desc[0], h, w)
+
+    def conv_forward(self, desc, n, h, w, x, wt, b, y, stream):
+        st = self._conv_fwd(self._eng, desc[1], n, h, w, x, wt, b, y, stream)
+        if st:
+            check(st)
+
+    def conv_backward(self, desc, n, h, w, x, dy, wt, dx, dw, db, grad_dtype, stream):
+        st = self._conv_bwd(self._eng, desc[1], n, h, w, x, dy, wt, dx, dw, db, grad_dtype,
+                            stream)
+        if st:
+            check(st)
+
+    def zero_device(self, address, nbytes, stream):
+        """Zeroes device bytes on `stream` (a gradient slot's tensor that no
+        module wrote)."""
+        if not nbytes:
+            return
+
+        class _Raw:
+            __cuda_array_interface__ = {"shape": (int(nbytes),), "typestr": "|u1",
+                                        "data": (int(address), False), "version": 3,
+                                        "strides": None}
+        dev = torch.device("cuda", self.device_index)
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
+            torch.as_tensor(_Raw(), device=dev).zero_()
+
+    def synchronize(self):
+        self.engine.synchronize()
+
+
+# --------------------------------------------------------------------------
+# Records and streamed modules
+# --------------------------------------------------------------------------
+class _Record:
+    """One record of the pool: the weights of one module or of a group."""
+
+    __slots__ = ("index", "name", "modules", "params", "names", "version", "trainable",
+                 "bytes", "n_stages", "n_hits", "bytes_copied", "copy_ms", "stall_ms",
+                 "n_accesses")
+
+    def __init__(self, index, name):
+        self.index = index
+        self.name = name
+        self.modules = []
+        self.params = []     # every parameter in the record (for the version counters)
+        self.names = []      # tensor names in the record, in order
+        self.version = 0
+        self.trainable = False
+        self.bytes = 0
+        self.n_stages = self.n_hits = self.bytes_copied = self.n_accesses = 0
+        self.copy_ms = self.stall_ms = 0.0
+
+    def current_version(self):
+        v = 0
+        for p in self.params:
+            v += p._version
+        return v
+
+
+class _Module:
+    """What a streamed module needs at each call."""
+
+    __slots__ = ("handle", "name", "kind", "record", "module", "weight", "bias", "w_idx",
+                 "b_idx", "w_off", "b_off", "dtype", "lwo_dtype", "has_bias", "desc",
+                 "desc_acc", "in_f", "out_f", "w_bytes", "b_bytes", "out_sizes", "padding",
+                 "__weakref__")
+
+    def needs_dw(self):
+        b = self.bias
+        return self.weight.requires_grad or (b is not None and b.requires_grad)
+
+
+_STREAMED_CLASSES = {}
+
+
+def _streamed_class(cls):
+    sub = _STREAMED_CLASSES.get(cls)
+    if sub is None:
+        fwd = _linear_module_forward if issubclass(cls, nn.Linear) else _conv_module_forward
+        sub = type(cls.__name__, (cls,), {
+            "forward": fwd, "_apply": _streamed_apply, "_lwo_base_class": cls,
+            "__module__": cls.__module__,
+            "__doc__": "%s streamed by lwo.torch (see lwo.torch.offload)" % cls.__name__,
+        })
+        _STREAMED_CLASSES[cls] = sub
+    return sub
+
+
+def _streamed_apply(self, fn, *args, **kwargs):
+    """nn.Module._apply (to, cuda, half, ...) that leaves the pool's tensors."""
+    s = self._lwo_state
+    saved = {}
+    for key in ("weight", "bias"):
+        p = self._parameters.get(key)
+        if p is not None and (p is s.weight or p is s.bias):
+            saved[key] = p
+            self._parameters[key] = None
+    try:
+        return type(self)._lwo_base_class._apply(self, fn, *args, **kwargs)
+    finally:
+        self._parameters.update(saved)
+
+
+def _check_params(self, s):
+    if self._parameters.get("weight") is not s.weight or (
+            s.bias is not None and self._parameters.get("bias") is not s.bias):
+        raise RuntimeError(
+            "lwo.torch: the weight or bias of streamed module %r was replaced after "
+            "offload(); write into it in place (copy_, load_state_dict) or close the "
+            "handle and offload again" % s.name)
+
+
+@_compiler_disable
+def _linear_module_forward(self, input):
+    s = self._lwo_state
+    w = self._parameters.get("weight")
+    if w is not s.weight:
+        _check_params(self, s)
+    if torch.is_grad_enabled():
+        if input.requires_grad or s.needs_dw():
+            return _LinearFn.apply(input, s, s.weight, s.bias)
+        return s.handle._linear_forward(s, input, True)
+    return s.handle._linear_forward(s, input, False)
+
+
+@_compiler_disable
+def _conv_module_forward(self, input):
+    s = self._lwo_state
+    w = self._parameters.get("weight")
+    if w is not s.weight:
+        _check_params(self, s)
+    if torch.is_grad_enabled():
+        if input.requires_grad or s.needs_dw():
+            return _ConvFn.apply(input, s, s.weight, s.bias)
+        return s.handle._conv_forward(s, input, True)
+    return s.handle._conv_forward(s, input, False)
+
+
+class _LinearFn(torch.autograd.Function):
+    """y = x W^T + b through lwo; W and b are inputs only so that autograd
+    knows the output needs a backward (their gradients go to lwo, not to
+    autograd: backward returns None for them)."""
+
+    @staticmethod
+    def forward(ctx, x, s, weight, bias):
+        y = s.handle._linear_forward(s, x, True)
+        ctx.s = s
+        ctx.need_dw = s.needs_dw()
+        ctx.x_dtype = x.dtype
+        if ctx.need_dw:
+            if not s.record.trainable:
+                s.handle._make_grads(extra=s.record)
+            ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        s = ctx.s
+        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        dx = s.handle._linear_backward(s, x, dy, ctx.needs_input_grad[0], ctx.need_dw,
+                                       ctx.x_dtype)
+        return dx, None, None, None
+
+
+class _ConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, s, weight, bias):
+        y = s.handle._conv_forward(s, x, True)
+        ctx.s = s
+        ctx.need_dw = s.needs_dw()
+        ctx.x_dtype = x.dtype
+        ctx.x_shape = x.shape
+        if ctx.need_dw:
+            if not s.record.trainable:
+                s.handle._make_grads(extra=s.record)
+            ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        s = ctx.s
+        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
+                                     ctx.need_dw, ctx.x_dtype)
+        return dx, None, None, None
+
+
+class _Span:
+    """A record's gradient slot, begun and not yet ended."""
+
+    __slots__ = ("rec", "stream", "slot", "written")
+
+    def __init__(self, rec, stream, slot):
+        self.rec, self.stream, self.slot, self.written = rec, stream, slot, set()
+
+
+# --------------------------------------------------------------------------
+# The handle
+# --------------------------------------------------------------------------
+class Offload:
+    """What :func:`offload` returns: the pool, ring and gradient set of one
+    model, and its streamed modules. A context manager; close() puts the
+    weights back into ordinary tensors."""
+
+    def __init__(self):
+        raise TypeError("lwo.torch.Offload: use lwo.torch.offload(model, ...)")
+
+    # ----------------------------------------------------------------
+    # Setup
+    # ----------------------------------------------------------------
+    @classmethod
+    def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
+                backend, skipped):
+        self = object.__new__(cls)
+        self.closed = False
+        self.model_ref = weakref.ref(model)
+        self.backend = backend
+        self.device = device
+        self.depth = int(depth)
+        self.grads_depth = int(grads_depth)
+        self.skipped = skipped
+        self._stats_on = bool(stats)
+        self._timing = bool(timing)
+        self._events = []
+        self._dev_index = device.index if device.type == "cuda" else -1
+
+        # Records: one per group key, in the order their first module comes.
+        records, by_key = [], {}
+        states = []
+        for name, m in targets:
+            key = groups.get(name, name)
+            rec = by_key.get(key)
+            if rec is None:
+                rec = _Record(len(records), str(key))
+                by_key[key] = rec
+                records.append(rec)
+            s = _Module()
+            s.handle, s.name, s.module, s.record = self, name, m, rec
+            s.kind = "linear" if isinstance(m, nn.Linear) else "conv"
+            rec.modules.append(s)
+            states.append(s)
+        self.records = records
+        self.states = states
+
+        # The pool: tensors m<i>.weight / m<i>.bias, i the module's place in
+        # its record.
+        layers = []
+        for rec in records:
+            tensors = []
+            for i, s in enumerate(rec.modules):
+                w = s.module.weight
+                tensors.append(("m%d.weight" % i, _LWO_DTYPE[w.dtype], tuple(w.shape)))
+                rec.names.append("m%d.weight" % i)
+                s.w_idx = len(tensors) - 1
+                if s.module.bias is not None:
+                    b = s.module.bias
+                    tensors.append(("m%d.bias" % i, _LWO_DTYPE[b.dtype], tuple(b.shape)))
+                    rec.names.append("m%d.bias" % i)
+                    s.b_idx = len(tensors) - 1
+                else:
+                    s.b_idx = -1
+            layers.append(tensors)
+        self.pool = backend.pool(layers)
+
+        # Fill it, and make the parameters CPU tensors over it.
+        freed_cuda = False
+        with torch.no_grad():
+            for rec in records:
+                infos = self.pool.tensors(rec.index)
+                rec.bytes = self.pool.record_bytes(rec.index)
+                for s in rec.modules:
+                    m = s.module
+                    w = m.weight
+                    s.dtype = w.dtype
+                    s.lwo_dtype = _LWO_DTYPE[w.dtype]
+                    s.w_off = infos[s.w_idx].offset
+                    s.w_bytes = infos[s.w_idx].bytes
+                    s.weight = self._adopt(m, "weight", rec, s.w_idx)
+                    freed_cuda |= w.is_cuda
+                    s.has_bias = m.bias is not None
+                    if s.has_bias:
+                        s.b_off = infos[s.b_idx].offset
+                        s.b_bytes = infos[s.b_idx].bytes
+                        freed_cuda |= m.bias.is_cuda
+                        s.bias = self._adopt(m, "bias", rec, s.b_idx)
+                    else:
+                        s.b_off = s.b_bytes = 0
+                        s.bias = None
+                    rec.params += [p for p in (s.weight, s.bias) if p is not None]
+                    if s.kind == "linear":
+                        s.in_f, s.out_f = m.in_features, m.out_features
+                        s.desc = backend.linear_desc(s.in_f, s.out_f, s.lwo_dtype, s.has_bias)
+                        s.desc_acc = backend.linear_desc(s.in_f, s.out_f, s.lwo_dtype,
+                                                         s.has_bias, accumulate=True)
+                    else:
+                        s.in_f, s.out_f = m.in_channels, m.out_channels
+                        s.padding = _conv_padding(m)
+                        s.desc = backend.conv_desc(m, s.lwo_dtype, s.has_bias, s.padding)
+                        s.desc_acc = backend.conv_desc(m, s.lwo_dtype, s.has_bias, s.padding,
+                                                       accumulate=True)
+                        s.out_sizes = {}
+                rec.version = rec.current_version()
+                rec.trainable = any(p.requires_grad for p in rec.params)
+
+        self.ring = backend.ring(self.pool, self.depth, self._timing)
+        self.grads = None
+        self._grad_views = {}
+        self._make_grads()
+
+        # Prefetch state.
+        self.planner = Planner([s.record.index for s in states])
+        self._held = None          # (record, ticket, stream, base) acquired and kept
+        self._prefetched = {}      # record index -> (ticket, version), staged ahead
+        self._live = 0             # tickets staged or held
+        self._span = None          # the gradient slot being written
+        self._cb_tasks = set()     # graph tasks whose end callback is queued
+        self._got_grad = set()     # modules whose dW was sent since the last zero
+        self._exposed = {}         # param -> its host gradient tensor, set as param.grad
+
+        # The modules become streamed ones.
+        for s in states:
+            m = s.module
+            m._lwo_state = s
+            m.__class__ = _streamed_class(type(m))
+        if freed_cuda and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return self
+
+    def _adopt(self, m, key, rec, idx):
+        old = m._parameters[key]
+        addr, nbytes = self.pool.tensor_host(rec.index, rec.names[idx])
+        host = _host_tensor(addr, nbytes, old.dtype, tuple(old.shape), self.pool)
+        host.copy_(old.detach())
+        p = nn.Parameter(host, requires_grad=old.requires_grad)
+        m._parameters[key] = p
+        return p
+
+    def _make_grads(self, extra=None):
+        """Creates the gradient set over the trainable records (and `extra`,
+        a record whose parameters became trainable after offload(): the set
+        is made again, the sums so far carried over)."""
+        old_mask = [rec.trainable for rec in self.records]
+        mask = list(old_mask)
+        if extra is not None:
+            mask[extra.index] = True
+        if not any(mask):
+            return
+        old = self.grads
+        if old is not None:
+            if self._span is not None:
+                self._end_span()
+            old.wait()
+        grads = self.backend.grads(self.pool, mask, self.grads_depth)
+        old_views = self._grad_views
+        self._grad_views = {}
+        if old is not None:
+            for rec, was in zip(self.records, old_mask):
+                if not was:
+                    continue
+                for name in rec.names:
+                    src = old_views.get((rec.index, name))
+                    if src is None:
+                        src = self._grad_view(rec.index, name, old)
+                        self._grad_views.pop((rec.index, name), None)
+                    self._grad_view(rec.index, name, grads).copy_(src)
+            keys = self._param_key
+            for p, t in list(self._exposed.items()):
+                nt = self._grad_views[keys[p]].view(t.shape)
+                self._exposed[p] = nt
+                if p.grad is t:
+                    p.grad = nt
+        self.grads = grads
+        for rec, m in zip(self.records, mask):
+            rec.trainable = m
+
+    def _grad_view(self, layer, name, grads=None):
+        key = (layer, name)
+        t = self._grad_views.get(key)
+        if t is None:
+            g = grads or self.grads
+            addr, dt, n = g.tensor(layer, name)
+            tdt = _TORCH_DTYPE.get(dt)
+            if tdt is None:
+                raise TypeError("lwo.torch: a gradient buffer of lwo dtype %s" % dt)
+            t = _host_tensor(addr, n * torch.empty((), dtype=tdt).element_size(), tdt, (n,),
+                             g)
+            self._grad_views[key] = t
+        return t
+
+    @property
+    def _param_key(self):
+        keys = {}
+        for rec in self.records:
+            for s in rec.modules:
+                keys[s.weight] = (rec.index, rec.names[s.w_idx])
+                if s.bias is not None:
+                    keys[s.bias] = (rec.index, rec.names[s.b_idx])
+        return keys
+
+    # ----------------------------------------------------------------
+    # The ring
+    # ----------------------------------------------------------------
+    def _stream(self, x):
+        return self.backend.current_stream(self._dev_index)
+
+    def _observe(self, rec, grad, in_backward):
+        rec.n_accesses += 1
+        self.planner.observe(rec.index, grad, in_backward)
+
+    def _stage(self, rec, stream):
+        if not self._stats_on:
+            t = self.ring.stage(rec.index)
+        else:
+            t = self._stage_measured(rec)
+        self._live += 1
+        return t
+
+    def _acquire(self, rec, stream):
+        """The device address of `rec`'s record, acquired on `stream`."""
+        held = self._held
+        if held is not None:
+            if held[0] is rec and held[2] == stream:
+                return held[3]
+            self._held = None
+            self._live -= 1
+            self.ring.release(held[1], held[2])
+        v = rec.current_version()
+        ent = self._prefetched.pop(rec.index, None)
+        if ent is not None and ent[1] != v:
+            self._live -= 1
+            self.ring.release(ent[0], stream)  # staged before a write: copy again
+            ent = None
+        if v != rec.version:
+            self.backend.layer_changed(self.pool, rec.index)
+            rec.version = v
+        if ent is None:
+            while self._live >= self.depth and self._prefetched:
+                _r, (t_old, _v) = self._prefetched.popitem()  # the farthest ahead
+                self._live -= 1
+                self.ring.release(t_old, stream)
+            t = self._stage(rec, stream)
+        else:
+            t = ent[0]
+        if self._stats_on:
+            base = self._acquire_measured(rec, t, stream)
+        else:
+            base = self.ring.acquire(t, stream)
+        self._held = (rec, t, stream, base)
+        if self._live < self.depth:
+            self._prefetch(stream)  # queue the next copies before this compute
+        return base
+
+    def _after(self, rec, stream):
+        """After a call of `rec`'s module: release it unless the plan says it
+        comes again next, then stage what the plan says comes next."""
+        planner = self.planner
+        held = self._held
+        if held is not None and not planner.next_is(rec.index):
+            self._held = None
+            self._live -= 1
+            self.ring.release(held[1], held[2])
+        if self._live < self.depth:
+            self._prefetch(stream)
+
+    def _prefetch(self, stream):
+        """Stages the records the plan names next into the free slots."""
+        planner = self.planner
+        held = self._held
+        room = self.depth - self._live
+        pre = self._prefetched
+        for idx, next_step in planner.upcoming(self.depth,
+                                               exclude=held[0].index if held else None):
+            if idx in pre:
+                continue
+            r = self.records[idx]
+            if next_step and r.trainable and planner.kind != _FORWARD:
+                # A training step's optimizer writes trainable records before
+                # the next step: copying them now would be wasted (a write
+                # is caught all the same: the version check stages again).
+                break
+            v = r.current_version()
+            if v != r.version:
+                self.backend.layer_changed(self.pool, idx)
+                r.version = v
+            try:
+                t = self._stage(r, stream)
+            except StateError:
+                break
+            pre[idx] = (t, v)
+            room -= 1
+            if room <= 0:
+                break
+
+    def _release_all(self):
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._live -= 1
+            self.ring.release(held[1], held[2])
+
+    # ----------------------------------------------------------------
+    # Per-layer statistics (stats=True)
+    # ----------------------------------------------------------------
+    def _stage_measured(self, rec):
+        before = self.ring.stats()
+        ev = None
+        if self.backend.events:
+            ts = torch.cuda.ExternalStream(self.backend.transfer_stream(), device=self.device)
+            e0 = torch.cuda.Event(enable_timing=True)
+            e0.record(ts)
+        t = self.ring.stage(rec.index)
+        after = self.ring.stats()
+        hit = after.n_hits > before.n_hits
+        rec.n_stages += 1
+        rec.n_hits += int(hit)
+        rec.bytes_copied += after.bytes_copied - before.bytes_copied
+        if self.backend.events and not hit:
+            e1 = torch.cuda.Event(enable_timing=True)
+            e1.record(ts)
+            self._events.append((rec, "copy", e0, e1))
+        return t
+
+    def _acquire_measured(self, rec, t, stream):
+        if not self.backend.events:
+            return self.ring.acquire(t, stream)
+        cs = torch.cuda.ExternalStream(stream, device=self.device) if stream else \
+            torch.cuda.default_stream(self.device)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e0.record(cs)
+        base = self.ring.acquire(t, stream)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e1.record(cs)
+        self._events.append((rec, "stall", e0, e1))
+        return base
+
+    def _fold_events(self):
+        if not self._events:
+            return
+        if self.backend.events:
+            torch.cuda.synchronize(self.device)
+        for rec, kind, e0, e1 in self._events:
+            ms = e0.elapsed_time(e1)
+            if kind == "copy":
+                rec.copy_ms += ms
+            else:
+                rec.stall_ms += ms
+        self._events = []
+
+    # ----------------------------------------------------------------
+    # Gradients
+    # ----------------------------------------------------------------
+    def _backward_started(self):
+        task = _graph_task_id()
+        if task in self._cb_tasks:
+            return
+        first = not self._cb_tasks
+        self._cb_tasks.add(task)
+        if task != -1:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: self._backward_ended(task))
+        if first and self.grads is not None:
+            self._start_sums()
+
+    def _start_sums(self):
+        """At the start of a backward pass: a param.grad set to None since
+        the last pass starts a new sum; one replaced by another tensor is
+        copied in (PyTorch would add to it)."""
+        exposed = self._exposed
+        if not exposed:
+            if self._got_grad:
+                self.grads.zero()
+                self._got_grad.clear()
+            return
+        nones = [p for p, t in exposed.items() if p.grad is None]
+        if len(nones) == len(exposed):
+            self.grads.zero()
+            exposed.clear()
+            self._got_grad.clear()
+            return
+        waited = False
+        for p, t in list(exposed.items()):
+            g = p.grad
+            if g is t:
+                continue
+            if not waited:
+                self.grads.wait()
+                waited = True
+            if g is None:
+                t.zero_()
+            else:
+                t.copy_(g.detach().reshape(t.shape))
+                p.grad = None  # set back to the host buffer at the end of the pass
+
+    def _backward_ended(self, task):
+        self._cb_tasks.discard(task)
+        if self._cb_tasks:
+            return  # an inner (reentrant) pass: the outer one ends the step
+        if self._span is not None:
+            self._end_span()
+        self._release_all()
+        self.planner.end()
+        if self.grads is not None and self._got_grad:
+            self.grads.wait()  # the fence: the host buffers hold the sums from here on
+            keys = None
+            for s in list(self._got_grad):
+                for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
+                    if p is None or not p.requires_grad:
+                        continue
+                    t = self._exposed.get(p)
+                    if t is None:
+                        t = self._grad_view(s.record.index, s.record.names[idx]).view(p.shape)
+                        self._exposed[p] = t
+                    if p.grad is not t:
+                        p.grad = t
+
+    def _grad_slot(self, rec, stream):
+        sp = self._span
+        if sp is not None:
+            if sp.rec is rec and sp.stream == stream:
+                return sp
+            self._end_span()
+        sp = _Span(rec, stream, self.grads.begin(rec.index, stream))
+        self._span = sp
+        return sp
+
+    def _end_span(self):
+        sp = self._span
+        self._span = None
+        rec = sp.rec
+        if len(sp.written) != len(rec.names):
+            for i, (addr, dt) in enumerate(sp.slot):
+                if i not in sp.written:
+                    n = math.prod(self._tensor_shape(rec, i))
+                    self.backend.zero_device(addr, n * _core.dtype_size(dt), sp.stream)
+        self.grads.end(rec.index, sp.stream)
+
+    def _tensor_shape(self, rec, i):
+        for s in rec.modules:
+            if s.w_idx == i:
+                return tuple(s.weight.shape)
+            if s.b_idx == i:
+                return tuple(s.bias.shape)
+        raise IndexError(i)
+
+    # ----------------------------------------------------------------
+    # Linear
+    # ----------------------------------------------------------------
+    def _input(self, s, x):
+        if x.dtype != s.dtype:
+            if not _autocast_any(x):
+                raise RuntimeError(
+                    "lwo.torch: %s %r has %s weights but got %s input (lwo computes "
+                    "input and weights in one dtype; cast the input, or run under "
+                    "torch.autocast)" % (s.kind, s.name, s.dtype, x.dtype))
+            x = x.to(s.dtype)
+        if x.get_device() != self._dev_index:
+            raise RuntimeError(
+                "lwo.torch: %s %r is streamed to %s but got an input on %s"
+                % (s.kind, s.name, self.device, x.device))
+        return x.contiguous()
+
+    def _linear_forward(self, s, x, grad):
+        if self.closed:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: the offload handle of %r "
+                             "is closed" % s.name)
+        x = self._input(s, x)
+        shape = x.shape
+        if shape[-1] != s.in_f:
+            raise RuntimeError("lwo.torch: linear %r takes %d input features, got shape %s"
+                               % (s.name, s.in_f, tuple(shape)))
+        y = torch.empty(shape[:-1] + (s.out_f,), dtype=s.dtype, device=x.device)
+        tokens = x.numel() // s.in_f
+        if tokens == 0:
+            return y
+        stream = self.backend.current_stream(self._dev_index)
+        rec = s.record
+        self._observe(rec, grad, _graph_task_id() != -1)
+        base = self._acquire(rec, stream)
+        try:
+            self.backend.linear_forward(s.desc, tokens, x.data_ptr(), base + s.w_off,
+                                        base + s.b_off if s.has_bias else None, y.data_ptr(),
+                                        stream)
+        finally:
+            self._after(rec, stream)
+        return y
+
+    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
+        if not need_dx and not need_dw:
+            return None
+        dy = dy.contiguous()
+        if dy.dtype != s.dtype:
+            dy = dy.to(s.dtype)
+        tokens = dy.numel() // s.out_f
+        stream = self.backend.current_stream(self._dev_index)
+        self._backward_started()
+        rec = s.record
+        self._observe(rec, True, True)
+        be = self.backend
+        if need_dw:
+            if x.dtype != s.dtype:
+                x = x.to(s.dtype)
+            x = x.contiguous()
+            sp = self._grad_slot(rec, stream)
+            acc = s.w_idx in sp.written
+            w_addr, wire = sp.slot[s.w_idx]
+            db = sp.slot[s.b_idx][0] if s.has_bias else None
+            if tokens:
+                be.linear_backward(s.desc_acc if acc else s.desc, tokens, x.data_ptr(),
+                                   dy.data_ptr(), None, None, w_addr, db, wire, stream)
+            elif not acc:
+                be.zero_device(w_addr, s.w_bytes, stream)
+                if s.has_bias:
+                    be.zero_device(db, s.b_bytes, stream)
+            sp.written.add(s.w_idx)
+            if s.has_bias:
+                sp.written.add(s.b_idx)
+            self._got_grad.add(s)
+            if not self.planner.next_is(rec.index):
+                self._end_span()  # off to the host while dx computes
+        if not need_dx:
+            return None
+        dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
+        if tokens == 0:
+            return dx.to(x_dtype)
+        base = self._acquire(rec, stream)
+        try:
+            be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
+                               dx.data_ptr(), None, None, s.lwo_dtype, stream)
+        finally:
+            self._after(rec, stream)
+        return dx if x_dtype == s.dtype else dx.to(x_dtype)
+
+    # ----------------------------------------------------------------
+    # Conv2d
+    # ----------------------------------------------------------------
+    def _conv_out(self, s, h, w):
+        key = (h, w)
+        got = s.out_sizes.get(key)
+        if got is None:
+            got = self.backend.conv_output_size(s.desc, h, w)
+            s.out_sizes[key] = got
+        return got
+
+    def _conv_forward(self, s, x, grad):
+        if self.closed:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: the offload handle of %r "
+                             "is closed" % s.name)
+        unbatched = x.dim() == 3
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.dim() != 4 or x.shape[1] != s.in_f:
+            raise RuntimeError("lwo.torch: conv2d %r takes [N, %d, H, W] input, got shape %s"
+                               % (s.name, s.in_f, tuple(x.shape)))
+        x = self._input(s, x)
+        n, _c, h, w = x.shape
+        oh, ow = self._conv_out(s, h, w)
+        y = torch.empty((n, s.out_f, oh, ow), dtype=s.dtype, device=x.device)
+        if n == 0:
+            return y.squeeze(0) if unbatched else y
+        stream = self.backend.current_stream(self._dev_index)
+        rec = s.record
+        self._observe(rec, grad, _graph_task_id() != -1)
+        base = self._acquire(rec, stream)
+        try:
+            self.backend.conv_forward(s.desc, n, h, w, x.data_ptr(), base + s.w_off,
+                                      base + s.b_off if s.has_bias else None, y.data_ptr(),
+                                      stream)
+        finally:
+            self._after(rec, stream)
+        return y.squeeze(0) if unbatched else y
+
+    def _conv_backward(self, s, x, x_shape, dy, need_dx, need_dw, x_dtype):
+        if not need_dx and not need_dw:
+            return None
+        unbatched = len(x_shape) == 3
+        if unbatched:
+            dy = dy.unsqueeze(0)
+        dy = dy.contiguous()
+        if dy.dtype != s.dtype:
+            dy = dy.to(s.dtype)
+        n = dy.shape[0]
+        shape4 = (1,) + tuple(x_shape) if unbatched else tuple(x_shape)
+        h, w = shape4[2], shape4[3]
+        stream = self.backend.current_stream(self._dev_index)
+        self._backward_started()
+        rec = s.record
+        self._observe(rec, True, True)
+        be = self.backend
+        if need_dw:
+            if unbatched:
+                x = x.unsqueeze(0)
+            if x.dtype != s.dtype:
+                x = x.to(s.dtype)
+            x = x.contiguous()
+            sp = self._grad_slot(rec, stream)
+            acc = s.w_idx in sp.written
+            w_addr, wire = sp.slot[s.w_idx]
+            db = sp.slot[s.b_idx][0] if s.has_bias else None
+            if n:
+                be.conv_backward(s.desc_acc if acc else s.desc, n, h, w, x.data_ptr(),
+                                 dy.data_ptr(), None, None, w_addr, db, wire, stream)
+            elif not acc:
+                be.zero_device(w_addr, s.w_bytes, stream)
+                if s.has_bias:
+                    be.zero_device(db, s.b_bytes, stream)
+            sp.written.add(s.w_idx)
+            if s.has_bias:
+                sp.written.add(s.b_idx)
+            self._got_grad.add(s)
+            if not self.planner.next_is(rec.index):
+                self._end_span()
+        if not need_dx:
+            return None
+        dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
+        if n:
+            base = self._acquire(rec, stream)
+            try:
+                be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
+                                 dx.data_ptr(), None, None, s.lwo_dtype, stream)
+            finally:
+                self._after(rec, stream)
+        if unbatched:
+            dx = dx.squeeze(0)
+        return dx if x_dtype == s.dtype else dx.to(x_dtype)
+
+    # ----------------------------------------------------------------
+    # Public
+    # ----------------------------------------------------------------
+    @property
+    def modules(self):
+        """The streamed modules, by name."""
+        return {s.name: s.module for s in self.states}
+
+    def record_names(self):
+        """For each record (in pool order), the names of its modules."""
+        return [[s.name for s in rec.modules] for rec in self.records]
+
+    def plan(self, kind="train"):
+        """The current prefetch plan of a kind of step ("train" or "forward"):
+        the record index of each streamed module call, in order."""
+        return list(self.planner.plans[kind])
+
+    def mark_changed(self, modules=None):
+        """Declares that streamed weights were written behind the tensors'
+        version counters (through .data, or raw pointers): the next stage of
+        their records copies them again. modules: None (every record), a
+        module, a module name, or a list of them. Call it only while no
+        forward or backward is running."""
+        recs = self._records_of(modules)
+        for rec in recs:
+            self.backend.layer_changed(self.pool, rec.index)
+            rec.version = rec.current_version()
+            ent = self._prefetched.pop(rec.index, None)
+            if ent is not None:
+                self._live -= 1
+                self.ring.release(ent[0], self.backend.current_stream(self._dev_index))
+            if self._held is not None and self._held[0] is rec:
+                self._release_all()
+
+    def _records_of(self, modules):
+        if modules is None:
+            return list(self.records)
+        if isinstance(modules, (str, nn.Module)):
+            modules = [modules]
+        by_name = {s.name: s for s in self.states}
+        out = []
+        for m in modules:
+            if isinstance(m, str):
+                s = by_name.get(m)
+            else:
+                s = getattr(m, "_lwo_state", None)
+            if s is None or s.handle is not self:
+                raise KeyError("lwo.torch: %r is not a module streamed by this handle" % (m,))
+            if s.record not in out:
+                out.append(s.record)
+        return out
+
+    def zero_grad(self):
+        """Sets the streamed parameters' grad to None and starts new sums
+        now (what optimizer.zero_grad() does, and the next backward pass
+        would notice)."""
+        if self.grads is None:
+            return
+        for p in list(self._exposed):
+            p.grad = None
+        self._exposed.clear()
+        self.grads.zero()
+        self._got_grad.clear()
+
+    def synchronize(self):
+        """Waits for every copy and computation of the handle's engine."""
+        self.backend.synchronize()
+
+    def stats(self, reset=False):
+        """The ring's and the gradient set's statistics (lwo_ring_stats,
+        lwo_grads_stats), the planner's counts, and with stats=True the
+        per-record figures (see layer_stats)."""
+        out = {"ring": self.ring.stats()._asdict(), "planner": self.planner.stats(),
+               "records": len(self.records), "pool_bytes": sum(r.bytes for r in self.records),
+               "depth": self.depth}
+        if self.grads is not None:
+            out["grads"] = self.grads.stats()._asdict()
+        if self._stats_on:
+            out["layers"] = self.layer_stats()
+        if reset:
+            self.reset_stats()
+        return out
+
+    def layer_stats(self):
+        """Per record, with stats=True (else only the access counts): its
+        modules, accesses, stages, hits, bytes copied, the copy time on the
+        transfer stream (from the stage's place in that stream to the copy's
+        end, so it includes waiting for the slot to be free: an upper bound
+        of the copy), the bandwidth that gives (a lower bound), and the stall:
+        how long the compute stream stood waiting for the record in
+        lwo_ring_acquire. Synchronizes the device."""
+        self._fold_events()
+        out = []
+        for rec in self.records:
+            out.append({
+                "record": rec.index, "name": rec.name,
+                "modules": [s.name for s in rec.modules], "bytes": rec.bytes,
+                "accesses": rec.n_accesses, "stages": rec.n_stages, "hits": rec.n_hits,
+                "bytes_copied": rec.bytes_copied, "copy_ms": rec.copy_ms,
+                "stall_ms": rec.stall_ms,
+                "bandwidth_gbps": (rec.bytes_copied / rec.copy_ms / 1e6) if rec.copy_ms else 0.0,
+            })
+        return out
+
+    def reset_stats(self):
+        self._fold_events()
+        self.ring.reset_stats()
+        for rec in self.records:
+            rec.n_stages = rec.n_hits = rec.bytes_copied = rec.n_accesses = 0
+            rec.copy_ms = rec.stall_ms = 0.0
+
+    def close(self, device=None):
+        """Puts every streamed weight back into an ordinary tensor (the same
+        Parameter objects, so optimizers keep them): on `device` (default:
+        the device lwo streamed to; "cpu" keeps them in host memory), then
+        destroys the ring, the gradient set and the pool. Gradients in
+        param.grad are copied likewise."""
+        if self.closed:
+            return
+        target = torch.device(device) if device is not None else self.device
+        if self.grads is not None:
+            self.grads.wait()
+        self._release_all()
+        for idx, (t, _v) in list(self._prefetched.items()):
+            self.ring.release(t, self.backend.current_stream(self._dev_index))
+        self._prefetched.clear()
+        self._live = 0
+        self.synchronize()
+        with torch.no_grad():
+            for s in self.states:
+                m = s.module
+                m.__class__ = type(m)._lwo_base_class
+                del m._lwo_state
+                for p in (s.weight, s.bias):
+                    if p is None:
+                        continue
+                    g = p.grad
+                    p.grad = None
+                    p.data = p.data.to(target, copy=True)
+                    if g is not None:
+                        p.grad = g.to(target, copy=True)
+        self._exposed.clear()
+        self._grad_views.clear()
+        self.closed = True
+        self.ring.close()
+        self.grads = None
+        # The gradient set and the pool go with the last tensor over them.
+        self.pool = None
+        model = self.model_ref()
+        if model is not None and getattr(model, "_lwo_handle", None) is self:
+            del model._lwo_handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return "<lwo.torch.Offload %d modules in %d records, %.1f MiB, depth %d%s>" % (
+            len(self.states), len(self.records), sum(r.bytes for r in self.records) / 2**20,
+            self.depth, ", closed" if self.closed else "")
+
+
+def _autocast_any(x):
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
+
+
+def _conv_padding(m):
+    p = m.padding
+    if isinstance(p, str):
+        if p == "valid":
+            return (0, 0)
+        # 'same': stride 1; lwo pads symmetrically, so the total must be even
+        out = []
+        for k, d in zip(m.kernel_size, m.dilation):
+            total = d * (k - 1)
+            if total % 2:
+                return None
+            out.append(total // 2)
+        return tuple(out)
+    return tuple(int(v) for v in p)
+
+
+def _unsupported(name, m):
+    """Why lwo cannot compute module m (None if it can)."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dtype not in _LWO_DTYPE:
+        return "weight dtype %s (lwo computes f32, bf16 and f16)" % (
+            getattr(w, "dtype", None),)
+    if w.device.type == "meta":
+        return "weight on the meta device (no data to move)"
+    if m.bias is not None and m.bias.dtype != w.dtype:
+        return "bias dtype %s differs from the weight's %s" % (m.bias.dtype, w.dtype)
+    if w.numel() == 0:
+        return "empty weight"
+    if isinstance(m, nn.Conv2d):
+        if m.padding_mode != "zeros":
+            return "padding_mode %r (lwo pads with zeros)" % m.padding_mode
+        if _conv_padding(m) is None:
+            return "padding='same' with an odd total padding (lwo pads symmetrically)"
+    if getattr(m, "_lwo_state", None) is not None:
+        return "already streamed by another handle"
+    return None
+
+
+def _groups_of(targets, group):
+    """Group key of each target module name."""
+    if group is None:
+        return {}
+    out = {}
+    if callable(group):
+        for name, m in targets:
+            key = group(name, m)
+            if key is not None:
+                out[name] = ("group", key)
+        return out
+    prefixes = [group] if isinstance(group, str) else list(group)
+    for name, m in targets:
+        for p in prefixes:
+            base = p[:-1] if p.endswith(".") else p
+            if name == base or name.startswith(base + "."):
+                out[name] = ("group", base)
+                break
+    return out
+
+
+def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=None,
+            stats=False, timing=False, _backend=None):
+    """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
+    through lwo. Returns an :class:`Offload` handle (also reachable as
+    ``lwo.torch.handle_of(model)``).
+
+    filter:  ``filter(name, module) -> bool``: which of those modules to
+             stream (default: all that lwo can compute; the others, with
+             their reasons, are in ``handle.skipped``).
+    group:   one record per module (None), or records that hold several:
+             a callable ``group(name, module) -> key`` (modules with the same
+             key share one record; None: a record of its own) or a list of
+             module-name prefixes ("model.layers.3" takes every streamed
+             module under it). A record moves in one copy.
+    depth:   device slots of the ring (each the size of the largest record).
+    grads_depth: device staging slots for weight gradients.
+    device:  the CUDA device to stream to (default: where the model's other
+             parameters are, else the current device). The rest of the model
+             is moved there.
+    stats:   per-record stall and copy times (CUDA events on every stage and
+             acquire; adds host overhead): ``handle.layer_stats()``.
+    timing:  lwo's own ring timing (LWO_RING_TIMING): ``handle.stats()``
+             has copy_ms, wait_ms and bandwidth_gbps for the whole ring.
+
+    Create optimizers after offload(): the streamed parameters are new
+    Parameter objects (CPU tensors over the pool)."""
+    if stats and timing:
+        raise ValueError("lwo.torch.offload: stats=True (per record) and timing=True (lwo's "
+                         "ring timing, whose reads block) cannot be combined")
+    if int(depth) < 1:
+        raise ValueError("lwo.torch.offload: depth must be >= 1, got %r" % (depth,))
+    if not isinstance(model, nn.Module):
+        raise TypeError("lwo.torch.offload: %r is not a torch.nn.Module" % (model,))
+
+    # Which device.
+    if _backend is None:
+        if device is None:
+            device = _model_device(model)
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError("lwo.torch.offload: lwo streams to a CUDA device, not %s" % device)
+        if not torch.cuda.is_available():
+            # lwo's own message says which of no driver / no GPU / old GPU it is.
+            _Backend(device.index or 0)
+            raise RuntimeError("lwo.torch.offload: torch sees no CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        backend = _Backend(device.index)
+    else:
+        backend = _backend
+        device = torch.device(backend.device_type, getattr(backend, "device_index", None)) \
+            if backend.device_type == "cuda" else torch.device(backend.device_type)
+
+    # Which modules.
+    targets, skipped = [], {}
+    shared = _shared_params(model)
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.Linear, nn.Conv2d)):
+            continue
+        if filter is not None and not filter(name, m):
+            continue
+        why = _unsupported(name, m)
+        if why is None:
+            for key in ("weight", "bias"):
+                p = getattr(m, key, None)
+                if p is not None and len(shared.get(id(p), ())) > 1:
+                    why = "%s shared with %s" % (key, ", ".join(
+                        n for n in shared[id(p)] if n != name))
+                    break
+        if why is not None:
+            skipped[name] = why
+            continue
+        targets.append((name, m))
+    if not targets:
+        raise ValueError("lwo.torch.offload: no nn.Linear or nn.Conv2d module to stream%s"
+                         % ("" if not skipped else " (skipped: %s)" % "; ".join(
+                             "%s: %s" % kv for kv in skipped.items())))
+    groups = _groups_of(targets, group)
+    handle = Offload._create(model, targets, groups, depth, grads_depth, device, stats, timing,
+                             backend, skipped)
+    # The rest of the model goes to the device (the streamed weights stay).
+    if backend.device_type == "cuda":
+        model.to(device)
+    model._lwo_handle = handle
+    return handle
+
+
+def _model_device(model):
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_cuda:
+            return t.device
+    return torch.device("cuda")
+
+
+def _shared_params(model):
+    """id(param) -> the names of the modules holding it (one name per module)."""
+    holders = {}
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for p in m._parameters.values():
+            if p is not None:
+                holders.setdefault(id(p), {}).setdefault(id(m), mname)
+    return {pid: list(mods.values()) for pid, mods in holders.items()}
+
+
+def is_offloaded(module):
+    """True if `module` is (or holds) a module streamed by lwo.torch."""
+    return any(getattr(m, "_lwo_state", None) is not None for m in module.modules())
+
+
+def handle_of(model):
+    """The Offload handle that offload(model) returned (None if none)."""
+    h = getattr(model, "_lwo_handle", None)
+    return None if h is None or h.closed else h

@@ -1,0 +1,413 @@
+"""A CPU stand-in for the part of liblwo that lwo.torch calls, for tests
+without a GPU: the same calls (lwo.torch._Backend's methods), the same
+rules of the C API where a misuse would go unseen otherwise, and torch on
+the CPU for the arithmetic.
+
+- "Device" memory is host memory; pointers are addresses, as on the GPU.
+- Pools: records laid out as lwo lays them (each tensor at a multiple of
+  256 bytes), zero-filled.
+- Rings: `depth` slots; a stage takes the layer's slot if it is still
+  there, unchanged (a hit), else the free slot released longest ago (empty
+  ones first) and copies the record into it then; LWO_ERR_LAYER_BUSY,
+  LWO_ERR_RING_FULL, LWO_ERR_STALE_TICKET and LWO_ERR_TICKET_STATE as the
+  library raises them. Releasing a slot fills it with NaN-like bytes (0xff)
+  when the test asks for poison=True, so reading a released slot shows.
+- Gradients: slots filled with 0xff at begin (a tensor not written shows),
+  LWO_ERR_LAYER_BUSY / RING_FULL / TICKET_STATE as the library does; end
+  queues the copy, and only wait() (the fence) lands it in the host buffer:
+  assigned while the layer is fresh since the last zero, else added in f32
+  and rounded once; wait() also zeroes the zeroed layers that got nothing.
+- Compute: products in f32, rounded once to the layer's dtype, as lwo does.
+"""
+
+import collections
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+import lwo
+from lwo import _capi as C
+
+_ALIGN = 256
+_DT = {C.LWO_DTYPE_F32: torch.float32, C.LWO_DTYPE_BF16: torch.bfloat16,
+       C.LWO_DTYPE_F16: torch.float16}
+
+RingStats = lwo.RingStats
+GradsStats = lwo.GradsStats
+TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes")
+
+
+def _err(status, message):
+    return lwo.error_class(status)(status, message)
+
+
+def _at(address, dtype, shape):
+    """A CPU tensor over host memory at `address`."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n == 0:
+        return torch.empty(tuple(shape), dtype=dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_char * (n * size)).from_address(int(address))
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(tuple(shape))
+
+
+def _bytes_at(address, nbytes):
+    return _at(address, torch.uint8, (int(nbytes),))
+
+
+class Memory:
+    """Owns the host allocations that stand for device and host memory."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def alloc(self, nbytes, fill=0):
+        t = torch.full((max(int(nbytes), 1) + _ALIGN,), fill, dtype=torch.uint8)
+        self.blocks.append(t)
+        addr = t.data_ptr()
+        return addr + (-addr % _ALIGN)
+
+
+class Pool:
+    def __init__(self, backend, layers):
+        self.backend = backend
+        self.handle = id(self)
+        self.layers = []
+        self.version = []
+        for tensors in layers:
+            infos, off = [], 0
+            for name, dt, shape in tensors:
+                n = 1
+                for d in shape:
+                    n *= d
+                nbytes = n * lwo.dtype_size(dt)
+                infos.append(TensorInfo(name, dt, tuple(shape), off, nbytes))
+                off += nbytes + (-nbytes % _ALIGN)
+            record = max(off, 0)
+            host = backend.mem.alloc(record)
+            self.layers.append((infos, record, host))
+            self.version.append(0)
+        self.max_record = max([r for _i, r, _h in self.layers] + [0])
+
+    def tensors(self, layer):
+        return self.layers[layer][0]
+
+    def record_bytes(self, layer):
+        return self.layers[layer][1]
+
+    def tensor_host(self, layer, name):
+        infos, _r, host = self.layers[layer]
+        for i in infos:
+            if i.name == name:
+                return lwo.HostMemory(host + i.offset, i.bytes)
+        raise _err(C.LWO_ERR_NOT_FOUND, "fake lwo_pool_tensor_host: no tensor %r" % name)
+
+
+class Ring:
+    def __init__(self, backend, pool, depth, timing):
+        self.backend, self.pool, self.depth = backend, pool, depth
+        self.slots = []   # [layer, version, state, ticket, released_order, base]
+        for _ in range(depth):
+            self.slots.append({"layer": None, "version": None, "state": "empty",
+                               "ticket": 0, "order": -1,
+                               "base": backend.mem.alloc(pool.max_record)})
+        self.next_ticket = 1
+        self.release_count = 0
+        self.tickets = {}  # ticket -> slot
+        self.n_stages = self.n_hits = self.n_copies = self.bytes_copied = 0
+        self.log = []      # ("stage", layer, hit) / ("acquire", layer) / ("release", layer)
+        self.closed = False
+
+    def stage(self, layer):
+        if layer >= len(self.pool.layers):
+            raise _err(C.LWO_ERR_OUT_OF_RANGE, "fake lwo_ring_stage: layer %d" % layer)
+        for sl in self.slots:
+            if sl["layer"] == layer and sl["state"] in ("staged", "acquired"):
+                raise _err(C.LWO_ERR_LAYER_BUSY, "fake lwo_ring_stage: layer %d is busy"
+                           % layer)
+        free = [sl for sl in self.slots if sl["state"] in ("empty", "released")]
+        if not free:
+            raise _err(C.LWO_ERR_RING_FULL, "fake lwo_ring_stage: ring full (layer %d)" % layer)
+        ver = self.pool.version[layer]
+        hit = [sl for sl in free if sl["layer"] == layer and sl["version"] == ver]
+        if hit:
+            sl = hit[0]
+        else:
+            empty = [sl for sl in free if sl["state"] == "empty"]
+            sl = empty[0] if empty else min(free, key=lambda s: s["order"])
+            infos, record, host = self.pool.layers[layer]
+            if record:
+                _bytes_at(sl["base"], record).copy_(_bytes_at(host, record))
+            self.n_copies += 1
+            self.bytes_copied += record
+        t = self.next_ticket
+        self.next_ticket += 1
+        sl.update(layer=layer, version=ver, state="staged", ticket=t)
+        self.tickets[t] = sl
+        self.n_stages += 1
+        self.n_hits += bool(hit)
+        self.log.append(("stage", layer, bool(hit)))
+        return t
+
+    def _slot(self, ticket, call):
+        sl = self.tickets.get(ticket)
+        if sl is None:
+            raise _err(C.LWO_ERR_FOREIGN_TICKET, "fake %s: ticket %d" % (call, ticket))
+        if sl["ticket"] != ticket or sl["state"] not in ("staged", "acquired"):
+            raise _err(C.LWO_ERR_STALE_TICKET, "fake %s: stale ticket %d" % (call, ticket))
+        return sl
+
+    def acquire(self, ticket, stream):
+        sl = self._slot(ticket, "lwo_ring_acquire")
+        if sl["state"] == "acquired":
+            raise _err(C.LWO_ERR_TICKET_STATE, "fake lwo_ring_acquire: acquired twice")
+        sl["state"] = "acquired"
+        self.log.append(("acquire", sl["layer"]))
+        return sl["base"]
+
+    def release(self, ticket, stream):
+        sl = self._slot(ticket, "lwo_ring_release")
+        sl["state"] = "released"
+        sl["order"] = self.release_count
+        self.release_count += 1
+        self.log.append(("release", sl["layer"]))
+
+    def live(self):
+        return sum(sl["state"] in ("staged", "acquired") for sl in self.slots)
+
+    def stats(self):
+        return RingStats(self.n_stages, self.n_hits, self.n_copies, self.bytes_copied,
+                         0.0, 0.0, 0.0)
+
+    def reset_stats(self):
+        self.n_stages = self.n_hits = self.n_copies = self.bytes_copied = 0
+
+    def info(self):
+        return lwo.RingInfo(self.depth, self.depth - self.live(), self.pool.max_record)
+
+    def close(self):
+        if self.live():
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_ring_destroy: %d tickets live" % self.live())
+        self.closed = True
+
+
+class Grads:
+    def __init__(self, backend, pool, mask, depth):
+        self.backend, self.pool, self.depth = backend, pool, depth
+        self.mask = [bool(m) for m in mask]
+        self.host = {}     # (layer, name) -> (address, dtype, n)
+        for layer, (infos, _r, _h) in enumerate(pool.layers):
+            if not self.mask[layer]:
+                continue
+            for i in infos:
+                n = i.bytes // lwo.dtype_size(i.dtype)
+                self.host[(layer, i.name)] = (backend.mem.alloc(i.bytes), i.dtype, n)
+        self.fresh = [True] * len(pool.layers)
+        self.got = [False] * len(pool.layers)
+        self.zero_pending = set()
+        self.begun = {}    # layer -> slot addresses
+        self.pending = []  # (layer, [(name, dtype, copy of the slot tensor)])
+        self.n_transfers = self.bytes = self.n_accumulated = 0
+        self.log = []
+
+    def begin(self, layer, stream):
+        if not self.mask[layer]:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_grads_begin: layer %d is frozen"
+                       % layer)
+        if layer in self.begun:
+            raise _err(C.LWO_ERR_LAYER_BUSY, "fake lwo_grads_begin: layer %d already begun"
+                       % layer)
+        if len(self.begun) >= self.depth:
+            raise _err(C.LWO_ERR_RING_FULL, "fake lwo_grads_begin: every slot is begun")
+        slot = []
+        for i in self.pool.layers[layer][0]:
+            addr = self.backend.mem.alloc(i.bytes, fill=0xff)  # unwritten shows as NaN
+            slot.append((addr, i.dtype))
+        self.begun[layer] = slot
+        self.log.append(("begin", layer))
+        return slot
+
+    def end(self, layer, stream):
+        slot = self.begun.pop(layer, None)
+        if slot is None:
+            raise _err(C.LWO_ERR_TICKET_STATE, "fake lwo_grads_end: layer %d not begun" % layer)
+        copies = []
+        for (addr, dt), i in zip(slot, self.pool.layers[layer][0]):
+            copies.append((i.name, dt, _at(addr, _DT[dt], i.shape).clone()))
+            self.bytes += i.bytes
+        self.pending.append((layer, copies))
+        self.n_transfers += 1
+        self.log.append(("end", layer))
+
+    def wait(self):
+        for layer, copies in self.pending:
+            for name, dt, g in copies:
+                addr, hdt, n = self.host[(layer, name)]
+                dst = _at(addr, _DT[hdt], (n,))
+                if self.fresh[layer]:
+                    dst.copy_(g.reshape(-1))
+                else:
+                    dst.copy_((dst.float() + g.reshape(-1).float()).to(dst.dtype))
+                    self.n_accumulated += 1
+            self.fresh[layer] = False
+            self.got[layer] = True
+            self.zero_pending.discard(layer)
+        self.pending = []
+        for layer in list(self.zero_pending):
+            for (l2, name), (addr, hdt, n) in self.host.items():
+                if l2 == layer:
+                    _at(addr, _DT[hdt], (n,)).zero_()
+        self.zero_pending.clear()
+        self.log.append(("wait",))
+        if self.begun:
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_grads_wait: layers %s begun" % sorted(self.begun))
+
+    def zero(self):
+        self.wait()
+        self.fresh = [True] * len(self.pool.layers)
+        self.zero_pending = {l for l, m in enumerate(self.mask) if m}
+        self.log.append(("zero",))
+
+    def tensor(self, layer, name):
+        if not self.mask[layer]:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_grads_tensor: frozen layer")
+        return self.host[(layer, name)]
+
+    def stats(self):
+        return GradsStats(self.n_transfers, self.bytes, self.n_accumulated, 0, 0)
+
+    def close(self):
+        pass
+
+
+class Backend:
+    """What lwo.torch._Backend offers, on the CPU."""
+
+    device_type = "cpu"
+    device_index = -1
+    events = False
+
+    def __init__(self):
+        self.mem = Memory()
+        self.pools, self.rings, self.grads_sets = [], [], []
+        self.changed = []
+        self.calls = collections.Counter()
+
+    def current_stream(self, device_index):
+        return 0
+
+    def transfer_stream(self):
+        return 0
+
+    def pool(self, layers):
+        p = Pool(self, layers)
+        self.pools.append(p)
+        return p
+
+    def layer_changed(self, pool, layer):
+        pool.version[layer] += 1
+        self.changed.append(layer)
+
+    def ring(self, pool, depth, timing):
+        r = Ring(self, pool, depth, timing)
+        self.rings.append(r)
+        return r
+
+    def grads(self, pool, mask, depth):
+        g = Grads(self, pool, mask, depth)
+        self.grads_sets.append(g)
+        return g
+
+    # compute ------------------------------------------------------------
+    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False):
+        return {"in": in_features, "out": out_features, "dtype": dtype, "bias": bias,
+                "acc": accumulate}
+
+    def linear_forward(self, d, tokens, x, w, b, y, stream):
+        self.calls["linear_forward"] += 1
+        dt = _DT[d["dtype"]]
+        X = _at(x, dt, (tokens, d["in"])).float()
+        W = _at(w, dt, (d["out"], d["in"])).float()
+        Y = X @ W.t()
+        if d["bias"]:
+            Y = Y + _at(b, dt, (d["out"],)).float()
+        _at(y, dt, (tokens, d["out"])).copy_(Y.to(dt))
+
+    def linear_backward(self, d, tokens, x, dy, w, dx, dw, db, grad_dtype, stream):
+        self.calls["linear_backward"] += 1
+        dt = _DT[d["dtype"]]
+        gdt = _DT[grad_dtype]
+        DY = _at(dy, dt, (tokens, d["out"])).float()
+        if db and not d["bias"]:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_linear_backward: dbias, no bias")
+        if dw:
+            X = _at(x, dt, (tokens, d["in"])).float()
+            G = _at(dw, gdt, (d["out"], d["in"]))
+            val = DY.t() @ X
+            G.copy_((G.float() + val).to(gdt) if d["acc"] else val.to(gdt))
+        if db:
+            G = _at(db, gdt, (d["out"],))
+            val = DY.sum(0)
+            G.copy_((G.float() + val).to(gdt) if d["acc"] else val.to(gdt))
+        if dx:
+            if not w:
+                raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_linear_backward: weight NULL")
+            W = _at(w, dt, (d["out"], d["in"])).float()
+            _at(dx, dt, (tokens, d["in"])).copy_((DY @ W).to(dt))
+
+    def conv_desc(self, module, dtype, bias, padding, accumulate=False):
+        return {"dtype": dtype, "bias": bias, "acc": accumulate, "in": module.in_channels,
+                "out": module.out_channels, "k": tuple(module.kernel_size),
+                "stride": tuple(module.stride), "pad": tuple(padding),
+                "dil": tuple(module.dilation), "groups": module.groups}
+
+    def conv_output_size(self, d, h, w):
+        oh = (h + 2 * d["pad"][0] - d["dil"][0] * (d["k"][0] - 1) - 1) // d["stride"][0] + 1
+        ow = (w + 2 * d["pad"][1] - d["dil"][1] * (d["k"][1] - 1) - 1) // d["stride"][1] + 1
+        if oh < 1 or ow < 1:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_conv2d_output_size: too small")
+        return oh, ow
+
+    def _wshape(self, d):
+        return (d["out"], d["in"] // d["groups"]) + d["k"]
+
+    def conv_forward(self, d, n, h, w, x, wt, b, y, stream):
+        dt = _DT[d["dtype"]]
+        oh, ow = self.conv_output_size(d, h, w)
+        X = _at(x, dt, (n, d["in"], h, w)).float()
+        W = _at(wt, dt, self._wshape(d)).float()
+        B = _at(b, dt, (d["out"],)).float() if d["bias"] else None
+        Y = F.conv2d(X, W, B, d["stride"], d["pad"], d["dil"], d["groups"])
+        _at(y, dt, (n, d["out"], oh, ow)).copy_(Y.to(dt))
+
+    def conv_backward(self, d, n, h, w, x, dy, wt, dx, dw, db, grad_dtype, stream):
+        dt = _DT[d["dtype"]]
+        gdt = _DT[grad_dtype]
+        oh, ow = self.conv_output_size(d, h, w)
+        DY = _at(dy, dt, (n, d["out"], oh, ow)).float()
+        ws = self._wshape(d)
+        if dw:
+            X = _at(x, dt, (n, d["in"], h, w)).float()
+            val = torch.nn.grad.conv2d_weight(X, ws, DY, d["stride"], d["pad"], d["dil"],
+                                              d["groups"])
+            G = _at(dw, gdt, ws)
+            G.copy_((G.float() + val).to(gdt) if d["acc"] else val.to(gdt))
+        if db:
+            G = _at(db, gdt, (d["out"],))
+            val = DY.sum((0, 2, 3))
+            G.copy_((G.float() + val).to(gdt) if d["acc"] else val.to(gdt))
+        if dx:
+            W = _at(wt, dt, ws).float()
+            val = torch.nn.grad.conv2d_input((n, d["in"], h, w), W, DY, d["stride"], d["pad"],
+                                             d["dil"], d["groups"])
+            _at(dx, dt, (n, d["in"], h, w)).copy_(val.to(dt))
+
+    def zero_device(self, address, nbytes, stream):
+        if nbytes:
+            _bytes_at(address, nbytes).zero_()
+
+    def synchronize(self):
+        pass

@@ -1,0 +1,616 @@
+"""lwo.torch without a GPU: the adapter's logic (records, planning, tickets,
+gradients and their fence, hooks, checkpointing, LoRA, compile, restore)
+over fake_lwo, a CPU stand-in for the C calls the adapter makes, against
+the same model resident in PyTorch; and the messages of a machine without
+a device. Skipped when torch is not installed."""
+
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+
+import fake_lwo  # noqa: E402
+
+torch.manual_seed(0)
+
+
+def offload(model, **kw):
+    be = fake_lwo.Backend()
+    return lt.offload(model, _backend=be, **kw), be
+
+
+def mlp(dtype=torch.float32, bias=True):
+    return nn.Sequential(nn.Linear(12, 32, bias=bias), nn.GELU(), nn.Linear(32, 24, bias=bias),
+                         nn.Tanh(), nn.Linear(24, 8, bias=bias)).to(dtype)
+
+
+def params(model):
+    return dict(model.named_parameters())
+
+
+def close(a, b, dtype):
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    a, b = a.float(), b.float()
+    assert a.shape == b.shape
+    scale = max(b.abs().max().item(), 1e-3)
+    err = (a - b).abs().max().item() / scale
+    assert err <= tol, "relative error %g > %g" % (err, tol)
+
+
+def train_steps(model, ref, steps=3, lr=0.05, dtype=torch.float32, inputs=None):
+    """Runs the same SGD steps on both; compares outputs, dx and every grad."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    opt_r = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=lr)
+    for step in range(steps):
+        x = inputs[step] if inputs else torch.randn(5, 12, dtype=dtype)
+        xa = x.clone().requires_grad_(True)
+        xb = x.clone().requires_grad_(True)
+        ya, yb = model(xa), ref(xb)
+        close(ya, yb, dtype)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, dtype)
+        pa, pb = params(model), params(ref)
+        for k in pb:
+            if pb[k].grad is None:
+                assert pa[k].grad is None, k
+            else:
+                assert pa[k].grad is not None, k
+                assert pa[k].grad.dtype == pa[k].dtype
+                close(pa[k].grad, pb[k].grad, dtype)
+        opt.step()
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+
+
+# --------------------------------------------------------------------------
+def test_offload_moves_weights_into_the_pool():
+    m = mlp()
+    h, be = offload(m)
+    assert len(h.records) == 3 and len(be.pools) == 1
+    w = m[0].weight
+    assert isinstance(w, nn.Parameter) and w.device.type == "cpu"
+    addr, _n = be.pools[0].tensor_host(0, "m0.weight")
+    assert w.data_ptr() == addr  # the parameter is the pool's host bytes
+    assert type(m[0]).__name__ == "Linear" and isinstance(m[0], nn.Linear)
+    assert lt.handle_of(m) is h and lt.is_offloaded(m)
+    assert "3 modules in 3 records" in repr(h)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_training_matches_resident(dtype, bias):
+    m = mlp(dtype, bias)
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    train_steps(m, ref, dtype=dtype)
+    # every step copied the changed weights again (no stale hits)
+    assert be.changed, "the optimizer's writes were not noticed"
+    assert h.stats()["planner"]["mispredictions"] == 0
+
+
+def test_gradients_land_only_after_the_fence():
+    m = mlp()
+    h, be = offload(m)
+    x = torch.randn(4, 12)
+    m(x).sum().backward()
+    g = be.grads_sets[0]
+    assert g.log[-1] == ("wait",)           # the end-of-backward callback ran the fence
+    assert not g.pending and not g.begun
+    assert m[0].weight.grad is not None
+    assert m[0].weight.grad.data_ptr() == g.tensor(0, "m0.weight")[0]
+
+
+def test_gradient_accumulation_and_zeroing():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    xs = [torch.randn(3, 12) for _ in range(3)]
+    for x in xs[:2]:  # two micro-batches, no zero in between
+        m(x).sum().backward()
+        ref(x).sum().backward()
+    for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+        close(p.grad, q.grad, torch.float32)
+    assert be.grads_sets[0].n_accumulated > 0
+    # set_to_none: a new sum
+    for mod in (m, ref):
+        mod.zero_grad(set_to_none=True)
+    m(xs[2]).sum().backward()
+    ref(xs[2]).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        close(p.grad, q.grad, torch.float32)
+    # zeroed in place: adds to the zeros
+    for mod in (m, ref):
+        mod.zero_grad(set_to_none=False)
+    m(xs[0]).sum().backward()
+    ref(xs[0]).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        close(p.grad, q.grad, torch.float32)
+    # handle.zero_grad
+    h.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_partly_zeroed_grads():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    x = torch.randn(3, 12)
+    for mod in (m, ref):
+        mod(x).sum().backward()
+        mod[0].weight.grad = None  # only this one starts again
+    for mod in (m, ref):
+        mod(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        close(p.grad, q.grad, torch.float32)
+
+
+def test_frozen_weights_move_host_to_device_only():
+    m = mlp()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    assert h.grads is None and not be.grads_sets
+    x = torch.randn(4, 12)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    m(xa).sum().backward()
+    ref(xb).sum().backward()
+    close(xa.grad, xb.grad, torch.float32)
+    assert all(p.grad is None for p in m.parameters())
+    # input without grad, frozen weights: no autograd at all
+    y = m(x)
+    assert not y.requires_grad
+
+
+def test_first_layer_without_dx_needs_no_weights_in_backward():
+    m = mlp()
+    h, be = offload(m)
+    x = torch.randn(2, 12)  # no grad: layer 0 computes dW only
+    m(x).sum().backward()
+    ring = be.rings[0]
+    # the backward pass acquired records 2 and 1 for dx, not record 0
+    log = ring.log
+    last_fwd = max(i for i, e in enumerate(log) if e == ("acquire", 2))
+    acquired_after = [e[1] for e in log[last_fwd + 1:] if e[0] == "acquire"]
+    assert 0 not in acquired_after
+
+
+def test_requires_grad_turned_on_after_offload():
+    m = mlp()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    for mod in (m, ref):
+        mod[2].weight.requires_grad_(True)
+    x = torch.randn(3, 12)
+    m(x).sum().backward()
+    ref(x).sum().backward()
+    close(m[2].weight.grad, ref[2].weight.grad, torch.float32)
+    assert m[2].bias.grad is None and m[0].weight.grad is None
+
+
+def test_groups_by_prefix_and_by_function():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))) + x
+
+    def model():
+        return nn.Sequential(*[Block() for _ in range(3)])
+
+    m = model()
+    ref = copy.deepcopy(m)
+    h, be = offload(m, group=["0", "1", "2"])
+    assert h.record_names() == [["0.a", "0.b"], ["1.a", "1.b"], ["2.a", "2.b"]]
+    inputs = [torch.randn(4, 16) for _ in range(3)]
+
+    def steps(mm, rr):
+        opt = torch.optim.SGD(mm.parameters(), lr=0.01)
+        opt_r = torch.optim.SGD(rr.parameters(), lr=0.01)
+        for x in inputs:
+            xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+            ya, yb = mm(xa), rr(xb)
+            close(ya, yb, torch.float32)
+            ya.square().mean().backward()
+            yb.square().mean().backward()
+            close(xa.grad, xb.grad, torch.float32)
+            for p, q in zip(mm.parameters(), rr.parameters()):
+                close(p.grad, q.grad, torch.float32)
+            opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+    steps(m, ref)
+    # one gradient transfer per record per step (a span covers both modules)
+    assert be.grads_sets[0].n_transfers == 3 * 3
+    m2 = model()
+    ref2 = copy.deepcopy(m2)
+    h2, be2 = offload(m2, group=lambda name, mod: name.split(".")[0])
+    assert len(h2.records) == 3
+    steps(m2, ref2)
+
+
+def test_group_member_without_backward_gets_no_grad():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, 6)
+            self.b = nn.Linear(6, 6)
+
+        def forward(self, x):
+            self.b(x)  # output unused: no backward
+            return self.a(x)
+
+    m = Two()
+    ref = copy.deepcopy(m)
+    h, be = offload(m, group=lambda n, mod: "all")
+    x = torch.randn(2, 6)
+    m(x).sum().backward()
+    ref(x).sum().backward()
+    assert m.b.weight.grad is None and ref.b.weight.grad is None
+    close(m.a.weight.grad, ref.a.weight.grad, torch.float32)
+
+
+def test_a_module_called_twice_sums_its_gradients():
+    lin = nn.Linear(8, 8)
+    m = nn.Sequential(lin, nn.Tanh(), lin)
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    assert len(h.records) == 1
+    train_steps_shared(m, ref)
+
+
+def train_steps_shared(m, ref):
+    for _ in range(3):
+        x = torch.randn(3, 8)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        close(m(xa), ref(xb), torch.float32)
+        m(xa).sum().backward()
+        ref(xb).sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            close(p.grad, q.grad, torch.float32)
+        close(xa.grad, xb.grad, torch.float32)
+        for mod in (m, ref):
+            with torch.no_grad():
+                for p in mod.parameters():
+                    p -= 0.1 * p.grad
+            mod.zero_grad()
+
+
+class Switch(nn.Module):
+    """Runs its layers in order, or in reverse once .reverse is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(10, 10) for _ in range(4)])
+        self.reverse = False
+
+    def forward(self, x):
+        order = reversed(self.layers) if self.reverse else self.layers
+        for layer in order:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_a_changed_module_order_is_replanned():
+    m = Switch()
+    ref = copy.deepcopy(m)
+    h, be = offload(m, depth=3)
+    for step in range(6):
+        if step == 2:
+            m.reverse = ref.reverse = True
+        x = torch.randn(3, 10)
+        ya, yb = m(x), ref(x)
+        close(ya, yb, torch.float32)
+        ya.sum().backward()
+        yb.sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            close(p.grad, q.grad, torch.float32)
+        m.zero_grad(); ref.zero_grad()
+    st = h.stats()["planner"]
+    assert st["replans"] == 1
+    assert h.plan() == [3, 2, 1, 0, 0, 1, 2, 3]
+    before = st["mispredictions"]
+    m(torch.randn(3, 10)).sum().backward()
+    assert h.stats()["planner"]["mispredictions"] == before
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(8, 16)
+            self.down = nn.Linear(16, 8)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=reentrant)
+            return x
+
+    m = Net()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    for _ in range(3):
+        x = torch.randn(4, 8, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        ya, yb = m(x), ref(x2)
+        close(ya, yb, torch.float32)
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        close(x.grad, x2.grad, torch.float32)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            close(p.grad, q.grad, torch.float32)
+        m.zero_grad(); ref.zero_grad()
+    if not reentrant:
+        # the recomputation is part of the plan: fully predicted from step 2 on
+        n = h.stats()["planner"]["mispredictions"]
+        x = torch.randn(4, 8, requires_grad=True)
+        m(x).sum().backward()
+        assert h.stats()["planner"]["mispredictions"] == n
+
+
+def test_hooks_and_wrappers_on_a_streamed_module():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    seen = []
+    for mod in (m, ref):
+        mod[0].register_forward_pre_hook(lambda mod_, args: (args[0] * 2,))
+        mod[2].register_forward_hook(lambda mod_, args, out: out + 1)
+        mod[4].register_full_backward_hook(lambda mod_, gi, go: seen.append(go[0].shape))
+
+    class Adapter(nn.Module):  # a LoRA-style wrapper calling the base layer's forward
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.a = nn.Linear(base.in_features, 2, bias=False)
+            self.b = nn.Linear(2, base.out_features, bias=False)
+            nn.init.normal_(self.b.weight)
+
+        def forward(self, x):
+            return self.base(x) + self.b(self.a(x))
+
+    wrapped = Adapter(m[4])
+    wrapped_ref = Adapter(ref[4])
+    wrapped_ref.load_state_dict(wrapped.state_dict())
+    m[4], ref[4] = wrapped, wrapped_ref
+    train_steps(m, ref)
+    assert len(seen) == 6
+
+
+def test_lora_with_peft_on_a_frozen_base():
+    peft = pytest.importorskip("peft")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(16, 16)
+            self.v = nn.Linear(16, 16)
+            self.out = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.q(x)) * self.v(x))
+
+    base = Net()
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], lora_dropout=0.0,
+                          init_lora_weights=False)
+    m = peft.get_peft_model(copy.deepcopy(base), cfg)
+    ref = peft.get_peft_model(copy.deepcopy(base), cfg)
+    ref.load_state_dict(m.state_dict())
+    h, be = offload(m, filter=lambda name, mod: "lora_" not in name)
+    streamed = sorted(h.modules)
+    assert all("base_layer" in n or n.endswith("out") for n in streamed), streamed
+    assert h.grads is None  # the base is frozen
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    opt_r = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(4):
+        x = torch.randn(6, 16)
+        ya, yb = m(x), ref(x)
+        close(ya, yb, torch.float32)
+        ya.square().mean().backward()
+        yb.square().mean().backward()
+        for (k, p), q in zip(m.named_parameters(), ref.parameters()):
+            if q.grad is not None:
+                close(p.grad, q.grad, torch.float32)
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+
+def test_conv2d_matches_resident():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2, bias=False), nn.ReLU(),
+                      nn.Conv2d(8, 4, 1, padding="same"), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    assert len(h.records) == 4
+    inputs = [torch.randn(2, 3, 8, 8) for _ in range(3)]
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for x in inputs:
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), ref(xb)
+        close(ya, yb, torch.float32)
+        ya.sum().backward()
+        yb.sum().backward()
+        close(xa.grad, xb.grad, torch.float32)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            close(p.grad, q.grad, torch.float32)
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    # unbatched input
+    x = torch.randn(3, 8, 8)
+    close(m[0](x), ref[0](x), torch.float32)
+
+
+def test_unsupported_modules_stay_in_pytorch():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 6)
+            self.head = nn.Linear(6, 10, bias=False)
+            self.head.weight = self.emb.weight       # tied: stays resident
+            self.circ = nn.Conv2d(1, 1, 3, padding=1, padding_mode="circular")
+            self.odd = nn.Conv2d(1, 1, 2, padding="same")
+            self.ok = nn.Linear(6, 6)
+
+        def forward(self, t):
+            return self.head(self.ok(self.emb(t)))
+
+    m = Net()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    assert list(h.modules) == ["ok"]
+    assert "shared with emb" in h.skipped["head"]
+    assert "padding_mode" in h.skipped["circ"]
+    assert "symmetrically" in h.skipped["odd"]
+    t = torch.tensor([[1, 2, 3]])
+    close(m(t), ref(t), torch.float32)
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        offload(nn.Sequential(nn.ReLU()))
+
+
+def test_inference_under_no_grad_has_its_own_plan():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 12)
+            close(m(x), ref(x), torch.float32)
+    st = h.stats()["planner"]
+    assert st["mispredictions"] == 0 and st["steps"] == 3
+    ring = be.rings[0]
+    # after the first pass each record is staged ahead of its call: no stage
+    # of a record right before its own acquire
+    log = ring.log
+    late = sum(1 for a, b in zip(log, log[1:]) if a[0] == "stage" and b == ("acquire", a[1]))
+    assert late <= 1
+
+
+def test_compile_breaks_the_graph_at_streamed_modules():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    cm = torch.compile(m, backend="eager")
+    x = torch.randn(3, 12, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    ya, yb = cm(x), ref(x2)
+    close(ya, yb, torch.float32)
+    ya.sum().backward()
+    yb.sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        close(p.grad, q.grad, torch.float32)
+
+
+def test_to_leaves_the_pool_and_state_dict_round_trips():
+    m = mlp()
+    h, be = offload(m)
+    w = m[0].weight
+    m.to(torch.float64)     # the rest of the model would change; the pool's tensors do not
+    assert m[0].weight is w and w.dtype == torch.float32
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    other = mlp()
+    m.load_state_dict(other.state_dict())   # in place: noticed by the version counters
+    x = torch.randn(2, 12)
+    close(m(x), other(x), torch.float32)
+    m.load_state_dict(sd)
+    n0 = len(be.changed)
+    with torch.no_grad():
+        m[2].weight.data.mul_(0)   # behind the version counter ...
+    h.mark_changed(m[2])           # ... so declared
+    assert len(be.changed) == n0 + 1
+    ref = mlp()
+    ref.load_state_dict(m.state_dict())
+    close(m(x), ref(x), torch.float32)
+
+
+def test_replacing_a_streamed_weight_is_refused():
+    m = mlp()
+    h, be = offload(m)
+    m[0].weight = nn.Parameter(torch.zeros(32, 12))
+    with pytest.raises(RuntimeError, match="replaced after offload"):
+        m(torch.randn(1, 12))
+
+
+def test_input_dtype_and_shape_errors():
+    m = mlp()
+    h, be = offload(m)
+    with pytest.raises(RuntimeError, match="float32 weights but got torch.float64"):
+        m(torch.randn(2, 12, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="takes 12 input features"):
+        m(torch.randn(2, 11))
+
+
+def test_close_restores_ordinary_tensors():
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    w = m[0].weight
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(2, 12)
+    m(x).sum().backward()
+    h.close(device="cpu")
+    assert h.closed and lt.handle_of(m) is None and not lt.is_offloaded(m)
+    assert type(m[0]) is nn.Linear and m[0].weight is w   # the same Parameter objects
+    ref(x).sum().backward()
+    close(w.grad, ref[0].weight.grad, torch.float32)
+    opt.step()  # the optimizer still holds them
+    close(m(x), m(x), torch.float32)
+    h.close()   # twice: nothing
+
+
+def test_layer_stats():
+    m = mlp()
+    h, be = offload(m, stats=True)
+    m(torch.randn(2, 12)).sum().backward()
+    layers = h.layer_stats()
+    assert [l["modules"] for l in layers] == [["0"], ["2"], ["4"]]
+    assert all(l["accesses"] >= 1 for l in layers)
+    assert sum(l["stages"] for l in layers) == h.stats()["ring"]["n_stages"]
+    with pytest.raises(ValueError, match="cannot be combined"):
+        lt.offload(mlp(), stats=True, timing=True, _backend=fake_lwo.Backend())
+
+
+def test_import_lwo_does_not_import_torch():
+    import subprocess
+    import sys
+    code = ("import sys; import lwo; print('torch' in sys.modules)")
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=os.path.dirname(os.path.dirname(lwo.__file__)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_offload_without_a_gpu_says_why():
+    m = mlp()
+    with pytest.raises(lwo.Error) as e:
+        lt.offload(m)
+    assert e.value.status == lwo.LWO_ERR_NO_DEVICE
+    assert "lwo_engine_create" in str(e.value)
+    with pytest.raises(ValueError, match="not cpu"):
+        lt.offload(m, device="cpu")
+    # the model is left as it was
+    assert not lt.is_offloaded(m) and m[0].weight.device.type == "cpu"

