@@ -52,6 +52,8 @@ int g_warmup = 1;
 // --- models ---------------------------------------------------------------------
 
 // A testkit chain and what the benchmark asks of it.
+constexpr double kFloorTarget = 1.04;  // streamed step / split floor
+
 struct Model {
   testkit::ChainSpec chain;
   double target = 1.03;            // streamed / bound
@@ -142,13 +144,20 @@ void bm_workload(benchmark::State& state, const Model& m, bool step) {
     const testkit::ChainWeights& W = *L.weights;
     const uint32_t R = W.n_records();
     Stream stream = make_stream();
-    testkit::ChainRun run(W, rows, stream.get());
+    // Gradients in the chain's dtype, on the wire and in host memory (the
+    // library's default).
+    testkit::ChainRun run(W, rows, stream.get(), /*trainable=*/true, m.chain.dtype);
 
-    // Resident: warm-up (algorithm choice, workspace), then timed.
-    std::vector<double> res_ms;
+    // Resident: warm-up (algorithm choice, workspace), then timed; each half
+    // by events too, for the split floor.
+    std::vector<double> res_ms, res_fwd, res_bwd;
     for (int k = 0; k < g_warmup + g_iterations; ++k) {
-      const double ms = run.resident_pass(step).wall_ms;
-      if (k >= g_warmup) res_ms.push_back(ms);
+      const testkit::PassTimes t = run.resident_pass(step, /*events=*/true);
+      if (k >= g_warmup) {
+        res_ms.push_back(t.wall_ms);
+        res_fwd.push_back(t.fwd_ms);
+        res_bwd.push_back(t.bwd_ms);
+      }
     }
     check(lwo_engine_check(engine()), "lwo_engine_check (resident)");
 
@@ -169,17 +178,23 @@ void bm_workload(benchmark::State& state, const Model& m, bool step) {
     lwo_grads* grads = step ? L.grads.get() : nullptr;
     testkit::StepOptions options;
     options.backward = step;
+    options.half_stats = true;
+    options.edges = true;
     for (int k = 0; k < g_warmup; ++k)
       run.streamed_pass(schedule.get(), ring.get(), grads, options);
-    std::vector<double> ms;
-    uint64_t h2d = 0, d2h = 0, hits = 0;
+    std::vector<double> ms, start, turn, end;
+    uint64_t h2d = 0, h2d_fwd = 0, d2h = 0, hits = 0;
     for (auto _ : state) {
       const testkit::StepStats it = run.streamed_pass(schedule.get(), ring.get(), grads, options);
       state.SetIterationTime(it.ms / 1e3);
       ms.push_back(it.ms);
       h2d += it.h2d_bytes;
+      h2d_fwd += it.h2d_fwd_bytes;
       d2h += it.d2h_bytes;
       hits += it.hits;
+      start.push_back(it.start_ms);
+      turn.push_back(it.turn_ms);
+      end.push_back(it.end_ms);
     }
     check(lwo_engine_check(engine()), "lwo_engine_check (streamed)");
     schedule.reset();
@@ -201,7 +216,29 @@ void bm_workload(benchmark::State& state, const Model& m, bool step) {
     const double res = median(res_ms), str = median(ms);
     const testkit::Bound bound = testkit::step_bound(res, h2d_b, pk.h2d_gbps, d2h_b, pk.d2h_gbps);
     const double ratio = bound.ms > 0 ? str / bound.ms : 0;
+    // The split floor: forward max(compute, H2D alone) + backward max(compute,
+    // H2D and D2H at once), the duplex rates measured at start-up.
+    const double h2d_fwd_b = static_cast<double>(h2d_fwd) / n_it;
+    const testkit::SplitFloor floor =
+        testkit::split_floor(median(res_fwd), median(res_bwd), h2d_fwd_b, h2d_b - h2d_fwd_b, d2h_b,
+                             1, link_rates());
     auto& c = state.counters;
+    c["floor_ms"] = floor.ms;
+    c["floor_ratio"] = floor.ms > 0 ? str / floor.ms : 0;
+    c["floor_ratio_best"] = floor.ms > 0 ? *std::min_element(ms.begin(), ms.end()) / floor.ms : 0;
+    c["floor_target"] = kFloorTarget;
+    c["floor_met"] = floor.ms > 0 && str / floor.ms <= kFloorTarget ? 1 : 0;
+    c["floor_fwd_compute_ms"] = floor.fwd_compute_ms;
+    c["floor_fwd_h2d_ms"] = floor.fwd_h2d_ms;
+    c["floor_bwd_compute_ms"] = floor.bwd_compute_ms;
+    c["floor_bwd_link_ms"] = floor.bwd_link_ms;
+    c["resident_fwd_ms"] = median(res_fwd);
+    c["resident_bwd_ms"] = median(res_bwd);
+    c["duplex_h2d_GBps"] = link_rates().duplex_h2d_gbps;
+    c["duplex_d2h_GBps"] = link_rates().duplex_d2h_gbps;
+    c["edge_start_ms"] = median(start);
+    c["edge_turn_ms"] = median(turn);
+    c["edge_end_ms"] = median(end);
     c["streamed_ms"] = str;
     c["streamed_ms_best"] = *std::min_element(ms.begin(), ms.end());
     c["resident_ms"] = res;

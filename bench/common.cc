@@ -32,6 +32,7 @@ namespace {
 lwo_engine* g_engine = nullptr;
 int g_device = 0;
 testkit::Peaks g_peaks;
+testkit::LinkRates g_rates;
 
 void report_release(const char* call, const std::string& why) {
   std::fprintf(stderr, "lwo bench: releasing a resource failed: %s: %s\n", call, why.c_str());
@@ -53,6 +54,7 @@ lwo_engine* engine() {
 }
 int device() { return g_device; }
 const testkit::Peaks& peaks() { return g_peaks; }
+const testkit::LinkRates& link_rates() { return g_rates; }
 
 // --- flags and main -------------------------------------------------------------
 
@@ -170,8 +172,18 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
         config.device = dev;
         check(lwo_engine_create(&config, &g_engine), "lwo_engine_create");
       }
-      if (spec.needs_peaks)
+      if (spec.needs_peaks) {
         g_peaks = testkit::measure_pinned_peaks(kPeakKnobs, /*h2d_only=*/!spec.needs_d2h_peak);
+        g_rates.h2d_gbps = g_peaks.h2d_gbps;
+        g_rates.d2h_gbps = g_peaks.d2h_gbps;
+        if (spec.needs_d2h_peak) {
+          testkit::PeakKnobs both = kPeakKnobs;
+          both.direction = testkit::Direction::kBoth;
+          const testkit::CopyResult r = testkit::measure_pinned_peak(both);
+          g_rates.duplex_h2d_gbps = r.h2d_best_gbps();
+          g_rates.duplex_d2h_gbps = r.d2h_best_gbps();
+        }
+      }
       unsigned v = lwo_version();
       benchmark::AddCustomContext("lwo_version",
                                   strf("%u.%u.%u", v / 10000, v / 100 % 100, v % 100));
@@ -181,14 +193,18 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
                fmt_bytes(prop.totalGlobalMem).c_str(), prop.pciBusID));
       if (spec.needs_peaks) {
         benchmark::AddCustomContext("lwo_h2d_peak_gbps", strf("%.4f", g_peaks.h2d_gbps));
-        if (spec.needs_d2h_peak)
+        if (spec.needs_d2h_peak) {
           benchmark::AddCustomContext("lwo_d2h_peak_gbps", strf("%.4f", g_peaks.d2h_gbps));
+          benchmark::AddCustomContext("lwo_duplex_h2d_gbps", strf("%.4f", g_rates.duplex_h2d_gbps));
+          benchmark::AddCustomContext("lwo_duplex_d2h_gbps", strf("%.4f", g_rates.duplex_d2h_gbps));
+        }
         benchmark::AddCustomContext("lwo_peak_method", kPeakKnobs.method());
       }
       std::fprintf(stderr, "%s: device %d: %s", spec.program, dev, prop.name);
       if (spec.needs_peaks) std::fprintf(stderr, "; pinned peak H2D %.2f GB/s", g_peaks.h2d_gbps);
       if (spec.needs_peaks && spec.needs_d2h_peak)
-        std::fprintf(stderr, ", D2H %.2f GB/s", g_peaks.d2h_gbps);
+        std::fprintf(stderr, ", D2H %.2f GB/s, at once %.2f + %.2f GB/s", g_peaks.d2h_gbps,
+                     g_rates.duplex_h2d_gbps, g_rates.duplex_d2h_gbps);
       std::fprintf(stderr, "\n");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", spec.program, e.what());

@@ -18,6 +18,7 @@
 #include "tests/testkit/copy.h"
 #include "tests/testkit/owner.h"
 #include "tests/testkit/random.h"
+#include "tests/testkit/workload.h"
 
 namespace lwob {
 
@@ -63,6 +64,9 @@ int device();
 // context as lwo_h2d_peak_gbps and lwo_d2h_peak_gbps).
 extern const testkit::PeakKnobs kPeakKnobs;
 const testkit::Peaks& peaks();
+// The peaks and both directions at once (with the D2H peak; else the duplex
+// rates are 0): the rates of the split floor (testkit::split_floor).
+const testkit::LinkRates& link_rates();
 
 // A flag of a program beyond Google Benchmark's own ("--name=VALUE" or
 // "--name VALUE").

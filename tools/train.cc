@@ -1,8 +1,12 @@
 // lwo train: streams a chain of L square linear layers forward and then
 // backward through a ring (one schedule over 0..L-1, L-1..0), sends each
-// layer's weight gradients to host memory, and times every step against the
-// bound max(resident compute time, H2D bytes / H2D peak, D2H bytes / D2H peak),
-// each term measured in the same run. The first timed step is checked bit for
+// layer's weight gradients to host memory, and times every step against its
+// split floor (forward max(resident compute, H2D bytes / H2D peak) + backward
+// max(resident compute, H2D and D2H bytes at once at the duplex rates)) and
+// the older bound max(resident compute time, H2D bytes / H2D peak, D2H bytes /
+// D2H peak), each term measured in the same run. K micro-batches per step run
+// micro-batch-major (K passes, gradients summed on the host) or layer-major
+// (one pass, gradients summed in the slot). The first timed step is checked bit for
 // bit against the same library calls with the weights resident on the device.
 // The chain, its resident reference, the streamed step and the bound are
 // testkit's training workload (tests/testkit/workload.h), as bench_workloads
@@ -21,6 +25,7 @@ namespace {
 
 constexpr double kTargetFrozen = 1.03;               // step / bound, --frozen
 constexpr double kTargetTrainable = 1.10;            // step / bound, trainable layers
+constexpr double kTargetFloor = 1.04;                // step / split floor
 // Device memory kept free beyond the buffers counted: cuBLASLt workspace
 // (32 MiB per stream), its handle, and slack for the allocator.
 constexpr uint64_t kMarginBytes = uint64_t(512) << 20;
@@ -32,7 +37,13 @@ struct Options {
   lwo_dtype_t dtype = LWO_DTYPE_BF16;
   int64_t tokens = 8192;
   uint32_t depth = 2, grad_depth = 2, steps = 5;
+  uint32_t micro_batches = 1;
+  testkit::MicroOrder order = testkit::MicroOrder::kBatch;
   uint64_t seed = 1;
+  // Gradients: "native" (the layer dtype on the wire and in host memory, the
+  // library's default), "f32" (LWO_GRADS_F32) or "native-wire"
+  // (LWO_GRADS_NATIVE_WIRE: the layer dtype on the wire, f32 host buffers).
+  std::string grads = "native";
   bool frozen = false, native_wire = false, bias = false, timing = false;
   bool grad_depth_set = false;
   std::string json;
@@ -46,6 +57,7 @@ struct Sizes {
   uint64_t record_bytes = 0;         // one layer's record in the pool
   uint64_t pool_bytes = 0;           // all records
   lwo_dtype_t wire = LWO_DTYPE_F32;  // gradient dtype on the wire
+  lwo_dtype_t host = LWO_DTYPE_F32;  // ... and of the host buffers
   uint64_t grad_bytes = 0;           // one layer's gradients on the wire (0: frozen)
 };
 
@@ -66,9 +78,35 @@ std::vector<Flag> make_flags(Options& o) {
                    o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
                    o.grad_depth_set = true;
                  }),
-      switch_flag("--native-wire",
-                  "weight gradients travel in the layer dtype, not f32 (LWO_GRADS_NATIVE_WIRE)",
-                  [&o] { o.native_wire = true; }),
+      value_flag("--grads", "G",
+                 "weight gradients: native (the layer dtype on the wire and in host memory, "
+                 "the default), f32 (LWO_GRADS_F32) or native-wire (the layer dtype on the "
+                 "wire, f32 host buffers: LWO_GRADS_NATIVE_WIRE)",
+                 [&o](const std::string& v) {
+                   if (v != "native" && v != "f32" && v != "native-wire")
+                     throw UsageError(strf("--grads %s is not native, f32 or native-wire",
+                                           v.c_str()));
+                   o.grads = v;
+                 }),
+      switch_flag("--native-wire", "the same as --grads native-wire",
+                  [&o] {
+                    o.native_wire = true;
+                    o.grads = "native-wire";
+                  }),
+      uint_flag("--micro-batches", "K", o.micro_batches, 1, 64,
+                "micro-batches per step, each of --tokens tokens"),
+      value_flag("--order", "O",
+                 "with --micro-batches: batch (each micro-batch a whole forward and backward "
+                 "pass, gradients summed on the host; the default) or layer (each layer runs "
+                 "every micro-batch while in its slot, gradients summed in the slot)",
+                 [&o](const std::string& v) {
+                   if (v == "batch")
+                     o.order = testkit::MicroOrder::kBatch;
+                   else if (v == "layer")
+                     o.order = testkit::MicroOrder::kLayer;
+                   else
+                     throw UsageError(strf("--order %s is neither batch nor layer", v.c_str()));
+                 }),
       switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]",
                   [&o] { o.bias = true; }),
       seed_flag(o.seed),
@@ -99,8 +137,8 @@ void check_options(const Options& o) {
         strf("--rows %lld and --cols %lld differ: lwo train chains the layers (the output of "
              "layer l is the input of layer l+1), so each weight is square",
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
-  if (o.frozen && o.native_wire)
-    throw UsageError("--native-wire sets how weight gradients travel; --frozen layers have none");
+  if (o.frozen && (o.native_wire || o.grads != "native"))
+    throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
   if (o.frozen && o.grad_depth_set)
     throw UsageError("--grad-depth sizes the gradient staging; --frozen layers have no gradients");
 }
@@ -131,7 +169,8 @@ Sizes compute_sizes(const Options& o) {
     throw UsageError(lwo_last_error_message());
   s.pool_bytes = mul(s.record_bytes, o.layers, "the layers' records");
   if (o.trainable()) {
-    s.wire = o.native_wire ? o.dtype : LWO_DTYPE_F32;
+    s.wire = o.grads == "f32" ? LWO_DTYPE_F32 : o.dtype;
+    s.host = o.grads == "native" ? o.dtype : LWO_DTYPE_F32;
     uint64_t wes = lwo_dtype_size(s.wire);
     uint64_t n =
         mul(static_cast<uint64_t>(o.rows), static_cast<uint64_t>(o.cols), "the weight gradients");
@@ -152,6 +191,7 @@ struct Results {
   float weight_bound = 0, dy_bound = 0;
   uint64_t free_bytes = 0, total_bytes = 0, need_bytes = 0;
   double h2d_peak = 0, h2d_peak_ms = 0, d2h_peak = 0, d2h_peak_ms = 0;
+  double duplex_h2d = 0, duplex_d2h = 0, duplex_ms = 0;  // both directions at once
   lwo_ring_info ring{};
   // Resident reference.
   bool resident = false;
@@ -171,6 +211,10 @@ struct Results {
   bool phases = false;
   double fwd_h2d_term = 0, bwd_h2d_term = 0;  // the H2D bytes of each half at the peak
   double phase_fwd = 0, phase_bwd = 0;
+  testkit::SplitFloor floor;                  // the split floor (resident measured)
+  double start_ms = 0, turn_ms = 0, end_ms = 0;  // medians per step: the edges
+  double add_gbps = 0;                        // host additions, by themselves
+  uint64_t add_bytes = 0;
   double target = 0;
   std::string check;
 
@@ -190,8 +234,14 @@ T median_of(std::vector<T> v) {
 void summarise(const Options& o, Results& r) {
   std::vector<double> ms;
   std::vector<uint64_t> h2d, h2d_fwd, d2h, hits, copies, d2h_layers;
-  std::vector<double> copy_ms, wait_ms;
+  std::vector<double> copy_ms, wait_ms, start_ms, turn_ms, end_ms;
+  uint64_t add_bytes = 0, add_ns = 0;
   for (const testkit::StepStats& s : r.steps) {
+    start_ms.push_back(s.start_ms);
+    turn_ms.push_back(s.turn_ms);
+    end_ms.push_back(s.end_ms);
+    add_bytes += s.accumulated_bytes;
+    add_ns += s.accumulate_ns;
     ms.push_back(s.ms);
     h2d.push_back(s.h2d_bytes);
     h2d_fwd.push_back(s.h2d_fwd_bytes);
@@ -213,6 +263,11 @@ void summarise(const Options& o, Results& r) {
   r.d2h_layers = median_of(d2h_layers);
   r.copy_ms = median(copy_ms);
   r.wait_ms = median(wait_ms);
+  r.start_ms = median(start_ms);
+  r.turn_ms = median(turn_ms);
+  r.end_ms = median(end_ms);
+  r.add_bytes = r.steps.empty() ? 0 : add_bytes / r.steps.size();
+  r.add_gbps = add_ns ? static_cast<double>(add_bytes) / static_cast<double>(add_ns) : 0;
 
   // max(resident compute, H2D bytes / H2D peak, D2H bytes / D2H peak); no
   // compute term where the records were not all resident.
@@ -231,6 +286,15 @@ void summarise(const Options& o, Results& r) {
     r.bwd_h2d_term = testkit::ms_at(static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes), r.h2d_peak);
     r.phase_fwd = std::max(r.res_fwd, r.fwd_h2d_term);
     r.phase_bwd = std::max({r.res_bwd, r.bwd_h2d_term, r.d2h_term});
+    testkit::LinkRates rates;
+    rates.h2d_gbps = r.h2d_peak;
+    rates.d2h_gbps = r.d2h_peak;
+    rates.duplex_h2d_gbps = o.trainable() ? r.duplex_h2d : r.h2d_peak;
+    rates.duplex_d2h_gbps = o.trainable() ? r.duplex_d2h : r.d2h_peak;
+    const uint32_t passes = o.order == testkit::MicroOrder::kBatch ? o.micro_batches : 1;
+    r.floor = testkit::split_floor(r.res_fwd, r.res_bwd, static_cast<double>(r.h2d_fwd_bytes),
+                                   static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes),
+                                   static_cast<double>(r.d2h_bytes), passes, rates);
   }
   r.target = o.trainable() ? kTargetTrainable : kTargetFrozen;
 }
@@ -249,21 +313,36 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
       "(%u x %s) and 3 x %s of dy on the device\n",
       "batch", static_cast<long long>(o.tokens), L, r.dy_bound, L, L + 1,
       fmt_bytes(sz.act_bytes).c_str(), fmt_bytes(sz.act_bytes).c_str());
+  if (o.micro_batches > 1)
+    std::printf("%-10s %u of %lld tokens per step, %s-major (%s); every micro-batch's "
+                "activations kept\n",
+                "micro", o.micro_batches, static_cast<long long>(o.tokens),
+                testkit::micro_order_name(o.order),
+                o.order == testkit::MicroOrder::kLayer
+                    ? "one pass: each layer runs every micro-batch in its slot, gradients summed "
+                      "there and sent once"
+                    : "one pass per micro-batch, gradients summed on the host");
   std::printf("%-10s pinned pool %.2f s, uniform fill %.2f s (weights within +-%.4g, seed %llu)",
               "host", r.pool_s, r.fill_s, r.weight_bound, static_cast<unsigned long long>(o.seed));
   if (o.trainable()) std::printf(", gradient buffers %.2f s", r.grads_s);
   std::printf(
       "\n%-10s %.2f GB/s H2D (%u records back-to-back on one stream, best of %d: %.2f ms)\n",
       "peak", r.h2d_peak, L, kPeakRepeats, r.h2d_peak_ms);
-  if (o.trainable())
+  if (o.trainable()) {
     std::printf("%-10s %.2f GB/s D2H (%u x %s into pinned memory, best of %d: %.2f ms)\n", "peak",
                 r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), kPeakRepeats, r.d2h_peak_ms);
+    std::printf("%-10s %.2f GB/s H2D and %.2f GB/s D2H at once (%u x %s each way, best of %d: "
+                "%.2f ms)\n",
+                "duplex", r.duplex_h2d, r.duplex_d2h, L, fmt_bytes(sz.grad_bytes).c_str(),
+                kPeakRepeats, r.duplex_ms);
+  }
   std::printf("%-10s depth %u, %u x %s slots%s; one schedule: layers 0..%u, then %u..0\n", "ring",
               r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
               o.timing ? ", timing on" : "", L - 1, L - 1);
   if (o.trainable())
-    std::printf("%-10s depth %u, %s on the wire: %s per layer, into f32 host buffers\n", "grads",
-                o.grad_depth, lwo_dtype_name(sz.wire), fmt_bytes(sz.grad_bytes).c_str());
+    std::printf("%-10s depth %u, %s on the wire: %s per layer, into %s host buffers (--grads %s)\n",
+                "grads", o.grad_depth, lwo_dtype_name(sz.wire), fmt_bytes(sz.grad_bytes).c_str(),
+                lwo_dtype_name(sz.host), o.grads.c_str());
   if (r.resident)
     std::printf(
         "%-10s median %.3f ms per step (forward %.3f, backward %.3f), all %u records on the "
@@ -308,6 +387,24 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
         "halves", r.res_fwd, r.fwd_h2d_term, r.res_bwd, r.bwd_h2d_term,
         o.trainable() ? strf(", D2H %.3f", r.d2h_term).c_str() : "", r.phase_fwd + r.phase_bwd,
         r.median_ms / (r.phase_fwd + r.phase_bwd));
+  if (r.phases)
+    std::printf(
+        "%-10s %.3f ms: %s%u x (forward max(compute %.3f, H2D %.3f) + backward max(compute %.3f, "
+        "H2D and D2H at once %.3f)); step / floor median %.4f, best %.4f (target <= %.2f: %s)\n",
+        "floor", r.floor.ms, "", r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_compute_ms,
+        r.floor.fwd_h2d_ms, r.floor.bwd_compute_ms, r.floor.bwd_link_ms,
+        r.median_ms / r.floor.ms, r.best_ms / r.floor.ms, kTargetFloor,
+        r.median_ms / r.floor.ms <= kTargetFloor ? "met" : "NOT met");
+  std::printf(
+      "%-10s start %.3f ms (step start to the first layer in its slot), turn %.3f ms (last "
+      "forward compute to the first backward layer in its slot), end %.3f ms (last compute to "
+      "the return of %s), medians per step\n",
+      "edges", r.start_ms, r.turn_ms, r.end_ms,
+      o.trainable() ? "lwo_grads_wait" : "the stream's sync");
+  if (r.add_bytes)
+    std::printf("%-10s %s per step added on the host at %.2f GB/s of %s input, by itself\n",
+                "host add", fmt_bytes(r.add_bytes).c_str(), r.add_gbps,
+                lwo_dtype_name(sz.wire));
   if (o.timing)
     std::printf("%-10s copies %.3f ms on the GPU per step, compute waited %.3f ms per step\n",
                 "ring time", r.copy_ms, r.wait_ms);
@@ -343,12 +440,16 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": \"%s\", "
                "\"bias\": %s, \"tokens\": %lld, \"depth\": %u, \"grad_depth\": %u, "
                "\"native_wire\": %s, \"wire_dtype\": %s, \"steps\": %u, \"seed\": %llu, "
-               "\"timing\": %s},\n",
+               "\"timing\": %s, \"grads\": %s, \"host_dtype\": %s, \"micro_batches\": %u, "
+               "\"order\": \"%s\"},\n",
                o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
                lwo_dtype_name(o.dtype), o.bias ? "true" : "false", static_cast<long long>(o.tokens),
                o.depth, o.trainable() ? o.grad_depth : 0, o.native_wire ? "true" : "false",
                o.trainable() ? json_string(lwo_dtype_name(sz.wire)).c_str() : "null", o.steps,
-               static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false");
+               static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false",
+               o.trainable() ? json_string(o.grads).c_str() : "null",
+               o.trainable() ? json_string(lwo_dtype_name(sz.host)).c_str() : "null",
+               o.micro_batches, testkit::micro_order_name(o.order));
   std::fprintf(
       j,
       "  \"record_bytes\": %llu,\n  \"pool_bytes\": %llu,\n  \"activation_bytes\": %llu,\n"
@@ -369,6 +470,9 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                  r.d2h_peak_ms, static_cast<unsigned long long>(sz.grad_bytes) * o.layers);
   else
     std::fprintf(j, "\"d2h_gbps\": null, ");
+  if (o.trainable())
+    std::fprintf(j, "\"duplex_h2d_gbps\": %.4f, \"duplex_d2h_gbps\": %.4f, \"duplex_ms\": %.4f, ",
+                 r.duplex_h2d, r.duplex_d2h, r.duplex_ms);
   std::fprintf(j, "\"repeats\": %d},\n", kPeakRepeats);
   if (r.resident) {
     std::fprintf(j,
@@ -404,10 +508,27 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
   else
     std::fprintf(j, "null");
   std::fprintf(j, ", \"h2d_ms\": %.4f, \"d2h_ms\": %.4f},\n", r.h2d_term, r.d2h_term);
-  if (r.phases)
+  if (r.phases) {
     std::fprintf(j,
                  "  \"halves_bound_ms\": {\"forward\": %.4f, \"backward\": %.4f, \"sum\": %.4f},\n",
                  r.phase_fwd, r.phase_bwd, r.phase_fwd + r.phase_bwd);
+    std::fprintf(j,
+                 "  \"split_floor\": {\"ms\": %.4f, \"passes\": %u, \"forward_ms\": %.4f, "
+                 "\"backward_ms\": %.4f, \"forward_compute_ms\": %.4f, \"forward_h2d_ms\": %.4f, "
+                 "\"backward_compute_ms\": %.4f, \"backward_link_ms\": %.4f, "
+                 "\"forward_binding\": \"%s\", \"backward_binding\": \"%s\", "
+                 "\"ratio_median\": %.5f, \"ratio_best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
+                 r.floor.ms, r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_ms,
+                 r.floor.bwd_ms, r.floor.fwd_compute_ms, r.floor.fwd_h2d_ms,
+                 r.floor.bwd_compute_ms, r.floor.bwd_link_ms, r.floor.fwd_binding,
+                 r.floor.bwd_binding, r.median_ms / r.floor.ms, r.best_ms / r.floor.ms,
+                 kTargetFloor, r.median_ms / r.floor.ms <= kTargetFloor ? "true" : "false");
+  }
+  std::fprintf(j,
+               "  \"edges_ms\": {\"start\": %.4f, \"turn\": %.4f, \"end\": %.4f},\n"
+               "  \"host_add\": {\"bytes_per_step\": %llu, \"gbps\": %.4f},\n",
+               r.start_ms, r.turn_ms, r.end_ms, static_cast<unsigned long long>(r.add_bytes),
+               r.add_gbps);
   std::fprintf(j,
                "  \"ratio\": {\"median\": %.5f, \"best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
                r.ratio(r.median_ms), r.ratio(r.best_ms), r.target, r.met() ? "true" : "false");
@@ -454,11 +575,16 @@ const Command kTrainCommand = {
     "training steps through a ring, timed against their bound",
     "Trains a chain of square linear layers y = x W^T on random data: one schedule\n"
     "streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to\n"
-    "f32 host buffers (lwo_grads). Each step is timed against max(resident\n"
-    "compute, H2D bytes / H2D peak, D2H bytes / D2H peak), all measured in the\n"
-    "same run (target: step <= 1.10 x bound, frozen <= 1.03 x), and the first\n"
-    "timed step is checked bit for bit against the same computation with every\n"
-    "weight resident on the device. --rows must equal --cols.\n",
+    "host buffers in the layer dtype (lwo_grads; --grads f32 or native-wire for f32\n"
+    "buffers). Each step is timed against its split floor, forward max(resident\n"
+    "compute, H2D bytes / H2D peak) + backward max(resident compute, H2D and D2H\n"
+    "bytes at once), and against the older bound max(resident compute, H2D bytes /\n"
+    "H2D peak, D2H bytes / D2H peak), every term measured in the same run\n"
+    "(targets: step <= 1.04 x floor; <= 1.10 x bound, frozen <= 1.03 x). The\n"
+    "start, the turn and the end of each step are timed. --micro-batches K runs K\n"
+    "micro-batches per step in --order batch or layer. The first timed step is\n"
+    "checked bit for bit against the same computation with every weight resident\n"
+    "on the device. --rows must equal --cols.\n",
     help_flags,
     cmd_train,
 };
@@ -498,7 +624,8 @@ int cmd_train(int argc, char** argv) {
     TK_CHECK(cudaMemGetInfo(&free_b, &total_b));
     r.free_bytes = free_b;
     r.total_bytes = total_b;
-    const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes);
+    const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes) *
+                       static_cast<double>(o.micro_batches);
     const double ring = static_cast<double>(o.depth) * static_cast<double>(sz.record_bytes);
     const double grads = static_cast<double>(o.grad_depth + n_check + (L > 2 ? 1 : 0)) *
                          static_cast<double>(sz.grad_bytes);
@@ -563,8 +690,15 @@ int cmd_train(int argc, char** argv) {
       const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
       r.d2h_peak = peak.best_gbps();
       r.d2h_peak_ms = peak.best_ms();
-      d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms", r.d2h_peak, L,
-                 fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms);
+      // Both directions at once, as the backward half moves them.
+      knobs.direction = testkit::Direction::kBoth;
+      const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
+      r.duplex_h2d = both.h2d_best_gbps();
+      r.duplex_d2h = both.d2h_best_gbps();
+      r.duplex_ms = both.best_ms();
+      d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms; at once %.2f + %.2f GB/s",
+                 r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms, r.duplex_h2d,
+                 r.duplex_d2h);
     }
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
                fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
@@ -575,8 +709,8 @@ int cmd_train(int argc, char** argv) {
   // within +-1/sqrt(tokens) (so each weight gradient, a sum over the tokens,
   // stays near 1 in size).
   Stream compute = make_stream();
-  auto run =
-      std::make_unique<testkit::ChainRun>(*weights, o.tokens, compute.get(), o.trainable(), sz.wire);
+  auto run = std::make_unique<testkit::ChainRun>(*weights, o.tokens, compute.get(), o.trainable(),
+                                                 sz.wire, o.micro_batches, o.order);
   r.dy_bound = run->dy_bound();
 
   // The ring, the schedule (forward 0..L-1, backward L-1..0) and the gradients.
@@ -594,14 +728,14 @@ int cmd_train(int argc, char** argv) {
   if (o.trainable()) {
     lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
     grads_config.depth = o.grad_depth;
-    // f32 host buffers either way; the wire is f32 unless --native-wire
-    // (since lwo 0.3, flags 0 would keep bf16/f16 host buffers).
-    grads_config.flags = o.native_wire ? LWO_GRADS_NATIVE_WIRE : LWO_GRADS_F32;
+    grads_config.flags = o.grads == "f32"           ? LWO_GRADS_F32
+                         : o.grads == "native-wire" ? LWO_GRADS_NATIVE_WIRE
+                                                    : 0u;  // the layer dtype throughout
     Phase phase("grads");
     TK_CHECK(lwo_grads_create(weights->pool(), nullptr, &grads_config, grads.out()));
     r.grads_s = phase.seconds();
-    phase.done("f32 host buffers for %u layers in %.2f s, %s on the wire", L, r.grads_s,
-               lwo_dtype_name(sz.wire));
+    phase.done("%s host buffers for %u layers in %.2f s, %s on the wire",
+               lwo_dtype_name(sz.host), L, r.grads_s, lwo_dtype_name(sz.wire));
   }
 
   // The resident reference: every record on the device where they fit, else
@@ -650,6 +784,7 @@ int cmd_train(int argc, char** argv) {
   step_options.half_stats = !o.timing;
   step_options.timing = o.timing;
   step_options.check_engine = engine;
+  step_options.edges = true;
   auto step = [&] {
     return run->streamed_pass(schedule.get(), ring.get(), grads.get(), step_options);
   };

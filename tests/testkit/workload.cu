@@ -268,6 +268,36 @@ Bound step_bound(double resident_ms, double h2d_bytes, double h2d_gbps, double d
                    {"D2H", ms_at(d2h_bytes, d2h_gbps)}});
 }
 
+double duplex_ms(double h2d_bytes, double d2h_bytes, const LinkRates& k) {
+  if (k.duplex_h2d_gbps <= 0 || k.duplex_d2h_gbps <= 0) return 0;
+  const double th = ms_at(h2d_bytes, k.duplex_h2d_gbps), td = ms_at(d2h_bytes, k.duplex_d2h_gbps);
+  // Both at their duplex rates until the first finishes; the other's rest
+  // alone (at its one-way rate, where measured).
+  if (th <= td) {
+    const double left = d2h_bytes - h2d_bytes / k.duplex_h2d_gbps * k.duplex_d2h_gbps;
+    return th + ms_at(std::max(0.0, left), k.d2h_gbps > 0 ? k.d2h_gbps : k.duplex_d2h_gbps);
+  }
+  const double left = h2d_bytes - d2h_bytes / k.duplex_d2h_gbps * k.duplex_h2d_gbps;
+  return td + ms_at(std::max(0.0, left), k.h2d_gbps > 0 ? k.h2d_gbps : k.duplex_h2d_gbps);
+}
+
+SplitFloor split_floor(double fwd_compute_ms, double bwd_compute_ms, double h2d_fwd_bytes,
+                       double h2d_bwd_bytes, double d2h_bytes, uint32_t passes,
+                       const LinkRates& rates) {
+  const double p = std::max<uint32_t>(passes, 1);
+  SplitFloor f;
+  f.fwd_compute_ms = fwd_compute_ms / p;
+  f.fwd_h2d_ms = ms_at(h2d_fwd_bytes / p, rates.h2d_gbps);
+  f.bwd_compute_ms = bwd_compute_ms / p;
+  f.bwd_link_ms = duplex_ms(h2d_bwd_bytes / p, d2h_bytes / p, rates);
+  f.fwd_ms = std::max(f.fwd_compute_ms, f.fwd_h2d_ms);
+  f.bwd_ms = std::max(f.bwd_compute_ms, f.bwd_link_ms);
+  f.fwd_binding = f.fwd_compute_ms >= f.fwd_h2d_ms ? "compute" : "H2D";
+  f.bwd_binding = f.bwd_compute_ms >= f.bwd_link_ms ? "compute" : "link";
+  f.ms = p * (f.fwd_ms + f.bwd_ms);
+  return f;
+}
+
 // --- the step's driver ---------------------------------------------------------------------
 
 std::vector<uint32_t> step_order(uint32_t n_records, bool backward) {
@@ -282,58 +312,93 @@ std::vector<uint32_t> step_order(uint32_t n_records, bool backward) {
 StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cudaStream_t stream,
                    uint32_t n_records, const StepOptions& o, const StepCalls& calls) {
   const uint32_t R = n_records, n = o.backward ? 2 * R : R;
+  const uint32_t passes = std::max<uint32_t>(o.passes, 1);
   StepStats st;
+  st.passes = passes;
   if (grads && o.zero_grads) check(lwo_grads_zero(grads), "lwo_grads_zero");
   const lwo_ring_stats r0 = ring_stats(ring);
   const lwo_grads_stats g0 = grads_stats(grads);
-  lwo_ring_stats r_fwd{};
+  uint64_t fwd_bytes = 0;
+  // The edges: per pass, events at its start, once its first record is in
+  // its slot, after its last forward compute, once its first backward record
+  // is in its slot; after the last compute of the step.
+  std::vector<Event> ev;
+  if (o.edges)
+    for (uint32_t i = 0; i < 4 * passes + 1; ++i) ev.push_back(make_event());
+  auto mark = [&](uint32_t i) {
+    if (o.edges) check(cudaEventRecord(ev[i].get(), stream), "cudaEventRecord");
+  };
   if (o.before_start) o.before_start();
   const double t0 = now_seconds();
-  check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
-  lwo_layer_view view = LWO_LAYER_VIEW_INIT;
-  for (uint32_t i = 0; i < n; ++i) {
+  for (uint32_t p = 0; p < passes; ++p) {
+    const lwo_ring_stats rp = o.half_stats ? ring_stats(ring) : lwo_ring_stats{};
+    if (calls.begin_pass) calls.begin_pass(p);
+    mark(4 * p);
+    check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
+    lwo_layer_view view = LWO_LAYER_VIEW_INIT;
+    for (uint32_t i = 0; i < n; ++i) {
+      lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
+      if (s == LWO_END) fail(strf("the schedule ended after %u of its %u layers", i, n));
+      check(s, "lwo_schedule_next");
+      const uint32_t r = i < R ? i : 2 * R - 1 - i;
+      if (view.layer != r)
+        fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u",
+                  view.layer, i, r));
+      if (i == 0) mark(4 * p + 1);
+      if (i == R) mark(4 * p + 3);
+      if (i < R) {
+        calls.forward(r, view);
+        if (i + 1 == R) {
+          mark(4 * p + 2);
+          if (o.half_stats) fwd_bytes += ring_stats(ring).bytes_copied - rp.bytes_copied;
+        }
+        continue;
+      }
+      if (!grads) {
+        calls.backward(r, view, nullptr, [] {});
+        continue;
+      }
+      lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+      check(lwo_grads_begin(grads, r, stream, &g), "lwo_grads_begin");
+      // One reference captured: the std::function holds it without an allocation.
+      const struct {
+        lwo_grads* grads;
+        uint32_t r;
+        cudaStream_t stream;
+      } end{grads, r, stream};
+      calls.backward(r, view, &g, [&end] {
+        check(lwo_grads_end(end.grads, end.r, end.stream), "lwo_grads_end");
+      });
+    }
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
-    if (s == LWO_END) fail(strf("the schedule ended after %u of its %u layers", i, n));
-    check(s, "lwo_schedule_next");
-    const uint32_t r = i < R ? i : 2 * R - 1 - i;
-    if (view.layer != r)
-      fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u",
-                view.layer, i, r));
-    if (i < R) {
-      calls.forward(r, view);
-      if (i + 1 == R && o.half_stats) r_fwd = ring_stats(ring);
-      continue;
+    if (s != LWO_END) {
+      check(s, "lwo_schedule_next");
+      fail(strf("the schedule did not end after its %u layers", n));
     }
-    if (!grads) {
-      calls.backward(r, view, nullptr, [] {});
-      continue;
-    }
-    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
-    check(lwo_grads_begin(grads, r, stream, &g), "lwo_grads_begin");
-    // One reference captured: the std::function holds it without an allocation.
-    const struct {
-      lwo_grads* grads;
-      uint32_t r;
-      cudaStream_t stream;
-    } end{grads, r, stream};
-    calls.backward(r, view, &g, [&end] {
-      check(lwo_grads_end(end.grads, end.r, end.stream), "lwo_grads_end");
-    });
   }
-  lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
-  if (s != LWO_END) {
-    check(s, "lwo_schedule_next");
-    fail(strf("the schedule did not end after its %u layers", n));
+  mark(4 * passes);
+  double last_compute_s = 0;
+  if (o.edges) {
+    check(cudaEventSynchronize(ev[4 * passes].get()), "cudaEventSynchronize");
+    last_compute_s = now_seconds();
   }
-  // The pass ends when every gradient has landed and the last dx is done.
+  // The step ends when every gradient has landed and the last dx is done.
   if (grads) check(lwo_grads_wait(grads), "lwo_grads_wait");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  st.ms = (now_seconds() - t0) * 1e3;
+  const double t1 = now_seconds();
+  st.ms = (t1 - t0) * 1e3;
   if (o.check_engine) check(lwo_engine_check(o.check_engine), "lwo_engine_check");
+  if (o.edges) {
+    for (uint32_t p = 0; p < passes; ++p) {
+      st.start_ms += elapsed_ms(ev[4 * p], ev[4 * p + 1]);
+      if (o.backward) st.turn_ms += elapsed_ms(ev[4 * p + 2], ev[4 * p + 3]);
+    }
+    st.end_ms = (t1 - last_compute_s) * 1e3;
+  }
   const lwo_ring_stats r1 = ring_stats(ring);
   const lwo_grads_stats g1 = grads_stats(grads);
   st.h2d_bytes = r1.bytes_copied - r0.bytes_copied;
-  st.h2d_fwd_bytes = o.half_stats ? r_fwd.bytes_copied - r0.bytes_copied : 0;
+  st.h2d_fwd_bytes = o.half_stats ? fwd_bytes : 0;
   st.copies = r1.n_copies - r0.n_copies;
   st.hits = r1.n_hits - r0.n_hits;
   st.stages = r1.n_stages - r0.n_stages;
@@ -341,27 +406,36 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
   st.wait_ms = r1.wait_ms - r0.wait_ms;
   st.d2h_bytes = g1.bytes - g0.bytes;
   st.d2h_transfers = g1.n_transfers - g0.n_transfers;
+  st.accumulated_bytes = g1.accumulated_bytes - g0.accumulated_bytes;
+  st.accumulate_ns = g1.accumulate_ns - g0.accumulate_ns;
   return st;
 }
 
 // --- the chain on the device --------------------------------------------------------------
 
+const char* micro_order_name(MicroOrder order) {
+  return order == MicroOrder::kLayer ? "layer" : "batch";
+}
+
 ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t stream, bool trainable,
-                   lwo_dtype_t wire)
+                   lwo_dtype_t wire, uint32_t micro_batches, MicroOrder order)
     : weights_(weights),
       spec_(weights.spec()),
       rows_(rows),
       stream_(stream),
       trainable_(trainable),
-      wire_(wire) {
+      wire_(wire),
+      micro_(micro_batches),
+      order_(order) {
   if (wire != LWO_DTYPE_F32 && wire != spec_.dtype)
     fail("testkit::ChainRun: gradients in f32 or the chain's dtype");
+  if (micro_ < 1) fail("testkit::ChainRun: at least one micro-batch");
   const uint32_t N = spec_.n_ops();
   int64_t widest = 0;
-  act_.push_back(device_alloc(act_bytes(spec_.ops[0].first)));
+  act_.push_back(device_alloc(micro_ * act_bytes(spec_.ops[0].first)));
   for (uint32_t i = 0; i < N; ++i) {
     const auto& op = spec_.ops[i];
-    act_.push_back(device_alloc(act_bytes(op.second)));
+    act_.push_back(device_alloc(micro_ * act_bytes(op.second)));
     widest = std::max({widest, op.first, op.second});
     lwo_linear_desc l = LWO_LINEAR_DESC_INIT;
     l.dtype = spec_.dtype;
@@ -369,6 +443,8 @@ ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t strea
     l.in_features = op.first;
     l.out_features = op.second;
     lin_.push_back(l);
+    l.flags |= LWO_LINEAR_ACCUMULATE;
+    lin_acc_.push_back(l);
     lwo_conv2d_desc c = LWO_CONV2D_DESC_INIT;
     c.dtype = spec_.dtype;
     c.flags = spec_.bias ? LWO_CONV_BIAS : 0u;
@@ -377,10 +453,12 @@ ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t strea
     c.kernel_h = c.kernel_w = 3;
     c.pad_h = c.pad_w = 1;
     conv_.push_back(c);
+    c.flags |= LWO_CONV_ACCUMULATE;
+    conv_acc_.push_back(c);
   }
-  dy_last_ = device_alloc(act_bytes(spec_.ops[N - 1].second));
-  dbuf_[0] = device_alloc(act_bytes(widest));
-  dbuf_[1] = device_alloc(act_bytes(widest));
+  dy_last_ = device_alloc(micro_ * act_bytes(spec_.ops[N - 1].second));
+  dbuf_[0] = device_alloc(micro_ * act_bytes(widest));
+  dbuf_[1] = device_alloc(micro_ * act_bytes(widest));
   // x_0 uniform in [-1, 1); dy_N within +-1/sqrt(rows) (each weight gradient
   // is a sum over the rows). Copies from pageable memory on the stream, each
   // waited for: a cudaMemcpy may return before its DMA lands, and a
@@ -402,9 +480,9 @@ uint64_t ChainRun::act_bytes(int64_t width) const {
   return static_cast<uint64_t>(rows_) * spec_.spatial() * static_cast<uint64_t>(width) *
          lwo_dtype_size(spec_.dtype);
 }
-uint64_t ChainRun::output_bytes() const { return act_bytes(spec_.ops.back().second); }
+uint64_t ChainRun::output_bytes() const { return micro_ * act_bytes(spec_.ops.back().second); }
 float ChainRun::dy_bound() const { return 1.0f / std::sqrt(static_cast<float>(rows_)); }
-uint64_t ChainRun::input_bytes() const { return act_bytes(spec_.ops.front().first); }
+uint64_t ChainRun::input_bytes() const { return micro_ * act_bytes(spec_.ops.front().first); }
 
 const void* ChainRun::dy_in(uint32_t i) const {
   const uint32_t k = spec_.n_ops() - 1 - i;  // backward position
@@ -412,48 +490,71 @@ const void* ChainRun::dy_in(uint32_t i) const {
 }
 void* ChainRun::dx_out(uint32_t i) const { return dbuf_[(spec_.n_ops() - 1 - i) % 2].get(); }
 
-void ChainRun::forward_op(uint32_t i, const void* w, const void* b) const {
+void* ChainRun::slice(const DeviceMem& buf, int64_t width, uint32_t k) const {
+  return static_cast<uint8_t*>(buf.get()) + k * act_bytes(width);
+}
+
+// Op i reads dy_in(i) and writes dx_out(i); micro-batch k's rows of each.
+const void* ChainRun::dy_slice(uint32_t i, uint32_t k) const {
+  return static_cast<const uint8_t*>(dy_in(i)) + k * act_bytes(spec_.ops[i].second);
+}
+void* ChainRun::dx_slice(uint32_t i, uint32_t k) const {
+  return static_cast<uint8_t*>(dx_out(i)) + k * act_bytes(spec_.ops[i].first);
+}
+
+void ChainRun::forward_op(uint32_t i, const void* w, const void* b, uint32_t k) const {
   lwo_engine* e = weights_.engine();
   const void* bias = spec_.bias ? b : nullptr;
+  void* in = slice(act_[i], spec_.ops[i].first, k);
+  void* out = slice(act_[i + 1], spec_.ops[i].second, k);
   lwo_status_t s;
   if (spec_.kind == OpKind::kLinear)
-    s = lwo_linear_forward(e, &lin_[i], rows_, x(i), w, bias, x(i + 1), stream_);
+    s = lwo_linear_forward(e, &lin_[i], rows_, in, w, bias, out, stream_);
   else
-    s = lwo_conv2d_forward(e, &conv_[i], static_cast<int32_t>(rows_), spec_.h, spec_.w, x(i), w,
-                           bias, x(i + 1), stream_);
+    s = lwo_conv2d_forward(e, &conv_[i], static_cast<int32_t>(rows_), spec_.h, spec_.w, in, w,
+                           bias, out, stream_);
   if (s != LWO_OK) check(s, strf("the forward of op %u", i));
 }
 
-void ChainRun::backward_op(uint32_t i, const void* w, void* dx, void* dw, void* db) const {
+void ChainRun::backward_op(uint32_t i, const void* w, void* dx, void* dw, void* db, uint32_t k,
+                           bool accumulate) const {
   lwo_engine* e = weights_.engine();
   void* dbias = spec_.bias ? db : nullptr;
+  const void* in = slice(act_[i], spec_.ops[i].first, k);
   lwo_status_t s;
   if (spec_.kind == OpKind::kLinear)
-    s = lwo_linear_backward(e, &lin_[i], rows_, x(i), dy_in(i), w, dx, dw, dbias, wire_, stream_);
+    s = lwo_linear_backward(e, accumulate ? &lin_acc_[i] : &lin_[i], rows_, in, dy_slice(i, k), w,
+                            dx, dw, dbias, wire_, stream_);
   else
-    s = lwo_conv2d_backward(e, &conv_[i], static_cast<int32_t>(rows_), spec_.h, spec_.w, x(i),
-                            dy_in(i), w, dx, dw, dbias, wire_, stream_);
+    s = lwo_conv2d_backward(e, accumulate ? &conv_acc_[i] : &conv_[i], static_cast<int32_t>(rows_),
+                            spec_.h, spec_.w, in, dy_slice(i, k), w, dx, dw, dbias, wire_,
+                            stream_);
   if (s != LWO_OK) check(s, strf("the backward of op %u", i));
 }
 
-void ChainRun::forward_record(uint32_t r, const void* const* t) const {
+void ChainRun::forward_record(uint32_t r, const void* const* t, uint32_t k0, uint32_t k1) const {
   const auto& rec = spec_.records[r];
   const bool b = spec_.bias;
   for (uint32_t j = 0; j < rec.size(); ++j)
-    forward_op(rec[j], t[tensor_index(b, j, false)], b ? t[tensor_index(b, j, true)] : nullptr);
+    for (uint32_t k = k0; k < k1; ++k)
+      forward_op(rec[j], t[tensor_index(b, j, false)], b ? t[tensor_index(b, j, true)] : nullptr,
+                 k);
 }
 
 void ChainRun::backward_record(uint32_t r, const void* const* t, void* const* g,
-                               const std::function<void()>& done) const {
+                               const std::function<void()>& done, uint32_t k0,
+                               uint32_t k1) const {
   const auto& rec = spec_.records[r];
   const bool b = spec_.bias;
   for (uint32_t j = static_cast<uint32_t>(rec.size()); j-- > 0;) {
     const void* w = t[tensor_index(b, j, false)];
-    if (g)
-      backward_op(rec[j], w, nullptr, g[tensor_index(b, j, false)],
-                  b ? g[tensor_index(b, j, true)] : nullptr);
+    if (g)  // the micro-batches after the first add into the gradients
+      for (uint32_t k = k0; k < k1; ++k)
+        backward_op(rec[j], w, nullptr, g[tensor_index(b, j, false)],
+                    b ? g[tensor_index(b, j, true)] : nullptr, k, k > k0);
     if (j == 0) done();
-    backward_op(rec[j], w, dx_out(rec[j]), nullptr, nullptr);
+    for (uint32_t k = k0; k < k1; ++k)
+      backward_op(rec[j], w, dx_slice(rec[j], k), nullptr, nullptr, k, false);
   }
 }
 
@@ -493,42 +594,51 @@ void ChainRun::resident_views(uint32_t r, std::vector<const void*>& w, std::vect
   }
 }
 
-PassTimes ChainRun::resident_pass(bool backward, bool events) {
+PassTimes ChainRun::resident_pass(bool backward, bool events,
+                                  const std::function<void(uint32_t pass)>& after_pass) {
   if (!weights_.all_resident()) fail("testkit::ChainRun: not every record is resident");
-  const uint32_t R = spec_.n_records();
+  const uint32_t R = spec_.n_records(), P = passes();
   const bool grads = backward && trainable_;
   std::vector<std::vector<const void*>> w(R);
   std::vector<std::vector<void*>> g(R);
   for (uint32_t r = 0; r < R; ++r) resident_views(r, w[r], g[r], grads);
-  Event a, mid, end;
-  if (events) {
-    a = make_event();
-    mid = make_event();
-    end = make_event();
-  }
+  // Events at each pass's start, its forward's end, and its backward's end.
+  std::vector<Event> ev;
+  if (events)
+    for (uint32_t i = 0; i < 2 * P + 1; ++i) ev.push_back(make_event());
   const double t0 = now_seconds();
-  if (events) check(cudaEventRecord(a.get(), stream_), "cudaEventRecord");
-  for (uint32_t r = 0; r < R; ++r) forward_record(r, w[r].data());
-  if (events) check(cudaEventRecord(mid.get(), stream_), "cudaEventRecord");
-  if (backward)
-    for (uint32_t r = R; r-- > 0;)
-      backward_record(r, w[r].data(), grads ? g[r].data() : nullptr, [] {});
-  if (events) check(cudaEventRecord(end.get(), stream_), "cudaEventRecord");
+  for (uint32_t p = 0; p < P; ++p) {
+    const uint32_t k0 = pass_first(p), k1 = pass_end(p);
+    if (events) check(cudaEventRecord(ev[2 * p].get(), stream_), "cudaEventRecord");
+    for (uint32_t r = 0; r < R; ++r) forward_record(r, w[r].data(), k0, k1);
+    if (events) check(cudaEventRecord(ev[2 * p + 1].get(), stream_), "cudaEventRecord");
+    if (backward)
+      for (uint32_t r = R; r-- > 0;)
+        backward_record(r, w[r].data(), grads ? g[r].data() : nullptr, [] {}, k0, k1);
+    if (after_pass) after_pass(p);
+  }
+  if (events) check(cudaEventRecord(ev[2 * P].get(), stream_), "cudaEventRecord");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   PassTimes t;
   t.wall_ms = (now_seconds() - t0) * 1e3;
-  if (events) {
-    t.fwd_ms = elapsed_ms(a, mid);
-    t.bwd_ms = elapsed_ms(mid, end);
-  }
+  if (events)
+    for (uint32_t p = 0; p < P; ++p) {
+      t.fwd_ms += elapsed_ms(ev[2 * p], ev[2 * p + 1]);
+      t.bwd_ms += elapsed_ms(ev[2 * p + 1], ev[2 * p + 2]);
+    }
   return t;
 }
 
 StepStats ChainRun::streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads,
                                   const StepOptions& options) {
   StepCalls calls;
+  uint32_t k0 = 0, k1 = 1;
+  calls.begin_pass = [&](uint32_t p) {
+    k0 = pass_first(p);
+    k1 = pass_end(p);
+  };
   calls.forward = [&](uint32_t r, const lwo_layer_view& v) {
-    forward_record(r, v.tensors);
+    forward_record(r, v.tensors, k0, k1);
   };
   calls.backward = [&](uint32_t r, const lwo_layer_view& v, const lwo_layer_view* g,
                        const std::function<void()>& done) {
@@ -541,10 +651,12 @@ StepStats ChainRun::streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_gr
                     "%s gradients (create the grads with LWO_GRADS_F32, or "
                     "LWO_GRADS_NATIVE_WIRE and the chain's dtype as the wire)",
                     r, lwo_dtype_name(g->tensor_dtypes[k]), lwo_dtype_name(wire_)));
-    backward_record(r, v.tensors, g && trainable_ ? g->tensors : nullptr, done);
+    backward_record(r, v.tensors, g && trainable_ ? g->tensors : nullptr, done, k0, k1);
   };
-  return run_step(schedule, ring, trainable_ ? grads : nullptr, stream_, spec_.n_records(),
-                  options, calls);
+  StepOptions o = options;
+  o.passes = passes();
+  return run_step(schedule, ring, trainable_ ? grads : nullptr, stream_, spec_.n_records(), o,
+                  calls);
 }
 
 // --- the check ---------------------------------------------------------------------------
@@ -604,27 +716,78 @@ ChainCheck ChainRun::compare_with_resident(lwo_grads* grads, bool backward) {
   std::vector<uint8_t> dx0;
   if (backward) dx0 = copy_back(dx_out(0), input_bytes());
 
+  // The gradients checked: every tensor of the first and the last record,
+  // each as lwo_grads_tensor gives it (its host dtype), and the sum the host
+  // should hold: the resident gradients of each pass, added as the library
+  // adds (in f32, rounded once to the host dtype).
+  struct Item {
+    uint32_t r, j;
+    bool bias;
+    std::string name;
+    lwo_grad_tensor got;
+    std::vector<uint8_t> want;
+  };
+  std::vector<Item> items_checked;
+  const uint32_t checked[2] = {0, R - 1};
+  const uint32_t n_checked = with_grads ? (R > 1 ? 2u : 1u) : 0u;
+  for (uint32_t c = 0; c < n_checked; ++c) {
+    const uint32_t r = checked[c];
+    for (uint32_t j = 0; j < spec_.records[r].size(); ++j)
+      for (int k = 0; k < (spec_.bias ? 2 : 1); ++k) {
+        Item it{r, j, k == 1, k == 0 ? weights_.weight_name(r, j) : weights_.bias_name(r, j),
+                LWO_GRAD_TENSOR_INIT, {}};
+        check(lwo_grads_tensor(grads, r, it.name.c_str(), &it.got),
+              strf("lwo_grads_tensor(record %u, \"%s\")", r, it.name.c_str()));
+        const uint64_t n = it.bias ? static_cast<uint64_t>(spec_.ops[spec_.records[r][j]].second)
+                                   : spec_.weight_elems(spec_.records[r][j]);
+        it.want.assign(n * lwo_dtype_size(it.got.dtype), 0);
+        items_checked.push_back(std::move(it));
+      }
+  }
+  auto add_pass = [&](uint32_t p) {  // the resident gradients of pass p, into `want`
+    if (!with_grads) return;
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (uint32_t c = 0; c < n_checked; ++c) {
+      const uint32_t r = checked[c];
+      const std::vector<uint8_t> ref = copy_back(
+          r == 0 ? grad_first_.get() : grad_last_.get(), weights_.grad_bytes(r, wire_));
+      for (Item& it : items_checked) {
+        if (it.r != r) continue;
+        const uint8_t* src = ref.data() + weights_.grad_offset(r, it.j, it.bias, wire_);
+        const uint64_t n = it.want.size() / lwo_dtype_size(it.got.dtype);
+        for (uint64_t i = 0; i < n; ++i) {
+          const float part = load_f32(src, wire_, i);
+          store_f32(it.want.data(), it.got.dtype, i,
+                    p == 0 ? part : load_f32(it.want.data(), it.got.dtype, i) + part);
+        }
+      }
+    }
+  };
+
   // The resident computation, now.
   if (weights_.all_resident()) {
-    resident_pass(backward, false);
+    resident_pass(backward, false, add_pass);
   } else {
     if (spec_.records[0].size() != 1 || spec_.records[R - 1].size() != 1)
       fail("testkit::ChainRun: a partly resident chain is checked with records of one op");
+    if (micro_ > 1)
+      fail("testkit::ChainRun: micro-batches are checked with every record resident");
     // The streamed x_{N-1} and the dy of op 0 are still in place. Op 0's
     // backward goes first: it reads a ping-pong buffer that op N-1's dx would
     // overwrite, so op N-1 computes no dx here.
     std::vector<const void*> w;
     std::vector<void*> g;
     resident_views(R - 1, w, g, false);
-    forward_record(R - 1, w.data());
+    forward_record(R - 1, w.data(), 0, 1);
     resident_views(0, w, g, with_grads);
-    if (backward) backward_record(0, w.data(), with_grads ? g.data() : nullptr, [] {});
+    if (backward) backward_record(0, w.data(), with_grads ? g.data() : nullptr, [] {}, 0, 1);
     if (backward && with_grads && R > 1) {
       resident_views(R - 1, w, g, true);
       const bool bias = spec_.bias;
-      backward_op(N - 1, w[0], nullptr, g[0], bias ? g[1] : nullptr);
+      backward_op(N - 1, w[0], nullptr, g[0], bias ? g[1] : nullptr, 0, false);
     }
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    add_pass(0);
   }
   check(lwo_engine_check(weights_.engine()), "lwo_engine_check");
   const uint64_t es = lwo_dtype_size(spec_.dtype);
@@ -643,47 +806,35 @@ ChainCheck ChainRun::compare_with_resident(lwo_grads* grads, bool backward) {
                                      R - 1);
   std::string items = strf("output of op %u", N - 1);
   if (backward) items += ", input gradient";
+  if (micro_ > 1)
+    items += strf(" of all %u micro-batches (%s-major)", micro_, micro_order_name(order_));
 
-  if (with_grads) {
-    const uint32_t checked[2] = {0, R - 1};
-    for (uint32_t c = 0; c < (R > 1 ? 2u : 1u); ++c) {
-      const uint32_t r = checked[c];
-      const auto& rec = spec_.records[r];
-      const std::vector<uint8_t> ref = copy_back(
-          r == 0 ? grad_first_.get() : grad_last_.get(), weights_.grad_bytes(r, wire_));
-      for (uint32_t j = 0; j < rec.size(); ++j)
-        for (int k = 0; k < (spec_.bias ? 2 : 1); ++k) {
-          const std::string& name = k == 0 ? weights_.weight_name(r, j) : weights_.bias_name(r, j);
-          const std::string item =
-              strf("%s-gradient(record %u, %s)", k == 0 ? "weight" : "bias", r, name.c_str());
-          float* host = nullptr;
-          uint64_t first = 0, n = 0;
-          check(lwo_grads_shard(grads, r, name.c_str(), &host, &first, &n),
-                         strf("lwo_grads_shard(record %u, \"%s\")", r, name.c_str()));
-          const uint64_t want_n =
-              k == 0 ? spec_.weight_elems(rec[j]) : static_cast<uint64_t>(spec_.ops[rec[j]].second);
-          if (first != 0 || n != want_n) {
-            differ(item, strf("lwo_grads_shard(record %u, \"%s\") has elements [%llu, %llu), "
-                              "expected [0, %llu)",
-                              r, name.c_str(), static_cast<unsigned long long>(first),
-                              static_cast<unsigned long long>(first + n),
-                              static_cast<unsigned long long>(want_n)));
-            continue;
-          }
-          // The reference in the wire dtype, widened to f32 exactly as the
-          // host gradients were (with the f32 wire, as it is).
-          const uint8_t* src = ref.data() + weights_.grad_offset(r, j, k == 1, wire_);
-          std::vector<float> want(n);
-          for (uint64_t i = 0; i < n; ++i) want[i] = load_f32(src, wire_, i);
-          const int64_t cols = k == 0 ? static_cast<int64_t>(spec_.fan_in(rec[j])) : 1;
-          differ(item, compare_bits(strf("d%s of record %u (host gradients)", name.c_str(), r),
-                                    host, want.data(), n, LWO_DTYPE_F32, cols));
-        }
-      items += strf(", the %s gradients of record %u", spec_.bias ? "weight and bias" : "weight", r);
+  lwo_dtype_t host_dtype = wire_;
+  for (const Item& it : items_checked) {
+    const uint64_t want_n = it.want.size() / lwo_dtype_size(it.got.dtype);
+    const std::string item = strf("%s-gradient(record %u, %s)", it.bias ? "bias" : "weight", it.r,
+                                  it.name.c_str());
+    host_dtype = it.got.dtype;
+    if (it.got.first_element != 0 || it.got.n_elements != want_n || !it.got.data) {
+      differ(item, strf("lwo_grads_tensor(record %u, \"%s\") has elements [%llu, %llu), "
+                        "expected [0, %llu)",
+                        it.r, it.name.c_str(), static_cast<unsigned long long>(it.got.first_element),
+                        static_cast<unsigned long long>(it.got.first_element + it.got.n_elements),
+                        static_cast<unsigned long long>(want_n)));
+      continue;
     }
+    const int64_t cols = it.bias ? 1 : static_cast<int64_t>(spec_.fan_in(spec_.records[it.r][it.j]));
+    differ(item, compare_bits(strf("d%s of record %u (host gradients)", it.name.c_str(), it.r),
+                              it.got.data, it.want.data(), want_n, it.got.dtype, cols));
   }
+  for (uint32_t c = 0; c < n_checked; ++c)
+    items += strf(", the %s gradients of record %u", spec_.bias ? "weight and bias" : "weight",
+                  checked[c]);
   out.what = strf("%s bit for bit%s: %s", how.c_str(),
-                  with_grads ? strf(" (%s wire)", lwo_dtype_name(wire_)).c_str() : "",
+                  with_grads ? strf(" (%s wire, %s host buffers)", lwo_dtype_name(wire_),
+                                    lwo_dtype_name(host_dtype))
+                                   .c_str()
+                             : "",
                   items.c_str());
   return out;
 }

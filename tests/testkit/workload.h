@@ -138,10 +138,18 @@ struct PassTimes {
 
 struct StepStats {
   double ms = 0;                              // wall clock, as PassTimes
+  uint32_t passes = 1;                        // schedule passes in the step (micro-batch-major: K)
   uint64_t h2d_bytes = 0, h2d_fwd_bytes = 0;  // ring copies; in the forward half (half_stats)
   uint64_t copies = 0, hits = 0, stages = 0;
   uint64_t d2h_bytes = 0, d2h_transfers = 0;  // lwo_grads
   double copy_ms = 0, wait_ms = 0;            // rings created with LWO_RING_TIMING
+  // The edges (StepOptions::edges), per step, summed over its passes: `start`
+  // from the step's start to the first record in its slot (compute can
+  // begin), `turn` from the last forward compute to the first backward
+  // record in its slot, `end` from the last compute's completion to the
+  // return of lwo_grads_wait (the gradients still on their way).
+  double start_ms = 0, turn_ms = 0, end_ms = 0;
+  uint64_t accumulated_bytes = 0, accumulate_ns = 0;  // lwo_grads: the host additions
 };
 
 struct BoundTerm {
@@ -161,6 +169,32 @@ Bound bound_of(const std::vector<BoundTerm>& terms);
 Bound step_bound(double resident_ms, double h2d_bytes, double h2d_gbps, double d2h_bytes,
                  double d2h_gbps);
 
+// The rates of the link, measured in one run: each direction alone, and both
+// at once (testkit::measure_pinned_peak with Direction::kBoth).
+struct LinkRates {
+  double h2d_gbps = 0, d2h_gbps = 0;                // alone
+  double duplex_h2d_gbps = 0, duplex_d2h_gbps = 0;  // together
+};
+// The time to move h2d and d2h bytes at once: both at their duplex rates
+// until the smaller finishes, the rest at its one-way rate. 0 rates give 0.
+double duplex_ms(double h2d_bytes, double d2h_bytes, const LinkRates& rates);
+
+// The split floor of a step: gradients exist only in the backward half, and
+// both directions at once do not each reach the one-way peak, so per pass
+//   forward max(compute, H2D alone) + backward max(compute, H2D and D2H at once),
+// the step's bytes and compute spread evenly over its passes.
+struct SplitFloor {
+  double ms = 0;                   // the floor of the whole step
+  double fwd_ms = 0, bwd_ms = 0;   // of one pass's halves
+  double fwd_compute_ms = 0, fwd_h2d_ms = 0;
+  double bwd_compute_ms = 0, bwd_link_ms = 0;
+  const char* fwd_binding = "";    // "compute" or "H2D"
+  const char* bwd_binding = "";    // "compute" or "link"
+};
+SplitFloor split_floor(double fwd_compute_ms, double bwd_compute_ms, double h2d_fwd_bytes,
+                       double h2d_bwd_bytes, double d2h_bytes, uint32_t passes,
+                       const LinkRates& rates);
+
 // --- the streamed step's driver -------------------------------------------------------
 
 // What a record does in a streamed pass. `w` is the record's slot. backward
@@ -168,6 +202,7 @@ Bound step_bound(double resident_ms, double h2d_bytes, double h2d_gbps, double d
 // once every weight gradient of the record is enqueued, before the last dx
 // (it calls lwo_grads_end).
 struct StepCalls {
+  std::function<void(uint32_t pass)> begin_pass;  // optional: before each pass's first call
   std::function<void(uint32_t r, const lwo_layer_view& w)> forward;
   std::function<void(uint32_t r, const lwo_layer_view& w, const lwo_layer_view* g,
                      const std::function<void()>& done)>
@@ -180,6 +215,8 @@ struct StepOptions {
   bool timing = false;      // the ring has LWO_RING_TIMING (its counters then wait for the GPU)
   bool zero_grads = true;   // lwo_grads_zero first (false: the caller has, e.g. before a barrier)
   lwo_engine* check_engine = nullptr;  // lwo_engine_check after the timed part
+  uint32_t passes = 1;      // schedule passes per step (reset and run each), one zero and one wait
+  bool edges = false;       // time the start, the turn and the end (StepStats::start_ms...)
   // Called after the untimed part (the zeroing, the counters read), just
   // before the timing starts: e.g. a barrier of ranks that step together.
   std::function<void()> before_start;
@@ -188,9 +225,10 @@ struct StepOptions {
 // The schedule order of a pass over n records.
 std::vector<uint32_t> step_order(uint32_t n_records, bool backward);
 
-// One pass: lwo_grads_zero (untimed; zero_grads), then timed from lwo_schedule_reset to
-// the return of lwo_grads_wait and the stream's synchronisation: each
-// lwo_schedule_next must give the next record of step_order. A failure throws.
+// One step: lwo_grads_zero (untimed; zero_grads), then timed from the first
+// lwo_schedule_reset to the return of lwo_grads_wait and the stream's
+// synchronisation, `passes` passes of the schedule: each lwo_schedule_next
+// must give the next record of step_order. A failure throws.
 StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cudaStream_t stream,
                    uint32_t n_records, const StepOptions& options, const StepCalls& calls);
 
@@ -204,32 +242,50 @@ struct ChainCheck {
   std::string what;     // what was compared, a sentence
 };
 
+// How a step runs K micro-batches (each `rows` rows: a slice of the
+// activations, all kept). kBatch: K passes of the schedule, each a whole
+// forward and backward of one micro-batch, its gradients ended on their own
+// (summed on the host). kLayer: one pass; each record runs all K micro-batches
+// while it sits in its slot, the gradients summed in the slot
+// (LWO_LINEAR_ACCUMULATE) and ended once.
+enum class MicroOrder { kBatch, kLayer };
+const char* micro_order_name(MicroOrder order);  // "batch", "layer"
+
 class ChainRun {
  public:
   // Activations x_0 .. x_N (all kept for the backward pass), the output
-  // gradient dy_N and two ping-pong gradient buffers, for `rows` rows (tokens,
-  // or images) on `stream`; x_0 and dy_N filled. `trainable`: backward passes
-  // compute weight gradients in `wire` (f32, or the chain's dtype).
+  // gradient dy_N and two ping-pong gradient buffers, for `micro_batches`
+  // micro-batches of `rows` rows (tokens, or images) on `stream`; x_0 and dy_N
+  // filled. `trainable`: backward passes compute weight gradients in `wire`
+  // (f32, or the chain's dtype: the dtype of the grads' slots).
   ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t stream, bool trainable = true,
-           lwo_dtype_t wire = LWO_DTYPE_F32);
+           lwo_dtype_t wire = LWO_DTYPE_F32, uint32_t micro_batches = 1,
+           MicroOrder order = MicroOrder::kBatch);
   ChainRun(const ChainRun&) = delete;
   ChainRun& operator=(const ChainRun&) = delete;
 
-  int64_t rows() const { return rows_; }
+  int64_t rows() const { return rows_; }  // of one micro-batch
+  uint32_t micro_batches() const { return micro_; }
+  MicroOrder order() const { return order_; }
+  uint32_t passes() const { return order_ == MicroOrder::kBatch ? micro_ : 1; }  // per step
   cudaStream_t stream() const { return stream_; }
-  uint64_t act_bytes(int64_t width) const;  // one activation of `width` features or channels
+  uint64_t act_bytes(int64_t width) const;  // one micro-batch's activation of `width`
   void* x(uint32_t i) const { return act_[i].get(); }
   const void* dy_in(uint32_t i) const;  // the gradient op i's backward reads
   void* dx_out(uint32_t i) const;       // ... and writes its dx into (dy_in(i - 1))
-  uint64_t output_bytes() const;        // x_N
+  uint64_t output_bytes() const;        // x_N, every micro-batch
   float dy_bound() const;               // 1 / sqrt(rows): dy_N's values lie within +-it
-  uint64_t input_bytes() const;         // x_0, dx_0
+  uint64_t input_bytes() const;         // x_0, dx_0, every micro-batch
 
-  // Every record resident (make_resident): the same calls as a streamed pass,
-  // weight gradients into device buffers. With events, fwd_ms and bwd_ms too.
-  PassTimes resident_pass(bool backward, bool events = false);
-  // A streamed pass through `ring` by `schedule` (made over step_order);
-  // `grads` null in a backward pass: frozen.
+  // Every record resident (make_resident): the same calls as a streamed step
+  // (every pass of it), weight gradients into device buffers. With events,
+  // fwd_ms and bwd_ms too (summed over the passes). after_pass(p), if given,
+  // runs after pass p's backward is enqueued.
+  PassTimes resident_pass(bool backward, bool events = false,
+                          const std::function<void(uint32_t pass)>& after_pass = {});
+  // A streamed step through `ring` by `schedule` (made over step_order):
+  // passes() passes (options.passes is set from it); `grads` null in a
+  // backward pass: frozen.
   StepStats streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads,
                           const StepOptions& options);
   // Compares what the last streamed pass left (the output; with backward the
@@ -241,13 +297,22 @@ class ChainRun {
   ChainCheck compare_with_resident(lwo_grads* grads, bool backward);
 
  private:
-  void forward_op(uint32_t i, const void* w, const void* b) const;
-  void backward_op(uint32_t i, const void* w, void* dx, void* dw, void* db) const;
+  // Micro-batch k's part of an activation buffer of `width` features.
+  void* slice(const DeviceMem& buf, int64_t width, uint32_t k) const;
+  const void* dy_slice(uint32_t i, uint32_t k) const;
+  void* dx_slice(uint32_t i, uint32_t k) const;
+  void forward_op(uint32_t i, const void* w, const void* b, uint32_t k) const;
+  // accumulate: add the weight gradients to dw and db (LWO_LINEAR_ACCUMULATE).
+  void backward_op(uint32_t i, const void* w, void* dx, void* dw, void* db, uint32_t k,
+                   bool accumulate) const;
   // t: a record's tensors (per op its weight, or weight and bias); g: their
-  // gradients in the same order (null: frozen).
-  void forward_record(uint32_t r, const void* const* t) const;
+  // gradients in the same order (null: frozen). Micro-batches [k0, k1).
+  void forward_record(uint32_t r, const void* const* t, uint32_t k0, uint32_t k1) const;
   void backward_record(uint32_t r, const void* const* t, void* const* g,
-                       const std::function<void()>& done) const;
+                       const std::function<void()>& done, uint32_t k0, uint32_t k1) const;
+  // The micro-batches of pass p.
+  uint32_t pass_first(uint32_t p) const { return order_ == MicroOrder::kBatch ? p : 0; }
+  uint32_t pass_end(uint32_t p) const { return order_ == MicroOrder::kBatch ? p + 1 : micro_; }
   void resident_views(uint32_t r, std::vector<const void*>& t, std::vector<void*>& g, bool grads);
   void ensure_grad_buffers();
 
@@ -257,11 +322,13 @@ class ChainRun {
   cudaStream_t stream_;
   bool trainable_;
   lwo_dtype_t wire_;
+  uint32_t micro_;
+  MicroOrder order_;
   std::vector<DeviceMem> act_;
   DeviceMem dy_last_, dbuf_[2];
   DeviceMem grad_first_, grad_last_, grad_scratch_;  // resident weight gradients
-  std::vector<lwo_linear_desc> lin_;
-  std::vector<lwo_conv2d_desc> conv_;
+  std::vector<lwo_linear_desc> lin_, lin_acc_;   // plain, and with LWO_LINEAR_ACCUMULATE
+  std::vector<lwo_conv2d_desc> conv_, conv_acc_;
 };
 
 // n elements compared bit for bit: "" when equal, else "WHAT differs from the
