@@ -41,6 +41,8 @@ class Planner:
         self.replans = 0           # plans replaced by what ran
         self.mispredictions = 0    # accesses the plan did not predict
         self.saw_backward = False  # the current step has had a backward access
+        self._current = ()         # the plan of the current step (() between steps)
+        self._upcoming = {}        # (kind, pos, limit, exclude) -> upcoming()
 
     # ----------------------------------------------------------------
     @property
@@ -51,6 +53,7 @@ class Planner:
     def begin(self, kind):
         """Starts a step of `kind` (TRAIN or FORWARD)."""
         self.kind = kind
+        self._current = self.plans[kind]
         self.pos = 0
         self.trace = []
         self.deviated = False
@@ -69,11 +72,14 @@ class Planner:
                 if self.trace != self.plans[kind]:
                     self.plans[kind] = list(self.trace)
                     self.replans += 1
+                    self._upcoming = {}
             elif self.deviated or self.pos != len(self.plans[kind]):
                 self.plans[kind] = list(self.trace)
                 self.replans += 1
+                self._upcoming = {}
         self.steps += 1
         self.kind = None
+        self._current = ()
         self.pos = 0
         self.trace = []
         self.deviated = False
@@ -84,6 +90,16 @@ class Planner:
         grad_enabled: torch.is_grad_enabled() in a forward; in_backward: the
         access runs inside a backward pass (a module's backward, or a forward
         recomputed by activation checkpointing)."""
+        # The common case first: the plan's next entry, in a running step.
+        plan = self._current
+        pos = self.pos
+        if (pos < len(plan) and plan[pos] == record and self.kind is not None
+                and len(self.trace) < self.max_trace):
+            if in_backward:
+                self.saw_backward = True
+            self.trace.append(record)
+            self.pos = pos + 1
+            return True
         if self.kind is None:
             self.begin(TRAIN if (grad_enabled or in_backward) else FORWARD)
         elif (not in_backward and not self.saw_backward and self.trace
@@ -122,6 +138,10 @@ class Planner:
         (at most `limit`, none equal to `exclude`), as (record, next_step)
         pairs: next_step is True for records past the end of this step's plan,
         which belong to the next step of the same kind."""
+        key = (self.kind, self.pos, limit, exclude)
+        got = self._upcoming.get(key)
+        if got is not None:
+            return got
         out = []
         seen = set()
         if exclude is not None:
@@ -141,6 +161,9 @@ class Planner:
             out.append((r, wrapped))
             if len(out) >= limit:
                 break
+        if len(self._upcoming) > 65536:
+            self._upcoming = {}
+        self._upcoming[key] = out
         return out
 
     def stats(self):

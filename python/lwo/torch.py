@@ -272,7 +272,9 @@ class _Backend:
                                         "data": (int(address), False), "version": 3,
                                         "strides": None}
         dev = torch.device("cuda", self.device_index)
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=dev)):
+        st = torch.cuda.ExternalStream(stream, device=dev) if stream else \
+            torch.cuda.default_stream(dev)
+        with torch.cuda.stream(st):
             torch.as_tensor(_Raw(), device=dev).zero_()
 
     def synchronize(self):
@@ -368,8 +370,15 @@ def _linear_module_forward(self, input):
     if w is not s.weight:
         _check_params(self, s)
     if torch.is_grad_enabled():
-        if input.requires_grad or s.needs_dw():
-            return _LinearFn.apply(input, s, s.weight, s.bias)
+        if input.requires_grad:
+            if _functorch_active():
+                return _LinearFn.apply(input, s)
+            return _linear_apply(input, s)
+        if s.needs_dw():  # a parameter that needs its gradient makes the graph
+            anchor = s.weight if s.weight.requires_grad else s.bias
+            if _functorch_active():
+                return _LinearFn.apply(input, s, anchor)
+            return _linear_apply(input, s, anchor)
         return s.handle._linear_forward(s, input, True)
     return s.handle._linear_forward(s, input, False)
 
@@ -381,19 +390,27 @@ def _conv_module_forward(self, input):
     if w is not s.weight:
         _check_params(self, s)
     if torch.is_grad_enabled():
-        if input.requires_grad or s.needs_dw():
-            return _ConvFn.apply(input, s, s.weight, s.bias)
+        if input.requires_grad:
+            if _functorch_active():
+                return _ConvFn.apply(input, s)
+            return _conv_apply(input, s)
+        if s.needs_dw():  # a parameter that needs its gradient makes the graph
+            anchor = s.weight if s.weight.requires_grad else s.bias
+            if _functorch_active():
+                return _ConvFn.apply(input, s, anchor)
+            return _conv_apply(input, s, anchor)
         return s.handle._conv_forward(s, input, True)
     return s.handle._conv_forward(s, input, False)
 
 
 class _LinearFn(torch.autograd.Function):
-    """y = x W^T + b through lwo; W and b are inputs only so that autograd
-    knows the output needs a backward (their gradients go to lwo, not to
-    autograd: backward returns None for them)."""
+    """y = x W^T + b through lwo. When x needs no gradient, a parameter that
+    does is an input (`anchor`), only so that autograd knows the output needs
+    a backward: the weight gradients go to lwo, never to autograd (backward
+    returns None for it)."""
 
     @staticmethod
-    def forward(ctx, x, s, weight, bias):
+    def forward(ctx, x, s, anchor=None):
         y = s.handle._linear_forward(s, x, True)
         ctx.s = s
         ctx.need_dw = s.needs_dw()
@@ -410,12 +427,12 @@ class _LinearFn(torch.autograd.Function):
         x = ctx.saved_tensors[0] if ctx.need_dw else None
         dx = s.handle._linear_backward(s, x, dy, ctx.needs_input_grad[0], ctx.need_dw,
                                        ctx.x_dtype)
-        return dx, None, None, None
+        return dx, None, None
 
 
 class _ConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, s, weight, bias):
+    def forward(ctx, x, s, anchor=None):
         y = s.handle._conv_forward(s, x, True)
         ctx.s = s
         ctx.need_dw = s.needs_dw()
@@ -433,7 +450,20 @@ class _ConvFn(torch.autograd.Function):
         x = ctx.saved_tensors[0] if ctx.need_dw else None
         dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
                                      ctx.need_dw, ctx.x_dtype)
-        return dx, None, None, None
+        return dx, None, None
+
+
+# Function.apply without its Python layer (argument binding for setup_context,
+# which these Functions do not define, and functorch's unwrapping, needed only
+# under functorch transforms, where the full apply is used): about half its
+# host time.
+_linear_apply = super(torch.autograd.Function, _LinearFn).apply
+_conv_apply = super(torch.autograd.Function, _ConvFn).apply
+try:
+    _functorch_active = torch._C._are_functorch_transforms_active
+except AttributeError:  # pragma: no cover
+    def _functorch_active():
+        return True
 
 
 class _Span:
@@ -474,6 +504,8 @@ class Offload:
         self._timing = bool(timing)
         self._events = []
         self._dev_index = device.index if device.type == "cuda" else -1
+        self._cur_stream = backend.current_stream
+        self._lin_fwd = backend.linear_forward
 
         # Records: one per group key, in the order their first module comes.
         records, by_key = [], {}
@@ -482,7 +514,7 @@ class Offload:
             key = groups.get(name, name)
             rec = by_key.get(key)
             if rec is None:
-                rec = _Record(len(records), str(key))
+                rec = _Record(len(records), str(key[1]) if isinstance(key, tuple) else key)
                 by_key[key] = rec
                 records.append(rec)
             s = _Module()
@@ -897,7 +929,12 @@ class Offload:
     # Linear
     # ----------------------------------------------------------------
     def _input(self, s, x):
-        if x.dtype != s.dtype:
+        """x as lwo takes it (the layer's dtype, this device, contiguous), or
+        the error that says why not."""
+        if self.closed:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: the offload handle of %r "
+                             "is closed" % s.name)
+        if x.dtype is not s.dtype:
             if not _autocast_any(x):
                 raise RuntimeError(
                     "lwo.torch: %s %r has %s weights but got %s input (lwo computes "
@@ -911,26 +948,31 @@ class Offload:
         return x.contiguous()
 
     def _linear_forward(self, s, x, grad):
-        if self.closed:
-            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: the offload handle of %r "
-                             "is closed" % s.name)
-        x = self._input(s, x)
+        if x.dtype is not s.dtype or x.get_device() != self._dev_index or self.closed:
+            x = self._input(s, x)
+        elif not x.is_contiguous():
+            x = x.contiguous()
         shape = x.shape
-        if shape[-1] != s.in_f:
-            raise RuntimeError("lwo.torch: linear %r takes %d input features, got shape %s"
-                               % (s.name, s.in_f, tuple(shape)))
-        y = torch.empty(shape[:-1] + (s.out_f,), dtype=s.dtype, device=x.device)
-        tokens = x.numel() // s.in_f
+        in_f = s.in_f
+        if len(shape) == 2 and shape[1] == in_f:
+            tokens = shape[0]
+            y = torch.empty((tokens, s.out_f), dtype=s.dtype, device=self.device)
+        else:
+            if not shape or shape[-1] != in_f:
+                raise RuntimeError("lwo.torch: linear %r takes %d input features, got shape "
+                                   "%s" % (s.name, in_f, tuple(shape)))
+            y = torch.empty(shape[:-1] + (s.out_f,), dtype=s.dtype, device=self.device)
+            tokens = x.numel() // in_f
         if tokens == 0:
             return y
-        stream = self.backend.current_stream(self._dev_index)
+        stream = self._cur_stream(self._dev_index)
         rec = s.record
-        self._observe(rec, grad, _graph_task_id() != -1)
+        rec.n_accesses += 1
+        self.planner.observe(rec.index, grad, _graph_task_id() != -1)
         base = self._acquire(rec, stream)
         try:
-            self.backend.linear_forward(s.desc, tokens, x.data_ptr(), base + s.w_off,
-                                        base + s.b_off if s.has_bias else None, y.data_ptr(),
-                                        stream)
+            self._lin_fwd(s.desc, tokens, x.data_ptr(), base + s.w_off,
+                          base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
         finally:
             self._after(rec, stream)
         return y

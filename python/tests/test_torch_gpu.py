@@ -1,0 +1,281 @@
+"""lwo.torch on a GPU: outputs and gradients of streamed models against the
+same models resident in PyTorch (bf16 and f32, stated tolerances), bit for
+bit against lwo's own compute on resident weights, LoRA (peft) on a frozen
+base, groups, a changed module order, activation checkpointing, compile,
+per-record statistics. Skipped without torch, without CUDA, or where lwo
+finds no device.
+
+Tolerances, as the largest absolute difference over the largest absolute
+value of the reference: f32 1e-4 (lwo and PyTorch both compute in full f32:
+TF32 is off for both), bf16 3e-2 (outputs rounded to bf16, sums in another
+order)."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device for torch", allow_module_level=True)
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+
+try:
+    lt._Backend(torch.cuda.current_device())
+except lwo.Error as e:  # pragma: no cover
+    pytest.skip("lwo finds no device: %s" % e, allow_module_level=True)
+
+nn = torch.nn
+DEV = torch.device("cuda", torch.cuda.current_device())
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def close(a, b, dtype, what=""):
+    a, b = a.detach().float().cpu(), b.detach().float().cpu()
+    assert a.shape == b.shape, what
+    scale = max(b.abs().max().item(), 1e-6)
+    err = (a - b).abs().max().item() / scale
+    assert err <= TOL[dtype], "%s: relative error %g > %g" % (what, err, TOL[dtype])
+
+
+def mlp(dtype, width=256):
+    return nn.Sequential(nn.Linear(192, width), nn.GELU(), nn.Linear(width, width), nn.Tanh(),
+                         nn.Linear(width, 64, bias=False)).to(dtype)
+
+
+def compare_training(m, ref, make_x, dtype, steps=3, lr=1e-2):
+    """SGD on both (the streamed one's optimizer runs on the CPU over the
+    pool); compares outputs, dx and every parameter gradient each step."""
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr)
+    opt_r = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=lr)
+    for step in range(steps):
+        x = make_x()
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), ref(xb)
+        close(ya, yb, dtype, "output, step %d" % step)
+        g = torch.randn_like(yb)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, dtype, "dx, step %d" % step)
+        pa = dict(m.named_parameters())
+        for k, q in ref.named_parameters():
+            p = pa[k]
+            if q.grad is None:
+                assert p.grad is None, k
+                continue
+            assert p.grad is not None, k
+            assert p.grad.device.type == "cpu" and p.grad.dtype == p.dtype
+            close(p.grad, q.grad, dtype, "grad %s, step %d" % (k, step))
+        opt.step()
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp_training_matches_resident(dtype):
+    m = mlp(dtype)
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV)
+    assert m[0].weight.device.type == "cpu"
+    compare_training(m, ref, lambda: torch.randn(48, 192, device=DEV, dtype=dtype), dtype)
+    st = h.stats()
+    assert st["ring"]["n_stages"] > 0 and st["grads"]["n_transfers"] > 0
+    assert st["planner"]["mispredictions"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_base_moves_weights_host_to_device_only(dtype):
+    m = mlp(dtype)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV)
+    assert h.grads is None
+    compare_training(m, ref, lambda: torch.randn(3, 7, 192, device=DEV, dtype=dtype), dtype)
+
+
+def test_bit_exact_against_lwo_compute_on_resident_weights():
+    """The streamed forward equals lwo's linear on the same weights held in
+    device memory by PyTorch (the resident path), bit for bit."""
+    dtype = torch.bfloat16
+    m = mlp(dtype)
+    resident_w = [(l.weight.detach().to(DEV), None if l.bias is None else l.bias.detach().to(DEV))
+                  for l in m if isinstance(l, nn.Linear)]
+    h = lt.offload(m, device=DEV)
+    eng = h.backend.engine
+    x = torch.randn(64, 192, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        y = m(x)
+        ref = x
+        i = 0
+        for layer in m:
+            if isinstance(layer, nn.Linear):
+                w, b = resident_w[i]
+                i += 1
+                out = torch.empty(ref.shape[0], w.shape[0], device=DEV, dtype=dtype)
+                d = lwo.linear_desc(w.shape[1], w.shape[0], dtype="bf16", bias=b is not None)
+                eng.linear_forward(d, ref.shape[0], ref.data_ptr(), w.data_ptr(),
+                                   None if b is None else b.data_ptr(), out.data_ptr(),
+                                   stream=torch.cuda.current_stream())
+                ref = out
+            else:
+                ref = layer(ref)
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv2d_matches_resident(dtype):
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+                      nn.Conv2d(32, 32, 3, padding=1, groups=4), nn.Flatten(),
+                      nn.Linear(32 * 8 * 8, 10)).to(dtype)
+    ref = copy.deepcopy(m).to(DEV)
+    lt.offload(m, device=DEV)
+    compare_training(m, ref, lambda: torch.randn(4, 3, 16, 16, device=DEV, dtype=dtype), dtype)
+
+
+class Switch(nn.Module):
+    def __init__(self, n=6, d=128):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d, d) for _ in range(n)])
+        self.reverse = False
+
+    def forward(self, x):
+        for layer in (reversed(self.layers) if self.reverse else self.layers):
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_changed_module_order_and_groups():
+    dtype = torch.float32
+    m = Switch()
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, depth=3, group=lambda name, mod: int(name.split(".")[1]) // 2)
+    assert len(h.records) == 3
+    make = lambda: torch.randn(16, 128, device=DEV)  # noqa: E731
+    compare_training(m, ref, make, dtype, steps=2)
+    m.reverse = ref.reverse = True
+    compare_training(m, ref, make, dtype, steps=3)
+    st = h.stats()["planner"]
+    assert st["replans"] == 1
+    n = st["mispredictions"]
+    compare_training(m, ref, make, dtype, steps=1)
+    assert h.stats()["planner"]["mispredictions"] == n
+
+
+def test_activation_checkpointing():
+    from torch.utils.checkpoint import checkpoint
+    dtype = torch.bfloat16
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(128, 256), nn.GELU(),
+                                                       nn.Linear(256, 128)) for _ in range(4)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = x + checkpoint(b, x, use_reentrant=False)
+            return x
+
+    m = Net().to(dtype)
+    ref = copy.deepcopy(m).to(DEV)
+    lt.offload(m, device=DEV)
+    compare_training(m, ref, lambda: torch.randn(32, 128, device=DEV, dtype=dtype), dtype)
+
+
+def test_lora_on_a_frozen_base_with_peft():
+    peft = pytest.importorskip("peft")
+    dtype = torch.bfloat16
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(128, 128)
+            self.v = nn.Linear(128, 128)
+            self.out = nn.Linear(128, 32)
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.q(x)) * self.v(x))
+
+    base = Net().to(dtype)
+    cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q", "v"], lora_dropout=0.0,
+                          init_lora_weights=False)
+    m = peft.get_peft_model(copy.deepcopy(base), cfg)
+    ref = peft.get_peft_model(copy.deepcopy(base), cfg)
+    ref.load_state_dict(m.state_dict())
+    ref.to(DEV)
+    m.to(DEV)
+    h = lt.offload(m, device=DEV, filter=lambda name, mod: "lora_" not in name)
+    assert h.grads is None and len(h.modules) == 3
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+    opt_r = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-3)
+    for step in range(3):
+        x = torch.randn(16, 128, device=DEV, dtype=dtype)
+        ya, yb = m(x), ref(x)
+        close(ya, yb, dtype, "output")
+        ya.float().square().mean().backward()
+        yb.float().square().mean().backward()
+        ra = dict(ref.named_parameters())
+        for k, p in m.named_parameters():
+            if ra[k].grad is not None:
+                close(p.grad, ra[k].grad, dtype, "grad " + k)
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+
+def test_compile_breaks_the_graph_cleanly():
+    dtype = torch.float32
+    m = mlp(dtype)
+    ref = copy.deepcopy(m).to(DEV)
+    lt.offload(m, device=DEV)
+    cm = torch.compile(m, backend="eager")
+    x = torch.randn(8, 192, device=DEV)
+    close(cm(x), ref(x), dtype, "compiled output")
+
+
+def test_layer_stats_on_the_device():
+    m = mlp(torch.bfloat16, width=1024)
+    h = lt.offload(m, device=DEV, stats=True)
+    x = torch.randn(64, 192, device=DEV, dtype=torch.bfloat16)
+    for _ in range(3):
+        m(x).float().sum().backward()
+    ls = h.layer_stats()
+    assert len(ls) == 3
+    assert all(r["stages"] >= 1 for r in ls)
+    assert sum(r["bytes_copied"] for r in ls) == h.stats()["ring"]["bytes_copied"]
+    assert any(r["copy_ms"] > 0 for r in ls)
+    assert all(r["stall_ms"] >= 0 for r in ls)
+
+
+def test_timing_ring_stats():
+    m = mlp(torch.bfloat16, width=1024)
+    h = lt.offload(m, device=DEV, timing=True)
+    x = torch.randn(64, 192, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(3):
+            m(x)
+    r = h.stats()["ring"]
+    assert r["copy_ms"] > 0 and r["bandwidth_gbps"] > 0
+
+
+def test_close_puts_the_weights_back_on_the_device():
+    m = mlp(torch.float32)
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV)
+    x = torch.randn(4, 192, device=DEV)
+    m(x).sum().backward()
+    h.close()
+    assert m[0].weight.is_cuda and m[0].weight.grad.is_cuda
+    close(m(x), ref(x), torch.float32, "restored output")
