@@ -38,10 +38,8 @@ The contract (docs/PYTHON.md says more):
   they are (in the pool, in their dtype).
 """
 
-import contextlib
 import ctypes
 import math
-import time
 import weakref
 
 import torch
@@ -49,7 +47,7 @@ import torch.nn as nn
 
 from . import _capi as C
 from . import _core
-from ._errors import Error, StateError, check
+from ._errors import StateError, check
 from ._plan import FORWARD as _FORWARD, Planner
 
 __all__ = ["offload", "Offload", "is_offloaded", "handle_of"]
@@ -96,9 +94,11 @@ def _host_tensor(address, nbytes, dtype, shape, owner):
 # prepared once. Tests substitute a CPU stand-in with the same methods.
 # --------------------------------------------------------------------------
 class _Ring:
-    def __init__(self, pool, depth, timing):
-        self.obj = _core.Ring(pool, depth=depth, timing=timing)
-        self._h = self.obj.handle
+    """An lwo.Ring's hot calls (obj: the lwo.Ring)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        self._h = obj.handle
         self._t = C.lwo_ticket()
         self._tref = ctypes.byref(self._t)
         self._arg = C.lwo_ticket()
@@ -143,9 +143,11 @@ class _Ring:
 
 
 class _Grads:
-    def __init__(self, pool, mask, depth):
-        self.obj = _core.Grads(pool, trainable=mask, depth=depth)
-        self._h = self.obj.handle
+    """An lwo.Grads's hot calls (obj: the lwo.Grads)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        self._h = obj.handle
         self._v = C.lwo_layer_view()
         self._vref = ctypes.byref(self._v)
         self._begin = _lib.lwo_grads_begin
@@ -189,8 +191,8 @@ class _Backend:
 
     _engines = {}
 
-    def __init__(self, device_index):
-        eng = _Backend._engines.get(device_index)
+    def __init__(self, device_index, engine=None):
+        eng = engine or _Backend._engines.get(device_index)
         if eng is None:
             eng = _core.Engine(device_index)  # DeviceError (LWO_ERR_NO_DEVICE) without a GPU
             _Backend._engines[device_index] = eng  # one engine per device per process
@@ -219,10 +221,10 @@ class _Backend:
             check(st)
 
     def ring(self, pool, depth, timing):
-        return _Ring(pool, depth, timing)
+        return _Ring(_core.Ring(pool, depth=depth, timing=timing))
 
     def grads(self, pool, mask, depth):
-        return _Grads(pool, mask, depth)
+        return _Grads(_core.Grads(pool, trainable=mask, depth=depth))
 
     # compute
     def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False):
@@ -786,7 +788,6 @@ class Offload:
     # ----------------------------------------------------------------
     def _stage_measured(self, rec):
         before = self.ring.stats()
-        ev = None
         if self.backend.events:
             ts = torch.cuda.ExternalStream(self.backend.transfer_stream(), device=self.device)
             e0 = torch.cuda.Event(enable_timing=True)
@@ -861,6 +862,7 @@ class Offload:
             self._got_grad.clear()
             return
         waited = False
+        zeroed = set()
         for p, t in list(exposed.items()):
             g = p.grad
             if g is t:
@@ -869,10 +871,19 @@ class Offload:
                 self.grads.wait()
                 waited = True
             if g is None:
-                t.zero_()
+                t.zero_()  # lwo adds to it from here
+                zeroed.add(p)
+                del exposed[p]
             else:
                 t.copy_(g.detach().reshape(t.shape))
                 p.grad = None  # set back to the host buffer at the end of the pass
+        if zeroed:
+            # a module whose gradients were all set to None gets them back
+            # only from a backward pass it takes part in, as in PyTorch
+            for s in list(self._got_grad):
+                ps = [q for q in (s.weight, s.bias) if q is not None and q.requires_grad]
+                if ps and all(q in zeroed for q in ps):
+                    self._got_grad.discard(s)
 
     def _backward_ended(self, task):
         self._cb_tasks.discard(task)
@@ -884,7 +895,6 @@ class Offload:
         self.planner.end()
         if self.grads is not None and self._got_grad:
             self.grads.wait()  # the fence: the host buffers hold the sums from here on
-            keys = None
             for s in list(self._got_grad):
                 for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                     if p is None or not p.requires_grad:

@@ -153,6 +153,30 @@ def test_partly_zeroed_grads():
         close(p.grad, q.grad, torch.float32)
 
 
+def test_a_zeroed_module_outside_the_next_pass_keeps_grad_none():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.use_b = True
+
+        def forward(self, x):
+            x = self.a(x)
+            return self.b(x) if self.use_b else x
+
+    m = Two()
+    h, be = offload(m)
+    x = torch.randn(2, 4)
+    m(x).sum().backward()
+    m.b.weight.grad = None
+    m.b.bias.grad = None
+    m.use_b = False
+    m(x).sum().backward()
+    assert m.b.weight.grad is None and m.b.bias.grad is None
+    assert m.a.weight.grad is not None
+
+
 def test_frozen_weights_move_host_to_device_only():
     m = mlp()
     for p in m.parameters():

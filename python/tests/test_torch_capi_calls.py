@@ -1,0 +1,77 @@
+"""lwo.torch's C calls without a device: each hot call that the adapter
+makes through ctypes (ring stage/acquire/release, gradient begin/end, linear
+and convolution forward/backward, layer changed) is made with a NULL handle,
+so that liblwo answers LWO_ERR_INVALID_HANDLE naming the call: the arguments
+the adapter passes convert to the declared C types (a wrong one would be a
+ctypes.ArgumentError before the call) and a failing status becomes lwo's
+exception. Skipped without torch."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+from lwo import _capi as C  # noqa: E402
+
+
+class Null:
+    handle = None
+    transfer_stream = None
+
+
+def invalid_handle(call, fn, *args):
+    with pytest.raises(lwo.ArgumentError) as e:
+        fn(*args)
+    assert e.value.status == lwo.LWO_ERR_INVALID_HANDLE, e.value
+    assert e.value.message.startswith(call), e.value.message
+
+
+def test_ring_calls():
+    r = lt._Ring(Null())
+    invalid_handle("lwo_ring_stage", r.stage, 3)
+    invalid_handle("lwo_ring_acquire", r.acquire, 12345, 0)
+    invalid_handle("lwo_ring_acquire", r.acquire, 12345, 0x7f00_0000_1000)
+    invalid_handle("lwo_ring_release", r.release, 12345, 0)
+
+
+def test_grads_calls():
+    g = lt._Grads(Null())
+    invalid_handle("lwo_grads_begin", g.begin, 0, 0)
+    invalid_handle("lwo_grads_end", g.end, 0, 0x1000)
+
+
+def test_compute_calls():
+    be = lt._Backend(0, engine=Null())
+    for dt in (C.LWO_DTYPE_BF16, C.LWO_DTYPE_F32, C.LWO_DTYPE_F16):
+        for bias in (False, True):
+            d = be.linear_desc(256, 512, dt, bias)
+            da = be.linear_desc(256, 512, dt, bias, accumulate=True)
+            assert d[0].flags == (C.LWO_LINEAR_BIAS if bias else 0)
+            assert da[0].flags & C.LWO_LINEAR_ACCUMULATE
+            invalid_handle("lwo_linear_forward", be.linear_forward, d, 16, 0x1000, 0x2000,
+                           0x3000 if bias else None, 0x4000, 0)
+            # dW and db only (no weight, no dx), then dx only (no x)
+            invalid_handle("lwo_linear_backward", be.linear_backward, da, 16, 0x1000, 0x2000,
+                           None, None, 0x5000, 0x6000 if bias else None, dt, 0x99)
+            invalid_handle("lwo_linear_backward", be.linear_backward, d, 16, None, 0x2000,
+                           0x3000, 0x4000, None, None, dt, 0)
+    conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2)
+    d = be.conv_desc(conv, C.LWO_DTYPE_BF16, True, (1, 1))
+    assert d[0].layout == C.LWO_LAYOUT_NCHW and d[0].groups == 2
+    assert be.conv_output_size(d, 15, 16) == (8, 8)  # needs no engine: a real answer
+    invalid_handle("lwo_conv2d_forward", be.conv_forward, d, 2, 15, 16, 0x1000, 0x2000,
+                   0x3000, 0x4000, 0)
+    da = be.conv_desc(conv, C.LWO_DTYPE_BF16, True, (1, 1), accumulate=True)
+    assert da[0].flags & C.LWO_CONV_ACCUMULATE
+    invalid_handle("lwo_conv2d_backward", be.conv_backward, da, 2, 15, 16, 0x1000, 0x2000,
+                   None, None, 0x5000, 0x6000, C.LWO_DTYPE_BF16, 0)
+    invalid_handle("lwo_pool_layer_changed", be.layer_changed, Null(), 0)
+
+
+def test_padding_of_convolutions():
+    assert lt._conv_padding(torch.nn.Conv2d(1, 1, 3, padding="same")) == (1, 1)
+    assert lt._conv_padding(torch.nn.Conv2d(1, 1, (3, 5), padding="same", dilation=2)) == (2, 4)
+    assert lt._conv_padding(torch.nn.Conv2d(1, 1, 2, padding="same")) is None
+    assert lt._conv_padding(torch.nn.Conv2d(1, 1, 3, padding="valid")) == (0, 0)
+    assert lt._conv_padding(torch.nn.Conv2d(1, 1, 3, padding=(2, 1))) == (2, 1)
