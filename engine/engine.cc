@@ -26,6 +26,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, int device)
   gpu_->set_device(prev);
   const char* env = std::getenv("LWO_CHECK_COLLECTIVES");
   check_collectives_ = env && env[0] && std::strcmp(env, "0") != 0;
+  const char* heuristic = std::getenv("LWO_HEURISTIC_GEMM");
+  if (heuristic && heuristic[0] && std::strcmp(heuristic, "0") != 0) tune_gemms_ = false;
 }
 
 Engine::~Engine() {

@@ -356,7 +356,8 @@ typedef struct lwo_engine_config {
  * fastest for the engine's lifetime, so a streamed layer still equals its
  * resident twin bit for bit. Timing can pick differently in another engine
  * or process; with this flag the engine takes the heuristic's first
- * candidate instead, the same everywhere, and never waits. Since 0.3.0. */
+ * candidate instead, the same everywhere, and never waits. The environment
+ * variable LWO_HEURISTIC_GEMM=1 sets it for every engine. Since 0.3.0. */
 #define LWO_ENGINE_HEURISTIC_GEMM 0x2u
 
 #define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
