@@ -8,7 +8,10 @@ exception. Skipped without torch."""
 
 import pytest
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError as e:  # not installed, or not importable here
+    pytest.skip("torch is not importable: %s" % e, allow_module_level=True)
 
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402

@@ -14,7 +14,10 @@ import copy
 
 import pytest
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError as e:  # not installed, or not importable here
+    pytest.skip("torch is not importable: %s" % e, allow_module_level=True)
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device for torch", allow_module_level=True)
 
