@@ -715,3 +715,80 @@ def test_random_orders_reuse_and_depths(depth, grouped):
                         p -= 0.05 * p.grad
         m.zero_grad(); ref.zero_grad()
         assert be.rings[0].live() <= depth
+
+
+def test_a_transformers_llama_with_lora_on_the_streamed_base():
+    try:
+        import transformers
+        import peft
+    except ImportError as e:
+        pytest.skip("transformers or peft missing: %s" % e)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=64, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(cfg)
+    lcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    m = peft.get_peft_model(copy.deepcopy(base), lcfg)
+    ref = peft.get_peft_model(copy.deepcopy(base), lcfg)
+    ref.load_state_dict(m.state_dict())
+    h, be = offload(m, filter=lambda n, mod: "lora_" not in n,
+                    group=["base_model.model.model.layers.0", "base_model.model.model.layers.1"])
+    assert len(h.records) == 3   # two blocks and lm_head
+    assert h.grads is None
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    opt_r = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        ids = torch.randint(0, 64, (2, 12), generator=gen)
+        la = m(input_ids=ids, labels=ids).loss
+        lb = ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) < 1e-5
+        la.backward()
+        lb.backward()
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    assert h.stats()["planner"]["replans"] <= 1
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_transformers_llama_trained_whole_with_gradient_checkpointing(reentrant):
+    try:
+        import transformers
+    except ImportError as e:
+        pytest.skip("transformers missing: %s" % e)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=64, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg)
+    ref = copy.deepcopy(m)
+    for mod in (m, ref):
+        mod.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        mod.train()
+    h, be = offload(m, group=lambda n, mod: n.split(".")[2] if n.startswith("model.layers.")
+                    else None)
+    assert len(h.records) == 4
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        ids = torch.randint(0, 64, (2, 10), generator=gen)
+        la = m(input_ids=ids, labels=ids).loss
+        lb = ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) < 1e-5
+        la.backward()
+        lb.backward()
+        ra = dict(ref.named_parameters())
+        for k, p in m.named_parameters():
+            if ra[k].grad is None:
+                assert p.grad is None, k
+            else:
+                close(p.grad, ra[k].grad, torch.float32)
+        with torch.no_grad():
+            for mod in (m, ref):
+                for p in mod.parameters():
+                    if p.grad is not None:
+                        p -= 0.01 * p.grad
+        m.zero_grad(); ref.zero_grad()
