@@ -463,35 +463,8 @@ namespace {
 
 using lwo::utf8_len;
 
-// C1 control characters (U+0080..U+009F) are two bytes, C2 80..C2 9F.
-bool is_c1(const std::string& s, size_t i, size_t n) {
-  return n == 2 && static_cast<unsigned char>(s[i]) == 0xC2 &&
-         static_cast<unsigned char>(s[i + 1]) <= 0x9F;
-}
-
-// Appends the escaped form of s[i..] (at most `max` input bytes); returns
-// the input bytes used.
-size_t escape_into(const std::string& s, size_t max, std::string& out) {
-  size_t i = 0;
-  while (i < s.size() && i < max) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c >= 0x20 && c < 0x7F) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (size_t n = c >= 0x80 ? utf8_len(s, i) : 0; n && !is_c1(s, i, n)) {
-      out.append(s, i, n);
-      i += n;
-    } else {
-      out += strf("\\x%02x", c);
-      ++i;
-    }
-  }
-  return i;
-}
+using lwo::escape_into;
+using lwo::is_c1;
 
 }  // namespace
 

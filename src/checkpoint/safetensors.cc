@@ -563,24 +563,7 @@ size_t scan_index(const std::string& name, size_t pos, uint64_t* value) {
 std::string printable(const std::string& s) {
   constexpr size_t kMax = 160;
   std::string out = "\"";
-  size_t i = 0;
-  while (i < s.size() && i < kMax) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c >= 0x20 && c < 0x7F) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (size_t n = c >= 0x80 ? utf8_len(s, i) : 0) {
-      out.append(s, i, n);
-      i += n;
-    } else {
-      out += strf("\\x%02x", c);
-      ++i;
-    }
-  }
+  const size_t i = escape_into(s, kMax, out);
   out += '"';
   if (i < s.size()) out += strf("... (%zu bytes)", s.size());
   return out;

@@ -335,6 +335,10 @@ TEST(Safetensors, MessagesShowStrangeNamesSafely) {
   EXPECT_EQ(printable("a\"b\\c\n\x01"), "\"a\\\"b\\\\c\\x0a\\x01\"");
   EXPECT_EQ(printable(u8"层"), u8"\"层\"");
   EXPECT_EQ(printable("\xff\xc3"), "\"\\xff\\xc3\"");
+  // C1 controls (U+0080..U+009F, such as CSI U+009B) are escaped too: one rule
+  // with the lwo program's (src/common/utf8.h).
+  EXPECT_EQ(printable("a\xc2\x9b[2Jb"), "\"a\\xc2\\x9b[2Jb\"");
+  EXPECT_EQ(printable("\xc2\xa0"), "\"\xc2\xa0\"");  // U+00A0 is printable
   std::string long_name(1000, 'x');
   std::string p = printable(long_name);
   EXPECT_LT(p.size(), 200u);
