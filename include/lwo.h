@@ -1229,6 +1229,120 @@ LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const
                                            void** data, uint64_t* first_element,
                                            uint64_t* n_elements);
 
+/* ------------------------------------------------------------------------ */
+/* Quantized weights (since 0.3.0; first part: formats, host quantization,   */
+/* dequantization; see docs/API.md)                                          */
+/* ------------------------------------------------------------------------ */
+
+/* A weight matrix [rows x cols] (rows: output channels, cols: input
+ * features, row-major) stored in fewer bits with f32 scales. The quantized
+ * tensor is one block of bytes: the codes at offset 0, then the scales (f32,
+ * row-major [scale_rows x scale_cols]) at the next multiple of
+ * LWO_RECORD_ALIGN, its size rounded up to LWO_RECORD_ALIGN (the padding is
+ * zero), so a layer with its scales still moves in one copy. Every scale is
+ * max(amax / M, 2^-126), amax the largest magnitude of the elements it
+ * covers and M the largest code (448, 127, 7); an element's code is its
+ * value divided by its scale (f32), rounded to nearest even (fp8 saturating
+ * to +-448, the integer codes clamped to +-M); dequantized it is code x
+ * scale, one f32 multiply, rounded to nearest even to the output dtype.
+ * Since 0.3.0. */
+typedef enum lwo_quant_format_t {
+  LWO_QUANT_NONE = 0,               /* not quantized: refused by the calls below */
+  /* fp8 e4m3 (OCP, no infinity, +-448) codes, one byte each; one scale per
+   * row (scale_rows = rows, scale_cols = 1). */
+  LWO_QUANT_FP8_E4M3_CHANNEL = 1,
+  /* fp8 e4m3 codes; one scale per 128 x 128 block (the edge blocks may be
+   * smaller): scale_rows = ceil(rows / 128), scale_cols = ceil(cols / 128),
+   * as fp8 checkpoints ship them (code x scale = the weight). Any shape. */
+  LWO_QUANT_FP8_E4M3_BLOCK128 = 2,
+  /* int8 codes -127..127; one scale per row. */
+  LWO_QUANT_INT8_CHANNEL = 3,
+  /* int4 codes -7..7, two per byte (element 2k in the low nibble of byte k
+   * of the row, 2k+1 in the high one), each stored as code + 8; one scale
+   * per group of 128 consecutive elements of a row: cols must be a multiple
+   * of 128; scale_rows = rows, scale_cols = cols / 128. 4.25 bits per
+   * weight; dequantized with one subtraction and one multiply. */
+  LWO_QUANT_INT4_GROUP128 = 4,
+  LWO_QUANT_FORMAT_FORCE_32 = 0x7fffffff
+} lwo_quant_format_t;
+
+/* A quantized tensor: its format, its shape, and the dtype of the tensor it
+ * stands for: the source of lwo_quantize, the output of lwo_dequantize_host
+ * and lwo_dequantize (f32, bf16 or f16). rows and cols in 1..2^31-1
+ * (LWO_ERR_INVALID_ARGUMENT below 1, LWO_ERR_OUT_OF_RANGE above). */
+typedef struct lwo_quant_desc {
+  size_t size;                /* sizeof(lwo_quant_desc) */
+  lwo_quant_format_t format;  /* default LWO_QUANT_NONE: must be set */
+  lwo_dtype_t dtype;          /* default LWO_DTYPE_BF16 */
+  int64_t rows;               /* output channels; must be set */
+  int64_t cols;               /* input features; must be set */
+} lwo_quant_desc;
+
+#define LWO_QUANT_DESC_INIT {sizeof(lwo_quant_desc), LWO_QUANT_NONE, LWO_DTYPE_BF16, 0, 0}
+LWO_API void lwo_quant_desc_init(lwo_quant_desc* desc);
+
+/* Where the parts of a quantized tensor lie (byte offsets from its start). */
+typedef struct lwo_quant_layout_info {
+  size_t size;             /* sizeof(lwo_quant_layout_info), set by the caller */
+  uint64_t data_offset;    /* the codes: always 0 */
+  uint64_t data_bytes;     /* rows x cols (fp8, int8) or rows x cols / 2 (int4) */
+  uint64_t scale_offset;   /* the f32 scales: data_bytes rounded up to LWO_RECORD_ALIGN */
+  uint64_t scale_bytes;    /* 4 x scale_rows x scale_cols */
+  int64_t scale_rows;
+  int64_t scale_cols;
+  uint64_t total_bytes;    /* the whole tensor, a multiple of LWO_RECORD_ALIGN */
+} lwo_quant_layout_info;
+
+#define LWO_QUANT_LAYOUT_INFO_INIT {sizeof(lwo_quant_layout_info), 0, 0, 0, 0, 0, 0, 0}
+
+/* The layout of the quantized tensor `desc` describes. Needs no engine; any
+ * thread. LWO_ERR_INVALID_ARGUMENT for a NULL desc or info, LWO_QUANT_NONE or
+ * an unknown format, a dtype other than f32 / bf16 / f16, rows or cols below
+ * 1, or cols not a multiple of 128 for LWO_QUANT_INT4_GROUP128;
+ * LWO_ERR_OUT_OF_RANGE for rows or cols of 2^31 or more. Since 0.3.0. */
+LWO_API lwo_status_t lwo_quant_layout(const lwo_quant_desc* desc, lwo_quant_layout_info* info);
+
+/* Static name of a format ("fp8_e4m3_channel", "none"), or "unknown". Any
+ * thread. Since 0.3.0. */
+LWO_API const char* lwo_quant_format_name(lwo_quant_format_t format);
+
+/* Quantizes a host tensor: src holds rows x cols elements of desc->dtype
+ * (src_bytes of them at least); dst receives the whole quantized tensor as
+ * lwo_quant_layout lays it out (dst_bytes >= total_bytes; bytes past
+ * total_bytes are not written). n_threads: host threads (0: one per core; at
+ * most 64 are used). Checks, in order: the descriptor as lwo_quant_layout
+ * and NULL src or dst (LWO_ERR_INVALID_ARGUMENT), rows and cols
+ * (LWO_ERR_OUT_OF_RANGE), the sizes (LWO_ERR_SIZE_MISMATCH naming both),
+ * then the values: a NaN or infinity in src is
+ * LWO_ERR_INVALID_ARGUMENT naming its row and column, found before anything
+ * is written (dst is left as it was). Any thread. Since 0.3.0. */
+LWO_API lwo_status_t lwo_quantize(const lwo_quant_desc* desc, const void* src, uint64_t src_bytes,
+                                  void* dst, uint64_t dst_bytes, uint32_t n_threads);
+
+/* The CPU reference of lwo_dequantize: src holds a quantized tensor laid out
+ * as lwo_quant_layout says (src_bytes >= total_bytes), dst receives rows x
+ * cols elements of desc->dtype (dst_bytes at least). Checks as lwo_quantize
+ * (but for the values: every code decodes, the fp8 NaN codes 0x7f / 0xff to
+ * NaN). Any thread. Since 0.3.0. */
+LWO_API lwo_status_t lwo_dequantize_host(const lwo_quant_desc* desc, const void* src,
+                                         uint64_t src_bytes, void* dst, uint64_t dst_bytes,
+                                         uint32_t n_threads);
+
+/* Dequantizes on the GPU: src is a quantized tensor in device memory laid
+ * out as lwo_quant_layout says (for example a ring slot's tensor, which is
+ * 256-byte aligned), dst a device buffer of rows x cols elements of
+ * desc->dtype (f32, bf16 or f16) that must not overlap src. Stream-ordered
+ * on `stream` (after the work enqueued there before, such as a copy or an
+ * lwo_ring_acquire); the result equals lwo_dequantize_host's bit for bit.
+ * src may have any alignment; 16-byte aligned src and dst with cols a
+ * multiple of 8 take the vectorized path. Checks: the engine
+ * handle (LWO_ERR_INVALID_HANDLE), then the descriptor, NULL src or dst and
+ * a dst not aligned to its element's size (LWO_ERR_INVALID_ARGUMENT), rows
+ * and cols (LWO_ERR_OUT_OF_RANGE); a launch that fails is LWO_ERR_CUDA.
+ * Threads: as layer compute (any thread). Since 0.3.0. */
+LWO_API lwo_status_t lwo_dequantize(lwo_engine* engine, const lwo_quant_desc* desc,
+                                    const void* src, void* dst, lwo_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -155,6 +155,14 @@ LWO_CHECKPOINT_ALLOW_GAPS = 0x2
 
 LWO_NO_LAYER = 0xFFFFFFFF
 
+# lwo_quant_format_t (since 0.3.0)
+LWO_QUANT_NONE = 0
+LWO_QUANT_FP8_E4M3_CHANNEL = 1
+LWO_QUANT_FP8_E4M3_BLOCK128 = 2
+LWO_QUANT_INT8_CHANNEL = 3
+LWO_QUANT_INT4_GROUP128 = 4
+LWO_QUANT_FORMAT_FORCE_32 = 0x7FFFFFFF
+
 # --------------------------------------------------------------------------
 # Types
 # --------------------------------------------------------------------------
@@ -164,6 +172,7 @@ lwo_dtype_t = ctypes.c_int
 lwo_pool_kind_t = ctypes.c_int
 lwo_ticket_state_t = ctypes.c_int
 lwo_layout_t = ctypes.c_int
+lwo_quant_format_t = ctypes.c_int
 # Opaque pointers: cudaStream_t, ncclComm_t and every lwo handle.
 lwo_stream_t = ctypes.c_void_p
 lwo_nccl_comm_t = ctypes.c_void_p
@@ -384,6 +393,29 @@ class lwo_nccl_unique_id(_Struct):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
+class lwo_quant_desc(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("format", lwo_quant_format_t),
+        ("dtype", lwo_dtype_t),
+        ("rows", _i64),
+        ("cols", _i64),
+    ]
+
+
+class lwo_quant_layout_info(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("data_offset", _u64),
+        ("data_bytes", _u64),
+        ("scale_offset", _u64),
+        ("scale_bytes", _u64),
+        ("scale_rows", _i64),
+        ("scale_cols", _i64),
+        ("total_bytes", _u64),
+    ]
+
+
 #: Every struct of lwo.h, by its C name.
 STRUCTS = {
     cls.__name__: cls
@@ -392,7 +424,7 @@ STRUCTS = {
         lwo_host_region, lwo_pool_info, lwo_tensor_info, lwo_ticket, lwo_ring_config,
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
-        lwo_checkpoint_pool_config, lwo_nccl_unique_id,
+        lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
     ]
 }
 
@@ -513,6 +545,13 @@ FUNCTIONS = {
              _P(lwo_pool_p)]),
     "lwo_pool_shard_host": (_S, [lwo_pool_p, _u32, _P(_vp), _P(_u64), _P(_u64)]),
     "lwo_pool_shard_tensor": (_S, [lwo_pool_p, _u32, _cp, _P(_vp), _P(_u64), _P(_u64)]),
+    # quantized weights (since 0.3.0)
+    "lwo_quant_desc_init": (None, [_P(lwo_quant_desc)]),
+    "lwo_quant_layout": (_S, [_P(lwo_quant_desc), _P(lwo_quant_layout_info)]),
+    "lwo_quant_format_name": (_cp, [lwo_quant_format_t]),
+    "lwo_quantize": (_S, [_P(lwo_quant_desc), _vp, _u64, _vp, _u64, _u32]),
+    "lwo_dequantize_host": (_S, [_P(lwo_quant_desc), _vp, _u64, _vp, _u64, _u32]),
+    "lwo_dequantize": (_S, [lwo_engine_p, _P(lwo_quant_desc), _vp, _vp, lwo_stream_t]),
 }
 
 # --------------------------------------------------------------------------

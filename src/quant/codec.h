@@ -1,0 +1,132 @@
+// The element codecs of the quantized formats (src/quant/quant.h), defined
+// once for the host and the device: decoding a stored code to f32, the scale
+// that covers an element, the dequantized value (code x scale, one f32
+// multiply) and its rounding to bf16 / f16. quant.cc (the CPU reference) and
+// kernels/quant_kernels.cu (the GPU) both call these functions, so the two
+// agree bit for bit by construction; the GPU tests check that they do. The
+// encoders (f32 -> code) are host-only: quantization runs on the host.
+//
+// Header-only, no CUDA header: compiled by the host compiler and by nvcc.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "lwo.h"
+
+#if defined(__CUDACC__)
+#define LWO_QUANT_HD __host__ __device__
+#else
+#define LWO_QUANT_HD
+#endif
+
+namespace lwo {
+namespace quant {
+
+// Elements per scale: fp8 blocks are kBlock x kBlock (as fp8 checkpoints
+// ship them), 4-bit groups are kGroup consecutive elements of one row.
+constexpr int64_t kBlock = 128;
+constexpr int64_t kGroup = 128;
+
+// The largest code magnitude of each format: the scale of a unit is
+// max(amax / kMax, kMinScale).
+constexpr float kFp8Max = 448.0f;  // e4m3 (OCP "fn": no infinity), 0x7e
+constexpr float kInt8Max = 127.0f;  // symmetric: -128 is never written
+constexpr float kInt4Max = 7.0f;    // symmetric: codes -7..7, stored as code + 8
+// The smallest scale (2^-126, the smallest normal f32): a unit of zeros (or
+// of values below kMax * 2^-126) gets it, so x / scale never divides by 0.
+constexpr float kMinScale = 0x1p-126f;
+
+LWO_QUANT_HD inline float f32_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+LWO_QUANT_HD inline uint32_t bits_of_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+// ---- decoding (host and device) ----
+
+// e4m3 (bias 7, 3 mantissa bits, no infinity): 0x7f / 0xff are NaN, the
+// largest finite value 0x7e = 448, subnormals m * 2^-9.
+LWO_QUANT_HD inline float e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t e = (b >> 3) & 0xfu;
+  const uint32_t m = b & 0x7u;
+  if (e == 0xfu && m == 0x7u) return f32_of_bits(sign | 0x7fc00000u);
+  if (e == 0) return f32_of_bits(sign | bits_of_f32(static_cast<float>(m) * 0x1p-9f));
+  return f32_of_bits(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+LWO_QUANT_HD inline float i8_to_f32(uint8_t b) { return static_cast<float>(static_cast<int8_t>(b)); }
+
+// A 4-bit code: the nibble minus 8 (nibble 0, -8, is never written).
+LWO_QUANT_HD inline float i4_to_f32(uint32_t nibble) {
+  return static_cast<float>(static_cast<int32_t>(nibble & 0xfu) - 8);
+}
+
+// Round to nearest even; NaN stays a (quiet) NaN, overflow gives infinity.
+// Equal to lwo::f32_to_bf16 (src/common/dtype.h) for every input.
+LWO_QUANT_HD inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = bits_of_f32(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Round to nearest even, subnormals included; NaN stays a (quiet) NaN, 65520
+// and up give infinity. Integer arithmetic only, so host and device agree.
+// Equal to lwo::f32_to_f16 (src/common/dtype.h) for every input.
+LWO_QUANT_HD inline uint16_t f32_to_f16(float f) {
+  const uint32_t x = bits_of_f32(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up: infinity
+  if (ax < 0x38800000u) {                        // below 2^-14: a multiple of 2^-24
+    const uint32_t e = ax >> 23;                 // < 113
+    const uint32_t shift = 126u - e;             // value * 2^24 = mant >> shift
+    if (e == 0 || shift > 24u) return sign;      // below 2^-25: 0
+    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return sign | static_cast<uint16_t>(q);
+  }
+  ax += 0xc8000fffu + ((ax >> 13) & 1u);  // rebias the exponent by -112 and round
+  return sign | static_cast<uint16_t>(ax >> 13);
+}
+
+// ---- encoding (host only), of a value already divided by its scale ----
+
+// Round to nearest even, saturating to +-448 (so values of 464 and up, which
+// would round past the largest code, give 0x7e as well). v must not be NaN.
+inline uint8_t f32_to_e4m3(float v) {
+  const uint8_t sign = static_cast<uint8_t>((bits_of_f32(v) >> 24) & 0x80u);
+  const float a = std::fabs(v);
+  if (!(a < kFp8Max)) return sign | 0x7eu;
+  if (a < 0x1p-6f) {  // subnormal: a multiple of 2^-9 (8 * 2^-9 is 0x08, the smallest normal)
+    const float t = a * 512.0f;  // exact
+    uint32_t q = static_cast<uint32_t>(t);
+    const float frac = t - static_cast<float>(q);  // exact
+    if (frac > 0.5f || (frac == 0.5f && (q & 1u))) ++q;
+    return sign | static_cast<uint8_t>(q);
+  }
+  uint32_t u = bits_of_f32(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits
+  const uint32_t e = (u >> 23) - 120u, m = (u >> 20) & 7u;
+  return sign | static_cast<uint8_t>((e << 3) | m);
+}
+
+// Round to nearest even, clamped to [-max, max] (max 127 or 7).
+inline int32_t f32_to_int(float v, float max) {
+  const float c = std::fmin(std::fmax(v, -max), max);
+  return static_cast<int32_t>(std::nearbyint(c));
+}
+
+}  // namespace quant
+}  // namespace lwo
