@@ -274,10 +274,17 @@ void Grads::accumulate(const Job& job) {
     const uint8_t* src = pool_.comm() ? job.src + (wb - g.lo) : job.src + t.wire_off;
     const uint64_t count = pool_.comm() ? (we - wb) / 4 : t.n;
     const size_t ds = dtype_size(t.host), ss = dtype_size(t.wire);
-    // Parts start on 64-element boundaries: whole cache lines per thread.
-    parallel_for(count, nt, kPerThread, 64, [&](uint64_t b, uint64_t e) {
-      lwo::accumulate(dst + b * ds, t.host, src + b * ss, t.wire, e - b, job.assign);
-    });
+    // Chunks start on 64-element boundaries (whole cache lines), eight per
+    // thread taken in turn: the caller's host thread usually spins in a CUDA
+    // synchronisation on one of the cores meanwhile (measured on the H200's
+    // 16 cores: 15-25 GB/s with one fixed part per thread, against 32-34 GB/s
+    // for the same loop with every core free).
+    parallel_for(
+        count, nt, kPerThread, 64,
+        [&](uint64_t b, uint64_t e) {
+          lwo::accumulate(dst + b * ds, t.host, src + b * ss, t.wire, e - b, job.assign);
+        },
+        8);
     bytes += count * ss;
   }
   n_accumulated_.fetch_add(1);

@@ -1,4 +1,5 @@
 // Host weight pools: pinned arenas and registered caller memory.
+#include <atomic>
 #include <cstdlib>
 
 #include "engine/pool.h"
@@ -256,6 +257,29 @@ TEST(ParallelFill, CoversEveryByteOnce) {
   });
   for (size_t i = 0; i < buf.size(); i += 4093) ASSERT_EQ(buf[i], 1) << i;
   ASSERT_EQ(buf.back(), 1);
+}
+
+// Chunks taken in turn: every item exactly once, every chunk but the last
+// aligned, for counts around the chunk sizes and thread counts.
+TEST(ParallelFor, ChunksInTurnCoverEveryItemOnce) {
+  for (uint64_t n : {uint64_t{1}, uint64_t{63}, uint64_t{64}, uint64_t{1000}, uint64_t{123457}})
+    for (uint32_t threads : {1u, 3u, 16u})
+      for (uint32_t cpt : {1u, 8u}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> misaligned{0};
+        parallel_for(
+            n, threads, 8, 64,
+            [&](uint64_t b, uint64_t e) {
+              if (e != n && (e - b) % 64 != 0) misaligned.fetch_add(1);
+              if (b % 64 != 0) misaligned.fetch_add(1);
+              for (uint64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+            },
+            cpt);
+        for (uint64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[i].load(), 1) << "n " << n << " threads " << threads << " chunks " << cpt
+                                       << " item " << i;
+        EXPECT_EQ(misaligned.load(), 0) << "n " << n << " threads " << threads << " chunks " << cpt;
+      }
 }
 
 }  // namespace
