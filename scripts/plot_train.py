@@ -39,7 +39,8 @@ def rows(data):
         elif key == "bench_workloads m144":
             for b in j["benchmarks"]:
                 yield {
-                    "name": "m144 block records (T=1024, depth 2)", "step_ms": b["streamed_ms"],
+                    "name": "m144 block records (T=%d, depth %d)" % (b["rows"], b["depth"]),
+                    "step_ms": b["streamed_ms"],
                     "floor_ms": b["floor_ms"], "bound_ms": b["bound_ms"],
                     "resident_ms": b["resident_ms"], "h2d_gib": b["h2d_bytes"] / 2**30,
                     "d2h_gib": b["d2h_bytes"] / 2**30,
