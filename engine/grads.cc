@@ -117,6 +117,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
   host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
                       n_threads_);
   slot_layer_.assign(slots_.size(), -1);
+  worker_ = std::thread([this] { work(); });
   pool_.n_grads.fetch_add(1);
 }
 
@@ -130,10 +131,16 @@ Grads::~Grads() {
   pool_.n_grads.fetch_sub(1);
   try {
     DeviceScope scope(engine_);
-    engine_.gpu().stream_sync(engine_.d2h());
+    engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
     engine_.gpu().event_destroy(done_);
   } catch (...) {
   }
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();  // it finishes the queue first
 }
 
 Grads::Layer& Grads::trainable_layer(uint32_t layer) {
@@ -219,18 +226,27 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
   } else {
-    if (staging_.size() < slots_.size())
+    if (staging_.size() < slots_.size()) {
       staging_.emplace_back(gpu, max_wire_, 1);  // small, made once on first use
-    PinnedArena& st = staging_[next_staging_ % staging_.size()];
+      std::lock_guard<std::mutex> lock(q_mu_);
+      staging_busy_.push_back(0);
+    }
+    const size_t k = next_staging_ % staging_.size();
+    PinnedArena& st = staging_[k];
     ++next_staging_;
-    // The host function that last read this staging buffer ran earlier on
-    // the same stream, so the copy cannot overtake it.
+    // The copy into the buffer waits (in stream order, on the host) until the
+    // worker has added the buffer's previous contents.
+    auto wait = std::make_unique<StagingWait>(StagingWait{this, k});
+    gpu.host_func(d2h, &Grads::wait_staging, wait.get(), {});
+    wait.release();  // wait_staging owns it now
     if (bytes) gpu.copy_d2h(st.data(), s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
-    auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh});
-    gpu.host_func(d2h, &Grads::run_job, job.get(),
+    // The worker reads the buffer and writes the layer's host region before
+    // the buffer's next copy (above) and before the fence (wait()).
+    auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k});
+    gpu.host_func(d2h, &Grads::post_job, job.get(),
                   {{st.data(), bytes, false}, {host_.data() + g.host_base, g.host_bytes, true}});
-    job.release();  // run_job owns it now
+    job.release();  // post_job owns it now
   }
   if (!done_) done_ = gpu.event_create(false);
   gpu.event_record(done_, d2h);
@@ -243,20 +259,58 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   bytes_ += bytes;
 }
 
-void Grads::run_job(void* p) {
+void Grads::post_job(void* p) {
   std::unique_ptr<Job> job(static_cast<Job*>(p));
-  try {
-    job->grads->accumulate(*job);
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(job->grads->err_mu_);
-    if (job->grads->async_error_.empty())
-      job->grads->async_error_ = strf("layer %u: %s", job->layer, e.what());
+  Grads* g = job->grads;
+  {
+    std::lock_guard<std::mutex> lock(g->q_mu_);
+    g->staging_busy_[job->staging] = 1;
+    ++g->pending_;
+    g->queue_.push_back(std::move(job));
+  }
+  g->q_cv_.notify_all();
+}
+
+void Grads::wait_staging(void* p) {
+  std::unique_ptr<StagingWait> w(static_cast<StagingWait*>(p));
+  Grads* g = w->grads;
+  std::unique_lock<std::mutex> lock(g->q_mu_);
+  g->q_cv_.wait(lock, [&] { return !g->staging_busy_[w->staging]; });
+}
+
+void Grads::work() {
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, and nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      accumulate(*job);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(err_mu_);
+      if (async_error_.empty()) async_error_ = strf("layer %u: %s", job->layer, e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
+      staging_busy_[job->staging] = 0;
+      --pending_;
+    }
+    q_cv_.notify_all();
   }
 }
 
+void Grads::wait_worker() {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  q_cv_.wait(lock, [&] { return pending_ == 0; });
+}
+
 void Grads::accumulate(const Job& job) {
-  // Runs on the gradient stream's host thread; layers_ entries it reads are
-  // fixed after construction.
+  // Runs on the worker thread; layers_ entries it reads are fixed after
+  // construction.
   const auto t0 = std::chrono::steady_clock::now();
   const Layer& g = layers_[job.layer];
   uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
@@ -297,8 +351,9 @@ void Grads::accumulate(const Job& job) {
 void Grads::wait() {
   {
     DeviceScope scope(engine_);
-    engine_.gpu().stream_sync(engine_.d2h());
+    engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
   }
+  wait_worker();
   std::lock_guard<std::mutex> lock(mu_);
   {
     std::lock_guard<std::mutex> elock(err_mu_);
@@ -365,7 +420,9 @@ bool Grads::done() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) return true;
   DeviceScope scope(engine_);
-  return engine_.gpu().event_done(done_);
+  if (!engine_.gpu().event_done(done_)) return false;  // not all posted yet
+  std::lock_guard<std::mutex> qlock(q_mu_);
+  return pending_ == 0;
 }
 
 void Grads::stats(lwo_grads_stats* out) {

@@ -8,16 +8,24 @@
 //   begin:  caller stream waits slot.free (the slot's previous copy to host)
 //   end:    caller stream records slot.ready; the gradient stream waits for it,
 //           copies the slot to host, records slot.free, and where the bytes
-//           need converting or adding runs the accumulation as a host function
-//           in stream order.
+//           need converting or adding hands the accumulation to the set's
+//           worker thread by a host function in stream order: the worker
+//           adds while the stream copies the next layer. A host function
+//           before each copy into a staging buffer waits until the worker is
+//           done with that buffer's previous contents; wait() waits for the
+//           stream and then for the worker.
 // Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
 // and the layer is freshly zeroed, the copy lands straight in the host
 // buffer: no host work at all.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arena.h"
@@ -85,10 +93,18 @@ class Grads {
     uint32_t layer;
     const uint8_t* src;
     bool assign;
+    size_t staging;  // the staging buffer it reads
+  };
+  struct StagingWait {
+    Grads* grads;
+    size_t staging;
   };
   static SlotSet make_slots(Pool& pool, uint32_t depth, uint64_t bytes);
-  static void run_job(void* job);
+  static void post_job(void* job);       // host function: to the worker
+  static void wait_staging(void* wait);  // host function: until the buffer is free
+  void work();                           // the worker thread
   void accumulate(const Job& job);
+  void wait_worker();                    // until every posted job is done
   Layer& trainable_layer(uint32_t layer);
   Layer& begun_layer(uint32_t layer);  // trainable and begun
   int tensor_of(const Layer& g, uint32_t layer, const char* name) const;
@@ -106,6 +122,14 @@ class Grads {
   PinnedArena host_;                 // the host gradients
   std::vector<PinnedArena> staging_;  // host staging for converted / added copies
   size_t next_staging_ = 0;
+  // The worker: jobs in the order the gradient stream posted them.
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::unique_ptr<Job>> queue_;
+  std::vector<uint8_t> staging_busy_;  // a posted job reads the buffer
+  uint64_t pending_ = 0;               // posted, not finished
+  bool stop_ = false;
+  std::thread worker_;
   EventH done_ = nullptr;            // recorded on the gradient stream after each end
   uint64_t n_transfers_ = 0, bytes_ = 0;
   std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
