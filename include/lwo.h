@@ -1322,8 +1322,9 @@ LWO_API lwo_status_t lwo_quantize(const lwo_quant_desc* desc, const void* src, u
 /* The CPU reference of lwo_dequantize: src holds a quantized tensor laid out
  * as lwo_quant_layout says (src_bytes >= total_bytes), dst receives rows x
  * cols elements of desc->dtype (dst_bytes at least). Checks as lwo_quantize
- * (but for the values: every code decodes, the fp8 NaN codes 0x7f / 0xff to
- * NaN). Any thread. Since 0.3.0. */
+ * but for the values: every code decodes, and a NaN result (the fp8 NaN
+ * codes 0x7f / 0xff, or a NaN or infinite scale) is always the quiet NaN
+ * 0x7fc00000 (bf16 0x7fc0, f16 0x7e00). Any thread. Since 0.3.0. */
 LWO_API lwo_status_t lwo_dequantize_host(const lwo_quant_desc* desc, const void* src,
                                          uint64_t src_bytes, void* dst, uint64_t dst_bytes,
                                          uint32_t n_threads);

@@ -59,7 +59,7 @@ __global__ void dequant_scalar(const uint8_t* src, void* dst, Shape s) {
        i += stride) {
     const int64_t r = static_cast<int64_t>(i / static_cast<uint64_t>(s.cols));
     const int64_t c = static_cast<int64_t>(i % static_cast<uint64_t>(s.cols));
-    store<O>(dst, i, code_at<F>(src, i) * scale_at<false>(src, s, r, c));
+    store<O>(dst, i, quant::dequant(code_at<F>(src, i), scale_at<false>(src, s, r, c)));
   }
 }
 
@@ -89,7 +89,7 @@ __global__ void dequant_vec8(const uint8_t* src, void* dst, Shape s) {
     }
     float y[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = q[k] * sc;
+    for (int k = 0; k < 8; ++k) y[k] = quant::dequant(q[k], sc);
     if (O == kF32) {
       float4* d = reinterpret_cast<float4*>(dst) + 2 * v;
       d[0] = make_float4(y[0], y[1], y[2], y[3]);

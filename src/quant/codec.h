@@ -69,6 +69,16 @@ LWO_QUANT_HD inline float i4_to_f32(uint32_t nibble) {
   return static_cast<float>(static_cast<int32_t>(nibble & 0xfu) - 8);
 }
 
+// A dequantized element: code x scale, one f32 multiply (round to nearest
+// even, subnormals kept). A NaN result (an fp8 NaN code, or a NaN or
+// infinite scale) is always the quiet NaN 0x7fc00000: the GPU's multiply
+// returns its own canonical NaN and the host's propagates the operand's, so
+// neither is used.
+LWO_QUANT_HD inline float dequant(float code, float scale) {
+  const float v = code * scale;
+  return v != v ? f32_of_bits(0x7fc00000u) : v;
+}
+
 // Round to nearest even; NaN stays a (quiet) NaN, overflow gives infinity.
 // Equal to lwo::f32_to_bf16 (src/common/dtype.h) for every input.
 LWO_QUANT_HD inline uint16_t f32_to_bf16(float f) {

@@ -252,7 +252,7 @@ void dequantize(const Layout& l, const void* src_v, void* dst_v, lwo_dtype_t dty
           case LWO_QUANT_INT8_CHANNEL: q = i8_to_f32(src[row + c]); break;
           default: q = i4_to_f32(static_cast<uint32_t>(src[(row + c) / 2] >> (4 * ((row + c) & 1)))); break;
         }
-        const float v = q * s;
+        const float v = dequant(q, s);
         const uint64_t i = row + c;
         if (dtype == LWO_DTYPE_F32) {
           std::memcpy(dst + 4 * i, &v, 4);

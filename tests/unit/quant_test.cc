@@ -547,6 +547,32 @@ TEST(QuantRules, SixteenBitSourcesAndOutputs) {
   }
 }
 
+TEST(QuantRules, NanResultsAreOneQuietNan) {
+  // fp8 codes 0x7f and 0xff, and an infinite scale times code 0: the quiet
+  // NaN 0x7fc00000 whatever the operands' signs and payloads.
+  lwo_quant_desc d = desc_of(LWO_QUANT_FP8_E4M3_CHANNEL, 2, 4, LWO_DTYPE_F32);
+  lwo_quant_layout_info info = layout(d);
+  std::vector<uint8_t> q(info.total_bytes, 0);
+  const uint8_t codes[8] = {0x7f, 0xff, 0x38, 0x00, 0x00, 0x80, 0x38, 0x7f};
+  std::memcpy(q.data(), codes, 8);
+  const float scales[2] = {2.0f, -INFINITY};
+  std::memcpy(&q[info.scale_offset], scales, 8);
+  std::vector<uint32_t> f(8);
+  ASSERT_LWO(lwo_dequantize_host(&d, q.data(), q.size(), f.data(), 32, 1));
+  const uint32_t want[8] = {0x7fc00000u, 0x7fc00000u, 0x40000000u, 0, 0x7fc00000u, 0x7fc00000u,
+                            0xff800000u, 0x7fc00000u};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(f[i], want[i]) << i;
+  std::vector<uint16_t> h(8);
+  d.dtype = LWO_DTYPE_BF16;
+  ASSERT_LWO(lwo_dequantize_host(&d, q.data(), q.size(), h.data(), 16, 1));
+  EXPECT_EQ(h[1], 0x7fc0);
+  EXPECT_EQ(h[4], 0x7fc0);
+  d.dtype = LWO_DTYPE_F16;
+  ASSERT_LWO(lwo_dequantize_host(&d, q.data(), q.size(), h.data(), 16, 1));
+  EXPECT_EQ(h[1], 0x7e00);
+  EXPECT_EQ(h[6], 0xfc00);  // -infinity
+}
+
 // ---------------------------------------------------------------------------
 // Round trip against fp64, random and heavy-tailed weights
 // ---------------------------------------------------------------------------

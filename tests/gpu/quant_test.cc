@@ -1,0 +1,229 @@
+// Quantized weights on the device (lwo_dequantize): equal to the CPU
+// reference lwo_dequantize_host bit for bit for every format and output
+// dtype, on fresh random data (weights quantized by lwo_quantize, and raw
+// random codes with random scales, NaN codes included), on shapes that are
+// not multiples of the vector width, on unaligned buffers (the scalar path),
+// ordered after a copy on the same stream, and straight from a ring slot.
+#include "gpu_util.h"
+#include "testkit/dtype.h"
+#include "testkit/spin.h"
+
+namespace lwo_test {
+namespace {
+
+constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
+                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
+constexpr lwo_dtype_t kOut[] = {LWO_DTYPE_F32, LWO_DTYPE_BF16, LWO_DTYPE_F16};
+
+// A seed that differs from run to run (printed, so a failure can be replayed
+// with LWO_QUANT_SEED).
+uint64_t fresh_seed() {
+  static const uint64_t seed = [] {
+    const char* e = std::getenv("LWO_QUANT_SEED");
+    uint64_t s = e ? std::strtoull(e, nullptr, 0) : std::random_device{}();
+    std::printf("quant_test: seed %llu (LWO_QUANT_SEED replays it)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dtype_t dt) {
+  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
+  d.format = f;
+  d.dtype = dt;
+  d.rows = rows;
+  d.cols = cols;
+  return d;
+}
+
+// The shapes of a format: vector width 8 and not, edge blocks, one element.
+std::vector<std::pair<int64_t, int64_t>> shapes(lwo_quant_format_t f) {
+  if (f == LWO_QUANT_INT4_GROUP128) return {{1, 128}, {5, 384}, {130, 256}, {257, 1024}};
+  return {{1, 1}, {3, 7}, {129, 257}, {130, 200}, {256, 1024}, {300, 1000}};
+}
+
+// A quantized tensor on the host: lwo_quantize of random bf16 weights (a few
+// outliers per row), or (raw) random code bytes with random positive scales.
+std::vector<uint8_t> make_quantized(const lwo_quant_desc& d, bool raw, std::mt19937_64& rng,
+                                    lwo_quant_layout_info* info) {
+  *info = LWO_QUANT_LAYOUT_INFO_INIT;
+  EXPECT_EQ(LWO_OK, lwo_quant_layout(&d, info)) << lwo_last_error_message();
+  std::vector<uint8_t> q(info->total_bytes, 0);
+  if (raw) {
+    for (uint64_t i = 0; i < info->data_bytes; ++i) q[i] = static_cast<uint8_t>(rng() >> 13);
+    std::uniform_real_distribution<float> s(1e-4f, 2.0f);
+    for (int64_t i = 0; i < info->scale_rows * info->scale_cols; ++i) {
+      const float v = s(rng);
+      std::memcpy(&q[info->scale_offset + 4 * static_cast<uint64_t>(i)], &v, 4);
+    }
+    return q;
+  }
+  const size_t n = static_cast<size_t>(d.rows * d.cols);
+  std::normal_distribution<float> g(0.0f, 0.02f);
+  std::vector<uint16_t> w(n);
+  for (size_t i = 0; i < n; ++i) testkit::store_f32(w.data(), LWO_DTYPE_BF16, i, g(rng));
+  for (int64_t r = 0; r < d.rows; ++r)
+    testkit::store_f32(w.data(), LWO_DTYPE_BF16,
+                       static_cast<uint64_t>(r * d.cols) + rng() % static_cast<uint64_t>(d.cols), 1.5f);
+  lwo_quant_desc src = d;
+  src.dtype = LWO_DTYPE_BF16;
+  EXPECT_EQ(LWO_OK, lwo_quantize(&src, w.data(), w.size() * 2, q.data(), q.size(), 0))
+      << lwo_last_error_message();
+  return q;
+}
+
+// The CPU reference's bytes.
+std::vector<uint8_t> reference(const lwo_quant_desc& d, const std::vector<uint8_t>& q) {
+  std::vector<uint8_t> out(static_cast<size_t>(d.rows * d.cols) * lwo_dtype_size(d.dtype));
+  EXPECT_EQ(LWO_OK, lwo_dequantize_host(&d, q.data(), q.size(), out.data(), out.size(), 0))
+      << lwo_last_error_message();
+  return out;
+}
+
+// "" when equal, else the first differing element.
+std::string first_difference(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                             size_t esize) {
+  if (got.size() != want.size()) return "sizes differ";
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      const size_t e = i / esize;
+      uint32_t g = 0, w = 0;
+      std::memcpy(&g, &got[e * esize], esize);
+      std::memcpy(&w, &want[e * esize], esize);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "element %zu: device 0x%x, host 0x%x", e, g, w);
+      return buf;
+    }
+  return "";
+}
+
+class Quant : public GpuTest {
+ protected:
+  // Dequantizes q on the device at byte offsets (src_off, dst_off) of fresh
+  // allocations, on stream(0); returns the output bytes.
+  std::vector<uint8_t> on_device(const lwo_quant_desc& d, const std::vector<uint8_t>& q,
+                                 size_t src_off, size_t dst_off) {
+    const size_t out_bytes = static_cast<size_t>(d.rows * d.cols) * lwo_dtype_size(d.dtype);
+    testkit::DeviceMem src = testkit::device_alloc(q.size() + src_off, "quantized");
+    testkit::DeviceMem dst = testkit::device_alloc(out_bytes + dst_off, "dequantized");
+    auto* s = static_cast<uint8_t*>(src.get()) + src_off;
+    auto* o = static_cast<uint8_t*>(dst.get()) + dst_off;
+    std::vector<uint8_t> out(out_bytes);
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(s, q.data(), q.size(), cudaMemcpyHostToDevice));
+    EXPECT_EQ(cudaSuccess, cudaMemset(o, 0xff, out_bytes));  // NaN everywhere
+    EXPECT_LWO_OK(lwo_dequantize(engine_, &d, s, o, stream(0)));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(out.data(), o, out_bytes, cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+TEST_F(Quant, DeviceEqualsHostForEveryFormatDtypeAndShape) {
+  std::mt19937_64 rng(fresh_seed());
+  int checked = 0;
+  for (lwo_quant_format_t f : kFormats)
+    for (auto [rows, cols] : shapes(f))
+      for (bool raw : {false, true})
+        for (lwo_dtype_t dt : kOut) {
+          lwo_quant_desc d = desc_of(f, rows, cols, dt);
+          SCOPED_TRACE(std::string(lwo_quant_format_name(f)) + " " + std::to_string(rows) + "x" +
+                       std::to_string(cols) + " -> " + lwo_dtype_name(dt) +
+                       (raw ? ", raw codes" : ", quantized weights"));
+          lwo_quant_layout_info info;
+          std::vector<uint8_t> q = make_quantized(d, raw, rng, &info);
+          std::vector<uint8_t> want = reference(d, q);
+          ASSERT_EQ("", first_difference(on_device(d, q, 0, 0), want, lwo_dtype_size(dt)))
+              << "aligned (vector path where cols % 8 == 0)";
+          // Unaligned: src at +1 byte, dst at one element past 16-byte alignment.
+          ASSERT_EQ("", first_difference(on_device(d, q, 1, lwo_dtype_size(dt)), want,
+                                         lwo_dtype_size(dt)))
+              << "unaligned (scalar path)";
+          ++checked;
+        }
+  EXPECT_EQ(checked, 2 * 3 * (6 * 3 + 4));
+}
+
+TEST_F(Quant, OrderedAfterACopyOnTheSameStream) {
+  // The copy waits behind a 200 ms spin on the same stream: a dequantization
+  // that did not follow it would read the poison (zeros) instead.
+  std::mt19937_64 rng(fresh_seed() + 1);
+  for (lwo_quant_format_t f : kFormats) {
+    const int64_t rows = 512, cols = 1024;
+    lwo_quant_desc d = desc_of(f, rows, cols, LWO_DTYPE_BF16);
+    SCOPED_TRACE(lwo_quant_format_name(f));
+    lwo_quant_layout_info info;
+    std::vector<uint8_t> q = make_quantized(d, false, rng, &info);
+    std::vector<uint8_t> want = reference(d, q);
+    testkit::PinnedMem host = testkit::pinned_alloc(q.size());
+    std::memcpy(host.get(), q.data(), q.size());
+    testkit::DeviceMem src = testkit::device_alloc(q.size(), "quantized");
+    testkit::DeviceMem dst = testkit::device_alloc(want.size(), "dequantized");
+    CUDA_OK(cudaMemset(src.get(), 0, q.size()));
+    CUDA_OK(cudaMemset(dst.get(), 0xff, want.size()));
+    cudaStream_t st = stream(0);
+    CUDA_OK(lwo::kernels::spin_async(200000, st));
+    CUDA_OK(cudaMemcpyAsync(src.get(), host.get(), q.size(), cudaMemcpyHostToDevice, st));
+    CHECK_LWO(lwo_dequantize(engine_, &d, src.get(), dst.get(), st));
+    std::vector<uint8_t> got(want.size());
+    CUDA_OK(cudaMemcpyAsync(got.data(), dst.get(), got.size(), cudaMemcpyDeviceToHost, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    ASSERT_EQ("", first_difference(got, want, 2));
+  }
+}
+
+TEST_F(Quant, FromARingSlot) {
+  // A layer of one quantized tensor (u8 bytes of total_bytes) and a bf16
+  // bias: the slot's tensor is dequantized after lwo_ring_acquire.
+  std::mt19937_64 rng(fresh_seed() + 2);
+  for (lwo_quant_format_t f : kFormats) {
+    SCOPED_TRACE(lwo_quant_format_name(f));
+    lwo_quant_desc d = desc_of(f, 384, 640, LWO_DTYPE_F16);
+    lwo_quant_layout_info info;
+    std::vector<uint8_t> q = make_quantized(d, false, rng, &info);
+    std::vector<uint8_t> want = reference(d, q);
+    lwo_tensor_desc t[2] = {};
+    t[0].name = "weight.q";
+    t[0].dtype = LWO_DTYPE_U8;
+    t[0].n_dims = 1;
+    t[0].shape[0] = static_cast<int64_t>(info.total_bytes);
+    t[1].name = "bias";
+    t[1].dtype = LWO_DTYPE_BF16;
+    t[1].n_dims = 1;
+    t[1].shape[0] = 384;
+    lwo_layer_desc layer = {t, 2, nullptr};
+    testkit::Pool pool;
+    CHECK_LWO(lwo_pool_create_pinned(engine_, &layer, 1, nullptr, pool.out()));
+    CHECK_LWO(lwo_pool_write(pool.get(), 0, "weight.q", q.data(), q.size()));
+    Ring ring;
+    CHECK_LWO(lwo_ring_create(pool.get(), nullptr, ring.out()));
+    testkit::DeviceMem dst = testkit::device_alloc(want.size(), "dequantized");
+    CUDA_OK(cudaMemset(dst.get(), 0xff, want.size()));
+    cudaStream_t st = stream(0);
+    lwo_ticket tk{0};
+    CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+    CHECK_LWO(lwo_dequantize(engine_, &d, v.tensors[0], dst.get(), st));
+    CHECK_LWO(lwo_ring_release(ring.get(), tk, st));
+    std::vector<uint8_t> got(want.size());
+    CUDA_OK(cudaMemcpyAsync(got.data(), dst.get(), got.size(), cudaMemcpyDeviceToHost, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    ASSERT_EQ("", first_difference(got, want, 2));
+  }
+}
+
+TEST_F(Quant, ArgumentsAreCheckedOnARealEngine) {
+  lwo_quant_desc d = desc_of(LWO_QUANT_INT4_GROUP128, 4, 100, LWO_DTYPE_BF16);
+  testkit::DeviceMem buf = testkit::device_alloc(4096, "buffer");
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_dequantize",
+                 lwo_dequantize(engine_, &d, buf.get(), buf.get(), stream(0)));
+  d.cols = 128;
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_dequantize",
+                 lwo_dequantize(engine_, &d, nullptr, buf.get(), stream(0)));
+  EXPECT_LWO_ERR(LWO_ERR_INVALID_HANDLE, "lwo_dequantize",
+                 lwo_dequantize(nullptr, &d, buf.get(), buf.get(), stream(0)));
+}
+
+}  // namespace
+}  // namespace lwo_test
