@@ -1,5 +1,6 @@
 // Dequantization on the GPU: the same codec functions as the CPU reference
-// (src/quant/codec.h), so both give the same bits.
+// (src/quant/codec.h: code decoding, the scale index, code x scale, the
+// rounding to bf16 / f16), so both give the same bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,19 +17,17 @@ namespace {
 
 // What a kernel needs of a Layout (passed by value).
 struct Shape {
-  int64_t rows, cols;
-  int64_t scale_cols, unit_rows, unit_cols;
-  uint64_t scale_offset;
+  uint64_t rows, cols, scale_cols, scale_offset;
 };
 
-enum Fmt { kFp8 = 0, kInt8 = 1, kInt4 = 2 };
 enum Out { kF32 = 0, kBf16 = 1, kF16 = 2 };
 
-template <int F>
+template <lwo_quant_format_t F>
 __device__ inline float code_at(const uint8_t* data, uint64_t i) {
-  if (F == kFp8) return quant::e4m3_to_f32(data[i]);
-  if (F == kInt8) return quant::i8_to_f32(data[i]);
-  return quant::i4_to_f32(static_cast<uint32_t>(data[i >> 1]) >> (4 * (i & 1)));
+  if (F == LWO_QUANT_INT8_CHANNEL) return quant::i8_to_f32(data[i]);
+  if (F == LWO_QUANT_INT4_GROUP128)
+    return quant::i4_to_f32(static_cast<uint32_t>(data[i >> 1]) >> (4 * (i & 1)));
+  return quant::e4m3_to_f32(data[i]);
 }
 
 template <int O>
@@ -41,42 +40,40 @@ __device__ inline void store(void* dst, uint64_t i, float v) {
 }
 
 // The scale of element (r, c); src need not be 4-byte aligned unless Aligned.
-template <bool Aligned>
-__device__ inline float scale_at(const uint8_t* src, const Shape& s, int64_t r, int64_t c) {
-  const uint8_t* p = src + s.scale_offset + 4 * ((r / s.unit_rows) * s.scale_cols + c / s.unit_cols);
+template <lwo_quant_format_t F, bool Aligned, class I>
+__device__ inline float scale_at(const uint8_t* src, const Shape& s, I r, I c) {
+  const uint8_t* p =
+      src + s.scale_offset +
+      4 * static_cast<uint64_t>(quant::scale_index<I>(F, r, c, static_cast<I>(s.scale_cols)));
   if (Aligned) return *reinterpret_cast<const float*>(p);
   float f;
   memcpy(&f, p, 4);
   return f;
 }
 
-// One element per step (dst aligned to its element, src to nothing).
-template <int F, int O>
+// One element per step (dst aligned to its element, src to nothing). I: the
+// index type, 32-bit where the element count fits (cheaper divisions).
+template <lwo_quant_format_t F, int O, class I>
 __global__ void dequant_scalar(const uint8_t* src, void* dst, Shape s) {
-  const uint64_t n = static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.cols);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const int64_t r = static_cast<int64_t>(i / static_cast<uint64_t>(s.cols));
-    const int64_t c = static_cast<int64_t>(i % static_cast<uint64_t>(s.cols));
-    store<O>(dst, i, quant::dequant(code_at<F>(src, i), scale_at<false>(src, s, r, c)));
+  const I n = static_cast<I>(s.rows * s.cols), cols = static_cast<I>(s.cols);
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const I r = i / cols, c = i % cols;
+    store<O>(dst, i, quant::dequant(code_at<F>(src, i), scale_at<F, false, I>(src, s, r, c)));
   }
 }
 
 // Eight elements per step (cols % 8 == 0, src and dst 16-byte aligned): the
 // eight share a row and a scale (8 divides 128 and cols).
-template <int F, int O>
+template <lwo_quant_format_t F, int O, class I>
 __global__ void dequant_vec8(const uint8_t* src, void* dst, Shape s) {
-  const uint64_t n8 = static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.cols) / 8;
-  const uint64_t cols8 = static_cast<uint64_t>(s.cols) / 8;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t v = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n8;
-       v += stride) {
-    const int64_t r = static_cast<int64_t>(v / cols8);
-    const int64_t c = static_cast<int64_t>(v % cols8) * 8;
-    const float sc = scale_at<true>(src, s, r, c);
+  const I n8 = static_cast<I>(s.rows * s.cols / 8), cols8 = static_cast<I>(s.cols / 8);
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I v = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; v < n8; v += stride) {
+    const I r = v / cols8, c = (v % cols8) * 8;
+    const float sc = scale_at<F, true, I>(src, s, r, c);
     float q[8];
-    if (F == kInt4) {
+    if (F == LWO_QUANT_INT4_GROUP128) {
       const uint32_t w = reinterpret_cast<const uint32_t*>(src)[v];  // 8 nibbles
 #pragma unroll
       for (int k = 0; k < 8; ++k) q[k] = quant::i4_to_f32(w >> (4 * k));
@@ -85,13 +82,14 @@ __global__ void dequant_vec8(const uint8_t* src, void* dst, Shape s) {
       uint8_t b[8];
       memcpy(b, &w, 8);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) q[k] = F == kFp8 ? quant::e4m3_to_f32(b[k]) : quant::i8_to_f32(b[k]);
+      for (int k = 0; k < 8; ++k)
+        q[k] = F == LWO_QUANT_INT8_CHANNEL ? quant::i8_to_f32(b[k]) : quant::e4m3_to_f32(b[k]);
     }
     float y[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) y[k] = quant::dequant(q[k], sc);
     if (O == kF32) {
-      float4* d = reinterpret_cast<float4*>(dst) + 2 * v;
+      float4* d = reinterpret_cast<float4*>(dst) + 2 * static_cast<uint64_t>(v);
       d[0] = make_float4(y[0], y[1], y[2], y[3]);
       d[1] = make_float4(y[4], y[5], y[6], y[7]);
     } else {
@@ -113,16 +111,25 @@ unsigned grid_for(uint64_t work) {
   return static_cast<unsigned>(std::min<uint64_t>(std::max<uint64_t>(blocks, 1), 65536));
 }
 
-template <int F, int O>
+template <lwo_quant_format_t F, int O>
 void launch(const Shape& s, const uint8_t* src, void* dst, bool vec, cudaStream_t stream) {
-  const uint64_t n = static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.cols);
-  if (vec)
-    dequant_vec8<F, O><<<grid_for(n / 8), 256, 0, stream>>>(src, dst, s);
-  else
-    dequant_scalar<F, O><<<grid_for(n), 256, 0, stream>>>(src, dst, s);
+  const uint64_t n = s.rows * s.cols;
+  // 32-bit indices while every index (and index + stride) stays below 2^32.
+  const bool narrow = n + uint64_t(65536) * 256 < (uint64_t(1) << 32);
+  if (vec) {
+    if (narrow)
+      dequant_vec8<F, O, uint32_t><<<grid_for(n / 8), 256, 0, stream>>>(src, dst, s);
+    else
+      dequant_vec8<F, O, uint64_t><<<grid_for(n / 8), 256, 0, stream>>>(src, dst, s);
+  } else {
+    if (narrow)
+      dequant_scalar<F, O, uint32_t><<<grid_for(n), 256, 0, stream>>>(src, dst, s);
+    else
+      dequant_scalar<F, O, uint64_t><<<grid_for(n), 256, 0, stream>>>(src, dst, s);
+  }
 }
 
-template <int F>
+template <lwo_quant_format_t F>
 void launch_out(const Shape& s, const uint8_t* src, void* dst, lwo_dtype_t dtype, bool vec,
                 cudaStream_t stream) {
   switch (dtype) {
@@ -139,16 +146,21 @@ void launch_out(const Shape& s, const uint8_t* src, void* dst, lwo_dtype_t dtype
 
 void dequantize(const quant::Layout& l, const void* src, void* dst, lwo_dtype_t dtype,
                 void* stream) {
-  const Shape s{l.rows, l.cols, l.scale_cols, l.unit_rows, l.unit_cols, l.scale_offset};
+  const Shape s{static_cast<uint64_t>(l.rows), static_cast<uint64_t>(l.cols),
+                static_cast<uint64_t>(l.scale_cols), l.scale_offset};
   const bool vec = l.cols % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   const auto* b = static_cast<const uint8_t*>(src);
   auto st = static_cast<cudaStream_t>(stream);
   switch (l.format) {
     case LWO_QUANT_FP8_E4M3_CHANNEL:
-    case LWO_QUANT_FP8_E4M3_BLOCK128: launch_out<kFp8>(s, b, dst, dtype, vec, st); break;
-    case LWO_QUANT_INT8_CHANNEL: launch_out<kInt8>(s, b, dst, dtype, vec, st); break;
-    case LWO_QUANT_INT4_GROUP128: launch_out<kInt4>(s, b, dst, dtype, vec, st); break;
+      launch_out<LWO_QUANT_FP8_E4M3_CHANNEL>(s, b, dst, dtype, vec, st);
+      break;
+    case LWO_QUANT_FP8_E4M3_BLOCK128:
+      launch_out<LWO_QUANT_FP8_E4M3_BLOCK128>(s, b, dst, dtype, vec, st);
+      break;
+    case LWO_QUANT_INT8_CHANNEL: launch_out<LWO_QUANT_INT8_CHANNEL>(s, b, dst, dtype, vec, st); break;
+    case LWO_QUANT_INT4_GROUP128: launch_out<LWO_QUANT_INT4_GROUP128>(s, b, dst, dtype, vec, st); break;
     default:
       fail(LWO_ERR_INTERNAL, "dequantize: format %d", static_cast<int>(l.format));
   }

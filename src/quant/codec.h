@@ -38,6 +38,18 @@ constexpr float kInt4Max = 7.0f;    // symmetric: codes -7..7, stored as code + 
 // of values below kMax * 2^-126) gets it, so x / scale never divides by 0.
 constexpr float kMinScale = 0x1p-126f;
 
+// Which scale covers element (r, c): the one rule, for the host (Layout)
+// and the kernels (with `format` a compile-time constant there). scale_cols
+// is 1 per channel, ceil(cols / 128) per block, cols / 128 per group.
+template <class I>
+LWO_QUANT_HD inline I scale_index(lwo_quant_format_t format, I r, I c, I scale_cols) {
+  switch (format) {
+    case LWO_QUANT_FP8_E4M3_BLOCK128: return (r / I(kBlock)) * scale_cols + c / I(kBlock);
+    case LWO_QUANT_INT4_GROUP128: return r * scale_cols + c / I(kGroup);
+    default: return r;  // per output channel
+  }
+}
+
 LWO_QUANT_HD inline float f32_of_bits(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);

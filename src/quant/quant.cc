@@ -79,6 +79,11 @@ void rows_of(const Layout& l, uint64_t b, uint64_t e, int64_t* r0, int64_t* r1) 
 
 }  // namespace
 
+uint64_t Layout::scale_index(int64_t r, int64_t c) const {
+  return quant::scale_index<uint64_t>(format, static_cast<uint64_t>(r), static_cast<uint64_t>(c),
+                                      static_cast<uint64_t>(scale_cols));
+}
+
 const char* format_name(lwo_quant_format_t format) {
   switch (format) {
     case LWO_QUANT_NONE: return "none";

@@ -28,7 +28,8 @@ namespace lwo {
 namespace quant {
 
 // The layout of one quantized tensor, and which elements each scale covers:
-// element (r, c) uses scale (r / unit_rows) * scale_cols + c / unit_cols.
+// element (r, c) uses scale (r / unit_rows) * scale_cols + c / unit_cols
+// (codec.h's scale_index, shared with the kernels).
 struct Layout {
   lwo_quant_format_t format = LWO_QUANT_NONE;
   int64_t rows = 0, cols = 0;
@@ -38,9 +39,7 @@ struct Layout {
   uint64_t total_bytes = 0;   // rounded up to LWO_RECORD_ALIGN
   int64_t scale_rows = 0, scale_cols = 0;
   int64_t unit_rows = 0, unit_cols = 0;  // elements per scale: 1 x cols, 128 x 128, 1 x 128
-  uint64_t scale_index(int64_t r, int64_t c) const {
-    return static_cast<uint64_t>((r / unit_rows) * scale_cols + c / unit_cols);
-  }
+  uint64_t scale_index(int64_t r, int64_t c) const;
 };
 
 // "fp8_e4m3_channel", ...; "none"; nullptr for an unknown format.

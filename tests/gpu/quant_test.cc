@@ -213,6 +213,38 @@ TEST_F(Quant, FromARingSlot) {
   }
 }
 
+TEST_F(Quant, ThroughputIsReported) {
+  // Not a speed target (issue 15's come with the GEMM integration): the
+  // bytes read and written per second of each format into bf16, for the
+  // record, on 8192 x 8192 (64 Mi weights), the best of 5 runs.
+  std::mt19937_64 rng(fresh_seed() + 3);
+  const int64_t rows = 8192, cols = 8192;
+  for (lwo_quant_format_t f : kFormats) {
+    lwo_quant_desc d = desc_of(f, rows, cols, LWO_DTYPE_BF16);
+    lwo_quant_layout_info info;
+    std::vector<uint8_t> q = make_quantized(d, true, rng, &info);
+    const size_t out_bytes = static_cast<size_t>(rows * cols) * 2;
+    testkit::DeviceMem src = testkit::device_alloc(q.size(), "quantized");
+    testkit::DeviceMem dst = testkit::device_alloc(out_bytes, "dequantized");
+    CUDA_OK(cudaMemcpy(src.get(), q.data(), q.size(), cudaMemcpyHostToDevice));
+    cudaStream_t st = stream(0);
+    Event a = testkit::make_event(), b = testkit::make_event();
+    double best_ms = 1e30;
+    for (int run = 0; run < 6; ++run) {  // the first warms up
+      CUDA_OK(cudaEventRecord(a.get(), st));
+      CHECK_LWO(lwo_dequantize(engine_, &d, src.get(), dst.get(), st));
+      CUDA_OK(cudaEventRecord(b.get(), st));
+      CUDA_OK(cudaEventSynchronize(b.get()));
+      if (run) best_ms = std::min(best_ms, testkit::elapsed_ms(a, b));
+    }
+    const double gbs = static_cast<double>(q.size() + out_bytes) / (best_ms * 1e6);
+    std::printf("quant_test: %s 8192x8192 -> bf16: %.3f ms, %.0f GB/s (read + write)\n",
+                lwo_quant_format_name(f), best_ms, gbs);
+    RecordProperty(std::string(lwo_quant_format_name(f)) + "_to_bf16_GBps", std::to_string(gbs));
+    EXPECT_GT(gbs, 0.0);
+  }
+}
+
 TEST_F(Quant, ArgumentsAreCheckedOnARealEngine) {
   lwo_quant_desc d = desc_of(LWO_QUANT_INT4_GROUP128, 4, 100, LWO_DTYPE_BF16);
   testkit::DeviceMem buf = testkit::device_alloc(4096, "buffer");
