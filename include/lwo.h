@@ -1269,7 +1269,8 @@ typedef enum lwo_quant_format_t {
 /* A quantized tensor: its format, its shape, and the dtype of the tensor it
  * stands for: the source of lwo_quantize, the output of lwo_dequantize_host
  * and lwo_dequantize (f32, bf16 or f16). rows and cols in 1..2^31-1
- * (LWO_ERR_INVALID_ARGUMENT below 1, LWO_ERR_OUT_OF_RANGE above). */
+ * (LWO_ERR_INVALID_ARGUMENT below 1, LWO_ERR_OUT_OF_RANGE above). Since
+ * 0.3.0. */
 typedef struct lwo_quant_desc {
   size_t size;                /* sizeof(lwo_quant_desc) */
   lwo_quant_format_t format;  /* default LWO_QUANT_NONE: must be set */
@@ -1281,7 +1282,8 @@ typedef struct lwo_quant_desc {
 #define LWO_QUANT_DESC_INIT {sizeof(lwo_quant_desc), LWO_QUANT_NONE, LWO_DTYPE_BF16, 0, 0}
 LWO_API void lwo_quant_desc_init(lwo_quant_desc* desc);
 
-/* Where the parts of a quantized tensor lie (byte offsets from its start). */
+/* Where the parts of a quantized tensor lie (byte offsets from its start).
+ * Since 0.3.0. */
 typedef struct lwo_quant_layout_info {
   size_t size;             /* sizeof(lwo_quant_layout_info), set by the caller */
   uint64_t data_offset;    /* the codes: always 0 */
