@@ -269,6 +269,9 @@ Bound step_bound(double resident_ms, double h2d_bytes, double h2d_gbps, double d
 }
 
 double duplex_ms(double h2d_bytes, double d2h_bytes, const LinkRates& k) {
+  // One direction only (a frozen backward moves weights alone): its one-way rate.
+  if (d2h_bytes <= 0) return ms_at(h2d_bytes, k.h2d_gbps > 0 ? k.h2d_gbps : k.duplex_h2d_gbps);
+  if (h2d_bytes <= 0) return ms_at(d2h_bytes, k.d2h_gbps > 0 ? k.d2h_gbps : k.duplex_d2h_gbps);
   if (k.duplex_h2d_gbps <= 0 || k.duplex_d2h_gbps <= 0) return 0;
   const double th = ms_at(h2d_bytes, k.duplex_h2d_gbps), td = ms_at(d2h_bytes, k.duplex_d2h_gbps);
   // Both at their duplex rates until the first finishes; the other's rest

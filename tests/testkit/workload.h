@@ -176,7 +176,9 @@ struct LinkRates {
   double duplex_h2d_gbps = 0, duplex_d2h_gbps = 0;  // together
 };
 // The time to move h2d and d2h bytes at once: both at their duplex rates
-// until the smaller finishes, the rest at its one-way rate. 0 rates give 0.
+// until the smaller finishes, the rest at its one-way rate; with bytes in one
+// direction only, that direction at its one-way rate. Unmeasured (0) rates
+// give 0.
 double duplex_ms(double h2d_bytes, double d2h_bytes, const LinkRates& rates);
 
 // The split floor of a step: gradients exist only in the backward half, and
