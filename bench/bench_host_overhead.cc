@@ -185,7 +185,8 @@ void bm_grads(benchmark::State& state) {
     Grads grads;
     check(lwo_grads_create(s.pool.get(), nullptr, nullptr, grads.out()), "lwo_grads_create");
     // Each layer once per pass of kLayers, the buffers zeroed between passes
-    // (untimed), so that f32 gradients land in place with no host work.
+    // (untimed), so that the gradients (in the layers' own dtype, the default)
+    // land in place with no host work.
     time_layers(
         state, kLayers,
         [&](uint64_t i) {
