@@ -1,0 +1,219 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "src/common/error.h"
+
+namespace lwo {
+namespace plan {
+namespace {
+
+double ms_at(uint64_t bytes, double gbps) {
+  return gbps > 0 ? static_cast<double>(bytes) / (gbps * 1e6) : 0.0;
+}
+
+struct Slot {
+  int64_t layer = -1;    // held, or -1
+  double release = 0;    // when its last user's compute ends
+  uint64_t order = 0;    // the schedule position of that release, for "longest ago"
+};
+
+// One pass over the schedule, slots carried over from an earlier pass.
+// Returns the time the pass ends, from `t0` (the end of the one before).
+Prediction run(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+               std::vector<Slot>& slots, const Link& link, const Pass& pass, double t0,
+               uint64_t& order) {
+  const uint32_t L = static_cast<uint32_t>(layers.size());
+  const uint32_t n = pass.backward ? 2 * L : L;
+  Prediction p;
+  double h2d_free = t0, compute_free = t0, d2h_free = t0;
+  std::vector<double> grad_free(std::max<uint32_t>(pass.grad_depth, 1), t0);
+  size_t next_grad = 0;
+  const double h2d_duplex = link.duplex_h2d_gbps > 0 ? link.duplex_h2d_gbps : link.h2d_gbps;
+  const double d2h_duplex = link.duplex_d2h_gbps > 0 ? link.duplex_d2h_gbps : link.d2h_gbps;
+  bool any_grads = false;
+  for (const LayerCost& c : layers) any_grads = any_grads || c.grad_bytes > 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool bwd = i >= L;
+    const uint32_t l = bwd ? 2 * L - 1 - i : i;
+    const LayerCost& c = layers[l];
+    Position pos;
+    pos.layer = l;
+    pos.backward = bwd;
+    pos.resident = resident[l];
+    double ready = compute_free;  // when the weights are in place
+    Slot* slot = nullptr;
+    if (!pos.resident) {
+      for (Slot& s : slots)
+        if (s.layer == static_cast<int64_t>(l)) slot = &s;
+      if (slot) {
+        pos.hit = true;
+        ready = std::max(ready, slot->release);  // (its earlier user is this layer)
+      } else {
+        // The free slot released longest ago; its next copy waits for that
+        // release and for the copy before it on the one engine.
+        slot = &*std::min_element(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
+          return a.order < b.order;
+        });
+        const double rate = bwd && any_grads ? h2d_duplex : link.h2d_gbps;
+        const double start = std::max(h2d_free, slot->release);
+        pos.copy_ms = ms_at(c.bytes, rate);
+        h2d_free = start + pos.copy_ms;
+        ready = std::max(ready, h2d_free);
+        slot->layer = l;
+        p.h2d_bytes += c.bytes;
+      }
+    }
+    const bool grads = bwd && c.grad_bytes > 0;
+    size_t g = 0;
+    if (grads) {  // the staging slot's previous copy must have left
+      g = next_grad++ % grad_free.size();
+      ready = std::max(ready, grad_free[g]);
+    }
+    pos.start_ms = ready - t0;
+    pos.stall_ms = ready - compute_free;
+    p.stall_ms += pos.stall_ms;
+    compute_free = ready + (bwd ? c.bwd_ms : c.fwd_ms);
+    if (slot) {
+      slot->release = compute_free;
+      slot->order = ++order;
+    }
+    if (grads) {
+      const double start = std::max(d2h_free, compute_free);
+      d2h_free = start + ms_at(c.grad_bytes, d2h_duplex);
+      grad_free[g] = d2h_free;
+      p.d2h_bytes += c.grad_bytes;
+    }
+    p.positions.push_back(pos);
+  }
+  p.ms = std::max(compute_free, d2h_free) - t0;
+  return p;
+}
+
+bool any_streamed(const std::vector<bool>& resident) {
+  return std::find(resident.begin(), resident.end(), false) != resident.end();
+}
+
+}  // namespace
+
+Prediction predict(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                   uint32_t depth, const Link& link, const Pass& pass) {
+  if (resident.size() != layers.size())
+    fail(LWO_ERR_INVALID_ARGUMENT, "%zu resident flags for %zu layers", resident.size(),
+         layers.size());
+  if (any_streamed(resident) && depth < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "a ring of depth 0 cannot stream the non-resident layers");
+  if (any_streamed(resident) && link.h2d_gbps <= 0)
+    fail(LWO_ERR_INVALID_ARGUMENT, "the H2D rate is %g GB/s", link.h2d_gbps);
+  std::vector<Slot> slots(std::max<uint32_t>(depth, 1));
+  uint64_t order = 0;
+  if (layers.empty()) return Prediction{};
+  // Steady state: the second of two passes, with the slots the first left.
+  Prediction first = run(layers, resident, slots, link, pass, 0.0, order);
+  return run(layers, resident, slots, link, pass, first.ms, order);
+}
+
+uint64_t device_bytes(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                      uint32_t depth, const Pass& pass) {
+  uint64_t res = 0, slot = 0, grad = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (resident[l])
+      res += layers[l].bytes;
+    else
+      slot = std::max(slot, layers[l].bytes);
+    if (pass.backward) grad = std::max(grad, layers[l].grad_bytes);
+  }
+  return res + (slot ? uint64_t(depth) * slot : 0) + (pass.backward ? pass.grad_depth * grad : 0);
+}
+
+namespace {
+
+Plan evaluate(const std::vector<LayerCost>& layers, std::vector<bool> resident, uint32_t depth,
+              const Link& link, const Pass& pass) {
+  Plan p;
+  p.depth = depth;
+  p.device_bytes = device_bytes(layers, resident, depth, pass);
+  p.prediction = predict(layers, resident, depth, link, pass);
+  p.resident = std::move(resident);
+  return p;
+}
+
+uint64_t smallest_ring(const std::vector<LayerCost>& layers, const Pass& pass,
+                       const std::vector<uint32_t>& depths) {
+  uint32_t d = *std::min_element(depths.begin(), depths.end());
+  return device_bytes(layers, std::vector<bool>(layers.size(), false), d, pass);
+}
+
+void check_fits(const std::vector<LayerCost>& layers, uint64_t budget, const Pass& pass,
+                const std::vector<uint32_t>& depths) {
+  const uint64_t need = smallest_ring(layers, pass, depths);
+  if (!layers.empty() && need > budget)
+    fail(LWO_ERR_OUT_OF_MEMORY,
+         "a budget of %llu bytes holds no plan: the smallest ring (depth %u) and gradient "
+         "staging need %llu bytes",
+         static_cast<unsigned long long>(budget),
+         *std::min_element(depths.begin(), depths.end()), static_cast<unsigned long long>(need));
+}
+
+}  // namespace
+
+Plan choose(const std::vector<LayerCost>& layers, uint64_t budget, const Link& link,
+            const Pass& pass, const std::vector<uint32_t>& depths) {
+  if (depths.empty() || *std::min_element(depths.begin(), depths.end()) < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "the depths to try must be 1 or more");
+  check_fits(layers, budget, pass, depths);
+  Plan best;
+  bool have = false;
+  for (uint32_t depth : depths) {
+    std::vector<bool> res(layers.size(), false);
+    if (device_bytes(layers, res, depth, pass) > budget) continue;
+    Plan cur = evaluate(layers, res, depth, link, pass);
+    for (;;) {
+      // The layer that saves the most time per byte and still fits.
+      double best_gain = 0;
+      size_t pick = layers.size();
+      Plan pick_plan;
+      for (size_t l = 0; l < layers.size(); ++l) {
+        if (res[l]) continue;
+        std::vector<bool> trial = res;
+        trial[l] = true;
+        if (device_bytes(layers, trial, depth, pass) > budget) continue;
+        Plan t = evaluate(layers, trial, depth, link, pass);
+        const double saved = cur.prediction.ms - t.prediction.ms;
+        const double per_byte = saved / static_cast<double>(std::max<uint64_t>(layers[l].bytes, 1));
+        if (saved > 1e-9 && per_byte > best_gain) {
+          best_gain = per_byte;
+          pick = l;
+          pick_plan = std::move(t);
+        }
+      }
+      if (pick == layers.size()) break;
+      res[pick] = true;
+      cur = std::move(pick_plan);
+    }
+    if (!have || cur.prediction.ms < best.prediction.ms - 1e-9) {
+      best = std::move(cur);
+      have = true;
+    }
+  }
+  if (!have) fail(LWO_ERR_OUT_OF_MEMORY, "no depth of those given fits the budget");
+  return best;
+}
+
+Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget, const Link& link,
+                  const Pass& pass, uint32_t depth) {
+  check_fits(layers, budget, pass, {depth});
+  std::vector<bool> res(layers.size(), false);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    res[l] = true;
+    if (device_bytes(layers, res, depth, pass) > budget) {
+      res[l] = false;
+      break;
+    }
+  }
+  return evaluate(layers, res, depth, link, pass);
+}
+
+}  // namespace plan
+}  // namespace lwo

@@ -1,0 +1,91 @@
+// The planner's model (issue 16, first part): given each layer's bytes and
+// compute times, the link's rates, a ring depth and which layers stay
+// resident on the device, predict a pass (forward, or a training step) layer
+// by layer; and choose, for a device memory budget, the resident layers and
+// the depth that minimise the prediction. Host code only; the measurements it
+// needs (link rates, per-layer compute) come from the caller.
+//
+// The model follows the ring's protocol (docs/ARCHITECTURE.md): positions in
+// schedule order (0..L-1, then L-1..0 for a step); a streamed layer takes the
+// free slot released longest ago and is copied on the one H2D engine once
+// that slot's previous layer is computed and the previous copy is done; a
+// layer still in a slot is a hit; resident layers need no slot. Compute runs
+// in order, each layer once its weights are in place; in a training step each
+// trainable layer's gradients leave on the one D2H engine after its backward,
+// through `grad_depth` staging slots, and both directions then move at their
+// duplex rates. Steps are predicted in the steady state: the second of two
+// consecutive steps, whose first layers may still be in their slots.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lwo {
+namespace plan {
+
+struct LayerCost {
+  uint64_t bytes = 0;       // the record, host to device when streamed
+  uint64_t grad_bytes = 0;  // its gradients, device to host in a step (0: frozen)
+  double fwd_ms = 0, bwd_ms = 0;
+};
+
+struct Link {  // 1e9 bytes per second
+  double h2d_gbps = 0, d2h_gbps = 0;                // each direction alone
+  double duplex_h2d_gbps = 0, duplex_d2h_gbps = 0;  // both at once (0: as alone)
+};
+
+struct Pass {
+  bool backward = false;    // a training step: forward, then backward
+  uint32_t grad_depth = 2;  // gradient staging slots
+};
+
+struct Position {
+  uint32_t layer = 0;
+  bool backward = false;
+  bool resident = false, hit = false;
+  double copy_ms = 0;     // its copy (0: resident or hit)
+  double start_ms = 0;    // its compute, from the pass's start
+  double stall_ms = 0;    // how long the compute waited for this layer
+};
+
+struct Prediction {
+  double ms = 0;                    // the pass: to the last compute or gradient copy
+  double stall_ms = 0;              // summed over positions
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  std::vector<Position> positions;  // schedule order
+};
+
+// The pass with `resident[l]` layers on the device and a ring of `depth`
+// slots (>= 1 where any layer streams).
+Prediction predict(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                   uint32_t depth, const Link& link, const Pass& pass);
+
+// Device bytes of a configuration: the resident records, `depth` slots of the
+// largest streamed record, and in a step `grad_depth` staging slots of the
+// largest trainable layer's gradients.
+uint64_t device_bytes(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                      uint32_t depth, const Pass& pass);
+
+struct Plan {
+  std::vector<bool> resident;
+  uint32_t depth = 0;
+  uint64_t device_bytes = 0;
+  Prediction prediction;
+};
+
+// The plan with the smallest predicted time within `budget_bytes`, over the
+// depths given: for each depth, layers are made resident one at a time, each
+// time the one that saves the most predicted time per byte among those that
+// still fit (a greedy search, each candidate simulated), until none saves
+// time. Throws LWO_ERR_OUT_OF_MEMORY (naming the bytes needed) when not even
+// the smallest ring fits.
+Plan choose(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
+            const Pass& pass, const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
+
+// The simple rule to compare with: the first k layers resident, k as large as
+// the budget allows, at `depth`.
+Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
+                  const Pass& pass, uint32_t depth);
+
+}  // namespace plan
+}  // namespace lwo
