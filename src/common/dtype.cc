@@ -52,13 +52,6 @@ const char* dtype_name(lwo_dtype_t d) {
 
 // --- the host gradient addition ---------------------------------------------
 
-// GCC builds one copy of each loop per x86-64 level and picks at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define LWO_VECTOR_LOOP __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LWO_VECTOR_LOOP
-#endif
-
 namespace {
 
 LWO_VECTOR_LOOP void add_bf16(uint16_t* __restrict d, const uint16_t* __restrict s, uint64_t n) {

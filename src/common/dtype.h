@@ -72,6 +72,38 @@ inline uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>(ax >> 13);
 }
 
+// Element i of a buffer of dtype bf16, f16 or f32 (anything else reads as
+// f32) as a float, and v rounded to the buffer's dtype (nearest even) stored
+// as element i.
+inline float load_f32(const void* data, lwo_dtype_t dtype, uint64_t i) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (dtype != LWO_DTYPE_BF16 && dtype != LWO_DTYPE_F16) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return dtype == LWO_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+inline void store_f32(void* data, lwo_dtype_t dtype, uint64_t i, float v) {
+  auto* p = static_cast<uint8_t*>(data);
+  if (dtype != LWO_DTYPE_BF16 && dtype != LWO_DTYPE_F16) {
+    std::memcpy(p + 4 * i, &v, 4);
+    return;
+  }
+  const uint16_t h = dtype == LWO_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  std::memcpy(p + 2 * i, &h, 2);
+}
+
+// A host loop GCC builds once per x86-64 level (AVX-512, AVX2, baseline),
+// picking one at load time; elsewhere a plain function.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#define LWO_VECTOR_LOOP __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LWO_VECTOR_LOOP
+#endif
+
 // dst[i] = src[i] (assign) or dst[i] = dst[i] + src[i] for i in [0, n): the
 // sum formed in f32 and rounded once to dst's dtype (round to nearest even).
 // dst and src must not overlap. Pairs: (f32, f32 / bf16 / f16), (bf16, bf16),

@@ -6,12 +6,6 @@
 #include "src/common/error.h"
 #include "src/common/parallel.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define LWO_VECTOR_LOOP __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LWO_VECTOR_LOOP
-#endif
-
 namespace lwo {
 namespace optim {
 namespace {
@@ -21,22 +15,6 @@ struct AdamConsts {
   float decay, b1, one_b1, b2, one_b2, step_size, inv_sqrt_bc2, eps;
 };
 
-inline float grad_at(const void* g, lwo_dtype_t d, uint64_t i) {
-  switch (d) {
-    case LWO_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(g)[i]);
-    case LWO_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t*>(g)[i]);
-    default: return static_cast<const float*>(g)[i];
-  }
-}
-
-inline void store(void* w, lwo_dtype_t d, uint64_t i, float p) {
-  switch (d) {
-    case LWO_DTYPE_BF16: static_cast<uint16_t*>(w)[i] = f32_to_bf16(p); break;
-    case LWO_DTYPE_F16: static_cast<uint16_t*>(w)[i] = f32_to_f16(p); break;
-    default: static_cast<float*>(w)[i] = p; break;
-  }
-}
-
 // The loop for one (grad dtype, weight dtype) pair: templates so that each
 // inner loop has fixed types and vectorizes.
 template <lwo_dtype_t G, lwo_dtype_t W>
@@ -44,7 +22,7 @@ LWO_VECTOR_LOOP void adam_range(float* __restrict p, float* __restrict m, float*
                                 const void* __restrict g, void* __restrict w, uint64_t b,
                                 uint64_t e, const AdamConsts c) {
   for (uint64_t i = b; i < e; ++i) {
-    const float gi = grad_at(g, G, i);
+    const float gi = load_f32(g, G, i);
     float pi = p[i] * c.decay;
     const float mi = c.b1 * m[i] + c.one_b1 * gi;
     const float vi = c.b2 * v[i] + c.one_b2 * gi * gi;
@@ -52,7 +30,7 @@ LWO_VECTOR_LOOP void adam_range(float* __restrict p, float* __restrict m, float*
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if (W != LWO_DTYPE_FORCE_32) store(w, W, i, pi);
+    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
 }
 
@@ -117,12 +95,12 @@ void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, uint32_t n_threads) 
       t.n, n_threads, kMinPart, 64,
       [&](uint64_t b, uint64_t e) {
         for (uint64_t i = b; i < e; ++i) {
-          const float gi = grad_at(t.grad, t.grad_dtype, i);
+          const float gi = load_f32(t.grad, t.grad_dtype, i);
           const float bi = first ? gi : mom * t.m[i] + damp * gi;
           t.m[i] = bi;
           const float pi = t.master[i] * decay - lr * bi;
           t.master[i] = pi;
-          if (t.weights) store(t.weights, t.weight_dtype, i, pi);
+          if (t.weights) store_f32(t.weights, t.weight_dtype, i, pi);
         }
       },
       8);
