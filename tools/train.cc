@@ -44,7 +44,7 @@ struct Options {
   // library's default), "f32" (LWO_GRADS_F32) or "native-wire"
   // (LWO_GRADS_NATIVE_WIRE: the layer dtype on the wire, f32 host buffers).
   std::string grads = "native";
-  bool frozen = false, native_wire = false, bias = false, timing = false;
+  bool frozen = false, bias = false, timing = false;
   bool grad_depth_set = false;
   std::string json;
   bool trainable() const { return !frozen; }
@@ -89,10 +89,7 @@ std::vector<Flag> make_flags(Options& o) {
                    o.grads = v;
                  }),
       switch_flag("--native-wire", "the same as --grads native-wire",
-                  [&o] {
-                    o.native_wire = true;
-                    o.grads = "native-wire";
-                  }),
+                  [&o] { o.grads = "native-wire"; }),
       uint_flag("--micro-batches", "K", o.micro_batches, 1, 64,
                 "micro-batches per step, each of --tokens tokens"),
       value_flag("--order", "O",
@@ -137,7 +134,7 @@ void check_options(const Options& o) {
         strf("--rows %lld and --cols %lld differ: lwo train chains the layers (the output of "
              "layer l is the input of layer l+1), so each weight is square",
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
-  if (o.frozen && (o.native_wire || o.grads != "native"))
+  if (o.frozen && o.grads != "native")
     throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
   if (o.frozen && o.grad_depth_set)
     throw UsageError("--grad-depth sizes the gradient staging; --frozen layers have no gradients");
@@ -451,7 +448,7 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                "\"order\": \"%s\"},\n",
                o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
                lwo_dtype_name(o.dtype), o.bias ? "true" : "false", static_cast<long long>(o.tokens),
-               o.depth, o.trainable() ? o.grad_depth : 0, o.native_wire ? "true" : "false",
+               o.depth, o.trainable() ? o.grad_depth : 0, o.grads == "native-wire" ? "true" : "false",
                o.trainable() ? json_string(lwo_dtype_name(sz.wire)).c_str() : "null", o.steps,
                static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false",
                o.trainable() ? json_string(o.grads).c_str() : "null",
