@@ -365,46 +365,6 @@ def _check_params(self, s):
             "handle and offload again" % s.name)
 
 
-@_compiler_disable
-def _linear_module_forward(self, input):
-    s = self._lwo_state
-    w = self._parameters.get("weight")
-    if w is not s.weight:
-        _check_params(self, s)
-    if torch.is_grad_enabled():
-        if input.requires_grad:
-            if _functorch_active():
-                return _LinearFn.apply(input, s)
-            return _linear_apply(input, s)
-        if s.needs_dw():  # a parameter that needs its gradient makes the graph
-            anchor = s.weight if s.weight.requires_grad else s.bias
-            if _functorch_active():
-                return _LinearFn.apply(input, s, anchor)
-            return _linear_apply(input, s, anchor)
-        return s.handle._linear_forward(s, input, True)
-    return s.handle._linear_forward(s, input, False)
-
-
-@_compiler_disable
-def _conv_module_forward(self, input):
-    s = self._lwo_state
-    w = self._parameters.get("weight")
-    if w is not s.weight:
-        _check_params(self, s)
-    if torch.is_grad_enabled():
-        if input.requires_grad:
-            if _functorch_active():
-                return _ConvFn.apply(input, s)
-            return _conv_apply(input, s)
-        if s.needs_dw():  # a parameter that needs its gradient makes the graph
-            anchor = s.weight if s.weight.requires_grad else s.bias
-            if _functorch_active():
-                return _ConvFn.apply(input, s, anchor)
-            return _conv_apply(input, s, anchor)
-        return s.handle._conv_forward(s, input, True)
-    return s.handle._conv_forward(s, input, False)
-
-
 class _LinearFn(torch.autograd.Function):
     """y = x W^T + b through lwo. When x needs no gradient, a parameter that
     does is an input (`anchor`), only so that autograd knows the output needs
@@ -461,6 +421,34 @@ class _ConvFn(torch.autograd.Function):
 # host time.
 _linear_apply = super(torch.autograd.Function, _LinearFn).apply
 _conv_apply = super(torch.autograd.Function, _ConvFn).apply
+
+
+def _module_forward(fn, apply, forward):
+    """The forward a streamed module is given: through the autograd Function
+    `fn` (`apply`: its apply without the Python layer, when functorch is not
+    active) where a gradient is needed, else straight through lwo."""
+
+    @_compiler_disable
+    def module_forward(self, input):
+        s = self._lwo_state
+        w = self._parameters.get("weight")
+        if w is not s.weight:
+            _check_params(self, s)
+        if torch.is_grad_enabled():
+            if input.requires_grad:
+                if _functorch_active():
+                    return fn.apply(input, s)
+                return apply(input, s)
+            if s.needs_dw():  # a parameter that needs its gradient makes the graph
+                anchor = s.weight if s.weight.requires_grad else s.bias
+                if _functorch_active():
+                    return fn.apply(input, s, anchor)
+                return apply(input, s, anchor)
+            return forward(s.handle, s, input, True)
+        return forward(s.handle, s, input, False)
+
+    return module_forward
+
 try:
     _functorch_active = torch._C._are_functorch_transforms_active
 except AttributeError:  # pragma: no cover
@@ -1470,3 +1458,8 @@ def handle_of(model):
     """The Offload handle that offload(model) returned (None if none)."""
     h = getattr(model, "_lwo_handle", None)
     return None if h is None or h.closed else h
+
+
+# The streamed modules' forwards (after Offload, whose methods they call).
+_linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward)
+_conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward)
