@@ -101,7 +101,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define LWO_VERSION_MAJOR 0
-#define LWO_VERSION_MINOR 3
+#define LWO_VERSION_MINOR 4
 #define LWO_VERSION_PATCH 0
 #define LWO_VERSION \
   (LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH)

@@ -1,9 +1,9 @@
 """lwo: layer-wise weight offload, from Python.
 
-A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.3)
+A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.4)
 through ctypes. Importing it loads liblwo (see lwo._capi.load for where it
 looks: $LWO_LIBRARY, next to this package, the repository's build folder,
-the system loader) and checks that it is a 0.3.x library.
+the system loader) and checks that it is a 0.4.x library.
 
 The objects (Engine, Pool, Ring, Schedule, Grads, Checkpoint, NcclComm) are
 context managers whose close() destroys the C object; a failing call raises
@@ -29,4 +29,4 @@ from ._core import (  # noqa: E402,F401
     dtype_size, linear_desc, nccl_get_unique_id, record_layout, stream_handle, version,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
