@@ -5,6 +5,7 @@
 
 #include "src/common/error.h"
 #include "src/common/ext.h"
+#include "src/quant/quant.h"
 
 namespace lwo {
 
@@ -59,6 +60,14 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
   if (!comm) fail(LWO_ERR_INVALID_ARGUMENT, "comm is NULL");
   std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_SHARDED));
   pool->build_layouts(layers, n_layers, false);
+  for (uint32_t li = 0; li < n_layers; ++li) {
+    const int qi = pool->first_quantized(li);
+    if (qi >= 0)
+      fail(LWO_ERR_UNSUPPORTED,
+           "layer %u tensor '%s' is quantized (%s): sharded pools hold no quantized tensors", li,
+           pool->layers_[li].layout.tensors[qi].name.c_str(),
+           quant::format_name(pool->layers_[li].layout.tensors[qi].quant));
+  }
   DeviceScope scope(engine);
   Backend& gpu = engine.gpu();
   int n = 1, r = 0;
@@ -386,6 +395,12 @@ void Pool::shard_host(uint32_t layer_id, void** data, uint64_t* record_offset,
 void Pool::shard_tensor(uint32_t layer_id, uint32_t ti, void** data, uint64_t* first,
                         uint64_t* n) const {
   const Layer& l = layers_[layer_id];
+  if (l.layout.tensors[ti].quant != LWO_QUANT_NONE)
+    fail(LWO_ERR_UNSUPPORTED,
+         "layer %u tensor '%s' is quantized (%s): its bytes are not elements (use "
+         "lwo_pool_tensor_host)",
+         layer_id, l.layout.tensors[ti].name.c_str(),
+         quant::format_name(l.layout.tensors[ti].quant));
   const TensorPart p = tensor_part(layer_id, ti, rank_);
   if (first) *first = p.first;
   if (n) *n = p.n;
@@ -427,6 +442,51 @@ void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const voi
   const uint64_t rb = t.offset + offset, re = rb + bytes;
   const uint64_t b = std::max(lo, rb), e = std::min(hi, re);
   if (b < e) std::memcpy(l.host + (b - lo), static_cast<const uint8_t*>(src) + (b - rb), e - b);
+  changed(layer_id);
+}
+
+int Pool::first_quantized(uint32_t layer_id) const {
+  const Layer& l = layer(layer_id);
+  for (size_t i = 0; i < l.layout.tensors.size(); ++i)
+    if (l.layout.tensors[i].quant != LWO_QUANT_NONE) return static_cast<int>(i);
+  return -1;
+}
+
+void Pool::write_quantized(uint32_t layer_id, const char* name, const void* src,
+                           lwo_dtype_t src_dtype, uint64_t src_bytes, uint32_t n_threads) {
+  if (!src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
+  if (src_dtype != LWO_DTYPE_F32 && src_dtype != LWO_DTYPE_BF16 && src_dtype != LWO_DTYPE_F16)
+    fail(LWO_ERR_INVALID_ARGUMENT, "src_dtype %s (%d) is not f32, bf16 or f16",
+         dtype_name(src_dtype), static_cast<int>(src_dtype));
+  const uint32_t ti = tensor_index(layer_id, name);
+  if (ckpt_)
+    fail(LWO_ERR_UNSUPPORTED, "the pool maps checkpoint '%s' read-only; it cannot be written",
+         ckpt_->path().c_str());
+  if (kind_ != LWO_POOL_PINNED)
+    fail(LWO_ERR_UNSUPPORTED,
+         "the pool is registered caller memory; quantize into the caller's memory with "
+         "lwo_quantize");
+  const Layer& l = layers_[layer_id];
+  const TensorLayout& t = l.layout.tensors[ti];
+  if (t.quant == LWO_QUANT_NONE)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "layer %u tensor '%s' is not quantized (no LWO_EXT_TENSOR_QUANT in its description): "
+         "use lwo_pool_write",
+         layer_id, t.name.c_str());
+  const quant::Layout ql = quant::layout_of(t.quant, t.dtype, t.shape[0], t.shape[1]);
+  const uint64_t want = static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(t.shape[1]) *
+                        dtype_size(src_dtype);
+  if (src_bytes != want)
+    fail(LWO_ERR_SIZE_MISMATCH,
+         "layer %u tensor '%s' is %lld x %lld: its %s source holds %llu bytes, given %llu",
+         layer_id, t.name.c_str(), static_cast<long long>(t.shape[0]),
+         static_cast<long long>(t.shape[1]), dtype_name(src_dtype),
+         static_cast<unsigned long long>(want), static_cast<unsigned long long>(src_bytes));
+  try {
+    quant::quantize(ql, src, src_dtype, l.host + t.offset, n_threads);
+  } catch (const Error& e) {
+    fail(e.status(), "layer %u tensor '%s': %s", layer_id, t.name.c_str(), e.what());
+  }
   changed(layer_id);
 }
 
