@@ -158,6 +158,11 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
+// --quant fp8|fp8-block|int8|int4 (since 0.4.0): the weights quantized on
+// load (LWO_EXT_TENSOR_QUANT) in that format; LWO_QUANT_NONE without it.
+Flag quant_flag(lwo_quant_format_t& format);
+// The flag's spelling of a format ("fp8-block"), "none" for LWO_QUANT_NONE.
+const char* quant_flag_name(lwo_quant_format_t format);
 // Checkpoint mapping: --pattern P (repeatable) and --names FILE.
 struct CkptSpec;
 Flag pattern_flag(CkptSpec& spec);
