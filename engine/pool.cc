@@ -2,12 +2,22 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "src/common/error.h"
 #include "src/common/ext.h"
 #include "src/quant/quant.h"
 
 namespace lwo {
+
+namespace {
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    t += strf("%s%lld", i ? ", " : "", static_cast<long long>(shape[i]));
+  return t + "]";
+}
+}  // namespace
 
 void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool want_host_data) {
   if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_layers is 0");
@@ -222,6 +232,48 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     Layer& L = pool->layers_[l];
     uint64_t sum = 0, lo = UINT64_MAX, hi = 0;
     bool one_file = true;
+    // Quantized fp8 weights (since 0.4.0): an F8_E4M3 [rows, cols] tensor
+    // with its f32 scales beside it in the layer, named "<weight>_scale_inv"
+    // ([ceil(rows/128), ceil(cols/128)], code x scale = the weight, as fp8
+    // checkpoints ship them), becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor
+    // of the record (logical dtype bf16): the codes and the scales, two copy
+    // runs from the file. scale_of[k]: the scale entry of weight k;
+    // is_scale[k]: entry k is a weight's scale (no tensor of its own).
+    std::vector<size_t> scale_of(layers[l].size(), SIZE_MAX);
+    std::vector<bool> is_scale(layers[l].size(), false);
+    bool any_quant = false;
+    {
+      std::unordered_map<std::string, size_t> by_name;
+      for (size_t j = 0; j < layers[l].size(); ++j) by_name[entries[layers[l][j]].name] = j;
+      for (size_t j = 0; j < layers[l].size(); ++j) {
+        const st::Entry& w = entries[layers[l][j]];
+        if (w.dtype != LWO_DTYPE_F8_E4M3) continue;
+        auto it = by_name.find(w.name + "_scale_inv");
+        if (it == by_name.end()) continue;
+        const st::Entry& sc = entries[layers[l][it->second]];
+        if (w.shape.size() != 2 || w.shape[0] < 1 || w.shape[1] < 1)
+          fail(LWO_ERR_SHAPE_MISMATCH,
+               "'%s': fp8 tensor '%s' has scales '%s' beside it, but its shape has %zu "
+               "dimensions or a 0 (a block-quantized weight is 2-D [rows, cols])",
+               ckpt->path().c_str(), w.name.c_str(), sc.name.c_str(), w.shape.size());
+        const quant::Layout ql =
+            quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, w.shape[0], w.shape[1]);
+        if (sc.dtype != LWO_DTYPE_F32)
+          fail(LWO_ERR_BAD_DTYPE, "'%s': scales '%s' of fp8 tensor '%s' are %s (must be F32)",
+               ckpt->path().c_str(), sc.name.c_str(), w.name.c_str(), sc.dtype_name.c_str());
+        if (sc.shape.size() != 2 || sc.shape[0] != ql.scale_rows || sc.shape[1] != ql.scale_cols)
+          fail(LWO_ERR_SHAPE_MISMATCH,
+               "'%s': scales '%s' of fp8 tensor '%s' [%lld, %lld] must be [%lld, %lld] (one per "
+               "128 x 128 block), not %s",
+               ckpt->path().c_str(), sc.name.c_str(), w.name.c_str(),
+               static_cast<long long>(w.shape[0]), static_cast<long long>(w.shape[1]),
+               static_cast<long long>(ql.scale_rows), static_cast<long long>(ql.scale_cols),
+               shape_text(sc.shape).c_str());
+        scale_of[j] = it->second;
+        is_scale[it->second] = true;
+        any_quant = true;
+      }
+    }
     for (size_t k : layers[l]) {
       const st::Entry& e = entries[k];
       if (lwo::dtype_size(e.dtype) == 0)
@@ -237,9 +289,12 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     }
     // Tensors that lie together in one file keep the file's layout, so the
     // layer moves in one copy; others are packed at 256-byte boundaries.
-    bool file_layout = one_file && !layers[l].empty() && (hi - lo) <= sum + sum / 4 + 4096;
+    bool file_layout = one_file && !layers[l].empty() && (hi - lo) <= sum + sum / 4 + 4096 &&
+                       !any_quant;  // quantized tensors: the record's layout, packed
     uint64_t off = 0;
-    for (size_t k : layers[l]) {
+    for (size_t j = 0; j < layers[l].size(); ++j) {
+      const size_t k = layers[l][j];
+      if (is_scale[j]) continue;  // inside its weight's quantized tensor
       const st::Entry& e = entries[k];
       TensorLayout t;
       t.name = e.name;
@@ -255,6 +310,21 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
       for (size_t d = 0; d < e.shape.size(); ++d) t.shape[d] = e.shape[d];
       t.bytes = e.end - e.begin;
       t.host_data = ckpt->bytes(e);
+      if (scale_of[j] != SIZE_MAX) {
+        const st::Entry& sc = entries[layers[l][scale_of[j]]];
+        const quant::Layout ql =
+            quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, e.shape[0], e.shape[1]);
+        t.quant = LWO_QUANT_FP8_E4M3_BLOCK128;
+        t.dtype = LWO_DTYPE_BF16;  // the logical dtype
+        t.bytes = ql.total_bytes;
+        t.offset = off;
+        L.runs.push_back({t.offset, static_cast<const uint8_t*>(t.host_data), ql.data_bytes});
+        L.runs.push_back({t.offset + ql.scale_offset,
+                          static_cast<const uint8_t*>(ckpt->bytes(sc)), ql.scale_bytes});
+        off = align_up(off + t.bytes, LWO_RECORD_ALIGN);
+        L.layout.tensors.push_back(std::move(t));
+        continue;
+      }
       if (file_layout) {
         t.offset = e.begin - lo;
       } else {
@@ -375,6 +445,11 @@ void Pool::tensor_host(uint32_t layer_id, uint32_t ti, void** data, uint64_t* by
   need_whole(*this, layer_id);
   const TensorLayout& t = l.layout.tensors[ti];
   const bool owned = kind_ == LWO_POOL_PINNED || kind_ == LWO_POOL_SHARDED;
+  if (ckpt_ && t.quant != LWO_QUANT_NONE)
+    fail(LWO_ERR_UNSUPPORTED,
+         "layer %u tensor '%s' is an fp8 weight and its scales, which lie apart in '%s' (two "
+         "copy runs): it has no one host range",
+         layer_id, t.name.c_str(), ckpt_->path().c_str());
   *data = owned ? l.host + t.offset : const_cast<void*>(t.host_data);
   if (bytes) *bytes = t.bytes;
 }
