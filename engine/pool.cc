@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
 #include "src/common/error.h"
 #include "src/common/ext.h"
@@ -11,11 +10,10 @@
 namespace lwo {
 
 namespace {
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string t = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    t += strf("%s%lld", i ? ", " : "", static_cast<long long>(shape[i]));
-  return t + "]";
+// The scales' shape of an fp8 checkpoint weight: src/quant's block rule.
+std::pair<int64_t, int64_t> fp8_block_scale_shape(int64_t rows, int64_t cols) {
+  const quant::Layout q = quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, rows, cols);
+  return {q.scale_rows, q.scale_cols};
 }
 }  // namespace
 
@@ -241,39 +239,13 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     // is_scale[k]: entry k is a weight's scale (no tensor of its own).
     std::vector<size_t> scale_of(layers[l].size(), SIZE_MAX);
     std::vector<bool> is_scale(layers[l].size(), false);
-    bool any_quant = false;
-    {
-      std::unordered_map<std::string, size_t> by_name;
-      for (size_t j = 0; j < layers[l].size(); ++j) by_name[entries[layers[l][j]].name] = j;
-      for (size_t j = 0; j < layers[l].size(); ++j) {
-        const st::Entry& w = entries[layers[l][j]];
-        if (w.dtype != LWO_DTYPE_F8_E4M3) continue;
-        auto it = by_name.find(w.name + "_scale_inv");
-        if (it == by_name.end()) continue;
-        const st::Entry& sc = entries[layers[l][it->second]];
-        if (w.shape.size() != 2 || w.shape[0] < 1 || w.shape[1] < 1)
-          fail(LWO_ERR_SHAPE_MISMATCH,
-               "'%s': fp8 tensor '%s' has scales '%s' beside it, but its shape has %zu "
-               "dimensions or a 0 (a block-quantized weight is 2-D [rows, cols])",
-               ckpt->path().c_str(), w.name.c_str(), sc.name.c_str(), w.shape.size());
-        const quant::Layout ql =
-            quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, w.shape[0], w.shape[1]);
-        if (sc.dtype != LWO_DTYPE_F32)
-          fail(LWO_ERR_BAD_DTYPE, "'%s': scales '%s' of fp8 tensor '%s' are %s (must be F32)",
-               ckpt->path().c_str(), sc.name.c_str(), w.name.c_str(), sc.dtype_name.c_str());
-        if (sc.shape.size() != 2 || sc.shape[0] != ql.scale_rows || sc.shape[1] != ql.scale_cols)
-          fail(LWO_ERR_SHAPE_MISMATCH,
-               "'%s': scales '%s' of fp8 tensor '%s' [%lld, %lld] must be [%lld, %lld] (one per "
-               "128 x 128 block), not %s",
-               ckpt->path().c_str(), sc.name.c_str(), w.name.c_str(),
-               static_cast<long long>(w.shape[0]), static_cast<long long>(w.shape[1]),
-               static_cast<long long>(ql.scale_rows), static_cast<long long>(ql.scale_cols),
-               shape_text(sc.shape).c_str());
-        scale_of[j] = it->second;
-        is_scale[it->second] = true;
-        any_quant = true;
-      }
+    const std::vector<st::ScalePair> pairs =
+        st::find_scale_pairs(entries, layers[l], fp8_block_scale_shape, ckpt->path());
+    for (const st::ScalePair& p : pairs) {
+      scale_of[p.weight] = p.scale;
+      is_scale[p.scale] = true;
     }
+    const bool any_quant = !pairs.empty();
     for (size_t k : layers[l]) {
       const st::Entry& e = entries[k];
       if (lwo::dtype_size(e.dtype) == 0)
