@@ -816,7 +816,9 @@ LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_des
  * (LWO_DTYPE_F32, or the layer's dtype): the products accumulate in f32
  * over the tokens and are rounded once to grad_dtype. With
  * LWO_LINEAR_ACCUMULATE they are added to what dweight and dbias hold. Pass
- * NULL dweight and dbias for a frozen layer. x is the forward input. */
+ * NULL dweight and dbias for a frozen layer. x is the forward input (may be
+ * NULL when dweight is). With a quantized weight (desc->weight_format, since
+ * 0.4.0) dx only: a dweight or dbias is LWO_ERR_QUANTIZED_WEIGHT. */
 LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
                                          int64_t tokens, const void* x, const void* dy,
                                          const void* weight, void* dx, void* dweight,
@@ -866,6 +868,9 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * every layer), and `depth` device staging slots, each the size of the
  * largest trainable layer's gradients on the wire. Trainable tensors must be
  * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists.
+ * Since 0.4.0: a trainable layer (trainable NULL: every layer) that holds a
+ * quantized tensor (LWO_EXT_TENSOR_QUANT, or an fp8 checkpoint weight) is
+ * LWO_ERR_QUANTIZED_WEIGHT, naming the layer and the tensor.
  *
  * Gradients of a sharded pool (lwo_pool_create_sharded) are summed over the
  * ranks: lwo_grads_end reduces the layer's f32 gradients across the
@@ -1017,7 +1022,9 @@ LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t
 /* Enqueues y = conv2d(x, W) (+ b) on `stream` for a batch of n images of
  * h x w. The cuDNN algorithm is chosen once per shape (deterministic ones
  * only, workspace at most 1 GiB: LWO_ERR_UNSUPPORTED if cuDNN has none) and
- * cached in the engine; workspace comes from the engine, per stream. */
+ * cached in the engine; workspace comes from the engine, per stream. W is
+ * dense in `dtype`: convolutions take no quantized weights (since 0.4.0:
+ * dequantize one with lwo_dequantize into a buffer first). */
 LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                         int32_t n, int32_t h, int32_t w, const void* x,
                                         const void* weight, const void* bias, void* y,
@@ -1099,10 +1106,19 @@ typedef struct lwo_checkpoint_tensor {
   uint64_t file_offset;     /* of the first byte, in its file */
   uint32_t file;            /* index of the file (shard) that holds it: see
                                lwo_checkpoint_file_info */
+  /* Since 0.4.0: an lwo_quant_format_t. LWO_QUANT_FP8_E4M3_BLOCK128 for an
+   * F8_E4M3 [rows, cols] weight whose f32 scales "<name>_scale_inv" of
+   * [ceil(rows/128), ceil(cols/128)] are in the checkpoint (a checkpoint pool
+   * maps the two as one quantized tensor when they fall in the same layer);
+   * else LWO_QUANT_NONE. */
+  int32_t quant_format;
+  /* Since 0.4.0: with quant_format, the index of the scales' tensor; for the
+   * scales themselves, the index of their weight; else LWO_NO_LAYER. */
+  uint32_t quant_partner;
 } lwo_checkpoint_tensor;
 
 #define LWO_CHECKPOINT_TENSOR_INIT \
-  {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u}
+  {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u, 0, 0xffffffffu}
 
 LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
                                                  uint32_t* n_tensors);
@@ -1157,7 +1173,16 @@ LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config)
  * copy through pinned staging buffers instead (LWO_POOL_CHECKPOINT_STAGED). lwo_ring_stage fails with LWO_ERR_FILE_CHANGED once a file has
  * changed size. LWO_ERR_BAD_DTYPE for a tensor whose dtype lwo cannot stream;
  * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. The pool's
- * kind (lwo_pool_get_info) says which path it took. */
+ * kind (lwo_pool_get_info) says which path it took.
+ * Since 0.4.0: an F8_E4M3 [rows, cols] tensor with its f32 scales
+ * "<name>_scale_inv" ([ceil(rows/128), ceil(cols/128)], as fp8 checkpoints
+ * ship them) in the same layer becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor
+ * of the record named after the weight (logical dtype bf16; the scales are no
+ * tensor of their own), moved in two copy runs from the file, and such a
+ * layer is packed; scales of another dtype are LWO_ERR_BAD_DTYPE, of another
+ * shape (or a weight that is not 2-D) LWO_ERR_SHAPE_MISMATCH, naming both
+ * tensors. lwo_pool_tensor_host refuses such a tensor (LWO_ERR_UNSUPPORTED:
+ * its parts lie apart in the file). */
 LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      lwo_checkpoint* checkpoint,
                                                      const lwo_checkpoint_pool_config* config,

@@ -315,6 +315,10 @@ struct CkptTensor {
   uint64_t bytes = 0;
   uint64_t offset = 0;  // of the first byte, in its file
   uint32_t file = 0;    // index of the shard
+  // Since 0.4.0: an fp8 weight with its block scales (LWO_QUANT_FP8_E4M3_BLOCK128),
+  // and the index of the partner (the scales, or for scales their weight).
+  int32_t quant_format = LWO_QUANT_NONE;
+  uint32_t quant_partner = LWO_NO_LAYER;
   std::string lwo_dtype() const;  // "bf16", or "BF16?" when lwo has no such dtype
 };
 

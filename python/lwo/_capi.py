@@ -376,6 +376,8 @@ class lwo_checkpoint_tensor(_Struct):
         ("bytes", _u64),
         ("file_offset", _u64),
         ("file", _u32),
+        ("quant_format", _i32),  # since 0.4.0
+        ("quant_partner", _u32),  # since 0.4.0
     ]
 
 

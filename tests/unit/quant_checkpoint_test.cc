@@ -96,6 +96,31 @@ TEST_F(QuantCheckpoint, Fp8WeightAndScalesAreOneQuantizedTensor) {
   qd.cols = cols;
   lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
   ASSERT_LWO(lwo_quant_layout(&qd, &ql));
+  // The checkpoint's own tensor info pairs each weight with its scales.
+  uint32_t n_tensors = 0;
+  ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &n_tensors));
+  ASSERT_EQ(n_tensors, 3 * L);
+  uint32_t n_pairs = 0;
+  for (uint32_t i = 0; i < n_tensors; ++i) {
+    lwo_checkpoint_tensor ct = LWO_CHECKPOINT_TENSOR_INIT;
+    ASSERT_LWO(lwo_checkpoint_tensor_info(ck, i, &ct));
+    const std::string name = ct.name;
+    if (name.find("proj.weight_scale_inv") != std::string::npos) {
+      EXPECT_EQ(ct.quant_format, LWO_QUANT_NONE) << name;
+      ASSERT_NE(ct.quant_partner, LWO_NO_LAYER) << name;
+      lwo_checkpoint_tensor w = LWO_CHECKPOINT_TENSOR_INIT;
+      ASSERT_LWO(lwo_checkpoint_tensor_info(ck, ct.quant_partner, &w));
+      EXPECT_EQ(name, std::string(w.name) + "_scale_inv");
+      EXPECT_EQ(w.quant_partner, i);
+    } else if (name.find("proj.weight") != std::string::npos) {
+      EXPECT_EQ(ct.quant_format, LWO_QUANT_FP8_E4M3_BLOCK128) << name;
+      ++n_pairs;
+    } else {
+      EXPECT_EQ(ct.quant_format, LWO_QUANT_NONE) << name;
+      EXPECT_EQ(ct.quant_partner, LWO_NO_LAYER) << name;
+    }
+  }
+  EXPECT_EQ(n_pairs, L);
   for (uint32_t flags : {0u, static_cast<uint32_t>(LWO_CHECKPOINT_STAGED)}) {
     SCOPED_TRACE(flags ? "staged" : "registered");
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
@@ -177,6 +202,10 @@ TEST_F(QuantCheckpoint, AnFp8TensorWithoutScalesStaysBytes) {
   cfg.pattern = "layers.{i}.";
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_checkpoint_tensor ct = LWO_CHECKPOINT_TENSOR_INIT;
+  ASSERT_LWO(lwo_checkpoint_tensor_info(ck, 0, &ct));
+  EXPECT_EQ(ct.quant_format, LWO_QUANT_NONE);
+  EXPECT_EQ(ct.quant_partner, LWO_NO_LAYER);
   lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
   ASSERT_LWO(lwo_pool_tensor_info(pool, 0, 0, &ti));
   EXPECT_EQ(ti.dtype, LWO_DTYPE_F8_E4M3);
