@@ -326,6 +326,18 @@ TEST_F(QuantPool, GradientsOfQuantizedLayersAreRefused) {
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
+TEST_F(QuantPool, ShardedPoolsRefuseQuantizedTensors) {
+  QuantLayer L(LWO_QUANT_FP8_E4M3_CHANNEL, 64, 128);
+  int fake_comm = 0;
+  lwo_pool* pool = nullptr;
+  EXPECT_ERR(LWO_ERR_UNSUPPORTED, "lwo_pool_create_sharded", "sharded pools hold no quantized",
+             lwo_pool_create_sharded(engine, &L.layer, 1,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr,
+                                     &pool));
+  EXPECT_TRUE(contains(msg(), "tensor 'weight'")) << msg();
+  EXPECT_EQ(pool, nullptr);
+}
+
 using QuantLinearArgs = EngineTest;
 
 // Every case fails before any device work (the recording backend has none).
