@@ -12,6 +12,8 @@
 // same as the dense layers' (bf16 1e-2, f16 2e-3, f32 2e-5): the weights are
 // exact in the activation dtype once dequantized, so what remains is the
 // GEMM's f32 accumulation and the output rounding.
+#include <unistd.h>
+
 #include "gpu_util.h"
 #include "testkit/dtype.h"
 
@@ -259,6 +261,121 @@ TEST_F(QuantLinear, StreamedEqualsResidentBitForBit) {
       }
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       EXPECT_EQ(LWO_END, lwo_schedule_next(sched.get(), st, &v));
+    }
+  }
+}
+
+// An fp8 checkpoint as they ship: F8_E4M3 codes and an f32 "_scale_inv" of
+// 128 x 128 blocks (here made by lwo_quantize), mapped in place as one
+// quantized tensor: the slot computes y and dx equal, bit for bit, to the
+// same calls on a resident copy of the quantized tensor, and within the bf16
+// tolerance of the fp64 reference on its dequantized weights.
+TEST_F(QuantLinear, Fp8CheckpointSlotMatchesResidentAndReference) {
+  std::mt19937_64 rng(fresh_seed() + 3);
+  const int64_t T = 64, OUT = 384, IN = 320, L = 2;  // IN: a partial block
+  lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
+  qd.format = LWO_QUANT_FP8_E4M3_BLOCK128;
+  qd.dtype = LWO_DTYPE_F32;
+  qd.rows = OUT;
+  qd.cols = IN;
+  lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
+  CHECK_LWO(lwo_quant_layout(&qd, &ql));
+  std::vector<std::vector<uint8_t>> q(L, std::vector<uint8_t>(ql.total_bytes));
+  for (int64_t l = 0; l < L; ++l) {
+    const std::vector<float> w = make_weights(OUT, IN, l == 1, rng);
+    CHECK_LWO(lwo_quantize(&qd, w.data(), w.size() * 4, q[l].data(), q[l].size(), 0));
+  }
+  // The file: per layer the codes and the scales, as two tensors.
+  char dir_tmpl[] = "/tmp/lwo_gpu_fp8_XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(dir_tmpl));
+  const std::string path = std::string(dir_tmpl) + "/fp8.safetensors";
+  auto cleanup = defer([&] {
+    std::remove(path.c_str());
+    rmdir(dir_tmpl);
+  });
+  {
+    std::string h = "{";
+    std::string data;
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".proj.weight";
+      const size_t b0 = data.size();
+      data.append(reinterpret_cast<const char*>(q[l].data()), ql.data_bytes);
+      const size_t b1 = data.size();
+      data.append(reinterpret_cast<const char*>(q[l].data() + ql.scale_offset), ql.scale_bytes);
+      h += (l ? "," : "") + ("\"" + p + "\":{\"dtype\":\"F8_E4M3\",\"shape\":[" +
+                              std::to_string(OUT) + "," + std::to_string(IN) +
+                              "],\"data_offsets\":[" + std::to_string(b0) + "," +
+                              std::to_string(b1) + "]}");
+      h += ",\"" + p + "_scale_inv\":{\"dtype\":\"F32\",\"shape\":[" +
+           std::to_string(ql.scale_rows) + "," + std::to_string(ql.scale_cols) +
+           "],\"data_offsets\":[" + std::to_string(b1) + "," + std::to_string(data.size()) + "]}";
+    }
+    h += "}";
+    while (h.size() % 8) h += ' ';
+    const uint64_t n = h.size();
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(nullptr, f);
+    std::fwrite(&n, 8, 1, f);
+    std::fwrite(h.data(), 1, h.size(), f);
+    std::fwrite(data.data(), 1, data.size(), f);
+    std::fclose(f);
+  }
+  testkit::Checkpoint ck;
+  CHECK_LWO(lwo_checkpoint_open(path.c_str(), ck.out()));
+  HostMat x = random_mat(LWO_DTYPE_BF16, T * IN, 1.f, rng), dy = random_mat(LWO_DTYPE_BF16, T * OUT, 1.f, rng);
+  testkit::DeviceMem xd = upload(x.bytes), dyd = upload(dy.bytes);
+  lwo_linear_desc d = linear(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, OUT, IN);
+  d.flags = 0;
+  cudaStream_t st = stream(0);
+  for (uint32_t flags : {0u, static_cast<uint32_t>(LWO_CHECKPOINT_STAGED)}) {
+    SCOPED_TRACE(flags ? "staged" : "registered");
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "layers.{i}.";
+    cfg.flags = flags;
+    testkit::Pool pool;
+    CHECK_LWO(lwo_pool_create_from_checkpoint(engine_, ck.get(), &cfg, pool.out()));
+    Ring ring;
+    create_ring(pool.get(), 2, 0, &ring);
+    for (int64_t l = 0; l < L; ++l) {
+      // Resident: the quantized tensor as lwo_quantize wrote it (zero padding).
+      testkit::DeviceMem wq = upload(q[l]);
+      testkit::DeviceMem ry = poisoned(T * OUT * 2), rdx = poisoned(T * IN * 2);
+      CHECK_LWO(lwo_linear_forward(engine_, &d, T, xd.get(), wq.get(), nullptr, ry.get(), st));
+      CHECK_LWO(lwo_linear_backward(engine_, &d, T, nullptr, dyd.get(), wq.get(), rdx.get(),
+                                    nullptr, nullptr, LWO_DTYPE_F32, st));
+      lwo_ticket tk{0};
+      CHECK_LWO(lwo_ring_stage(ring.get(), static_cast<uint32_t>(l), &tk));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+      ASSERT_EQ(1u, v.n_tensors);
+      ASSERT_EQ(ql.total_bytes, v.tensor_bytes[0]);
+      testkit::DeviceMem y = poisoned(T * OUT * 2), dx = poisoned(T * IN * 2);
+      CHECK_LWO(lwo_linear_forward(engine_, &d, T, xd.get(), v.tensors[0], nullptr, y.get(), st));
+      CHECK_LWO(lwo_linear_backward(engine_, &d, T, nullptr, dyd.get(), v.tensors[0], dx.get(),
+                                    nullptr, nullptr, LWO_DTYPE_F32, st));
+      CHECK_LWO(lwo_ring_release(ring.get(), tk, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      const std::vector<uint8_t> got_y = fetch(y, T * OUT * 2), got_dx = fetch(dx, T * IN * 2);
+      EXPECT_TRUE(got_y == fetch(ry, T * OUT * 2)) << "y of layer " << l;
+      EXPECT_TRUE(got_dx == fetch(rdx, T * IN * 2)) << "dx of layer " << l;
+      // fp64 reference on the dequantized weights.
+      lwo_quant_desc bd = qd;
+      bd.dtype = LWO_DTYPE_BF16;
+      std::vector<uint8_t> wd(static_cast<size_t>(OUT * IN) * 2);
+      CHECK_LWO(lwo_dequantize_host(&bd, q[l].data(), q[l].size(), wd.data(), wd.size(), 0));
+      std::vector<double> ref_y(static_cast<size_t>(T * OUT)), ref_dx(static_cast<size_t>(T * IN), 0.0);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t o = 0; o < OUT; ++o) {
+          double acc = 0;
+          for (int64_t k = 0; k < IN; ++k)
+            acc += x.vals[t * IN + k] * testkit::load_f32(wd.data(), LWO_DTYPE_BF16, o * IN + k);
+          ref_y[t * OUT + o] = acc;
+          for (int64_t k = 0; k < IN; ++k)
+            ref_dx[t * IN + k] +=
+                dy.vals[t * OUT + o] * testkit::load_f32(wd.data(), LWO_DTYPE_BF16, o * IN + k);
+        }
+      EXPECT_LT(rel_err(got_y, LWO_DTYPE_BF16, ref_y), tol_for(LWO_DTYPE_BF16)) << "y";
+      EXPECT_LT(rel_err(got_dx, LWO_DTYPE_BF16, ref_dx), tol_for(LWO_DTYPE_BF16)) << "dx";
     }
   }
 }
