@@ -509,10 +509,12 @@ void Pool::write_quantized(uint32_t layer_id, const char* name, const void* src,
   if (ckpt_)
     fail(LWO_ERR_UNSUPPORTED, "the pool maps checkpoint '%s' read-only; it cannot be written",
          ckpt_->path().c_str());
-  if (kind_ != LWO_POOL_PINNED)
+  if (kind_ == LWO_POOL_REGISTERED)
     fail(LWO_ERR_UNSUPPORTED,
          "the pool is registered caller memory; quantize into the caller's memory with "
          "lwo_quantize");
+  if (kind_ != LWO_POOL_PINNED)
+    fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: it holds no quantized tensors");
   const Layer& l = layers_[layer_id];
   const TensorLayout& t = l.layout.tensors[ti];
   if (t.quant == LWO_QUANT_NONE)
