@@ -5,6 +5,7 @@
 
 #include "src/common/error.h"
 #include "src/common/ext.h"
+#include "src/quant/quant.h"
 
 namespace lwo {
 
@@ -22,6 +23,39 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
 constexpr size_t kMaxName = 255;
 }  // namespace
 
+lwo_quant_format_t tensor_quant_format(const void* next, const std::string& where) {
+  lwo_quant_format_t format = LWO_QUANT_NONE;
+  walk_extensions(next, where, {LWO_EXT_TENSOR_QUANT}, [&](const lwo_ext& e) {
+    const auto& q = reinterpret_cast<const lwo_tensor_quant_ext&>(e);
+    if (q.reserved != 0)
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "%s: lwo_tensor_quant_ext has reserved %u (must be 0)", where.c_str(), q.reserved);
+    if (q.format == LWO_QUANT_NONE || !quant::format_name(q.format))
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "%s: lwo_tensor_quant_ext has format %d, which is not a quantized format",
+           where.c_str(), static_cast<int>(q.format));
+    format = q.format;
+  });
+  return format;
+}
+
+uint64_t quant_tensor_bytes(lwo_quant_format_t format, lwo_dtype_t dtype, int32_t n_dims,
+                            const int64_t* shape, const std::string& where,
+                            const std::string& name) {
+  if (n_dims != 2)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "%s: tensor '%s' is quantized (%s) but has %d dimensions (a quantized tensor is 2-D "
+         "[rows, cols])",
+         where.c_str(), name.c_str(), quant::format_name(format), n_dims);
+  try {
+    return quant::layout_of(format, dtype, shape[0], shape[1]).total_bytes;
+  } catch (const Error& e) {
+    fail(e.status(), "%s: tensor '%s' [%lld, %lld] quantized as %s: %s", where.c_str(),
+         name.c_str(), static_cast<long long>(shape[0]), static_cast<long long>(shape[1]),
+         quant::format_name(format), e.what());
+  }
+}
+
 RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
                          bool want_host_data) {
   RecordLayout out;
@@ -37,7 +71,7 @@ RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
   uint64_t off = 0;
   for (uint32_t i = 0; i < layer.n_tensors; ++i) {
     const lwo_tensor_desc& t = layer.tensors[i];
-    check_no_extensions(t.next, where + strf(": tensor %u", i));
+    const lwo_quant_format_t qf = tensor_quant_format(t.next, where + strf(": tensor %u", i));
     if (!t.name || !t.name[0])
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor %u has no name", where.c_str(), i);
     size_t nlen = strnlen(t.name, kMaxName + 1);
@@ -67,6 +101,7 @@ RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
     if (bytes > (UINT64_C(1) << 56))
       fail(LWO_ERR_OUT_OF_RANGE, "%s: tensor '%s' has %llu bytes, more than 2^56",
            where.c_str(), name.c_str(), static_cast<unsigned long long>(bytes));
+    if (qf != LWO_QUANT_NONE) bytes = quant_tensor_bytes(qf, t.dtype, t.n_dims, t.shape, where, name);
     if (want_host_data && !t.host_data && bytes > 0)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has no host_data", where.c_str(),
            name.c_str());
@@ -82,6 +117,7 @@ RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
     tl.offset = off;
     tl.bytes = bytes;
     tl.host_data = t.host_data;
+    tl.quant = qf;
     off = align_up(off + bytes, LWO_RECORD_ALIGN);
     if (off > (UINT64_C(1) << 58))
       fail(LWO_ERR_OUT_OF_RANGE, "%s: record size overflows", where.c_str());

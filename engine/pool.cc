@@ -5,8 +5,17 @@
 
 #include "src/common/error.h"
 #include "src/common/ext.h"
+#include "src/quant/quant.h"
 
 namespace lwo {
+
+namespace {
+// The scales' shape of an fp8 checkpoint weight: src/quant's block rule.
+std::pair<int64_t, int64_t> fp8_block_scale_shape(int64_t rows, int64_t cols) {
+  const quant::Layout q = quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, rows, cols);
+  return {q.scale_rows, q.scale_cols};
+}
+}  // namespace
 
 void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool want_host_data) {
   if (n_layers == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_layers is 0");
@@ -59,6 +68,14 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
   if (!comm) fail(LWO_ERR_INVALID_ARGUMENT, "comm is NULL");
   std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_SHARDED));
   pool->build_layouts(layers, n_layers, false);
+  for (uint32_t li = 0; li < n_layers; ++li) {
+    const int qi = pool->first_quantized(li);
+    if (qi >= 0)
+      fail(LWO_ERR_UNSUPPORTED,
+           "layer %u tensor '%s' is quantized (%s): sharded pools hold no quantized tensors", li,
+           pool->layers_[li].layout.tensors[qi].name.c_str(),
+           quant::format_name(pool->layers_[li].layout.tensors[qi].quant));
+  }
   DeviceScope scope(engine);
   Backend& gpu = engine.gpu();
   int n = 1, r = 0;
@@ -213,6 +230,22 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     Layer& L = pool->layers_[l];
     uint64_t sum = 0, lo = UINT64_MAX, hi = 0;
     bool one_file = true;
+    // Quantized fp8 weights (since 0.4.0): an F8_E4M3 [rows, cols] tensor
+    // with its f32 scales beside it in the layer, named "<weight>_scale_inv"
+    // ([ceil(rows/128), ceil(cols/128)], code x scale = the weight, as fp8
+    // checkpoints ship them), becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor
+    // of the record (logical dtype bf16): the codes and the scales, two copy
+    // runs from the file. scale_of[k]: the scale entry of weight k;
+    // is_scale[k]: entry k is a weight's scale (no tensor of its own).
+    std::vector<size_t> scale_of(layers[l].size(), SIZE_MAX);
+    std::vector<bool> is_scale(layers[l].size(), false);
+    const std::vector<st::ScalePair> pairs =
+        st::find_scale_pairs(entries, layers[l], fp8_block_scale_shape, ckpt->path());
+    for (const st::ScalePair& p : pairs) {
+      scale_of[p.weight] = p.scale;
+      is_scale[p.scale] = true;
+    }
+    const bool any_quant = !pairs.empty();
     for (size_t k : layers[l]) {
       const st::Entry& e = entries[k];
       if (lwo::dtype_size(e.dtype) == 0)
@@ -228,9 +261,12 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     }
     // Tensors that lie together in one file keep the file's layout, so the
     // layer moves in one copy; others are packed at 256-byte boundaries.
-    bool file_layout = one_file && !layers[l].empty() && (hi - lo) <= sum + sum / 4 + 4096;
+    bool file_layout = one_file && !layers[l].empty() && (hi - lo) <= sum + sum / 4 + 4096 &&
+                       !any_quant;  // quantized tensors: the record's layout, packed
     uint64_t off = 0;
-    for (size_t k : layers[l]) {
+    for (size_t j = 0; j < layers[l].size(); ++j) {
+      const size_t k = layers[l][j];
+      if (is_scale[j]) continue;  // inside its weight's quantized tensor
       const st::Entry& e = entries[k];
       TensorLayout t;
       t.name = e.name;
@@ -246,6 +282,21 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
       for (size_t d = 0; d < e.shape.size(); ++d) t.shape[d] = e.shape[d];
       t.bytes = e.end - e.begin;
       t.host_data = ckpt->bytes(e);
+      if (scale_of[j] != SIZE_MAX) {
+        const st::Entry& sc = entries[layers[l][scale_of[j]]];
+        const quant::Layout ql =
+            quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, e.shape[0], e.shape[1]);
+        t.quant = LWO_QUANT_FP8_E4M3_BLOCK128;
+        t.dtype = LWO_DTYPE_BF16;  // the logical dtype
+        t.bytes = ql.total_bytes;
+        t.offset = off;
+        L.runs.push_back({t.offset, static_cast<const uint8_t*>(t.host_data), ql.data_bytes});
+        L.runs.push_back({t.offset + ql.scale_offset,
+                          static_cast<const uint8_t*>(ckpt->bytes(sc)), ql.scale_bytes});
+        off = align_up(off + t.bytes, LWO_RECORD_ALIGN);
+        L.layout.tensors.push_back(std::move(t));
+        continue;
+      }
       if (file_layout) {
         t.offset = e.begin - lo;
       } else {
@@ -366,6 +417,11 @@ void Pool::tensor_host(uint32_t layer_id, uint32_t ti, void** data, uint64_t* by
   need_whole(*this, layer_id);
   const TensorLayout& t = l.layout.tensors[ti];
   const bool owned = kind_ == LWO_POOL_PINNED || kind_ == LWO_POOL_SHARDED;
+  if (ckpt_ && t.quant != LWO_QUANT_NONE)
+    fail(LWO_ERR_UNSUPPORTED,
+         "layer %u tensor '%s' is an fp8 weight and its scales, which lie apart in '%s' (two "
+         "copy runs): it has no one host range",
+         layer_id, t.name.c_str(), ckpt_->path().c_str());
   *data = owned ? l.host + t.offset : const_cast<void*>(t.host_data);
   if (bytes) *bytes = t.bytes;
 }
@@ -386,6 +442,12 @@ void Pool::shard_host(uint32_t layer_id, void** data, uint64_t* record_offset,
 void Pool::shard_tensor(uint32_t layer_id, uint32_t ti, void** data, uint64_t* first,
                         uint64_t* n) const {
   const Layer& l = layers_[layer_id];
+  if (l.layout.tensors[ti].quant != LWO_QUANT_NONE)
+    fail(LWO_ERR_UNSUPPORTED,
+         "layer %u tensor '%s' is quantized (%s): its bytes are not elements (use "
+         "lwo_pool_tensor_host)",
+         layer_id, l.layout.tensors[ti].name.c_str(),
+         quant::format_name(l.layout.tensors[ti].quant));
   const TensorPart p = tensor_part(layer_id, ti, rank_);
   if (first) *first = p.first;
   if (n) *n = p.n;
@@ -427,6 +489,53 @@ void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const voi
   const uint64_t rb = t.offset + offset, re = rb + bytes;
   const uint64_t b = std::max(lo, rb), e = std::min(hi, re);
   if (b < e) std::memcpy(l.host + (b - lo), static_cast<const uint8_t*>(src) + (b - rb), e - b);
+  changed(layer_id);
+}
+
+int Pool::first_quantized(uint32_t layer_id) const {
+  const Layer& l = layer(layer_id);
+  for (size_t i = 0; i < l.layout.tensors.size(); ++i)
+    if (l.layout.tensors[i].quant != LWO_QUANT_NONE) return static_cast<int>(i);
+  return -1;
+}
+
+void Pool::write_quantized(uint32_t layer_id, const char* name, const void* src,
+                           lwo_dtype_t src_dtype, uint64_t src_bytes, uint32_t n_threads) {
+  if (!src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
+  if (src_dtype != LWO_DTYPE_F32 && src_dtype != LWO_DTYPE_BF16 && src_dtype != LWO_DTYPE_F16)
+    fail(LWO_ERR_INVALID_ARGUMENT, "src_dtype %s (%d) is not f32, bf16 or f16",
+         dtype_name(src_dtype), static_cast<int>(src_dtype));
+  const uint32_t ti = tensor_index(layer_id, name);
+  if (ckpt_)
+    fail(LWO_ERR_UNSUPPORTED, "the pool maps checkpoint '%s' read-only; it cannot be written",
+         ckpt_->path().c_str());
+  if (kind_ == LWO_POOL_REGISTERED)
+    fail(LWO_ERR_UNSUPPORTED,
+         "the pool is registered caller memory; quantize into the caller's memory with "
+         "lwo_quantize");
+  if (kind_ != LWO_POOL_PINNED)
+    fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: it holds no quantized tensors");
+  const Layer& l = layers_[layer_id];
+  const TensorLayout& t = l.layout.tensors[ti];
+  if (t.quant == LWO_QUANT_NONE)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "layer %u tensor '%s' is not quantized (no LWO_EXT_TENSOR_QUANT in its description): "
+         "use lwo_pool_write",
+         layer_id, t.name.c_str());
+  const quant::Layout ql = quant::layout_of(t.quant, t.dtype, t.shape[0], t.shape[1]);
+  const uint64_t want = static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(t.shape[1]) *
+                        dtype_size(src_dtype);
+  if (src_bytes != want)
+    fail(LWO_ERR_SIZE_MISMATCH,
+         "layer %u tensor '%s' is %lld x %lld: its %s source holds %llu bytes, given %llu",
+         layer_id, t.name.c_str(), static_cast<long long>(t.shape[0]),
+         static_cast<long long>(t.shape[1]), dtype_name(src_dtype),
+         static_cast<unsigned long long>(want), static_cast<unsigned long long>(src_bytes));
+  try {
+    quant::quantize(ql, src, src_dtype, l.host + t.offset, n_threads);
+  } catch (const Error& e) {
+    fail(e.status(), "layer %u tensor '%s': %s", layer_id, t.name.c_str(), e.what());
+  }
   changed(layer_id);
 }
 

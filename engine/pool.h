@@ -81,6 +81,12 @@ class Pool {
   // `whole`: lwo_pool_write, whose bytes must be the tensor's size.
   void write(uint32_t layer, const char* name, uint64_t offset, const void* src, uint64_t bytes,
              bool whole);
+  // lwo_pool_write_quantized: quantizes src (rows x cols of src_dtype,
+  // exactly src_bytes) into quantized tensor `name` of `layer`.
+  void write_quantized(uint32_t layer, const char* name, const void* src, lwo_dtype_t src_dtype,
+                       uint64_t src_bytes, uint32_t n_threads);
+  // The first quantized tensor of `layer` (index), or -1.
+  int first_quantized(uint32_t layer) const;
 
   // Host bytes of a layer changed: rings must copy it again rather than reuse
   // a slot that holds the old bytes. write() calls it itself.

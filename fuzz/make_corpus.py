@@ -66,6 +66,18 @@ SEEDS = {
                        (6, "F64", 8, 58), (7, "F8_E8M0", 1, 74), (8, "C64", 8, 76)]))
         + '}', bytes(92)),
     "gaps": st('{"h.0.w":' + t("F32", [1], 0, 4) + ',"h.7.w":' + t("F32", [1], 4, 8) + '}', bytes(8)),
+    # Quantized fp8 weights with their block scales beside them (since 0.4.0;
+    # zero data, so the last byte picks the pattern "blocks.{i}.").
+    "fp8_block_scales": st('{"blocks.0.w":' + t("F8_E4M3", [130, 4], 0, 520) +
+                           ',"blocks.0.w_scale_inv":' + t("F32", [2, 1], 520, 528) +
+                           ',"blocks.1.w_scale_inv":' + t("F32", [1, 1], 528, 532) +
+                           ',"blocks.1.w":' + t("F8_E4M3", [2, 2], 532, 536) + '}', bytes(536)),
+    "fp8_bad_scale_shape": st('{"blocks.0.w":' + t("F8_E4M3", [2, 2], 0, 4) +
+                              ',"blocks.0.w_scale_inv":' + t("F32", [2, 1], 4, 12) + '}', bytes(12)),
+    "fp8_bad_scale_dtype": st('{"blocks.0.w":' + t("F8_E4M3", [2, 2], 0, 4) +
+                              ',"blocks.0.w_scale_inv":' + t("BF16", [1, 1], 4, 6) + '}', bytes(6)),
+    "fp8_scales_of_3d": st('{"blocks.0.w":' + t("F8_E4M3", [2, 2, 2], 0, 8) +
+                           ',"blocks.0.w_scale_inv":' + t("F32", [1, 1], 8, 12) + '}', bytes(12)),
 }
 
 

@@ -18,6 +18,7 @@
 #include "src/common/error.h"
 #include "src/common/dtype.h"
 #include "src/checkpoint/safetensors.h"
+#include "src/quant/quant.h"
 
 namespace {
 
@@ -81,6 +82,42 @@ void check_map(const lwo::st::LayerMap& m, size_t n_entries) {
   for (int s : seen) FUZZ_CHECK(s == 1);
 }
 
+// The scales' shape of an fp8 weight, by src/quant's block rule (what the
+// checkpoint pool passes).
+std::pair<int64_t, int64_t> block_scales(int64_t rows, int64_t cols) {
+  const lwo::quant::Layout q =
+      lwo::quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_BF16, rows, cols);
+  return {q.scale_rows, q.scale_cols};
+}
+
+// Quantized fp8 weights in one layer (since 0.4.0): every pair is an F8_E4M3
+// 2-D weight and its F32 "<weight>_scale_inv" of the block rule's shape, no
+// entry in two pairs; a failure is one of the documented statuses.
+void check_scale_pairs(const std::vector<lwo::st::Entry>& es, const std::vector<size_t>& layer) {
+  try {
+    const std::vector<lwo::st::ScalePair> pairs =
+        lwo::st::find_scale_pairs(es, layer, block_scales, kName);
+    std::vector<int> used(layer.size(), 0);
+    for (const lwo::st::ScalePair& p : pairs) {
+      FUZZ_CHECK(p.weight < layer.size() && p.scale < layer.size() && p.weight != p.scale);
+      ++used[p.weight];
+      ++used[p.scale];
+      const lwo::st::Entry& w = es[layer[p.weight]];
+      const lwo::st::Entry& s = es[layer[p.scale]];
+      FUZZ_CHECK(w.dtype == LWO_DTYPE_F8_E4M3 && s.dtype == LWO_DTYPE_F32);
+      FUZZ_CHECK(s.name == w.name + lwo::st::kScaleSuffix);
+      FUZZ_CHECK(w.shape.size() == 2 && s.shape.size() == 2);
+      const lwo::quant::Layout q = lwo::quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128,
+                                                         LWO_DTYPE_BF16, w.shape[0], w.shape[1]);
+      FUZZ_CHECK(s.shape[0] == q.scale_rows && s.shape[1] == q.scale_cols);
+      FUZZ_CHECK(w.end - w.begin == q.data_bytes && s.end - s.begin == q.scale_bytes);
+    }
+    for (int u : used) FUZZ_CHECK(u <= 1);
+  } catch (const lwo::Error& e) {
+    expect_status(e, {LWO_ERR_SHAPE_MISMATCH, LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_DTYPE}, kName);
+  }
+}
+
 void map_layers(const std::vector<lwo::st::Entry>& es, const uint8_t* data, size_t size) {
   const char* const where = "fuzz layers";
   // By pattern: the pattern comes from the last input byte, so the fuzzer can
@@ -92,6 +129,7 @@ void map_layers(const std::vector<lwo::st::Entry>& es, const uint8_t* data, size
     lwo::st::LayerMap m = lwo::st::map_by_pattern(es, pattern, where);
     check_map(m, es.size());
     FUZZ_CHECK(!m.layers.empty());
+    for (const auto& layer : m.layers) check_scale_pairs(es, layer);
     for (const auto& layer : m.layers) {
       FUZZ_CHECK(!layer.empty());
       for (size_t k = 1; k < layer.size(); ++k)

@@ -44,8 +44,13 @@
  *    `lwo_host_region`) carry a `next` pointer: NULL, or a chain of
  *    extension structs, each starting with an `lwo_ext` header. Future
  *    options (per-tensor quantization scales, ...) arrive this way, never by
- *    growing the array element. This version defines no extension: a
- *    non-NULL `next` is LWO_ERR_UNSUPPORTED, naming the type it found.
+ *    growing the array element. The chain is walked link by link; a type
+ *    this version does not know, or a known type on a descriptor it does
+ *    not belong to, is LWO_ERR_UNSUPPORTED naming the type it found; a type
+ *    twice in one chain, a nonzero `reserved` or a chain of more than 64
+ *    links is LWO_ERR_INVALID_ARGUMENT. Since 0.4.0 one type is defined:
+ *    LWO_EXT_TENSOR_QUANT on `lwo_tensor_desc.next` (see "Quantized
+ *    records").
  *  - Streams: every `lwo_stream_t` passed to a call must be a stream of the
  *    engine's device (or NULL, the legacy default stream, which the call uses
  *    on the engine's device). lwo does not check this on every call: a
@@ -152,6 +157,11 @@ typedef enum lwo_status_t {
    * extension struct this version does not know, a write to a read-only
    * checkpoint pool, ...). */
   LWO_ERR_UNSUPPORTED = 107,
+  /* A gradient was asked of a quantized weight (lwo_linear_backward with a
+   * dweight or dbias for a quantized weight, lwo_grads_create with a
+   * trainable layer that holds a quantized tensor): quantized weights are
+   * frozen. Since 0.4.0. */
+  LWO_ERR_QUANTIZED_WEIGHT = 108,
 
   /* -- state (2xx) -- */
   /* Every slot of the ring is staged or held: release a ticket first. */
@@ -287,7 +297,8 @@ LWO_API const char* lwo_dtype_name(lwo_dtype_t dtype);
 #define LWO_RECORD_ALIGN 256
 
 /* The header every extension struct of a `next` chain starts with. Since
- * 0.2.0; this version defines no extension types (see Conventions). */
+ * 0.2.0; the types are defined beside their structs (LWO_EXT_TENSOR_QUANT,
+ * since 0.4.0; see Conventions). */
 typedef struct lwo_ext {
   int32_t type;      /* which extension this is */
   uint32_t reserved; /* 0 */
@@ -486,10 +497,13 @@ typedef struct lwo_tensor_info {
   int32_t n_dims;
   int64_t shape[LWO_MAX_DIMS];
   uint64_t offset;   /* byte offset within the record */
-  uint64_t bytes;
+  uint64_t bytes;    /* bytes in the record (quantized: the quantized size) */
+  int32_t quant_format;  /* an lwo_quant_format_t: LWO_QUANT_NONE, or the format
+                            the tensor is stored in (its dtype is then the
+                            logical dtype; since 0.4.0) */
 } lwo_tensor_info;
 
-#define LWO_TENSOR_INFO_INIT {sizeof(lwo_tensor_info), NULL, LWO_DTYPE_F32, 0, {0}, 0u, 0u}
+#define LWO_TENSOR_INFO_INIT {sizeof(lwo_tensor_info), NULL, LWO_DTYPE_F32, 0, {0}, 0u, 0u, 0}
 
 LWO_API lwo_status_t lwo_pool_layer_tensor_count(const lwo_pool* pool, uint32_t layer,
                                                  uint32_t* n_tensors);
@@ -770,9 +784,19 @@ typedef struct lwo_linear_desc {
   uint32_t flags;        /* LWO_LINEAR_BIAS | LWO_LINEAR_TF32 | LWO_LINEAR_ACCUMULATE */
   int64_t in_features;   /* >= 1 */
   int64_t out_features;  /* >= 1 */
+  /* Since 0.4.0: an lwo_quant_format_t. LWO_QUANT_NONE (0, the default): W
+   * is dense in `dtype`. Else W is a quantized tensor of that format,
+   * [out_features x in_features] (rows x cols, as lwo_quant_layout lays it
+   * out, for example a quantized record tensor in a ring slot): the call
+   * dequantizes it on `stream` into the stream's weight workspace in `dtype`
+   * (engine-owned, grown on first use of a larger weight: the call then waits
+   * for its stream once) and runs the same GEMM; bias, x, y, dy and dx stay
+   * in `dtype`. Frozen only: lwo_linear_backward refuses dweight and dbias
+   * (LWO_ERR_QUANTIZED_WEIGHT). */
+  int32_t weight_format;
 } lwo_linear_desc;
 
-#define LWO_LINEAR_DESC_INIT {sizeof(lwo_linear_desc), LWO_DTYPE_BF16, 0u, 0, 0}
+#define LWO_LINEAR_DESC_INIT {sizeof(lwo_linear_desc), LWO_DTYPE_BF16, 0u, 0, 0, 0}
 LWO_API void lwo_linear_desc_init(lwo_linear_desc* desc);
 
 /* Enqueues y = x W^T (+ b) on `stream` (tokens >= 1; any sizes below 2^31,
@@ -792,7 +816,9 @@ LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_des
  * (LWO_DTYPE_F32, or the layer's dtype): the products accumulate in f32
  * over the tokens and are rounded once to grad_dtype. With
  * LWO_LINEAR_ACCUMULATE they are added to what dweight and dbias hold. Pass
- * NULL dweight and dbias for a frozen layer. x is the forward input. */
+ * NULL dweight and dbias for a frozen layer. x is the forward input (may be
+ * NULL when dweight is). With a quantized weight (desc->weight_format, since
+ * 0.4.0) dx only: a dweight or dbias is LWO_ERR_QUANTIZED_WEIGHT. */
 LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
                                          int64_t tokens, const void* x, const void* dy,
                                          const void* weight, void* dx, void* dweight,
@@ -842,6 +868,9 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * every layer), and `depth` device staging slots, each the size of the
  * largest trainable layer's gradients on the wire. Trainable tensors must be
  * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists.
+ * Since 0.4.0: a trainable layer (trainable NULL: every layer) that holds a
+ * quantized tensor (LWO_EXT_TENSOR_QUANT, or an fp8 checkpoint weight) is
+ * LWO_ERR_QUANTIZED_WEIGHT, naming the layer and the tensor.
  *
  * Gradients of a sharded pool (lwo_pool_create_sharded) are summed over the
  * ranks: lwo_grads_end reduces the layer's f32 gradients across the
@@ -993,7 +1022,9 @@ LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t
 /* Enqueues y = conv2d(x, W) (+ b) on `stream` for a batch of n images of
  * h x w. The cuDNN algorithm is chosen once per shape (deterministic ones
  * only, workspace at most 1 GiB: LWO_ERR_UNSUPPORTED if cuDNN has none) and
- * cached in the engine; workspace comes from the engine, per stream. */
+ * cached in the engine; workspace comes from the engine, per stream. W is
+ * dense in `dtype`: convolutions take no quantized weights (since 0.4.0:
+ * dequantize one with lwo_dequantize into a buffer first). */
 LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                         int32_t n, int32_t h, int32_t w, const void* x,
                                         const void* weight, const void* bias, void* y,
@@ -1075,10 +1106,19 @@ typedef struct lwo_checkpoint_tensor {
   uint64_t file_offset;     /* of the first byte, in its file */
   uint32_t file;            /* index of the file (shard) that holds it: see
                                lwo_checkpoint_file_info */
+  /* Since 0.4.0: an lwo_quant_format_t. LWO_QUANT_FP8_E4M3_BLOCK128 for an
+   * F8_E4M3 [rows, cols] weight whose f32 scales "<name>_scale_inv" of
+   * [ceil(rows/128), ceil(cols/128)] are in the checkpoint (a checkpoint pool
+   * maps the two as one quantized tensor when they fall in the same layer);
+   * else LWO_QUANT_NONE. */
+  int32_t quant_format;
+  /* Since 0.4.0: with quant_format, the index of the scales' tensor; for the
+   * scales themselves, the index of their weight; else LWO_NO_LAYER. */
+  uint32_t quant_partner;
 } lwo_checkpoint_tensor;
 
 #define LWO_CHECKPOINT_TENSOR_INIT \
-  {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u}
+  {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u, 0, 0xffffffffu}
 
 LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
                                                  uint32_t* n_tensors);
@@ -1133,7 +1173,16 @@ LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config)
  * copy through pinned staging buffers instead (LWO_POOL_CHECKPOINT_STAGED). lwo_ring_stage fails with LWO_ERR_FILE_CHANGED once a file has
  * changed size. LWO_ERR_BAD_DTYPE for a tensor whose dtype lwo cannot stream;
  * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. The pool's
- * kind (lwo_pool_get_info) says which path it took. */
+ * kind (lwo_pool_get_info) says which path it took.
+ * Since 0.4.0: an F8_E4M3 [rows, cols] tensor with its f32 scales
+ * "<name>_scale_inv" ([ceil(rows/128), ceil(cols/128)], as fp8 checkpoints
+ * ship them) in the same layer becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor
+ * of the record named after the weight (logical dtype bf16; the scales are no
+ * tensor of their own), moved in two copy runs from the file, and such a
+ * layer is packed; scales of another dtype are LWO_ERR_BAD_DTYPE, of another
+ * shape (or a weight that is not 2-D) LWO_ERR_SHAPE_MISMATCH, naming both
+ * tensors. lwo_pool_tensor_host refuses such a tensor (LWO_ERR_UNSUPPORTED:
+ * its parts lie apart in the file). */
 LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      lwo_checkpoint* checkpoint,
                                                      const lwo_checkpoint_pool_config* config,
@@ -1345,6 +1394,50 @@ LWO_API lwo_status_t lwo_dequantize_host(const lwo_quant_desc* desc, const void*
  * Threads: as layer compute (any thread). Since 0.3.0. */
 LWO_API lwo_status_t lwo_dequantize(lwo_engine* engine, const lwo_quant_desc* desc,
                                     const void* src, void* dst, lwo_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Quantized records (since 0.4.0; see docs/API.md)                          */
+/* ------------------------------------------------------------------------ */
+
+/* The extension type of lwo_tensor_quant_ext. Since 0.4.0. */
+#define LWO_EXT_TENSOR_QUANT 1
+
+/* On a tensor's `next` chain (lwo_tensor_desc): the tensor is stored
+ * quantized in `format`. The tensor's dtype is its logical dtype (f32, bf16
+ * or f16: what lwo_pool_write_quantized reads and a quantized linear
+ * computes in) and its shape is 2-D [rows, cols] (rows: output channels),
+ * both >= 1 (and cols a multiple of 128 for LWO_QUANT_INT4_GROUP128). Its
+ * bytes in the record are lwo_quant_layout's total_bytes for that format,
+ * dtype and shape: the codes, then the scales, so the layer still moves in
+ * one copy. lwo_record_layout, pinned and registered pools honour it
+ * (LWO_ERR_INVALID_ARGUMENT, naming the tensor, for a bad format, dtype or
+ * shape; sharded pools refuse it with LWO_ERR_UNSUPPORTED); the pool's
+ * tensor info reports the format (lwo_tensor_info.quant_format) and the
+ * quantized bytes, lwo_pool_write takes the quantized bytes (as lwo_quantize
+ * writes them) and lwo_pool_write_quantized quantizes into the tensor.
+ * Ring views (lwo_layer_view) give the tensor's logical dtype and its
+ * quantized bytes. Since 0.4.0. */
+typedef struct lwo_tensor_quant_ext {
+  lwo_ext header;             /* type LWO_EXT_TENSOR_QUANT */
+  lwo_quant_format_t format;  /* not LWO_QUANT_NONE */
+  uint32_t reserved;          /* 0 */
+} lwo_tensor_quant_ext;
+
+/* Quantizes `src` into quantized tensor `name` of `layer` (multithreaded on
+ * the host): src holds rows x cols elements of `src_dtype` (f32, bf16 or
+ * f16; src_bytes must be exactly their size, else LWO_ERR_SIZE_MISMATCH),
+ * quantized as lwo_quantize would into the tensor's bytes (equal to them bit
+ * for bit). n_threads: 0 = one per core, at most 64 used. Pinned pools only,
+ * as lwo_pool_write (LWO_ERR_UNSUPPORTED for the others). Checks, in order:
+ * the handle, NULL src, src_dtype (LWO_ERR_INVALID_ARGUMENT), the layer
+ * (LWO_ERR_OUT_OF_RANGE), the name (LWO_ERR_NOT_FOUND), the pool kind, a
+ * tensor that is not quantized (LWO_ERR_INVALID_ARGUMENT), the size, then a
+ * NaN or infinity in src (LWO_ERR_INVALID_ARGUMENT naming its row and
+ * column; the tensor is left as it was). Marks the layer changed. Threads:
+ * as the pool's. Since 0.4.0. */
+LWO_API lwo_status_t lwo_pool_write_quantized(lwo_pool* pool, uint32_t layer, const char* name,
+                                              const void* src, lwo_dtype_t src_dtype,
+                                              uint64_t src_bytes, uint32_t n_threads);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -4,8 +4,8 @@
     python3 scripts/plot_bench.py INDIR OUTDIR   # PNG plots (needs matplotlib)
     python3 scripts/plot_bench.py --table INDIR  # text tables (json only)
 
-INDIR holds bench_copy.json, bench_ring.json, bench_workloads.json and
-bench_host.json (Google Benchmark JSON, --benchmark_out_format=json); missing
+INDIR holds bench_copy.json, bench_ring.json, bench_workloads.json,
+bench_host.json and bench_quant.json (Google Benchmark JSON, --benchmark_out_format=json); missing
 files are skipped with a note. Plots written to OUTDIR:
 
     ring_bandwidth.png   ring streaming GB/s against ring depth, one line per
@@ -27,6 +27,7 @@ FILES = {
     "ring": "bench_ring.json",
     "workloads": "bench_workloads.json",
     "host": "bench_host.json",
+    "quant": "bench_quant.json",
 }
 RATIO_TARGET = 1.03
 HOST_TARGET_US = 5.0
@@ -214,11 +215,47 @@ def table_host(doc):
     print()
 
 
+QUANT_FORMATS = ("fp8", "fp8_block", "int8", "int4")
+
+
+def table_quant(doc):
+    """bench_quant: each format's speed-up over bf16 (T=1024), and the
+    dequantization's share of a compute-bound step (T=16384)."""
+    rows = runs(doc)
+    if not rows:
+        return
+    print("quantized weights: speed-up over bf16 in the same run (targets: fp8, int8 >= 1.9x;"
+          " int4 >= 3.5x), and dequantization's share of the step (target <= 3%)")
+    width = max(len(label(b)) for b in rows)
+    print(f"{'benchmark':<{width}} {'bf16 ms':>8} " + " ".join(f"{f:>16}" for f in QUANT_FORMATS))
+    for b in rows:
+        if failed(b):
+            print(f"{label(b):<{width}} ERROR: {message(b)}")
+            continue
+        cells = []
+        if "dequant_share" in label(b):
+            for f in QUANT_FORMATS:
+                v = b.get(f + "_share")
+                ok = b.get(f + "_share_met", 0) and b.get(f + "_matches_resident", 0)
+                cells.append(f"{100 * v:14.2f}%" + (" " if ok else "!") if v is not None
+                             else f"{'-':>16}")
+            print(f"{label(b):<{width}} {'':>8} " + " ".join(cells))
+        else:
+            for f in QUANT_FORMATS:
+                v = b.get(f + "_speedup")
+                ok = b.get(f + "_met", 0)
+                cells.append(f"{v:8.2f}x {b.get(f + '_ms', 0):5.1f}ms" + (" " if ok else "!")
+                             if v is not None else f"{'-':>16}")
+            print(f"{label(b):<{width}} {b.get('bf16_ms', 0):8.2f} " + " ".join(cells))
+    print()
+
+
 def tables(indir):
     table_copy(load(indir, "copy"))
     table_ring(load(indir, "ring"))
     table_workloads(load(indir, "workloads"))
     table_host(load(indir, "host"))
+    table_quant(load(indir, "quant"))
 
 
 # --- plots --------------------------------------------------------------------

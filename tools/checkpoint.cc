@@ -79,6 +79,8 @@ std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
     t.bytes = info.bytes;
     t.offset = info.file_offset;
     t.file = info.file;
+    t.quant_format = info.quant_format;
+    t.quant_partner = info.quant_partner;
   }
   return out;
 }

@@ -319,6 +319,40 @@ Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed) {
   });
 }
 
+namespace {
+struct QuantSpelling {
+  const char* name;
+  lwo_quant_format_t format;
+};
+constexpr QuantSpelling kQuantSpellings[] = {{"fp8", LWO_QUANT_FP8_E4M3_CHANNEL},
+                                             {"fp8-block", LWO_QUANT_FP8_E4M3_BLOCK128},
+                                             {"int8", LWO_QUANT_INT8_CHANNEL},
+                                             {"int4", LWO_QUANT_INT4_GROUP128}};
+}  // namespace
+
+const char* quant_flag_name(lwo_quant_format_t format) {
+  for (const QuantSpelling& q : kQuantSpellings)
+    if (q.format == format) return q.name;
+  return "none";
+}
+
+Flag quant_flag(lwo_quant_format_t& format) {
+  return value_flag(
+      "--quant", "F",
+      "weights quantized on load: fp8 (e4m3, a scale per output channel), fp8-block (e4m3, a "
+      "scale per 128x128 block), int8 (a scale per output channel) or int4 (a scale per 128 "
+      "elements of a row; cols a multiple of 128); default: none",
+      [&format](const std::string& v) {
+        for (const QuantSpelling& q : kQuantSpellings)
+          if (v == q.name) {
+            format = q.format;
+            return;
+          }
+        throw UsageError(
+            strf("--quant %s is not one of fp8, fp8-block, int8 or int4", quoted(v).c_str()));
+      });
+}
+
 Flag pattern_flag(CkptSpec& spec) {
   return value_flag(
       "--pattern", "P",

@@ -114,9 +114,22 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
   }
 
   // The tensor table, its columns as wide as their longest entry.
-  std::vector<std::string> names, shapes, dtypes, files;
-  size_t wname = 4, wshape = 5, wdtype = 5, wfile = 4;
+  std::vector<std::string> names, shapes, dtypes, files, formats;
+  size_t wname = 4, wshape = 5, wdtype = 5, wfile = 4, wformat = 6;
+  // Quantized fp8 weights (since 0.4.0): the weight's format, the scales'
+  // "scales"; the bytes they take against the same weights in bf16.
+  uint32_t n_quant = 0;
+  uint64_t quant_bytes = 0, bf16_bytes = 0;
   for (const CkptTensor& t : r.tensors) {
+    if (t.quant_format != LWO_QUANT_NONE) {
+      formats.push_back(lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format)));
+      ++n_quant;
+      quant_bytes += t.bytes + r.tensors[t.quant_partner].bytes;
+      bf16_bytes += 2 * t.bytes;
+    } else {
+      formats.push_back(t.quant_partner != LWO_NO_LAYER ? "scales" : "-");
+    }
+    wformat = std::max(wformat, formats.back().size());
     names.push_back(escape(t.name));
     shapes.push_back(shape_text(t));
     dtypes.push_back(t.lwo_dtype());
@@ -126,21 +139,29 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
     wdtype = std::max(wdtype, dtypes.back().size());
     wfile = std::max(wfile, width(files.back()));
   }
-  std::printf("\n%6s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname), "name",
-              static_cast<int>(wdtype), "dtype", static_cast<int>(wshape), "shape", "bytes");
+  std::printf("\n%6s  %-*s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname), "name",
+              static_cast<int>(wdtype), "dtype", static_cast<int>(wformat), "format",
+              static_cast<int>(wshape), "shape", "bytes");
   if (several) std::printf("  %-*s", static_cast<int>(wfile), "file");
   std::printf("  %14s\n", "offset");
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const CkptTensor& t = r.tensors[i];
-    std::printf("%6zu  %s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
-                static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wshape),
-                shapes[i].c_str(), static_cast<unsigned long long>(t.bytes));
+    std::printf("%6zu  %s  %-*s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
+                static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wformat),
+                formats[i].c_str(), static_cast<int>(wshape), shapes[i].c_str(),
+                static_cast<unsigned long long>(t.bytes));
     if (several) std::printf("  %s", pad(files[i], wfile).c_str());
     std::printf("  %14llu%s\n", static_cast<unsigned long long>(t.offset),
                 t.dtype < 0 ? "  (not an lwo dtype: cannot be streamed)" : "");
   }
 
   std::printf("\n");
+  if (n_quant)
+    std::printf("quantized  %u fp8 weight%s with 128x128 block scales: %s (codes and scales) "
+                "against %s as bf16, %s saved (%.2fx)\n",
+                n_quant, n_quant == 1 ? "" : "s", fmt_bytes(quant_bytes).c_str(),
+                fmt_bytes(bf16_bytes).c_str(), fmt_bytes(bf16_bytes - quant_bytes).c_str(),
+                static_cast<double>(bf16_bytes) / static_cast<double>(quant_bytes));
   if (!r.mapped) {
     std::printf(
         "layers     none: no default pattern (%s) maps any tensor; give --pattern or --names\n",
@@ -237,9 +258,17 @@ void write_json(std::FILE* j, const Options& o, const Report& r, const Device* d
                  json_string(t.dtype_name).c_str(), t.dtype >= 0 ? "true" : "false");
     for (size_t d = 0; d < t.shape.size(); ++d)
       std::fprintf(j, "%s%lld", d ? ", " : "", static_cast<long long>(t.shape[d]));
-    std::fprintf(j, "], \"n_dims\": %d, \"bytes\": %llu, \"file\": %u, \"offset\": %llu}",
+    std::fprintf(j, "], \"n_dims\": %d, \"bytes\": %llu, \"file\": %u, \"offset\": %llu",
                  t.n_dims, static_cast<unsigned long long>(t.bytes), t.file,
                  static_cast<unsigned long long>(t.offset));
+    // Since 0.4.0: "format" of an fp8 weight with block scales, "scales_of" for its scales.
+    if (t.quant_format != LWO_QUANT_NONE)
+      std::fprintf(j, ", \"format\": \"%s\", \"scales\": %u",
+                   lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format)),
+                   t.quant_partner);
+    else if (t.quant_partner != LWO_NO_LAYER)
+      std::fprintf(j, ", \"scales_of\": %u", t.quant_partner);
+    std::fprintf(j, "}");
   }
   std::fprintf(j, "\n  ]");
   if (!r.mapped) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/random.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -25,6 +26,7 @@ struct Options {
   uint64_t seed = 1;
   bool timing = false;
   std::string json;
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0)
 };
 
 struct HostTimes {
@@ -49,6 +51,7 @@ std::vector<Flag> make_flags(Options& o) {
       rows_flag(o.rows),
       cols_flag(o.cols),
       dtype_flag(o.dtype, all_dtypes()),
+      quant_flag(o.quant),  // since 0.4.0
       depth_flag(o.depth),
       passes_flag(o.passes),
       seed_flag(o.seed),
@@ -107,9 +110,20 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
               lwo_dtype_name(o.dtype), fmt_bytes(r.record_bytes).c_str(),
               fmt_bytes(r.pass_bytes).c_str());
-  std::printf("%-10s pinned pool %.2f s, random fill %.2f s (seed %llu), host checksums %.2f s\n",
-              "host", r.host.pool_s, r.host.fill_s, static_cast<unsigned long long>(o.seed),
-              r.host.checksum_s);
+  if (o.quant != LWO_QUANT_NONE) {
+    const uint64_t dense = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols) *
+                           lwo_dtype_size(o.dtype);
+    std::printf("%-10s --quant %s (%s): %s dense per record, %s moved (%.2fx fewer bytes); "
+                "%s moved per pass\n",
+                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
+                fmt_bytes(dense).c_str(), fmt_bytes(r.record_bytes).c_str(),
+                static_cast<double>(dense) / static_cast<double>(r.record_bytes),
+                fmt_bytes(r.pass_bytes).c_str());
+  }
+  std::printf("%-10s pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s\n",
+              "host", r.host.pool_s,
+              o.quant != LWO_QUANT_NONE ? "uniform values quantized on load" : "random fill",
+              r.host.fill_s, static_cast<unsigned long long>(o.seed), r.host.checksum_s);
   std::printf(
       "%-10s %.2f GB/s pinned H2D (every record back-to-back on one stream, best of "
       "%d: %.2f ms)\n",
@@ -140,10 +154,11 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                version_text().c_str(), json_device(dev).c_str());
   std::fprintf(j,
                "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": "
-               "\"%s\", \"depth\": %u, \"passes\": %u, \"seed\": %llu, \"timing\": %s},\n",
+               "\"%s\", \"depth\": %u, \"passes\": %u, \"seed\": %llu, \"timing\": %s, "
+               "\"quant\": \"%s\"},\n",
                o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
                lwo_dtype_name(o.dtype), o.depth, o.passes, static_cast<unsigned long long>(o.seed),
-               o.timing ? "true" : "false");
+               o.timing ? "true" : "false", quant_flag_name(o.quant));
   std::fprintf(j,
                "  \"record_bytes\": %llu,\n  \"bytes_per_pass\": %llu,\n"
                "  \"host_seconds\": {\"pool_create\": %.4f, \"fill\": %.4f, \"checksum\": %.4f},\n"
@@ -205,6 +220,17 @@ int cmd_run(int argc, char** argv) {
   tensor.n_dims = 2;
   tensor.shape[0] = o.rows;
   tensor.shape[1] = o.cols;
+  // --quant: the weight is stored quantized (its record holds the codes and
+  // scales), filled with uniform values quantized on load.
+  lwo_tensor_quant_ext qx{};
+  qx.header.type = LWO_EXT_TENSOR_QUANT;
+  qx.format = o.quant;
+  if (o.quant != LWO_QUANT_NONE) {
+    if (o.dtype != LWO_DTYPE_BF16 && o.dtype != LWO_DTYPE_F16 && o.dtype != LWO_DTYPE_F32)
+      throw UsageError(strf("--quant %s quantizes bf16, f16 or f32 weights, not --dtype %s",
+                            quant_flag_name(o.quant), lwo_dtype_name(o.dtype)));
+    tensor.next = &qx;
+  }
   const lwo_layer_desc layer{&tensor, 1, nullptr};
   Results r;
   if (lwo_record_layout(&layer, nullptr, &r.record_bytes) != LWO_OK)
@@ -237,7 +263,22 @@ int cmd_run(int argc, char** argv) {
   std::vector<HostRange> records(o.layers);
   for (uint32_t l = 0; l < o.layers; ++l)
     TK_CHECK(lwo_pool_layer_host(pool.get(), l, &records[l].data, &records[l].bytes));
-  {
+  if (o.quant != LWO_QUANT_NONE) {
+    // Each layer's uniform values (within +-1, from its own key) in --dtype,
+    // quantized into the pool on all cores.
+    Phase phase("quantize", o.layers);
+    const uint64_t n = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols);
+    std::vector<uint8_t> src(n * lwo_dtype_size(o.dtype));
+    for (uint32_t l = 0; l < o.layers; ++l) {
+      testkit::fill_uniform({{src.data(), o.dtype, n, 1.0f, testkit::key_of(o.seed, l)}});
+      TK_CHECK(lwo_pool_write_quantized(pool.get(), l, "weight", src.data(), o.dtype, src.size(),
+                                        0));
+      phase.set(l + 1);
+    }
+    r.host.fill_s = phase.seconds();
+    phase.done("%u layers of %s values quantized as %s in %.2f s", o.layers,
+               lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.host.fill_s);
+  } else {
     Phase phase("fill", r.pass_bytes, true);
     testkit::fill_bytes(testkit::keyed_ranges(records, o.seed), 0, phase.counter());
     r.host.fill_s = phase.seconds();

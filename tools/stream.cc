@@ -32,6 +32,7 @@ struct Options {
   uint32_t passes = 5;
   bool timing = false;
   std::string json;
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0)
 };
 
 // One range of a slot the consumer checksums: a layer's whole copied span
@@ -58,6 +59,12 @@ struct Results {
   std::vector<Check> checks;
   std::vector<std::vector<uint32_t>> layer_checks;  // indices into checks, per layer
   uint32_t whole_layers = 0, checked_tensors = 0, skipped_tensors = 0;
+  // --quant: the tensors quantized on load into a pinned pool, their bytes in
+  // the file and in the pool.
+  bool quantized = false;
+  uint32_t quant_tensors = 0, dense_tensors = 0;
+  uint64_t quant_file_bytes = 0, quant_pool_bytes = 0;
+  double quant_s = 0;
   double open_s = 0, pool_s = 0, checksum_s = 0;
   double peak_gbps = 0, peak_ms = 0;
   lwo_ring_info ring{};
@@ -78,6 +85,7 @@ std::vector<Flag> make_flags(Options& o) {
                   "stream through pinned staging buffers, not the registered file "
                   "(LWO_CHECKPOINT_STAGED)",
                   [&o] { o.staged = true; }),
+      quant_flag(o.quant),  // since 0.4.0
       depth_flag(o.depth),
       passes_flag(o.passes),
       timing_flag(o.timing),
@@ -175,7 +183,20 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
       "layers", n_layers, r.map.describe().c_str(), r.n_matched(), r.map.unmatched.size(),
       fmt_bytes(r.pass_bytes).c_str(), fmt_bytes(r.pool.max_record_bytes).c_str());
   std::printf("%-10s %s (streamed as bytes)\n", "dtypes", dtypes_text(r).c_str());
-  if (r.staged())
+  if (r.quantized)
+    std::printf("%-10s --quant %s (%s): %u 2-D float tensors quantized on load into a pinned "
+                "pool in %.2f s, %s in the file, %s quantized (%.2fx fewer bytes); %u tensors "
+                "kept as they are\n",
+                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant), r.quant_tensors,
+                r.quant_s, fmt_bytes(r.quant_file_bytes).c_str(),
+                fmt_bytes(r.quant_pool_bytes).c_str(),
+                r.quant_pool_bytes ? static_cast<double>(r.quant_file_bytes) /
+                                         static_cast<double>(r.quant_pool_bytes)
+                                   : 0.0,
+                r.dense_tensors);
+  if (r.quantized)
+    std::printf("%-10s pinned: the quantized records are copied from a pinned pool\n", "path");
+  else if (r.staged())
     std::printf(
         "%-10s %s: host threads pack each layer into one of 2 pinned staging buffers of %s, "
         "then it is copied to its slot\n",
@@ -202,7 +223,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("%-10s median %.2f%%, best %.2f%% of the peak, %s path", "share",
               100 * r.share(r.median_ms), 100 * r.share(r.best_ms),
               r.staged() ? "staged" : "registered");
-  if (r.staged())
+  if (r.staged() || r.quantized)
     std::printf(" (reported; the target is for the registered path)");
   else if (o.depth >= 2)
     std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
@@ -231,11 +252,17 @@ std::string json_checkpoint(const Options& o, const Results& r) {
     j += strf("%s{\"file\": %u, \"key\": %s, \"value\": %s}", m ? ", " : "", r.metadata[m].file,
               json_string(r.metadata[m].key).c_str(), json_string(r.metadata[m].value).c_str());
   j += "],\n      \"mapping\": " + json_mapping(r.map) + ",\n";
+  if (r.quantized)  // --quant (since 0.4.0)
+    j += strf("      \"quant\": {\"tensors\": %u, \"kept\": %u, \"file_bytes\": %llu, "
+              "\"quantized_bytes\": %llu, \"seconds\": %.4f},\n",
+              r.quant_tensors, r.dense_tensors, static_cast<unsigned long long>(r.quant_file_bytes),
+              static_cast<unsigned long long>(r.quant_pool_bytes), r.quant_s);
   j += strf(
       "      \"path_kind\": \"%s\",\n      \"is_staged\": %s,\n      \"layers\": %u,\n"
       "      \"tensors\": %zu,\n      \"unmatched\": %zu,\n      \"max_record_bytes\": %llu,\n"
       "      \"records_bytes\": %llu,\n      \"bytes_per_pass\": %llu,\n",
-      r.staged() ? "staged" : "registered", r.staged() ? "true" : "false", r.pool.n_layers,
+      r.quantized ? "pinned" : r.staged() ? "staged" : "registered",
+      r.staged() ? "true" : "false", r.pool.n_layers,
       r.n_matched(), r.map.unmatched.size(),
       static_cast<unsigned long long>(r.pool.max_record_bytes),
       static_cast<unsigned long long>(r.pool.total_bytes),
@@ -284,9 +311,10 @@ void write_json(std::FILE* j, const Device& dev, const Options& o,
   for (size_t i = 0; i < o.paths.size(); ++i) paths += (i ? ", " : "") + json_string(o.paths[i]);
   std::fprintf(j,
                "  \"config\": {\"paths\": [%s], \"mapping\": %s, \"staged\": %s, \"depth\": %u, "
-               "\"passes\": %u, \"timing\": %s},\n  \"checkpoints\": [\n",
+               "\"passes\": %u, \"timing\": %s, \"quant\": \"%s\"},\n  \"checkpoints\": [\n",
                paths.c_str(), json_mapping(all.front()->map).c_str(),
-               o.staged ? "true" : "false", o.depth, o.passes, o.timing ? "true" : "false");
+               o.staged ? "true" : "false", o.depth, o.passes, o.timing ? "true" : "false",
+               quant_flag_name(o.quant));
   for (size_t i = 0; i < all.size(); ++i)
     std::fprintf(j, "%s%s\n", json_checkpoint(o, *all[i]).c_str(), i + 1 < all.size() ? "," : "");
   std::fprintf(j, "  ]\n}\n");
@@ -356,12 +384,86 @@ void open_and_map(const Options& o, const std::string& path, Results& r) {
              r.map.layers.size(), r.map.describe().c_str(), r.open_s);
 }
 
+// --quant: a pinned pool of the checkpoint pool's layers, each 2-D f32, bf16
+// or f16 tensor that the format takes quantized on load from the mapped file
+// (lwo_pool_write_quantized, on all cores), the others copied as they are.
+// Replaces `pool`.
+void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) {
+  Phase phase("quantize", r.pool.n_layers);
+  const uint32_t L = r.pool.n_layers;
+  lwo_tensor_quant_ext qx{};
+  qx.header.type = LWO_EXT_TENSOR_QUANT;
+  qx.format = o.quant;
+  std::vector<std::vector<lwo_tensor_desc>> tensors(L);
+  std::vector<std::vector<bool>> quant(L);
+  std::vector<lwo_layer_desc> layers(L);
+  for (uint32_t l = 0; l < L; ++l) {
+    uint32_t n = 0;
+    TK_CHECK(lwo_pool_layer_tensor_count(pool.get(), l, &n));
+    for (uint32_t t = 0; t < n; ++t) {
+      lwo_tensor_info info = LWO_TENSOR_INFO_INIT;
+      TK_CHECK(lwo_pool_tensor_info(pool.get(), l, t, &info));
+      lwo_tensor_desc d{};
+      d.name = info.name;  // lives as long as the checkpoint pool
+      d.dtype = info.dtype;
+      d.n_dims = info.n_dims;
+      for (int k = 0; k < info.n_dims; ++k) d.shape[k] = info.shape[k];
+      const bool is_float = info.dtype == LWO_DTYPE_F32 || info.dtype == LWO_DTYPE_BF16 ||
+                            info.dtype == LWO_DTYPE_F16;
+      bool q = is_float && info.n_dims == 2 && info.shape[0] >= 1 && info.shape[1] >= 1 &&
+               info.quant_format == LWO_QUANT_NONE;
+      if (q) {  // the format must take the shape (int4: cols a multiple of 128)
+        lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
+        qd.format = o.quant;
+        qd.dtype = info.dtype;
+        qd.rows = info.shape[0];
+        qd.cols = info.shape[1];
+        lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
+        q = lwo_quant_layout(&qd, &ql) == LWO_OK;
+        if (q) {
+          ++r.quant_tensors;
+          r.quant_file_bytes += info.bytes;
+          r.quant_pool_bytes += ql.total_bytes;
+        }
+      }
+      if (q) d.next = &qx;
+      if (!q) ++r.dense_tensors;
+      tensors[l].push_back(d);
+      quant[l].push_back(q);
+    }
+    layers[l] = lwo_layer_desc{tensors[l].data(), n, nullptr};
+  }
+  Pool pinned;
+  TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), L, nullptr, pinned.out()));
+  for (uint32_t l = 0; l < L; ++l) {
+    for (size_t t = 0; t < tensors[l].size(); ++t) {
+      const lwo_tensor_desc& d = tensors[l][t];
+      void* src = nullptr;
+      uint64_t bytes = 0;
+      TK_CHECK(lwo_pool_tensor_host(pool.get(), l, d.name, &src, &bytes));
+      if (quant[l][t])
+        TK_CHECK(lwo_pool_write_quantized(pinned.get(), l, d.name, src, d.dtype, bytes, 0));
+      else
+        TK_CHECK(lwo_pool_write(pinned.get(), l, d.name, src, bytes));
+    }
+    phase.set(l + 1);
+  }
+  pool.destroy();
+  pool = std::move(pinned);
+  r.quantized = true;
+  r.quant_s = phase.seconds();
+  phase.done("%u tensors quantized as %s in %.2f s (%s -> %s)", r.quant_tensors,
+             quant_flag_name(o.quant), r.quant_s, fmt_bytes(r.quant_file_bytes).c_str(),
+             fmt_bytes(r.quant_pool_bytes).c_str());
+}
+
 void stream_one(const Device& dev, const Options& o, Results& r) {
   Pool pool;
   {
     Phase phase("pool");
-    const lwo_checkpoint_pool_config config =
-        checkpoint_pool_config(r.map, o.staged ? LWO_CHECKPOINT_STAGED : 0u);
+    // --quant reads the file only to quantize it: no registration.
+    const lwo_checkpoint_pool_config config = checkpoint_pool_config(
+        r.map, o.staged || o.quant != LWO_QUANT_NONE ? LWO_CHECKPOINT_STAGED : 0u);
     TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
     r.pool_s = phase.seconds();
     r.ck.destroy();  // the pool keeps the files mapped
@@ -369,6 +471,10 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     TK_CHECK(lwo_pool_get_info(pool.get(), &r.pool));
     phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
                fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
+  }
+  if (o.quant != LWO_QUANT_NONE) {
+    quantize_pool(dev, o, pool, r);
+    TK_CHECK(lwo_pool_get_info(pool.get(), &r.pool));
   }
   const uint32_t n_layers = r.pool.n_layers;
   if (o.depth >= n_layers)

@@ -47,6 +47,7 @@ struct Options {
   bool frozen = false, bias = false, timing = false;
   bool grad_depth_set = false;
   std::string json;
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0): frozen only
   bool trainable() const { return !frozen; }
 };
 
@@ -66,6 +67,7 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--frozen",
                   "every layer frozen: input gradients only, no weight gradients",
                   [&o] { o.frozen = true; }),
+      quant_flag(o.quant),  // since 0.4.0
       layers_flag(o.layers),
       rows_flag(o.rows),
       cols_flag(o.cols),
@@ -136,6 +138,9 @@ void check_options(const Options& o) {
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
   if (o.frozen && o.grads != "native")
     throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
+  if (o.quant != LWO_QUANT_NONE && !o.frozen)
+    throw UsageError(strf("--quant %s: quantized weights are frozen (add --frozen)",
+                          quant_flag_name(o.quant)));
   if (o.frozen && o.grad_depth_set)
     throw UsageError("--grad-depth sizes the gradient staging; --frozen layers have no gradients");
 }
@@ -157,6 +162,10 @@ Sizes compute_sizes(const Options& o) {
   t[0].n_dims = 2;
   t[0].shape[0] = o.rows;
   t[0].shape[1] = o.cols;
+  lwo_tensor_quant_ext qx{};  // --quant: the weight's record bytes are quantized
+  qx.header.type = LWO_EXT_TENSOR_QUANT;
+  qx.format = o.quant;
+  if (o.quant != LWO_QUANT_NONE) t[0].next = &qx;
   t[1].name = "bias";
   t[1].dtype = o.dtype;
   t[1].n_dims = 1;
@@ -307,6 +316,23 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
               o.bias ? " + \"bias\"" : "", lwo_dtype_name(o.dtype),
               fmt_bytes(sz.record_bytes).c_str(), fmt_bytes(sz.pool_bytes).c_str(),
               o.frozen ? "all frozen (input gradients only)" : "all trainable");
+  if (o.quant != LWO_QUANT_NONE) {
+    const uint64_t dense = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols) *
+                           lwo_dtype_size(o.dtype);
+    lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
+    qd.format = o.quant;
+    qd.dtype = o.dtype;
+    qd.rows = o.rows;
+    qd.cols = o.cols;
+    lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
+    TK_CHECK(lwo_quant_layout(&qd, &ql));
+    std::printf("%-10s --quant %s (%s): \"weight\" %s dense, %s quantized (%.2fx fewer "
+                "bytes); each layer dequantized on the GPU into %s before its GEMMs\n",
+                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
+                fmt_bytes(dense).c_str(), fmt_bytes(ql.total_bytes).c_str(),
+                static_cast<double>(dense) / static_cast<double>(ql.total_bytes),
+                lwo_dtype_name(o.dtype));
+  }
   std::printf(
       "%-10s %lld tokens, x_0 within +-1, dy_%u within +-%.4g; x_0..x_%u kept for the backward "
       "(%u x %s) and 3 x %s of dy on the device\n",
@@ -445,7 +471,7 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                "\"bias\": %s, \"tokens\": %lld, \"depth\": %u, \"grad_depth\": %u, "
                "\"native_wire\": %s, \"wire_dtype\": %s, \"steps\": %u, \"seed\": %llu, "
                "\"timing\": %s, \"grads\": %s, \"host_dtype\": %s, \"micro_batches\": %u, "
-               "\"order\": \"%s\"},\n",
+               "\"order\": \"%s\", \"quant\": \"%s\"},\n",
                o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
                lwo_dtype_name(o.dtype), o.bias ? "true" : "false", static_cast<long long>(o.tokens),
                o.depth, o.trainable() ? o.grad_depth : 0, o.grads == "native-wire" ? "true" : "false",
@@ -453,7 +479,7 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false",
                o.trainable() ? json_string(o.grads).c_str() : "null",
                o.trainable() ? json_string(lwo_dtype_name(sz.host)).c_str() : "null",
-               o.micro_batches, testkit::micro_order_name(o.order));
+               o.micro_batches, testkit::micro_order_name(o.order), quant_flag_name(o.quant));
   std::fprintf(
       j,
       "  \"record_bytes\": %llu,\n  \"pool_bytes\": %llu,\n  \"activation_bytes\": %llu,\n"
@@ -658,6 +684,7 @@ int cmd_train(int argc, char** argv) {
   spec.dtype = o.dtype;
   spec.bias = o.bias;
   spec.seed = o.seed;
+  spec.quant = o.quant;  // --quant: quantized on load (fill)
   std::unique_ptr<testkit::ChainWeights> weights;
   {
     Phase phase("pool");

@@ -1,5 +1,6 @@
 // lwo.h: Checkpoints: safetensors files streamed in place.
 #include "abi.h"
+#include "src/quant/quant.h"
 #include "src/common/dtype.h"
 
 using namespace lwo::abi;
@@ -95,6 +96,32 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
     v.bytes = e.end - e.begin;
     v.file_offset = e.begin;
     v.file = e.file;
+    // Since 0.4.0: an fp8 weight and its block scales, by name and shape.
+    v.quant_format = LWO_QUANT_NONE;
+    v.quant_partner = LWO_NO_LAYER;
+    const std::string suffix = lwo::st::kScaleSuffix;
+    const auto& es = c->impl->entries();
+    auto paired = [&](size_t w, size_t s) {
+      const lwo::st::Entry& we = es[w];
+      const lwo::st::Entry& se = es[s];
+      if (we.dtype != LWO_DTYPE_F8_E4M3 || se.dtype != LWO_DTYPE_F32 || we.shape.size() != 2 ||
+          se.shape.size() != 2 || we.shape[0] < 1 || we.shape[1] < 1 ||
+          we.shape[0] >= (INT64_C(1) << 31) || we.shape[1] >= (INT64_C(1) << 31))
+        return false;
+      const lwo::quant::Layout q = lwo::quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128,
+                                                         LWO_DTYPE_BF16, we.shape[0], we.shape[1]);
+      return se.shape[0] == q.scale_rows && se.shape[1] == q.scale_cols;
+    };
+    const int64_t s = c->impl->find(e.name + suffix);
+    if (s >= 0 && paired(index, static_cast<size_t>(s))) {
+      v.quant_format = LWO_QUANT_FP8_E4M3_BLOCK128;
+      v.quant_partner = static_cast<uint32_t>(s);
+    } else if (e.name.size() > suffix.size() &&
+               e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const int64_t w = c->impl->find(e.name.substr(0, e.name.size() - suffix.size()));
+      if (w >= 0 && paired(static_cast<size_t>(w), index))
+        v.quant_partner = static_cast<uint32_t>(w);
+    }
     write_out(info, v, "info");
   });
 }

@@ -4,6 +4,7 @@
 #include "abi.h"
 #include "src/common/dtype.h"
 #include "src/compute/compute.h"
+#include "src/quant/quant.h"
 
 using namespace lwo::abi;
 using lwo::fail;
@@ -31,9 +32,24 @@ static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t token
   if (d.in_features >= kMax || d.out_features >= kMax || tokens >= kMax)
     fail(LWO_ERR_OUT_OF_RANGE, "tokens %lld x in %lld x out %lld: a dimension is 2^31 or more", static_cast<long long>(tokens), static_cast<long long>(d.in_features),
          static_cast<long long>(d.out_features));
-  return lwo::Compute::Linear{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
-                              (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features,
-                              (d.flags & LWO_LINEAR_ACCUMULATE) != 0};
+  lwo::Compute::Linear l{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
+                         (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features,
+                         (d.flags & LWO_LINEAR_ACCUMULATE) != 0};
+  // Since 0.4.0: a quantized weight [out_features x in_features].
+  l.weight_format = static_cast<lwo_quant_format_t>(d.weight_format);
+  if (l.weight_format != LWO_QUANT_NONE) {
+    if (!lwo::quant::format_name(l.weight_format))
+      fail(LWO_ERR_INVALID_ARGUMENT, "weight_format %d is not a quantized format",
+           static_cast<int>(d.weight_format));
+    try {
+      lwo::quant::layout_of(l.weight_format, l.dtype, l.out, l.in);
+    } catch (const lwo::Error& e) {
+      fail(e.status(), "weight_format %s with out_features %lld, in_features %lld: %s",
+           lwo::quant::format_name(l.weight_format), static_cast<long long>(l.out),
+           static_cast<long long>(l.in), e.what());
+    }
+  }
+  return l;
 }
 
 LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_desc* desc,
@@ -69,6 +85,12 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
            lwo::dtype_name(grad_dtype), lwo::dtype_name(l.dtype));
     if (!dx && !dweight && !dbias)
       fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
+    if (l.weight_format != LWO_QUANT_NONE && (dweight || dbias))
+      fail(LWO_ERR_QUANTIZED_WEIGHT,
+           "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
+           "be NULL (given %s%s%s)",
+           lwo::quant::format_name(l.weight_format), dweight ? "dweight" : "",
+           dweight && dbias ? " and " : "", dbias ? "dbias" : "");
     lwo::DeviceScope scope(*e->impl);
     e->impl->compute().linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });

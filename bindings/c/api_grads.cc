@@ -28,6 +28,18 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
     const Mode mode = (cfg.flags & LWO_GRADS_F32)           ? Mode::kF32
                       : (cfg.flags & LWO_GRADS_NATIVE_WIRE) ? Mode::kNativeWire
                                                             : Mode::kNative;
+    // Quantized tensors are frozen (since 0.4.0): no trainable layer holds one.
+    for (uint32_t l = 0; l < p->impl->n_layers(); ++l) {
+      if (trainable && !trainable[l]) continue;
+      const int qi = p->impl->first_quantized(l);
+      if (qi >= 0)
+        fail(LWO_ERR_QUANTIZED_WEIGHT,
+             "layer %u is marked trainable%s but its tensor '%s' is quantized (%s): quantized "
+             "weights are frozen (mark the layer frozen in trainable)",
+             l, trainable ? "" : " (trainable is NULL: every layer)",
+             p->impl->layer(l).layout.tensors[qi].name.c_str(),
+             lwo_quant_format_name(p->impl->layer(l).layout.tensors[qi].quant));
+    }
     auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth, mode, cfg.n_threads);
     *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl)}));
   });

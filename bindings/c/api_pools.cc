@@ -94,6 +94,7 @@ LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer, 
     for (int d = 0; d < LWO_MAX_DIMS; ++d) v.shape[d] = d < t.n_dims ? t.shape[d] : 0;
     v.offset = t.offset;
     v.bytes = t.bytes;
+    v.quant_format = t.quant;  // since 0.4.0
     write_out(info, v, "info");
   });
 }
@@ -169,6 +170,16 @@ LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const
     need(data, "data");
     p->impl->shard_tensor(layer, p->impl->tensor_index(layer, name), data, first_element,
                           n_elements);
+  });
+}
+
+// -- Quantized records (since 0.4.0) --
+
+LWO_API lwo_status_t lwo_pool_write_quantized(lwo_pool* pool, uint32_t layer, const char* name,
+                                              const void* src, lwo_dtype_t src_dtype,
+                                              uint64_t src_bytes, uint32_t n_threads) {
+  return guard("lwo_pool_write_quantized", [&] {
+    check_handle(pool)->impl->write_quantized(layer, name, src, src_dtype, src_bytes, n_threads);
   });
 }
 

@@ -36,6 +36,7 @@ LWO_ERR_SIZE_MISMATCH = 104
 LWO_ERR_FOREIGN_TICKET = 105
 LWO_ERR_FOREIGN_OBJECT = 106
 LWO_ERR_UNSUPPORTED = 107
+LWO_ERR_QUANTIZED_WEIGHT = 108  # since 0.4.0
 LWO_ERR_RING_FULL = 200
 LWO_ERR_LAYER_BUSY = 201
 LWO_ERR_STALE_TICKET = 202
@@ -262,6 +263,7 @@ class lwo_tensor_info(_Struct):
         ("shape", _shape),
         ("offset", _u64),
         ("bytes", _u64),
+        ("quant_format", _i32),  # since 0.4.0
     ]
 
 
@@ -310,6 +312,7 @@ class lwo_linear_desc(_Struct):
         ("flags", _u32),
         ("in_features", _i64),
         ("out_features", _i64),
+        ("weight_format", _i32),  # since 0.4.0
     ]
 
 
@@ -373,6 +376,8 @@ class lwo_checkpoint_tensor(_Struct):
         ("bytes", _u64),
         ("file_offset", _u64),
         ("file", _u32),
+        ("quant_format", _i32),  # since 0.4.0
+        ("quant_partner", _u32),  # since 0.4.0
     ]
 
 
@@ -416,6 +421,14 @@ class lwo_quant_layout_info(_Struct):
     ]
 
 
+# -- quantized records (since 0.4.0) --
+LWO_EXT_TENSOR_QUANT = 1
+
+
+class lwo_tensor_quant_ext(_Struct):
+    _fields_ = [("header", lwo_ext), ("format", lwo_quant_format_t), ("reserved", _u32)]
+
+
 #: Every struct of lwo.h, by its C name.
 STRUCTS = {
     cls.__name__: cls
@@ -425,6 +438,7 @@ STRUCTS = {
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
         lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
+        lwo_tensor_quant_ext,
     ]
 }
 
@@ -552,6 +566,8 @@ FUNCTIONS = {
     "lwo_quantize": (_S, [_P(lwo_quant_desc), _vp, _u64, _vp, _u64, _u32]),
     "lwo_dequantize_host": (_S, [_P(lwo_quant_desc), _vp, _u64, _vp, _u64, _u32]),
     "lwo_dequantize": (_S, [lwo_engine_p, _P(lwo_quant_desc), _vp, _vp, lwo_stream_t]),
+    # quantized records (since 0.4.0)
+    "lwo_pool_write_quantized": (_S, [lwo_pool_p, _u32, _cp, _vp, lwo_dtype_t, _u64, _u32]),
 }
 
 # --------------------------------------------------------------------------

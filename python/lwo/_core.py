@@ -516,7 +516,9 @@ class NcclComm(_Handle):
 
 PoolInfo = collections.namedtuple(
     "PoolInfo", "n_layers kind total_bytes max_record_bytes rank n_ranks")
-TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes")
+# quant_format (since 0.4.0): an LWO_QUANT_* value, 0 for a dense tensor.
+TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes quant_format",
+                                    defaults=(0,))
 
 
 def _checkpoint_config(pattern=None, patterns=None, names=None, allow_gaps=False,
@@ -645,7 +647,8 @@ class Pool(_Handle):
     def tensor_info(self, layer, index):
         i = C.lwo_tensor_info()
         check(_lib.lwo_pool_tensor_info(self._h(), int(layer), int(index), _byref(i)))
-        return TensorInfo(_dec(i.name), i.dtype, tuple(i.shape[:i.n_dims]), i.offset, i.bytes)
+        return TensorInfo(_dec(i.name), i.dtype, tuple(i.shape[:i.n_dims]), i.offset, i.bytes,
+                          i.quant_format)
 
     def tensors(self, layer):
         """The TensorInfo of every tensor of a layer, in record order (cached:
@@ -672,6 +675,14 @@ class Pool(_Handle):
         exactly the tensor's size."""
         addr, n, keep = _host_buffer(data, nbytes)
         check(_lib.lwo_pool_write(self._h(), int(layer), _enc(name), addr, n))
+        del keep
+
+    def write_quantized(self, layer, name, data, src_dtype, nbytes=None, n_threads=0):
+        """lwo_pool_write_quantized (since 0.4.0): quantizes data (rows x cols
+        elements of src_dtype, f32 / bf16 / f16) into the quantized tensor."""
+        addr, n, keep = _host_buffer(data, nbytes)
+        check(_lib.lwo_pool_write_quantized(self._h(), int(layer), _enc(name), addr,
+                                            int(src_dtype), n, int(n_threads)))
         del keep
 
     def write_range(self, layer, name, offset, data, nbytes=None):

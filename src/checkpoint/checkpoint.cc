@@ -136,7 +136,13 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     for (const auto& kv : meta) ck->metadata_.push_back({0, kv.first, kv.second});
   }
   for (const st::Entry& e : ck->entries_) ++ck->files_[e.file].n_tensors;
+  for (size_t i = 0; i < ck->entries_.size(); ++i) ck->by_name_.emplace(ck->entries_[i].name, i);
   return ck;
+}
+
+int64_t Checkpoint::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
 Checkpoint::~Checkpoint() {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "safetensors.h"
@@ -61,6 +62,8 @@ class Checkpoint {
   const uint8_t* bytes(const st::Entry& e) const { return files_[e.file].map + e.begin; }
   // Throws LWO_ERR_FILE_CHANGED if a file's size changed since it was opened.
   void check_unchanged() const;
+  // The index of the entry called `name`, or -1 (names are unique).
+  int64_t find(const std::string& name) const;
 
  private:
   Checkpoint() = default;
@@ -70,6 +73,7 @@ class Checkpoint {
   std::vector<File> files_;
   std::vector<st::Entry> entries_;
   std::vector<Metadata> metadata_;
+  std::unordered_map<std::string, size_t> by_name_;  // entries_ by name
 };
 
 }  // namespace lwo

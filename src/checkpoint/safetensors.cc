@@ -745,5 +745,53 @@ LayerMap map_by_names(const std::vector<Entry>& entries,
   return m;
 }
 
+namespace {
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    t += strf("%s%lld", i ? ", " : "", static_cast<long long>(shape[i]));
+  return t + "]";
+}
+}  // namespace
+
+std::vector<ScalePair> find_scale_pairs(const std::vector<Entry>& entries,
+                                        const std::vector<size_t>& layer, ScaleShape scale_shape,
+                                        const std::string& where) {
+  std::vector<ScalePair> pairs;
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t j = 0; j < layer.size(); ++j) by_name.emplace(entries[layer[j]].name, j);
+  for (size_t j = 0; j < layer.size(); ++j) {
+    const Entry& w = entries[layer[j]];
+    if (w.dtype != LWO_DTYPE_F8_E4M3) continue;
+    auto it = by_name.find(w.name + kScaleSuffix);
+    if (it == by_name.end()) continue;
+    const Entry& sc = entries[layer[it->second]];
+    if (w.shape.size() != 2 || w.shape[0] < 1 || w.shape[1] < 1)
+      fail(LWO_ERR_SHAPE_MISMATCH,
+           "'%s': fp8 tensor '%s' %s has scales '%s' beside it, but a block-quantized weight "
+           "is 2-D [rows, cols] of at least one element (it has %zu dimensions)",
+           where.c_str(), w.name.c_str(), shape_str(w.shape).c_str(), sc.name.c_str(),
+           w.shape.size());
+    const int64_t kMax = int64_t(1) << 31;
+    if (w.shape[0] >= kMax || w.shape[1] >= kMax)
+      fail(LWO_ERR_SHAPE_OVERFLOW,
+           "'%s': fp8 tensor '%s' %s with scales '%s': rows and cols must be below 2^31",
+           where.c_str(), w.name.c_str(), shape_str(w.shape).c_str(), sc.name.c_str());
+    if (sc.dtype != LWO_DTYPE_F32)
+      fail(LWO_ERR_BAD_DTYPE, "'%s': scales '%s' of fp8 tensor '%s' are %s (must be F32)",
+           where.c_str(), sc.name.c_str(), w.name.c_str(), sc.dtype_name.c_str());
+    const std::pair<int64_t, int64_t> want = scale_shape(w.shape[0], w.shape[1]);
+    if (sc.shape.size() != 2 || sc.shape[0] != want.first || sc.shape[1] != want.second)
+      fail(LWO_ERR_SHAPE_MISMATCH,
+           "'%s': scales '%s' of fp8 tensor '%s' %s must be [%lld, %lld] (one per 128 x 128 "
+           "block), not %s",
+           where.c_str(), sc.name.c_str(), w.name.c_str(), shape_str(w.shape).c_str(),
+           static_cast<long long>(want.first), static_cast<long long>(want.second),
+           shape_str(sc.shape).c_str());
+    pairs.push_back({j, it->second});
+  }
+  return pairs;
+}
+
 }  // namespace st
 }  // namespace lwo

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lwo.h"
@@ -120,6 +121,25 @@ LayerMap map_by_names(const std::vector<Entry>& entries,
 // A name as messages show it: in double quotes, with '"', '\\', control
 // characters and bytes that are not UTF-8 escaped, cut to about 160 bytes.
 std::string printable(const std::string& s);
+
+// Quantized fp8 weights (since 0.4.0): among one layer's entries (`layer`:
+// indices into `entries`), each F8_E4M3 entry W with an entry named
+// W.name + "_scale_inv" in the same layer, as fp8 checkpoints ship their
+// 128 x 128 block scales. `scale_shape(rows, cols)` gives the scales' shape
+// (the layout rule is src/quant's; the caller passes it). Returns the pairs
+// as positions in `layer`. Throws lwo::Error naming `where` and both tensors:
+// LWO_ERR_SHAPE_MISMATCH (W not 2-D, a 0 in its shape, or scales of another
+// shape), LWO_ERR_SHAPE_OVERFLOW (rows or cols of 2^31 or more),
+// LWO_ERR_BAD_DTYPE (scales not F32).
+struct ScalePair {
+  size_t weight, scale;
+};
+using ScaleShape = std::pair<int64_t, int64_t> (*)(int64_t rows, int64_t cols);
+std::vector<ScalePair> find_scale_pairs(const std::vector<Entry>& entries,
+                                        const std::vector<size_t>& layer, ScaleShape scale_shape,
+                                        const std::string& where);
+// The suffix of the scales' name.
+constexpr const char* kScaleSuffix = "_scale_inv";
 
 }  // namespace st
 }  // namespace lwo

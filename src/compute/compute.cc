@@ -7,7 +7,10 @@
 #include <cstring>
 
 #include "kernels/compute_kernels.h"
+#include "src/common/dtype.h"
 #include "src/common/error.h"
+#include "src/compute/dequantize.h"
+#include "src/quant/quant.h"
 
 namespace lwo {
 namespace {
@@ -92,6 +95,7 @@ Compute::~Compute() {
   if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
     (void)cudaDeviceSynchronize();
     for (auto& kv : workspaces_) (void)cudaFree(kv.second.ptr);
+    for (auto& kv : weight_workspaces_) (void)cudaFree(kv.second.ptr);
     (void)cudaSetDevice(prev);
   }
   for (auto& kv : algos_) {
@@ -124,6 +128,32 @@ void* Compute::workspace(void* stream, size_t bytes) {
   LWO_RT(cudaMalloc(&p, bytes), "compute: workspace");
   workspaces_[stream] = Workspace{p, bytes};
   return p;
+}
+
+void* Compute::weight_workspace(void* stream, size_t bytes) {
+  // As workspace(): one per stream, grown (the stream waited for) when a
+  // larger weight comes, in steps of 2 MiB.
+  auto it = weight_workspaces_.find(stream);
+  if (it != weight_workspaces_.end() && it->second.bytes >= bytes) return it->second.ptr;
+  if (it != weight_workspaces_.end()) {
+    LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+           "compute: growing a weight workspace");
+    LWO_RT(cudaFree(it->second.ptr), "compute: growing a weight workspace");
+    weight_workspaces_.erase(it);
+  }
+  bytes = (bytes + (size_t(2) << 20) - 1) / (size_t(2) << 20) * (size_t(2) << 20);
+  void* p = nullptr;
+  LWO_RT(cudaMalloc(&p, bytes), "compute: weight workspace");
+  weight_workspaces_[stream] = Workspace{p, bytes};
+  return p;
+}
+
+const void* Compute::dequantized_weight(const Linear& l, const void* w, void* stream) {
+  const quant::Layout q = quant::layout_of(l.weight_format, l.dtype, l.out, l.in);
+  const size_t bytes = static_cast<size_t>(l.out) * static_cast<size_t>(l.in) * dtype_size(l.dtype);
+  void* ws = weight_workspace(stream, bytes);
+  dequantize_on_device(q, w, ws, l.dtype, static_cast<lwo_stream_t>(stream));
+  return ws;
 }
 
 // Candidates the first call of a shape times (LWO_ENGINE_HEURISTIC_GEMM: 1).
@@ -183,6 +213,11 @@ int Compute::tune(void* op_, void* la_, void* lb_, void* ld_, const void* cands,
 void Compute::gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
                    void* stream, bool accumulate) {
   std::lock_guard<std::mutex> lock(mu_);
+  gemm_locked(g, a, b, d, bias, stream, accumulate);
+}
+
+void Compute::gemm_locked(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
+                          void* stream, bool accumulate) {
   bool use_bias_epilogue = bias && alignment(bias) >= 16;
   Key key{g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.ab, g.d, g.tf32, use_bias_epilogue,
           alignment(a), alignment(b), alignment(d), use_bias_epilogue ? alignment(bias) : 0};
@@ -278,6 +313,13 @@ void Compute::linear_forward(const Linear& l, int64_t tokens, const void* x, con
   // Column-major views: X' = x (in x T), W' = W (in x out), Y' = y (out x T).
   // Y' = W'^T X'.
   Gemm g{true, false, l.out, tokens, l.in, l.in, l.in, l.out, l.dtype, l.dtype, l.tf32};
+  if (l.weight_format != LWO_QUANT_NONE) {
+    // The dequantization and the GEMM under one lock, so that no other call
+    // on this stream grows (frees) the workspace between them.
+    std::lock_guard<std::mutex> lock(mu_);
+    gemm_locked(g, dequantized_weight(l, w, stream), x, y, l.bias ? b : nullptr, stream, false);
+    return;
+  }
   gemm(g, w, x, y, l.bias ? b : nullptr, stream);
 }
 
@@ -292,6 +334,11 @@ void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, co
   if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, l.accumulate, stream);
   if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
     Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
+    if (l.weight_format != LWO_QUANT_NONE) {  // dx only (the C ABI refuses dw, db)
+      std::lock_guard<std::mutex> lock(mu_);
+      gemm_locked(g, dequantized_weight(l, w, stream), dy, dx, nullptr, stream, false);
+      return;
+    }
     gemm(g, w, dy, dx, nullptr, stream);
   }
 }

@@ -28,6 +28,10 @@ class Compute {
     bool tf32;
     int64_t in, out;
     bool accumulate = false;  // backward adds into dw and db
+    // Since 0.4.0: W is a quantized tensor of this format ([out, in] as
+    // src/quant lays it out), dequantized into the stream's weight workspace
+    // before the GEMM. Backward then computes dx only.
+    lwo_quant_format_t weight_format = LWO_QUANT_NONE;
   };
 
   // y[T,out] = x[T,in] * W[out,in]^T (+ b[out]); all row-major, dtype `l.dtype`.
@@ -69,11 +73,17 @@ class Compute {
   };
   void gemm(const Gemm& g, const void* a, const void* b, void* d, const void* bias, void* stream,
             bool accumulate = false);
+  void gemm_locked(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
+                   void* stream, bool accumulate);  // callers hold mu_
+  // Quantized weights: enqueues the dequantization of w into the stream's
+  // weight workspace (callers hold mu_) and returns the workspace.
+  const void* dequantized_weight(const Linear& l, const void* w, void* stream);
   // Times candidates [0, n) on the call's operands; the index of the fastest.
   int tune(void* op, void* la, void* lb, void* ld, const void* algos, int n, const void* a,
            const void* b, void* d, void* stream);
   // The stream's workspace, grown to at least `bytes` (callers hold mu_).
   void* workspace(void* stream, size_t bytes);
+  void* weight_workspace(void* stream, size_t bytes);
   void* cudnn();  // the cuDNN handle, made on first use (callers hold mu_)
   void destroy_cudnn() noexcept;
 
@@ -98,6 +108,8 @@ class Compute {
     size_t bytes;
   };
   std::unordered_map<void*, Workspace> workspaces_;  // per stream
+  // Dequantized weights of quantized linears, per stream (since 0.4.0).
+  std::unordered_map<void*, Workspace> weight_workspaces_;
   void* cudnn_ = nullptr;                            // cudnnHandle_t
   // Convolution algorithms by (direction, shape...): algorithm, workspace bytes.
   std::map<std::vector<int64_t>, std::pair<int, size_t>> conv_algos_;

@@ -79,6 +79,11 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
                 static_cast<long long>(s.ops[i].first), i - 1,
                 static_cast<long long>(s.ops[i - 1].second)));
 
+  if (s.quant != LWO_QUANT_NONE && s.kind != OpKind::kLinear)
+    fail("testkit::ChainWeights: quantized weights are for linear chains");
+  lwo_tensor_quant_ext quant_ext{};
+  quant_ext.header.type = LWO_EXT_TENSOR_QUANT;
+  quant_ext.format = s.quant;
   names_.resize(R);
   std::vector<std::vector<lwo_tensor_desc>> tensors(R);
   std::vector<lwo_layer_desc> layers(R);
@@ -97,6 +102,7 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
         t.n_dims = 2;  // [out, in]
         t.shape[0] = op.second;
         t.shape[1] = op.first;
+        if (s.quant != LWO_QUANT_NONE) t.next = &quant_ext;
       } else {
         t.n_dims = 4;  // NHWC filters: [k, kh, kw, c]
         t.shape[0] = op.second;
@@ -141,6 +147,12 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
         check(lwo_pool_tensor_host(pool_.get(), r, names_[r][2 * j + k].c_str(), &p, &bytes),
               "lwo_pool_tensor_host");
         const float bound = k == 0 ? s.weight_bound(i) : s.bias_bound(i);
+        if (k == 0 && s.quant != LWO_QUANT_NONE) {
+          quant_fill_.push_back({r, names_[r][2 * j],
+                                 {nullptr, s.dtype, s.weight_elems(i), bound,
+                                  key_of(s.seed, 2 * uint64_t(i) + k)}});
+          continue;
+        }
         fill_.push_back({p, s.dtype, bytes / es, bound, key_of(s.seed, 2 * uint64_t(i) + k)});
       }
     }
@@ -151,6 +163,18 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
 void ChainWeights::fill(const Progress& progress) {
   const double t0 = now_seconds();
   fill_uniform(fill_, 0, progress);
+  // Quantized weights: the same uniform values, quantized on load.
+  std::vector<uint8_t> buf;
+  for (const QuantFill& q : quant_fill_) {
+    const uint64_t bytes = q.values.n * lwo_dtype_size(q.values.dtype);
+    buf.resize(bytes);
+    UniformRange v = q.values;
+    v.data = buf.data();
+    fill_uniform({v});
+    check(lwo_pool_write_quantized(pool_.get(), q.record, q.name.c_str(), buf.data(),
+                                   q.values.dtype, bytes, 0),
+          "lwo_pool_write_quantized");
+  }
   fill_s_ = now_seconds() - t0;
 }
 
@@ -445,6 +469,7 @@ ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t strea
     l.flags = spec_.bias ? LWO_LINEAR_BIAS : 0u;
     l.in_features = op.first;
     l.out_features = op.second;
+    l.weight_format = spec_.quant;  // since 0.4.0
     lin_.push_back(l);
     l.flags |= LWO_LINEAR_ACCUMULATE;
     lin_acc_.push_back(l);

@@ -53,6 +53,11 @@ struct ChainSpec {
   std::vector<std::vector<uint32_t>> records;    // consecutive op indices per record, in order
   int32_t h = 1, w = 1;                          // convolutions: image size
   uint64_t seed = 1;
+  // Since 0.4.0: linear weights stored quantized in this format
+  // (LWO_EXT_TENSOR_QUANT, quantized on load from their uniform values in
+  // `dtype`; the layers compute with lwo_linear_desc.weight_format). Frozen
+  // only: lwo_grads_create refuses such a pool.
+  lwo_quant_format_t quant = LWO_QUANT_NONE;
 
   uint32_t n_ops() const { return static_cast<uint32_t>(ops.size()); }
   uint32_t n_records() const { return static_cast<uint32_t>(records.size()); }
@@ -121,6 +126,14 @@ class ChainWeights {
   std::vector<std::vector<uint64_t>> tensor_off_;  // per record: weight, bias, weight, ...
   std::vector<std::vector<std::string>> names_;    // the same order
   std::vector<UniformRange> fill_;                 // every tensor's values
+  // Quantized weights (spec.quant): their uniform values are made in a host
+  // buffer and quantized into the pool (lwo_pool_write_quantized).
+  struct QuantFill {
+    uint32_t record;
+    std::string name;
+    UniformRange values;  // data: null (the buffer is made by fill())
+  };
+  std::vector<QuantFill> quant_fill_;
   std::vector<DeviceMem> resident_;                // per record; empty where not resident
   bool all_resident_ = false;
   std::string resident_note_;

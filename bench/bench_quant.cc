@@ -1,0 +1,431 @@
+// bench_quant: quantized weights on the bus (issue 15). In ONE run, for the
+// frozen 32 x Linear(8192x8192) model and the 144-linear model (24 blocks of
+// 4 x Linear(2048x2048), Linear(2048->8192), Linear(8192->2048); one record
+// per linear), each a chain x_{i+1} = y_i in bf16 without bias:
+//
+//   quant/<model>/<fwd|fwd_bwd_data>/T:1024/depth:2
+//       the weights streamed from a pinned pool through a ring (lwo_schedule
+//       over [0..R-1], or [0..R-1, R-1..0] with backward-data dx = dy W on
+//       the way back, no weight gradients), in bf16 and in each quantized
+//       format (quantized on load with lwo_pool_write_quantized; each
+//       lwo_linear_forward / _backward dequantizes its slot into the
+//       stream's weight workspace and runs the GEMM). Counters per format F:
+//       F_ms (median pass), F_h2d_bytes (moved per pass, lwo_ring_get_stats),
+//       F_speedup = bf16_ms / F_ms (throughput against bf16 in the same
+//       run), F_target (1.9 for fp8 and int8, 3.5 for int4) and F_met.
+//   quant/<model>/dequant_share/T:16384
+//       compute-bound: per format, the resident step (forward +
+//       backward-data) on quantized device copies (dequantized in each call)
+//       against the same GEMMs on pre-dequantized bf16 copies, and the
+//       streamed quantized step. F_dequant_ms = resident quantized -
+//       resident pre-dequantized, F_share = F_dequant_ms / F_step_ms (the
+//       streamed step), target <= 0.03 (F_share_met); F_matches_resident:
+//       the streamed step's dx equals the resident quantized step's bit for
+//       bit.
+//
+// Times are host wall-clock from the first call of a pass to the return of
+// cudaStreamSynchronize, medians over --iterations (default 5) after
+// --warmup (default 1).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "bench/common.h"
+#include "tests/testkit/dtype.h"
+
+namespace lwob {
+namespace {
+
+int g_iterations = 5;
+int g_warmup = 1;
+
+struct Op {
+  int64_t in, out;
+};
+struct QModel {
+  std::string name;
+  std::vector<Op> ops;  // one record each
+  int64_t max_dim() const {
+    int64_t m = 0;
+    for (const Op& o : ops) m = std::max({m, o.in, o.out});
+    return m;
+  }
+};
+
+QModel linear8192x32() {
+  QModel m;
+  m.name = "linear8192x32";
+  m.ops.assign(32, {8192, 8192});
+  return m;
+}
+QModel m144() {
+  QModel m;
+  m.name = "m144";
+  for (int b = 0; b < 24; ++b) {
+    for (int k = 0; k < 4; ++k) m.ops.push_back({2048, 2048});
+    m.ops.push_back({2048, 8192});
+    m.ops.push_back({8192, 2048});
+  }
+  return m;
+}
+
+struct Format {
+  lwo_quant_format_t f;
+  const char* name;
+  double target;  // speed-up over bf16 at T=1024 (0: bf16 itself)
+};
+const std::vector<Format>& formats() {
+  static const std::vector<Format> v = {{LWO_QUANT_NONE, "bf16", 0},
+                                        {LWO_QUANT_FP8_E4M3_CHANNEL, "fp8", 1.9},
+                                        {LWO_QUANT_FP8_E4M3_BLOCK128, "fp8_block", 1.9},
+                                        {LWO_QUANT_INT8_CHANNEL, "int8", 1.9},
+                                        {LWO_QUANT_INT4_GROUP128, "int4", 3.5}};
+  return v;
+}
+
+constexpr double kShareTarget = 0.03;
+
+// --- pools: one per (model, format), kept for the whole run ------------------
+
+struct QPool {
+  Pool pool;
+  uint64_t bytes = 0;
+};
+std::map<std::string, std::unique_ptr<QPool>> g_pools;
+
+void cleanup() { g_pools.clear(); }
+
+// bf16 random normal weights (std 0.02) of one shape; seeded by the shape.
+std::vector<uint16_t> source_weights(const Op& op) {
+  std::vector<uint16_t> w(static_cast<size_t>(op.in * op.out));
+  std::mt19937_64 rng(static_cast<uint64_t>(op.in * 131 + op.out));
+  std::normal_distribution<float> g(0.f, 0.02f);
+  for (size_t i = 0; i < w.size(); ++i) testkit::store_f32(w.data(), LWO_DTYPE_BF16, i, g(rng));
+  return w;
+}
+
+QPool& pool_of(const QModel& m, const Format& fmt) {
+  const std::string key = m.name + "/" + fmt.name;
+  auto it = g_pools.find(key);
+  if (it != g_pools.end()) return *it->second;
+  const uint32_t R = static_cast<uint32_t>(m.ops.size());
+  lwo_tensor_quant_ext q{};
+  q.header.type = LWO_EXT_TENSOR_QUANT;
+  q.format = fmt.f;
+  std::vector<lwo_tensor_desc> t(R);
+  std::vector<lwo_layer_desc> layers(R);
+  for (uint32_t l = 0; l < R; ++l) {
+    t[l].name = "weight";
+    t[l].dtype = LWO_DTYPE_BF16;
+    t[l].n_dims = 2;
+    t[l].shape[0] = m.ops[l].out;
+    t[l].shape[1] = m.ops[l].in;
+    t[l].next = fmt.f == LWO_QUANT_NONE ? nullptr : &q;
+    layers[l] = lwo_layer_desc{&t[l], 1, nullptr};
+  }
+  auto p = std::make_unique<QPool>();
+  check(lwo_pool_create_pinned(engine(), layers.data(), R, nullptr, p->pool.out()),
+        "lwo_pool_create_pinned");
+  // The first layer of each shape from its bf16 source (quantized on load),
+  // the others copied from it.
+  std::map<std::pair<int64_t, int64_t>, uint32_t> first;
+  for (uint32_t l = 0; l < R; ++l) {
+    const Op& op = m.ops[l];
+    auto f = first.find({op.in, op.out});
+    if (f == first.end()) {
+      const std::vector<uint16_t> src = source_weights(op);
+      if (fmt.f == LWO_QUANT_NONE)
+        check(lwo_pool_write(p->pool.get(), l, "weight", src.data(), src.size() * 2),
+              "lwo_pool_write");
+      else
+        check(lwo_pool_write_quantized(p->pool.get(), l, "weight", src.data(), LWO_DTYPE_BF16,
+                                       src.size() * 2, 0),
+              "lwo_pool_write_quantized");
+      first[{op.in, op.out}] = l;
+      continue;
+    }
+    void* h = nullptr;
+    uint64_t b = 0;
+    check(lwo_pool_tensor_host(p->pool.get(), f->second, "weight", &h, &b), "lwo_pool_tensor_host");
+    check(lwo_pool_write(p->pool.get(), l, "weight", h, b), "lwo_pool_write");
+  }
+  lwo_pool_info info = LWO_POOL_INFO_INIT;
+  check(lwo_pool_get_info(p->pool.get(), &info), "lwo_pool_get_info");
+  p->bytes = info.total_bytes;
+  return *(g_pools[key] = std::move(p));
+}
+
+// --- passes ------------------------------------------------------------------
+
+lwo_linear_desc desc_of(const Op& op, lwo_quant_format_t f) {
+  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+  d.dtype = LWO_DTYPE_BF16;
+  d.in_features = op.in;
+  d.out_features = op.out;
+  d.weight_format = f;
+  return d;
+}
+
+// Activations: the input x0 [T, max], the output gradient g0, and two
+// ping-pong buffers; random bf16 in [-1, 1).
+struct Acts {
+  DeviceMem x0, g0, a, b;
+  Acts(int64_t T, int64_t dim) {
+    const size_t bytes = static_cast<size_t>(T * dim) * 2;
+    x0 = device_alloc(bytes, "x0");
+    g0 = device_alloc(bytes, "dy0");
+    a = device_alloc(bytes, "activations a");
+    b = device_alloc(bytes, "activations b");
+    std::vector<uint16_t> h(static_cast<size_t>(T * dim));
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (size_t i = 0; i < h.size(); ++i) testkit::store_f32(h.data(), LWO_DTYPE_BF16, i, u(rng));
+    check(cudaMemcpy(x0.get(), h.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy x0");
+    check(cudaMemcpy(g0.get(), h.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy dy0");
+  }
+};
+
+// One pass; `weight(i)` gives layer i's weight pointer (streamed: from the
+// schedule). Returns the buffer holding the last result.
+template <class W>
+void* chain_pass(const QModel& m, lwo_quant_format_t f, int64_t T, bool bwd, Acts& acts,
+                 cudaStream_t st, W&& weight) {
+  const size_t R = m.ops.size();
+  const void* cur = acts.x0.get();
+  void* bufs[2] = {acts.a.get(), acts.b.get()};
+  int k = 0;
+  for (size_t i = 0; i < R; ++i) {
+    const lwo_linear_desc d = desc_of(m.ops[i], f);
+    check(lwo_linear_forward(engine(), &d, T, cur, weight(i, false), nullptr, bufs[k], st),
+          "lwo_linear_forward");
+    cur = bufs[k];
+    k ^= 1;
+  }
+  if (!bwd) return const_cast<void*>(cur);
+  cur = acts.g0.get();
+  for (size_t i = R; i-- > 0;) {
+    const lwo_linear_desc d = desc_of(m.ops[i], f);
+    check(lwo_linear_backward(engine(), &d, T, nullptr, cur, weight(i, true), bufs[k], nullptr,
+                              nullptr, LWO_DTYPE_F32, st),
+          "lwo_linear_backward");
+    cur = bufs[k];
+    k ^= 1;
+  }
+  return const_cast<void*>(cur);
+}
+
+struct Streamed {
+  double median_ms = 0;
+  double h2d_bytes = 0;  // per pass
+  void* last = nullptr;
+};
+
+Streamed streamed(const QModel& m, const Format& fmt, int64_t T, bool bwd, uint32_t depth,
+                  Acts& acts, cudaStream_t st) {
+  QPool& P = pool_of(m, fmt);
+  lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+  rc.depth = depth;
+  Ring ring;
+  check(lwo_ring_create(P.pool.get(), &rc, ring.out()), "lwo_ring_create");
+  const uint32_t R = static_cast<uint32_t>(m.ops.size());
+  std::vector<uint32_t> order;
+  for (uint32_t l = 0; l < R; ++l) order.push_back(l);
+  if (bwd)
+    for (uint32_t l = R; l-- > 0;) order.push_back(l);
+  Schedule sched;
+  check(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
+                            sched.out()),
+        "lwo_schedule_create");
+  auto weight = [&](size_t i, bool) -> const void* {
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    check(lwo_schedule_next(sched.get(), st, &v), "lwo_schedule_next");
+    if (v.layer != i) fail(strf("schedule gave layer %u, expected %zu", v.layer, i));
+    return v.tensors[0];
+  };
+  std::vector<double> ms;
+  Streamed out;
+  uint64_t bytes0 = 0;
+  for (int it = 0; it < g_warmup + g_iterations; ++it) {
+    if (it == g_warmup) bytes0 = testkit::ring_stats(ring.get()).bytes_copied;
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    const double t0 = now_seconds();
+    check(lwo_schedule_reset(sched.get(), st), "lwo_schedule_reset");
+    out.last = chain_pass(m, fmt.f, T, bwd, acts, st, weight);
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    if (lwo_schedule_next(sched.get(), st, &v) != LWO_END) fail("the schedule did not end");
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    if (it >= g_warmup) ms.push_back((now_seconds() - t0) * 1e3);
+  }
+  check(lwo_engine_check(engine()), "lwo_engine_check");
+  out.median_ms = median(ms);
+  out.h2d_bytes =
+      static_cast<double>(testkit::ring_stats(ring.get()).bytes_copied - bytes0) / g_iterations;
+  return out;
+}
+
+void bm_speed(benchmark::State& state, const QModel& m, bool bwd) {
+  run_guarded(state, [&] {
+    const int64_t T = state.range(0);
+    const uint32_t depth = static_cast<uint32_t>(state.range(1));
+    Stream stream = make_stream();
+    Acts acts(T, m.max_dim());
+    auto& c = state.counters;
+    double bf16_ms = 0, total = 0;
+    for (auto _ : state) {
+      for (const Format& fmt : formats()) {
+        const Streamed s = streamed(m, fmt, T, bwd, depth, acts, stream.get());
+        total += s.median_ms;
+        const std::string n = fmt.name;
+        c[n + "_ms"] = s.median_ms;
+        c[n + "_h2d_bytes"] = s.h2d_bytes;
+        c[n + "_pool_bytes"] = static_cast<double>(pool_of(m, fmt).bytes);
+        c[n + "_GBps"] = s.h2d_bytes / (s.median_ms * 1e6);
+        if (fmt.f == LWO_QUANT_NONE) {
+          bf16_ms = s.median_ms;
+          continue;
+        }
+        const double speedup = s.median_ms > 0 ? bf16_ms / s.median_ms : 0;
+        c[n + "_speedup"] = speedup;
+        c[n + "_target"] = fmt.target;
+        c[n + "_met"] = speedup >= fmt.target ? 1 : 0;
+      }
+      state.SetIterationTime(total / 1e3);
+    }
+    c["h2d_peak_GBps"] = peaks().h2d_gbps;
+    c["records"] = static_cast<double>(m.ops.size());
+    c["depth"] = depth;
+    c["T"] = static_cast<double>(T);
+  });
+}
+
+// Resident copies of one format's weights: the quantized bytes (as the pool
+// holds them) and their dequantization to bf16 (lwo_dequantize).
+struct Resident {
+  std::vector<DeviceMem> q, dense;
+};
+Resident make_resident(const QModel& m, const Format& fmt, cudaStream_t st) {
+  QPool& P = pool_of(m, fmt);
+  Resident r;
+  for (uint32_t l = 0; l < m.ops.size(); ++l) {
+    void* h = nullptr;
+    uint64_t b = 0;
+    check(lwo_pool_tensor_host(P.pool.get(), l, "weight", &h, &b), "lwo_pool_tensor_host");
+    r.q.push_back(device_alloc(b, "resident quantized weight"));
+    check(cudaMemcpy(r.q.back().get(), h, b, cudaMemcpyHostToDevice), "cudaMemcpy");
+    const Op& op = m.ops[l];
+    r.dense.push_back(device_alloc(static_cast<size_t>(op.in * op.out) * 2, "dequantized weight"));
+    lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
+    qd.format = fmt.f;
+    qd.dtype = LWO_DTYPE_BF16;
+    qd.rows = op.out;
+    qd.cols = op.in;
+    check(lwo_dequantize(engine(), &qd, r.q.back().get(), r.dense.back().get(), st),
+          "lwo_dequantize");
+  }
+  check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  return r;
+}
+
+double resident_ms(const QModel& m, lwo_quant_format_t f, const std::vector<DeviceMem>& w,
+                   int64_t T, Acts& acts, cudaStream_t st, void** last) {
+  std::vector<double> ms;
+  auto weight = [&](size_t i, bool) -> const void* { return w[i].get(); };
+  for (int it = 0; it < g_warmup + g_iterations; ++it) {
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    const double t0 = now_seconds();
+    *last = chain_pass(m, f, T, true, acts, st, weight);
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    if (it >= g_warmup) ms.push_back((now_seconds() - t0) * 1e3);
+  }
+  return median(ms);
+}
+
+void bm_share(benchmark::State& state, const QModel& m) {
+  run_guarded(state, [&] {
+    const int64_t T = state.range(0);
+    Stream stream = make_stream();
+    Acts acts(T, m.max_dim());
+    const int64_t last_dim = m.ops.front().in;  // dx of layer 0
+    const size_t out_bytes = static_cast<size_t>(T * last_dim) * 2;
+    auto& c = state.counters;
+    double total = 0;
+    for (auto _ : state) {
+      for (const Format& fmt : formats()) {
+        if (fmt.f == LWO_QUANT_NONE) continue;
+        const std::string n = fmt.name;
+        Resident r = make_resident(m, fmt, stream.get());
+        void* last = nullptr;
+        const double dense = resident_ms(m, LWO_QUANT_NONE, r.dense, T, acts, stream.get(), &last);
+        const double quant = resident_ms(m, fmt.f, r.q, T, acts, stream.get(), &last);
+        std::vector<uint8_t> want(out_bytes), got(out_bytes);
+        check(cudaMemcpy(want.data(), last, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        r = Resident();  // free before streaming
+        const Streamed s = streamed(m, fmt, T, true, 2, acts, stream.get());
+        check(cudaMemcpy(got.data(), s.last, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        total += s.median_ms;
+        const double dq = quant - dense;
+        c[n + "_resident_dense_ms"] = dense;
+        c[n + "_resident_quant_ms"] = quant;
+        c[n + "_step_ms"] = s.median_ms;
+        c[n + "_dequant_ms"] = dq;
+        c[n + "_share"] = s.median_ms > 0 ? dq / s.median_ms : 0;
+        c[n + "_share_met"] = s.median_ms > 0 && dq / s.median_ms <= kShareTarget ? 1 : 0;
+        c[n + "_matches_resident"] = want == got ? 1 : 0;
+        if (want != got)
+          std::fprintf(stderr, "bench_quant: %s %s T=%lld: streamed dx differs from resident\n",
+                       m.name.c_str(), fmt.name, static_cast<long long>(T));
+      }
+      state.SetIterationTime(total / 1e3);
+    }
+    c["share_target"] = kShareTarget;
+    c["T"] = static_cast<double>(T);
+  });
+}
+
+void register_benchmarks() {
+  static const std::vector<QModel> all = {linear8192x32(), m144()};
+  for (const QModel& m : all) {
+    for (bool bwd : {false, true}) {
+      const std::string name = "quant/" + m.name + (bwd ? "/fwd_bwd_data" : "/fwd");
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [&m, bwd](benchmark::State& st) { bm_speed(st, m, bwd); })
+          ->Args({1024, 2})
+          ->ArgNames({"T", "depth"})
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
+    const std::string name = "quant/" + m.name + "/dequant_share";
+    benchmark::RegisterBenchmark(name.c_str(), [&m](benchmark::State& st) { bm_share(st, m); })
+        ->Args({16384})
+        ->ArgNames({"T"})
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+}  // namespace lwob
+
+int main(int argc, char** argv) {
+  lwob::MainSpec spec;
+  spec.program = "bench_quant";
+  spec.about = "quantized weights on the bus: speed against bf16, dequantization's share";
+  spec.flags = {
+      {"--iterations", "timed passes of each kind (default 5)",
+       [](const std::string& v) {
+         lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
+       }},
+      {"--warmup", "untimed passes of each kind first (default 1)",
+       [](const std::string& v) {
+         lwob::g_warmup = static_cast<int>(lwob::parse_uint("--warmup", v, 0, 1000));
+       }},
+  };
+  spec.needs_d2h_peak = false;
+  spec.register_benchmarks = lwob::register_benchmarks;
+  spec.cleanup = lwob::cleanup;
+  return lwob::bench_main(argc, argv, spec);
+}
