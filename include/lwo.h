@@ -176,6 +176,11 @@ typedef enum lwo_status_t {
   /* A file could not be opened, read, mapped or examined (the message
    * carries the system's error text). */
   LWO_ERR_IO = 301,
+  /* Since 0.4.0: the engine's device memory budget (lwo_engine_config
+   * budget_bytes / budget_share) has too little left for what the call would
+   * allocate; the message says how many bytes it needs and how many are
+   * left. Nothing was allocated. */
+  LWO_ERR_OVER_BUDGET = 302,
 
   /* -- device (4xx) -- */
   /* No CUDA device was found, or the requested ordinal does not exist. */
@@ -337,6 +342,22 @@ typedef struct lwo_engine_config {
   size_t size;        /* sizeof(lwo_engine_config) */
   int32_t device;     /* CUDA device ordinal; default 0 */
   uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM */
+  /* Since 0.4.0: the device memory budget, which lwo never exceeds. Every
+   * device allocation lwo makes counts: ring slots, resident layers,
+   * gradient staging slots and compute workspaces, each as cudaMalloc
+   * rounds it (2 MiB pages from 1 MiB up, 512-byte units below). A call
+   * that would go past it fails with LWO_ERR_OVER_BUDGET, allocating
+   * nothing, and says how many bytes it needs and how many are left. The
+   * limit is the smallest of those set: `budget_bytes`; `budget_share`
+   * (0 < share <= 1) of the device memory free at creation; that free
+   * memory less `budget_headroom` bytes (kept for other programs). All 0
+   * (the default): no limit. lwo_engine_set_budget changes it later,
+   * lwo_engine_get_memory reports it. (Not counted: what the CUDA, cuBLAS,
+   * cuDNN and NCCL libraries reserve themselves, and the few bytes per rank
+   * of a sharded pool's creation check and LWO_ENGINE_CHECK_COLLECTIVES.) */
+  uint64_t budget_bytes;
+  double budget_share;
+  uint64_t budget_headroom;
 } lwo_engine_config;
 
 /* Debug mode for sharded pools: before every collective step (each stage of
@@ -360,7 +381,7 @@ typedef struct lwo_engine_config {
  * variable LWO_HEURISTIC_GEMM=1 sets it for every engine. Since 0.3.0. */
 #define LWO_ENGINE_HEURISTIC_GEMM 0x2u
 
-#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
+#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u, 0u, 0.0, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);
 
 /* Creates an engine on one CUDA device, with its own non-blocking transfer
@@ -377,6 +398,32 @@ LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine);
 
 /* The CUDA device ordinal of the engine. */
 LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device);
+
+/* Since 0.4.0: sets the engine's device memory budget as lwo_engine_config's
+ * budget fields do (share and headroom of the memory free now to lwo: free
+ * on the device plus what lwo holds); all 0 removes it. LWO_ERR_INVALID_ARGUMENT
+ * for a share outside [0, 1]; LWO_ERR_OVER_BUDGET when lwo already holds more
+ * than the new limit (the budget is then unchanged). */
+LWO_API lwo_status_t lwo_engine_set_budget(lwo_engine* engine, uint64_t budget_bytes,
+                                           double budget_share, uint64_t budget_headroom);
+
+/* What the engine's objects hold on the device now (Since 0.4.0). */
+typedef struct lwo_engine_memory {
+  size_t size;              /* sizeof(lwo_engine_memory), set by the caller */
+  uint64_t budget;          /* the limit in bytes; 0: none */
+  uint64_t used;            /* all that lwo holds, as the budget counts it */
+  uint64_t left;            /* budget - used; with no budget, the device's free memory */
+  uint64_t ring_slots;      /* of `used`: the rings' slots */
+  uint64_t resident;        /* resident layers */
+  uint64_t grads;           /* gradient staging slots */
+  uint64_t workspaces;      /* compute workspaces */
+  uint64_t device_free;     /* cudaMemGetInfo, now */
+  uint64_t device_total;
+} lwo_engine_memory;
+
+#define LWO_ENGINE_MEMORY_INIT {sizeof(lwo_engine_memory), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u}
+
+LWO_API lwo_status_t lwo_engine_get_memory(const lwo_engine* engine, lwo_engine_memory* memory);
 
 /* The engine's transfer stream, on which every host-to-device copy of every
  * ring of the engine is enqueued. Owned by the engine; valid until it is
@@ -571,9 +618,25 @@ typedef struct lwo_ring_config {
   uint32_t depth;   /* number of slots, 1..4096; default 2 (enough to saturate
                        one PCIe link when compute per layer is even) */
   uint32_t flags;   /* LWO_RING_TIMING or 0 */
+  /* Since 0.4.0: resident layers. `resident_layers` lists n_resident
+   * distinct layer ids of the pool (copied; NULL when n_resident is 0) that
+   * the ring keeps on the device in slots of their own, one per layer, each
+   * the size of its record. They are uploaded once, at lwo_ring_create (on
+   * the transfer stream, stream-ordered like a stage), and again only when
+   * the layer changed (lwo_pool_layer_changed, lwo_pool_write): the next
+   * stage then copies it into the same slot, ordered after every release of
+   * the old bytes. Any other stage of a resident layer is a hit that moves
+   * nothing. Tickets, acquire, release, schedules and gradients work on them
+   * as on any layer. The `depth` slots then hold the largest streamed
+   * record. depth + n_resident is at most 4096. Errors: a NULL list with
+   * n_resident > 0 or a repeated id (LWO_ERR_INVALID_ARGUMENT), an id
+   * outside the pool (LWO_ERR_OUT_OF_RANGE), a sharded pool
+   * (LWO_ERR_UNSUPPORTED), the engine's budget (LWO_ERR_OVER_BUDGET). */
+  const uint32_t* resident_layers;
+  uint32_t n_resident;
 } lwo_ring_config;
 
-#define LWO_RING_CONFIG_INIT {sizeof(lwo_ring_config), 2u, 0u}
+#define LWO_RING_CONFIG_INIT {sizeof(lwo_ring_config), 2u, 0u, NULL, 0u}
 LWO_API void lwo_ring_config_init(lwo_ring_config* config);
 
 /* Creates a ring of `depth` device slots, each the size of the pool's largest
@@ -682,6 +745,8 @@ typedef struct lwo_ring_info {
   uint32_t depth;
   uint32_t n_free;        /* slots that are empty or released */
   uint64_t slot_bytes;
+  uint32_t n_resident;      /* resident layers (since 0.4.0) */
+  uint64_t resident_bytes;  /* their records' bytes on the device (since 0.4.0) */
 } lwo_ring_info;
 
 LWO_API lwo_status_t lwo_ring_get_info(const lwo_ring* ring, lwo_ring_info* info);
@@ -698,6 +763,12 @@ typedef struct lwo_ring_stats {
   double wait_ms;           /* time consumer streams stood waiting in
                                lwo_ring_acquire for copies to land */
   double bandwidth_gbps;    /* bytes_copied / copy_ms, in 1e9 bytes/s */
+  /* Since 0.4.0: resident layers. n_hits and n_copies / bytes_copied include
+   * these (the uploads at lwo_ring_create count until the first reset). */
+  uint64_t n_resident_hits;         /* stages of resident layers (all hits) */
+  uint64_t n_resident_uploads;      /* copies of resident layers: at creation,
+                                       and after each change */
+  uint64_t resident_bytes_uploaded; /* their bytes */
 } lwo_ring_stats;
 
 /* Statistics since creation or the last reset. With LWO_RING_TIMING, both

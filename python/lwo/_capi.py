@@ -44,6 +44,7 @@ LWO_ERR_BUSY = 204
 LWO_ERR_FILE_CHANGED = 205
 LWO_ERR_OUT_OF_MEMORY = 300
 LWO_ERR_IO = 301
+LWO_ERR_OVER_BUDGET = 302  # since 0.4.0
 LWO_ERR_NO_DEVICE = 400
 LWO_ERR_CUDA = 401
 LWO_ERR_CUBLAS = 402
@@ -230,7 +231,31 @@ class lwo_layer_desc(_Struct):
 
 
 class lwo_engine_config(_Struct):
-    _fields_ = [("size", _size_t), ("device", _i32), ("flags", _u32)]
+    _fields_ = [
+        ("size", _size_t),
+        ("device", _i32),
+        ("flags", _u32),
+        # since 0.4.0: the device memory budget
+        ("budget_bytes", _u64),
+        ("budget_share", ctypes.c_double),
+        ("budget_headroom", _u64),
+    ]
+
+
+# since 0.4.0
+class lwo_engine_memory(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("budget", _u64),
+        ("used", _u64),
+        ("left", _u64),
+        ("ring_slots", _u64),
+        ("resident", _u64),
+        ("grads", _u64),
+        ("workspaces", _u64),
+        ("device_free", _u64),
+        ("device_total", _u64),
+    ]
 
 
 class lwo_pool_config(_Struct):
@@ -270,7 +295,14 @@ class lwo_ticket(_Struct):
 
 
 class lwo_ring_config(_Struct):
-    _fields_ = [("size", _size_t), ("depth", _u32), ("flags", _u32)]
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("flags", _u32),
+        # since 0.4.0: resident layers
+        ("resident_layers", ctypes.POINTER(_u32)),
+        ("n_resident", _u32),
+    ]
 
 
 class lwo_layer_view(_Struct):
@@ -287,7 +319,14 @@ class lwo_layer_view(_Struct):
 
 
 class lwo_ring_info(_Struct):
-    _fields_ = [("size", _size_t), ("depth", _u32), ("n_free", _u32), ("slot_bytes", _u64)]
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("n_free", _u32),
+        ("slot_bytes", _u64),
+        ("n_resident", _u32),  # since 0.4.0
+        ("resident_bytes", _u64),  # since 0.4.0
+    ]
 
 
 class lwo_ring_stats(_Struct):
@@ -300,6 +339,10 @@ class lwo_ring_stats(_Struct):
         ("copy_ms", ctypes.c_double),
         ("wait_ms", ctypes.c_double),
         ("bandwidth_gbps", ctypes.c_double),
+        # since 0.4.0: resident layers
+        ("n_resident_hits", _u64),
+        ("n_resident_uploads", _u64),
+        ("resident_bytes_uploaded", _u64),
     ]
 
 
@@ -420,7 +463,8 @@ class lwo_quant_layout_info(_Struct):
 STRUCTS = {
     cls.__name__: cls
     for cls in [
-        lwo_ext, lwo_tensor_desc, lwo_layer_desc, lwo_engine_config, lwo_pool_config,
+        lwo_ext, lwo_tensor_desc, lwo_layer_desc, lwo_engine_config, lwo_engine_memory,
+        lwo_pool_config,
         lwo_host_region, lwo_pool_info, lwo_tensor_info, lwo_ticket, lwo_ring_config,
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
@@ -445,6 +489,9 @@ FUNCTIONS = {
     "lwo_engine_create": (_S, [_P(lwo_engine_config), _P(lwo_engine_p)]),
     "lwo_engine_destroy": (_S, [lwo_engine_p]),
     "lwo_engine_device": (_S, [lwo_engine_p, _P(_i32)]),
+    # since 0.4.0: the device memory budget
+    "lwo_engine_set_budget": (_S, [lwo_engine_p, _u64, ctypes.c_double, _u64]),
+    "lwo_engine_get_memory": (_S, [lwo_engine_p, _P(lwo_engine_memory)]),
     "lwo_engine_transfer_stream": (_S, [lwo_engine_p, _P(lwo_stream_t)]),
     "lwo_engine_check": (_S, [lwo_engine_p]),
     "lwo_engine_synchronize": (_S, [lwo_engine_p]),

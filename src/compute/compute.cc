@@ -91,7 +91,10 @@ Compute::~Compute() {
   int prev = 0;
   if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
     (void)cudaDeviceSynchronize();
-    for (auto& kv : workspaces_) (void)cudaFree(kv.second.ptr);
+    for (auto& kv : workspaces_) {
+      (void)cudaFree(kv.second.ptr);
+      uncharge(kv.second.charged);
+    }
     (void)cudaSetDevice(prev);
   }
   for (auto& kv : algos_) {
@@ -117,12 +120,19 @@ void* Compute::workspace(void* stream, size_t bytes) {
   if (it != workspaces_.end()) {  // grow: the old one may still be in use on its stream
     LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "compute: growing a workspace");
     LWO_RT(cudaFree(it->second.ptr), "compute: growing a workspace");
+    uncharge(it->second.charged);
     workspaces_.erase(it);
   }
   bytes = std::max(bytes, kWorkspaceBytes);
+  uint64_t charged = hooks_.charge ? hooks_.charge(bytes) : 0;  // throws over budget
   void* p = nullptr;
-  LWO_RT(cudaMalloc(&p, bytes), "compute: workspace");
-  workspaces_[stream] = Workspace{p, bytes};
+  try {
+    LWO_RT(cudaMalloc(&p, bytes), "compute: workspace");
+  } catch (...) {
+    uncharge(charged);
+    throw;
+  }
+  workspaces_[stream] = Workspace{p, bytes, charged};
   return p;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -21,6 +22,16 @@ class Compute {
   ~Compute();
   Compute(const Compute&) = delete;
   Compute& operator=(const Compute&) = delete;
+
+  // ---- device memory budget (Since 0.4.0) ----
+  // Workspaces are charged to the engine's budget through these: `charge`
+  // returns the bytes charged for one allocation of its argument (or throws
+  // LWO_ERR_OVER_BUDGET), `uncharge` gives them back. Set once, before use.
+  struct MemoryHooks {
+    std::function<uint64_t(uint64_t)> charge;
+    std::function<void(uint64_t)> uncharge;
+  };
+  void set_memory_hooks(MemoryHooks hooks) { hooks_ = std::move(hooks); }
 
   struct Linear {
     lwo_dtype_t dtype;
@@ -96,7 +107,12 @@ class Compute {
   struct Workspace {
     void* ptr;
     size_t bytes;
+    uint64_t charged = 0;  // to the engine's budget
   };
+  MemoryHooks hooks_;
+  void uncharge(uint64_t charged) noexcept {
+    if (charged && hooks_.uncharge) hooks_.uncharge(charged);
+  }
   std::unordered_map<void*, Workspace> workspaces_;  // per stream
   void* cudnn_ = nullptr;                            // cudnnHandle_t
   // Convolution algorithms by (direction, shape...): algorithm, workspace bytes.
