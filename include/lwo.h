@@ -818,6 +818,104 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
 
 /* ------------------------------------------------------------------------ */
+/* The planner (since 0.4.0)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Threads: any thread; a plan is read-only once made.
+ *
+ * Given a pool, a device memory budget, a pass (a forward, or a training
+ * step: forward, then backward in reverse order with the trainable layers'
+ * gradients going to the host) and each layer's compute time, the planner
+ * chooses which layers stay resident and the ring depth that minimise the
+ * predicted pass time within the budget, and predicts the pass layer by
+ * layer (when each compute starts, how long it waits for its weights). The
+ * model and the search are described in docs/ARCHITECTURE.md ("The
+ * planner"). lwo_plan_ring_config turns the plan into the ring to create. */
+typedef struct lwo_plan lwo_plan;
+
+/* The pass is a training step (forward, then backward) rather than a forward. */
+#define LWO_PLAN_TRAIN 0x1u
+/* Measure the link on the engine's device (host to device, device to host,
+ * and both at once, with pinned buffers of calibrate_bytes on the engine's
+ * streams; it blocks for the copies) instead of taking the rates below. */
+#define LWO_PLAN_CALIBRATE_LINK 0x2u
+
+typedef struct lwo_plan_config {
+  size_t size;               /* sizeof(lwo_plan_config) */
+  uint32_t flags;            /* LWO_PLAN_TRAIN | LWO_PLAN_CALIBRATE_LINK */
+  uint32_t grad_depth;       /* gradient staging slots of a step; default 2 */
+  uint64_t budget_bytes;     /* device bytes the plan may use; 0: what the
+                                engine's budget has left (lwo_engine_get_memory
+                                `left`), or the device's free memory */
+  const double* fwd_ms;      /* per layer (n_layers): forward compute, ms; required */
+  const double* bwd_ms;      /* per layer: backward compute, ms; required for a step */
+  const uint8_t* trainable;  /* per layer, 1 = its gradients go to the host in
+                                a step; NULL: every layer */
+  const uint64_t* grad_bytes;/* per layer: gradient bytes of a trainable layer;
+                                NULL: its tensors' bytes (the layer's dtype) */
+  /* The link, in 1e9 bytes/s: each direction alone and both at once (0: as
+   * alone). Ignored with LWO_PLAN_CALIBRATE_LINK. */
+  double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;
+  uint64_t calibrate_bytes;  /* per copy when calibrating; default 256 MiB */
+  const uint32_t* depths;    /* ring depths to try (1..4096); NULL: 1, 2, 3, 4, 6, 8 */
+  uint32_t n_depths;
+} lwo_plan_config;
+
+#define LWO_PLAN_CONFIG_INIT \
+  {sizeof(lwo_plan_config), 0u, 2u, 0u, NULL, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0u, NULL, 0u}
+LWO_API void lwo_plan_config_init(lwo_plan_config* config);
+
+/* Chooses and predicts. Errors: a NULL config, fwd_ms (or bwd_ms for a
+ * step), a negative or non-finite time, a rate <= 0 without calibration,
+ * a depth outside 1..4096 (LWO_ERR_INVALID_ARGUMENT); a sharded pool
+ * (LWO_ERR_UNSUPPORTED: resident layers are refused there); a budget that
+ * not even a ring of the smallest depth fits (LWO_ERR_OVER_BUDGET, with the
+ * bytes it needs). */
+LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* config,
+                                     lwo_plan** plan);
+LWO_API lwo_status_t lwo_plan_destroy(lwo_plan* plan);
+
+typedef struct lwo_plan_info {
+  size_t size;               /* sizeof(lwo_plan_info), set by the caller */
+  uint32_t depth;            /* the ring depth chosen */
+  uint32_t n_resident;       /* layers kept resident */
+  uint32_t n_positions;      /* positions of the pass: L, or 2L for a step */
+  uint32_t train;            /* 1 for a training step */
+  uint64_t device_bytes;     /* the plan's device bytes (slots, resident
+                                records, gradient staging), unrounded */
+  uint64_t budget_bytes;     /* the budget it was chosen for */
+  double predicted_ms;       /* the pass, in the steady state */
+  double predicted_stall_ms; /* compute waiting for weights, summed */
+  uint64_t h2d_bytes, d2h_bytes;  /* the pass's transfers */
+  double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;  /* the link used */
+  double first_k_ms;         /* the "first k layers resident" rule at the
+                                same depth and budget, for comparison */
+} lwo_plan_info;
+
+LWO_API lwo_status_t lwo_plan_get_info(const lwo_plan* plan, lwo_plan_info* info);
+
+/* One position of the predicted pass (schedule order: layers 0..L-1, then
+ * for a step L-1..0 backward). */
+typedef struct lwo_plan_position {
+  size_t size;          /* sizeof(lwo_plan_position), set by the caller */
+  uint32_t layer;
+  uint32_t backward;    /* 1 in a step's backward half */
+  uint32_t resident;    /* 1 if the layer is resident */
+  uint32_t hit;         /* 1 if streamed but still in a slot */
+  double copy_ms;       /* its copy (0 if resident or a hit) */
+  double start_ms;      /* its compute's start, from the pass's start */
+  double stall_ms;      /* how long its compute waited for the weights */
+} lwo_plan_position;
+
+/* LWO_ERR_OUT_OF_RANGE for position >= n_positions. */
+LWO_API lwo_status_t lwo_plan_get_position(const lwo_plan* plan, uint32_t position,
+                                           lwo_plan_position* out);
+
+/* The plan as a ring config: depth, resident_layers (ascending; the array
+ * lives as long as the plan) and n_resident; size and flags are kept. */
+LWO_API lwo_status_t lwo_plan_ring_config(const lwo_plan* plan, lwo_ring_config* config);
+
+/* ------------------------------------------------------------------------ */
 /* Layer compute: linear layers                                              */
 /* ------------------------------------------------------------------------ */
 

@@ -130,6 +130,8 @@ LWO_POOL_SHARDED = 4
 LWO_POOL_KIND_FORCE_32 = 0x7FFFFFFF
 
 LWO_RING_TIMING = 0x1
+LWO_PLAN_TRAIN = 0x1  # since 0.4.0
+LWO_PLAN_CALIBRATE_LINK = 0x2  # since 0.4.0
 
 LWO_TICKET_STAGED = 1
 LWO_TICKET_ACQUIRED = 2
@@ -183,6 +185,7 @@ lwo_ring_p = ctypes.c_void_p
 lwo_schedule_p = ctypes.c_void_p
 lwo_grads_p = ctypes.c_void_p
 lwo_checkpoint_p = ctypes.c_void_p
+lwo_plan_p = ctypes.c_void_p  # since 0.4.0
 
 _size_t = ctypes.c_size_t
 _i32 = ctypes.c_int32
@@ -459,6 +462,61 @@ class lwo_quant_layout_info(_Struct):
     ]
 
 
+# since 0.4.0: the planner
+class lwo_plan_config(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("flags", _u32),
+        ("grad_depth", _u32),
+        ("budget_bytes", _u64),
+        ("fwd_ms", ctypes.POINTER(ctypes.c_double)),
+        ("bwd_ms", ctypes.POINTER(ctypes.c_double)),
+        ("trainable", ctypes.POINTER(ctypes.c_uint8)),
+        ("grad_bytes", ctypes.POINTER(_u64)),
+        ("h2d_gbps", ctypes.c_double),
+        ("d2h_gbps", ctypes.c_double),
+        ("duplex_h2d_gbps", ctypes.c_double),
+        ("duplex_d2h_gbps", ctypes.c_double),
+        ("calibrate_bytes", _u64),
+        ("depths", ctypes.POINTER(_u32)),
+        ("n_depths", _u32),
+    ]
+
+
+class lwo_plan_info(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("n_resident", _u32),
+        ("n_positions", _u32),
+        ("train", _u32),
+        ("device_bytes", _u64),
+        ("budget_bytes", _u64),
+        ("predicted_ms", ctypes.c_double),
+        ("predicted_stall_ms", ctypes.c_double),
+        ("h2d_bytes", _u64),
+        ("d2h_bytes", _u64),
+        ("h2d_gbps", ctypes.c_double),
+        ("d2h_gbps", ctypes.c_double),
+        ("duplex_h2d_gbps", ctypes.c_double),
+        ("duplex_d2h_gbps", ctypes.c_double),
+        ("first_k_ms", ctypes.c_double),
+    ]
+
+
+class lwo_plan_position(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("layer", _u32),
+        ("backward", _u32),
+        ("resident", _u32),
+        ("hit", _u32),
+        ("copy_ms", ctypes.c_double),
+        ("start_ms", ctypes.c_double),
+        ("stall_ms", ctypes.c_double),
+    ]
+
+
 #: Every struct of lwo.h, by its C name.
 STRUCTS = {
     cls.__name__: cls
@@ -469,6 +527,7 @@ STRUCTS = {
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
         lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
+        lwo_plan_config, lwo_plan_info, lwo_plan_position,
     ]
 }
 
@@ -533,6 +592,13 @@ FUNCTIONS = {
     "lwo_schedule_next": (_S, [lwo_schedule_p, lwo_stream_t, _P(lwo_layer_view)]),
     "lwo_schedule_position": (_S, [lwo_schedule_p, _P(_u32)]),
     "lwo_schedule_reset": (_S, [lwo_schedule_p, lwo_stream_t]),
+    # since 0.4.0: the planner
+    "lwo_plan_config_init": (None, [_P(lwo_plan_config)]),
+    "lwo_plan_create": (_S, [lwo_pool_p, _P(lwo_plan_config), _P(lwo_plan_p)]),
+    "lwo_plan_destroy": (_S, [lwo_plan_p]),
+    "lwo_plan_get_info": (_S, [lwo_plan_p, _P(lwo_plan_info)]),
+    "lwo_plan_get_position": (_S, [lwo_plan_p, _u32, _P(lwo_plan_position)]),
+    "lwo_plan_ring_config": (_S, [lwo_plan_p, _P(lwo_ring_config)]),
     # linear
     "lwo_linear_desc_init": (None, [_P(lwo_linear_desc)]),
     "lwo_linear_forward": (

@@ -91,7 +91,9 @@ TEST_F(ResidentTest, ResidentLayersAreHitsThatMoveNothing) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       uint64_t before = gpu->stats.copies;
       use(ring, pool, l, pass % 2 ? c : d);
-      if (l == 4 || l == 1) EXPECT_EQ(gpu->stats.copies, before) << "resident layer " << l;
+      if (l == 4 || l == 1) {
+        EXPECT_EQ(gpu->stats.copies, before) << "resident layer " << l;
+      }
     }
   lwo_ring_stats st = stats(ring);
   EXPECT_EQ(st.n_stages, uint64_t(kPasses) * kLayers);
