@@ -640,7 +640,9 @@ typedef struct lwo_ring_config {
 LWO_API void lwo_ring_config_init(lwo_ring_config* config);
 
 /* Creates a ring of `depth` device slots, each the size of the pool's largest
- * record, serving layers of `pool`. `config` may be NULL. */
+ * record (since 0.4.0: its largest streamed record, when resident layers are
+ * listed), serving layers of `pool`. `config` may be NULL. Since 0.4.0 the
+ * slots count against the engine's budget (LWO_ERR_OVER_BUDGET). */
 LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
                                      lwo_ring** ring);
 
@@ -668,6 +670,10 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * this rank's shard (shard bytes) and all-gathers the rest. lwo_ring_stats
  * counts these: n_copies host-to-device copies and bytes_copied their run
  * bytes (never the all-gather).
+ *
+ * A resident layer (lwo_ring_config.resident_layers, since 0.4.0) is always a
+ * hit, except after it changed: then it is copied again into its own slot,
+ * ordered after every release of its old bytes.
  *
  * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
  * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
