@@ -225,6 +225,7 @@ struct Results {
   std::vector<double> plan_ms;
   double plan_median_ms = 0;
   uint64_t plan_h2d_bytes = 0;  // per step, median step's
+  std::string plan_check;
 
   double ratio(double ms) const { return bound > 0 ? ms / bound : 0; }
   bool met() const { return ratio(median_ms) <= target; }
@@ -556,9 +557,10 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
     for (size_t i = 0; i < r.plan_ms.size(); ++i)
       std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_ms[i]);
     std::fprintf(j, "], \"median_ms\": %.4f, \"predicted_ms\": %.5f, \"h2d_bytes\": %llu, "
-                 "\"time_ratio\": %.5f},\n", r.plan_median_ms, r.plan.info.predicted_ms,
-                 static_cast<unsigned long long>(r.plan_h2d_bytes),
-                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0);
+                 "\"time_ratio\": %.5f, \"check\": %s},\n", r.plan_median_ms,
+                 r.plan.info.predicted_ms, static_cast<unsigned long long>(r.plan_h2d_bytes),
+                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
+                 json_string(r.plan_check).c_str());
   }
   std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
 }
@@ -888,6 +890,10 @@ int cmd_train(int argc, char** argv) {
       ps.push_back(step());
       r.plan_ms.push_back(ps.back().ms);
       plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
+      if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
+        r.plan_check = check_step(o, sz, *run, *weights, grads.get());
+        progress("planned check: %s", r.plan_check.c_str());
+      }
     }
     r.plan_median_ms = median(r.plan_ms);
     for (const testkit::StepStats& st : ps)
@@ -912,6 +918,7 @@ int cmd_train(int argc, char** argv) {
                 100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
                 fmt_bytes(r.plan_h2d_bytes).c_str());
+    std::printf("%-10s %s\n", "check", r.plan_check.c_str());
   }
   if (json.is_open()) {
     write_json(json.get(), dev, o, r);
