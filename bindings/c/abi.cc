@@ -21,6 +21,7 @@ const char* kind_name(Kind k) {
     case Kind::Schedule: return "schedule";
     case Kind::Grads: return "grads";
     case Kind::Checkpoint: return "checkpoint";
+    case Kind::Optim: return "optimizer";
   }
   return "?";
 }

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/grads.h"
+#include "engine/optimizer.h"
 #include "engine/pool.h"
 #include "engine/ring.h"
 #include "engine/schedule.h"
@@ -38,11 +39,14 @@ struct lwo_checkpoint {
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
 };
+struct lwo_optim {  // since 0.4.0
+  std::unique_ptr<lwo::Optimizer> impl;
+};
 
 namespace lwo {
 namespace abi {
 
-enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Optim };
 template <class H> constexpr Kind kind_of();
 template <> constexpr Kind kind_of<lwo_engine>() { return Kind::Engine; }
 template <> constexpr Kind kind_of<lwo_pool>() { return Kind::Pool; }
@@ -50,6 +54,7 @@ template <> constexpr Kind kind_of<lwo_ring>() { return Kind::Ring; }
 template <> constexpr Kind kind_of<lwo_schedule>() { return Kind::Schedule; }
 template <> constexpr Kind kind_of<lwo_grads>() { return Kind::Grads; }
 template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; }
+template <> constexpr Kind kind_of<lwo_optim>() { return Kind::Optim; }
 
 // The registry of live handles: a destroyed or foreign pointer is never
 // dereferenced.
