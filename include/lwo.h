@@ -56,7 +56,10 @@
  *    (`lwo_engine_synchronize`, destroy calls, `lwo_grads_wait` and
  *    `lwo_grads_zero`, and with LWO_RING_TIMING `lwo_ring_get_stats` /
  *    `lwo_ring_reset_stats`; a compute call waits for its stream once, when
- *    the stream's workspace must grow).
+ *    the stream's workspace must grow). Since 0.4.0, with an optimizer
+ *    (`lwo_optim`) over the pool, `lwo_ring_stage` and `lwo_grads_begin` of
+ *    a layer wait for that layer's host update of the running step, and
+ *    `lwo_optim_wait` for the step.
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
  *  - Threads, by object kind (each kind's section repeats its line):
@@ -67,6 +70,7 @@
  *      schedule:   one thread at a time (calls are serialised, but two
  *                  threads would take each other's layers).
  *      grads:      any thread; calls serialise internally.
+ *      optim:      any thread; calls serialise internally (since 0.4.0).
  *      checkpoint: any thread; read-only after lwo_checkpoint_open.
  *      compute:    any thread; each stream has its own workspace.
  *  - Tensors: an n_dims = 0 tensor is a scalar of one element; a tensor with
@@ -609,7 +613,11 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
  * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
  * staged or held under another ticket: this wins over a full ring),
- * LWO_ERR_RING_FULL (every slot is staged or held). */
+ * LWO_ERR_RING_FULL (every slot is staged or held).
+ *
+ * Since 0.4.0: where an optimizer (lwo_optim) is updating the layer, the
+ * call first blocks until that layer's update is written (the step marked
+ * the layer changed, so this stage copies the new bytes). */
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer,
                                     lwo_ticket* ticket);
 
@@ -869,7 +877,9 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * example with lwo_linear_backward: several micro-batches may be summed in
  * the slot with LWO_LINEAR_ACCUMULATE), then call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
  * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
- * for a frozen layer. */
+ * for a frozen layer. Since 0.4.0: where an optimizer (lwo_optim) is still
+ * reading the layer's gradients, the call first blocks until it is done
+ * (and lwo_grads_zero until the optimizer's step is done). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
