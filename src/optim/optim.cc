@@ -80,20 +80,20 @@ void adam_g(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
   }
 }
 
-template <StateKind S, lwo_dtype_t G>
+// First: step 1, where the buffer is the gradient (the old one is not read).
+template <StateKind S, lwo_dtype_t G, lwo_dtype_t W, bool First>
 LWO_VECTOR_LOOP void sgd_range(float* __restrict p, void* __restrict m, const float* __restrict pin,
                                const void* __restrict min, const void* __restrict g,
-                               void* __restrict w, lwo_dtype_t wd, uint64_t b, uint64_t e,
-                               float decay, float mom, float damp, float lr, float scale,
-                               bool first, uint32_t key) {
+                               void* __restrict w, uint64_t b, uint64_t e, float decay, float mom,
+                               float damp, float lr, float scale, uint32_t key) {
   for (uint64_t i = b; i < e; ++i) {
     const float gi = load_f32(g, G, i) * scale;
-    const float bi = first ? gi : mom * load_state<S>(min, i) + damp * gi;
+    const float bi = First ? gi : mom * load_state<S>(min, i) + damp * gi;
     const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ key) : 0;
     store_state<S>(m, i, bi, r);
     const float pi = pin[i] * decay - lr * bi;
     p[i] = pi;
-    if (w) store_f32(w, wd, i, pi);
+    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
 }
 
@@ -173,8 +173,21 @@ void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers) {
       auto run = [&](auto s_tag, auto g_tag) {
         constexpr StateKind S = decltype(s_tag)::value;
         constexpr lwo_dtype_t G = decltype(g_tag)::value;
-        sgd_range<S, G>(t.master, t.m, pin, min, t.grad, t.weights, t.weight_dtype, bb, ee, decay,
-                        mom, damp, lr, t.grad_scale, first, key);
+        auto go = [&](auto w_tag) {
+          constexpr lwo_dtype_t W = decltype(w_tag)::value;
+          if (first)
+            sgd_range<S, G, W, true>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
+                                     mom, damp, lr, t.grad_scale, key);
+          else
+            sgd_range<S, G, W, false>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
+                                      mom, damp, lr, t.grad_scale, key);
+        };
+        if (!t.weights) return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_FORCE_32>{});
+        switch (t.weight_dtype) {
+          case LWO_DTYPE_BF16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_BF16>{});
+          case LWO_DTYPE_F16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F16>{});
+          default: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F32>{});
+        }
       };
       auto by_g = [&](auto s_tag) {
         switch (t.grad_dtype) {
