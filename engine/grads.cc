@@ -365,6 +365,18 @@ void Grads::wait() {
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
   }
   wait_worker();
+  // Since 0.4.0: a reader (the optimizer) may still read the old sums of a
+  // layer zeroed lazily: wait for it before the memset below. (It starts no
+  // new read of a stale layer: its steps skip them.)
+  if (Reader* r = reader_.load()) {
+    std::vector<uint32_t> stale;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < layers_.size(); ++i)
+        if (layers_[i].stale) stale.push_back(static_cast<uint32_t>(i));
+    }
+    for (uint32_t l : stale) r->wait_layer(l);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   {
     std::lock_guard<std::mutex> elock(err_mu_);
@@ -386,7 +398,6 @@ void Grads::wait() {
 }
 
 void Grads::zero() {
-  if (Reader* r = reader_.load()) r->wait_all();
   wait();
   // No memset here: the next gradient of each layer assigns every element
   // (in place, or converted), and wait() zeroes the layers that got none.

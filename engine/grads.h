@@ -61,8 +61,9 @@ class Grads {
 
   // ---- Since 0.4.0: the hook of an optimizer (engine/optimizer.h) ----
   // A reader of the host gradients outside the fence: begin() waits (before
-  // anything else) until it has done reading the layer, zero() until it has
-  // done reading every layer, so no new gradient lands under it.
+  // anything else) until it has done reading the layer, so no new gradient
+  // lands under it, and wait() until it has done reading a layer it is about
+  // to zero lazily. wait_all is for callers that need every read done.
   struct Reader {
     virtual ~Reader() = default;
     virtual void wait_layer(uint32_t layer) = 0;

@@ -18,7 +18,8 @@
 //              until it is no longer pending (Pool::Writer); then it copies.
 //   begin:     Grads::begin of a pending layer does the same (Grads::Reader):
 //              no new gradient lands under an update reading the old one;
-//              Grads::zero waits for the whole step.
+//              Grads::wait waits the same way before it zeroes a layer
+//              lazily (so lwo_grads_zero does not wait for the whole step).
 // Clipping by global norm: every layer is updated speculatively with scale 1
 // as it lands, from the state it had before the step into a second copy of
 // the masters and state; once every layer has landed the norm (the sum of

@@ -58,8 +58,9 @@
  *    `lwo_ring_reset_stats`; a compute call waits for its stream once, when
  *    the stream's workspace must grow). Since 0.4.0, with an optimizer
  *    (`lwo_optim`) over the pool, `lwo_ring_stage` and `lwo_grads_begin` of
- *    a layer wait for that layer's host update of the running step, and
- *    `lwo_optim_wait` for the step.
+ *    a layer wait for that layer's host update of the running step (and
+ *    `lwo_grads_wait` / `lwo_grads_zero` for the update of a layer they
+ *    zero), and `lwo_optim_wait` for the step.
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
  *  - Threads, by object kind (each kind's section repeats its line):
@@ -879,7 +880,8 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
  * for a frozen layer. Since 0.4.0: where an optimizer (lwo_optim) is still
  * reading the layer's gradients, the call first blocks until it is done
- * (and lwo_grads_zero until the optimizer's step is done). */
+ * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
+ * it zeroes). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
@@ -970,8 +972,9 @@ LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stat
  * writes the new weights into the pool rounded to each tensor's dtype (round
  * to nearest even) and marks the layers changed. The next lwo_ring_stage of
  * a layer (and the next lwo_grads_begin of it) waits, on the calling host
- * thread, for that layer's update alone; lwo_grads_zero waits for the whole
- * step. These are the only calls that block for it besides lwo_optim_wait.
+ * thread, for that layer's update alone (lwo_grads_wait and lwo_grads_zero
+ * wait for the update of a layer whose buffers they zero). These are the only
+ * calls that block for it besides lwo_optim_wait.
  * The pool must be pinned or registered (not sharded, not a checkpoint). */
 typedef struct lwo_optim lwo_optim;
 
