@@ -157,7 +157,7 @@ Grads::Layer& Grads::trainable_layer(uint32_t layer) {
 }
 
 void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
-  if (Reader* r = reader_.load()) r->wait_layer(layer);
+  if (Reader* r = reader_.load()) r->wait_reading(layer);
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
   if (g.slot >= 0)
@@ -375,7 +375,7 @@ void Grads::wait() {
       for (size_t i = 0; i < layers_.size(); ++i)
         if (layers_[i].stale) stale.push_back(static_cast<uint32_t>(i));
     }
-    for (uint32_t l : stale) r->wait_layer(l);
+    for (uint32_t l : stale) r->wait_reading(l);
   }
   std::lock_guard<std::mutex> lock(mu_);
   {

@@ -66,7 +66,7 @@ class Grads {
   // to zero lazily. wait_all is for callers that need every read done.
   struct Reader {
     virtual ~Reader() = default;
-    virtual void wait_layer(uint32_t layer) = 0;
+    virtual void wait_reading(uint32_t layer) = 0;
     virtual void wait_all() = 0;
   };
   // LWO_ERR_BUSY if a reader is attached already; nullptr detaches.

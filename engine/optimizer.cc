@@ -66,6 +66,7 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
                static_cast<unsigned long long>(t.n));
         t.key = optim::tensor_key(cfg_.seed, li, ti);
         bytes += sets * (align_up(t.n * 4, kPage) + align_up(t.n * ss, kPage) * (adam ? 2 : 1));
+        if (cfg_.delayed) bytes += align_up(t.n * dtype_size(t.weight_dtype), kPage);
         n_params_ += t.n;
         l.tensors.push_back(t);
       }
@@ -92,6 +93,12 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
             void* state[2] = {t.m[s], t.v[s]};
             optim::first_touch(t.master[s], t.weights, t.weight_dtype, t.n, state, adam ? 2 : 1,
                                cfg_.state_dtype, workers_);
+          }
+        if (cfg_.delayed)
+          for (Tensor& t : l.tensors) {
+            t.next = at;
+            at += align_up(t.n * dtype_size(t.weight_dtype), kPage);
+            std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
           }
       }
     }
@@ -163,6 +170,7 @@ void Optimizer::step(const lwo_optim_step_params& p) {
     std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.serial < b.serial; });
     for (const Job& j : jobs) {
       layers_[j.layer].pending = true;
+      layers_[j.layer].reading = true;
       layers_[j.layer].used_serial = j.serial;
       pool_.changed(j.layer);  // before any byte is written: no ring reuses the old copy
     }
@@ -195,7 +203,7 @@ void Optimizer::dispatch() {
       err = e.what();
     }
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Job& j : jobs) layers_[j.layer].pending = false;
+    for (const Job& j : jobs) layers_[j.layer].pending = layers_[j.layer].reading = false;
     if (!err.empty() && async_error_.empty()) async_error_ = err;
     last_step_ns_ = now_ns() - t0;
     ++n_steps_;
@@ -204,9 +212,41 @@ void Optimizer::dispatch() {
   }
 }
 
+void Optimizer::publish_next(Layer& l) {
+  for (Tensor& t : l.tensors) std::memcpy(t.weights, t.next, t.n * dtype_size(t.weight_dtype));
+  l.dirty = false;
+}
+
 void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p) {
   const bool clip = p.max_norm > 0;
   uint64_t last_landed = now_ns();
+  if (cfg_.delayed) {
+    // As each layer lands (its last reader of the old bytes has read them),
+    // the pool gets the weights of the previous update; then the updates.
+    for (const Job& j : jobs) {
+      Layer& l = layers_[j.layer];
+      const uint64_t w0 = now_ns();
+      grads_.wait_landed(j.layer, j.serial);
+      last_landed = now_ns();
+      publish_next(l);
+      std::lock_guard<std::mutex> lock(mu_);
+      landing_wait_ns_ += last_landed - w0;
+      l.pending = false;
+      cv_.notify_all();
+    }
+    for (const Job& j : jobs) {
+      Layer& l = layers_[j.layer];
+      update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      std::lock_guard<std::mutex> lock(mu_);
+      l.dirty = true;
+      l.reading = false;
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    last_norm_ = 0;
+    last_tail_ns_ = now_ns() - last_landed;
+    return;
+  }
   for (const Job& j : jobs) {
     Layer& l = layers_[j.layer];
     const uint64_t w0 = now_ns();
@@ -224,7 +264,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     } else {
       update(l, j.layer, p, 1.0f, l.cur, l.cur);
       std::lock_guard<std::mutex> lock(mu_);
-      l.pending = false;
+      l.pending = l.reading = false;
       cv_.notify_all();
     }
   }
@@ -279,7 +319,7 @@ void Optimizer::update(Layer& l, uint32_t li, const lwo_optim_step_params& p, fl
     ot.grad = t.grad;
     ot.grad_dtype = t.grad_dtype;
     ot.grad_scale = scale;
-    ot.weights = t.weights;
+    ot.weights = cfg_.delayed ? t.next : t.weights;
     ot.weight_dtype = t.weight_dtype;
     if (cfg_.kind == LWO_OPTIM_ADAMW) {
       optim::AdamW h;
@@ -312,6 +352,12 @@ void Optimizer::wait_layer(uint32_t layer) {
   cv_.wait(lock, [&] { return !layers_[layer].pending; });
 }
 
+void Optimizer::wait_reading(uint32_t layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (layer >= layers_.size()) return;
+  cv_.wait(lock, [&] { return !layers_[layer].pending && !layers_[layer].reading; });
+}
+
 void Optimizer::wait_all() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !running_; });
@@ -320,6 +366,12 @@ void Optimizer::wait_all() {
 void Optimizer::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !running_; });
+  if (cfg_.delayed)  // the pool catches up with the masters
+    for (uint32_t li = 0; li < layers_.size(); ++li)
+      if (layers_[li].dirty) {
+        publish_next(layers_[li]);
+        pool_.changed(li);
+      }
   if (!async_error_.empty()) {
     std::string e = async_error_;
     async_error_.clear();
@@ -389,6 +441,7 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
   if (bytes) std::memcpy(dst, src, bytes);
   if (which == LWO_OPTIM_MASTER) {
     for (uint64_t i = 0; i < t.n; ++i) store_f32(t.weights, t.weight_dtype, i, t.master[c][i]);
+    if (t.next) std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
     pool_.changed(layer);
   }
 }
@@ -398,7 +451,7 @@ void Optimizer::info(lwo_optim_info* out) {
   out->kind = cfg_.kind;
   out->state_dtype = cfg_.state_dtype;
   out->flags = (cfg_.stochastic ? LWO_OPTIM_STOCHASTIC_ROUNDING : 0u) |
-               (cfg_.clipping ? LWO_OPTIM_CLIPPING : 0u);
+               (cfg_.clipping ? LWO_OPTIM_CLIPPING : 0u) | (cfg_.delayed ? LWO_OPTIM_DELAYED : 0u);
   out->n_threads = workers_.size();
   out->n_numa_nodes = workers_.n_nodes();
   out->n_params = n_params_;

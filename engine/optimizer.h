@@ -26,6 +26,15 @@
 // the layers' sums of squares, in layer order) gives the scale; where it is
 // below 1 every layer is redone from the saved copy with it. Layers stay
 // pending until then.
+// Delayed (LWO_OPTIM_DELAYED): the pool lags the masters by one step. Each
+// tensor keeps the rounded weights of the last update beside the pool
+// ("next"); as a layer lands the dispatcher copies its next weights into the
+// pool (what the forward of the coming step reads: the weights before this
+// step's update) and clears pending; once every layer has landed it runs the
+// updates, which write masters, state and next, while the GPU goes on with
+// the next step's forward. A layer is read (Grads::Reader) until its update
+// is done. wait() writes next into the pool (the pool then equals the
+// masters' rounding).
 #pragma once
 
 #include <condition_variable>
@@ -51,6 +60,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     lwo_dtype_t state_dtype = LWO_DTYPE_F32;
     bool stochastic = false;
     bool clipping = false;
+    bool delayed = false;
     uint32_t n_threads = 0;
     uint64_t seed = 0;
   };
@@ -73,6 +83,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
 
   // Pool::Writer and Grads::Reader.
   void wait_layer(uint32_t layer) override;
+  void wait_reading(uint32_t layer) override;
   void wait_all() override;
 
  private:
@@ -88,10 +99,13 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     void* m[2] = {nullptr, nullptr};
     void* v[2] = {nullptr, nullptr};
     uint64_t key = 0;
+    void* next = nullptr;  // delayed: the last update's rounded weights
   };
   struct Layer {
     bool trainable = false;
-    bool pending = false;
+    bool pending = false;        // the pool's bytes are not yet the step's
+    bool reading = false;        // an update still reads the layer's gradients
+    bool dirty = false;          // delayed: next is newer than the pool
     int cur = 0;                 // the set that holds the state
     uint64_t used_serial = 0;    // the end serial of the last step's update
     std::vector<Tensor> tensors;
@@ -106,6 +120,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   void dispatch();                    // the dispatcher thread
   void run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p);
   void update(Layer& l, uint32_t li, const lwo_optim_step_params& p, float scale, int from, int to);
+  void publish_next(Layer& l);  // delayed: next -> the pool
   Tensor& tensor_of(uint32_t layer, const char* name);
   void check_idle(const char* what);  // under mu_
 

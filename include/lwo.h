@@ -997,12 +997,22 @@ typedef enum lwo_optim_kind_t {
  * updated speculatively as it lands and redone from the copy when the norm
  * of the whole step's gradients exceeds max_norm. */
 #define LWO_OPTIM_CLIPPING 0x2u
+/* The one-step-delayed update: the pool lags the masters by one step. Each
+ * layer's pool bytes become the previous step's update as the layer's
+ * gradients land (after this step's last read of the old bytes), and the
+ * step's updates run once every layer has landed, overlapping the next
+ * step's forward (whose stages then wait only for that copy). Staleness one
+ * step: step k+1's gradients are taken at the weights of step k - 1 and
+ * applied to the masters of step k. lwo_optim_wait brings the pool up to the
+ * masters. Not with LWO_OPTIM_CLIPPING. */
+#define LWO_OPTIM_DELAYED 0x4u
 
 typedef struct lwo_optim_config {
   size_t size;              /* sizeof(lwo_optim_config) */
   lwo_optim_kind_t kind;    /* LWO_OPTIM_ADAMW (default) or LWO_OPTIM_SGD */
   lwo_dtype_t state_dtype;  /* of the moments: LWO_DTYPE_F32 (default) or LWO_DTYPE_BF16 */
-  uint32_t flags;           /* LWO_OPTIM_STOCHASTIC_ROUNDING, LWO_OPTIM_CLIPPING */
+  uint32_t flags;           /* LWO_OPTIM_STOCHASTIC_ROUNDING, LWO_OPTIM_CLIPPING,
+                               LWO_OPTIM_DELAYED */
   uint32_t n_threads;       /* host threads for the updates, at most 64; 0 = one per CPU */
   uint64_t seed;            /* the stochastic rounding's stream */
 } lwo_optim_config;
@@ -1052,7 +1062,8 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
 LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params);
 
 /* The fence: blocks until the step's every update is written into the
- * pool; reports an error the step met on the host (LWO_ERR_INTERNAL, or the
+ * pool (with LWO_OPTIM_DELAYED: writes the masters' rounding into the pool
+ * now, and marks the layers changed); reports an error the step met on the host (LWO_ERR_INTERNAL, or the
  * gradient set's own status) once. */
 LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim);
 

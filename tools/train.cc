@@ -52,6 +52,7 @@ struct Options {
   std::string optimizer;
   lwo_dtype_t optim_state = LWO_DTYPE_F32;
   double max_norm = 0;
+  bool delayed = false;
   bool trainable() const { return !frozen; }
 };
 
@@ -128,6 +129,8 @@ std::vector<Flag> make_flags(Options& o) {
                    else
                      throw UsageError(strf("--optimizer-state %s is neither f32 nor bf16", v.c_str()));
                  }),
+      switch_flag("--delayed", "with --optimizer: the one-step-delayed update (LWO_OPTIM_DELAYED)",
+                  [&o] { o.delayed = true; }),
       value_flag("--max-norm", "X", "with --optimizer: clip the gradients' global norm to X",
                  [&o](const std::string& v) {
                    char* end = nullptr;
@@ -165,8 +168,11 @@ void check_options(const Options& o) {
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
   if (!o.optimizer.empty() && o.frozen)
     throw UsageError("--optimizer updates weights; --frozen layers have no gradients");
-  if (o.optimizer.empty() && (o.optim_state != LWO_DTYPE_F32 || o.max_norm > 0))
-    throw UsageError("--optimizer-state and --max-norm need --optimizer");
+  if (o.optimizer.empty() && (o.optim_state != LWO_DTYPE_F32 || o.max_norm > 0 || o.delayed))
+    throw UsageError("--optimizer-state, --max-norm and --delayed need --optimizer");
+  if (o.delayed && o.max_norm > 0)
+    throw UsageError("--delayed and --max-norm exclude each other (LWO_OPTIM_DELAYED keeps no "
+                     "copy of the state to redo a clipped step from)");
   if (o.frozen && o.grads != "native")
     throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
   if (o.frozen && o.grad_depth_set)
@@ -624,7 +630,7 @@ void optimizer_steps(const Options& o, const Results& r, lwo_grads* grads,
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   oc.kind = o.optimizer == "sgd" ? LWO_OPTIM_SGD : LWO_OPTIM_ADAMW;
   oc.state_dtype = o.optim_state;
-  oc.flags = o.max_norm > 0 ? LWO_OPTIM_CLIPPING : 0u;
+  oc.flags = (o.max_norm > 0 ? LWO_OPTIM_CLIPPING : 0u) | (o.delayed ? LWO_OPTIM_DELAYED : 0u);
   lwo_optim* optim = nullptr;
   {
     Phase phase("optimizer");
@@ -693,7 +699,7 @@ void optimizer_steps(const Options& o, const Results& r, lwo_grads* grads,
                 "%.3f x max(GPU step, update alone) (target <= 1.1): %s; update tail after "
                 "the last landing %.3f ms (median)\n",
                 o.optimizer.c_str(), lwo_dtype_name(o.optim_state),
-                o.max_norm > 0 ? strf(", max norm %g", o.max_norm).c_str() : "", gpu, alone,
+                (o.max_norm > 0 ? strf(", max norm %g", o.max_norm) : std::string(o.delayed ? ", delayed" : "")).c_str(), gpu, alone,
                 n_params / alone / 1e6, full, 100 * overlap, full / bound,
                 full / bound <= 1.1 ? "PASS" : "MISS", median(tail_ms));
   }

@@ -22,7 +22,10 @@ LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* 
     *optim = nullptr;
     lwo_grads* g = check_handle(grads);
     lwo_optim_config cfg = read_config(config, lwo_optim_config LWO_OPTIM_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_OPTIM_STOCHASTIC_ROUNDING | LWO_OPTIM_CLIPPING);
+    check_flags(cfg.flags, LWO_OPTIM_STOCHASTIC_ROUNDING | LWO_OPTIM_CLIPPING | LWO_OPTIM_DELAYED);
+    if ((cfg.flags & LWO_OPTIM_DELAYED) && (cfg.flags & LWO_OPTIM_CLIPPING))
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "flags 0x%x: LWO_OPTIM_DELAYED and LWO_OPTIM_CLIPPING exclude each other", cfg.flags);
     if (cfg.kind != LWO_OPTIM_ADAMW && cfg.kind != LWO_OPTIM_SGD)
       fail(LWO_ERR_INVALID_ARGUMENT, "kind %d is not LWO_OPTIM_ADAMW or LWO_OPTIM_SGD", cfg.kind);
     if (cfg.state_dtype != LWO_DTYPE_F32 && cfg.state_dtype != LWO_DTYPE_BF16)
@@ -39,6 +42,7 @@ LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* 
     c.state_dtype = cfg.state_dtype;
     c.stochastic = (cfg.flags & LWO_OPTIM_STOCHASTIC_ROUNDING) != 0;
     c.clipping = (cfg.flags & LWO_OPTIM_CLIPPING) != 0;
+    c.delayed = (cfg.flags & LWO_OPTIM_DELAYED) != 0;
     c.n_threads = cfg.n_threads;
     c.seed = cfg.seed;
     auto impl = std::make_unique<lwo::Optimizer>(*g->impl, c);

@@ -1094,7 +1094,7 @@ class Optimizer(_Handle):
     _destroy = "lwo_optim_destroy"
 
     def __init__(self, grads, kind="adamw", state="f32", stochastic=False, clipping=False,
-                 n_threads=0, seed=0):
+                 n_threads=0, seed=0, delayed=False):
         cfg = C.lwo_optim_config()
         _lib.lwo_optim_config_init(cfg)
         if kind not in ("adamw", "sgd"):
@@ -1102,7 +1102,8 @@ class Optimizer(_Handle):
         cfg.kind = C.LWO_OPTIM_ADAMW if kind == "adamw" else C.LWO_OPTIM_SGD
         cfg.state_dtype = dtype(state)
         cfg.flags = ((C.LWO_OPTIM_STOCHASTIC_ROUNDING if stochastic else 0)
-                     | (C.LWO_OPTIM_CLIPPING if clipping else 0))
+                     | (C.LWO_OPTIM_CLIPPING if clipping else 0)
+                     | (C.LWO_OPTIM_DELAYED if delayed else 0))
         cfg.n_threads = int(n_threads)
         cfg.seed = int(seed)
         self.grads = grads

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "src/common/dtype.h"
 
@@ -224,6 +225,96 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
     ASSERT_LWO(lwo_pool_destroy(pool));
     EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   }
+}
+
+// The one-step-delayed update against its definition: the masters follow
+// the same f64 reference (the gradients here do not depend on the weights),
+// while the pool, and so every slot the forward of step s reads, holds the
+// rounding of the masters after step s - 2 (the initial weights for steps 1
+// and 2); lwo_optim_wait brings the pool up to the masters.
+TEST_F(OptimTest, DelayedUpdateLagsOneStep) {
+  const uint32_t L = 4;
+  lwo_pool* pool = make_model(L, 21);
+  lwo_grads* g = make_grads(pool);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_optim* o = make_optim(g, LWO_DTYPE_F32, LWO_OPTIM_DELAYED, 2);
+  auto ref = reference(pool, L);
+  // The masters after each step (exact f32), by (layer, tensor).
+  std::vector<std::map<Key, std::vector<float>>> masters(1);
+  for (auto& kv : ref) masters[0][kv.first].assign(kv.second.p.begin(), kv.second.p.end());
+  StreamH s = gpu->new_stream();
+  std::mt19937 rng(4);
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1e-2;
+  int stale_seen = 0;
+  for (uint64_t step = 1; step <= 6; ++step) {
+    const auto& want = masters[step >= 2 ? step - 2 : 0];
+    for (uint32_t l = 0; l < L; ++l) {
+      lwo_ticket t{};
+      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
+      ASSERT_TRUE(holds_layer(pool, v));
+      for (uint32_t k = 0; k < v.n_tensors; ++k) {
+        const std::string name = k ? "bias" : "weight";
+        const std::vector<float>& m = want.at({l, name});
+        const lwo_dtype_t dt = v.tensor_dtypes[k];
+        std::vector<uint8_t> bytes(m.size() * lwo_dtype_size(dt));
+        for (size_t i = 0; i < m.size(); ++i) store_f32(bytes.data(), dt, i, m[i]);
+        ASSERT_EQ(0, std::memcmp(bytes.data(), v.tensors[k], bytes.size()))
+            << "step " << step << " layer " << l << " " << name;
+        if (step >= 2) {  // the last step's masters are not there yet
+          const std::vector<float>& newer = masters[step - 1].at({l, name});
+          for (size_t i = 0; i < newer.size(); ++i) store_f32(bytes.data(), dt, i, newer[i]);
+          stale_seen += std::memcmp(bytes.data(), v.tensors[k], bytes.size()) != 0;
+        }
+      }
+      ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
+    }
+    ASSERT_LWO(lwo_grads_zero(g));
+    for (uint32_t l = L; l-- > 0;) backward(g, pool, l, s, rng, 0.5f);
+    p.step = step;
+    ASSERT_LWO(lwo_optim_step(o, &p));
+    // Done without lwo_optim_wait (which would bring the pool up to date).
+    for (uint32_t done = 0; !done;) {
+      ASSERT_LWO(lwo_optim_query(o, &done));
+      if (!done) std::this_thread::yield();
+    }
+    ASSERT_LWO(lwo_grads_wait(g));
+    masters.emplace_back();
+    for (auto& kv : ref) {
+      adam_ref(kv.second, landed(g, kv.first.first, kv.first.second), p, 1.0);
+      std::vector<float>& m = masters.back()[kv.first];
+      m.resize(kv.second.p.size());
+      ASSERT_LWO(lwo_optim_read(o, kv.first.first, kv.first.second.c_str(), LWO_OPTIM_MASTER,
+                                m.data(), m.size() * 4));
+      for (size_t i = 0; i < m.size(); ++i)
+        ASSERT_NEAR(m[i], kv.second.p[i], 10 * 1e-4 * p.lr + 1e-6 * std::fabs(kv.second.p[i]));
+    }
+  }
+  EXPECT_GT(stale_seen, 0);
+  ASSERT_LWO(lwo_optim_wait(o));
+  for (auto& kv : ref) {
+    void* host = nullptr;
+    ASSERT_LWO(lwo_pool_tensor_host(pool, kv.first.first, kv.first.second.c_str(), &host, nullptr));
+    const std::vector<float>& m = masters.back()[kv.first];
+    for (size_t i = 0; i < m.size(); ++i) {
+      std::vector<uint8_t> b(4);
+      store_f32(b.data(), kv.second.dtype, 0, m[i]);
+      ASSERT_EQ(0, std::memcmp(b.data(), static_cast<uint8_t*>(host) + i * lwo_dtype_size(kv.second.dtype),
+                               lwo_dtype_size(kv.second.dtype)));
+    }
+  }
+  lwo_optim_config c = LWO_OPTIM_CONFIG_INIT;
+  c.flags = LWO_OPTIM_DELAYED | LWO_OPTIM_CLIPPING;
+  lwo_optim* o2 = nullptr;
+  EXPECT_EQ(lwo_optim_create(g, &c, &o2), LWO_ERR_INVALID_ARGUMENT);
+  ASSERT_LWO(lwo_ring_release_all(ring, stream(s), nullptr));
+  ASSERT_LWO(lwo_optim_destroy(o));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
 }
 
 // Frozen layers and layers without a gradient since the last step are left
