@@ -1089,7 +1089,7 @@ class Optimizer(_Handle):
     threads, each layer updated as its gradients land. state: "f32" or
     "bf16" moments; stochastic: bf16 moments rounded stochastically from
     `seed`; clipping: allows max_norm in step() (keeps a second copy of the
-    state)."""
+    state); delayed: the one-step-delayed update (LWO_OPTIM_DELAYED)."""
 
     _destroy = "lwo_optim_destroy"
 
