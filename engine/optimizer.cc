@@ -156,7 +156,10 @@ void Optimizer::step(const lwo_optim_step_params& p) {
          p.max_norm);
   std::vector<Job> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Delayed: the previous step's updates run through the next forward and
+    // backward; this step starts after them.
+    if (cfg_.delayed) cv_.wait(lock, [&] { return !running_; });
     check_idle("lwo_optim_step");
     for (uint32_t li = 0; li < layers_.size(); ++li) {
       Layer& l = layers_[li];
@@ -263,6 +266,9 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
       update(l, j.layer, p, 1.0f, l.cur, 1 - l.cur);  // speculative
     } else {
       update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      // The last layer is released with the end of the step (dispatch), so
+      // that a caller its stage wakes finds the step finished.
+      if (&j == &jobs.back()) continue;
       std::lock_guard<std::mutex> lock(mu_);
       l.pending = l.reading = false;
       cv_.notify_all();

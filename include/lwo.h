@@ -1058,7 +1058,9 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
  * of a layer is the next step's. LWO_ERR_INVALID_ARGUMENT for a parameter
  * outside its range above, step 0, or max_norm > 0 without
  * LWO_OPTIM_CLIPPING; LWO_ERR_BUSY while the previous step is still
- * running (lwo_optim_wait, or a stage of every updated layer, ends it). */
+ * running (lwo_optim_wait, or a stage of every updated layer, ends it).
+ * With LWO_OPTIM_DELAYED the call first waits for the previous step's
+ * updates instead (they run on through the next forward and backward). */
 LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params);
 
 /* The fence: blocks until the step's every update is written into the
