@@ -121,6 +121,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
   host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
                       n_threads_);
   slot_layer_.assign(slots_.size(), -1);
+  added_serial_.assign(layers_.size(), 0);
   worker_ = std::thread([this] { work(); });
   pool_.n_grads.fetch_add(1);
 }
@@ -137,6 +138,8 @@ Grads::~Grads() {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
     engine_.gpu().event_destroy(done_);
+    for (Layer& g : layers_)
+      if (g.landed) engine_.gpu().event_destroy(g.landed);
   } catch (...) {
   }
   {
@@ -158,6 +161,7 @@ Grads::Layer& Grads::trainable_layer(uint32_t layer) {
 }
 
 void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
+  if (Reader* r = reader_.load()) r->wait_reading(layer);
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
   if (g.slot >= 0)
@@ -226,6 +230,8 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   // The offsets of the wire record and the host region are the same when
   // every tensor keeps its dtype (both align each tensor alike).
   bool direct = g.direct && g.fresh;
+  if (!g.landed) g.landed = gpu.event_create(false);
+  const uint64_t serial = end_counter_ + 1;
   if (direct) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + g.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
@@ -247,13 +253,17 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.event_record(s.free, d2h);
     // The worker reads the buffer and writes the layer's host region before
     // the buffer's next copy (above) and before the fence (wait()).
-    auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k});
+    auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k, serial});
     gpu.host_func(d2h, &Grads::post_job, job.get(),
                   {{st.data(), bytes, false}, {host_.data() + g.host_base, g.host_bytes, true}});
     job.release();  // post_job owns it now
   }
   if (!done_) done_ = gpu.event_create(false);
   gpu.event_record(done_, d2h);
+  gpu.event_record(g.landed, d2h);
+  end_counter_ = serial;
+  g.end_serial = serial;
+  g.end_direct = direct;
   slots_.freed(g.slot);
   slot_layer_[g.slot] = -1;
   g.slot = -1;
@@ -301,6 +311,7 @@ void Grads::work() {
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       staging_busy_[job->staging] = 0;
+      added_serial_[job->layer] = std::max(added_serial_[job->layer], job->serial);
       --pending_;
     }
     q_cv_.notify_all();
@@ -358,6 +369,18 @@ void Grads::wait() {
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
   }
   wait_worker();
+  // Since 0.4.0: a reader (the optimizer) may still read the old sums of a
+  // layer zeroed lazily: wait for it before the memset below. (It starts no
+  // new read of a stale layer: its steps skip them.)
+  if (Reader* r = reader_.load()) {
+    std::vector<uint32_t> stale;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < layers_.size(); ++i)
+        if (layers_[i].stale) stale.push_back(static_cast<uint32_t>(i));
+    }
+    for (uint32_t l : stale) r->wait_reading(l);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   {
     std::lock_guard<std::mutex> elock(err_mu_);
@@ -438,7 +461,44 @@ void Grads::stats(lwo_grads_stats* out) {
   out->accumulate_ns = accumulate_ns_.load();
 }
 
+void Grads::attach(Reader* reader) {
+  if (!reader) {
+    reader_.store(nullptr);
+    return;
+  }
+  Reader* none = nullptr;
+  if (!reader_.compare_exchange_strong(none, reader))
+    fail(LWO_ERR_BUSY, "the gradient set already has an optimizer");
+}
+
+uint64_t Grads::last_end(uint32_t layer, bool* stale) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& g = trainable_layer(layer);
+  if (stale) *stale = g.stale;
+  return g.end_serial;
+}
+
+void Grads::wait_landed(uint32_t layer, uint64_t serial) {
+  EventH ev = nullptr;
+  bool direct = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Layer& g = layers_.at(layer);
+    if (serial == 0 || g.end_serial < serial) return;  // nothing of that serial (yet)
+    ev = g.landed;
+    direct = g.end_direct && g.end_serial == serial;
+  }
+  // The layer's event is recorded again only by its next end, which waits
+  // (begin) for the reader: it still marks end `serial` here.
+  engine_.gpu().event_sync(ev);
+  if (direct) return;
+  std::unique_lock<std::mutex> lock(q_mu_);
+  q_cv_.wait(lock, [&] { return added_serial_[layer] >= serial; });
+}
+
 void Grads::check_destroyable() {
+  if (reader_.load())
+    fail(LWO_ERR_BUSY, "the gradient set has an optimizer; destroy the optimizer first");
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0) fail(LWO_ERR_BUSY, "layer %zu is begun and not ended", i);

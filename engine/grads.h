@@ -59,6 +59,27 @@ class Grads {
   void check_destroyable();
   Pool& pool() { return pool_; }
 
+  // ---- Since 0.4.0: the hook of an optimizer (engine/optimizer.h) ----
+  // A reader of the host gradients outside the fence: begin() waits (before
+  // anything else) until it has done reading the layer, so no new gradient
+  // lands under it, and wait() until it has done reading a layer it is about
+  // to zero lazily. wait_all is for callers that need every read done.
+  struct Reader {
+    virtual ~Reader() = default;
+    virtual void wait_reading(uint32_t layer) = 0;
+    virtual void wait_all() = 0;
+  };
+  // LWO_ERR_BUSY if a reader is attached already; nullptr detaches.
+  void attach(Reader* reader);
+  bool trainable(uint32_t layer) const { return layer < layers_.size() && layers_[layer].trainable; }
+  // The serial of the layer's last end (0: none yet; serials grow over the
+  // set's ends), and whether the layer was zeroed with no gradient since.
+  uint64_t last_end(uint32_t layer, bool* stale);
+  // Blocks until the layer's end `serial` (and so every earlier one) has
+  // landed in host memory and been added: the layer's buffers hold it. Any
+  // thread; needs no lock the caller of begin/end/zero holds while waiting.
+  void wait_landed(uint32_t layer, uint64_t serial);
+
  private:
   struct Tensor {
     lwo_dtype_t wire;
@@ -87,6 +108,11 @@ class Grads {
     // hi = wire_bytes.
     std::vector<uint64_t> bounds;
     uint64_t lo = 0, hi = 0;
+    // Since 0.4.0: the last end's serial, whether it landed by DMA alone,
+    // and an event recorded on the gradient stream after its copy.
+    uint64_t end_serial = 0;
+    bool end_direct = false;
+    EventH landed = nullptr;
   };
   struct Job {
     Grads* grads;
@@ -94,6 +120,7 @@ class Grads {
     const uint8_t* src;
     bool assign;
     size_t staging;  // the staging buffer it reads
+    uint64_t serial;  // the end's serial
   };
   struct StagingWait {
     Grads* grads;
@@ -136,6 +163,10 @@ class Grads {
   std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
   std::mutex err_mu_;
   std::string async_error_;
+  // Since 0.4.0 (the optimizer's hook).
+  std::atomic<Reader*> reader_{nullptr};
+  uint64_t end_counter_ = 0;            // under mu_
+  std::vector<uint64_t> added_serial_;  // per layer, under q_mu_: the last end added
 };
 
 }  // namespace lwo

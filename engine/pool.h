@@ -99,6 +99,16 @@ class Pool {
   std::atomic<int> n_rings{0};
   std::atomic<int> n_grads{0};
 
+  // Since 0.4.0: a writer of the host bytes outside the caller's calls (the
+  // optimizer, engine/optimizer.h). Ring stages of a layer first wait until
+  // it is done writing that layer (it marks the layer changed before it
+  // starts, so the stage copies the new bytes).
+  struct Writer {
+    virtual ~Writer() = default;
+    virtual void wait_layer(uint32_t layer) = 0;  // any layer id; no-op if not written
+  };
+  std::atomic<Writer*> writer{nullptr};
+
  private:
   Pool(Engine& engine, lwo_pool_kind_t kind) : engine_(engine), kind_(kind) {
     engine_.n_pools.fetch_add(1);

@@ -61,7 +61,11 @@
  *    (`lwo_engine_synchronize`, destroy calls, `lwo_grads_wait` and
  *    `lwo_grads_zero`, and with LWO_RING_TIMING `lwo_ring_get_stats` /
  *    `lwo_ring_reset_stats`; a compute call waits for its stream once, when
- *    the stream's workspace must grow).
+ *    the stream's workspace must grow). Since 0.4.0, with an optimizer
+ *    (`lwo_optim`) over the pool, `lwo_ring_stage` and `lwo_grads_begin` of
+ *    a layer wait for that layer's host update of the running step (and
+ *    `lwo_grads_wait` / `lwo_grads_zero` for the update of a layer they
+ *    zero), and `lwo_optim_wait` for the step.
  *  - Every call makes the engine's device current and restores the caller's
  *    current device before returning.
  *  - Threads, by object kind (each kind's section repeats its line):
@@ -72,6 +76,7 @@
  *      schedule:   one thread at a time (calls are serialised, but two
  *                  threads would take each other's layers).
  *      grads:      any thread; calls serialise internally.
+ *      optim:      any thread; calls serialise internally (since 0.4.0).
  *      checkpoint: any thread; read-only after lwo_checkpoint_open.
  *      compute:    any thread; each stream has its own workspace.
  *  - Tensors: an n_dims = 0 tensor is a scalar of one element; a tensor with
@@ -692,7 +697,11 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
  * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
  * staged or held under another ticket: this wins over a full ring),
- * LWO_ERR_RING_FULL (every slot is staged or held). */
+ * LWO_ERR_RING_FULL (every slot is staged or held).
+ *
+ * Since 0.4.0: where an optimizer (lwo_optim) is updating the layer, the
+ * call first blocks until that layer's update is written (the step marked
+ * the layer changed, so this stage copies the new bytes). */
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer,
                                     lwo_ticket* ticket);
 
@@ -1073,7 +1082,10 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * example with lwo_linear_backward: several micro-batches may be summed in
  * the slot with LWO_LINEAR_ACCUMULATE), then call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
  * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
- * for a frozen layer. */
+ * for a frozen layer. Since 0.4.0: where an optimizer (lwo_optim) is still
+ * reading the layer's gradients, the call first blocks until it is done
+ * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
+ * it zeroes). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
@@ -1147,6 +1159,174 @@ typedef struct lwo_grads_stats {
 } lwo_grads_stats;
 
 LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stats);
+
+/* ------------------------------------------------------------------------ */
+/* The optimizer step on the host (since 0.4.0)                             */
+/* ------------------------------------------------------------------------ */
+
+/* Threads: any thread; calls serialise internally (the updates run on the
+ * optimizer's own host threads, behind the lwo_optim_wait fence).
+ *
+ * An optimizer over a gradient set and its pool: f32 master weights (made
+ * from the pool's weights) and state for every tensor of every trainable
+ * layer, in host memory. lwo_optim_step, called once the step's last
+ * lwo_grads_end of every layer has been enqueued, updates each layer as soon
+ * as its gradients have landed in host memory (and been added), on host
+ * threads, while the GPU goes on with the rest of the backward pass; it
+ * writes the new weights into the pool rounded to each tensor's dtype (round
+ * to nearest even) and marks the layers changed. The next lwo_ring_stage of
+ * a layer (and the next lwo_grads_begin of it) waits, on the calling host
+ * thread, for that layer's update alone (lwo_grads_wait and lwo_grads_zero
+ * wait for the update of a layer whose buffers they zero). These are the only
+ * calls that block for it besides lwo_optim_wait.
+ * The pool must be pinned or registered (not sharded, not a checkpoint). */
+typedef struct lwo_optim lwo_optim;
+
+typedef enum lwo_optim_kind_t {
+  /* PyTorch's AdamW: p *= 1 - lr wd; m = b1 m + (1 - b1) g;
+   * v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
+  LWO_OPTIM_ADAMW = 0,
+  /* PyTorch's SGD: p *= 1 - lr wd; b = momentum b + (1 - dampening) g
+   * (b = g on step 1); p -= lr b */
+  LWO_OPTIM_SGD = 1,
+  LWO_OPTIM_KIND_FORCE_32 = 0x7fffffff
+} lwo_optim_kind_t;
+
+/* bf16 state (state_dtype LWO_DTYPE_BF16) rounded stochastically instead of
+ * to nearest even: deterministic for a seed (a counter-based hash of the
+ * seed, layer, tensor, step and element; docs/ARCHITECTURE.md). */
+#define LWO_OPTIM_STOCHASTIC_ROUNDING 0x1u
+/* Allows clipping by global norm (max_norm in the step): keeps a second
+ * copy of the masters and state (twice their memory), so that each layer is
+ * updated speculatively as it lands and redone from the copy when the norm
+ * of the whole step's gradients exceeds max_norm. */
+#define LWO_OPTIM_CLIPPING 0x2u
+/* The one-step-delayed update: the pool lags the masters by one step. Each
+ * layer's pool bytes become the previous step's update as the layer's
+ * gradients land (after this step's last read of the old bytes), and the
+ * step's updates run once every layer has landed, overlapping the next
+ * step's forward (whose stages then wait only for that copy). Staleness one
+ * step: step k+1's gradients are taken at the weights of step k - 1 and
+ * applied to the masters of step k. lwo_optim_wait brings the pool up to the
+ * masters. Not with LWO_OPTIM_CLIPPING. */
+#define LWO_OPTIM_DELAYED 0x4u
+
+typedef struct lwo_optim_config {
+  size_t size;              /* sizeof(lwo_optim_config) */
+  lwo_optim_kind_t kind;    /* LWO_OPTIM_ADAMW (default) or LWO_OPTIM_SGD */
+  lwo_dtype_t state_dtype;  /* of the moments: LWO_DTYPE_F32 (default) or LWO_DTYPE_BF16 */
+  uint32_t flags;           /* LWO_OPTIM_STOCHASTIC_ROUNDING, LWO_OPTIM_CLIPPING,
+                               LWO_OPTIM_DELAYED */
+  uint32_t n_threads;       /* host threads for the updates, at most 64; 0 = one per CPU */
+  uint64_t seed;            /* the stochastic rounding's stream */
+} lwo_optim_config;
+
+#define LWO_OPTIM_CONFIG_INIT {sizeof(lwo_optim_config), LWO_OPTIM_ADAMW, LWO_DTYPE_F32, 0u, 0u, 0u}
+LWO_API void lwo_optim_config_init(lwo_optim_config* config);
+
+/* Creates the optimizer of `grads` (and its pool): masters from the pool's
+ * weights, state zero. LWO_ERR_INVALID_ARGUMENT for a kind, state dtype or
+ * flag outside those above (stochastic rounding needs bf16 state);
+ * LWO_ERR_UNSUPPORTED for a sharded or checkpoint pool; LWO_ERR_BUSY if
+ * the gradient set has an optimizer already. LWO_ERR_BUSY destroying the
+ * gradient set while the optimizer exists. */
+LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* config,
+                                      lwo_optim** optim);
+
+/* Waits for the step, then frees (its errors are dropped). */
+LWO_API lwo_status_t lwo_optim_destroy(lwo_optim* optim);
+
+/* One step's hyperparameters, read like a config (size first). */
+typedef struct lwo_optim_step_params {
+  size_t size;          /* sizeof(lwo_optim_step_params) */
+  uint64_t step;        /* 1 for the first: AdamW's bias correction; SGD's first momentum */
+  double lr;            /* >= 0 */
+  double beta1, beta2;  /* AdamW, each in [0, 1) */
+  double eps;           /* AdamW, > 0 */
+  double weight_decay;  /* >= 0 (decoupled, as above) */
+  double momentum;      /* SGD, >= 0 */
+  double dampening;     /* SGD, in [0, 1] */
+  double max_norm;      /* > 0: clip the global gradient norm to it
+                           (LWO_OPTIM_CLIPPING); 0: no clipping */
+} lwo_optim_step_params;
+
+#define LWO_OPTIM_STEP_PARAMS_INIT \
+  {sizeof(lwo_optim_step_params), 1u, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0.0}
+LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
+
+/* Starts a step: updates every trainable layer that got a gradient (an
+ * lwo_grads_end) since the previous step and was not zeroed since, each
+ * once its last such gradient has landed; layers without are left as they
+ * are (as PyTorch skips parameters without a gradient). Returns at once.
+ * Call it after the step's last lwo_grads_end of every layer; a later end
+ * of a layer is the next step's. LWO_ERR_INVALID_ARGUMENT for a parameter
+ * outside its range above, step 0, or max_norm > 0 without
+ * LWO_OPTIM_CLIPPING; LWO_ERR_BUSY while the previous step is still
+ * running (lwo_optim_wait, or a stage of every updated layer, ends it).
+ * With LWO_OPTIM_DELAYED the call first waits for the previous step's
+ * updates instead (they run on through the next forward and backward). */
+LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params);
+
+/* The fence: blocks until the step's every update is written into the
+ * pool (with LWO_OPTIM_DELAYED: writes the masters' rounding into the pool
+ * now, and marks the layers changed); reports an error the step met on the host (LWO_ERR_INTERNAL, or the
+ * gradient set's own status) once. */
+LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim);
+
+/* Non-blocking: *done = 1 if no step is running, else 0. */
+LWO_API lwo_status_t lwo_optim_query(lwo_optim* optim, uint32_t* done);
+
+typedef enum lwo_optim_state_t {
+  LWO_OPTIM_MASTER = 0,  /* the f32 master weights */
+  LWO_OPTIM_M = 1,       /* AdamW's first moment, SGD's momentum buffer (state dtype) */
+  LWO_OPTIM_V = 2,       /* AdamW's second moment (state dtype) */
+  LWO_OPTIM_STATE_FORCE_32 = 0x7fffffff
+} lwo_optim_state_t;
+
+/* Checkpointing: copies one tensor's masters or moments, the whole tensor
+ * (bytes = its elements times 4 for masters, times the state dtype's size
+ * for moments), out of (read) or into (write) the optimizer. Writing masters
+ * also writes them, rounded, into the pool and marks the layer changed.
+ * LWO_ERR_SIZE_MISMATCH for other bytes; LWO_ERR_INVALID_ARGUMENT for
+ * LWO_OPTIM_V of SGD or a frozen layer; LWO_ERR_NOT_FOUND for a name the
+ * layer lacks; LWO_ERR_BUSY while a step runs. The step number is the
+ * caller's (lwo_optim_info.last_step says the last one). */
+LWO_API lwo_status_t lwo_optim_read(lwo_optim* optim, uint32_t layer, const char* name,
+                                    lwo_optim_state_t which, void* dst, uint64_t bytes);
+LWO_API lwo_status_t lwo_optim_write(lwo_optim* optim, uint32_t layer, const char* name,
+                                     lwo_optim_state_t which, const void* src, uint64_t bytes);
+
+typedef struct lwo_optim_info {
+  size_t size;                /* sizeof(lwo_optim_info), set by the caller */
+  lwo_optim_kind_t kind;
+  lwo_dtype_t state_dtype;
+  uint32_t flags;
+  uint32_t n_threads;         /* the update threads */
+  uint32_t n_numa_nodes;      /* the nodes they are spread over */
+  uint64_t n_params;          /* trainable elements */
+  uint64_t state_bytes;       /* host bytes of masters and state */
+  uint64_t last_step;         /* the step number of the last lwo_optim_step, 0 before */
+  const char* vector_level;   /* the loop picked at load time: "x86-64-v4"
+                                 (AVX-512), "x86-64-v3" (AVX2) or "baseline" */
+} lwo_optim_info;
+
+LWO_API lwo_status_t lwo_optim_get_info(lwo_optim* optim, lwo_optim_info* info);
+
+typedef struct lwo_optim_stats {
+  size_t size;                /* sizeof(lwo_optim_stats), set by the caller */
+  uint64_t n_steps;           /* steps finished */
+  uint64_t n_layer_updates;   /* layer updates done (redone ones count again) */
+  uint64_t n_params_updated;  /* elements those updates wrote */
+  uint64_t update_ns;         /* host time of the updates (wall clock, summed) */
+  uint64_t landing_wait_ns;   /* time the dispatcher waited for gradients to land */
+  uint64_t last_step_ns;      /* the last step: lwo_optim_step to its end */
+  uint64_t last_tail_ns;      /* of it, the time after the last layer landed */
+  uint64_t n_clipped;         /* steps whose norm exceeded max_norm */
+  uint64_t n_redone;          /* layers redone for them */
+  double last_norm;           /* the last step's global gradient norm (clipping on), else 0 */
+} lwo_optim_stats;
+
+LWO_API lwo_status_t lwo_optim_get_stats(lwo_optim* optim, lwo_optim_stats* stats);
 
 /* ------------------------------------------------------------------------ */
 /* Layer compute: 2-D convolutions                                           */

@@ -49,6 +49,12 @@ struct Options {
   std::string json;
   lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0): frozen only
   std::string budget;  // Since 0.4.0: --budget (plan, then run the plan too)
+  // Since 0.4.0: the host optimizer (lwo_optim): "" (none), "adamw" or
+  // "sgd", its state dtype, and the global-norm clip (0: none).
+  std::string optimizer;
+  lwo_dtype_t optim_state = LWO_DTYPE_F32;
+  double max_norm = 0;
+  bool delayed = false;
   bool trainable() const { return !frozen; }
 };
 
@@ -109,6 +115,32 @@ std::vector<Flag> make_flags(Options& o) {
                  }),
       switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]",
                   [&o] { o.bias = true; }),
+      value_flag("--optimizer", "O",
+                 "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
+                 "update runs as the layers' gradients land",
+                 [&o](const std::string& v) {
+                   if (v != "adamw" && v != "sgd")
+                     throw UsageError(strf("--optimizer %s is neither adamw nor sgd", v.c_str()));
+                   o.optimizer = v;
+                 }),
+      value_flag("--optimizer-state", "D", "with --optimizer: the moments in f32 (the default) or bf16",
+                 [&o](const std::string& v) {
+                   if (v == "f32")
+                     o.optim_state = LWO_DTYPE_F32;
+                   else if (v == "bf16")
+                     o.optim_state = LWO_DTYPE_BF16;
+                   else
+                     throw UsageError(strf("--optimizer-state %s is neither f32 nor bf16", v.c_str()));
+                 }),
+      switch_flag("--delayed", "with --optimizer: the one-step-delayed update (LWO_OPTIM_DELAYED)",
+                  [&o] { o.delayed = true; }),
+      value_flag("--max-norm", "X", "with --optimizer: clip the gradients' global norm to X",
+                 [&o](const std::string& v) {
+                   char* end = nullptr;
+                   o.max_norm = std::strtod(v.c_str(), &end);
+                   if (end == v.c_str() || *end || !(o.max_norm > 0))
+                     throw UsageError(strf("--max-norm %s is not a number above 0", v.c_str()));
+                 }),
       seed_flag(o.seed),
       timing_flag(o.timing),
       device_flag(o.device),
@@ -138,6 +170,13 @@ void check_options(const Options& o) {
         strf("--rows %lld and --cols %lld differ: lwo train chains the layers (the output of "
              "layer l is the input of layer l+1), so each weight is square",
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
+  if (!o.optimizer.empty() && o.frozen)
+    throw UsageError("--optimizer updates weights; --frozen layers have no gradients");
+  if (o.optimizer.empty() && (o.optim_state != LWO_DTYPE_F32 || o.max_norm > 0 || o.delayed))
+    throw UsageError("--optimizer-state, --max-norm and --delayed need --optimizer");
+  if (o.delayed && o.max_norm > 0)
+    throw UsageError("--delayed and --max-norm exclude each other (LWO_OPTIM_DELAYED keeps no "
+                     "copy of the state to redo a clipped step from)");
   if (o.frozen && o.grads != "native")
     throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
   if (o.quant != LWO_QUANT_NONE && !o.frozen)
@@ -620,6 +659,101 @@ std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run
 
 }  // namespace
 
+// --optimizer (since 0.4.0): the host optimizer over the same gradient set.
+// First the update alone: a step (gradients landed and fenced), then
+// lwo_optim_step and lwo_optim_wait timed; then full steps, each
+// lwo_optim_step called once the backward is enqueued, timed from one step's
+// start to the next (the next step's zero and stages wait for the update).
+// The bound is max(GPU step, update alone); the target at most 1.1 x it.
+lwo_optim_stats optim_stats(lwo_optim* optim) {
+  lwo_optim_stats st{};
+  st.size = sizeof st;
+  TK_CHECK(lwo_optim_get_stats(optim, &st));
+  return st;
+}
+
+void optimizer_steps(const Options& o, const Results& r, lwo_grads* grads,
+                     const std::function<testkit::StepStats()>& plain_step,
+                     testkit::StepOptions& step_options) {
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = o.optimizer == "sgd" ? LWO_OPTIM_SGD : LWO_OPTIM_ADAMW;
+  oc.state_dtype = o.optim_state;
+  oc.flags = (o.max_norm > 0 ? LWO_OPTIM_CLIPPING : 0u) | (o.delayed ? LWO_OPTIM_DELAYED : 0u);
+  lwo_optim* optim = nullptr;
+  {
+    Phase phase("optimizer");
+    TK_CHECK(lwo_optim_create(grads, &oc, &optim));
+    lwo_optim_info info{};
+    info.size = sizeof info;
+    TK_CHECK(lwo_optim_get_info(optim, &info));
+    phase.done("%s, %s state, %llu parameters, %s of masters and state, %u threads on %u "
+               "NUMA node%s, %s loops",
+               o.optimizer.c_str(), lwo_dtype_name(o.optim_state),
+               static_cast<unsigned long long>(info.n_params), fmt_bytes(info.state_bytes).c_str(),
+               info.n_threads, info.n_numa_nodes, info.n_numa_nodes == 1 ? "" : "s",
+               info.vector_level);
+  }
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1e-5;  // small: the weights stay in range over the run
+  p.max_norm = o.max_norm;
+  uint64_t step_no = 0;
+  uint64_t n_params = 0;
+  std::vector<double> alone_ms, full_ms, tail_ms;
+  {
+    Phase phase("update alone", o.steps);
+    for (uint32_t s = 0; s < o.steps; ++s) {
+      plain_step();  // the gradients land (fenced), no update yet
+      const lwo_optim_stats a = optim_stats(optim);
+      const double t0 = now_seconds();
+      p.step = ++step_no;
+      TK_CHECK(lwo_optim_step(optim, &p));
+      TK_CHECK(lwo_optim_wait(optim));
+      alone_ms.push_back((now_seconds() - t0) * 1e3);
+      const lwo_optim_stats b = optim_stats(optim);
+      n_params = b.n_params_updated - a.n_params_updated;
+      phase.set(s + 1, strf("update %u/%u: %.3f ms, %.3f G params/s", s + 1, o.steps,
+                            alone_ms.back(), n_params / alone_ms.back() / 1e6));
+    }
+    phase.done("median %.3f ms: %.3f G params/s", median(alone_ms),
+               n_params / median(alone_ms) / 1e6);
+  }
+  {
+    step_options.after_enqueue = [&] {
+      p.step = ++step_no;
+      TK_CHECK(lwo_optim_step(optim, &p));
+    };
+    Phase phase("full steps", o.steps + 1);
+    double prev = now_seconds();
+    for (uint32_t s = 0; s <= o.steps; ++s) {  // the first is a warm-up
+      plain_step();
+      const double now = now_seconds();
+      if (s > 0) {
+        full_ms.push_back((now - prev) * 1e3);
+        tail_ms.push_back(optim_stats(optim).last_tail_ns / 1e6);
+      }
+      prev = now;
+      phase.set(s + 1, strf("step %u/%u: %.3f ms", s, o.steps, (now - prev) * 1e3));
+    }
+    step_options.after_enqueue = nullptr;
+    TK_CHECK(lwo_optim_wait(optim));
+    const double gpu = r.median_ms, alone = median(alone_ms), full = median(full_ms);
+    const double bound = std::max(gpu, alone);
+    const double overlap = std::min(gpu, alone) > 0
+                               ? std::max(0.0, gpu + alone - full) / std::min(gpu, alone)
+                               : 0;
+    phase.done("median %.3f ms a step", full);
+    std::printf("optimizer  %s (%s state%s): GPU step %.3f ms, update alone %.3f ms "
+                "(%.3f G params/s), full step %.3f ms; overlap %.0f%% of the shorter; "
+                "%.3f x max(GPU step, update alone) (target <= 1.1): %s; update tail after "
+                "the last landing %.3f ms (median)\n",
+                o.optimizer.c_str(), lwo_dtype_name(o.optim_state),
+                (o.max_norm > 0 ? strf(", max norm %g", o.max_norm) : std::string(o.delayed ? ", delayed" : "")).c_str(), gpu, alone,
+                n_params / alone / 1e6, full, 100 * overlap, full / bound,
+                full / bound <= 1.1 ? "PASS" : "MISS", median(tail_ms));
+  }
+  TK_CHECK(lwo_optim_destroy(optim));
+}
+
 int cmd_train(int argc, char** argv);
 
 const Command kTrainCommand = {
@@ -931,6 +1065,7 @@ int cmd_train(int argc, char** argv) {
                     r.plan.info.predicted_ms);
   }
   summarise(o, r);
+  if (!o.optimizer.empty()) optimizer_steps(o, r, grads.get(), step, step_options);
   steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
                    "bound (%s)",
                    o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);

@@ -22,6 +22,7 @@ const char* kind_name(Kind k) {
     case Kind::Grads: return "grads";
     case Kind::Checkpoint: return "checkpoint";
     case Kind::Plan: return "plan";
+    case Kind::Optim: return "optimizer";
   }
   return "?";
 }

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/grads.h"
+#include "engine/optimizer.h"
 #include "engine/pool.h"
 #include "engine/ring.h"
 #include "engine/schedule.h"
@@ -45,11 +46,14 @@ struct PlanHandle;
 struct lwo_plan {
   std::unique_ptr<lwo::PlanHandle> impl;
 };
+struct lwo_optim {  // since 0.4.0
+  std::unique_ptr<lwo::Optimizer> impl;
+};
 
 namespace lwo {
 namespace abi {
 
-enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Plan };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Plan, Optim };
 template <class H> constexpr Kind kind_of();
 template <> constexpr Kind kind_of<lwo_engine>() { return Kind::Engine; }
 template <> constexpr Kind kind_of<lwo_pool>() { return Kind::Pool; }
@@ -58,6 +62,7 @@ template <> constexpr Kind kind_of<lwo_schedule>() { return Kind::Schedule; }
 template <> constexpr Kind kind_of<lwo_grads>() { return Kind::Grads; }
 template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; }
 template <> constexpr Kind kind_of<lwo_plan>() { return Kind::Plan; }
+template <> constexpr Kind kind_of<lwo_optim>() { return Kind::Optim; }
 
 // The registry of live handles: a destroyed or foreign pointer is never
 // dereferenced.

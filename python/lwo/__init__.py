@@ -23,7 +23,8 @@ from ._errors import (  # noqa: E402,F401
 )
 from ._core import (  # noqa: E402,F401
     Checkpoint, CheckpointFile, CheckpointTensor, Engine, GradTensor, Grads, GradsStats, HostMemory,
-    LayerView, MappedTensor, MetadataEntry, NcclComm, Pool, PoolInfo, Ring, RingInfo,
+    LayerView, MappedTensor, MetadataEntry, NcclComm, OptimInfo, Optimizer, OptimStats, Pool,
+    PoolInfo, Ring, RingInfo,
     RingStats, Schedule, ShardMemory, TensorInfo, TensorMap, TensorShard, TensorSpec,
     TensorView, Ticket, conv2d_desc, conv2d_output_size, device_pointer, dtype, dtype_name,
     dtype_size, linear_desc, nccl_get_unique_id, record_layout, stream_handle, version,

@@ -167,6 +167,18 @@ LWO_QUANT_INT8_CHANNEL = 3
 LWO_QUANT_INT4_GROUP128 = 4
 LWO_QUANT_FORMAT_FORCE_32 = 0x7FFFFFFF
 
+# The optimizer (since 0.4.0)
+LWO_OPTIM_ADAMW = 0
+LWO_OPTIM_SGD = 1
+LWO_OPTIM_KIND_FORCE_32 = 0x7FFFFFFF
+LWO_OPTIM_STOCHASTIC_ROUNDING = 0x1
+LWO_OPTIM_CLIPPING = 0x2
+LWO_OPTIM_DELAYED = 0x4
+LWO_OPTIM_MASTER = 0
+LWO_OPTIM_M = 1
+LWO_OPTIM_V = 2
+LWO_OPTIM_STATE_FORCE_32 = 0x7FFFFFFF
+
 # --------------------------------------------------------------------------
 # Types
 # --------------------------------------------------------------------------
@@ -187,6 +199,9 @@ lwo_schedule_p = ctypes.c_void_p
 lwo_grads_p = ctypes.c_void_p
 lwo_checkpoint_p = ctypes.c_void_p
 lwo_plan_p = ctypes.c_void_p  # since 0.4.0
+lwo_optim_p = ctypes.c_void_p  # since 0.4.0
+lwo_optim_kind_t = ctypes.c_int
+lwo_optim_state_t = ctypes.c_int
 
 _size_t = ctypes.c_size_t
 _i32 = ctypes.c_int32
@@ -377,6 +392,64 @@ class lwo_grads_stats(_Struct):
     ]
 
 
+# The optimizer (since 0.4.0)
+class lwo_optim_config(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("kind", lwo_optim_kind_t),
+        ("state_dtype", lwo_dtype_t),
+        ("flags", _u32),
+        ("n_threads", _u32),
+        ("seed", _u64),
+    ]
+
+
+class lwo_optim_step_params(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("step", _u64),
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("dampening", ctypes.c_double),
+        ("max_norm", ctypes.c_double),
+    ]
+
+
+class lwo_optim_info(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("kind", lwo_optim_kind_t),
+        ("state_dtype", lwo_dtype_t),
+        ("flags", _u32),
+        ("n_threads", _u32),
+        ("n_numa_nodes", _u32),
+        ("n_params", _u64),
+        ("state_bytes", _u64),
+        ("last_step", _u64),
+        ("vector_level", _cp),
+    ]
+
+
+class lwo_optim_stats(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("n_steps", _u64),
+        ("n_layer_updates", _u64),
+        ("n_params_updated", _u64),
+        ("update_ns", _u64),
+        ("landing_wait_ns", _u64),
+        ("last_step_ns", _u64),
+        ("last_tail_ns", _u64),
+        ("n_clipped", _u64),
+        ("n_redone", _u64),
+        ("last_norm", ctypes.c_double),
+    ]
+
+
 class lwo_grad_tensor(_Struct):
     _fields_ = [
         ("size", _size_t),
@@ -542,6 +615,7 @@ STRUCTS = {
         lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
         lwo_tensor_quant_ext,
         lwo_plan_config, lwo_plan_info, lwo_plan_position,
+        lwo_optim_config, lwo_optim_step_params, lwo_optim_info, lwo_optim_stats,
     ]
 }
 
@@ -634,6 +708,18 @@ FUNCTIONS = {
     "lwo_grads_shard": (
         _S, [lwo_grads_p, _u32, _cp, _P(_P(ctypes.c_float)), _P(_u64), _P(_u64)]),
     "lwo_grads_get_stats": (_S, [lwo_grads_p, _P(lwo_grads_stats)]),
+    # the optimizer (since 0.4.0)
+    "lwo_optim_config_init": (None, [_P(lwo_optim_config)]),
+    "lwo_optim_create": (_S, [lwo_grads_p, _P(lwo_optim_config), _P(lwo_optim_p)]),
+    "lwo_optim_destroy": (_S, [lwo_optim_p]),
+    "lwo_optim_step_params_init": (None, [_P(lwo_optim_step_params)]),
+    "lwo_optim_step": (_S, [lwo_optim_p, _P(lwo_optim_step_params)]),
+    "lwo_optim_wait": (_S, [lwo_optim_p]),
+    "lwo_optim_query": (_S, [lwo_optim_p, _P(_u32)]),
+    "lwo_optim_read": (_S, [lwo_optim_p, _u32, _cp, lwo_optim_state_t, _vp, _u64]),
+    "lwo_optim_write": (_S, [lwo_optim_p, _u32, _cp, lwo_optim_state_t, _vp, _u64]),
+    "lwo_optim_get_info": (_S, [lwo_optim_p, _P(lwo_optim_info)]),
+    "lwo_optim_get_stats": (_S, [lwo_optim_p, _P(lwo_optim_stats)]),
     # conv2d
     "lwo_conv2d_desc_init": (None, [_P(lwo_conv2d_desc)]),
     "lwo_conv2d_output_size": (_S, [_P(lwo_conv2d_desc), _i32, _i32, _P(_i32), _P(_i32)]),

@@ -1103,6 +1103,93 @@ class Grads(_Handle):
 
 
 # --------------------------------------------------------------------------
+# The optimizer step on the host (since 0.4.0)
+# --------------------------------------------------------------------------
+OptimStats = collections.namedtuple(
+    "OptimStats", "n_steps n_layer_updates n_params_updated update_ns landing_wait_ns "
+    "last_step_ns last_tail_ns n_clipped n_redone last_norm")
+OptimInfo = collections.namedtuple(
+    "OptimInfo", "kind state_dtype flags n_threads n_numa_nodes n_params state_bytes last_step "
+    "vector_level")
+
+_OPTIM_STATES = {"master": 0, "m": 1, "v": 2}
+
+
+class Optimizer(_Handle):
+    """lwo_optim: AdamW (kind="adamw") or SGD with momentum (kind="sgd") over
+    the trainable layers of a gradient set (kept alive) and its pool, on host
+    threads, each layer updated as its gradients land. state: "f32" or
+    "bf16" moments; stochastic: bf16 moments rounded stochastically from
+    `seed`; clipping: allows max_norm in step() (keeps a second copy of the
+    state); delayed: the one-step-delayed update (LWO_OPTIM_DELAYED)."""
+
+    _destroy = "lwo_optim_destroy"
+
+    def __init__(self, grads, kind="adamw", state="f32", stochastic=False, clipping=False,
+                 n_threads=0, seed=0, delayed=False):
+        cfg = C.lwo_optim_config()
+        _lib.lwo_optim_config_init(cfg)
+        if kind not in ("adamw", "sgd"):
+            raise ValueError("lwo: optimizer kind %r is neither 'adamw' nor 'sgd'" % (kind,))
+        cfg.kind = C.LWO_OPTIM_ADAMW if kind == "adamw" else C.LWO_OPTIM_SGD
+        cfg.state_dtype = dtype(state)
+        cfg.flags = ((C.LWO_OPTIM_STOCHASTIC_ROUNDING if stochastic else 0)
+                     | (C.LWO_OPTIM_CLIPPING if clipping else 0)
+                     | (C.LWO_OPTIM_DELAYED if delayed else 0))
+        cfg.n_threads = int(n_threads)
+        cfg.seed = int(seed)
+        self.grads = grads
+        self._handle = _new_handle(_lib.lwo_optim_create, grads._h(), _byref(cfg))
+
+    def step(self, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, momentum=0.0,
+             dampening=0.0, max_norm=0.0):
+        """lwo_optim_step: returns at once; call it once the backward's last
+        Grads.end of every layer is enqueued."""
+        p = C.lwo_optim_step_params()
+        _lib.lwo_optim_step_params_init(p)
+        p.step, p.lr, p.beta1, p.beta2, p.eps = int(step), lr, beta1, beta2, eps
+        p.weight_decay, p.momentum, p.dampening, p.max_norm = (
+            weight_decay, momentum, dampening, max_norm)
+        check(_lib.lwo_optim_step(self._h(), _byref(p)))
+
+    def wait(self):
+        check(_lib.lwo_optim_wait(self._h()))
+
+    def query(self):
+        done = ctypes.c_uint32()
+        check(_lib.lwo_optim_query(self._h(), _byref(done)))
+        return bool(done.value)
+
+    def read(self, layer, name, which, nbytes):
+        """lwo_optim_read: one tensor's "master", "m" or "v" as bytes."""
+        buf = (ctypes.c_uint8 * max(int(nbytes), 1))()
+        check(_lib.lwo_optim_read(self._h(), int(layer), _enc(name), _OPTIM_STATES[which], buf,
+                                  int(nbytes)))
+        return bytes(buf)[:int(nbytes)]
+
+    def write(self, layer, name, which, data):
+        """lwo_optim_write: one tensor's "master", "m" or "v" from bytes."""
+        data = bytes(data)
+        buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+        check(_lib.lwo_optim_write(self._h(), int(layer), _enc(name), _OPTIM_STATES[which], buf,
+                                   len(data)))
+
+    def info(self):
+        i = C.lwo_optim_info()
+        check(_lib.lwo_optim_get_info(self._h(), _byref(i)))
+        return OptimInfo(i.kind, i.state_dtype, i.flags, i.n_threads, i.n_numa_nodes, i.n_params,
+                         i.state_bytes, i.last_step,
+                         i.vector_level.decode() if i.vector_level else None)
+
+    def stats(self):
+        s = C.lwo_optim_stats()
+        check(_lib.lwo_optim_get_stats(self._h(), _byref(s)))
+        return OptimStats(s.n_steps, s.n_layer_updates, s.n_params_updated, s.update_ns,
+                          s.landing_wait_ns, s.last_step_ns, s.last_tail_ns, s.n_clipped,
+                          s.n_redone, s.last_norm)
+
+
+# --------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------
 CheckpointTensor = collections.namedtuple(

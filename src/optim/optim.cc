@@ -1,10 +1,10 @@
 #include "optim.h"
 
 #include <cmath>
+#include <vector>
 
 #include "src/common/dtype.h"
 #include "src/common/error.h"
-#include "src/common/parallel.h"
 
 namespace lwo {
 namespace optim {
@@ -12,35 +12,88 @@ namespace {
 
 // Every per-element constant of one AdamW step, in f32.
 struct AdamConsts {
-  float decay, b1, one_b1, b2, one_b2, step_size, inv_sqrt_bc2, eps;
+  float decay, b1, one_b1, b2, one_b2, step_size, inv_sqrt_bc2, eps, scale;
+  uint32_t key;  // the step's stochastic-rounding key for this range
 };
 
-// The loop for one (grad dtype, weight dtype) pair: templates so that each
-// inner loop has fixed types and vectorizes.
-template <lwo_dtype_t G, lwo_dtype_t W>
-LWO_VECTOR_LOOP void adam_range(float* __restrict p, float* __restrict m, float* __restrict v,
-                                const void* __restrict g, void* __restrict w, uint64_t b,
-                                uint64_t e, const AdamConsts c) {
+// State element access: f32, or bf16 rounded to nearest even (S_BF16) or
+// stochastically (S_SR) with 16 random bits.
+enum StateKind { S_F32, S_BF16, S_SR };
+
+template <StateKind S>
+inline float load_state(const void* p, uint64_t i) {
+  if (S == S_F32) return static_cast<const float*>(p)[i];
+  return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+}
+template <StateKind S>
+inline void store_state(void* p, uint64_t i, float x, uint32_t r16) {
+  if (S == S_F32)
+    static_cast<float*>(p)[i] = x;
+  else if (S == S_BF16)
+    static_cast<uint16_t*>(p)[i] = f32_to_bf16(x);
+  else
+    static_cast<uint16_t*>(p)[i] = f32_to_bf16_stochastic(x, r16);
+}
+
+// The loop for one (state, grad dtype, weight dtype) triple: templates so
+// that each inner loop has fixed types and vectorizes. [b, e) lies within
+// one 2^32-element block (the key covers it).
+template <StateKind S, lwo_dtype_t G, lwo_dtype_t W>
+LWO_VECTOR_LOOP void adam_range(float* __restrict p, void* __restrict m, void* __restrict v,
+                                const float* __restrict pin, const void* __restrict min,
+                                const void* __restrict vin, const void* __restrict g,
+                                void* __restrict w, uint64_t b, uint64_t e, const AdamConsts c) {
   for (uint64_t i = b; i < e; ++i) {
-    const float gi = load_f32(g, G, i);
-    float pi = p[i] * c.decay;
-    const float mi = c.b1 * m[i] + c.one_b1 * gi;
-    const float vi = c.b2 * v[i] + c.one_b2 * gi * gi;
+    const float gi = load_f32(g, G, i) * c.scale;
+    float pi = pin[i] * c.decay;
+    const float mi = c.b1 * load_state<S>(min, i) + c.one_b1 * gi;
+    const float vi = c.b2 * load_state<S>(vin, i) + c.one_b2 * gi * gi;
     pi -= c.step_size * mi / (__builtin_sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
-    m[i] = mi;
-    v[i] = vi;
+    const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ c.key) : 0;
+    store_state<S>(m, i, mi, r);
+    store_state<S>(v, i, vi, r >> 16);
     p[i] = pi;
     if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
 }
 
-template <lwo_dtype_t G>
-void adam_dispatch_w(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
-  if (!t.weights) return adam_range<G, LWO_DTYPE_FORCE_32>(t.master, t.m, t.v, t.grad, nullptr, b, e, c);
+template <StateKind S, lwo_dtype_t G>
+void adam_w(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
+  const float* pin = t.master_in ? t.master_in : t.master;
+  const void* min = t.m_in ? t.m_in : t.m;
+  const void* vin = t.v_in ? t.v_in : t.v;
+  if (!t.weights)
+    return adam_range<S, G, LWO_DTYPE_FORCE_32>(t.master, t.m, t.v, pin, min, vin, t.grad, nullptr, b, e, c);
   switch (t.weight_dtype) {
-    case LWO_DTYPE_BF16: return adam_range<G, LWO_DTYPE_BF16>(t.master, t.m, t.v, t.grad, t.weights, b, e, c);
-    case LWO_DTYPE_F16: return adam_range<G, LWO_DTYPE_F16>(t.master, t.m, t.v, t.grad, t.weights, b, e, c);
-    default: return adam_range<G, LWO_DTYPE_F32>(t.master, t.m, t.v, t.grad, t.weights, b, e, c);
+    case LWO_DTYPE_BF16: return adam_range<S, G, LWO_DTYPE_BF16>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
+    case LWO_DTYPE_F16: return adam_range<S, G, LWO_DTYPE_F16>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
+    default: return adam_range<S, G, LWO_DTYPE_F32>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
+  }
+}
+
+template <StateKind S>
+void adam_g(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
+  switch (t.grad_dtype) {
+    case LWO_DTYPE_BF16: return adam_w<S, LWO_DTYPE_BF16>(t, b, e, c);
+    case LWO_DTYPE_F16: return adam_w<S, LWO_DTYPE_F16>(t, b, e, c);
+    default: return adam_w<S, LWO_DTYPE_F32>(t, b, e, c);
+  }
+}
+
+// First: step 1, where the buffer is the gradient (the old one is not read).
+template <StateKind S, lwo_dtype_t G, lwo_dtype_t W, bool First>
+LWO_VECTOR_LOOP void sgd_range(float* __restrict p, void* __restrict m, const float* __restrict pin,
+                               const void* __restrict min, const void* __restrict g,
+                               void* __restrict w, uint64_t b, uint64_t e, float decay, float mom,
+                               float damp, float lr, float scale, uint32_t key) {
+  for (uint64_t i = b; i < e; ++i) {
+    const float gi = load_f32(g, G, i) * scale;
+    const float bi = First ? gi : mom * load_state<S>(min, i) + damp * gi;
+    const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ key) : 0;
+    store_state<S>(m, i, bi, r);
+    const float pi = pin[i] * decay - lr * bi;
+    p[i] = pi;
+    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
 }
 
@@ -55,55 +108,164 @@ void check_tensor(const Tensor& t, uint64_t step, bool needs_v, const char* what
   if (t.weights && !known(t.weight_dtype))
     fail(LWO_ERR_INVALID_ARGUMENT, "%s: weights of dtype %s (f32, bf16 or f16)", what,
          dtype_name(t.weight_dtype));
+  if (t.state_dtype != LWO_DTYPE_F32 && t.state_dtype != LWO_DTYPE_BF16)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: state of dtype %s (f32 or bf16)", what,
+         dtype_name(t.state_dtype));
   if (t.n && (!t.master || !t.m || !t.grad || (needs_v && !t.v)))
     fail(LWO_ERR_INVALID_ARGUMENT, "%s: a NULL master, state or gradient buffer for %llu "
          "parameters", what, static_cast<unsigned long long>(t.n));
+  if (!(std::isfinite(t.grad_scale) && t.grad_scale >= 0))
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: gradient scale %g (finite, >= 0)", what,
+         static_cast<double>(t.grad_scale));
 }
 
-// Parts of at least 2^16 elements, eight chunks per thread taken in turn.
-constexpr uint64_t kMinPart = uint64_t(1) << 16;
+StateKind state_kind(const Tensor& t) {
+  return t.state_dtype == LWO_DTYPE_F32 ? S_F32 : t.stochastic ? S_SR : S_BF16;
+}
+
+// fn(b, e, key) over [b, e) cut at every 2^32-element boundary, with the
+// step's key for that block.
+template <typename F>
+void by_block(const Tensor& t, uint64_t step, uint64_t b, uint64_t e, F&& fn) {
+  while (b < e) {
+    const uint64_t hi = b >> 32, end = std::min(e, (hi + 1) << 32);
+    fn(b, end, t.stochastic ? step_key(t.key, step, hi) : 0u);
+    b = end;
+  }
+}
 
 }  // namespace
 
-void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, uint32_t n_threads) {
+void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers) {
   check_tensor(t, step, true, "adamw");
   const double bc1 = 1 - std::pow(h.beta1, static_cast<double>(step));
   const double bc2 = 1 - std::pow(h.beta2, static_cast<double>(step));
-  const AdamConsts c{static_cast<float>(1 - h.lr * h.weight_decay), static_cast<float>(h.beta1),
-                     static_cast<float>(1 - h.beta1), static_cast<float>(h.beta2),
-                     static_cast<float>(1 - h.beta2), static_cast<float>(h.lr / bc1),
-                     static_cast<float>(1 / std::sqrt(bc2)), static_cast<float>(h.eps)};
-  parallel_for(
-      t.n, n_threads, kMinPart, 64,
-      [&](uint64_t b, uint64_t e) {
-        switch (t.grad_dtype) {
-          case LWO_DTYPE_BF16: return adam_dispatch_w<LWO_DTYPE_BF16>(t, b, e, c);
-          case LWO_DTYPE_F16: return adam_dispatch_w<LWO_DTYPE_F16>(t, b, e, c);
-          default: return adam_dispatch_w<LWO_DTYPE_F32>(t, b, e, c);
-        }
-      },
-      8);
+  const AdamConsts c0{static_cast<float>(1 - h.lr * h.weight_decay), static_cast<float>(h.beta1),
+                      static_cast<float>(1 - h.beta1), static_cast<float>(h.beta2),
+                      static_cast<float>(1 - h.beta2), static_cast<float>(h.lr / bc1),
+                      static_cast<float>(1 / std::sqrt(bc2)), static_cast<float>(h.eps),
+                      t.grad_scale, 0u};
+  const StateKind sk = state_kind(t);
+  workers.run(t.n, kAlign, kMinPart, [&](uint64_t b, uint64_t e) {
+    by_block(t, step, b, e, [&](uint64_t bb, uint64_t ee, uint32_t key) {
+      AdamConsts c = c0;
+      c.key = key;
+      switch (sk) {
+        case S_F32: return adam_g<S_F32>(t, bb, ee, c);
+        case S_BF16: return adam_g<S_BF16>(t, bb, ee, c);
+        default: return adam_g<S_SR>(t, bb, ee, c);
+      }
+    });
+  });
 }
 
-void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, uint32_t n_threads) {
+void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers) {
   check_tensor(t, step, false, "sgd");
   const float decay = static_cast<float>(1 - h.lr * h.weight_decay);
   const float mom = static_cast<float>(h.momentum), damp = static_cast<float>(1 - h.dampening);
   const float lr = static_cast<float>(h.lr);
   const bool first = step == 1;
-  parallel_for(
-      t.n, n_threads, kMinPart, 64,
-      [&](uint64_t b, uint64_t e) {
-        for (uint64_t i = b; i < e; ++i) {
-          const float gi = load_f32(t.grad, t.grad_dtype, i);
-          const float bi = first ? gi : mom * t.m[i] + damp * gi;
-          t.m[i] = bi;
-          const float pi = t.master[i] * decay - lr * bi;
-          t.master[i] = pi;
-          if (t.weights) store_f32(t.weights, t.weight_dtype, i, pi);
+  const float* pin = t.master_in ? t.master_in : t.master;
+  const void* min = t.m_in ? t.m_in : t.m;
+  const StateKind sk = state_kind(t);
+  workers.run(t.n, kAlign, kMinPart, [&](uint64_t b, uint64_t e) {
+    by_block(t, step, b, e, [&](uint64_t bb, uint64_t ee, uint32_t key) {
+      auto run = [&](auto s_tag, auto g_tag) {
+        constexpr StateKind S = decltype(s_tag)::value;
+        constexpr lwo_dtype_t G = decltype(g_tag)::value;
+        auto go = [&](auto w_tag) {
+          constexpr lwo_dtype_t W = decltype(w_tag)::value;
+          if (first)
+            sgd_range<S, G, W, true>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
+                                     mom, damp, lr, t.grad_scale, key);
+          else
+            sgd_range<S, G, W, false>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
+                                      mom, damp, lr, t.grad_scale, key);
+        };
+        if (!t.weights) return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_FORCE_32>{});
+        switch (t.weight_dtype) {
+          case LWO_DTYPE_BF16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_BF16>{});
+          case LWO_DTYPE_F16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F16>{});
+          default: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F32>{});
         }
-      },
-      8);
+      };
+      auto by_g = [&](auto s_tag) {
+        switch (t.grad_dtype) {
+          case LWO_DTYPE_BF16: return run(s_tag, std::integral_constant<lwo_dtype_t, LWO_DTYPE_BF16>{});
+          case LWO_DTYPE_F16: return run(s_tag, std::integral_constant<lwo_dtype_t, LWO_DTYPE_F16>{});
+          default: return run(s_tag, std::integral_constant<lwo_dtype_t, LWO_DTYPE_F32>{});
+        }
+      };
+      switch (sk) {
+        case S_F32: return by_g(std::integral_constant<StateKind, S_F32>{});
+        case S_BF16: return by_g(std::integral_constant<StateKind, S_BF16>{});
+        default: return by_g(std::integral_constant<StateKind, S_SR>{});
+      }
+    });
+  });
+}
+
+namespace {
+constexpr uint64_t kNormBlock = uint64_t(1) << 14;
+
+template <lwo_dtype_t G>
+LWO_VECTOR_LOOP double block_squares(const void* __restrict g, uint64_t b, uint64_t e) {
+  double lane[16] = {};
+  uint64_t i = b;
+  for (; i + 16 <= e; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const double x = load_f32(g, G, i + j);
+      lane[j] += x * x;
+    }
+  for (int j = 0; i < e; ++i, ++j) {
+    const double x = load_f32(g, G, i);
+    lane[j] += x * x;
+  }
+  double s = 0;
+  for (int j = 0; j < 16; ++j) s += lane[j];
+  return s;
+}
+}  // namespace
+
+double sum_squares(const void* grad, lwo_dtype_t dtype, uint64_t n, Workers& workers) {
+  if (n == 0) return 0;
+  const uint64_t n_blocks = (n + kNormBlock - 1) / kNormBlock;
+  std::vector<double> part(n_blocks, 0.0);
+  workers.run(n_blocks, 1, 8, [&](uint64_t b, uint64_t e) {
+    for (uint64_t k = b; k < e; ++k) {
+      const uint64_t lo = k * kNormBlock, hi = std::min(n, lo + kNormBlock);
+      part[k] = dtype == LWO_DTYPE_BF16  ? block_squares<LWO_DTYPE_BF16>(grad, lo, hi)
+                : dtype == LWO_DTYPE_F16 ? block_squares<LWO_DTYPE_F16>(grad, lo, hi)
+                                         : block_squares<LWO_DTYPE_F32>(grad, lo, hi);
+    }
+  });
+  double s = 0;
+  for (double x : part) s += x;
+  return s;
+}
+
+float clip_scale(double norm, double max_norm) {
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1 ? static_cast<float>(c) : 1.0f;
+}
+
+const char* vector_level() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+#endif
+  return "baseline";
+}
+
+void first_touch(float* dst, const void* src, lwo_dtype_t dtype, uint64_t n, void* const* state,
+                 uint32_t n_state, lwo_dtype_t state_dtype, Workers& workers) {
+  const size_t ss = state_dtype == LWO_DTYPE_BF16 ? 2 : 4;
+  workers.run(n, kAlign, kMinPart, [&](uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; ++i) dst[i] = src ? load_f32(src, dtype, i) : 0.0f;
+    for (uint32_t k = 0; k < n_state; ++k)
+      if (state[k]) std::memset(static_cast<uint8_t*>(state[k]) + b * ss, 0, (e - b) * ss);
+  });
 }
 
 }  // namespace optim

@@ -1,14 +1,22 @@
-// Optimizer steps on host memory (issue 17, first part): a fused AdamW and
-// SGD with momentum over one tensor's parameters, f32 master weights and
-// state, gradients read in their wire dtype, the updated weights written back
-// rounded to the pool's dtype. Host only, multithreaded through parallel_for,
-// the loops vectorized (GCC clones them for AVX-512 and AVX2). Nothing in the
-// library calls it yet (the overlap with the backward pass comes next).
+// Optimizer steps on host memory: a fused AdamW and SGD with momentum over
+// one tensor's parameters, f32 master weights, state in f32 or bf16 (rounded
+// to nearest even, or stochastically from a counter-based random stream),
+// gradients read in their wire dtype and scaled (the clipping coefficient),
+// the updated weights written back rounded to the pool's dtype. Host only,
+// run on a Workers set (workers.h: fixed parts per thread, NUMA placement);
+// the loops are built once per x86-64 level (AVX-512, AVX2, baseline) and
+// one is picked at load time (LWO_VECTOR_LOOP, src/common/dtype.h).
+//
+// Every result is a function of the element's own inputs (and, for the
+// stochastic rounding, of its index, the tensor's key and the step): the
+// number of threads and the parts they take change no bit.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "lwo.h"
+#include "workers.h"
 
 namespace lwo {
 namespace optim {
@@ -25,25 +33,99 @@ struct Sgd {
   double lr = 1e-2, momentum = 0.9, dampening = 0, weight_decay = 0;
 };
 
-// One tensor's parameters and state; `weights` (may be null) receives each
-// updated master weight rounded to `weight_dtype` (f32, bf16 or f16, round to
-// nearest even); `grad` holds n elements of `grad_dtype` (f32, bf16, f16).
+// One tensor's parameters and state. The step reads master_in / m_in / v_in
+// (null: the outputs, updated in place) and writes master / m / v; `weights`
+// (may be null) receives each updated master rounded to `weight_dtype` (f32,
+// bf16 or f16, nearest even); `grad` holds n elements of `grad_dtype` (f32,
+// bf16, f16), each multiplied by `grad_scale` before use (1: exactly the
+// gradient). State is `state_dtype` (f32 or bf16); bf16 state is rounded to
+// nearest even, or, with `stochastic`, stochastically (below).
 struct Tensor {
   uint64_t n = 0;
   float* master = nullptr;
-  float* m = nullptr;  // AdamW: first moment; SGD: the momentum buffer
-  float* v = nullptr;  // AdamW: second moment
+  void* m = nullptr;  // AdamW: first moment; SGD: the momentum buffer
+  void* v = nullptr;  // AdamW: second moment
+  const float* master_in = nullptr;
+  const void* m_in = nullptr;
+  const void* v_in = nullptr;
+  lwo_dtype_t state_dtype = LWO_DTYPE_F32;
+  bool stochastic = false;
+  uint64_t key = 0;  // the tensor's random stream (stochastic rounding)
   const void* grad = nullptr;
   lwo_dtype_t grad_dtype = LWO_DTYPE_F32;
+  float grad_scale = 1.0f;
   void* weights = nullptr;
   lwo_dtype_t weight_dtype = LWO_DTYPE_BF16;
 };
 
-// Step `step` (1 for the first) over the tensor, on up to n_threads threads
-// (0: one per core). LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype
-// outside those above or a missing buffer.
-void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, uint32_t n_threads);
-void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, uint32_t n_threads);
+// Stochastic rounding of bf16 state. The random source is a counter-based
+// hash, not a generator with state: for element i of a tensor with key K at
+// step s, the 32 bits are mix32(uint32(i) ^ k) with k = low 32 bits of
+// mix64(K ^ mix64(s ^ (i >> 32) << 40)) (mix64 is splitmix64's finaliser,
+// mix32 the "lowbias32" finaliser, both below); m takes the low 16 bits, v
+// the high 16. x rounds to bf16 by adding the 16 bits to x's f32 bits below
+// the bf16 mantissa and truncating, so it rounds up with probability equal
+// to its distance from the lower neighbour (NaN and infinity stay as they
+// are). The same seed gives the same bits on every machine and any threads.
+inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+inline uint32_t step_key(uint64_t key, uint64_t step, uint64_t hi) {
+  return static_cast<uint32_t>(mix64(key ^ mix64(step ^ (hi << 40))));
+}
+inline uint16_t f32_to_bf16_stochastic(float f, uint32_t r16) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return static_cast<uint16_t>((u >> 16) | ((u & 0xffffu) ? 0x40u : 0));
+  return static_cast<uint16_t>((u + (r16 & 0xffffu)) >> 16);
+}
+
+// A tensor key for (seed, layer, tensor): the caller's seed spread over the
+// tensors so that no two share a stream.
+inline uint64_t tensor_key(uint64_t seed, uint32_t layer, uint32_t tensor) {
+  return mix64(seed ^ mix64((uint64_t(layer) << 20) ^ tensor ^ 0x6f7074696d));
+}
+
+// Step `step` (1 for the first) over the tensor on `workers`.
+// LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype outside those above or a
+// missing buffer.
+void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers);
+void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers);
+
+// The sum of the squares of n gradient elements in f64: blocks of 2^14
+// elements, each summed in 16 lanes then in lane order, the blocks' sums
+// added in block order, so any threads give the same bits.
+double sum_squares(const void* grad, lwo_dtype_t dtype, uint64_t n, Workers& workers);
+
+// PyTorch's clip_grad_norm_: min(1, max_norm / (norm + 1e-6)) in f32.
+float clip_scale(double norm, double max_norm);
+
+// The loop the runtime dispatch picked on this machine: "x86-64-v4"
+// (AVX-512), "x86-64-v3" (AVX2) or "baseline".
+const char* vector_level();
+
+// Fills `n` floats of dst from `src` in `dtype` (the masters from the pool's
+// weights), and zeroes `state_bytes` bytes of each of the `n_state` state
+// buffers, by the partition `workers` uses for the steps, so that each page
+// is first touched by the thread that will update it.
+void first_touch(float* dst, const void* src, lwo_dtype_t dtype, uint64_t n, void* const* state,
+                 uint32_t n_state, lwo_dtype_t state_dtype, Workers& workers);
+
+// The partition every step uses: parts aligned to 4096 elements (whole
+// pages of f32 and bf16), at least 2^15 elements each.
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kMinPart = uint64_t(1) << 15;
 
 }  // namespace optim
 }  // namespace lwo

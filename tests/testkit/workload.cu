@@ -403,6 +403,7 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
       fail(strf("the schedule did not end after its %u layers", n));
     }
   }
+  if (o.after_enqueue) o.after_enqueue();
   mark(4 * passes);
   double last_compute_s = 0;
   if (o.edges) {

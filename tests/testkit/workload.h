@@ -235,6 +235,9 @@ struct StepOptions {
   // Called after the untimed part (the zeroing, the counters read), just
   // before the timing starts: e.g. a barrier of ranks that step together.
   std::function<void()> before_start;
+  // Called once every record's work (and every lwo_grads_end) is enqueued,
+  // before the step waits for anything: e.g. lwo_optim_step (since 0.4.0).
+  std::function<void()> after_enqueue;
 };
 
 // The schedule order of a pass over n records.

@@ -11,6 +11,7 @@
 #include "src/common/dtype.h"
 #include "src/common/error.h"
 #include "src/optim/optim.h"
+#include "src/optim/workers.h"
 
 namespace lwo {
 namespace optim {
@@ -50,7 +51,8 @@ double grad_value(const std::vector<uint8_t>& g, lwo_dtype_t d, size_t i) {
 // 100 AdamW steps in f32 (the library) and f64 (here), from the same masters,
 // on the same gradients (as the library reads them: in their dtype).
 TEST(Optim, AdamWMatchesAnF64ReferenceOver100Steps) {
-  const uint64_t n = 10007;  // not a multiple of any vector width
+  const uint64_t n = 100007;  // not a multiple of any vector width, several parts
+  Workers w1(1), w4(4);
   for (lwo_dtype_t gd : {LWO_DTYPE_F32, LWO_DTYPE_BF16, LWO_DTYPE_F16})
     for (lwo_dtype_t wd : {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32}) {
       SCOPED_TRACE(std::string("grads ") + dtype_name(gd) + ", weights " + dtype_name(wd));
@@ -79,7 +81,7 @@ TEST(Optim, AdamWMatchesAnF64ReferenceOver100Steps) {
         for (uint64_t i = 0; i < n; ++i) g[i] = normal(rng) * (i % 7 == 0 ? 1e-3 : 1.0);
         fill_grad(b.grad, gd, g);
         t.grad = b.grad.data();
-        adamw_step(t, h, step, step % 3 == 0 ? 1 : 4);
+        adamw_step(t, h, step, step % 3 == 0 ? w1 : w4);
         const double bc1 = 1 - std::pow(h.beta1, double(step)), bc2 = 1 - std::pow(h.beta2, double(step));
         for (uint64_t i = 0; i < n; ++i) {
           const double gi = grad_value(b.grad, gd, i);
@@ -125,6 +127,7 @@ TEST(Optim, ThreadsChangeNoBit) {
     g[i] = u(rng);
   }
   std::vector<float> results[2];
+  Workers w1(1), w7(7);
   for (int k = 0; k < 2; ++k) {
     std::vector<float> p = p0, m(n, 0.f), v(n, 0.f);
     Tensor t;
@@ -133,7 +136,7 @@ TEST(Optim, ThreadsChangeNoBit) {
     t.m = m.data();
     t.v = v.data();
     t.grad = g.data();
-    for (uint64_t s = 1; s <= 3; ++s) adamw_step(t, AdamW{}, s, k == 0 ? 1 : 7);
+    for (uint64_t s = 1; s <= 3; ++s) adamw_step(t, AdamW{}, s, k == 0 ? w1 : w7);
     results[k] = p;
   }
   EXPECT_EQ(results[0], results[1]);
@@ -152,6 +155,7 @@ TEST(Optim, SgdWithMomentumMatchesItsDefinition) {
   h.weight_decay = 0.01;
   h.dampening = 0.1;
   std::vector<float> g(n);
+  Workers w2(2);
   for (uint64_t step = 1; step <= 50; ++step) {
     for (uint64_t i = 0; i < n; ++i) g[i] = static_cast<float>(normal(rng));
     Tensor t;
@@ -161,7 +165,7 @@ TEST(Optim, SgdWithMomentumMatchesItsDefinition) {
     t.grad = g.data();
     t.weights = w.data();
     t.weight_dtype = LWO_DTYPE_BF16;
-    sgd_step(t, h, step, 2);
+    sgd_step(t, h, step, w2);
     for (uint64_t i = 0; i < n; ++i) {
       b64[i] = step == 1 ? g[i] : h.momentum * b64[i] + (1 - h.dampening) * g[i];
       p64[i] = p64[i] * (1 - h.lr * h.weight_decay) - h.lr * b64[i];
@@ -175,16 +179,18 @@ TEST(Optim, SgdWithMomentumMatchesItsDefinition) {
 
 TEST(Optim, BadArgumentsAreRefused) {
   float x = 0;
+  Workers w1(1);
   Tensor t;
   t.n = 1;
-  t.master = t.m = t.v = &x;
+  t.master = &x;
+  t.m = t.v = &x;
   t.grad = &x;
   for (auto call : {0, 1}) {
     try {
       if (call == 0)
-        adamw_step(t, AdamW{}, 0, 1);
+        adamw_step(t, AdamW{}, 0, w1);
       else
-        sgd_step(t, Sgd{}, 0, 1);
+        sgd_step(t, Sgd{}, 0, w1);
       ADD_FAILURE() << "step 0 accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.status(), LWO_ERR_INVALID_ARGUMENT);
@@ -192,11 +198,16 @@ TEST(Optim, BadArgumentsAreRefused) {
     }
   }
   t.grad_dtype = LWO_DTYPE_I8;
-  EXPECT_THROW(adamw_step(t, AdamW{}, 1, 1), Error);
+  EXPECT_THROW(adamw_step(t, AdamW{}, 1, w1), Error);
   t.grad_dtype = LWO_DTYPE_F32;
   t.v = nullptr;
-  EXPECT_THROW(adamw_step(t, AdamW{}, 1, 1), Error);
-  sgd_step(t, Sgd{}, 1, 1);  // SGD needs no second moment
+  EXPECT_THROW(adamw_step(t, AdamW{}, 1, w1), Error);
+  sgd_step(t, Sgd{}, 1, w1);  // SGD needs no second moment
+  t.state_dtype = LWO_DTYPE_F16;
+  EXPECT_THROW(sgd_step(t, Sgd{}, 1, w1), Error);
+  t.state_dtype = LWO_DTYPE_F32;
+  t.grad_scale = -1;
+  EXPECT_THROW(sgd_step(t, Sgd{}, 1, w1), Error);
 }
 
 }  // namespace

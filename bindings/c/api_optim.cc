@@ -1,0 +1,113 @@
+// lwo.h: The optimizer step on the host (since 0.4.0).
+#include "abi.h"
+#include "src/common/dtype.h"
+
+using namespace lwo::abi;
+using lwo::fail;
+
+extern "C" {
+
+LWO_API void lwo_optim_config_init(lwo_optim_config* c) {
+  if (c) *c = lwo_optim_config LWO_OPTIM_CONFIG_INIT;
+}
+
+LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* p) {
+  if (p) *p = lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT;
+}
+
+LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* config,
+                                      lwo_optim** optim) {
+  return guard("lwo_optim_create", [&] {
+    need(optim, "optim (output)");
+    *optim = nullptr;
+    lwo_grads* g = check_handle(grads);
+    lwo_optim_config cfg = read_config(config, lwo_optim_config LWO_OPTIM_CONFIG_INIT);
+    check_flags(cfg.flags, LWO_OPTIM_STOCHASTIC_ROUNDING | LWO_OPTIM_CLIPPING | LWO_OPTIM_DELAYED);
+    if ((cfg.flags & LWO_OPTIM_DELAYED) && (cfg.flags & LWO_OPTIM_CLIPPING))
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "flags 0x%x: LWO_OPTIM_DELAYED and LWO_OPTIM_CLIPPING exclude each other", cfg.flags);
+    if (cfg.kind != LWO_OPTIM_ADAMW && cfg.kind != LWO_OPTIM_SGD)
+      fail(LWO_ERR_INVALID_ARGUMENT, "kind %d is not LWO_OPTIM_ADAMW or LWO_OPTIM_SGD", cfg.kind);
+    if (cfg.state_dtype != LWO_DTYPE_F32 && cfg.state_dtype != LWO_DTYPE_BF16)
+      fail(LWO_ERR_INVALID_ARGUMENT, "state_dtype %s: the state is f32 or bf16",
+           lwo::dtype_name(cfg.state_dtype));
+    if ((cfg.flags & LWO_OPTIM_STOCHASTIC_ROUNDING) && cfg.state_dtype != LWO_DTYPE_BF16)
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "LWO_OPTIM_STOCHASTIC_ROUNDING with state_dtype %s (it rounds bf16 state)",
+           lwo::dtype_name(cfg.state_dtype));
+    if (cfg.n_threads > 64)
+      fail(LWO_ERR_INVALID_ARGUMENT, "n_threads %u is above 64", cfg.n_threads);
+    lwo::Optimizer::Config c;
+    c.kind = cfg.kind;
+    c.state_dtype = cfg.state_dtype;
+    c.stochastic = (cfg.flags & LWO_OPTIM_STOCHASTIC_ROUNDING) != 0;
+    c.clipping = (cfg.flags & LWO_OPTIM_CLIPPING) != 0;
+    c.delayed = (cfg.flags & LWO_OPTIM_DELAYED) != 0;
+    c.n_threads = cfg.n_threads;
+    c.seed = cfg.seed;
+    auto impl = std::make_unique<lwo::Optimizer>(*g->impl, c);
+    *optim = publish(std::make_unique<lwo_optim>(lwo_optim{std::move(impl)}));
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_destroy(lwo_optim* optim) {
+  return guard("lwo_optim_destroy", [&] { destroy(optim); });
+}
+
+LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params) {
+  return guard("lwo_optim_step", [&] {
+    lwo_optim* o = check_handle(optim);
+    need(params, "params");
+    lwo_optim_step_params p =
+        read_config(params, lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT, "params");
+    o->impl->step(p);
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim) {
+  return guard("lwo_optim_wait", [&] { check_handle(optim)->impl->wait(); });
+}
+
+LWO_API lwo_status_t lwo_optim_query(lwo_optim* optim, uint32_t* done) {
+  return guard("lwo_optim_query", [&] {
+    lwo_optim* o = check_handle(optim);
+    need(done, "done");
+    *done = o->impl->done() ? 1u : 0u;
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_read(lwo_optim* optim, uint32_t layer, const char* name,
+                                    lwo_optim_state_t which, void* dst, uint64_t bytes) {
+  return guard("lwo_optim_read", [&] {
+    check_handle(optim)->impl->read(layer, name, which, dst, bytes);
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_write(lwo_optim* optim, uint32_t layer, const char* name,
+                                     lwo_optim_state_t which, const void* src, uint64_t bytes) {
+  return guard("lwo_optim_write", [&] {
+    check_handle(optim)->impl->write(layer, name, which, src, bytes);
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_get_info(lwo_optim* optim, lwo_optim_info* info) {
+  return guard("lwo_optim_get_info", [&] {
+    lwo_optim* o = check_handle(optim);
+    check_out(info, "info");
+    lwo_optim_info v{};
+    o->impl->info(&v);
+    write_out(info, v, "info");
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_get_stats(lwo_optim* optim, lwo_optim_stats* stats) {
+  return guard("lwo_optim_get_stats", [&] {
+    lwo_optim* o = check_handle(optim);
+    check_out(stats, "stats");
+    lwo_optim_stats v{};
+    o->impl->stats(&v);
+    write_out(stats, v, "stats");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,485 @@
+#include "optimizer.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "src/common/dtype.h"
+#include "src/common/error.h"
+
+namespace lwo {
+namespace {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+constexpr uint64_t kPage = 4096;
+
+const char* state_name(lwo_optim_state_t w) {
+  switch (w) {
+    case LWO_OPTIM_MASTER: return "master";
+    case LWO_OPTIM_M: return "first moment";
+    case LWO_OPTIM_V: return "second moment";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(Grads& grads, const Config& config)
+    : grads_(grads), pool_(grads.pool()), cfg_(config), workers_(config.n_threads) {
+  if (pool_.comm() || pool_.kind() == LWO_POOL_SHARDED)
+    fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: the optimizer needs the whole of every "
+         "trainable layer on this host");
+  if (pool_.kind() != LWO_POOL_PINNED && pool_.kind() != LWO_POOL_REGISTERED)
+    fail(LWO_ERR_UNSUPPORTED, "the pool is a checkpoint's mapped files (kind %d), read-only: "
+         "the optimizer writes the weights (use a pinned or registered pool)", pool_.kind());
+  const size_t ss = dtype_size(cfg_.state_dtype);
+  const int sets = cfg_.clipping ? 2 : 1;
+  const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
+  layers_.resize(pool_.n_layers());
+  try {
+    for (uint32_t li = 0; li < pool_.n_layers(); ++li) {
+      Layer& l = layers_[li];
+      l.trainable = grads_.trainable(li);
+      if (!l.trainable) continue;
+      const RecordLayout& rl = pool_.layer(li).layout;
+      uint64_t bytes = 0;
+      for (uint32_t ti = 0; ti < rl.tensors.size(); ++ti) {
+        const TensorLayout& tl = rl.tensors[ti];
+        Tensor t;
+        t.name = tl.name;
+        t.weight_dtype = tl.dtype;
+        t.n = tl.bytes / dtype_size(tl.dtype);
+        pool_.tensor_host(li, ti, &t.weights, nullptr);
+        uint64_t first = 0, n = 0;
+        t.grad = grads_.tensor(li, tl.name.c_str(), &t.grad_dtype, &first, &n);
+        if (first != 0 || n != t.n)
+          fail(LWO_ERR_INTERNAL, "layer %u tensor '%s': the gradient holds %llu of %llu elements",
+               li, tl.name.c_str(), static_cast<unsigned long long>(n),
+               static_cast<unsigned long long>(t.n));
+        t.key = optim::tensor_key(cfg_.seed, li, ti);
+        bytes += sets * (align_up(t.n * 4, kPage) + align_up(t.n * ss, kPage) * (adam ? 2 : 1));
+        if (cfg_.delayed) bytes += align_up(t.n * dtype_size(t.weight_dtype), kPage);
+        n_params_ += t.n;
+        l.tensors.push_back(t);
+      }
+      if (bytes) {
+        // Anonymous memory: no page exists until a worker first touches it.
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+          fail(LWO_ERR_OUT_OF_MEMORY, "layer %u: %llu bytes of optimizer state", li,
+               static_cast<unsigned long long>(bytes));
+        l.block = p;
+        l.block_bytes = bytes;
+        state_bytes_ += bytes;
+        uint8_t* at = static_cast<uint8_t*>(p);
+        for (Tensor& t : l.tensors)
+          for (int s = 0; s < sets; ++s) {
+            t.master[s] = reinterpret_cast<float*>(at);
+            at += align_up(t.n * 4, kPage);
+            t.m[s] = at;
+            at += align_up(t.n * ss, kPage);
+            if (adam) {
+              t.v[s] = at;
+              at += align_up(t.n * ss, kPage);
+            }
+            void* state[2] = {t.m[s], t.v[s]};
+            optim::first_touch(t.master[s], t.weights, t.weight_dtype, t.n, state, adam ? 2 : 1,
+                               cfg_.state_dtype, workers_);
+          }
+        if (cfg_.delayed)
+          for (Tensor& t : l.tensors) {
+            t.next = at;
+            at += align_up(t.n * dtype_size(t.weight_dtype), kPage);
+            std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
+          }
+      }
+    }
+  } catch (...) {
+    for (Layer& l : layers_)
+      if (l.block) munmap(l.block, l.block_bytes);
+    throw;
+  }
+  grads_.attach(this);  // throws LWO_ERR_BUSY if the set has an optimizer
+  pool_.writer.store(this);
+  dispatcher_ = std::thread([this] { dispatch(); });
+}
+
+Optimizer::~Optimizer() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !running_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (dispatcher_.joinable()) dispatcher_.join();
+  pool_.writer.store(nullptr);
+  grads_.attach(nullptr);
+  for (Layer& l : layers_)
+    if (l.block) munmap(l.block, l.block_bytes);
+}
+
+void Optimizer::check_idle(const char* what) {
+  if (running_)
+    fail(LWO_ERR_BUSY, "%s: step %llu is still running (lwo_optim_wait first)", what,
+         static_cast<unsigned long long>(last_step_));
+}
+
+void Optimizer::step(const lwo_optim_step_params& p) {
+  const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
+  auto bad = [](const char* what, double x, const char* range) {
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s %g is outside %s", what, x, range);
+  };
+  if (p.step == 0) fail(LWO_ERR_INVALID_ARGUMENT, "step 0 (the first step is 1)");
+  if (!(std::isfinite(p.lr) && p.lr >= 0)) bad("lr", p.lr, "[0, inf)");
+  if (!(std::isfinite(p.weight_decay) && p.weight_decay >= 0))
+    bad("weight_decay", p.weight_decay, "[0, inf)");
+  if (adam) {
+    if (!(p.beta1 >= 0 && p.beta1 < 1)) bad("beta1", p.beta1, "[0, 1)");
+    if (!(p.beta2 >= 0 && p.beta2 < 1)) bad("beta2", p.beta2, "[0, 1)");
+    if (!(std::isfinite(p.eps) && p.eps > 0)) bad("eps", p.eps, "(0, inf)");
+  } else {
+    if (!(std::isfinite(p.momentum) && p.momentum >= 0)) bad("momentum", p.momentum, "[0, inf)");
+    if (!(p.dampening >= 0 && p.dampening <= 1)) bad("dampening", p.dampening, "[0, 1]");
+  }
+  if (!(std::isfinite(p.max_norm) && p.max_norm >= 0)) bad("max_norm", p.max_norm, "[0, inf)");
+  if (p.max_norm > 0 && !cfg_.clipping)
+    fail(LWO_ERR_INVALID_ARGUMENT, "max_norm %g, but the optimizer was created without "
+         "LWO_OPTIM_CLIPPING (it keeps no copy of the state to redo a clipped step from)",
+         p.max_norm);
+  std::vector<Job> jobs;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Delayed: the previous step's updates run through the next forward and
+    // backward; this step starts after them.
+    if (cfg_.delayed) cv_.wait(lock, [&] { return !running_; });
+    check_idle("lwo_optim_step");
+    for (uint32_t li = 0; li < layers_.size(); ++li) {
+      Layer& l = layers_[li];
+      if (!l.trainable || l.tensors.empty()) continue;
+      bool stale = false;
+      const uint64_t serial = grads_.last_end(li, &stale);
+      if (stale || serial == 0 || serial == l.used_serial) continue;  // no gradient since
+      jobs.push_back({li, serial});
+    }
+    // In the order the layers were ended: the order they land.
+    std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : jobs) {
+      layers_[j.layer].pending = true;
+      layers_[j.layer].reading = true;
+      layers_[j.layer].used_serial = j.serial;
+      pool_.changed(j.layer);  // before any byte is written: no ring reuses the old copy
+    }
+    jobs_ = std::move(jobs);
+    params_ = p;
+    last_step_ = p.step;
+    running_ = true;
+    have_job_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Optimizer::dispatch() {
+  for (;;) {
+    std::vector<Job> jobs;
+    lwo_optim_step_params p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || have_job_; });
+      if (!have_job_) return;
+      have_job_ = false;
+      jobs = jobs_;
+      p = params_;
+    }
+    const uint64_t t0 = now_ns();
+    std::string err;
+    try {
+      run_step(jobs, p);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Job& j : jobs) layers_[j.layer].pending = layers_[j.layer].reading = false;
+    if (!err.empty() && async_error_.empty()) async_error_ = err;
+    last_step_ns_ = now_ns() - t0;
+    ++n_steps_;
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Optimizer::publish_next(Layer& l) {
+  for (Tensor& t : l.tensors) std::memcpy(t.weights, t.next, t.n * dtype_size(t.weight_dtype));
+  l.dirty = false;
+}
+
+void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p) {
+  const bool clip = p.max_norm > 0;
+  uint64_t last_landed = now_ns();
+  if (cfg_.delayed) {
+    // As each layer lands (its last reader of the old bytes has read them),
+    // the pool gets the weights of the previous update; then the updates.
+    for (const Job& j : jobs) {
+      Layer& l = layers_[j.layer];
+      const uint64_t w0 = now_ns();
+      grads_.wait_landed(j.layer, j.serial);
+      last_landed = now_ns();
+      publish_next(l);
+      std::lock_guard<std::mutex> lock(mu_);
+      landing_wait_ns_ += last_landed - w0;
+      l.pending = false;
+      cv_.notify_all();
+    }
+    for (const Job& j : jobs) {
+      Layer& l = layers_[j.layer];
+      update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      std::lock_guard<std::mutex> lock(mu_);
+      l.dirty = true;
+      l.reading = false;
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    last_norm_ = 0;
+    last_tail_ns_ = now_ns() - last_landed;
+    return;
+  }
+  for (const Job& j : jobs) {
+    Layer& l = layers_[j.layer];
+    const uint64_t w0 = now_ns();
+    grads_.wait_landed(j.layer, j.serial);
+    last_landed = now_ns();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      landing_wait_ns_ += last_landed - w0;
+    }
+    if (clip) {
+      l.sumsq = 0;
+      for (const Tensor& t : l.tensors)
+        l.sumsq += optim::sum_squares(t.grad, t.grad_dtype, t.n, workers_);
+      update(l, j.layer, p, 1.0f, l.cur, 1 - l.cur);  // speculative
+    } else {
+      update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      // The last layer is released with the end of the step (dispatch), so
+      // that a caller its stage wakes finds the step finished.
+      if (&j == &jobs.back()) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      l.pending = l.reading = false;
+      cv_.notify_all();
+    }
+  }
+  if (clip) {
+    // The global norm: the layers' sums in layer order (any landing order
+    // and any threads give the same bits).
+    std::vector<uint32_t> order;
+    for (const Job& j : jobs) order.push_back(j.layer);
+    std::sort(order.begin(), order.end());
+    double sq = 0;
+    for (uint32_t li : order) sq += layers_[li].sumsq;
+    const double norm = std::sqrt(sq);
+    const float scale = optim::clip_scale(norm, p.max_norm);
+    uint64_t redone = 0;
+    if (scale < 1.0f)
+      for (const Job& j : jobs) {
+        Layer& l = layers_[j.layer];
+        update(l, j.layer, p, scale, l.cur, 1 - l.cur);
+        ++redone;
+      }
+    for (const Job& j : jobs) layers_[j.layer].cur ^= 1;
+    std::lock_guard<std::mutex> lock(mu_);
+    last_norm_ = norm;
+    n_clipped_ += scale < 1.0f;
+    n_redone_ += redone;
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_norm_ = 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  last_tail_ns_ = now_ns() - last_landed;
+}
+
+void Optimizer::update(Layer& l, uint32_t li, const lwo_optim_step_params& p, float scale,
+                       int from, int to) {
+  const uint64_t t0 = now_ns();
+  uint64_t n = 0;
+  for (Tensor& t : l.tensors) {
+    optim::Tensor ot;
+    ot.n = t.n;
+    ot.master = t.master[to];
+    ot.m = t.m[to];
+    ot.v = t.v[to];
+    if (from != to) {
+      ot.master_in = t.master[from];
+      ot.m_in = t.m[from];
+      ot.v_in = t.v[from];
+    }
+    ot.state_dtype = cfg_.state_dtype;
+    ot.stochastic = cfg_.stochastic;
+    ot.key = t.key;
+    ot.grad = t.grad;
+    ot.grad_dtype = t.grad_dtype;
+    ot.grad_scale = scale;
+    ot.weights = cfg_.delayed ? t.next : t.weights;
+    ot.weight_dtype = t.weight_dtype;
+    if (cfg_.kind == LWO_OPTIM_ADAMW) {
+      optim::AdamW h;
+      h.lr = p.lr;
+      h.beta1 = p.beta1;
+      h.beta2 = p.beta2;
+      h.eps = p.eps;
+      h.weight_decay = p.weight_decay;
+      optim::adamw_step(ot, h, p.step, workers_);
+    } else {
+      optim::Sgd h;
+      h.lr = p.lr;
+      h.momentum = p.momentum;
+      h.dampening = p.dampening;
+      h.weight_decay = p.weight_decay;
+      optim::sgd_step(ot, h, p.step, workers_);
+    }
+    n += t.n;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  update_ns_ += now_ns() - t0;
+  ++n_layer_updates_;
+  n_params_updated_ += n;
+  (void)li;
+}
+
+void Optimizer::wait_layer(uint32_t layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (layer >= layers_.size()) return;
+  cv_.wait(lock, [&] { return !layers_[layer].pending; });
+}
+
+void Optimizer::wait_reading(uint32_t layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (layer >= layers_.size()) return;
+  cv_.wait(lock, [&] { return !layers_[layer].pending && !layers_[layer].reading; });
+}
+
+void Optimizer::wait_all() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !running_; });
+}
+
+void Optimizer::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !running_; });
+  if (cfg_.delayed)  // the pool catches up with the masters
+    for (uint32_t li = 0; li < layers_.size(); ++li)
+      if (layers_[li].dirty) {
+        publish_next(layers_[li]);
+        pool_.changed(li);
+      }
+  if (!async_error_.empty()) {
+    std::string e = async_error_;
+    async_error_.clear();
+    fail(LWO_ERR_INTERNAL, "the update of step %llu failed: %s",
+         static_cast<unsigned long long>(last_step_), e.c_str());
+  }
+}
+
+bool Optimizer::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !running_;
+}
+
+Optimizer::Tensor& Optimizer::tensor_of(uint32_t layer, const char* name) {
+  if (layer >= layers_.size())
+    fail(LWO_ERR_OUT_OF_RANGE, "layer %u is out of range (pool has %zu layers)", layer,
+         layers_.size());
+  if (!name) fail(LWO_ERR_INVALID_ARGUMENT, "name is NULL");
+  Layer& l = layers_[layer];
+  if (!l.trainable) fail(LWO_ERR_INVALID_ARGUMENT, "layer %u is frozen: it has no optimizer state", layer);
+  for (Tensor& t : l.tensors)
+    if (t.name == name) return t;
+  fail(LWO_ERR_NOT_FOUND, "layer %u has no tensor named '%.255s'", layer, name);
+}
+
+namespace {
+void check_state_access(lwo_optim_kind_t kind, lwo_optim_state_t which, uint64_t want,
+                        uint64_t bytes, uint32_t layer, const char* name) {
+  if (which != LWO_OPTIM_MASTER && which != LWO_OPTIM_M && which != LWO_OPTIM_V)
+    fail(LWO_ERR_INVALID_ARGUMENT, "state %d is not LWO_OPTIM_MASTER, _M or _V", which);
+  if (which == LWO_OPTIM_V && kind != LWO_OPTIM_ADAMW)
+    fail(LWO_ERR_INVALID_ARGUMENT, "LWO_OPTIM_V: SGD keeps no second moment");
+  if (bytes != want)
+    fail(LWO_ERR_SIZE_MISMATCH, "layer %u tensor '%.255s' %s: %llu bytes given, it holds %llu",
+         layer, name, state_name(which), static_cast<unsigned long long>(bytes),
+         static_cast<unsigned long long>(want));
+}
+}  // namespace
+
+void Optimizer::read(uint32_t layer, const char* name, lwo_optim_state_t which, void* dst,
+                     uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tensor& t = tensor_of(layer, name);
+  const uint64_t want = t.n * (which == LWO_OPTIM_MASTER ? 4 : dtype_size(cfg_.state_dtype));
+  check_state_access(cfg_.kind, which, want, bytes, layer, name);
+  if (bytes && !dst) fail(LWO_ERR_INVALID_ARGUMENT, "dst is NULL");
+  check_idle("lwo_optim_read");
+  const int c = layers_[layer].cur;
+  const void* src = which == LWO_OPTIM_MASTER ? static_cast<const void*>(t.master[c])
+                    : which == LWO_OPTIM_M    ? t.m[c]
+                                              : t.v[c];
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which, const void* src,
+                      uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tensor& t = tensor_of(layer, name);
+  const uint64_t want = t.n * (which == LWO_OPTIM_MASTER ? 4 : dtype_size(cfg_.state_dtype));
+  check_state_access(cfg_.kind, which, want, bytes, layer, name);
+  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
+  check_idle("lwo_optim_write");
+  const int c = layers_[layer].cur;
+  void* dst = which == LWO_OPTIM_MASTER ? static_cast<void*>(t.master[c])
+              : which == LWO_OPTIM_M    ? t.m[c]
+                                        : t.v[c];
+  if (bytes) std::memcpy(dst, src, bytes);
+  if (which == LWO_OPTIM_MASTER) {
+    for (uint64_t i = 0; i < t.n; ++i) store_f32(t.weights, t.weight_dtype, i, t.master[c][i]);
+    if (t.next) std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
+    pool_.changed(layer);
+  }
+}
+
+void Optimizer::info(lwo_optim_info* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->kind = cfg_.kind;
+  out->state_dtype = cfg_.state_dtype;
+  out->flags = (cfg_.stochastic ? LWO_OPTIM_STOCHASTIC_ROUNDING : 0u) |
+               (cfg_.clipping ? LWO_OPTIM_CLIPPING : 0u) | (cfg_.delayed ? LWO_OPTIM_DELAYED : 0u);
+  out->n_threads = workers_.size();
+  out->n_numa_nodes = workers_.n_nodes();
+  out->n_params = n_params_;
+  out->state_bytes = state_bytes_;
+  out->last_step = last_step_;
+  out->vector_level = optim::vector_level();
+}
+
+void Optimizer::stats(lwo_optim_stats* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->n_steps = n_steps_;
+  out->n_layer_updates = n_layer_updates_;
+  out->n_params_updated = n_params_updated_;
+  out->update_ns = update_ns_;
+  out->landing_wait_ns = landing_wait_ns_;
+  out->last_step_ns = last_step_ns_;
+  out->last_tail_ns = last_tail_ns_;
+  out->n_clipped = n_clipped_;
+  out->n_redone = n_redone_;
+  out->last_norm = last_norm_;
+}
+
+void Optimizer::check_destroyable() {}
+
+}  // namespace lwo
