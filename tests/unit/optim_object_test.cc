@@ -5,6 +5,7 @@
 // they landed; the pool's bytes and the ring's slots equal the masters'
 // rounding; clipping; skipped layers; checkpoint state; misuse statuses.
 #include <cmath>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -497,13 +498,24 @@ TEST_F(OptimTest, StepWhileOneRunsIsBusy) {
   std::mt19937 rng(1);
   backward(g, pool, 0, s, rng, 1.f);
   std::vector<float> m(1 << 22);
+  // The optimizer's thread is held where it waits for the layer's landing
+  // (an event sync on a thread other than this one) until the checks below
+  // are done, so the step is running whatever the machine's load.
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  const std::thread::id test_thread = std::this_thread::get_id();
+  gpu->on_event_sync = [open, test_thread] {
+    if (std::this_thread::get_id() != test_thread) open.wait();
+  };
   lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
   ASSERT_LWO(lwo_optim_step(o, &p));
   p.step = 2;
   EXPECT_EQ(lwo_optim_step(o, &p), LWO_ERR_BUSY);
   EXPECT_EQ(lwo_optim_read(o, 0, "weight", LWO_OPTIM_M, m.data(), m.size() * 4), LWO_ERR_BUSY);
   EXPECT_NE(std::string(lwo_last_error_message()).find("still running"), std::string::npos);
+  gate.set_value();
   ASSERT_LWO(lwo_optim_wait(o));
+  gpu->on_event_sync = nullptr;
   ASSERT_LWO(lwo_optim_read(o, 0, "weight", LWO_OPTIM_M, m.data(), m.size() * 4));
   ASSERT_LWO(lwo_optim_step(o, &p));  // usable again
   ASSERT_LWO(lwo_optim_destroy(o));     // waits for it

@@ -50,6 +50,10 @@ class RecordingBackend final : public Backend {
   std::vector<std::string> log;  // one line per stream operation
   bool keep_log = false;
   Stats stats;
+  // Called at the start of every event_sync, on the thread that syncs (a
+  // test holds a host thread of the library there). Set before that thread
+  // can sync and cleared after it is done.
+  std::function<void()> on_event_sync;
   int fail_copy_after = -1;         // throw on the (n+1)-th copy from now
   int fail_alloc_after = -1;        // throw LWO_ERR_OUT_OF_MEMORY on the (n+1)-th alloc
   bool refuse_register = false;     // host_register throws (registration refused)
@@ -176,7 +180,9 @@ class RecordingBackend final : public Backend {
     for (size_t i = 0; i < ev.clock.size(); ++i) c[i] = std::max(c[i], ev.clock[i]);
   }
   bool event_done(EventH) override { return true; }
-  void event_sync(EventH) override {}
+  void event_sync(EventH) override {
+    if (on_event_sync) on_event_sync();
+  }
   float event_elapsed_ms(EventH, EventH) override { return 1.0f; }
 
   void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) override {
