@@ -201,6 +201,11 @@ struct PlanReport {
 PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
                      const std::vector<double>& bwd_ms, const uint8_t* trainable,
                      uint32_t grad_depth);
+// What of `budget` a plan may use: the budget less what the engine holds
+// that a plan does not count (compute workspaces; the plan counts the ring,
+// the resident layers and the gradient staging). Throws a UsageError if
+// nothing is left.
+uint64_t plan_budget(lwo_engine* engine, uint64_t budget);
 // The ring config of a plan (its resident array points into `r`).
 lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).

@@ -36,6 +36,16 @@ uint64_t parse_budget(const std::string& text, uint64_t model_bytes) {
   return parse_size("--budget", text, 1, UINT64_MAX);
 }
 
+uint64_t plan_budget(lwo_engine* engine, uint64_t budget) {
+  lwo_engine_memory m = LWO_ENGINE_MEMORY_INIT;
+  TK_CHECK(lwo_engine_get_memory(engine, &m));
+  if (m.workspaces >= budget)
+    throw UsageError(strf("--budget %llu bytes: the compute workspaces alone hold %llu",
+                          static_cast<unsigned long long>(budget),
+                          static_cast<unsigned long long>(m.workspaces)));
+  return budget - m.workspaces;
+}
+
 PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
                      const std::vector<double>& bwd_ms, const uint8_t* trainable,
                      uint32_t grad_depth) {

@@ -394,7 +394,8 @@ int cmd_run(int argc, char** argv) {
     r.planned = true;
     r.compute_ms = measure_checksum_ms(pool.get(), 0, consumer.get());
     const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
-    r.plan = make_plan(pool.get(), budget, std::vector<double>(o.layers, r.compute_ms), {},
+    r.plan = make_plan(pool.get(), plan_budget(dev.engine.get(), budget),
+                       std::vector<double>(o.layers, r.compute_ms), {},
                        nullptr, 2);
     TK_CHECK(lwo_engine_set_budget(dev.engine.get(), budget, 0.0, 0));
     lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);

@@ -1034,7 +1034,7 @@ int cmd_train(int argc, char** argv) {
     const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
     const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
     std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
-    r.plan = make_plan(weights->pool(), budget, std::vector<double>(L, f),
+    r.plan = make_plan(weights->pool(), plan_budget(engine, budget), std::vector<double>(L, f),
                        std::vector<double>(L, b), mask.data(), o.grad_depth);
     schedule.destroy();
     ring.destroy();
