@@ -248,11 +248,11 @@ struct Streamed {
 
 Streamed streamed(const QModel& m, const Format& fmt, int64_t T, bool bwd, uint32_t depth,
                   Acts& acts, cudaStream_t st) {
-  QPool& P = pool_of(m, fmt);
+  QPool& qp = pool_of(m, fmt);
   lwo_ring_config rc = LWO_RING_CONFIG_INIT;
   rc.depth = depth;
   Ring ring;
-  check(lwo_ring_create(P.pool.get(), &rc, ring.out()), "lwo_ring_create");
+  check(lwo_ring_create(qp.pool.get(), &rc, ring.out()), "lwo_ring_create");
   const uint32_t R = m.records(), P = m.per_record;
   std::vector<uint32_t> order;
   for (uint32_t l = 0; l < R; ++l) order.push_back(l);
