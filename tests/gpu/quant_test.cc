@@ -56,7 +56,10 @@ std::vector<uint8_t> make_quantized(const lwo_quant_desc& d, bool raw, std::mt19
   EXPECT_EQ(LWO_OK, lwo_quant_layout(&d, info)) << lwo_last_error_message();
   std::vector<uint8_t> q(info->total_bytes, 0);
   if (raw) {
-    for (uint64_t i = 0; i < info->data_bytes; ++i) q[i] = static_cast<uint8_t>(rng() >> 13);
+    for (uint64_t i = 0; i < info->data_bytes; i += 8) {  // 8 random bytes per draw
+      const uint64_t x = rng();
+      std::memcpy(&q[i], &x, std::min<uint64_t>(8, info->data_bytes - i));
+    }
     std::uniform_real_distribution<float> s(1e-4f, 2.0f);
     for (int64_t i = 0; i < info->scale_rows * info->scale_cols; ++i) {
       const float v = s(rng);
