@@ -10,14 +10,15 @@
 //
 //   quant/<model>/<fwd|fwd_bwd_data>/T:1024/depth:2
 //       the weights streamed from a pinned pool through a ring (lwo_schedule
-//       over [0..R-1], or [0..R-1, R-1..0] with backward-data dx = dy W on
-//       the way back, no weight gradients), in bf16 and in each quantized
+//       over the R records [0..R-1], or [0..R-1, R-1..0] with backward-data
+//       dx = dy W on the way back, no weight gradients), in bf16 and in each quantized
 //       format (quantized on load with lwo_pool_write_quantized; each
 //       lwo_linear_forward / _backward dequantizes its slot into the
 //       stream's weight workspace and runs the GEMM). Counters per format F:
 //       F_ms (median pass), F_h2d_bytes (moved per pass, lwo_ring_get_stats),
 //       F_speedup = bf16_ms / F_ms (throughput against bf16 in the same
-//       run), F_target (1.9 for fp8 and int8, 3.5 for int4) and F_met.
+//       run), F_target (1.9 for fp8 and int8, 3.5 for int4), F_met,
+//       F_GBps (h2d bytes / pass time); records, tensors_per_record.
 //   quant/<model>/dequant_share/T:16384
 //       compute-bound: per format, the resident step (forward +
 //       backward-data) on quantized device copies (dequantized in each call)
