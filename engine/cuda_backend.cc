@@ -111,6 +111,9 @@ class CudaBackend final : public Backend {
   void device_free(void* p) noexcept override {
     if (p) (void)cudaFree(p);
   }
+  void mem_get_info(size_t* free_bytes, size_t* total_bytes) override {
+    LWO_CUDA(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo on device %d", device_);
+  }
 
   void* host_alloc_pinned(size_t bytes) override {
     void* p = nullptr;

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -57,7 +59,16 @@ void Engine::check() {
 
 Compute& Engine::compute() {
   std::lock_guard<std::mutex> lock(compute_mu_);
-  if (!compute_) compute_ = std::make_unique<Compute>(device_, tune_gemms_);
+  if (!compute_) {
+    compute_ = std::make_unique<Compute>(device_, tune_gemms_);
+    Compute::MemoryHooks hooks;
+    hooks.charge = [this](uint64_t bytes) {
+      std::string what = strf("a %llu-byte compute workspace", static_cast<unsigned long long>(bytes));
+      return charge(MemUse::Workspace, bytes, 1, what.c_str());
+    };
+    hooks.uncharge = [this](uint64_t charged) { uncharge(MemUse::Workspace, charged); };
+    compute_->set_memory_hooks(std::move(hooks));
+  }
   return *compute_;
 }
 
@@ -65,6 +76,108 @@ void Engine::check_destroyable() const {
   int n = n_pools.load();
   if (n > 0)
     fail(LWO_ERR_BUSY, "engine on device %d still has %d pool%s", device_, n, n == 1 ? "" : "s");
+}
+
+// ---- device memory budget ----
+
+const char* mem_use_name(MemUse u) {
+  switch (u) {
+    case MemUse::Slots: return "ring slots";
+    case MemUse::Resident: return "resident layers";
+    case MemUse::Grads: return "gradient staging";
+    case MemUse::Workspace: return "compute workspaces";
+    case MemUse::Other: return "other";
+  }
+  return "?";
+}
+
+void Engine::set_budget(uint64_t limit) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  uint64_t held = 0;
+  for (uint64_t u : used_) held += u;
+  if (limit && held > limit)
+    fail(LWO_ERR_OVER_BUDGET, "a budget of %llu bytes is below the %llu bytes already held",
+         static_cast<unsigned long long>(limit), static_cast<unsigned long long>(held));
+  budget_ = limit;
+}
+
+void Engine::set_budget(uint64_t bytes, double share, uint64_t headroom) {
+  if (!(share >= 0.0 && share <= 1.0))
+    fail(LWO_ERR_INVALID_ARGUMENT, "budget_share %g is outside [0, 1]", share);
+  uint64_t limit = bytes;
+  if (share > 0 || headroom) {
+    size_t free_b = 0, total_b = 0;
+    {
+      DeviceScope scope(*this);
+      gpu_->mem_get_info(&free_b, &total_b);
+    }
+    uint64_t held = 0;
+    memory_use(nullptr, &held);
+    uint64_t avail = static_cast<uint64_t>(free_b) + held;  // what lwo could hold
+    if (share > 0) {
+      uint64_t s = static_cast<uint64_t>(share * static_cast<double>(avail));
+      limit = limit ? std::min(limit, s) : s;
+    }
+    if (headroom) {
+      if (headroom >= avail)
+        fail(LWO_ERR_OVER_BUDGET, "a headroom of %llu bytes leaves nothing of the %llu bytes "
+             "free on device %d (%llu of them held by lwo)", static_cast<unsigned long long>(headroom),
+             static_cast<unsigned long long>(avail), device_, static_cast<unsigned long long>(held));
+      limit = limit ? std::min(limit, avail - headroom) : avail - headroom;
+    }
+    if (limit == 0)
+      fail(LWO_ERR_OVER_BUDGET, "budget_share %g of the %llu bytes free on device %d is 0 bytes",
+           share, static_cast<unsigned long long>(avail), device_);
+  }
+  set_budget(limit);
+}
+
+uint64_t Engine::budget() const {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  return budget_;
+}
+
+uint64_t Engine::charge(MemUse use, uint64_t bytes, uint64_t n_allocs, const char* what) {
+  // n_allocs allocations of `bytes` each.
+  uint64_t each = device_footprint(bytes);
+  if (n_allocs && each > UINT64_MAX / n_allocs)
+    fail(LWO_ERR_OVER_BUDGET, "%s: %llu x %llu bytes overflow", what,
+         static_cast<unsigned long long>(n_allocs), static_cast<unsigned long long>(bytes));
+  uint64_t need = each * n_allocs;
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  uint64_t held = 0;
+  for (uint64_t u : used_) held += u;
+  if (budget_ && need > budget_ - std::min(held, budget_)) {
+    std::string by;
+    for (uint32_t i = 0; i < kMemUses; ++i)
+      if (used_[i])
+        by += strf("%s%s %llu", by.empty() ? "" : ", ", mem_use_name(static_cast<MemUse>(i)),
+                   static_cast<unsigned long long>(used_[i]));
+    fail(LWO_ERR_OVER_BUDGET,
+         "%s need %llu bytes of device memory but the engine's budget of %llu bytes has %llu "
+         "left (%llu held%s%s%s)",
+         what, static_cast<unsigned long long>(need), static_cast<unsigned long long>(budget_),
+         static_cast<unsigned long long>(budget_ - std::min(held, budget_)),
+         static_cast<unsigned long long>(held), by.empty() ? "" : ": ", by.c_str(), "");
+  }
+  used_[static_cast<uint32_t>(use)] += need;
+  return need;
+}
+
+void Engine::uncharge(MemUse use, uint64_t charged) noexcept {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  uint64_t& u = used_[static_cast<uint32_t>(use)];
+  u -= std::min(u, charged);
+}
+
+void Engine::memory_use(uint64_t* by_use, uint64_t* total) const {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  uint64_t t = 0;
+  for (uint32_t i = 0; i < kMemUses; ++i) {
+    if (by_use) by_use[i] = used_[i];
+    t += used_[i];
+  }
+  if (total) *total = t;
 }
 
 void Engine::synchronize() {

@@ -14,6 +14,20 @@ namespace lwo {
 
 class Compute;
 
+// ---- The device memory budget (Since 0.4.0) ----
+// What lwo holds on the device, by use. Every device allocation of the
+// library is charged before it is made (Engine::charge) and uncharged when
+// freed, so the sum never passes the engine's limit.
+enum class MemUse : uint32_t { Slots = 0, Resident = 1, Grads = 2, Workspace = 3, Other = 4 };
+constexpr uint32_t kMemUses = 5;
+const char* mem_use_name(MemUse u);
+// The bytes the budget charges for one allocation of `bytes`: cudaMalloc
+// hands out 2 MiB pages for large requests and 512-byte units for small ones.
+inline uint64_t device_footprint(uint64_t bytes) {
+  const uint64_t g = bytes >= (uint64_t(1) << 20) ? (uint64_t(2) << 20) : 512;
+  return (bytes + g - 1) / g * g;
+}
+
 class Engine {
  public:
   // Takes the backend; creates the engine's streams on `device`.
@@ -74,6 +88,25 @@ class Engine {
   // Layer compute (cuBLASLt, cuDNN), made on first use and destroyed first.
   Compute& compute();
 
+  // ---- device memory budget (Since 0.4.0) ----
+  // `limit` bytes in all (0: no limit). Throws LWO_ERR_OVER_BUDGET when what
+  // is already held exceeds it.
+  void set_budget(uint64_t limit);
+  // The limit from the lwo_engine_config / lwo_engine_set_budget fields:
+  // `bytes` (0: none), a `share` in (0, 1] of the device memory free to lwo
+  // (free now plus what lwo holds), and a `headroom` that keeps that many
+  // bytes of it free for others; the smallest that applies. All 0: no limit.
+  // Throws LWO_ERR_INVALID_ARGUMENT (share), LWO_ERR_OVER_BUDGET.
+  void set_budget(uint64_t bytes, double share, uint64_t headroom);
+  uint64_t budget() const;
+  // Charges device_footprint(b) for each allocation of `sizes` under `use`,
+  // or throws LWO_ERR_OVER_BUDGET naming `what`, the bytes needed and the
+  // bytes left, charging nothing. Returns the bytes charged.
+  uint64_t charge(MemUse use, uint64_t bytes, uint64_t n_allocs, const char* what);
+  void uncharge(MemUse use, uint64_t charged) noexcept;
+  // Bytes held now, by use (kMemUses entries), and in all.
+  void memory_use(uint64_t* by_use, uint64_t* total) const;
+
   // Throws LWO_ERR_BUSY while pools of the engine exist.
   void check_destroyable() const;
   std::atomic<int> n_pools{0};  // live pools of the engine (they count themselves)
@@ -92,6 +125,9 @@ class Engine {
   void announce_failure(void* comm, Step::Kind kind, uint32_t layer) noexcept;
   std::mutex compute_mu_;
   std::unique_ptr<Compute> compute_;
+  mutable std::mutex budget_mu_;
+  uint64_t budget_ = 0;             // 0: no limit
+  uint64_t used_[kMemUses] = {};
   struct CommCheck {
     int n_ranks = 1, rank = 0;
     uint64_t seq = 0;       // collective steps checked so far on this communicator
@@ -100,6 +136,40 @@ class Engine {
   };
   std::mutex check_mu_;
   std::map<void*, CommCheck> checks_;
+};
+
+// One charge of the budget, uncharged when destroyed (movable).
+class Charge {
+ public:
+  Charge() = default;
+  Charge(Engine& e, MemUse use, uint64_t bytes, uint64_t n_allocs, const char* what)
+      : e_(&e), use_(use), bytes_(e.charge(use, bytes, n_allocs, what)) {}
+  ~Charge() { reset(); }
+  Charge(Charge&& o) noexcept { *this = static_cast<Charge&&>(o); }
+  Charge& operator=(Charge&& o) noexcept {
+    if (this != &o) {
+      reset();
+      e_ = o.e_;
+      use_ = o.use_;
+      bytes_ = o.bytes_;
+      o.e_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  void reset() noexcept {
+    if (e_ && bytes_) e_->uncharge(use_, bytes_);
+    e_ = nullptr;
+    bytes_ = 0;
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Engine* e_ = nullptr;
+  MemUse use_ = MemUse::Other;
+  uint64_t bytes_ = 0;
 };
 
 // Makes the engine's device current for the scope and restores the caller's.

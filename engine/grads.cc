@@ -48,6 +48,10 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
     : pool_(pool), engine_(pool.engine()), mode_(mode), n_threads_(n_threads),
       max_wire_((pool.comm() && mode == Mode::kNativeWire) ? 0
                                                             : max_wire_bytes(pool, trainable, mode)),
+      slot_charge_(max_wire_ ? Charge(pool.engine(), MemUse::Grads, max_wire_, depth,
+                                      strf("%u x %llu-byte gradient staging slots", depth,
+                                           static_cast<unsigned long long>(max_wire_)).c_str())
+                             : Charge()),
       slots_(make_slots(pool, depth, max_wire_)) {
   if (pool.comm() && mode_ == Mode::kNativeWire)
     fail(LWO_ERR_UNSUPPORTED,

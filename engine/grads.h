@@ -115,6 +115,7 @@ class Grads {
   Mode mode_;
   uint32_t n_threads_;
   uint64_t max_wire_ = 0;
+  Charge slot_charge_;              // the engine's budget (Since 0.4.0), before slots_
   SlotSet slots_;                   // device staging, max_wire_ bytes each
   std::vector<int32_t> slot_layer_;  // the layer begun in each slot, or -1
   std::mutex mu_;

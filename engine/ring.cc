@@ -26,27 +26,125 @@ uint64_t make_id(uint64_t serial, uint32_t slot, uint64_t gen) {
 }  // namespace
 
 namespace {
-SlotSet make_slots(Pool& pool, uint32_t depth) {
+
+// The resident list, checked, as a per-layer index into it (-1: streamed).
+std::vector<int32_t> check_resident(Pool& pool, uint32_t depth,
+                                    const std::vector<uint32_t>& resident) {
+  std::vector<int32_t> index(pool.n_layers(), -1);
+  if (resident.empty()) return index;
+  if (pool.comm())
+    fail(LWO_ERR_UNSUPPORTED, "resident layers are not supported for sharded pools (rank %d "
+         "of %d): a resident layer of a sharded pool would need its all-gather at creation on "
+         "every rank; stream every layer", pool.rank(), pool.n_ranks());
+  if (resident.size() > kMaxDepth - depth)
+    fail(LWO_ERR_INVALID_ARGUMENT, "depth %u and %zu resident layers are more than the %u "
+         "slots a ring can number", depth, resident.size(), kMaxDepth);
+  std::vector<size_t> first(resident.size());
+  for (size_t k = 0; k < resident.size(); ++k)
+    for (size_t j = 0; j < k; ++j)
+      if (resident[j] == resident[k])
+        fail(LWO_ERR_INVALID_ARGUMENT, "resident layer %u is listed twice (entries %zu and %zu)",
+             resident[k], j, k);
+  for (size_t k = 0; k < resident.size(); ++k) {
+    if (resident[k] >= pool.n_layers())
+      fail(LWO_ERR_OUT_OF_RANGE, "resident layer %u (entry %zu) is outside the pool's %u layers",
+           resident[k], k, pool.n_layers());
+    index[resident[k]] = static_cast<int32_t>(k);
+  }
+  return index;
+}
+
+// The ring's slots hold the largest streamed record (LWO_RECORD_ALIGN bytes
+// when every layer is resident).
+uint64_t streamed_slot_bytes(Pool& pool, const std::vector<int32_t>& resident_index) {
+  // Without resident layers: the pool's slot size (a sharded pool's is the
+  // padded shard times the ranks).
+  bool none = true;
+  for (int32_t i : resident_index) none &= i < 0;
+  if (none) return pool.max_record_bytes();
+  uint64_t b = 0;
+  bool any_resident = false;
+  for (uint32_t l = 0; l < pool.n_layers(); ++l) {
+    if (resident_index[l] < 0)
+      b = std::max(b, pool.layer(l).layout.record_bytes);
+    else
+      any_resident = true;
+  }
+  return b == 0 && any_resident ? LWO_RECORD_ALIGN : b;
+}
+
+std::vector<uint64_t> resident_sizes(Pool& pool, const std::vector<uint32_t>& resident) {
+  std::vector<uint64_t> sizes;
+  for (uint32_t l : resident) sizes.push_back(std::max<uint64_t>(1, pool.layer(l).layout.record_bytes));
+  return sizes;
+}
+
+Charge charge_slots(Pool& pool, uint32_t depth, uint64_t bytes) {
+  std::string what = strf("depth %u x %llu-byte ring slots", depth,
+                          static_cast<unsigned long long>(bytes));
+  return Charge(pool.engine(), MemUse::Slots, bytes, depth, what.c_str());
+}
+
+Charge charge_resident(Pool& pool, const std::vector<uint64_t>& sizes) {
+  Engine& e = pool.engine();
+  Charge all;
+  uint64_t total = 0;
+  for (uint64_t b : sizes) total += device_footprint(b);
+  if (sizes.empty()) return all;
+  std::string what = strf("%zu resident layers (%llu bytes)", sizes.size(),
+                          static_cast<unsigned long long>(total));
+  // One charge for the whole set: the footprint of each, summed.
+  return Charge(e, MemUse::Resident, total, 1, what.c_str());
+}
+
+SlotSet make_slots(Pool& pool, const std::vector<uint64_t>& sizes, const std::string& what) {
   Engine& e = pool.engine();
   DeviceScope scope(e);
   try {
-    return SlotSet(e.gpu(), depth, pool.max_record_bytes());
+    return SlotSet(e.gpu(), sizes);
   } catch (const Error& err) {
+    uint64_t total = 0;
+    for (uint64_t b : sizes) total += b;
     if (err.status() == LWO_ERR_OUT_OF_MEMORY)
-      fail(LWO_ERR_OUT_OF_MEMORY, "depth %u x %llu-byte slots do not fit on device %d: %s", depth,
-           static_cast<unsigned long long>(pool.max_record_bytes()), e.device(), err.what());
+      fail(LWO_ERR_OUT_OF_MEMORY, "%s (%llu bytes) do not fit on device %d: %s", what.c_str(),
+           static_cast<unsigned long long>(total), e.device(), err.what());
     throw;
   }
 }
 }  // namespace
 
-Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags)
+Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags, const std::vector<uint32_t>& resident)
     : pool_(pool), serial_(next_serial()), timing_(flags & LWO_RING_TIMING),
-      slots_(make_slots(pool, depth)) {
-  occ_.resize(depth);
+      resident_index_(check_resident(pool, depth, resident)),
+      slot_charge_(charge_slots(pool, depth, streamed_slot_bytes(pool, resident_index_))),
+      slots_(make_slots(pool, std::vector<uint64_t>(depth, streamed_slot_bytes(pool, resident_index_)),
+                        strf("depth %u x %llu-byte slots", depth, static_cast<unsigned long long>(
+                                 streamed_slot_bytes(pool, resident_index_))))),
+      resident_charge_(charge_resident(pool, resident_sizes(pool, resident))),
+      resident_(make_slots(pool, resident_sizes(pool, resident),
+                           strf("slots of %zu resident layers", resident.size()))) {
+  occ_.resize(depth + resident.size());
   slot_of_layer_.assign(pool_.n_layers(), -1);
   DeviceScope scope(pool_.engine());
-  pool_.source().attach(slots_.bytes());
+  // Staged sources size their staging buffers to the largest record filled.
+  pool_.source().attach(std::max(slots_.bytes(), resident_.bytes()));
+  try {
+    // Resident layers go up once, now; their slots are then released copies
+    // of their layers, so the first stage is already a hit.
+    for (size_t k = 0; k < resident.size(); ++k) {
+      uint32_t si = depth + static_cast<uint32_t>(k);
+      fill_slot(si, resident[k]);
+      occ_[si].state = State::Released;
+    }
+  } catch (...) {
+    // The slots are freed on the way out: no copy may still write them.
+    try {
+      pool_.engine().gpu().stream_sync(pool_.engine().h2d());
+    } catch (...) {
+    }
+    for (EventH ev : all_events_) pool_.engine().gpu().event_destroy(ev);
+    throw;
+  }
   pool_.n_rings.fetch_add(1);
 }
 
@@ -58,9 +156,9 @@ Ring::~Ring() {
     DeviceScope scope(e);
     // Nothing may still write or read a slot when it is freed: fills end
     // with ready, readers before their release (free).
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (occ_[i].state != State::Empty || occ_[i].ready_elsewhere) gpu.event_sync(slots_[i].ready);
-      if (slots_[i].ever_freed) gpu.event_sync(slots_[i].free);
+    for (uint32_t i = 0; i < occ_.size(); ++i) {
+      if (occ_[i].state != State::Empty || occ_[i].ready_elsewhere) gpu.event_sync(slot(i).ready);
+      if (slot(i).ever_freed) gpu.event_sync(slot(i).free);
     }
     for (EventH ev : all_events_) gpu.event_destroy(ev);
   } catch (...) {
@@ -111,8 +209,20 @@ uint64_t Ring::ticket_id(uint32_t si) const { return make_id(serial_, si, occ_[s
 int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
   pool_.layer(layer);  // range check
   pool_.source().check_readable();
-  int32_t si = slot_of_layer_[layer];
   uint64_t version = pool_.version(layer);
+  if (is_resident(layer)) {
+    uint32_t ri = static_cast<uint32_t>(slots_.size()) + static_cast<uint32_t>(resident_index_[layer]);
+    const Occupancy& o = occ_[ri];
+    if (o.state == State::Staged || o.state == State::Acquired)
+      fail(LWO_ERR_LAYER_BUSY, "layer %u is already %s in its resident slot %u of the ring "
+           "(ticket 0x%llx); release it first", layer, state_name(o.state), ri,
+           static_cast<unsigned long long>(ticket_id(ri)));
+    // Changed since its upload (or a failed upload): fill the same slot again.
+    if (o.state == State::Empty || o.version != version) return static_cast<int32_t>(ri);
+    *hit_slot = static_cast<int32_t>(ri);
+    return -1;
+  }
+  int32_t si = slot_of_layer_[layer];
   if (si >= 0 && occ_[si].state == State::Released && occ_[si].version != version) {
     // The host bytes changed since the copy: the slot may be reused, never hit.
     slot_of_layer_[layer] = -1;
@@ -154,22 +264,31 @@ lwo_ticket Ring::stage(uint32_t layer) {
     step.bytes = pool_.layer(layer).layout.record_bytes;
     step.hit = hit_slot >= 0;
   });
-  const Pool::Layer& l = pool_.layer(layer);
-  Backend& gpu = e.gpu();
   DeviceScope scope(e);
   if (timing_) harvest(false);
   if (hit_slot >= 0) {
-    // Hit: the bytes are still in the slot.
+    // Hit: the bytes are still in the slot (a resident slot: always).
     Occupancy& o = occ_[hit_slot];
     o.state = State::Staged;
     o.gen = (o.gen + 1) & kGenMask;
-    o.merge_free = true;
+    o.merge_free = slot(static_cast<uint32_t>(hit_slot)).ever_freed;
     ++n_stages_;
     ++n_hits_;
+    if (static_cast<uint32_t>(hit_slot) >= slots_.size()) ++n_resident_hits_;
     return lwo_ticket{ticket_id(static_cast<uint32_t>(hit_slot))};
   }
-  DeviceSlot& s = slots_[victim];
-  Occupancy& o = occ_[victim];
+  fill_slot(static_cast<uint32_t>(victim), layer);
+  ++n_stages_;
+  return lwo_ticket{ticket_id(static_cast<uint32_t>(victim))};
+}
+
+void Ring::fill_slot(uint32_t si, uint32_t layer) {
+  Engine& e = pool_.engine();
+  Backend& gpu = e.gpu();
+  const Pool::Layer& l = pool_.layer(layer);
+  DeviceSlot& s = slot(si);
+  Occupancy& o = occ_[si];
+  const bool resident = si >= slots_.size();
   StreamH h2d = e.h2d();
   // Every reader of the previous occupant released on some stream before the
   // free event; the fill waits for it. A fill that completed on another
@@ -190,10 +309,10 @@ lwo_ticket Ring::stage(uint32_t layer) {
   } catch (...) {
     // The slot may now hold part of this layer: it no longer holds the old
     // one, so it must never be a hit for it.
-    if (o.state == State::Released && slot_of_layer_[o.layer] == victim)
+    if (!resident && o.state == State::Released && slot_of_layer_[o.layer] == static_cast<int32_t>(si))
       slot_of_layer_[o.layer] = -1;
     o.state = State::Empty;
-    slots_.emptied(victim);
+    slot_emptied(si);
     throw;
   }
   o.ready_elsewhere = moved.ready_elsewhere;
@@ -202,8 +321,11 @@ lwo_ticket Ring::stage(uint32_t layer) {
     pending_.push_back({Timed::Copy, t0, t1});
   }
   // Only now, with every enqueue done, change the table.
-  if (o.state == State::Released && slot_of_layer_[o.layer] == victim)
-    slot_of_layer_[o.layer] = -1;
+  if (!resident) {
+    if (o.state == State::Released && slot_of_layer_[o.layer] == static_cast<int32_t>(si))
+      slot_of_layer_[o.layer] = -1;
+    slot_of_layer_[layer] = static_cast<int32_t>(si);
+  }
   o.state = State::Staged;
   o.layer = layer;
   o.version = pool_.version(layer);
@@ -212,11 +334,12 @@ lwo_ticket Ring::stage(uint32_t layer) {
   o.tensor_ptrs.resize(l.layout.tensors.size());
   for (size_t i = 0; i < l.layout.tensors.size(); ++i)
     o.tensor_ptrs[i] = s.dev + l.layout.tensors[i].offset;
-  slot_of_layer_[layer] = victim;
-  ++n_stages_;
   n_copies_ += moved.n_copies;
   bytes_ += moved.bytes;
-  return lwo_ticket{ticket_id(static_cast<uint32_t>(victim))};
+  if (resident) {
+    ++n_resident_uploads_;
+    resident_bytes_ += moved.bytes;
+  }
 }
 
 void Ring::fill_view(uint32_t si, lwo_layer_view* view) {
@@ -226,7 +349,7 @@ void Ring::fill_view(uint32_t si, lwo_layer_view* view) {
   v.size = sizeof v;
   v.layer = o.layer;
   v.n_tensors = static_cast<uint32_t>(o.tensor_ptrs.size());
-  v.base = slots_[si].dev;
+  v.base = slot(si).dev;
   v.record_bytes = l.layout.record_bytes;
   v.tensors = o.tensor_ptrs.data();
   v.tensor_bytes = l.tensor_bytes.data();
@@ -239,7 +362,7 @@ uint32_t Ring::slot_of(lwo_ticket t) {
   uint32_t slot = static_cast<uint32_t>((t.id >> kGenBits) & ((1u << kSlotBits) - 1));
   if (t.id == 0)
     fail(LWO_ERR_FOREIGN_TICKET, "ticket 0 is not a ticket (was the stage call checked?)");
-  if (serial != serial_ || slot >= slots_.size())
+  if (serial != serial_ || slot >= occ_.size())
     fail(LWO_ERR_FOREIGN_TICKET, "ticket 0x%llx was not issued by this ring (depth %zu)",
          static_cast<unsigned long long>(t.id), slots_.size());
   return slot;
@@ -276,8 +399,8 @@ void Ring::acquire(lwo_ticket t, StreamH stream, lwo_layer_view* view) {
     t1 = timing_event();
     gpu.event_record(t0, stream);
   }
-  gpu.stream_wait(stream, slots_[si].ready);
-  if (o.merge_free) gpu.stream_wait(stream, slots_[si].free);
+  gpu.stream_wait(stream, slot(si).ready);
+  if (o.merge_free) gpu.stream_wait(stream, slot(si).free);
   if (timing_) {
     gpu.event_record(t1, stream);
     pending_.push_back({Timed::Wait, t0, t1});
@@ -298,7 +421,7 @@ bool Ring::landed(lwo_ticket t) {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t si = check_ticket(t);
   DeviceScope scope(pool_.engine());
-  return pool_.engine().gpu().event_done(slots_[si].ready);
+  return pool_.engine().gpu().event_done(slot(si).ready);
 }
 
 lwo_ticket_state_t Ring::ticket_state(lwo_ticket t) {
@@ -313,11 +436,11 @@ void Ring::release_locked(uint32_t si, StreamH stream) {
   Occupancy& o = occ_[si];
   Backend& gpu = pool_.engine().gpu();
   // A hit that was never acquired has not joined the previous readers yet.
-  if (o.merge_free) gpu.stream_wait(stream, slots_[si].free);
-  gpu.event_record(slots_[si].free, stream);
+  if (o.merge_free) gpu.stream_wait(stream, slot(si).free);
+  gpu.event_record(slot(si).free, stream);
   o.merge_free = false;
   o.state = State::Released;
-  slots_.freed(si);
+  slot_freed(si);
 }
 
 void Ring::release(lwo_ticket t, StreamH stream) {
@@ -335,7 +458,7 @@ uint32_t Ring::release_all(StreamH stream) {
          "them first", ns, ns == 1 ? "" : "s");
   DeviceScope scope(pool_.engine());
   uint32_t n = 0;
-  for (uint32_t si = 0; si < slots_.size(); ++si)
+  for (uint32_t si = 0; si < occ_.size(); ++si)
     if (occ_[si].state == State::Staged || occ_[si].state == State::Acquired) {
       release_locked(si, stream);
       ++n;
@@ -346,7 +469,8 @@ uint32_t Ring::release_all(StreamH stream) {
 bool Ring::layer_busy(uint32_t layer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (layer >= slot_of_layer_.size()) return false;
-  int32_t si = slot_of_layer_[layer];
+  int32_t si = is_resident(layer) ? static_cast<int32_t>(slots_.size()) + resident_index_[layer]
+                                  : slot_of_layer_[layer];
   return si >= 0 && occ_[si].state != State::Released;
 }
 
@@ -354,7 +478,7 @@ void Ring::check_destroyable() {
   std::lock_guard<std::mutex> lock(mu_);
   int ns = n_schedules.load();
   if (ns > 0) fail(LWO_ERR_BUSY, "%d schedule%s of the ring still exist", ns, ns == 1 ? "" : "s");
-  for (uint32_t i = 0; i < slots_.size(); ++i)
+  for (uint32_t i = 0; i < occ_.size(); ++i)
     if (occ_[i].state == State::Acquired)
       fail(LWO_ERR_BUSY, "slot %u is still acquired by layer %u (ticket 0x%llx); release it first",
            i, occ_[i].layer, static_cast<unsigned long long>(ticket_id(i)));
@@ -364,9 +488,15 @@ void Ring::info(lwo_ring_info* out) {
   std::lock_guard<std::mutex> lock(mu_);
   out->depth = static_cast<uint32_t>(slots_.size());
   uint32_t n_free = 0;
-  for (const Occupancy& o : occ_) n_free += (o.state == State::Empty || o.state == State::Released);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    n_free += (occ_[i].state == State::Empty || occ_[i].state == State::Released);
   out->n_free = n_free;
   out->slot_bytes = slots_.bytes();
+  out->n_resident = static_cast<uint32_t>(resident_.size());
+  uint64_t rb = 0;
+  for (size_t k = 0; k < resident_.size(); ++k)
+    rb += pool_.layer(occ_[slots_.size() + k].layer).layout.record_bytes;
+  out->resident_bytes = rb;
 }
 
 void Ring::stats(lwo_ring_stats* out) {
@@ -382,6 +512,9 @@ void Ring::stats(lwo_ring_stats* out) {
   out->copy_ms = copy_ms_;
   out->wait_ms = wait_ms_;
   out->bandwidth_gbps = copy_ms_ > 0 ? static_cast<double>(bytes_) / (copy_ms_ * 1e6) : 0.0;
+  out->n_resident_hits = n_resident_hits_;
+  out->n_resident_uploads = n_resident_uploads_;
+  out->resident_bytes_uploaded = resident_bytes_;
 }
 
 void Ring::reset_stats() {
@@ -391,6 +524,7 @@ void Ring::reset_stats() {
     harvest(true);
   }
   n_stages_ = n_hits_ = n_copies_ = bytes_ = 0;
+  n_resident_hits_ = n_resident_uploads_ = resident_bytes_ = 0;
   copy_ms_ = wait_ms_ = 0;
 }
 

@@ -7,6 +7,14 @@
 //                  previous occupant's slot.free, so the next release covers
 //                  every earlier reader)
 //   release:       consumer stream records slot.free
+//
+// Resident layers (Since 0.4.0): the ring also holds one slot of its own per
+// resident layer, sized to its record, filled once at creation through the
+// pool's source and never a victim. Staging a resident layer is a hit; after
+// lwo_pool_layer_changed (or lwo_pool_write) the next stage fills the same
+// slot again, ordered after its free event like any fill, so every reader of
+// the old bytes is done first. Their tickets are tickets of slots depth..
+// depth + n_resident - 1, with the same states, acquire and release.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +29,11 @@ namespace lwo {
 
 class Ring {
  public:
-  Ring(Pool& pool, uint32_t depth, uint32_t flags);
+  // `resident`: layer ids kept on the device (checked: LWO_ERR_OUT_OF_RANGE,
+  // LWO_ERR_INVALID_ARGUMENT for a repeated id or depth + n above kMaxDepth,
+  // LWO_ERR_UNSUPPORTED for a sharded pool, LWO_ERR_OVER_BUDGET,
+  // LWO_ERR_OUT_OF_MEMORY).
+  Ring(Pool& pool, uint32_t depth, uint32_t flags, const std::vector<uint32_t>& resident = {});
   ~Ring();  // waits for copies and releases; caller checks check_destroyable() first
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -30,6 +42,10 @@ class Ring {
   Engine& engine() { return pool_.engine(); }
   uint32_t depth() const { return static_cast<uint32_t>(slots_.size()); }
   uint64_t slot_bytes() const { return slots_.bytes(); }
+  uint32_t n_resident() const { return static_cast<uint32_t>(resident_.size()); }
+  bool is_resident(uint32_t layer) const {
+    return layer < resident_index_.size() && resident_index_[layer] >= 0;
+  }
 
   lwo_ticket stage(uint32_t layer);
   // Fills the whole of *view (its size is sizeof(lwo_layer_view)).
@@ -82,6 +98,19 @@ class Ring {
   void release_locked(uint32_t si, StreamH stream);
   void fill_view(uint32_t si, lwo_layer_view* view);
   const char* state_name(State s) const;
+  // Slot si of the table: a ring slot below depth, a resident slot above.
+  DeviceSlot& slot(uint32_t si) {
+    return si < slots_.size() ? slots_[si] : resident_[si - slots_.size()];
+  }
+  void slot_freed(uint32_t si) {
+    if (si < slots_.size()) slots_.freed(si); else resident_.freed(si - slots_.size());
+  }
+  void slot_emptied(uint32_t si) {
+    if (si < slots_.size()) slots_.emptied(si); else resident_.emptied(si - slots_.size());
+  }
+  // Enqueues the fill of slot si with `layer` (ordered after the slot's
+  // readers) and updates the table; on failure the slot holds nothing.
+  void fill_slot(uint32_t si, uint32_t layer);
   uint64_t ticket_id(uint32_t si) const;
   EventH timing_event();
   void harvest(bool block);
@@ -90,11 +119,16 @@ class Ring {
   uint64_t serial_;
   bool timing_;
   std::mutex mu_;
+  std::vector<int32_t> resident_index_;  // per layer: index into resident_, or -1
+  Charge slot_charge_;  // before slots_: charged before they are allocated
   SlotSet slots_;
+  Charge resident_charge_;
+  SlotSet resident_;  // one per resident layer, its record's size
   std::vector<Occupancy> occ_;
   std::vector<int32_t> slot_of_layer_;  // -1 if not in a slot
   // Statistics.
   uint64_t n_stages_ = 0, n_hits_ = 0, n_copies_ = 0, bytes_ = 0;
+  uint64_t n_resident_hits_ = 0, n_resident_uploads_ = 0, resident_bytes_ = 0;
   double copy_ms_ = 0, wait_ms_ = 0;
   std::deque<Timed> pending_;
   std::vector<EventH> spare_events_;

@@ -2,11 +2,18 @@
 
 namespace lwo {
 
-SlotSet::SlotSet(Backend& gpu, uint32_t n, uint64_t bytes) : gpu_(gpu), bytes_(bytes) {
-  slots_.resize(n);
+SlotSet::SlotSet(Backend& gpu, uint32_t n, uint64_t bytes)
+    : SlotSet(gpu, std::vector<uint64_t>(n, bytes)) {
+  bytes_ = bytes;
+}
+
+SlotSet::SlotSet(Backend& gpu, const std::vector<uint64_t>& sizes) : gpu_(gpu), bytes_(0) {
+  slots_.resize(sizes.size());
+  for (uint64_t b : sizes) bytes_ = b > bytes_ ? b : bytes_;
   try {
-    for (DeviceSlot& s : slots_) {
-      s.dev = static_cast<uint8_t*>(gpu.device_alloc(bytes));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      DeviceSlot& s = slots_[i];
+      s.dev = static_cast<uint8_t*>(gpu.device_alloc(sizes[i]));
       s.ready = gpu.event_create(false);
       s.free = gpu.event_create(false);
       s.aux = gpu.event_create(false);

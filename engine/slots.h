@@ -25,6 +25,9 @@ class SlotSet {
   // `n` slots of `bytes` each; throws (LWO_ERR_OUT_OF_MEMORY, LWO_ERR_CUDA)
   // leaving nothing allocated.
   SlotSet(Backend& gpu, uint32_t n, uint64_t bytes);
+  // One slot per entry of `sizes`, each of its own size (resident layers);
+  // bytes() is the largest. Since 0.4.0.
+  SlotSet(Backend& gpu, const std::vector<uint64_t>& sizes);
   // Frees memory and events; the owner waits for the GPU to be done first.
   ~SlotSet();
   SlotSet(const SlotSet&) = delete;

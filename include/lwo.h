@@ -186,6 +186,11 @@ typedef enum lwo_status_t {
   /* A file could not be opened, read, mapped or examined (the message
    * carries the system's error text). */
   LWO_ERR_IO = 301,
+  /* Since 0.4.0: the engine's device memory budget (lwo_engine_config
+   * budget_bytes / budget_share) has too little left for what the call would
+   * allocate; the message says how many bytes it needs and how many are
+   * left. Nothing was allocated. */
+  LWO_ERR_OVER_BUDGET = 302,
 
   /* -- device (4xx) -- */
   /* No CUDA device was found, or the requested ordinal does not exist. */
@@ -348,6 +353,22 @@ typedef struct lwo_engine_config {
   size_t size;        /* sizeof(lwo_engine_config) */
   int32_t device;     /* CUDA device ordinal; default 0 */
   uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM */
+  /* Since 0.4.0: the device memory budget, which lwo never exceeds. Every
+   * device allocation lwo makes counts: ring slots, resident layers,
+   * gradient staging slots and compute workspaces, each as cudaMalloc
+   * rounds it (2 MiB pages from 1 MiB up, 512-byte units below). A call
+   * that would go past it fails with LWO_ERR_OVER_BUDGET, allocating
+   * nothing, and says how many bytes it needs and how many are left. The
+   * limit is the smallest of those set: `budget_bytes`; `budget_share`
+   * (0 < share <= 1) of the device memory free at creation; that free
+   * memory less `budget_headroom` bytes (kept for other programs). All 0
+   * (the default): no limit. lwo_engine_set_budget changes it later,
+   * lwo_engine_get_memory reports it. (Not counted: what the CUDA, cuBLAS,
+   * cuDNN and NCCL libraries reserve themselves, and the few bytes per rank
+   * of a sharded pool's creation check and LWO_ENGINE_CHECK_COLLECTIVES.) */
+  uint64_t budget_bytes;
+  double budget_share;
+  uint64_t budget_headroom;
 } lwo_engine_config;
 
 /* Debug mode for sharded pools: before every collective step (each stage of
@@ -371,7 +392,7 @@ typedef struct lwo_engine_config {
  * variable LWO_HEURISTIC_GEMM=1 sets it for every engine. Since 0.3.0. */
 #define LWO_ENGINE_HEURISTIC_GEMM 0x2u
 
-#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u}
+#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u, 0u, 0.0, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);
 
 /* Creates an engine on one CUDA device, with its own non-blocking transfer
@@ -388,6 +409,32 @@ LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine);
 
 /* The CUDA device ordinal of the engine. */
 LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device);
+
+/* Since 0.4.0: sets the engine's device memory budget as lwo_engine_config's
+ * budget fields do (share and headroom of the memory free now to lwo: free
+ * on the device plus what lwo holds); all 0 removes it. LWO_ERR_INVALID_ARGUMENT
+ * for a share outside [0, 1]; LWO_ERR_OVER_BUDGET when lwo already holds more
+ * than the new limit (the budget is then unchanged). */
+LWO_API lwo_status_t lwo_engine_set_budget(lwo_engine* engine, uint64_t budget_bytes,
+                                           double budget_share, uint64_t budget_headroom);
+
+/* What the engine's objects hold on the device now (Since 0.4.0). */
+typedef struct lwo_engine_memory {
+  size_t size;              /* sizeof(lwo_engine_memory), set by the caller */
+  uint64_t budget;          /* the limit in bytes; 0: none */
+  uint64_t used;            /* all that lwo holds, as the budget counts it */
+  uint64_t left;            /* budget - used; with no budget, the device's free memory */
+  uint64_t ring_slots;      /* of `used`: the rings' slots */
+  uint64_t resident;        /* resident layers */
+  uint64_t grads;           /* gradient staging slots */
+  uint64_t workspaces;      /* compute workspaces */
+  uint64_t device_free;     /* cudaMemGetInfo, now */
+  uint64_t device_total;
+} lwo_engine_memory;
+
+#define LWO_ENGINE_MEMORY_INIT {sizeof(lwo_engine_memory), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u}
+
+LWO_API lwo_status_t lwo_engine_get_memory(const lwo_engine* engine, lwo_engine_memory* memory);
 
 /* The engine's transfer stream, on which every host-to-device copy of every
  * ring of the engine is enqueued. Owned by the engine; valid until it is
@@ -585,13 +632,31 @@ typedef struct lwo_ring_config {
   uint32_t depth;   /* number of slots, 1..4096; default 2 (enough to saturate
                        one PCIe link when compute per layer is even) */
   uint32_t flags;   /* LWO_RING_TIMING or 0 */
+  /* Since 0.4.0: resident layers. `resident_layers` lists n_resident
+   * distinct layer ids of the pool (copied; NULL when n_resident is 0) that
+   * the ring keeps on the device in slots of their own, one per layer, each
+   * the size of its record. They are uploaded once, at lwo_ring_create (on
+   * the transfer stream, stream-ordered like a stage), and again only when
+   * the layer changed (lwo_pool_layer_changed, lwo_pool_write): the next
+   * stage then copies it into the same slot, ordered after every release of
+   * the old bytes. Any other stage of a resident layer is a hit that moves
+   * nothing. Tickets, acquire, release, schedules and gradients work on them
+   * as on any layer. The `depth` slots then hold the largest streamed
+   * record. depth + n_resident is at most 4096. Errors: a NULL list with
+   * n_resident > 0 or a repeated id (LWO_ERR_INVALID_ARGUMENT), an id
+   * outside the pool (LWO_ERR_OUT_OF_RANGE), a sharded pool
+   * (LWO_ERR_UNSUPPORTED), the engine's budget (LWO_ERR_OVER_BUDGET). */
+  const uint32_t* resident_layers;
+  uint32_t n_resident;
 } lwo_ring_config;
 
-#define LWO_RING_CONFIG_INIT {sizeof(lwo_ring_config), 2u, 0u}
+#define LWO_RING_CONFIG_INIT {sizeof(lwo_ring_config), 2u, 0u, NULL, 0u}
 LWO_API void lwo_ring_config_init(lwo_ring_config* config);
 
 /* Creates a ring of `depth` device slots, each the size of the pool's largest
- * record, serving layers of `pool`. `config` may be NULL. */
+ * record (since 0.4.0: its largest streamed record, when resident layers are
+ * listed), serving layers of `pool`. `config` may be NULL. Since 0.4.0 the
+ * slots count against the engine's budget (LWO_ERR_OVER_BUDGET). */
 LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
                                      lwo_ring** ring);
 
@@ -619,6 +684,10 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * this rank's shard (shard bytes) and all-gathers the rest. lwo_ring_stats
  * counts these: n_copies host-to-device copies and bytes_copied their run
  * bytes (never the all-gather).
+ *
+ * A resident layer (lwo_ring_config.resident_layers, since 0.4.0) is always a
+ * hit, except after it changed: then it is copied again into its own slot,
+ * ordered after every release of its old bytes.
  *
  * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
  * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
@@ -696,6 +765,8 @@ typedef struct lwo_ring_info {
   uint32_t depth;
   uint32_t n_free;        /* slots that are empty or released */
   uint64_t slot_bytes;
+  uint32_t n_resident;      /* resident layers (since 0.4.0) */
+  uint64_t resident_bytes;  /* their records' bytes on the device (since 0.4.0) */
 } lwo_ring_info;
 
 LWO_API lwo_status_t lwo_ring_get_info(const lwo_ring* ring, lwo_ring_info* info);
@@ -712,6 +783,12 @@ typedef struct lwo_ring_stats {
   double wait_ms;           /* time consumer streams stood waiting in
                                lwo_ring_acquire for copies to land */
   double bandwidth_gbps;    /* bytes_copied / copy_ms, in 1e9 bytes/s */
+  /* Since 0.4.0: resident layers. n_hits and n_copies / bytes_copied include
+   * these (the uploads at lwo_ring_create count until the first reset). */
+  uint64_t n_resident_hits;         /* stages of resident layers (all hits) */
+  uint64_t n_resident_uploads;      /* copies of resident layers: at creation,
+                                       and after each change */
+  uint64_t resident_bytes_uploaded; /* their bytes */
 } lwo_ring_stats;
 
 /* Statistics since creation or the last reset. With LWO_RING_TIMING, both
@@ -759,6 +836,104 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
 /* Releases whatever the schedule holds on `stream` and restarts the pass from
  * the first layer. Layers still in slots will be hits. */
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* The planner (since 0.4.0)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Threads: any thread; a plan is read-only once made.
+ *
+ * Given a pool, a device memory budget, a pass (a forward, or a training
+ * step: forward, then backward in reverse order with the trainable layers'
+ * gradients going to the host) and each layer's compute time, the planner
+ * chooses which layers stay resident and the ring depth that minimise the
+ * predicted pass time within the budget, and predicts the pass layer by
+ * layer (when each compute starts, how long it waits for its weights). The
+ * model and the search are described in docs/ARCHITECTURE.md ("The
+ * planner"). lwo_plan_ring_config turns the plan into the ring to create. */
+typedef struct lwo_plan lwo_plan;
+
+/* The pass is a training step (forward, then backward) rather than a forward. */
+#define LWO_PLAN_TRAIN 0x1u
+/* Measure the link on the engine's device (host to device, device to host,
+ * and both at once, with pinned buffers of calibrate_bytes on the engine's
+ * streams; it blocks for the copies) instead of taking the rates below. */
+#define LWO_PLAN_CALIBRATE_LINK 0x2u
+
+typedef struct lwo_plan_config {
+  size_t size;               /* sizeof(lwo_plan_config) */
+  uint32_t flags;            /* LWO_PLAN_TRAIN | LWO_PLAN_CALIBRATE_LINK */
+  uint32_t grad_depth;       /* gradient staging slots of a step; default 2 */
+  uint64_t budget_bytes;     /* device bytes the plan may use; 0: what the
+                                engine's budget has left (lwo_engine_get_memory
+                                `left`), or the device's free memory */
+  const double* fwd_ms;      /* per layer (n_layers): forward compute, ms; required */
+  const double* bwd_ms;      /* per layer: backward compute, ms; required for a step */
+  const uint8_t* trainable;  /* per layer, 1 = its gradients go to the host in
+                                a step; NULL: every layer */
+  const uint64_t* grad_bytes;/* per layer: gradient bytes of a trainable layer;
+                                NULL: its tensors' bytes (the layer's dtype) */
+  /* The link, in 1e9 bytes/s: each direction alone and both at once (0: as
+   * alone). Ignored with LWO_PLAN_CALIBRATE_LINK. */
+  double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;
+  uint64_t calibrate_bytes;  /* per copy when calibrating; default 256 MiB */
+  const uint32_t* depths;    /* ring depths to try (1..4096); NULL: 1, 2, 3, 4, 6, 8 */
+  uint32_t n_depths;
+} lwo_plan_config;
+
+#define LWO_PLAN_CONFIG_INIT \
+  {sizeof(lwo_plan_config), 0u, 2u, 0u, NULL, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0u, NULL, 0u}
+LWO_API void lwo_plan_config_init(lwo_plan_config* config);
+
+/* Chooses and predicts. Errors: a NULL config, fwd_ms (or bwd_ms for a
+ * step), a negative or non-finite time, a rate <= 0 without calibration,
+ * a depth outside 1..4096 (LWO_ERR_INVALID_ARGUMENT); a sharded pool
+ * (LWO_ERR_UNSUPPORTED: resident layers are refused there); a budget that
+ * not even a ring of the smallest depth fits (LWO_ERR_OVER_BUDGET, with the
+ * bytes it needs). */
+LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* config,
+                                     lwo_plan** plan);
+LWO_API lwo_status_t lwo_plan_destroy(lwo_plan* plan);
+
+typedef struct lwo_plan_info {
+  size_t size;               /* sizeof(lwo_plan_info), set by the caller */
+  uint32_t depth;            /* the ring depth chosen */
+  uint32_t n_resident;       /* layers kept resident */
+  uint32_t n_positions;      /* positions of the pass: L, or 2L for a step */
+  uint32_t train;            /* 1 for a training step */
+  uint64_t device_bytes;     /* the plan's device bytes (slots, resident
+                                records, gradient staging), unrounded */
+  uint64_t budget_bytes;     /* the budget it was chosen for */
+  double predicted_ms;       /* the pass, in the steady state */
+  double predicted_stall_ms; /* compute waiting for weights, summed */
+  uint64_t h2d_bytes, d2h_bytes;  /* the pass's transfers */
+  double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;  /* the link used */
+  double first_k_ms;         /* the "first k layers resident" rule at the
+                                same depth and budget, for comparison */
+} lwo_plan_info;
+
+LWO_API lwo_status_t lwo_plan_get_info(const lwo_plan* plan, lwo_plan_info* info);
+
+/* One position of the predicted pass (schedule order: layers 0..L-1, then
+ * for a step L-1..0 backward). */
+typedef struct lwo_plan_position {
+  size_t size;          /* sizeof(lwo_plan_position), set by the caller */
+  uint32_t layer;
+  uint32_t backward;    /* 1 in a step's backward half */
+  uint32_t resident;    /* 1 if the layer is resident */
+  uint32_t hit;         /* 1 if streamed but still in a slot */
+  double copy_ms;       /* its copy (0 if resident or a hit) */
+  double start_ms;      /* its compute's start, from the pass's start */
+  double stall_ms;      /* how long its compute waited for the weights */
+} lwo_plan_position;
+
+/* LWO_ERR_OUT_OF_RANGE for position >= n_positions. */
+LWO_API lwo_status_t lwo_plan_get_position(const lwo_plan* plan, uint32_t position,
+                                           lwo_plan_position* out);
+
+/* The plan as a ring config: depth, resident_layers (ascending; the array
+ * lives as long as the plan) and n_resident; size and flags are kept. */
+LWO_API lwo_status_t lwo_plan_ring_config(const lwo_plan* plan, lwo_ring_config* config);
 
 /* ------------------------------------------------------------------------ */
 /* Layer compute: linear layers                                              */

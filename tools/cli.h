@@ -181,6 +181,34 @@ struct Command {
 };
 extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
     kShardCommand;
+
+// ---- the planner (Since 0.4.0; tools/plan.cc) ----
+extern const Command kPlanCommand;
+// --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
+Flag budget_flag(std::string& budget);
+// The budget in bytes for a model of `model_bytes` ("" is 0: none).
+uint64_t parse_budget(const std::string& text, uint64_t model_bytes);
+// A plan of lwo_plan_create and what it says, position by position.
+struct PlanReport {
+  lwo_plan_info info{};
+  std::vector<lwo_plan_position> positions;
+  std::vector<uint32_t> resident;  // ascending
+  std::vector<double> fwd_ms, bwd_ms;
+};
+// Plans `pool` for `budget` bytes with the link calibrated on the engine's
+// device; bwd_ms empty: a forward pass, else a training step (trainable may
+// be null: every layer).
+PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
+                     const std::vector<double>& bwd_ms, const uint8_t* trainable,
+                     uint32_t grad_depth);
+// The ring config of a plan (its resident array points into `r`).
+lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
+// The per-layer table of `lwo plan` (and of run / train with --budget).
+void print_plan(const PlanReport& r);
+std::string json_plan(const PlanReport& r);  // a JSON object
+// The median time of the checksum consumer over one record of `pool`'s
+// layer `layer` on `stream` (what lwo run computes per layer), in ms.
+double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
 const std::vector<const Command*>& commands();  // in `lwo help` order
 const Command* find_command(const std::string& name);
 void print_command_help(const Command& c, std::FILE* out);

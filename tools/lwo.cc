@@ -16,7 +16,8 @@ namespace cli {
 const std::vector<const Command*>& commands() {
   static const std::vector<const Command*> all = {&kProbeCommand,  &kRunCommand,
                                                   &kTrainCommand,  &kStreamCommand,
-                                                  &kInfoCommand,   &kShardCommand};
+                                                  &kInfoCommand,   &kShardCommand,
+                                                  &kPlanCommand};
   return all;
 }
 

@@ -27,6 +27,7 @@ struct Options {
   bool timing = false;
   std::string json;
   lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0)
+  std::string budget;  // Since 0.4.0: --budget (plan, then run the plan too)
 };
 
 struct HostTimes {
@@ -41,6 +42,14 @@ struct Results {
   std::vector<double> pass_ms;
   double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
+  // Since 0.4.0: with --budget, the planned ring's passes in the same run.
+  bool planned = false;
+  PlanReport plan;
+  double compute_ms = 0;  // the checksum consumer per layer, measured
+  lwo_ring_info plan_ring{};
+  std::vector<double> plan_pass_ms;
+  double plan_median_ms = 0, plan_best_ms = 0;
+  lwo_ring_stats plan_stats{};
   double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
   double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
 };
@@ -59,6 +68,7 @@ std::vector<Flag> make_flags(Options& o) {
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
+      budget_flag(o.budget),  // Since 0.4.0
       // Spellings of lwo 0.1, which made lwo run front three programs.
       moved_flag("--train",
                  [](const std::string&) {
@@ -145,6 +155,22 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("\n%-10s %u layers x %u passes match the host\n", "checksums", o.layers,
               o.passes + 1);
   print_ring_stats(r.stats, o.timing);
+  if (r.planned) {  // Since 0.4.0: --budget
+    std::printf("\n");
+    print_plan(r.plan);
+    const double t = r.plan_median_ms, b = r.median_ms;
+    std::printf("%-10s depth %u, %u resident (%s): median %.3f ms, best %.3f ms per pass\n",
+                "planned", r.plan_ring.depth, r.plan_ring.n_resident,
+                fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_best_ms);
+    std::printf("%-10s predicted %.3f ms, measured %.3f ms (%+.1f%%); stall predicted %.3f ms, "
+                "measured wait %.3f ms per pass\n", "prediction", r.plan.info.predicted_ms, t,
+                100 * (t / r.plan.info.predicted_ms - 1), r.plan.info.predicted_stall_ms,
+                r.plan_stats.wait_ms / (o.passes + 1));
+    const double moved = static_cast<double>(r.plan_stats.bytes_copied) /
+                         std::max<double>(1, static_cast<double>(r.stats.bytes_copied));
+    std::printf("%-10s bytes moved %.1f%% of the unbudgeted run (target <= 53%%), time %.3fx "
+                "(target <= 0.55x)\n", "budgeted", 100 * moved, b > 0 ? t / b : 0);
+  }
 }
 
 void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
@@ -187,7 +213,25 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
   if (o.timing)
     std::fprintf(j, ", \"copy_ms\": %.4f, \"wait_ms\": %.4f, \"copy_gbps\": %.4f", s.copy_ms,
                  s.wait_ms, s.bandwidth_gbps);
-  std::fprintf(j, "},\n  \"verified\": true\n}\n");
+  std::fprintf(j, "}");
+  if (r.planned) {  // Since 0.4.0: --budget
+    const lwo_ring_stats& ps = r.plan_stats;
+    std::fprintf(j, ",\n  \"compute_ms_per_layer\": %.5f,\n  \"plan\": %s,\n  \"planned\": "
+                 "{\"depth\": %u, \"n_resident\": %u, \"resident_bytes\": %llu, \"pass_ms\": [",
+                 r.compute_ms, json_plan(r.plan).c_str(), r.plan_ring.depth,
+                 r.plan_ring.n_resident, static_cast<unsigned long long>(r.plan_ring.resident_bytes));
+    for (size_t i = 0; i < r.plan_pass_ms.size(); ++i)
+      std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_pass_ms[i]);
+    std::fprintf(j, "], \"median_ms\": %.4f, \"best_ms\": %.4f, \"predicted_ms\": %.5f, "
+                 "\"bytes_copied\": %llu, \"wait_ms\": %.4f, \"resident_hits\": %llu, "
+                 "\"bytes_ratio\": %.5f, \"time_ratio\": %.5f}",
+                 r.plan_median_ms, r.plan_best_ms, r.plan.info.predicted_ms,
+                 static_cast<unsigned long long>(ps.bytes_copied), ps.wait_ms,
+                 static_cast<unsigned long long>(ps.n_resident_hits),
+                 static_cast<double>(ps.bytes_copied) / std::max<double>(1, static_cast<double>(s.bytes_copied)),
+                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0);
+  }
+  std::fprintf(j, ",\n  \"verified\": true\n}\n");
 }
 
 }  // namespace
@@ -310,7 +354,7 @@ int cmd_run(int argc, char** argv) {
   TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
   lwo_ring_config config = LWO_RING_CONFIG_INIT;
   config.depth = o.depth;
-  config.flags = o.timing ? LWO_RING_TIMING : 0u;
+  config.flags = (o.timing || !o.budget.empty()) ? LWO_RING_TIMING : 0u;  // --budget: both rings timed alike
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
   r.ring.size = sizeof r.ring;
@@ -343,6 +387,44 @@ int cmd_run(int argc, char** argv) {
   ring.destroy();
 
   verify(sums + o.layers, expect, o.passes, "warm-up and later timed passes, summed");
+  if (!o.budget.empty()) {
+    // Since 0.4.0: --budget. The plan for the budget (the link measured now,
+    // the checksum consumer as each layer's compute), then its ring's passes,
+    // every byte checked again, with the engine held to the budget.
+    r.planned = true;
+    r.compute_ms = measure_checksum_ms(pool.get(), 0, consumer.get());
+    const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
+    r.plan = make_plan(pool.get(), budget, std::vector<double>(o.layers, r.compute_ms), {},
+                       nullptr, 2);
+    TK_CHECK(lwo_engine_set_budget(dev.engine.get(), budget, 0.0, 0));
+    lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);
+    Ring pring;
+    TK_CHECK(lwo_ring_create(pool.get(), &pc, pring.out()));
+    r.plan_ring.size = sizeof r.plan_ring;
+    TK_CHECK(lwo_ring_get_info(pring.get(), &r.plan_ring));
+    TK_CHECK(lwo_ring_reset_stats(pring.get()));  // the uploads at creation are not a pass
+    Schedule psched;
+    TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));
+    TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
+    const PassTimes pt = time_passes(
+        o.passes, consumer.get(),
+        [&](uint32_t p) {
+          testkit::checksum_pass(psched.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
+        },
+        [&](uint32_t p, double ms) {
+          if (p == 1) verify(sums, expect, 1, "first timed pass of the plan");
+        });
+    TK_CHECK(lwo_engine_check(dev.engine.get()));
+    r.plan_pass_ms = pt.ms;
+    r.plan_median_ms = pt.median_ms;
+    r.plan_best_ms = pt.best_ms;
+    r.plan_stats = testkit::ring_stats(pring.get());
+    psched.destroy();
+    pring.destroy();
+    verify(sums + o.layers, expect, o.passes, "the plan's warm-up and later passes, summed");
+    // The unbudgeted ring's bytes per pass, to compare with: the stats cover
+    // warm-up and timed passes alike in both runs.
+  }
   phase.done("1 warm-up + %u timed in %.2f s: median %.3f ms, %.2f GB/s, %.2f%% of the peak; "
              "checksums match",
              o.passes, phase.seconds(), r.median_ms, r.gbps(r.median_ms),

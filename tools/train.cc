@@ -48,6 +48,7 @@ struct Options {
   bool grad_depth_set = false;
   std::string json;
   lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0): frozen only
+  std::string budget;  // Since 0.4.0: --budget (plan, then run the plan too)
   bool trainable() const { return !frozen; }
 };
 
@@ -113,6 +114,7 @@ std::vector<Flag> make_flags(Options& o) {
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
+      budget_flag(o.budget),  // Since 0.4.0
       moved_flag("--train",
                  [](const std::string&) {
                    throw UsageError("--train is not needed: lwo train trains");
@@ -225,6 +227,14 @@ struct Results {
   uint64_t add_alone_bytes = 0;
   double target = 0;
   std::string check;
+  // Since 0.4.0: with --budget, the planned ring's steps in the same run.
+  bool planned = false;
+  PlanReport plan;
+  lwo_ring_info plan_ring{};
+  std::vector<double> plan_ms;
+  double plan_median_ms = 0;
+  uint64_t plan_h2d_bytes = 0;  // per step, median step's
+  std::string plan_check;
 
   double ratio(double ms) const { return bound > 0 ? ms / bound : 0; }
   bool met() const { return ratio(median_ms) <= target; }
@@ -566,6 +576,18 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
   const lwo_ring_info& ri = r.ring;
   std::fprintf(j, "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu},\n", ri.depth,
                static_cast<unsigned long long>(ri.slot_bytes));
+  if (r.planned) {  // Since 0.4.0: --budget
+    std::fprintf(j, "  \"plan\": %s,\n  \"planned\": {\"depth\": %u, \"n_resident\": %u, "
+                 "\"step_ms\": [", json_plan(r.plan).c_str(), r.plan_ring.depth,
+                 r.plan_ring.n_resident);
+    for (size_t i = 0; i < r.plan_ms.size(); ++i)
+      std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_ms[i]);
+    std::fprintf(j, "], \"median_ms\": %.4f, \"predicted_ms\": %.5f, \"h2d_bytes\": %llu, "
+                 "\"time_ratio\": %.5f, \"check\": %s},\n", r.plan_median_ms,
+                 r.plan.info.predicted_ms, static_cast<unsigned long long>(r.plan_h2d_bytes),
+                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
+                 json_string(r.plan_check).c_str());
+  }
   std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
 }
 
@@ -869,12 +891,62 @@ int cmd_train(int argc, char** argv) {
     phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
                static_cast<double>(ns) / 1e6, r.add_alone_gbps);
   }
+  if (!o.budget.empty()) {
+    // Since 0.4.0: --budget. The plan from the link measured now and the
+    // resident steps' compute per layer (0 where they could not be measured),
+    // then its ring's steps with the same gradients, the engine held to the
+    // budget (the gradient staging already held counts against it).
+    r.planned = true;
+    const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
+    const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
+    std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
+    r.plan = make_plan(weights->pool(), budget, std::vector<double>(L, f),
+                       std::vector<double>(L, b), mask.data(), o.grad_depth);
+    schedule.destroy();
+    ring.destroy();
+    TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
+    lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
+    TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
+    r.plan_ring.size = sizeof r.plan_ring;
+    TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
+    TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+    Phase plan_phase("planned", o.steps + 1);
+    step();  // warm-up
+    std::vector<testkit::StepStats> ps;
+    for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
+      ps.push_back(step());
+      r.plan_ms.push_back(ps.back().ms);
+      plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
+      if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
+        r.plan_check = check_step(o, sz, *run, *weights, grads.get());
+        progress("planned check: %s", r.plan_check.c_str());
+      }
+    }
+    r.plan_median_ms = median(r.plan_ms);
+    for (const testkit::StepStats& st : ps)
+      if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
+    if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
+    plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
+                    r.plan_ring.depth, r.plan_ring.n_resident, r.plan_median_ms,
+                    r.plan.info.predicted_ms);
+  }
   summarise(o, r);
   steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
                    "bound (%s)",
                    o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);
 
   print_results(dev, o, r);
+  if (r.planned) {  // Since 0.4.0: --budget
+    std::printf("\n");
+    print_plan(r.plan);
+    std::printf("%-10s predicted %.3f ms, measured %.3f ms per step (%+.1f%%); %.3fx the "
+                "unbudgeted step (target <= 0.6x); H2D %s per step\n", "planned",
+                r.plan.info.predicted_ms, r.plan_median_ms,
+                100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
+                r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
+                fmt_bytes(r.plan_h2d_bytes).c_str());
+    std::printf("%-10s %s\n", "check", r.plan_check.c_str());
+  }
   if (json.is_open()) {
     write_json(json.get(), dev, o, r);
     json.commit();

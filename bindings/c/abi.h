@@ -38,11 +38,18 @@ struct lwo_checkpoint {
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
 };
+// Since 0.4.0: a plan (bindings/c/api_plan.cc defines what it holds).
+namespace lwo {
+struct PlanHandle;
+}
+struct lwo_plan {
+  std::unique_ptr<lwo::PlanHandle> impl;
+};
 
 namespace lwo {
 namespace abi {
 
-enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Plan };
 template <class H> constexpr Kind kind_of();
 template <> constexpr Kind kind_of<lwo_engine>() { return Kind::Engine; }
 template <> constexpr Kind kind_of<lwo_pool>() { return Kind::Pool; }
@@ -50,6 +57,7 @@ template <> constexpr Kind kind_of<lwo_ring>() { return Kind::Ring; }
 template <> constexpr Kind kind_of<lwo_schedule>() { return Kind::Schedule; }
 template <> constexpr Kind kind_of<lwo_grads>() { return Kind::Grads; }
 template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; }
+template <> constexpr Kind kind_of<lwo_plan>() { return Kind::Plan; }
 
 // The registry of live handles: a destroyed or foreign pointer is never
 // dereferenced.

@@ -8,12 +8,14 @@ using lwo::fail;
 namespace {
 
 lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend, int device,
-                         uint32_t flags, lwo_engine** engine) {
+                         const lwo_engine_config& cfg, lwo_engine** engine) {
   return guard(call, [&] {
     auto h = std::make_unique<lwo_engine>();
     h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
-    if (flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
-    if (flags & LWO_ENGINE_HEURISTIC_GEMM) h->impl->set_tune_gemms(false);
+    if (cfg.flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
+    if (cfg.flags & LWO_ENGINE_HEURISTIC_GEMM) h->impl->set_tune_gemms(false);
+    if (cfg.budget_bytes || cfg.budget_share != 0.0 || cfg.budget_headroom)
+      h->impl->set_budget(cfg.budget_bytes, cfg.budget_share, cfg.budget_headroom);
     *engine = publish(std::move(h));
   });
 }
@@ -36,10 +38,12 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
     cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT);
     check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM);
     if (cfg.device < 0) fail(LWO_ERR_INVALID_ARGUMENT, "device %d is negative", cfg.device);
+    if (!(cfg.budget_share >= 0.0 && cfg.budget_share <= 1.0))
+      fail(LWO_ERR_INVALID_ARGUMENT, "budget_share %g is outside [0, 1]", cfg.budget_share);
     backend = lwo::make_cuda_backend(cfg.device);
   });
   if (s != LWO_OK) return s;
-  return make_engine(call, std::move(backend), cfg.device, cfg.flags, engine);
+  return make_engine(call, std::move(backend), cfg.device, cfg, engine);
 }
 
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {
@@ -51,6 +55,40 @@ LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device
     lwo_engine* e = check_handle(engine);
     need(device, "device");
     *device = e->impl->device();
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_set_budget(lwo_engine* engine, uint64_t budget_bytes,
+                                           double budget_share, uint64_t budget_headroom) {
+  return guard("lwo_engine_set_budget", [&] {
+    lwo_engine* e = check_handle(engine);
+    e->impl->set_budget(budget_bytes, budget_share, budget_headroom);
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_get_memory(const lwo_engine* engine, lwo_engine_memory* memory) {
+  return guard("lwo_engine_get_memory", [&] {
+    lwo_engine* e = check_handle(engine);
+    need(memory, "memory");
+    lwo::Engine& en = *e->impl;
+    uint64_t by[lwo::kMemUses] = {}, used = 0;
+    en.memory_use(by, &used);
+    size_t free_b = 0, total_b = 0;
+    {
+      lwo::DeviceScope scope(en);
+      en.gpu().mem_get_info(&free_b, &total_b);
+    }
+    lwo_engine_memory m{};
+    m.budget = en.budget();
+    m.used = used;
+    m.left = m.budget ? m.budget - std::min(m.budget, used) : free_b;
+    m.ring_slots = by[static_cast<uint32_t>(lwo::MemUse::Slots)];
+    m.resident = by[static_cast<uint32_t>(lwo::MemUse::Resident)];
+    m.grads = by[static_cast<uint32_t>(lwo::MemUse::Grads)];
+    m.workspaces = by[static_cast<uint32_t>(lwo::MemUse::Workspace)];
+    m.device_free = free_b;
+    m.device_total = total_b;
+    write_out(memory, m, "memory");
   });
 }
 
@@ -92,7 +130,8 @@ namespace testing {
 lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_engine** engine) {
   if (!engine) return LWO_ERR_INVALID_ARGUMENT;
   *engine = nullptr;
-  return make_engine("lwo::testing::engine_create", std::move(backend), device, 0, engine);
+  return make_engine("lwo::testing::engine_create", std::move(backend), device,
+                     lwo_engine_config LWO_ENGINE_CONFIG_INIT, engine);
 }
 
 Backend* engine_backend(lwo_engine* engine) { return &engine->impl->gpu(); }

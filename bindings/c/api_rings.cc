@@ -20,7 +20,12 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
     check_flags(cfg.flags, LWO_RING_TIMING);
     if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
       fail(LWO_ERR_INVALID_ARGUMENT, "depth %u is outside 1..%u", cfg.depth, lwo::kMaxDepth);
-    auto impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags);
+    if (cfg.n_resident && !cfg.resident_layers)
+      fail(LWO_ERR_INVALID_ARGUMENT, "resident_layers is NULL but n_resident is %u",
+           cfg.n_resident);
+    std::vector<uint32_t> resident;
+    if (cfg.n_resident) resident.assign(cfg.resident_layers, cfg.resident_layers + cfg.n_resident);
+    auto impl = std::make_unique<lwo::Ring>(*p->impl, cfg.depth, cfg.flags, resident);
     *ring = publish(std::make_unique<lwo_ring>(lwo_ring{std::move(impl)}));
   });
 }

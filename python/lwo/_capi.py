@@ -45,6 +45,7 @@ LWO_ERR_BUSY = 204
 LWO_ERR_FILE_CHANGED = 205
 LWO_ERR_OUT_OF_MEMORY = 300
 LWO_ERR_IO = 301
+LWO_ERR_OVER_BUDGET = 302  # since 0.4.0
 LWO_ERR_NO_DEVICE = 400
 LWO_ERR_CUDA = 401
 LWO_ERR_CUBLAS = 402
@@ -130,6 +131,8 @@ LWO_POOL_SHARDED = 4
 LWO_POOL_KIND_FORCE_32 = 0x7FFFFFFF
 
 LWO_RING_TIMING = 0x1
+LWO_PLAN_TRAIN = 0x1  # since 0.4.0
+LWO_PLAN_CALIBRATE_LINK = 0x2  # since 0.4.0
 
 LWO_TICKET_STAGED = 1
 LWO_TICKET_ACQUIRED = 2
@@ -183,6 +186,7 @@ lwo_ring_p = ctypes.c_void_p
 lwo_schedule_p = ctypes.c_void_p
 lwo_grads_p = ctypes.c_void_p
 lwo_checkpoint_p = ctypes.c_void_p
+lwo_plan_p = ctypes.c_void_p  # since 0.4.0
 
 _size_t = ctypes.c_size_t
 _i32 = ctypes.c_int32
@@ -231,7 +235,31 @@ class lwo_layer_desc(_Struct):
 
 
 class lwo_engine_config(_Struct):
-    _fields_ = [("size", _size_t), ("device", _i32), ("flags", _u32)]
+    _fields_ = [
+        ("size", _size_t),
+        ("device", _i32),
+        ("flags", _u32),
+        # since 0.4.0: the device memory budget
+        ("budget_bytes", _u64),
+        ("budget_share", ctypes.c_double),
+        ("budget_headroom", _u64),
+    ]
+
+
+# since 0.4.0
+class lwo_engine_memory(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("budget", _u64),
+        ("used", _u64),
+        ("left", _u64),
+        ("ring_slots", _u64),
+        ("resident", _u64),
+        ("grads", _u64),
+        ("workspaces", _u64),
+        ("device_free", _u64),
+        ("device_total", _u64),
+    ]
 
 
 class lwo_pool_config(_Struct):
@@ -272,7 +300,14 @@ class lwo_ticket(_Struct):
 
 
 class lwo_ring_config(_Struct):
-    _fields_ = [("size", _size_t), ("depth", _u32), ("flags", _u32)]
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("flags", _u32),
+        # since 0.4.0: resident layers
+        ("resident_layers", ctypes.POINTER(_u32)),
+        ("n_resident", _u32),
+    ]
 
 
 class lwo_layer_view(_Struct):
@@ -289,7 +324,14 @@ class lwo_layer_view(_Struct):
 
 
 class lwo_ring_info(_Struct):
-    _fields_ = [("size", _size_t), ("depth", _u32), ("n_free", _u32), ("slot_bytes", _u64)]
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("n_free", _u32),
+        ("slot_bytes", _u64),
+        ("n_resident", _u32),  # since 0.4.0
+        ("resident_bytes", _u64),  # since 0.4.0
+    ]
 
 
 class lwo_ring_stats(_Struct):
@@ -302,6 +344,10 @@ class lwo_ring_stats(_Struct):
         ("copy_ms", ctypes.c_double),
         ("wait_ms", ctypes.c_double),
         ("bandwidth_gbps", ctypes.c_double),
+        # since 0.4.0: resident layers
+        ("n_resident_hits", _u64),
+        ("n_resident_uploads", _u64),
+        ("resident_bytes_uploaded", _u64),
     ]
 
 
@@ -429,16 +475,73 @@ class lwo_tensor_quant_ext(_Struct):
     _fields_ = [("header", lwo_ext), ("format", lwo_quant_format_t), ("reserved", _u32)]
 
 
+# since 0.4.0: the planner
+class lwo_plan_config(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("flags", _u32),
+        ("grad_depth", _u32),
+        ("budget_bytes", _u64),
+        ("fwd_ms", ctypes.POINTER(ctypes.c_double)),
+        ("bwd_ms", ctypes.POINTER(ctypes.c_double)),
+        ("trainable", ctypes.POINTER(ctypes.c_uint8)),
+        ("grad_bytes", ctypes.POINTER(_u64)),
+        ("h2d_gbps", ctypes.c_double),
+        ("d2h_gbps", ctypes.c_double),
+        ("duplex_h2d_gbps", ctypes.c_double),
+        ("duplex_d2h_gbps", ctypes.c_double),
+        ("calibrate_bytes", _u64),
+        ("depths", ctypes.POINTER(_u32)),
+        ("n_depths", _u32),
+    ]
+
+
+class lwo_plan_info(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("depth", _u32),
+        ("n_resident", _u32),
+        ("n_positions", _u32),
+        ("train", _u32),
+        ("device_bytes", _u64),
+        ("budget_bytes", _u64),
+        ("predicted_ms", ctypes.c_double),
+        ("predicted_stall_ms", ctypes.c_double),
+        ("h2d_bytes", _u64),
+        ("d2h_bytes", _u64),
+        ("h2d_gbps", ctypes.c_double),
+        ("d2h_gbps", ctypes.c_double),
+        ("duplex_h2d_gbps", ctypes.c_double),
+        ("duplex_d2h_gbps", ctypes.c_double),
+        ("first_k_ms", ctypes.c_double),
+    ]
+
+
+class lwo_plan_position(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("layer", _u32),
+        ("backward", _u32),
+        ("resident", _u32),
+        ("hit", _u32),
+        ("copy_ms", ctypes.c_double),
+        ("start_ms", ctypes.c_double),
+        ("stall_ms", ctypes.c_double),
+    ]
+
+
 #: Every struct of lwo.h, by its C name.
 STRUCTS = {
     cls.__name__: cls
     for cls in [
-        lwo_ext, lwo_tensor_desc, lwo_layer_desc, lwo_engine_config, lwo_pool_config,
+        lwo_ext, lwo_tensor_desc, lwo_layer_desc, lwo_engine_config, lwo_engine_memory,
+        lwo_pool_config,
         lwo_host_region, lwo_pool_info, lwo_tensor_info, lwo_ticket, lwo_ring_config,
         lwo_layer_view, lwo_ring_info, lwo_ring_stats, lwo_linear_desc, lwo_grads_config,
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
         lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
         lwo_tensor_quant_ext,
+        lwo_plan_config, lwo_plan_info, lwo_plan_position,
     ]
 }
 
@@ -459,6 +562,9 @@ FUNCTIONS = {
     "lwo_engine_create": (_S, [_P(lwo_engine_config), _P(lwo_engine_p)]),
     "lwo_engine_destroy": (_S, [lwo_engine_p]),
     "lwo_engine_device": (_S, [lwo_engine_p, _P(_i32)]),
+    # since 0.4.0: the device memory budget
+    "lwo_engine_set_budget": (_S, [lwo_engine_p, _u64, ctypes.c_double, _u64]),
+    "lwo_engine_get_memory": (_S, [lwo_engine_p, _P(lwo_engine_memory)]),
     "lwo_engine_transfer_stream": (_S, [lwo_engine_p, _P(lwo_stream_t)]),
     "lwo_engine_check": (_S, [lwo_engine_p]),
     "lwo_engine_synchronize": (_S, [lwo_engine_p]),
@@ -500,6 +606,13 @@ FUNCTIONS = {
     "lwo_schedule_next": (_S, [lwo_schedule_p, lwo_stream_t, _P(lwo_layer_view)]),
     "lwo_schedule_position": (_S, [lwo_schedule_p, _P(_u32)]),
     "lwo_schedule_reset": (_S, [lwo_schedule_p, lwo_stream_t]),
+    # since 0.4.0: the planner
+    "lwo_plan_config_init": (None, [_P(lwo_plan_config)]),
+    "lwo_plan_create": (_S, [lwo_pool_p, _P(lwo_plan_config), _P(lwo_plan_p)]),
+    "lwo_plan_destroy": (_S, [lwo_plan_p]),
+    "lwo_plan_get_info": (_S, [lwo_plan_p, _P(lwo_plan_info)]),
+    "lwo_plan_get_position": (_S, [lwo_plan_p, _u32, _P(lwo_plan_position)]),
+    "lwo_plan_ring_config": (_S, [lwo_plan_p, _P(lwo_ring_config)]),
     # linear
     "lwo_linear_desc_init": (None, [_P(lwo_linear_desc)]),
     "lwo_linear_forward": (

@@ -431,12 +431,27 @@ class Engine(_Handle):
 
     _destroy = "lwo_engine_destroy"
 
-    def __init__(self, device=0, check_collectives=False, flags=0):
+    def __init__(self, device=0, check_collectives=False, flags=0, budget_bytes=0,
+                 budget_share=0.0, budget_headroom=0):
         cfg = C.lwo_engine_config()
         _lib.lwo_engine_config_init(cfg)
         cfg.device = int(device)
         cfg.flags = int(flags) | (C.LWO_ENGINE_CHECK_COLLECTIVES if check_collectives else 0)
+        cfg.budget_bytes = int(budget_bytes)  # since 0.4.0: the device memory budget
+        cfg.budget_share = float(budget_share)
+        cfg.budget_headroom = int(budget_headroom)
         self._handle = _new_handle(_lib.lwo_engine_create, _byref(cfg))
+
+    # since 0.4.0: the device memory budget
+    def set_budget(self, budget_bytes=0, budget_share=0.0, budget_headroom=0):
+        check(_lib.lwo_engine_set_budget(self._h(), int(budget_bytes), float(budget_share),
+                                         int(budget_headroom)))
+
+    def memory(self):
+        """lwo_engine_get_memory as a dict (budget, used, left, by use, device free/total)."""
+        m = C.lwo_engine_memory()
+        check(_lib.lwo_engine_get_memory(self._h(), _byref(m)))
+        return {f[0]: getattr(m, f[0]) for f in m._fields_ if f[0] != "size"}
 
     @property
     def device(self):
@@ -717,8 +732,8 @@ class Pool(_Handle):
                                          _byref(first), _byref(n)))
         return TensorShard(p.value or 0, first.value, n.value)
 
-    def ring(self, depth=2, timing=False):
-        return Ring(self, depth=depth, timing=timing)
+    def ring(self, depth=2, timing=False, resident=()):
+        return Ring(self, depth=depth, timing=timing, resident=resident)
 
     def grads(self, trainable=None, depth=2, native_wire=False, n_threads=0):
         return Grads(self, trainable=trainable, depth=depth, native_wire=native_wire,
@@ -871,11 +886,17 @@ class Ring(_Handle):
 
     _destroy = "lwo_ring_destroy"
 
-    def __init__(self, pool, depth=2, timing=False, flags=0):
+    def __init__(self, pool, depth=2, timing=False, flags=0, resident=()):
         cfg = C.lwo_ring_config()
         _lib.lwo_ring_config_init(cfg)
         cfg.depth = int(depth)
         cfg.flags = int(flags) | (C.LWO_RING_TIMING if timing else 0)
+        # since 0.4.0: layers kept on the device (the list is copied by the call)
+        resident = [int(l) for l in resident]
+        if resident:
+            arr = (ctypes.c_uint32 * len(resident))(*resident)
+            cfg.resident_layers = arr
+            cfg.n_resident = len(resident)
         self.pool = pool
         self._handle = _new_handle(_lib.lwo_ring_create, pool._h(), _byref(cfg))
         self._device = None

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 #include <cstring>
 
 #include "kernels/compute_kernels.h"
@@ -94,8 +95,11 @@ Compute::~Compute() {
   int prev = 0;
   if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
     (void)cudaDeviceSynchronize();
-    for (auto& kv : workspaces_) (void)cudaFree(kv.second.ptr);
-    for (auto& kv : weight_workspaces_) (void)cudaFree(kv.second.ptr);
+    for (auto* m : {&workspaces_, &weight_workspaces_})
+      for (auto& kv : *m) {
+        (void)cudaFree(kv.second.ptr);
+        uncharge(kv.second.charged);
+      }
     (void)cudaSetDevice(prev);
   }
   for (auto& kv : algos_) {
@@ -114,38 +118,37 @@ size_t Compute::n_cached() const {
   return algos_.size();
 }
 
-void* Compute::workspace(void* stream, size_t bytes) {
-  // One workspace per stream: work on different streams may run at once.
-  auto it = workspaces_.find(stream);
-  if (it != workspaces_.end() && it->second.bytes >= bytes) return it->second.ptr;
-  if (it != workspaces_.end()) {  // grow: the old one may still be in use on its stream
-    LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "compute: growing a workspace");
-    LWO_RT(cudaFree(it->second.ptr), "compute: growing a workspace");
-    workspaces_.erase(it);
+void* Compute::grow(std::unordered_map<void*, Workspace>& m, void* stream, size_t bytes, const char* what) {
+  // One buffer per stream: work on different streams may run at once.
+  auto it = m.find(stream);
+  if (it != m.end() && it->second.bytes >= bytes) return it->second.ptr;
+  if (it != m.end()) {  // grow: the old one may still be in use on its stream
+    const std::string growing = std::string("compute: growing a ") + what;
+    LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), growing.c_str());
+    LWO_RT(cudaFree(it->second.ptr), growing.c_str());
+    uncharge(it->second.charged);
+    m.erase(it);
   }
-  bytes = std::max(bytes, kWorkspaceBytes);
+  uint64_t charged = hooks_.charge ? hooks_.charge(bytes) : 0;  // throws over budget
   void* p = nullptr;
-  LWO_RT(cudaMalloc(&p, bytes), "compute: workspace");
-  workspaces_[stream] = Workspace{p, bytes};
+  try {
+    LWO_RT(cudaMalloc(&p, bytes), (std::string("compute: ") + what).c_str());
+  } catch (...) {
+    uncharge(charged);
+    throw;
+  }
+  m[stream] = Workspace{p, bytes, charged};
   return p;
 }
 
+void* Compute::workspace(void* stream, size_t bytes) {
+  return grow(workspaces_, stream, std::max(bytes, kWorkspaceBytes), "workspace");
+}
+
 void* Compute::weight_workspace(void* stream, size_t bytes) {
-  // As workspace(): one per stream, grown (the stream waited for) when a
-  // larger weight comes, in steps of 2 MiB.
-  auto it = weight_workspaces_.find(stream);
-  if (it != weight_workspaces_.end() && it->second.bytes >= bytes) return it->second.ptr;
-  if (it != weight_workspaces_.end()) {
-    LWO_RT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
-           "compute: growing a weight workspace");
-    LWO_RT(cudaFree(it->second.ptr), "compute: growing a weight workspace");
-    weight_workspaces_.erase(it);
-  }
-  bytes = (bytes + (size_t(2) << 20) - 1) / (size_t(2) << 20) * (size_t(2) << 20);
-  void* p = nullptr;
-  LWO_RT(cudaMalloc(&p, bytes), "compute: weight workspace");
-  weight_workspaces_[stream] = Workspace{p, bytes};
-  return p;
+  // Grown when a larger weight comes, in steps of 2 MiB.
+  const size_t step = size_t(2) << 20;
+  return grow(weight_workspaces_, stream, (bytes + step - 1) / step * step, "weight workspace");
 }
 
 const void* Compute::dequantized_weight(const Linear& l, const void* w, void* stream) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -21,6 +22,16 @@ class Compute {
   ~Compute();
   Compute(const Compute&) = delete;
   Compute& operator=(const Compute&) = delete;
+
+  // ---- device memory budget (Since 0.4.0) ----
+  // Workspaces are charged to the engine's budget through these: `charge`
+  // returns the bytes charged for one allocation of its argument (or throws
+  // LWO_ERR_OVER_BUDGET), `uncharge` gives them back. Set once, before use.
+  struct MemoryHooks {
+    std::function<uint64_t(uint64_t)> charge;
+    std::function<void(uint64_t)> uncharge;
+  };
+  void set_memory_hooks(MemoryHooks hooks) { hooks_ = std::move(hooks); }
 
   struct Linear {
     lwo_dtype_t dtype;
@@ -106,7 +117,15 @@ class Compute {
   struct Workspace {
     void* ptr;
     size_t bytes;
+    uint64_t charged = 0;  // to the engine's budget
   };
+  MemoryHooks hooks_;
+  void uncharge(uint64_t charged) noexcept {
+    if (charged && hooks_.uncharge) hooks_.uncharge(charged);
+  }
+  // The buffer of `m` for `stream`, at least `bytes`: grown (the stream
+  // waited for, the old one freed) and charged to the budget; `what` names it.
+  void* grow(std::unordered_map<void*, Workspace>& m, void* stream, size_t bytes, const char* what);
   std::unordered_map<void*, Workspace> workspaces_;  // per stream
   // Dequantized weights of quantized linears, per stream (since 0.4.0).
   std::unordered_map<void*, Workspace> weight_workspaces_;

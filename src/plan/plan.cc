@@ -149,7 +149,7 @@ void check_fits(const std::vector<LayerCost>& layers, uint64_t budget, const Pas
                 const std::vector<uint32_t>& depths) {
   const uint64_t need = smallest_ring(layers, pass, depths);
   if (!layers.empty() && need > budget)
-    fail(LWO_ERR_OUT_OF_MEMORY,
+    fail(LWO_ERR_OVER_BUDGET,
          "a budget of %llu bytes holds no plan: the smallest ring (depth %u) and gradient "
          "staging need %llu bytes",
          static_cast<unsigned long long>(budget),
@@ -197,7 +197,7 @@ Plan choose(const std::vector<LayerCost>& layers, uint64_t budget, const Link& l
       have = true;
     }
   }
-  if (!have) fail(LWO_ERR_OUT_OF_MEMORY, "no depth of those given fits the budget");
+  if (!have) fail(LWO_ERR_OVER_BUDGET, "no depth of those given fits the budget");
   return best;
 }
 

@@ -77,7 +77,7 @@ struct Plan {
 // depths given: for each depth, layers are made resident one at a time, each
 // time the one that saves the most predicted time per byte among those that
 // still fit (a greedy search, each candidate simulated), until none saves
-// time. Throws LWO_ERR_OUT_OF_MEMORY (naming the bytes needed) when not even
+// time. Throws LWO_ERR_OVER_BUDGET (naming the bytes needed) when not even
 // the smallest ring fits.
 Plan choose(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
             const Pass& pass, const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});

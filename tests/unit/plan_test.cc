@@ -116,7 +116,7 @@ TEST(Plan, ABudgetBelowTheSmallestRingIsRefusedWithTheBytesNeeded) {
     choose(layers, 150 * MB, link50(), Pass{}, {2, 4});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(e.status(), LWO_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(e.status(), LWO_ERR_OVER_BUDGET);
     EXPECT_NE(std::string(e.what()).find("200000000 bytes"), std::string::npos) << e.what();
   }
   EXPECT_THROW(predict(layers, {true, false}, 2, link50(), Pass{}), Error);

@@ -101,6 +101,19 @@ class RecordingBackend final : public Backend {
     allocs_.erase(it);
     delete[] static_cast<uint8_t*>(p);
   }
+  // Device memory (Since 0.4.0): `device_total` bytes, of which what this
+  // backend has allocated is taken.
+  uint64_t device_total = uint64_t(80) << 30;
+  uint64_t device_allocated() const {
+    uint64_t b = 0;
+    for (auto& kv : allocs_) b += kv.second;
+    return b;
+  }
+  void mem_get_info(size_t* free_bytes, size_t* total_bytes) override {
+    uint64_t used = device_allocated();
+    *free_bytes = static_cast<size_t>(device_total - std::min(used, device_total));
+    *total_bytes = static_cast<size_t>(device_total);
+  }
   void* host_alloc_pinned(size_t bytes) override {
     auto* p = new uint8_t[bytes ? bytes : 1];
     pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;

@@ -1,0 +1,279 @@
+// lwo plan (Since 0.4.0): chooses, for a device memory budget, which layers of
+// a synthetic model stay resident and the ring depth, from the link measured
+// on the device and each layer's compute, and prints the plan layer by layer
+// (resident or streamed, predicted copy and stall) with the predicted pass
+// time. The shared pieces here also serve lwo run --budget.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "testkit/checksum.h"
+#include "tools/cli.h"
+
+namespace cli {
+
+Flag budget_flag(std::string& budget) {
+  return value_flag("--budget", "B",
+                    "device memory budget: bytes (K/M/G suffixes) or a share of the model "
+                    "(\"50%\"); the planner chooses the resident layers and the depth",
+                    [&budget](const std::string& v) {
+                      if (v.empty()) throw UsageError("--budget needs a value");
+                      budget = v;
+                    });
+}
+
+uint64_t parse_budget(const std::string& text, uint64_t model_bytes) {
+  if (text.empty()) return 0;
+  if (text.back() == '%') {
+    const std::string num = text.substr(0, text.size() - 1);
+    char* end = nullptr;
+    double pct = std::strtod(num.c_str(), &end);
+    if (num.empty() || *end || !(pct > 0 && pct <= 100))
+      throw UsageError(strf("--budget %s: a share is a number in (0, 100] followed by %%",
+                            escape(text).c_str()));
+    return static_cast<uint64_t>(static_cast<double>(model_bytes) * pct / 100.0);
+  }
+  return parse_size("--budget", text, 1, UINT64_MAX);
+}
+
+PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
+                     const std::vector<double>& bwd_ms, const uint8_t* trainable,
+                     uint32_t grad_depth) {
+  PlanReport r;
+  r.fwd_ms = fwd_ms;
+  r.bwd_ms = bwd_ms;
+  lwo_plan_config c;
+  lwo_plan_config_init(&c);
+  c.flags = LWO_PLAN_CALIBRATE_LINK | (bwd_ms.empty() ? 0u : LWO_PLAN_TRAIN);
+  c.budget_bytes = budget;
+  c.fwd_ms = r.fwd_ms.data();
+  c.bwd_ms = r.bwd_ms.empty() ? nullptr : r.bwd_ms.data();
+  c.trainable = trainable;
+  c.grad_depth = grad_depth;
+  lwo_plan* plan = nullptr;
+  TK_CHECK(lwo_plan_create(pool, &c, &plan));
+  struct Guard {
+    lwo_plan* p;
+    ~Guard() { lwo_plan_destroy(p); }
+  } guard{plan};
+  r.info.size = sizeof r.info;
+  TK_CHECK(lwo_plan_get_info(plan, &r.info));
+  r.positions.resize(r.info.n_positions);
+  for (uint32_t i = 0; i < r.info.n_positions; ++i) {
+    r.positions[i].size = sizeof r.positions[i];
+    TK_CHECK(lwo_plan_get_position(plan, i, &r.positions[i]));
+  }
+  lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+  TK_CHECK(lwo_plan_ring_config(plan, &rc));
+  r.resident.assign(rc.resident_layers, rc.resident_layers + rc.n_resident);
+  return r;
+}
+
+lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags) {
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = r.info.depth;
+  c.flags = flags;
+  c.resident_layers = r.resident.empty() ? nullptr : r.resident.data();
+  c.n_resident = static_cast<uint32_t>(r.resident.size());
+  return c;
+}
+
+void print_plan(const PlanReport& r) {
+  const lwo_plan_info& i = r.info;
+  std::printf("%-10s budget %s: depth %u, %u layers resident, %s on the device\n", "plan",
+              fmt_bytes(i.budget_bytes).c_str(), i.depth, i.n_resident,
+              fmt_bytes(i.device_bytes).c_str());
+  std::printf("%-10s H2D %.2f GB/s, D2H %.2f GB/s, both at once %.2f / %.2f GB/s (measured)\n",
+              "link", i.h2d_gbps, i.d2h_gbps, i.duplex_h2d_gbps, i.duplex_d2h_gbps);
+  std::printf("%-10s %.3f ms per %s, stall %.3f ms, %s H2D%s; first-k rule %.3f ms\n",
+              "predicted", i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
+              fmt_bytes(i.h2d_bytes).c_str(),
+              i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
+  std::printf("  %-5s %-4s %-9s %10s %10s %10s %10s\n", "pos", "dir", "layer", "weights",
+              "copy ms", "start ms", "stall ms");
+  for (size_t k = 0; k < r.positions.size(); ++k) {
+    const lwo_plan_position& p = r.positions[k];
+    std::printf("  %-5zu %-4s %-9u %10s %10.3f %10.3f %10.3f\n", k, p.backward ? "bwd" : "fwd",
+                p.layer, p.resident ? "resident" : p.hit ? "hit" : "streamed", p.copy_ms,
+                p.start_ms, p.stall_ms);
+  }
+}
+
+std::string json_plan(const PlanReport& r) {
+  const lwo_plan_info& i = r.info;
+  std::string s = strf(
+      "{\"budget_bytes\": %llu, \"depth\": %u, \"n_resident\": %u, \"device_bytes\": %llu, "
+      "\"train\": %s, \"predicted_ms\": %.5f, \"predicted_stall_ms\": %.5f, \"h2d_bytes\": %llu, "
+      "\"d2h_bytes\": %llu, \"first_k_ms\": %.5f, \"link_gbps\": {\"h2d\": %.4f, \"d2h\": %.4f, "
+      "\"duplex_h2d\": %.4f, \"duplex_d2h\": %.4f}, \"resident\": [",
+      static_cast<unsigned long long>(i.budget_bytes), i.depth, i.n_resident,
+      static_cast<unsigned long long>(i.device_bytes), i.train ? "true" : "false",
+      i.predicted_ms, i.predicted_stall_ms, static_cast<unsigned long long>(i.h2d_bytes),
+      static_cast<unsigned long long>(i.d2h_bytes), i.first_k_ms, i.h2d_gbps, i.d2h_gbps,
+      i.duplex_h2d_gbps, i.duplex_d2h_gbps);
+  for (size_t k = 0; k < r.resident.size(); ++k) s += strf("%s%u", k ? ", " : "", r.resident[k]);
+  s += "], \"positions\": [";
+  for (size_t k = 0; k < r.positions.size(); ++k) {
+    const lwo_plan_position& p = r.positions[k];
+    s += strf("%s{\"layer\": %u, \"backward\": %s, \"weights\": \"%s\", \"copy_ms\": %.5f, "
+              "\"start_ms\": %.5f, \"stall_ms\": %.5f}",
+              k ? ", " : "", p.layer, p.backward ? "true" : "false",
+              p.resident ? "resident" : p.hit ? "hit" : "streamed", p.copy_ms, p.start_ms,
+              p.stall_ms);
+  }
+  return s + "]}";
+}
+
+double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) {
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = 1;
+  Ring ring;
+  TK_CHECK(lwo_ring_create(pool, &c, ring.out()));
+  lwo_ticket t{0};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  TK_CHECK(lwo_ring_stage(ring.get(), layer, &t));
+  TK_CHECK(lwo_ring_acquire(ring.get(), t, stream, &v));
+  DeviceMem sum = device_alloc(sizeof(unsigned long long));
+  Event a = make_event(), b = make_event();
+  std::vector<double> ms;
+  for (int rep = 0; rep < 6; ++rep) {
+    TK_CHECK(cudaEventRecord(a.get(), stream));
+    TK_CHECK(lwo::kernels::checksum_async(v.base, v.record_bytes,
+                                          static_cast<unsigned long long*>(sum.get()), stream));
+    TK_CHECK(cudaEventRecord(b.get(), stream));
+    TK_CHECK(cudaEventSynchronize(b.get()));
+    if (rep) ms.push_back(elapsed_ms(a, b));
+  }
+  TK_CHECK(lwo_ring_release(ring.get(), t, stream));
+  TK_CHECK(cudaStreamSynchronize(stream));
+  return median(ms);
+}
+
+namespace {
+
+struct Options {
+  int device = 0;
+  uint32_t layers = 32;
+  int64_t rows = 8192, cols = 8192;
+  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+  std::string budget = "50%";
+  std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
+  bool train = false;
+  uint32_t grad_depth = 2;
+  std::string json;
+};
+
+double parse_ms(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(d >= 0))
+    throw UsageError(strf("%s %s is not a time in ms >= 0", flag.c_str(), escape(v).c_str()));
+  return d;
+}
+
+std::vector<Flag> make_flags(Options& o) {
+  return {
+      layers_flag(o.layers),
+      rows_flag(o.rows),
+      cols_flag(o.cols),
+      dtype_flag(o.dtype, all_dtypes()),
+      budget_flag(o.budget),
+      value_flag("--fwd-ms", "MS",
+                 "forward compute per layer, ms (default: the checksum consumer's, measured)",
+                 [&o](const std::string& v) { o.fwd_ms = v; }),
+      value_flag("--bwd-ms", "MS",
+                 "backward compute per layer of a step, ms (default: twice the forward's)",
+                 [&o](const std::string& v) { o.bwd_ms = v; }),
+      switch_flag("--train", "plan a training step (every layer trainable)",
+                  [&o] { o.train = true; }),
+      grad_depth_flag(o.grad_depth),
+      device_flag(o.device),
+      json_flag(o.json),
+      quiet_flag(),
+  };
+}
+
+std::vector<Flag> help_flags() {
+  static Options o;
+  return make_flags(o);
+}
+
+int cmd_plan(int argc, char** argv);
+
+}  // namespace
+
+const Command kPlanCommand = {
+    "plan",
+    "",
+    "choose resident layers and the ring depth for a device memory budget",
+    "Makes the synthetic model of lwo run (every layer one tensor \"weight\" [rows x\n"
+    "cols] in a pinned pool), measures the link on the device (H2D, D2H, both at\n"
+    "once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the\n"
+    "plan lwo_plan_create chooses for --budget: per position resident or streamed,\n"
+    "the predicted copy, start and stall, and the predicted pass (or step) time\n"
+    "against the rule \"the first k layers resident\". lwo run --budget applies it.\n",
+    help_flags,
+    cmd_plan,
+};
+
+namespace {
+
+int cmd_plan(int argc, char** argv) {
+  Options o;
+  if (!parse_flags(argc, argv, make_flags(o))) {
+    print_command_help(kPlanCommand, stdout);
+    return 0;
+  }
+  lwo_tensor_desc tensor{};
+  tensor.name = "weight";
+  tensor.dtype = o.dtype;
+  tensor.n_dims = 2;
+  tensor.shape[0] = o.rows;
+  tensor.shape[1] = o.cols;
+  const lwo_layer_desc layer{&tensor, 1, nullptr};
+  uint64_t record = 0;
+  if (lwo_record_layout(&layer, nullptr, &record) != LWO_OK)
+    throw UsageError(lwo_last_error_message());
+  const uint64_t model = record * o.layers;
+  const uint64_t budget = parse_budget(o.budget, model);
+  Device dev;
+  open_device(o.device, dev);
+  JsonFile json;
+  if (!o.json.empty()) json.open(o.json);
+  Pool pool;
+  std::vector<lwo_layer_desc> layers(o.layers, layer);
+  TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
+  Stream s = make_stream();
+  const double f = o.fwd_ms.empty() ? measure_checksum_ms(pool.get(), 0, s.get())
+                                    : parse_ms("--fwd-ms", o.fwd_ms);
+  std::vector<double> fwd(o.layers, f), bwd;
+  if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));
+  progress("lwo plan: %u layers of %s, budget %s, compute %.4f ms per layer", o.layers,
+           fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
+  PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth);
+  std::printf("lwo plan, %s\n", describe(dev).c_str());
+  std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
+              o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+              lwo_dtype_name(o.dtype), fmt_bytes(record).c_str(), fmt_bytes(model).c_str());
+  std::printf("%-10s forward %.4f ms per layer%s\n", "compute", f,
+              o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
+  print_plan(r);
+  if (json.is_open()) {
+    std::fprintf(json.get(),
+                 "{\n  \"tool\": \"lwo\",\n  \"command\": \"plan\",\n  \"version\": \"%s\",\n"
+                 "  \"device\": %s,\n  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": "
+                 "%lld, \"dtype\": \"%s\", \"budget\": %s, \"train\": %s},\n  \"plan\": %s\n}\n",
+                 version_text().c_str(), json_device(dev).c_str(), o.layers,
+                 static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+                 lwo_dtype_name(o.dtype), json_string(o.budget).c_str(),
+                 o.train ? "true" : "false", json_plan(r).c_str());
+    json.commit();
+  }
+  s.destroy();
+  pool.destroy();
+  dev.engine.destroy();
+  return 0;
+}
+
+}  // namespace
+}  // namespace cli
