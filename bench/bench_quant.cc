@@ -1,18 +1,24 @@
 // bench_quant: quantized weights on the bus (issue 15). In ONE run, for the
-// frozen 32 x Linear(8192x8192) model and the 144-linear model (24 blocks of
-// 4 x Linear(2048x2048), Linear(2048->8192), Linear(8192->2048); one record
-// per linear), each a chain x_{i+1} = y_i in bf16 without bias:
+// frozen 32 x Linear(8192x8192) model (one record per linear) and the
+// 144-linear model (24 blocks of 4 x Linear(2048x2048), Linear(2048->8192),
+// Linear(8192->2048)), each a chain x_{i+1} = y_i in bf16 without bias. The
+// 144-linear model is measured as the project measures it elsewhere
+// (bench_workloads m144/block_records): m144/block_records, one record per
+// block of 6 tensors (24 records); m144/linear_records (one record per
+// linear, 144 small copies) runs the speed cases in bf16 and int4 only, for
+// comparison (the copy-size effect is largest at int4's smallest records).
 //
 //   quant/<model>/<fwd|fwd_bwd_data>/T:1024/depth:2
 //       the weights streamed from a pinned pool through a ring (lwo_schedule
-//       over [0..R-1], or [0..R-1, R-1..0] with backward-data dx = dy W on
-//       the way back, no weight gradients), in bf16 and in each quantized
+//       over the R records [0..R-1], or [0..R-1, R-1..0] with backward-data
+//       dx = dy W on the way back, no weight gradients), in bf16 and in each quantized
 //       format (quantized on load with lwo_pool_write_quantized; each
 //       lwo_linear_forward / _backward dequantizes its slot into the
 //       stream's weight workspace and runs the GEMM). Counters per format F:
 //       F_ms (median pass), F_h2d_bytes (moved per pass, lwo_ring_get_stats),
 //       F_speedup = bf16_ms / F_ms (throughput against bf16 in the same
-//       run), F_target (1.9 for fp8 and int8, 3.5 for int4) and F_met.
+//       run), F_target (1.9 for fp8 and int8, 3.5 for int4), F_met,
+//       F_GBps (h2d bytes / pass time); records, tensors_per_record.
 //   quant/<model>/dequant_share/T:16384
 //       compute-bound: per format, the resident step (forward +
 //       backward-data) on quantized device copies (dequantized in each call)
@@ -46,7 +52,15 @@ struct Op {
 };
 struct QModel {
   std::string name;
-  std::vector<Op> ops;  // one record each
+  std::vector<Op> ops;
+  uint32_t per_record = 1;  // ops per record: op i is tensor i % per_record of record i / per_record
+  bool share = true;        // runs the dequant_share case
+  bool all_formats = true;  // else bf16 and int4 only
+  uint32_t records() const { return static_cast<uint32_t>(ops.size() / per_record); }
+  // The name of op i's tensor in its record.
+  std::string tensor(size_t i) const {
+    return per_record == 1 ? std::string("weight") : "weight" + std::to_string(i % per_record);
+  }
   int64_t max_dim() const {
     int64_t m = 0;
     for (const Op& o : ops) m = std::max({m, o.in, o.out});
@@ -60,14 +74,16 @@ QModel linear8192x32() {
   m.ops.assign(32, {8192, 8192});
   return m;
 }
-QModel m144() {
+QModel m144(bool block_records) {
   QModel m;
-  m.name = "m144";
+  m.name = block_records ? "m144/block_records" : "m144/linear_records";
   for (int b = 0; b < 24; ++b) {
     for (int k = 0; k < 4; ++k) m.ops.push_back({2048, 2048});
     m.ops.push_back({2048, 8192});
     m.ops.push_back({8192, 2048});
   }
+  m.per_record = block_records ? 6 : 1;
+  m.share = m.all_formats = block_records;
   return m;
 }
 
@@ -110,46 +126,55 @@ QPool& pool_of(const QModel& m, const Format& fmt) {
   const std::string key = m.name + "/" + fmt.name;
   auto it = g_pools.find(key);
   if (it != g_pools.end()) return *it->second;
-  const uint32_t R = static_cast<uint32_t>(m.ops.size());
+  // The cases run model by model: another model's pools are done with.
+  for (auto p = g_pools.begin(); p != g_pools.end();)
+    p = p->first.compare(0, m.name.size() + 1, m.name + "/") == 0 ? std::next(p) : g_pools.erase(p);
+  const size_t n_ops = m.ops.size();
+  const uint32_t R = m.records(), P = m.per_record;
   lwo_tensor_quant_ext q{};
   q.header.type = LWO_EXT_TENSOR_QUANT;
   q.format = fmt.f;
-  std::vector<lwo_tensor_desc> t(R);
+  std::vector<std::string> names(n_ops);
+  std::vector<lwo_tensor_desc> t(n_ops);
   std::vector<lwo_layer_desc> layers(R);
-  for (uint32_t l = 0; l < R; ++l) {
-    t[l].name = "weight";
-    t[l].dtype = LWO_DTYPE_BF16;
-    t[l].n_dims = 2;
-    t[l].shape[0] = m.ops[l].out;
-    t[l].shape[1] = m.ops[l].in;
-    t[l].next = fmt.f == LWO_QUANT_NONE ? nullptr : &q;
-    layers[l] = lwo_layer_desc{&t[l], 1, nullptr};
+  for (size_t i = 0; i < n_ops; ++i) {
+    names[i] = m.tensor(i);
+    t[i].name = names[i].c_str();
+    t[i].dtype = LWO_DTYPE_BF16;
+    t[i].n_dims = 2;
+    t[i].shape[0] = m.ops[i].out;
+    t[i].shape[1] = m.ops[i].in;
+    t[i].next = fmt.f == LWO_QUANT_NONE ? nullptr : &q;
   }
+  for (uint32_t l = 0; l < R; ++l) layers[l] = lwo_layer_desc{&t[size_t(l) * P], P, nullptr};
   auto p = std::make_unique<QPool>();
   check(lwo_pool_create_pinned(engine(), layers.data(), R, nullptr, p->pool.out()),
         "lwo_pool_create_pinned");
-  // The first layer of each shape from its bf16 source (quantized on load),
+  // The first op of each shape from its bf16 source (quantized on load),
   // the others copied from it.
-  std::map<std::pair<int64_t, int64_t>, uint32_t> first;
-  for (uint32_t l = 0; l < R; ++l) {
-    const Op& op = m.ops[l];
+  std::map<std::pair<int64_t, int64_t>, size_t> first;
+  for (size_t i = 0; i < n_ops; ++i) {
+    const Op& op = m.ops[i];
+    const uint32_t l = static_cast<uint32_t>(i / P);
     auto f = first.find({op.in, op.out});
     if (f == first.end()) {
       const std::vector<uint16_t> src = source_weights(op);
       if (fmt.f == LWO_QUANT_NONE)
-        check(lwo_pool_write(p->pool.get(), l, "weight", src.data(), src.size() * 2),
+        check(lwo_pool_write(p->pool.get(), l, names[i].c_str(), src.data(), src.size() * 2),
               "lwo_pool_write");
       else
-        check(lwo_pool_write_quantized(p->pool.get(), l, "weight", src.data(), LWO_DTYPE_BF16,
-                                       src.size() * 2, 0),
+        check(lwo_pool_write_quantized(p->pool.get(), l, names[i].c_str(), src.data(),
+                                       LWO_DTYPE_BF16, src.size() * 2, 0),
               "lwo_pool_write_quantized");
-      first[{op.in, op.out}] = l;
+      first[{op.in, op.out}] = i;
       continue;
     }
     void* h = nullptr;
     uint64_t b = 0;
-    check(lwo_pool_tensor_host(p->pool.get(), f->second, "weight", &h, &b), "lwo_pool_tensor_host");
-    check(lwo_pool_write(p->pool.get(), l, "weight", h, b), "lwo_pool_write");
+    check(lwo_pool_tensor_host(p->pool.get(), static_cast<uint32_t>(f->second / P),
+                               names[f->second].c_str(), &h, &b),
+          "lwo_pool_tensor_host");
+    check(lwo_pool_write(p->pool.get(), l, names[i].c_str(), h, b), "lwo_pool_write");
   }
   lwo_pool_info info = LWO_POOL_INFO_INIT;
   check(lwo_pool_get_info(p->pool.get(), &info), "lwo_pool_get_info");
@@ -187,8 +212,8 @@ struct Acts {
   }
 };
 
-// One pass; `weight(i)` gives layer i's weight pointer (streamed: from the
-// schedule). Returns the buffer holding the last result.
+// One pass; `weight(i, bwd)` gives op i's weight pointer (streamed: from the
+// schedule, which gives a record at its first op in the pass's direction). Returns the buffer holding the last result.
 template <class W>
 void* chain_pass(const QModel& m, lwo_quant_format_t f, int64_t T, bool bwd, Acts& acts,
                  cudaStream_t st, W&& weight) {
@@ -224,12 +249,12 @@ struct Streamed {
 
 Streamed streamed(const QModel& m, const Format& fmt, int64_t T, bool bwd, uint32_t depth,
                   Acts& acts, cudaStream_t st) {
-  QPool& P = pool_of(m, fmt);
+  QPool& qp = pool_of(m, fmt);
   lwo_ring_config rc = LWO_RING_CONFIG_INIT;
   rc.depth = depth;
   Ring ring;
-  check(lwo_ring_create(P.pool.get(), &rc, ring.out()), "lwo_ring_create");
-  const uint32_t R = static_cast<uint32_t>(m.ops.size());
+  check(lwo_ring_create(qp.pool.get(), &rc, ring.out()), "lwo_ring_create");
+  const uint32_t R = m.records(), P = m.per_record;
   std::vector<uint32_t> order;
   for (uint32_t l = 0; l < R; ++l) order.push_back(l);
   if (bwd)
@@ -238,11 +263,17 @@ Streamed streamed(const QModel& m, const Format& fmt, int64_t T, bool bwd, uint3
   check(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
                             sched.out()),
         "lwo_schedule_create");
-  auto weight = [&](size_t i, bool) -> const void* {
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    check(lwo_schedule_next(sched.get(), st, &v), "lwo_schedule_next");
-    if (v.layer != i) fail(strf("schedule gave layer %u, expected %zu", v.layer, i));
-    return v.tensors[0];
+  // The record's view, taken at its first op in the pass's direction (op
+  // i % P == 0 forward, P - 1 backward) and used for its other ops.
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  auto weight = [&](size_t i, bool bwd_op) -> const void* {
+    if (i % P == (bwd_op ? P - 1 : 0)) {
+      v = LWO_LAYER_VIEW_INIT;
+      check(lwo_schedule_next(sched.get(), st, &v), "lwo_schedule_next");
+      if (v.layer != i / P) fail(strf("schedule gave layer %u, expected %zu", v.layer, i / P));
+      if (v.n_tensors != P) fail(strf("layer %u has %u tensors, expected %u", v.layer, v.n_tensors, P));
+    }
+    return v.tensors[i % P];
   };
   std::vector<double> ms;
   Streamed out;
@@ -253,8 +284,8 @@ Streamed streamed(const QModel& m, const Format& fmt, int64_t T, bool bwd, uint3
     const double t0 = now_seconds();
     check(lwo_schedule_reset(sched.get(), st), "lwo_schedule_reset");
     out.last = chain_pass(m, fmt.f, T, bwd, acts, st, weight);
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    if (lwo_schedule_next(sched.get(), st, &v) != LWO_END) fail("the schedule did not end");
+    lwo_layer_view end = LWO_LAYER_VIEW_INIT;
+    if (lwo_schedule_next(sched.get(), st, &end) != LWO_END) fail("the schedule did not end");
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     if (it >= g_warmup) ms.push_back((now_seconds() - t0) * 1e3);
   }
@@ -275,6 +306,7 @@ void bm_speed(benchmark::State& state, const QModel& m, bool bwd) {
     double bf16_ms = 0, total = 0;
     for (auto _ : state) {
       for (const Format& fmt : formats()) {
+        if (!m.all_formats && fmt.f != LWO_QUANT_NONE && fmt.f != LWO_QUANT_INT4_GROUP128) continue;
         const Streamed s = streamed(m, fmt, T, bwd, depth, acts, stream.get());
         total += s.median_ms;
         const std::string n = fmt.name;
@@ -294,7 +326,8 @@ void bm_speed(benchmark::State& state, const QModel& m, bool bwd) {
       state.SetIterationTime(total / 1e3);
     }
     c["h2d_peak_GBps"] = peaks().h2d_gbps;
-    c["records"] = static_cast<double>(m.ops.size());
+    c["records"] = static_cast<double>(m.records());
+    c["tensors_per_record"] = static_cast<double>(m.per_record);
     c["depth"] = depth;
     c["T"] = static_cast<double>(T);
   });
@@ -308,13 +341,15 @@ struct Resident {
 Resident make_resident(const QModel& m, const Format& fmt, cudaStream_t st) {
   QPool& P = pool_of(m, fmt);
   Resident r;
-  for (uint32_t l = 0; l < m.ops.size(); ++l) {
+  for (size_t i = 0; i < m.ops.size(); ++i) {
     void* h = nullptr;
     uint64_t b = 0;
-    check(lwo_pool_tensor_host(P.pool.get(), l, "weight", &h, &b), "lwo_pool_tensor_host");
+    check(lwo_pool_tensor_host(P.pool.get(), static_cast<uint32_t>(i / m.per_record),
+                               m.tensor(i).c_str(), &h, &b),
+          "lwo_pool_tensor_host");
     r.q.push_back(device_alloc(b, "resident quantized weight"));
     check(cudaMemcpy(r.q.back().get(), h, b, cudaMemcpyHostToDevice), "cudaMemcpy");
-    const Op& op = m.ops[l];
+    const Op& op = m.ops[i];
     r.dense.push_back(device_alloc(static_cast<size_t>(op.in * op.out) * 2, "dequantized weight"));
     lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
     qd.format = fmt.f;
@@ -385,7 +420,7 @@ void bm_share(benchmark::State& state, const QModel& m) {
 }
 
 void register_benchmarks() {
-  static const std::vector<QModel> all = {linear8192x32(), m144()};
+  static const std::vector<QModel> all = {linear8192x32(), m144(true), m144(false)};
   for (const QModel& m : all) {
     for (bool bwd : {false, true}) {
       const std::string name = "quant/" + m.name + (bwd ? "/fwd_bwd_data" : "/fwd");
@@ -397,6 +432,7 @@ void register_benchmarks() {
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
     }
+    if (!m.share) continue;
     const std::string name = "quant/" + m.name + "/dequant_share";
     benchmark::RegisterBenchmark(name.c_str(), [&m](benchmark::State& st) { bm_share(st, m); })
         ->Args({16384})

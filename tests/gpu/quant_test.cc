@@ -2,8 +2,10 @@
 // reference lwo_dequantize_host bit for bit for every format and output
 // dtype, on fresh random data (weights quantized by lwo_quantize, and raw
 // random codes with random scales, NaN codes included), on shapes that are
-// not multiples of the vector width, on unaligned buffers (the scalar path),
-// ordered after a copy on the same stream, and straight from a ring slot.
+// not multiples of the vector widths, through each of the kernel's three
+// paths (wide: 16 bytes of codes per step, with 1 or 4 vectors per thread
+// step; vec8; scalar, picked by shape and alignment), ordered after a copy
+// on the same stream, and straight from a ring slot.
 #include "gpu_util.h"
 #include "testkit/dtype.h"
 #include "testkit/spin.h"
@@ -37,10 +39,13 @@ lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dty
   return d;
 }
 
-// The shapes of a format: vector width 8 and not, edge blocks, one element.
+// The shapes of a format: one element, cols not a multiple of 8 (scalar
+// path), of 8 but not 16 (vec8: 200, 1000), of 16 but not 128 (wide, with
+// partial fp8 blocks: 400), of 128 (wide), partial blocks in both
+// dimensions. int4 cols are multiples of 128, so always wide where aligned.
 std::vector<std::pair<int64_t, int64_t>> shapes(lwo_quant_format_t f) {
   if (f == LWO_QUANT_INT4_GROUP128) return {{1, 128}, {5, 384}, {130, 256}, {257, 1024}};
-  return {{1, 1}, {3, 7}, {129, 257}, {130, 200}, {256, 1024}, {300, 1000}};
+  return {{1, 1}, {3, 7}, {129, 257}, {130, 200}, {130, 400}, {256, 1024}, {300, 1000}};
 }
 
 // A quantized tensor on the host: lwo_quantize of random bf16 weights (a few
@@ -51,7 +56,10 @@ std::vector<uint8_t> make_quantized(const lwo_quant_desc& d, bool raw, std::mt19
   EXPECT_EQ(LWO_OK, lwo_quant_layout(&d, info)) << lwo_last_error_message();
   std::vector<uint8_t> q(info->total_bytes, 0);
   if (raw) {
-    for (uint64_t i = 0; i < info->data_bytes; ++i) q[i] = static_cast<uint8_t>(rng() >> 13);
+    for (uint64_t i = 0; i < info->data_bytes; i += 8) {  // 8 random bytes per draw
+      const uint64_t x = rng();
+      std::memcpy(&q[i], &x, std::min<uint64_t>(8, info->data_bytes - i));
+    }
     std::uniform_real_distribution<float> s(1e-4f, 2.0f);
     for (int64_t i = 0; i < info->scale_rows * info->scale_cols; ++i) {
       const float v = s(rng);
@@ -134,14 +142,43 @@ TEST_F(Quant, DeviceEqualsHostForEveryFormatDtypeAndShape) {
           std::vector<uint8_t> q = make_quantized(d, raw, rng, &info);
           std::vector<uint8_t> want = reference(d, q);
           ASSERT_EQ("", first_difference(on_device(d, q, 0, 0), want, lwo_dtype_size(dt)))
-              << "aligned (vector path where cols % 8 == 0)";
+              << "aligned (wide path where cols % 16 (int4: 32) == 0, else vec8 where cols % 8 "
+                 "== 0, else scalar)";
+          // src 8 bytes past 16-byte alignment: not wide; vec8 where cols % 8 == 0.
+          ASSERT_EQ("", first_difference(on_device(d, q, 8, 0), want, lwo_dtype_size(dt)))
+              << "src at +8 bytes (vec8 path where cols % 8 == 0, else scalar)";
           // Unaligned: src at +1 byte, dst at one element past 16-byte alignment.
           ASSERT_EQ("", first_difference(on_device(d, q, 1, lwo_dtype_size(dt)), want,
                                          lwo_dtype_size(dt)))
               << "unaligned (scalar path)";
           ++checked;
         }
-  EXPECT_EQ(checked, 2 * 3 * (6 * 3 + 4));
+  EXPECT_EQ(checked, 2 * 3 * (7 * 3 + 4));
+}
+
+TEST_F(Quant, LargeTensorsEqualHostOnEveryPath) {
+  // 4096 x 8192 (32 Mi elements): 2 Mi wide vectors of fp8 / int8, 1 Mi of
+  // int4, so the wide path takes 4 vectors per thread step (1 Mi and up) and
+  // a grid-stride loop; raw random codes (every e4m3 code, NaNs included,
+  // through the hardware decode) and random scales; also through vec8 (src
+  // at +8 bytes) and the scalar path (src at +1 byte).
+  std::mt19937_64 rng(fresh_seed() + 4);
+  const int64_t rows = 4096, cols = 8192;
+  for (lwo_quant_format_t f : kFormats)
+    for (lwo_dtype_t dt : kOut) {
+      lwo_quant_desc d = desc_of(f, rows, cols, dt);
+      SCOPED_TRACE(std::string(lwo_quant_format_name(f)) + " 4096x8192 -> " + lwo_dtype_name(dt));
+      lwo_quant_layout_info info;
+      std::vector<uint8_t> q = make_quantized(d, true, rng, &info);
+      std::vector<uint8_t> want = reference(d, q);
+      ASSERT_EQ("", first_difference(on_device(d, q, 0, 0), want, lwo_dtype_size(dt)))
+          << "aligned (wide path, 4 vectors per step)";
+      ASSERT_EQ("", first_difference(on_device(d, q, 8, 0), want, lwo_dtype_size(dt)))
+          << "src at +8 bytes (vec8 path)";
+      if (dt == LWO_DTYPE_BF16)
+        ASSERT_EQ("", first_difference(on_device(d, q, 1, 2), want, 2))
+            << "src at +1 byte (scalar path)";
+    }
 }
 
 TEST_F(Quant, OrderedAfterACopyOnTheSameStream) {
