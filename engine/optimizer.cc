@@ -216,7 +216,17 @@ void Optimizer::dispatch() {
 }
 
 void Optimizer::publish_next(Layer& l) {
-  for (Tensor& t : l.tensors) std::memcpy(t.weights, t.next, t.n * dtype_size(t.weight_dtype));
+  // On the optimizer's threads, each copying the part it updates (the same
+  // partition, so the same NUMA node): one thread moved about 5-10 GB/s,
+  // and a delayed step of 32 x 128 MiB spent most of its time here.
+  for (Tensor& t : l.tensors) {
+    const size_t es = dtype_size(t.weight_dtype);
+    auto* dst = static_cast<uint8_t*>(t.weights);
+    const auto* src = static_cast<const uint8_t*>(t.next);
+    workers_.run(t.n, optim::kAlign, optim::kMinPart, [&](uint64_t b, uint64_t e) {
+      std::memcpy(dst + b * es, src + b * es, (e - b) * es);
+    });
+  }
   l.dirty = false;
 }
 
