@@ -266,6 +266,10 @@ struct Results {
   uint64_t add_alone_bytes = 0;
   double target = 0;
   std::string check;
+  // Since 0.4.0: with --optimizer, what optimizer_steps measured.
+  bool optimized = false;
+  uint64_t opt_params = 0;  // updated per step
+  double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
   // Since 0.4.0: with --budget, the planned ring's steps in the same run.
   bool planned = false;
   PlanReport plan;
@@ -627,6 +631,20 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                  r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
                  json_string(r.plan_check).c_str());
   }
+  if (r.optimized) {  // Since 0.4.0: --optimizer
+    std::fprintf(j,
+                 "  \"optimizer\": {\"kind\": %s, \"state_dtype\": \"%s\", \"max_norm\": %g, "
+                 "\"delayed\": %s, \"params_per_step\": %llu, \"update_alone_ms\": %.4f, "
+                 "\"params_per_s\": %.6g, \"full_step_ms\": %.4f, \"gpu_step_ms\": %.4f, "
+                 "\"overlap\": %.5f, \"ratio_to_bound\": %.5f, \"target\": 1.1, \"met\": %s, "
+                 "\"tail_ms\": %.4f},\n",
+                 json_string(o.optimizer).c_str(), lwo_dtype_name(o.optim_state), o.max_norm,
+                 o.delayed ? "true" : "false", static_cast<unsigned long long>(r.opt_params),
+                 r.opt_alone_ms,
+                 r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0,
+                 r.opt_full_ms, r.median_ms, r.opt_overlap, r.opt_ratio,
+                 r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms);
+  }
   std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
 }
 
@@ -672,7 +690,7 @@ lwo_optim_stats optim_stats(lwo_optim* optim) {
   return st;
 }
 
-void optimizer_steps(const Options& o, const Results& r, lwo_grads* grads,
+void optimizer_steps(const Options& o, Results& r, lwo_grads* grads,
                      const std::function<testkit::StepStats()>& plain_step,
                      testkit::StepOptions& step_options) {
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
@@ -742,6 +760,13 @@ void optimizer_steps(const Options& o, const Results& r, lwo_grads* grads,
                                ? std::max(0.0, gpu + alone - full) / std::min(gpu, alone)
                                : 0;
     phase.done("median %.3f ms a step", full);
+    r.optimized = true;
+    r.opt_params = n_params;
+    r.opt_alone_ms = alone;
+    r.opt_full_ms = full;
+    r.opt_tail_ms = median(tail_ms);
+    r.opt_overlap = overlap;
+    r.opt_ratio = full / bound;
     std::printf("optimizer  %s (%s state%s): GPU step %.3f ms, update alone %.3f ms "
                 "(%.3f G params/s), full step %.3f ms; overlap %.0f%% of the shorter; "
                 "%.3f x max(GPU step, update alone) (target <= 1.1): %s; update tail after "
