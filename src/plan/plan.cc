@@ -352,5 +352,27 @@ Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& re
   return best;
 }
 
+Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget,
+                        const Link& link, const Pass& pass, const std::vector<uint32_t>& depths) {
+  const Plan a = choose(layers, budget, link, pass, depths);
+  Grouping best = group(layers, a.resident, budget, link, pass, depths);
+  // group() starts from `a` itself (its depth is among those it tries).
+  try {
+    const Grouping g0 =
+        group(layers, std::vector<bool>(layers.size(), false), budget, link, pass, depths);
+    const Plan b = choose(grouped_costs(layers, g0.groups), budget, link, pass, depths);
+    if (b.prediction.ms < best.prediction.ms - 1e-9) {
+      best.groups = g0.groups;
+      for (size_t i = 0; i < best.groups.size(); ++i) best.groups[i].resident = b.resident[i];
+      best.depth = b.depth;
+      best.device_bytes = b.device_bytes;
+      best.prediction = b.prediction;
+    }
+  } catch (const Error&) {
+    // no grouping of the whole model fits: the first order stands
+  }
+  return best;
+}
+
 }  // namespace plan
 }  // namespace lwo

@@ -142,5 +142,15 @@ Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& re
                uint64_t budget_bytes, const Link& link, const Pass& pass,
                const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
 
+// Resident layers, depth and groups together, the better of two orders:
+// residents chosen first (choose()) and the streamed layers then grouped
+// (group()); or the layers grouped first with none resident and the resident
+// records then chosen among the groups (choose() over grouped_costs; a
+// resident group may then hold several layers). Never predicted slower than
+// choose() alone. Throws as choose().
+Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget_bytes,
+                        const Link& link, const Pass& pass,
+                        const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
+
 }  // namespace plan
 }  // namespace lwo

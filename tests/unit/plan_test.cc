@@ -379,6 +379,44 @@ TEST(PlanGroup, SmallRecordsWithOverheadAreGroupedWithinTheBudget) {
   EXPECT_EQ(covered(tight.groups), L);
 }
 
+// Residents and groups together: never slower than choose() alone, within
+// the budget, the groups covering the layers.
+TEST(PlanGroup, ChooseGroupedIsNeverSlowerThanChoose) {
+  std::mt19937_64 rng(16004);
+  std::uniform_int_distribution<uint64_t> mb(1, 30);
+  std::uniform_real_distribution<double> ms(0.0, 0.3), ov(0.0, 0.2), share(0.0, 1.0), u(0, 1);
+  for (int trial = 0; trial < 60; ++trial) {
+    const uint32_t L = 4 + trial % 12;
+    std::vector<LayerCost> layers(L);
+    Pass pass;
+    pass.backward = trial % 3 == 2;
+    for (LayerCost& c : layers) {
+      c.bytes = mb(rng) * MB;
+      c.fwd_ms = ms(rng);
+      if (pass.backward) {
+        c.bwd_ms = 2 * ms(rng);
+        c.grad_bytes = c.bytes;
+      }
+    }
+    Link k = link50();
+    k.copy_overhead_ms = ov(rng);
+    uint64_t total = 0;
+    for (const LayerCost& c : layers) total += c.bytes;
+    const uint64_t budget = device_bytes(layers, std::vector<bool>(L, false), 1, pass) +
+                            static_cast<uint64_t>(share(rng) * static_cast<double>(total));
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Plan p = choose(layers, budget, k, pass);
+    const Grouping g = choose_grouped(layers, budget, k, pass);
+    EXPECT_LE(g.prediction.ms, p.prediction.ms + 1e-9);
+    EXPECT_EQ(covered(g.groups), L);
+    const auto c = grouped_costs(layers, g.groups);
+    const auto r = grouped_resident(g.groups);
+    EXPECT_LE(g.device_bytes, budget);
+    EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
+    EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
+  }
+}
+
 TEST(PlanGroup, ValidationErrors) {
   auto status = [](auto&& f) {
     try {
