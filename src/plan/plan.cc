@@ -357,19 +357,35 @@ Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget,
   const Plan a = choose(layers, budget, link, pass, depths);
   Grouping best = group(layers, a.resident, budget, link, pass, depths);
   // group() starts from `a` itself (its depth is among those it tries).
+  // Groups first: the whole model cut into records of k layers (k = 2..16),
+  // and the greedy grouping with none resident; residents then chosen among
+  // the records.
+  std::vector<std::vector<Group>> cuts;
+  const uint32_t L = static_cast<uint32_t>(layers.size());
+  for (uint32_t k = 2; k <= std::min<uint32_t>(L, 16); ++k) {
+    std::vector<Group> gs;
+    for (uint32_t l = 0; l < L; l += k) gs.push_back(Group{l, std::min(k, L - l), false});
+    cuts.push_back(std::move(gs));
+  }
   try {
-    const Grouping g0 =
-        group(layers, std::vector<bool>(layers.size(), false), budget, link, pass, depths);
-    const Plan b = choose(grouped_costs(layers, g0.groups), budget, link, pass, depths);
+    cuts.push_back(
+        group(layers, std::vector<bool>(layers.size(), false), budget, link, pass, depths).groups);
+  } catch (const Error&) {
+  }
+  for (const std::vector<Group>& gs : cuts) {
+    Plan b;
+    try {
+      b = choose(grouped_costs(layers, gs), budget, link, pass, depths);
+    } catch (const Error&) {
+      continue;  // its slots do not fit
+    }
     if (b.prediction.ms < best.prediction.ms - 1e-9) {
-      best.groups = g0.groups;
+      best.groups = gs;
       for (size_t i = 0; i < best.groups.size(); ++i) best.groups[i].resident = b.resident[i];
       best.depth = b.depth;
       best.device_bytes = b.device_bytes;
       best.prediction = b.prediction;
     }
-  } catch (const Error&) {
-    // no grouping of the whole model fits: the first order stands
   }
   return best;
 }

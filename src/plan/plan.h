@@ -144,7 +144,8 @@ Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& re
 
 // Resident layers, depth and groups together, the better of two orders:
 // residents chosen first (choose()) and the streamed layers then grouped
-// (group()); or the layers grouped first with none resident and the resident
+// (group()); or the layers grouped first (the whole model cut into records
+// of k = 2..16 layers, or group() with none resident) and the resident
 // records then chosen among the groups (choose() over grouped_costs; a
 // resident group may then hold several layers). Never predicted slower than
 // choose() alone. Throws as choose().
