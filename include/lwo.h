@@ -868,6 +868,15 @@ typedef struct lwo_plan lwo_plan;
  * and both at once, with pinned buffers of calibrate_bytes on the engine's
  * streams; it blocks for the copies) instead of taking the rates below. */
 #define LWO_PLAN_CALIBRATE_LINK 0x2u
+/* Also choose how to group the streamed layers: runs of consecutive streamed
+ * layers to store as one record each, so that fewer copies pay the per-copy
+ * overhead (copy_overhead_ms) within the budget (a grouped record needs a
+ * slot as large as itself). The plan only recommends groups: the caller
+ * builds a pool with one record per group (lwo_plan_get_group) to use them.
+ * With LWO_PLAN_CALIBRATE_LINK the overhead is measured too: a second
+ * host-to-device calibration at calibrate_bytes / 64 (at least 4096 bytes), and
+ * t = overhead + bytes / rate fitted through the two sizes. */
+#define LWO_PLAN_GROUP 0x4u
 
 typedef struct lwo_plan_config {
   size_t size;               /* sizeof(lwo_plan_config) */
@@ -888,14 +897,21 @@ typedef struct lwo_plan_config {
   uint64_t calibrate_bytes;  /* per copy when calibrating; default 256 MiB */
   const uint32_t* depths;    /* ring depths to try (1..4096); NULL: 1, 2, 3, 4, 6, 8 */
   uint32_t n_depths;
+  /* Since 0.4.0 (grouping): the fixed cost of one host-to-device copy on top
+   * of bytes / h2d rate, ms (finite, >= 0; 0: none). Used by the prediction
+   * with or without LWO_PLAN_GROUP; measured instead with
+   * LWO_PLAN_GROUP | LWO_PLAN_CALIBRATE_LINK. */
+  double copy_overhead_ms;
 } lwo_plan_config;
 
 #define LWO_PLAN_CONFIG_INIT \
-  {sizeof(lwo_plan_config), 0u, 2u, 0u, NULL, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0u, NULL, 0u}
+  {sizeof(lwo_plan_config), 0u, 2u, 0u, NULL, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0, 0u, NULL, 0u, \
+   0.0}
 LWO_API void lwo_plan_config_init(lwo_plan_config* config);
 
 /* Chooses and predicts. Errors: a NULL config, fwd_ms (or bwd_ms for a
- * step), a negative or non-finite time, a rate <= 0 without calibration,
+ * step), a negative or non-finite time or copy_overhead_ms, a rate <= 0
+ * without calibration,
  * a depth outside 1..4096 (LWO_ERR_INVALID_ARGUMENT); a sharded pool
  * (LWO_ERR_UNSUPPORTED: resident layers are refused there); a budget that
  * not even a ring of the smallest depth fits (LWO_ERR_OVER_BUDGET, with the
@@ -919,12 +935,18 @@ typedef struct lwo_plan_info {
   double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;  /* the link used */
   double first_k_ms;         /* the "first k layers resident" rule at the
                                 same depth and budget, for comparison */
+  /* Since 0.4.0 (grouping). */
+  uint32_t n_groups;         /* records of the plan: n_layers without grouping */
+  uint32_t reserved;
+  double ungrouped_ms;       /* the best plan with one record per layer */
+  double copy_overhead_ms;   /* the per-copy overhead used */
 } lwo_plan_info;
 
 LWO_API lwo_status_t lwo_plan_get_info(const lwo_plan* plan, lwo_plan_info* info);
 
-/* One position of the predicted pass (schedule order: layers 0..L-1, then
- * for a step L-1..0 backward). */
+/* One position of the predicted pass (schedule order: records 0..R-1, then
+ * for a step R-1..0 backward). R is n_groups: with grouping a position's
+ * `layer` is a group's index (lwo_plan_get_group), otherwise the layer's. */
 typedef struct lwo_plan_position {
   size_t size;          /* sizeof(lwo_plan_position), set by the caller */
   uint32_t layer;
@@ -941,8 +963,26 @@ LWO_API lwo_status_t lwo_plan_get_position(const lwo_plan* plan, uint32_t positi
                                            lwo_plan_position* out);
 
 /* The plan as a ring config: depth, resident_layers (ascending; the array
- * lives as long as the plan) and n_resident; size and flags are kept. */
+ * lives as long as the plan) and n_resident; size and flags are kept. The
+ * indices are records of the plan: group indices with grouping (for the
+ * pool built with one record per group), layer indices otherwise. */
 LWO_API lwo_status_t lwo_plan_ring_config(const lwo_plan* plan, lwo_ring_config* config);
+
+/* Since 0.4.0. One record the plan recommends (index < n_groups, in layer
+ * order): layers first_layer .. first_layer + n_layers - 1 stored as one
+ * record. Without LWO_PLAN_GROUP every group is one layer. */
+typedef struct lwo_plan_group {
+  size_t size;           /* sizeof(lwo_plan_group), set by the caller */
+  uint32_t first_layer;
+  uint32_t n_layers;
+  uint32_t resident;     /* 1 if kept resident (the whole record) */
+  uint32_t reserved;
+  uint64_t bytes;        /* its layers' record bytes, summed */
+} lwo_plan_group;
+
+/* LWO_ERR_OUT_OF_RANGE for group >= n_groups. */
+LWO_API lwo_status_t lwo_plan_get_group(const lwo_plan* plan, uint32_t group,
+                                        lwo_plan_group* out);
 
 /* ------------------------------------------------------------------------ */
 /* Layer compute: linear layers                                              */

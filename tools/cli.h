@@ -194,13 +194,15 @@ struct PlanReport {
   std::vector<lwo_plan_position> positions;
   std::vector<uint32_t> resident;  // ascending
   std::vector<double> fwd_ms, bwd_ms;
+  bool grouped = false;                // asked with LWO_PLAN_GROUP
+  std::vector<lwo_plan_group> groups;  // the records the plan recommends
 };
 // Plans `pool` for `budget` bytes with the link calibrated on the engine's
 // device; bwd_ms empty: a forward pass, else a training step (trainable may
 // be null: every layer).
 PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
                      const std::vector<double>& bwd_ms, const uint8_t* trainable,
-                     uint32_t grad_depth);
+                     uint32_t grad_depth, bool group = false);
 // What of `budget` a plan may use: the budget less what the engine holds
 // that a plan does not count (compute workspaces; the plan counts the ring,
 // the resident layers and the gradient staging). Throws a UsageError if

@@ -48,13 +48,15 @@ uint64_t plan_budget(lwo_engine* engine, uint64_t budget) {
 
 PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
                      const std::vector<double>& bwd_ms, const uint8_t* trainable,
-                     uint32_t grad_depth) {
+                     uint32_t grad_depth, bool group) {
   PlanReport r;
   r.fwd_ms = fwd_ms;
   r.bwd_ms = bwd_ms;
   lwo_plan_config c;
   lwo_plan_config_init(&c);
-  c.flags = LWO_PLAN_CALIBRATE_LINK | (bwd_ms.empty() ? 0u : LWO_PLAN_TRAIN);
+  c.flags = LWO_PLAN_CALIBRATE_LINK | (bwd_ms.empty() ? 0u : LWO_PLAN_TRAIN) |
+            (group ? LWO_PLAN_GROUP : 0u);
+  r.grouped = group;
   c.budget_bytes = budget;
   c.fwd_ms = r.fwd_ms.data();
   c.bwd_ms = r.bwd_ms.empty() ? nullptr : r.bwd_ms.data();
@@ -76,6 +78,11 @@ PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>&
   lwo_ring_config rc = LWO_RING_CONFIG_INIT;
   TK_CHECK(lwo_plan_ring_config(plan, &rc));
   r.resident.assign(rc.resident_layers, rc.resident_layers + rc.n_resident);
+  r.groups.resize(r.info.n_groups);
+  for (uint32_t g = 0; g < r.info.n_groups; ++g) {
+    r.groups[g].size = sizeof r.groups[g];
+    TK_CHECK(lwo_plan_get_group(plan, g, &r.groups[g]));
+  }
   return r;
 }
 
@@ -99,7 +106,22 @@ void print_plan(const PlanReport& r) {
               "predicted", i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
               fmt_bytes(i.h2d_bytes).c_str(),
               i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
-  std::printf("  %-5s %-4s %-9s %10s %10s %10s %10s\n", "pos", "dir", "layer", "weights",
+  if (r.grouped) {
+    std::printf("%-10s %u records for %zu layers (copy overhead %.4f ms, measured); one record "
+                "per layer: %.3f ms\n", "groups", i.n_groups,
+                r.groups.empty() ? size_t(0)
+                                 : size_t(r.groups.back().first_layer + r.groups.back().n_layers),
+                i.copy_overhead_ms, i.ungrouped_ms);
+    std::printf("  %-6s %-11s %8s %10s\n", "group", "layers", "count", "bytes");
+    for (size_t g = 0; g < r.groups.size(); ++g) {
+      const lwo_plan_group& G = r.groups[g];
+      std::printf("  %-6zu %-11s %8u %10s%s\n", g,
+                  strf("%u..%u", G.first_layer, G.first_layer + G.n_layers - 1).c_str(),
+                  G.n_layers, fmt_bytes(G.bytes).c_str(), G.resident ? "  resident" : "");
+    }
+  }
+  std::printf("  %-5s %-4s %-9s %10s %10s %10s %10s\n", "pos", "dir", r.grouped ? "group" : "layer",
+              "weights",
               "copy ms", "start ms", "stall ms");
   for (size_t k = 0; k < r.positions.size(); ++k) {
     const lwo_plan_position& p = r.positions[k];
@@ -122,7 +144,15 @@ std::string json_plan(const PlanReport& r) {
       static_cast<unsigned long long>(i.d2h_bytes), i.first_k_ms, i.h2d_gbps, i.d2h_gbps,
       i.duplex_h2d_gbps, i.duplex_d2h_gbps);
   for (size_t k = 0; k < r.resident.size(); ++k) s += strf("%s%u", k ? ", " : "", r.resident[k]);
-  s += "], \"positions\": [";
+  s += "], \"groups\": [";
+  for (size_t g = 0; g < r.groups.size(); ++g)
+    s += strf("%s{\"first_layer\": %u, \"n_layers\": %u, \"bytes\": %llu, \"resident\": %s}",
+              g ? ", " : "", r.groups[g].first_layer, r.groups[g].n_layers,
+              static_cast<unsigned long long>(r.groups[g].bytes),
+              r.groups[g].resident ? "true" : "false");
+  s += strf("], \"grouped\": %s, \"ungrouped_ms\": %.5f, \"copy_overhead_ms\": %.6f",
+            r.grouped ? "true" : "false", i.ungrouped_ms, i.copy_overhead_ms);
+  s += ", \"positions\": [";
   for (size_t k = 0; k < r.positions.size(); ++k) {
     const lwo_plan_position& p = r.positions[k];
     s += strf("%s{\"layer\": %u, \"backward\": %s, \"weights\": \"%s\", \"copy_ms\": %.5f, "
@@ -169,6 +199,7 @@ struct Options {
   std::string budget = "50%";
   std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
   bool train = false;
+  bool group = false;
   uint32_t grad_depth = 2;
   std::string json;
 };
@@ -196,6 +227,10 @@ std::vector<Flag> make_flags(Options& o) {
                  [&o](const std::string& v) { o.bwd_ms = v; }),
       switch_flag("--train", "plan a training step (every layer trainable)",
                   [&o] { o.train = true; }),
+      switch_flag("--group",
+                  "also choose runs of streamed layers to store as one record each (the "
+                  "per-copy overhead measured); the plan prints the groups it recommends",
+                  [&o] { o.group = true; }),
       grad_depth_flag(o.grad_depth),
       device_flag(o.device),
       json_flag(o.json),
@@ -221,7 +256,10 @@ const Command kPlanCommand = {
     "once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the\n"
     "plan lwo_plan_create chooses for --budget: per position resident or streamed,\n"
     "the predicted copy, start and stall, and the predicted pass (or step) time\n"
-    "against the rule \"the first k layers resident\". lwo run --budget applies it.\n",
+    "against the rule \"the first k layers resident\". lwo run --budget applies it.\n"
+    "With --group it also measures the per-copy overhead and prints the runs of\n"
+    "layers it recommends storing as one record each (positions are then groups);\n"
+    "the plan only recommends them: lwo run keeps one record per layer.\n",
     help_flags,
     cmd_plan,
 };
@@ -260,7 +298,7 @@ int cmd_plan(int argc, char** argv) {
   if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));
   progress("lwo plan: %u layers of %s, budget %s, compute %.4f ms per layer", o.layers,
            fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
-  PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth);
+  PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth, o.group);
   std::printf("lwo plan, %s\n", describe(dev).c_str());
   std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
@@ -272,11 +310,11 @@ int cmd_plan(int argc, char** argv) {
     std::fprintf(json.get(),
                  "{\n  \"tool\": \"lwo\",\n  \"command\": \"plan\",\n  \"version\": \"%s\",\n"
                  "  \"device\": %s,\n  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": "
-                 "%lld, \"dtype\": \"%s\", \"budget\": %s, \"train\": %s},\n  \"plan\": %s\n}\n",
+                 "%lld, \"dtype\": \"%s\", \"budget\": %s, \"train\": %s, \"group\": %s},\n  \"plan\": %s\n}\n",
                  version_text().c_str(), json_device(dev).c_str(), o.layers,
                  static_cast<long long>(o.rows), static_cast<long long>(o.cols),
                  lwo_dtype_name(o.dtype), json_string(o.budget).c_str(),
-                 o.train ? "true" : "false", json_plan(r).c_str());
+                 o.train ? "true" : "false", o.group ? "true" : "false", json_plan(r).c_str());
     json.commit();
   }
   s.destroy();

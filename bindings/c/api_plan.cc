@@ -13,12 +13,19 @@ using lwo::fail;
 
 namespace lwo {
 struct PlanHandle {
-  plan::Plan plan;
+  plan::Plan plan;     // one record per layer
   plan::Plan first_k;
   plan::Link link;
   bool train = false;
   uint64_t budget = 0;
-  std::vector<uint32_t> resident;  // ascending
+  // The records the plan recommends (one per layer without grouping), their
+  // costs, and the prediction, depth and bytes the info reports.
+  std::vector<plan::Group> groups;
+  std::vector<uint64_t> group_bytes;
+  plan::Prediction prediction;
+  uint32_t depth = 0;
+  uint64_t device_bytes = 0;
+  std::vector<uint32_t> resident;  // ascending record indices
 };
 }  // namespace lwo
 
@@ -63,7 +70,11 @@ LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* conf
     lwo_pool* p = check_handle(pool);
     need(config, "config");
     lwo_plan_config cfg = read_config(config, lwo_plan_config LWO_PLAN_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_PLAN_TRAIN | LWO_PLAN_CALIBRATE_LINK);
+    check_flags(cfg.flags, LWO_PLAN_TRAIN | LWO_PLAN_CALIBRATE_LINK | LWO_PLAN_GROUP);
+    const bool grouping = cfg.flags & LWO_PLAN_GROUP;
+    if (!std::isfinite(cfg.copy_overhead_ms) || cfg.copy_overhead_ms < 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "copy_overhead_ms is %g: it must be finite and >= 0",
+           cfg.copy_overhead_ms);
     const bool train = cfg.flags & LWO_PLAN_TRAIN;
     lwo::Pool& po = *p->impl;
     const uint32_t L = po.n_layers();
@@ -119,11 +130,29 @@ LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* conf
       link.d2h_gbps = r.d2h_gbps;
       link.duplex_h2d_gbps = r.duplex_h2d_gbps;
       link.duplex_d2h_gbps = r.duplex_d2h_gbps;
+      link.copy_overhead_ms = cfg.copy_overhead_ms;
+      if (grouping) {  // a second, smaller size: t = overhead + bytes / rate
+        const uint64_t big = cfg.calibrate_bytes ? cfg.calibrate_bytes : (uint64_t(256) << 20);
+        const uint64_t small = std::max<uint64_t>(big / 64, 4096);
+        if (small < big) {
+          lwo::LinkRates s = lwo::measure_link(po.engine(), small, 5);
+          auto ms = [](uint64_t b, double gbps) { return static_cast<double>(b) / (gbps * 1e6); };
+          try {
+            lwo::plan::CopyFit f =
+                lwo::plan::fit_copy(small, ms(small, s.h2d_gbps), big, ms(big, r.h2d_gbps));
+            link.copy_overhead_ms = f.overhead_ms;
+            link.h2d_gbps = f.gbps;
+          } catch (const lwo::Error&) {
+            link.copy_overhead_ms = 0;  // the small copy was not faster: no overhead seen
+          }
+        }
+      }
     } else {
       link.h2d_gbps = cfg.h2d_gbps;
       link.d2h_gbps = cfg.d2h_gbps;
       link.duplex_h2d_gbps = cfg.duplex_h2d_gbps;
       link.duplex_d2h_gbps = cfg.duplex_d2h_gbps;
+      link.copy_overhead_ms = cfg.copy_overhead_ms;
     }
     uint64_t budget = cfg.budget_bytes;
     if (!budget) {
@@ -162,8 +191,32 @@ LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* conf
     h->link = link;
     h->train = train;
     h->budget = budget;
-    for (uint32_t l = 0; l < L; ++l)
-      if (h->plan.resident[l]) h->resident.push_back(l);
+    for (uint32_t l = 0; l < L; ++l) h->groups.push_back(lwo::plan::Group{l, 1, h->plan.resident[l]});
+    h->prediction = h->plan.prediction;
+    h->depth = h->plan.depth;
+    h->device_bytes = h->plan.device_bytes;
+    if (grouping && L > 1) {
+      // Groups and residents together; taken only if it predicts less and its
+      // rounded allocations fit the budget too.
+      lwo::plan::Grouping g = lwo::plan::choose_grouped(layers, room, link, pass, depths);
+      lwo::plan::Plan gp;
+      gp.resident = lwo::plan::grouped_resident(g.groups);
+      gp.depth = g.depth;
+      const auto costs = lwo::plan::grouped_costs(layers, g.groups);
+      if (g.prediction.ms < h->prediction.ms && charged_bytes(costs, gp, pass) <= budget) {
+        h->groups = std::move(g.groups);
+        h->prediction = std::move(g.prediction);
+        h->depth = g.depth;
+        h->device_bytes = g.device_bytes;
+      }
+    }
+    for (uint32_t i = 0; i < h->groups.size(); ++i) {
+      uint64_t b = 0;
+      for (uint32_t l = h->groups[i].first; l < h->groups[i].first + h->groups[i].count; ++l)
+        b += layers[l].bytes;
+      h->group_bytes.push_back(b);
+      if (h->groups[i].resident) h->resident.push_back(i);
+    }
     *plan = publish(std::make_unique<lwo_plan>(lwo_plan{std::move(h)}));
   });
 }
@@ -180,21 +233,24 @@ LWO_API lwo_status_t lwo_plan_get_info(const lwo_plan* plan, lwo_plan_info* info
     const lwo::PlanHandle& h = *check_handle(plan)->impl;
     need(info, "info");
     lwo_plan_info v{};
-    v.depth = h.plan.depth;
+    v.depth = h.depth;
     v.n_resident = static_cast<uint32_t>(h.resident.size());
-    v.n_positions = static_cast<uint32_t>(h.plan.prediction.positions.size());
+    v.n_positions = static_cast<uint32_t>(h.prediction.positions.size());
     v.train = h.train ? 1u : 0u;
-    v.device_bytes = h.plan.device_bytes;
+    v.device_bytes = h.device_bytes;
     v.budget_bytes = h.budget;
-    v.predicted_ms = h.plan.prediction.ms;
-    v.predicted_stall_ms = h.plan.prediction.stall_ms;
-    v.h2d_bytes = h.plan.prediction.h2d_bytes;
-    v.d2h_bytes = h.plan.prediction.d2h_bytes;
+    v.predicted_ms = h.prediction.ms;
+    v.predicted_stall_ms = h.prediction.stall_ms;
+    v.h2d_bytes = h.prediction.h2d_bytes;
+    v.d2h_bytes = h.prediction.d2h_bytes;
     v.h2d_gbps = h.link.h2d_gbps;
     v.d2h_gbps = h.link.d2h_gbps;
     v.duplex_h2d_gbps = h.link.duplex_h2d_gbps;
     v.duplex_d2h_gbps = h.link.duplex_d2h_gbps;
     v.first_k_ms = h.first_k.prediction.ms;
+    v.n_groups = static_cast<uint32_t>(h.groups.size());
+    v.ungrouped_ms = h.plan.prediction.ms;
+    v.copy_overhead_ms = h.link.copy_overhead_ms;
     write_out(info, v, "info");
   });
 }
@@ -205,7 +261,7 @@ LWO_API lwo_status_t lwo_plan_get_position(const lwo_plan* plan, uint32_t positi
     const lwo::PlanHandle& h = *check_handle(plan)->impl;
     need(out, "out");
     const lwo::plan::Position& p =
-        at(h.plan.prediction.positions, position, "the plan", "positions");
+        at(h.prediction.positions, position, "the plan", "positions");
     lwo_plan_position v{};
     v.layer = p.layer;
     v.backward = p.backward;
@@ -225,9 +281,24 @@ LWO_API lwo_status_t lwo_plan_ring_config(const lwo_plan* plan, lwo_ring_config*
     if (config->size < offsetof(lwo_ring_config, n_resident) + sizeof(uint32_t))
       fail(LWO_ERR_INVALID_ARGUMENT, "config size %zu has no resident fields (expected %zu)",
            config->size, sizeof(lwo_ring_config));
-    config->depth = h.plan.depth;
+    config->depth = h.depth;
     config->resident_layers = h.resident.empty() ? nullptr : h.resident.data();
     config->n_resident = static_cast<uint32_t>(h.resident.size());
+  });
+}
+
+LWO_API lwo_status_t lwo_plan_get_group(const lwo_plan* plan, uint32_t group,
+                                        lwo_plan_group* out) {
+  return guard("lwo_plan_get_group", [&] {
+    const lwo::PlanHandle& h = *check_handle(plan)->impl;
+    need(out, "out");
+    const lwo::plan::Group& g = at(h.groups, group, "the plan", "groups");
+    lwo_plan_group v{};
+    v.first_layer = g.first;
+    v.n_layers = g.count;
+    v.resident = g.resident ? 1u : 0u;
+    v.bytes = h.group_bytes[group];
+    write_out(out, v, "out");
   });
 }
 

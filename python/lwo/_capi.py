@@ -133,6 +133,7 @@ LWO_POOL_KIND_FORCE_32 = 0x7FFFFFFF
 LWO_RING_TIMING = 0x1
 LWO_PLAN_TRAIN = 0x1  # since 0.4.0
 LWO_PLAN_CALIBRATE_LINK = 0x2  # since 0.4.0
+LWO_PLAN_GROUP = 0x4  # since 0.4.0
 
 LWO_TICKET_STAGED = 1
 LWO_TICKET_ACQUIRED = 2
@@ -566,6 +567,7 @@ class lwo_plan_config(_Struct):
         ("calibrate_bytes", _u64),
         ("depths", ctypes.POINTER(_u32)),
         ("n_depths", _u32),
+        ("copy_overhead_ms", ctypes.c_double),
     ]
 
 
@@ -587,6 +589,10 @@ class lwo_plan_info(_Struct):
         ("duplex_h2d_gbps", ctypes.c_double),
         ("duplex_d2h_gbps", ctypes.c_double),
         ("first_k_ms", ctypes.c_double),
+        ("n_groups", _u32),
+        ("reserved", _u32),
+        ("ungrouped_ms", ctypes.c_double),
+        ("copy_overhead_ms", ctypes.c_double),
     ]
 
 
@@ -603,6 +609,17 @@ class lwo_plan_position(_Struct):
     ]
 
 
+class lwo_plan_group(_Struct):
+    _fields_ = [
+        ("size", _size_t),
+        ("first_layer", _u32),
+        ("n_layers", _u32),
+        ("resident", _u32),
+        ("reserved", _u32),
+        ("bytes", _u64),
+    ]
+
+
 #: Every struct of lwo.h, by its C name.
 STRUCTS = {
     cls.__name__: cls
@@ -614,7 +631,7 @@ STRUCTS = {
         lwo_grad_tensor, lwo_grads_stats, lwo_conv2d_desc, lwo_checkpoint_file, lwo_checkpoint_tensor,
         lwo_checkpoint_pool_config, lwo_nccl_unique_id, lwo_quant_desc, lwo_quant_layout_info,
         lwo_tensor_quant_ext,
-        lwo_plan_config, lwo_plan_info, lwo_plan_position,
+        lwo_plan_config, lwo_plan_info, lwo_plan_position, lwo_plan_group,
         lwo_optim_config, lwo_optim_step_params, lwo_optim_info, lwo_optim_stats,
     ]
 }
@@ -687,6 +704,7 @@ FUNCTIONS = {
     "lwo_plan_get_info": (_S, [lwo_plan_p, _P(lwo_plan_info)]),
     "lwo_plan_get_position": (_S, [lwo_plan_p, _u32, _P(lwo_plan_position)]),
     "lwo_plan_ring_config": (_S, [lwo_plan_p, _P(lwo_ring_config)]),
+    "lwo_plan_get_group": (_S, [lwo_plan_p, _u32, _P(lwo_plan_group)]),
     # linear
     "lwo_linear_desc_init": (None, [_P(lwo_linear_desc)]),
     "lwo_linear_forward": (

@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "src/common/error.h"
@@ -58,7 +59,7 @@ Prediction run(const std::vector<LayerCost>& layers, const std::vector<bool>& re
         });
         const double rate = bwd && any_grads ? h2d_duplex : link.h2d_gbps;
         const double start = std::max(h2d_free, slot->release);
-        pos.copy_ms = ms_at(c.bytes, rate);
+        pos.copy_ms = link.copy_overhead_ms + ms_at(c.bytes, rate);
         h2d_free = start + pos.copy_ms;
         ready = std::max(ready, h2d_free);
         slot->layer = l;
@@ -213,6 +214,180 @@ Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget, const L
     }
   }
   return evaluate(layers, res, depth, link, pass);
+}
+
+CopyFit fit_copy(uint64_t bytes_a, double ms_a, uint64_t bytes_b, double ms_b) {
+  if (!(std::isfinite(ms_a) && ms_a > 0 && std::isfinite(ms_b) && ms_b > 0))
+    fail(LWO_ERR_INVALID_ARGUMENT, "copy times %g ms and %g ms: they must be finite and > 0",
+         ms_a, ms_b);
+  if (bytes_a == bytes_b)
+    fail(LWO_ERR_INVALID_ARGUMENT, "both calibration copies are %llu bytes: two sizes are needed",
+         static_cast<unsigned long long>(bytes_a));
+  if (bytes_a > bytes_b) {
+    std::swap(bytes_a, bytes_b);
+    std::swap(ms_a, ms_b);
+  }
+  if (ms_b <= ms_a)
+    fail(LWO_ERR_INVALID_ARGUMENT, "the copy of %llu bytes (%g ms) was not slower than that of "
+         "%llu bytes (%g ms): no rate fits", static_cast<unsigned long long>(bytes_b), ms_b,
+         static_cast<unsigned long long>(bytes_a), ms_a);
+  CopyFit f;
+  f.gbps = static_cast<double>(bytes_b - bytes_a) / ((ms_b - ms_a) * 1e6);
+  f.overhead_ms = ms_a - ms_at(bytes_a, f.gbps);
+  if (f.overhead_ms < 0) {
+    f.overhead_ms = 0;
+    f.gbps = static_cast<double>(bytes_b) / (ms_b * 1e6);
+  }
+  return f;
+}
+
+std::vector<LayerCost> grouped_costs(const std::vector<LayerCost>& layers,
+                                     const std::vector<Group>& groups) {
+  std::vector<LayerCost> out;
+  out.reserve(groups.size());
+  for (const Group& g : groups) {
+    if (g.count < 1 || uint64_t(g.first) + g.count > layers.size())
+      fail(LWO_ERR_INVALID_ARGUMENT, "group of layers %u..+%u is outside the %zu layers",
+           g.first, g.count, layers.size());
+    LayerCost c;
+    for (uint32_t l = g.first; l < g.first + g.count; ++l) {
+      c.bytes += layers[l].bytes;
+      c.grad_bytes += layers[l].grad_bytes;
+      c.fwd_ms += layers[l].fwd_ms;
+      c.bwd_ms += layers[l].bwd_ms;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<bool> grouped_resident(const std::vector<Group>& groups) {
+  std::vector<bool> r;
+  r.reserve(groups.size());
+  for (const Group& g : groups) r.push_back(g.resident);
+  return r;
+}
+
+Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+               uint64_t budget, const Link& link, const Pass& pass,
+               const std::vector<uint32_t>& depths) {
+  if (resident.size() != layers.size())
+    fail(LWO_ERR_INVALID_ARGUMENT, "%zu resident flags for %zu layers", resident.size(),
+         layers.size());
+  if (depths.empty() || *std::min_element(depths.begin(), depths.end()) < 1)
+    fail(LWO_ERR_INVALID_ARGUMENT, "the depths to try must be 1 or more");
+  std::vector<Group> singles;
+  for (uint32_t l = 0; l < layers.size(); ++l) singles.push_back(Group{l, 1, resident[l]});
+  auto eval = [&](const std::vector<Group>& gs, uint32_t depth, Grouping& out) {
+    std::vector<LayerCost> c = grouped_costs(layers, gs);
+    std::vector<bool> r = grouped_resident(gs);
+    uint64_t bytes = device_bytes(c, r, depth, pass);
+    if (bytes > budget) return false;
+    out.groups = gs;
+    out.depth = depth;
+    out.device_bytes = bytes;
+    out.prediction = predict(c, r, depth, link, pass);
+    return true;
+  };
+  // The start: no grouping, at the best depth that fits.
+  Grouping best;
+  bool have = false;
+  for (uint32_t depth : depths) {
+    Grouping g;
+    if (eval(singles, depth, g) && (!have || g.prediction.ms < best.prediction.ms - 1e-9)) {
+      best = std::move(g);
+      have = true;
+    }
+  }
+  if (!have)
+    fail(LWO_ERR_OVER_BUDGET, "a budget of %llu bytes holds none of the depths given, ungrouped",
+         static_cast<unsigned long long>(budget));
+  // Uniform starts: every run of streamed layers cut into records of k
+  // layers, k = 2, 3, ... while the records still fit.
+  auto uniform = [&](uint32_t k) {
+    std::vector<Group> gs;
+    for (uint32_t l = 0; l < layers.size(); ++l) {
+      if (!resident[l] && !gs.empty() && !gs.back().resident && gs.back().count < k)
+        gs.back().count++;
+      else
+        gs.push_back(Group{l, 1, resident[l]});
+    }
+    return gs;
+  };
+  for (uint32_t depth : depths) {
+    Grouping cur;
+    if (!eval(singles, depth, cur)) continue;
+    for (uint32_t k = 2; k <= layers.size(); ++k) {
+      Grouping t;
+      if (!eval(uniform(k), depth, t)) break;  // larger k needs larger slots
+      if (t.prediction.ms < cur.prediction.ms - 1e-9) cur = std::move(t);
+    }
+    // Greedy merges from the best start: each round, every run of up to
+    // kMergeRun neighbouring streamed groups merged into one, the best taken.
+    constexpr size_t kMergeRun = 4;
+    for (;;) {
+      Grouping pick;
+      bool found = false;
+      for (size_t i = 0; i + 1 < cur.groups.size(); ++i) {
+        if (cur.groups[i].resident) continue;
+        for (size_t j = i + 1; j < cur.groups.size() && j < i + kMergeRun; ++j) {
+          if (cur.groups[j].resident) break;
+          std::vector<Group> trial(cur.groups.begin(), cur.groups.begin() + i + 1);
+          for (size_t m = i + 1; m <= j; ++m) trial.back().count += cur.groups[m].count;
+          trial.insert(trial.end(), cur.groups.begin() + j + 1, cur.groups.end());
+          Grouping t;
+          if (!eval(trial, depth, t)) break;  // a larger run needs a larger slot
+          const double ref = found ? pick.prediction.ms : cur.prediction.ms;
+          if (t.prediction.ms < ref - 1e-9) {
+            pick = std::move(t);
+            found = true;
+          }
+        }
+      }
+      if (!found) break;
+      cur = std::move(pick);
+    }
+    if (cur.prediction.ms < best.prediction.ms - 1e-9) best = std::move(cur);
+  }
+  return best;
+}
+
+Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget,
+                        const Link& link, const Pass& pass, const std::vector<uint32_t>& depths) {
+  const Plan a = choose(layers, budget, link, pass, depths);
+  Grouping best = group(layers, a.resident, budget, link, pass, depths);
+  // group() starts from `a` itself (its depth is among those it tries).
+  // Groups first: the whole model cut into records of k layers (k = 2..16),
+  // and the greedy grouping with none resident; residents then chosen among
+  // the records.
+  std::vector<std::vector<Group>> cuts;
+  const uint32_t L = static_cast<uint32_t>(layers.size());
+  for (uint32_t k = 2; k <= std::min<uint32_t>(L, 16); ++k) {
+    std::vector<Group> gs;
+    for (uint32_t l = 0; l < L; l += k) gs.push_back(Group{l, std::min(k, L - l), false});
+    cuts.push_back(std::move(gs));
+  }
+  try {
+    cuts.push_back(
+        group(layers, std::vector<bool>(layers.size(), false), budget, link, pass, depths).groups);
+  } catch (const Error&) {
+  }
+  for (const std::vector<Group>& gs : cuts) {
+    Plan b;
+    try {
+      b = choose(grouped_costs(layers, gs), budget, link, pass, depths);
+    } catch (const Error&) {
+      continue;  // its slots do not fit
+    }
+    if (b.prediction.ms < best.prediction.ms - 1e-9) {
+      best.groups = gs;
+      for (size_t i = 0; i < best.groups.size(); ++i) best.groups[i].resident = b.resident[i];
+      best.depth = b.depth;
+      best.device_bytes = b.device_bytes;
+      best.prediction = b.prediction;
+    }
+  }
+  return best;
 }
 
 }  // namespace plan

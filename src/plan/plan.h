@@ -32,7 +32,23 @@ struct LayerCost {
 struct Link {  // 1e9 bytes per second
   double h2d_gbps = 0, d2h_gbps = 0;                // each direction alone
   double duplex_h2d_gbps = 0, duplex_d2h_gbps = 0;  // both at once (0: as alone)
+  // A fixed cost of every host-to-device copy on top of bytes / rate (launch,
+  // descriptor setup, the engine's ramp): what makes many small records
+  // slower than a few large ones. 0: none (every copy is bytes / rate).
+  double copy_overhead_ms = 0;
 };
+
+// The fixed cost and rate of a copy, t = overhead + bytes / rate, fitted
+// through two calibration points (bytes_a, ms_a) and (bytes_b, ms_b) with
+// bytes_a != bytes_b. A negative fitted overhead (noise) is clamped to 0 and
+// the rate refitted through the larger point. Throws LWO_ERR_INVALID_ARGUMENT
+// for equal sizes, a time <= 0 or not finite, or a larger copy that was not
+// slower (no rate can be fitted).
+struct CopyFit {
+  double overhead_ms = 0;
+  double gbps = 0;
+};
+CopyFit fit_copy(uint64_t bytes_a, double ms_a, uint64_t bytes_b, double ms_b);
 
 struct Pass {
   bool backward = false;    // a training step: forward, then backward
@@ -86,6 +102,56 @@ Plan choose(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const L
 // the budget allows, at `depth`.
 Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
                   const Pass& pass, uint32_t depth);
+
+// Grouping small records (issue 16, third part). A group is a run of
+// consecutive layers stored as one record: one copy instead of several (each
+// copy costs link.copy_overhead_ms), computed one after the other once the
+// record is in place, its gradients leaving together after its backward. A
+// grouped record needs a slot as large as itself, so grouping trades slot
+// memory for fewer copies.
+struct Group {
+  uint32_t first = 0, count = 1;  // layers first .. first + count - 1
+  bool resident = false;
+};
+
+// The cost of layers taken as `groups` (bytes, gradient bytes and compute
+// times summed), and the groups' resident flags.
+std::vector<LayerCost> grouped_costs(const std::vector<LayerCost>& layers,
+                                     const std::vector<Group>& groups);
+std::vector<bool> grouped_resident(const std::vector<Group>& groups);
+
+struct Grouping {
+  std::vector<Group> groups;  // in layer order, covering every layer once
+  uint32_t depth = 0;
+  uint64_t device_bytes = 0;  // of the grouped records (device_bytes above)
+  Prediction prediction;      // positions are groups: Position::layer is a group index
+};
+
+// Groups the streamed layers of `resident` (resident layers stay groups of
+// one; a group never mixes resident and streamed layers) to minimise the
+// predicted pass within `budget_bytes`, over the depths given. The search is
+// a greedy merge, for each depth: start from one layer per group; each round
+// simulate every merge of two neighbouring streamed groups that still fits
+// the budget and take the one that saves the most predicted time; stop when
+// no merge saves time. Its start is the ungrouped configuration at the best
+// depth that fits, so the result is never predicted slower than no grouping.
+// It is not exhaustive (the ring's prediction does not decompose over groups,
+// so no exact dynamic program applies); the unit tests compare it with every
+// partition on small random models. Throws as choose() when no depth fits.
+Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+               uint64_t budget_bytes, const Link& link, const Pass& pass,
+               const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
+
+// Resident layers, depth and groups together, the better of two orders:
+// residents chosen first (choose()) and the streamed layers then grouped
+// (group()); or the layers grouped first (the whole model cut into records
+// of k = 2..16 layers, or group() with none resident) and the resident
+// records then chosen among the groups (choose() over grouped_costs; a
+// resident group may then hold several layers). Never predicted slower than
+// choose() alone. Throws as choose().
+Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget_bytes,
+                        const Link& link, const Pass& pass,
+                        const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
 
 }  // namespace plan
 }  // namespace lwo

@@ -3,6 +3,8 @@
 // and the budget; its ring config creates a ring that fits that budget as
 // the engine charges it; calibration times the engine's own streams; every
 // bad argument has its status.
+#include <cmath>
+
 #include "src/plan/plan.h"
 #include "test_util.h"
 
@@ -164,6 +166,120 @@ TEST_F(PlanApiTest, CalibrationTimesTheEnginesStreams) {
   EXPECT_EQ(m.used, 0u);  // the calibration buffers are gone
 }
 
+// Grouping: with a per-copy overhead that dwarfs these small records' bytes,
+// the plan recommends fewer records than layers; its prediction is src/plan's
+// for those groups, never slower than one record per layer, within the
+// budget; its ring config names groups. Without the flag every group is a
+// layer.
+TEST_F(PlanApiTest, GroupingRecommendsRecordsAndPredictsThem) {
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < kLayers; ++l) total += record(l);
+  for (bool train : {false, true}) {
+    SCOPED_TRACE(train ? "step" : "forward");
+    // Some records resident, the rest streamed through one slot.
+    const uint64_t budget = total * 3 / 4;
+    lwo_plan_config c = config(budget, train);
+    uint32_t depths[] = {1};
+    c.depths = depths;
+    c.n_depths = 1;
+    c.copy_overhead_ms = 2.0;
+    lwo_plan* flat = nullptr;
+    ASSERT_LWO(lwo_plan_create(pool, &c, &flat));
+    lwo_plan_info fi{};
+    fi.size = sizeof fi;
+    ASSERT_LWO(lwo_plan_get_info(flat, &fi));
+    EXPECT_EQ(fi.n_groups, kLayers);
+    EXPECT_EQ(fi.ungrouped_ms, fi.predicted_ms);
+    EXPECT_EQ(fi.copy_overhead_ms, 2.0);
+    for (uint32_t g = 0; g < kLayers; ++g) {
+      lwo_plan_group gr{};
+      gr.size = sizeof gr;
+      ASSERT_LWO(lwo_plan_get_group(flat, g, &gr));
+      EXPECT_EQ(gr.first_layer, g);
+      EXPECT_EQ(gr.n_layers, 1u);
+      EXPECT_EQ(gr.bytes, record(g));
+    }
+    c.flags |= LWO_PLAN_GROUP;
+    lwo_plan* plan = nullptr;
+    ASSERT_LWO(lwo_plan_create(pool, &c, &plan));
+    lwo_plan_info info{};
+    info.size = sizeof info;
+    ASSERT_LWO(lwo_plan_get_info(plan, &info));
+    EXPECT_LT(info.n_groups, kLayers);
+    EXPECT_NEAR(info.ungrouped_ms, fi.predicted_ms, 1e-12);
+    EXPECT_LT(info.predicted_ms, info.ungrouped_ms);
+    EXPECT_LE(info.device_bytes, budget);
+    EXPECT_EQ(info.n_positions, train ? 2 * info.n_groups : info.n_groups);
+    // The groups cover the layers in order; the model's prediction of them.
+    std::vector<plan::LayerCost> costs;
+    std::vector<bool> res;
+    uint32_t next = 0;
+    for (uint32_t g = 0; g < info.n_groups; ++g) {
+      lwo_plan_group gr{};
+      gr.size = sizeof gr;
+      ASSERT_LWO(lwo_plan_get_group(plan, g, &gr));
+      EXPECT_EQ(gr.first_layer, next);
+      ASSERT_GE(gr.n_layers, 1u);
+      plan::LayerCost cost;
+      for (uint32_t l = gr.first_layer; l < gr.first_layer + gr.n_layers; ++l) {
+        cost.bytes += record(l);
+        cost.fwd_ms += fwd[l];
+        cost.bwd_ms += train ? bwd[l] : 0;
+      }
+      EXPECT_EQ(gr.bytes, cost.bytes);
+      costs.push_back(cost);
+      res.push_back(gr.resident != 0);
+      next += gr.n_layers;
+    }
+    EXPECT_EQ(next, kLayers);
+    if (!train) {
+      plan::Link link;
+      link.h2d_gbps = link.d2h_gbps = 0.02;
+      link.copy_overhead_ms = 2.0;
+      const plan::Prediction p = plan::predict(costs, res, info.depth, link, plan::Pass{});
+      EXPECT_DOUBLE_EQ(p.ms, info.predicted_ms);
+      EXPECT_EQ(p.h2d_bytes, info.h2d_bytes);
+      EXPECT_EQ(info.device_bytes, plan::device_bytes(costs, res, info.depth, plan::Pass{}));
+    }
+    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+    ASSERT_LWO(lwo_plan_ring_config(plan, &rc));
+    EXPECT_EQ(rc.depth, info.depth);
+    ASSERT_EQ(rc.n_resident, info.n_resident);
+    for (uint32_t k = 0; k < rc.n_resident; ++k) {
+      ASSERT_LT(rc.resident_layers[k], info.n_groups);
+      EXPECT_TRUE(res[rc.resident_layers[k]]);
+    }
+    lwo_plan_group gr{};
+    gr.size = sizeof gr;
+    EXPECT_EQ(lwo_plan_get_group(plan, info.n_groups, &gr), LWO_ERR_OUT_OF_RANGE);
+    EXPECT_EQ(lwo_plan_get_group(plan, 0, nullptr), LWO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(lwo_plan_get_group(nullptr, 0, &gr), LWO_ERR_INVALID_HANDLE);
+    ASSERT_LWO(lwo_plan_destroy(plan));
+    ASSERT_LWO(lwo_plan_destroy(flat));
+  }
+}
+
+// With grouping, calibration also copies at a second, smaller size and fits
+// the overhead; the recording backend's copies all last 1 ms, so the smaller
+// one is not faster and no overhead is seen.
+TEST_F(PlanApiTest, GroupingCalibratesASecondSize) {
+  lwo_plan_config c = config(uint64_t(1) << 20, false);
+  c.flags |= LWO_PLAN_CALIBRATE_LINK | LWO_PLAN_GROUP;
+  c.h2d_gbps = c.d2h_gbps = 0;
+  c.copy_overhead_ms = 5.0;  // measured instead
+  c.calibrate_bytes = 64 * 8192;
+  uint64_t copies = gpu->stats.copies;
+  lwo_plan* plan = nullptr;
+  ASSERT_LWO(lwo_plan_create(pool, &c, &plan));
+  EXPECT_EQ(gpu->stats.copies, copies + 2 * (1 + 2 * 6));  // two calibrations
+  lwo_plan_info info{};
+  info.size = sizeof info;
+  ASSERT_LWO(lwo_plan_get_info(plan, &info));
+  EXPECT_EQ(info.copy_overhead_ms, 0.0);
+  EXPECT_DOUBLE_EQ(info.h2d_gbps, 64 * 8192 / 1e6);
+  ASSERT_LWO(lwo_plan_destroy(plan));
+}
+
 TEST_F(PlanApiTest, BadArgumentsHaveTheirStatuses) {
   lwo_plan* plan = nullptr;
   lwo_plan_config c = config(1 << 20, true);
@@ -190,6 +306,12 @@ TEST_F(PlanApiTest, BadArgumentsHaveTheirStatuses) {
   uint32_t depths[] = {2, 0};
   c.depths = depths;
   c.n_depths = 2;
+  EXPECT_EQ(lwo_plan_create(pool, &c, &plan), LWO_ERR_INVALID_ARGUMENT);
+  c = config(1 << 20, false);
+  c.copy_overhead_ms = -0.5;
+  EXPECT_EQ(lwo_plan_create(pool, &c, &plan), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("copy_overhead_ms"), std::string::npos);
+  c.copy_overhead_ms = std::nan("");
   EXPECT_EQ(lwo_plan_create(pool, &c, &plan), LWO_ERR_INVALID_ARGUMENT);
   c = config(1 << 20, false);
   c.flags = 0x80;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 
@@ -186,6 +188,255 @@ TEST(Plan, RandomModelsFitTheirBudgetAndNeverLoseToStreamingAll) {
                                       link50(), pass).ms);
     EXPECT_LE(p.prediction.ms, stream_all + 1e-9);
   }
+}
+
+// The per-copy overhead: each streamed copy costs it on top of bytes / rate.
+TEST(PlanGroup, CopyOverheadAddsToEveryCopy) {
+  const auto layers = uniform(8, 100 * MB, 0.1);
+  Link k = link50();
+  k.copy_overhead_ms = 0.5;
+  const Prediction p = predict(layers, std::vector<bool>(8, false), 2, k, Pass{});
+  EXPECT_NEAR(p.ms, 8 * 2.5 + 0.1, 1e-9);
+  for (const Position& pos : p.positions) EXPECT_NEAR(pos.copy_ms, 2.5, 1e-12);
+  // Resident layers and hits cost nothing: every layer resident is the compute.
+  const Prediction r = predict(layers, std::vector<bool>(8, true), 0, k, Pass{});
+  EXPECT_NEAR(r.ms, 8 * 0.1, 1e-9);
+}
+
+TEST(PlanGroup, FitCopyRecoversOverheadAndRate) {
+  std::mt19937_64 rng(1601);
+  std::uniform_real_distribution<double> ov(0.001, 0.05), rate(10, 60);
+  for (int i = 0; i < 20; ++i) {
+    const double o = ov(rng), g = rate(rng);
+    const uint64_t a = (2 + i) * MB, b = (64 + 3 * i) * MB;
+    auto t = [&](uint64_t bytes) { return o + static_cast<double>(bytes) / (g * 1e6); };
+    const CopyFit f = fit_copy(a, t(a), b, t(b));
+    EXPECT_NEAR(f.overhead_ms, o, 1e-9);
+    EXPECT_NEAR(f.gbps, g, 1e-6 * g);
+    const CopyFit r = fit_copy(b, t(b), a, t(a));  // either order
+    EXPECT_NEAR(r.overhead_ms, o, 1e-9);
+  }
+  // Noise that fits a negative overhead: clamped, the rate through the larger copy.
+  const CopyFit c = fit_copy(10 * MB, 0.1, 100 * MB, 2.0);
+  EXPECT_EQ(c.overhead_ms, 0.0);
+  EXPECT_NEAR(c.gbps, 50.0, 1e-9);
+}
+
+TEST(PlanGroup, FitCopyRefusesWhatFitsNoLine) {
+  auto status = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.status();
+    }
+    return LWO_OK;
+  };
+  EXPECT_EQ(status([] { fit_copy(MB, 0.1, MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([] { fit_copy(MB, 0.0, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([] { fit_copy(MB, 0.1, 2 * MB, -1.0); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([] { fit_copy(MB, 0.3, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([] { fit_copy(MB, 0.1, 2 * MB, std::nan("")); }), LWO_ERR_INVALID_ARGUMENT);
+}
+
+// Every partition of the layers into runs (resident layers alone), at every
+// depth, within the budget: the best prediction.
+double brute_force_grouping(const std::vector<LayerCost>& layers,
+                            const std::vector<bool>& resident, uint64_t budget, const Link& k,
+                            const Pass& pass, const std::vector<uint32_t>& depths) {
+  const uint32_t L = static_cast<uint32_t>(layers.size());
+  double best = 1e300;
+  for (uint32_t mask = 0; mask < (1u << (L - 1)); ++mask) {  // bit i: layers i, i+1 joined
+    std::vector<Group> gs;
+    bool ok = true;
+    for (uint32_t l = 0; l < L; ++l) {
+      if (l > 0 && (mask >> (l - 1) & 1)) {
+        if (resident[l] || resident[l - 1]) ok = false;
+        gs.back().count++;
+      } else {
+        gs.push_back(Group{l, 1, resident[l]});
+      }
+    }
+    if (!ok) continue;
+    const auto c = grouped_costs(layers, gs);
+    const auto r = grouped_resident(gs);
+    for (uint32_t d : depths)
+      if (device_bytes(c, r, d, pass) <= budget) best = std::min(best, predict(c, r, d, k, pass).ms);
+  }
+  return best;
+}
+
+uint32_t covered(const std::vector<Group>& gs) {
+  uint32_t next = 0;
+  for (const Group& g : gs) {
+    EXPECT_EQ(g.first, next);
+    EXPECT_GE(g.count, 1u);
+    next += g.count;
+  }
+  return next;
+}
+
+TEST(PlanGroup, GreedyAgainstEveryPartitionOnRandomModels) {
+  std::mt19937_64 rng(16003);
+  std::uniform_int_distribution<uint64_t> mb(1, 20);
+  std::uniform_real_distribution<double> ms(0.0, 0.4), ov(0.0, 0.2), share(0.0, 1.5), u(0, 1);
+  const std::vector<uint32_t> depths = {1, 2, 3};
+  double worst = 1.0, sum = 0;
+  int exact = 0;
+  const int trials = 300;
+  for (int trial = 0; trial < trials; ++trial) {
+    const uint32_t L = 3 + trial % 5;  // 3..7 layers: up to 64 partitions
+    std::vector<LayerCost> layers(L);
+    Pass pass;
+    pass.backward = trial % 2 == 1;
+    for (LayerCost& c : layers) {
+      c.bytes = mb(rng) * MB;
+      c.fwd_ms = ms(rng);
+      if (pass.backward) {
+        c.bwd_ms = 2 * ms(rng);
+        c.grad_bytes = u(rng) < 0.7 ? c.bytes : 0;
+      }
+    }
+    std::vector<bool> resident(L, false);
+    for (uint32_t l = 0; l < L; ++l) resident[l] = u(rng) < 0.2;
+    Link k = link50();
+    k.copy_overhead_ms = ov(rng);
+    const uint64_t floor = device_bytes(layers, resident, 1, pass);
+    uint64_t total = 0;
+    for (const LayerCost& c : layers) total += c.bytes;
+    const uint64_t budget = floor + static_cast<uint64_t>(share(rng) * static_cast<double>(total));
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Grouping g = group(layers, resident, budget, k, pass, depths);
+    EXPECT_EQ(covered(g.groups), L);
+    for (const Group& gr : g.groups)
+      for (uint32_t l = gr.first; l < gr.first + gr.count; ++l) EXPECT_EQ(gr.resident, resident[l]);
+    const auto c = grouped_costs(layers, g.groups);
+    const auto r = grouped_resident(g.groups);
+    EXPECT_LE(g.device_bytes, budget);
+    EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
+    EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
+    double ungrouped = 1e300;
+    for (uint32_t d : depths)
+      if (device_bytes(layers, resident, d, pass) <= budget)
+        ungrouped = std::min(ungrouped, predict(layers, resident, d, k, pass).ms);
+    EXPECT_LE(g.prediction.ms, ungrouped + 1e-9);
+    const double best = brute_force_grouping(layers, resident, budget, k, pass, depths);
+    EXPECT_GE(g.prediction.ms, best - 1e-9);
+    const double ratio = g.prediction.ms / best;
+    EXPECT_LE(ratio, 1.15);
+    worst = std::max(worst, ratio);
+    sum += ratio;
+    exact += ratio < 1 + 1e-9;
+  }
+  std::printf("greedy grouping against every partition: %d of %d optimal, mean %.4f, worst %.4f\n",
+              exact, trials, sum / trials, worst);
+  EXPECT_GE(exact, trials * 9 / 10);
+}
+
+// With no per-copy overhead a link-bound pass gains nothing from grouping
+// (the copies take as long, and a larger last record only delays its
+// compute) unless larger slots change what the ring holds: with room for
+// every group in a slot the steady state's forward is all hits.
+TEST(PlanGroup, ZeroOverheadGainsOnlyThroughTheSlots) {
+  const auto layers = uniform(24, 25 * MB, 0.05);
+  const std::vector<bool> none(24, false);
+  auto ungrouped = [&](uint64_t budget) {
+    double best = 1e300;
+    for (uint32_t d : {1u, 2u, 3u, 4u, 6u, 8u})
+      if (device_bytes(layers, none, d, Pass{}) <= budget)
+        best = std::min(best, predict(layers, none, d, link50(), Pass{}).ms);
+    return best;
+  };
+  const Grouping g = group(layers, none, 200 * MB, link50(), Pass{});
+  EXPECT_EQ(g.groups.size(), 24u);
+  EXPECT_NEAR(g.prediction.ms, ungrouped(200 * MB), 1e-9);
+  const Grouping h = group(layers, none, 1000 * MB, link50(), Pass{});
+  EXPECT_LE(h.groups.size(), h.depth);  // every group stays in its slot
+  EXPECT_EQ(h.prediction.h2d_bytes, 0u);
+  EXPECT_LT(h.prediction.ms, ungrouped(1000 * MB));
+  EXPECT_LE(h.device_bytes, 1000 * MB);
+}
+
+// The 144-linear shape: small records, a per-copy overhead. Grouping saves
+// copies; the budget bounds the groups' size through the slots.
+TEST(PlanGroup, SmallRecordsWithOverheadAreGroupedWithinTheBudget) {
+  const uint32_t L = 48;
+  const auto layers = uniform(L, 2 * MB, 0.01);
+  Link k = link50();
+  k.copy_overhead_ms = 0.004;  // 2 MB: 0.04 ms of bytes, 10% more per copy
+  const std::vector<bool> none(L, false);
+  const Grouping loose = group(layers, none, 400 * MB, k, Pass{});
+  EXPECT_LT(loose.groups.size(), L / 4);
+  const Prediction flat = predict(layers, none, 2, k, Pass{});
+  EXPECT_LT(loose.prediction.ms, flat.ms - 10 * 0.004);
+  EXPECT_LE(loose.device_bytes, 400 * MB);
+  // A budget of 8 MB: depth 1 holds a record of at most 4 layers, depth 2 two.
+  const Grouping tight = group(layers, none, 8 * MB, k, Pass{});
+  EXPECT_LE(tight.device_bytes, 8 * MB);
+  uint32_t largest = 0;
+  for (const Group& g : tight.groups) largest = std::max(largest, g.count);
+  EXPECT_LE(uint64_t(largest) * 2 * MB * tight.depth, 8 * MB);
+  EXPECT_LT(tight.groups.size(), L);
+  EXPECT_EQ(covered(tight.groups), L);
+}
+
+// Residents and groups together: never slower than choose() alone, within
+// the budget, the groups covering the layers.
+TEST(PlanGroup, ChooseGroupedIsNeverSlowerThanChoose) {
+  std::mt19937_64 rng(16004);
+  std::uniform_int_distribution<uint64_t> mb(1, 30);
+  std::uniform_real_distribution<double> ms(0.0, 0.3), ov(0.0, 0.2), share(0.0, 1.0), u(0, 1);
+  for (int trial = 0; trial < 60; ++trial) {
+    const uint32_t L = 4 + trial % 12;
+    std::vector<LayerCost> layers(L);
+    Pass pass;
+    pass.backward = trial % 3 == 2;
+    for (LayerCost& c : layers) {
+      c.bytes = mb(rng) * MB;
+      c.fwd_ms = ms(rng);
+      if (pass.backward) {
+        c.bwd_ms = 2 * ms(rng);
+        c.grad_bytes = c.bytes;
+      }
+    }
+    Link k = link50();
+    k.copy_overhead_ms = ov(rng);
+    uint64_t total = 0;
+    for (const LayerCost& c : layers) total += c.bytes;
+    const uint64_t budget = device_bytes(layers, std::vector<bool>(L, false), 1, pass) +
+                            static_cast<uint64_t>(share(rng) * static_cast<double>(total));
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Plan p = choose(layers, budget, k, pass);
+    const Grouping g = choose_grouped(layers, budget, k, pass);
+    EXPECT_LE(g.prediction.ms, p.prediction.ms + 1e-9);
+    EXPECT_EQ(covered(g.groups), L);
+    const auto c = grouped_costs(layers, g.groups);
+    const auto r = grouped_resident(g.groups);
+    EXPECT_LE(g.device_bytes, budget);
+    EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
+    EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
+  }
+}
+
+TEST(PlanGroup, ValidationErrors) {
+  auto status = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.status();
+    }
+    return LWO_OK;
+  };
+  const auto layers = uniform(4, 10 * MB, 0.1);
+  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(3, false), 100 * MB, link50(), Pass{}); }),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {}); }),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {0}); }),
+            LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 5 * MB, link50(), Pass{}); }),
+            LWO_ERR_OVER_BUDGET);
+  EXPECT_EQ(status([&] { grouped_costs(layers, {Group{3, 2, false}}); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status([&] { grouped_costs(layers, {Group{0, 0, false}}); }), LWO_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace
