@@ -40,6 +40,7 @@
 
 #include "bench/common.h"
 #include "tests/testkit/dtype.h"
+#include "tests/testkit/workload.h"
 
 namespace lwob {
 namespace {
@@ -75,14 +76,11 @@ QModel linear8192x32() {
   return m;
 }
 QModel m144(bool block_records) {
+  const testkit::ChainSpec c = testkit::m144_chain(block_records);
   QModel m;
-  m.name = block_records ? "m144/block_records" : "m144/linear_records";
-  for (int b = 0; b < 24; ++b) {
-    for (int k = 0; k < 4; ++k) m.ops.push_back({2048, 2048});
-    m.ops.push_back({2048, 8192});
-    m.ops.push_back({8192, 2048});
-  }
-  m.per_record = block_records ? 6 : 1;
+  m.name = c.name;
+  for (const auto& op : c.ops) m.ops.push_back({op.first, op.second});
+  m.per_record = static_cast<uint32_t>(c.records.front().size());
   m.share = m.all_formats = block_records;
   return m;
 }

@@ -72,13 +72,7 @@ Model chain(const std::string& name, int64_t dim, uint32_t n, uint32_t per_recor
 
 Model m144(bool block_records) {
   Model m;
-  m.chain.name = block_records ? "m144/block_records" : "m144/linear_records";
-  for (int b = 0; b < 24; ++b) {
-    for (int k = 0; k < 4; ++k) m.chain.ops.push_back({2048, 2048});
-    m.chain.ops.push_back({2048, 8192});
-    m.chain.ops.push_back({8192, 2048});
-  }
-  m.chain.group(block_records ? 6 : 1);
+  m.chain = testkit::m144_chain(block_records);
   if (block_records) m.target = 1.02;
   m.rows = {1024};
   return m;

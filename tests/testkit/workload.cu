@@ -57,6 +57,18 @@ ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_r
   return s;
 }
 
+ChainSpec m144_chain(bool block_records) {
+  ChainSpec s;
+  s.name = block_records ? "m144/block_records" : "m144/linear_records";
+  for (int b = 0; b < 24; ++b) {
+    for (int k = 0; k < 4; ++k) s.ops.push_back({2048, 2048});
+    s.ops.push_back({2048, 8192});
+    s.ops.push_back({8192, 2048});
+  }
+  s.group(block_records ? 6 : 1);
+  return s;
+}
+
 // --- the weights ------------------------------------------------------------------------
 
 ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)

@@ -70,6 +70,9 @@ struct ChainSpec {
 };
 // n ops of dim x dim, per_record to a record.
 ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_record);
+// The 144-linear model: 24 blocks of 4 x Linear(2048x2048), Linear(2048->8192),
+// Linear(8192->2048); one record per block of 6, or per linear.
+ChainSpec m144_chain(bool block_records);
 
 // --- the weights ------------------------------------------------------------------
 
