@@ -496,6 +496,25 @@ void Grads::wait_landed(uint32_t layer, uint64_t serial) {
   q_cv_.wait(lock, [&] { return added_serial_[layer] >= serial; });
 }
 
+bool Grads::landed(uint32_t layer, uint64_t serial) {
+  EventH ev = nullptr;
+  bool direct = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Layer& g = layers_.at(layer);
+    if (serial == 0 || g.end_serial < serial) return true;  // as wait_landed
+    ev = g.landed;
+    direct = g.end_direct && g.end_serial == serial;
+  }
+  {
+    DeviceScope scope(engine_);
+    if (!engine_.gpu().event_done(ev)) return false;
+  }
+  if (direct) return true;
+  std::lock_guard<std::mutex> lock(q_mu_);
+  return added_serial_[layer] >= serial;
+}
+
 void Grads::check_destroyable() {
   if (reader_.load())
     fail(LWO_ERR_BUSY, "the gradient set has an optimizer; destroy the optimizer first");

@@ -79,6 +79,8 @@ class Grads {
   // landed in host memory and been added: the layer's buffers hold it. Any
   // thread; needs no lock the caller of begin/end/zero holds while waiting.
   void wait_landed(uint32_t layer, uint64_t serial);
+  // Non-blocking: whether wait_landed(layer, serial) would return at once.
+  bool landed(uint32_t layer, uint64_t serial);
 
  private:
   struct Tensor {

@@ -71,11 +71,8 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
         l.tensors.push_back(t);
       }
       if (bytes) {
-        // Anonymous memory: no page exists until a worker first touches it.
-        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-          fail(LWO_ERR_OUT_OF_MEMORY, "layer %u: %llu bytes of optimizer state", li,
-               static_cast<unsigned long long>(bytes));
+        // No page exists until a worker first touches it.
+        void* p = optim::map_state(bytes, strf("layer %u: optimizer state", li).c_str());
         l.block = p;
         l.block_bytes = bytes;
         state_bytes_ += bytes;
@@ -104,7 +101,7 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
     }
   } catch (...) {
     for (Layer& l : layers_)
-      if (l.block) munmap(l.block, l.block_bytes);
+      optim::unmap_state(l.block, l.block_bytes);
     throw;
   }
   grads_.attach(this);  // throws LWO_ERR_BUSY if the set has an optimizer
@@ -123,7 +120,7 @@ Optimizer::~Optimizer() {
   pool_.writer.store(nullptr);
   grads_.attach(nullptr);
   for (Layer& l : layers_)
-    if (l.block) munmap(l.block, l.block_bytes);
+    optim::unmap_state(l.block, l.block_bytes);
 }
 
 void Optimizer::check_idle(const char* what) {
@@ -230,8 +227,17 @@ void Optimizer::publish_next(Layer& l) {
   l.dirty = false;
 }
 
+std::vector<uint32_t> Optimizer::last_order() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return order_;
+}
+
 void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p) {
   const bool clip = p.max_norm > 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    order_.clear();
+  }
   uint64_t last_landed = now_ns();
   if (cfg_.delayed) {
     // As each layer lands (its last reader of the old bytes has read them),
@@ -249,6 +255,10 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     }
     for (const Job& j : jobs) {
       Layer& l = layers_[j.layer];
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        order_.push_back(j.layer);
+      }
       update(l, j.layer, p, 1.0f, l.cur, l.cur);
       std::lock_guard<std::mutex> lock(mu_);
       l.dirty = true;
@@ -260,14 +270,41 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     last_tail_ns_ = now_ns() - last_landed;
     return;
   }
-  for (const Job& j : jobs) {
+  // The order of the updates: among the layers that have landed, the lowest
+  // first; when none has, the next to land (the gradient stream and the host
+  // addition are in order, so the landed ones are a prefix of `left`). While
+  // the backward pass runs that is about the landing order; once it is over
+  // every layer has landed and the rest go 0, 1, 2, ...: the order in which
+  // the next forward stages them, so it can follow the update layer by layer
+  // instead of waiting for layer 0, which lands last.
+  // last_landed: when every layer was first seen landed (checked between
+  // updates, so up to one layer's update late).
+  std::vector<Job> left = jobs;
+  bool all_landed = false;
+  while (!left.empty()) {
+    size_t pick = 0, k = 0;
+    for (; k < left.size() && grads_.landed(left[k].layer, left[k].serial); ++k)
+      if (left[k].layer < left[pick].layer) pick = k;
+    if (k == left.size() && !all_landed) {
+      all_landed = true;
+      last_landed = now_ns();
+    }
+    const Job j = left[pick];
+    left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      order_.push_back(j.layer);
+    }
     Layer& l = layers_[j.layer];
     const uint64_t w0 = now_ns();
     grads_.wait_landed(j.layer, j.serial);
-    last_landed = now_ns();
+    if (left.empty() && !all_landed) {
+      all_landed = true;
+      last_landed = now_ns();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      landing_wait_ns_ += last_landed - w0;
+      landing_wait_ns_ += now_ns() - w0;
     }
     if (clip) {
       l.sumsq = 0;
@@ -278,7 +315,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
       update(l, j.layer, p, 1.0f, l.cur, l.cur);
       // The last layer is released with the end of the step (dispatch), so
       // that a caller its stage wakes finds the step finished.
-      if (&j == &jobs.back()) continue;
+      if (left.empty()) continue;
       std::lock_guard<std::mutex> lock(mu_);
       l.pending = l.reading = false;
       cv_.notify_all();

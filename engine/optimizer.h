@@ -13,7 +13,11 @@
 //              order the layers were ended, to the dispatcher thread.
 //   dispatch:  per layer: Grads::wait_landed (the layer's gradient-stream
 //              event, then the host addition), update on the workers, clear
-//              pending (without clipping) and wake the waiters.
+//              pending (without clipping) and wake the waiters. The next
+//              layer is the lowest of those landed (Grads::landed), or the
+//              next to land if none has: once the backward pass is over the
+//              rest go in ascending order, the order the next forward
+//              stages them.
 //   stage:     Ring::stage of a pending layer blocks the calling thread
 //              until it is no longer pending (Pool::Writer); then it copies.
 //   begin:     Grads::begin of a pending layer does the same (Grads::Reader):
@@ -80,6 +84,8 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   void info(lwo_optim_info* out);
   void stats(lwo_optim_stats* out);
   void check_destroyable();
+  // The layers of the last step in the order they were updated (tests).
+  std::vector<uint32_t> last_order();
 
   // Pool::Writer and Grads::Reader.
   void wait_layer(uint32_t layer) override;
@@ -145,6 +151,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
            n_redone_ = 0;
   uint64_t update_ns_ = 0, landing_wait_ns_ = 0, last_step_ns_ = 0, last_tail_ns_ = 0;
   double last_norm_ = 0;
+  std::vector<uint32_t> order_;  // the running or last step's update order
   std::thread dispatcher_;  // last: started once everything else is built
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "engine/backend.h"
 #include "lwo.h"
@@ -18,6 +19,8 @@ lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_eng
 Backend* engine_backend(lwo_engine* engine);
 // Turns the collective check (LWO_ENGINE_CHECK_COLLECTIVES) on or off.
 void engine_set_check_collectives(lwo_engine* engine, bool on);
+// The layers of an optimizer's last step in the order it updated them.
+std::vector<uint32_t> optim_last_order(lwo_optim* optim);
 // The stream type of the C API as the backend's opaque stream.
 inline lwo_stream_t as_stream(void* s) { return static_cast<lwo_stream_t>(s); }
 

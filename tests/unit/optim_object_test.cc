@@ -228,6 +228,41 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
   }
 }
 
+// The update order: every gradient here has landed before the dispatcher
+// picks (the recording backend's events are done at once, and one
+// micro-batch lands by DMA alone), so the step updates the layers in
+// ascending order, the order the next forward stages them, although they
+// landed last first; the delayed variant keeps the landing order (the next
+// backward reads the last layer first).
+TEST_F(OptimTest, LandedLayersUpdateInTheNextForwardsOrder) {
+  const uint32_t L = 6;
+  for (int delayed = 0; delayed < 2; ++delayed) {
+    SCOPED_TRACE(delayed ? "delayed" : "immediate");
+    lwo_pool* pool = make_model(L, 21);
+    lwo_grads* g = make_grads(pool);
+    lwo_optim* o = make_optim(g, LWO_DTYPE_F32, delayed ? LWO_OPTIM_DELAYED : 0, 2);
+    StreamH s = gpu->new_stream();
+    std::mt19937 rng(5);
+    lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+    p.lr = 1e-3;
+    for (uint64_t step = 1; step <= 2; ++step) {
+      ASSERT_LWO(lwo_grads_zero(g));
+      for (uint32_t l = L; l-- > 0;) backward(g, pool, l, s, rng, 0.5f);
+      ASSERT_LWO(lwo_grads_wait(g));  // every layer landed before the step
+      p.step = step;
+      ASSERT_LWO(lwo_optim_step(o, &p));
+      ASSERT_LWO(lwo_optim_wait(o));
+      std::vector<uint32_t> want(L);
+      for (uint32_t l = 0; l < L; ++l) want[l] = delayed ? L - 1 - l : l;
+      EXPECT_EQ(optim_last_order(o), want) << "step " << step;
+    }
+    ASSERT_LWO(lwo_optim_destroy(o));
+    ASSERT_LWO(lwo_grads_destroy(g));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+  }
+}
+
 // The one-step-delayed update against its definition: the masters follow
 // the same f64 reference (the gradients here do not depend on the weights),
 // while the pool, and so every slot the forward of step s reads, holds the
