@@ -1781,8 +1781,8 @@ LWO_API lwo_status_t lwo_dequantize_host(const lwo_quant_desc* desc, const void*
  * desc->dtype (f32, bf16 or f16) that must not overlap src. Stream-ordered
  * on `stream` (after the work enqueued there before, such as a copy or an
  * lwo_ring_acquire); the result equals lwo_dequantize_host's bit for bit.
- * src may have any alignment; 16-byte aligned src and dst with cols a
- * multiple of 8 take the vectorized path. Checks: the engine
+ * src may have any alignment; cols a multiple of 8, dst 16-byte aligned
+ * and src 8-byte aligned (int4: 4) take the vectorized path. Checks: the engine
  * handle (LWO_ERR_INVALID_HANDLE), then the descriptor, NULL src or dst and
  * a dst not aligned to its element's size (LWO_ERR_INVALID_ARGUMENT), rows
  * and cols (LWO_ERR_OUT_OF_RANGE); a launch that fails is LWO_ERR_CUDA.

@@ -1,14 +1,16 @@
 // Dequantization on the GPU: the same codec functions as the CPU reference
 // (src/quant/codec.h: code decoding, the scale index, code x scale, the
-// rounding to bf16 / f16), so both give the same bits. The one exception,
-// e4m3 decoded in hardware on the wide path, is exact (see decode16).
+// rounding to bf16 / f16), so both give the same bits; where the unit path
+// decodes and rounds faster in its own way (integer decoding, the
+// hardware's conversion), it does so only where the two are equal for
+// every input (see dequant_units).
 //
-// Three paths, picked per call by shape and alignment: dequant_wide (16
-// bytes of codes per thread step, at memory speed), dequant_vec8 (8
-// elements per step) and dequant_scalar (any shape, any alignment); the GPU
-// tests (tests/gpu/quant_test.cc) take each against lwo_dequantize_host.
+// Two paths, picked per call by shape and alignment: dequant_units (8
+// elements per thread step, at memory speed) and dequant_scalar (any shape,
+// any alignment); the GPU tests (tests/gpu/quant_test.cc) take each against
+// lwo_dequantize_host.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -97,109 +99,151 @@ __device__ inline void store_vec(void* dst, uint64_t v, const float* y) {
   }
 }
 
-// Eight elements per step (cols % 8 == 0, dst 16-byte aligned, src aligned
-// to its load: 8 bytes of fp8 / int8 codes, 4 bytes of int4 codes): the
-// eight share a row and a scale (8 divides 128 and cols). The path of the
-// shapes and alignments dequant_wide cannot take.
-template <lwo_quant_format_t F, int O, class I>
-__global__ void dequant_vec8(const uint8_t* src, void* dst, Shape s) {
-  const I n8 = static_cast<I>(s.rows * s.cols / 8), cols8 = static_cast<I>(s.cols / 8);
-  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
-  for (I v = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; v < n8; v += stride) {
-    const I r = v / cols8, c = (v % cols8) * 8;
-    const float sc = scale_at<F, true, I>(src, s, r, c);
-    float q[8];
-    if (F == LWO_QUANT_INT4_GROUP128) {
-      const uint32_t w = reinterpret_cast<const uint32_t*>(src)[v];  // 8 nibbles
-#pragma unroll
-      for (int k = 0; k < 8; ++k) q[k] = quant::i4_to_f32(w >> (4 * k));
-    } else {
-      const uint2 w = reinterpret_cast<const uint2*>(src)[v];  // 8 bytes
-      uint8_t b[8];
-      memcpy(b, &w, 8);
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        q[k] = F == LWO_QUANT_INT8_CHANNEL ? quant::i8_to_f32(b[k]) : quant::e4m3_to_f32(b[k]);
-    }
-    float y[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = quant::dequant(q[k], sc);
-    store_vec<O, 8>(dst, static_cast<uint64_t>(v), y);
-  }
+// ---- the unit path: eight elements per thread step ----
+//
+// A unit is 8 consecutive elements of one row (cols % 8 == 0): 8 bytes of
+// fp8 / int8 codes or 4 of int4, one scale (8 divides 128 and cols), 16
+// bytes of bf16 / f16 out (32 of f32). Consecutive threads take consecutive
+// units, so a warp's loads and 16-byte stores are contiguous.
+//
+// Each unit is decoded one of two ways, both giving the reference's bits:
+// - fast, when its scale is finite and (fp8) none of its codes is a NaN code,
+//   so no product can be NaN: integer decoding (below), one f32 multiply by
+//   the scale, and the hardware's round-to-nearest-even conversion to bf16 /
+//   f16 (cvt.rn.{bf16,f16}x2.f32), which equals codec.h's f32_to_bf16 /
+//   f32_to_f16 on every value but NaN (overflow to infinity and subnormals
+//   included);
+// - reference, otherwise: codec.h's decoding, quant::dequant (the one quiet
+//   NaN) and codec.h's rounding.
+// Integer decoding, exact for every code:
+// - e4m3: the f32 with sign bit b & 0x80 and bits (b & 0x7f) << 20, times
+//   2^120. A normal code (exponent e >= 1) is 2^(e-127) (1 + m/8) before the
+//   multiply, 2^(e-7) (1 + m/8) after; a subnormal code is the f32 subnormal
+//   m 2^-129, m 2^-9 after (the device keeps subnormals: no -ftz). NaN codes
+//   (0x7f, 0xff) take the reference path.
+// - int8: the f32 with bits 0x4b000000 | (b ^ 0x80) is 2^23 + 128 + code.
+// - int4: 0x4b000000 | nibble is 2^23 + nibble, and the code is nibble - 8.
+
+// Whether any byte of u is an e4m3 NaN code (low 7 bits all set): adding 1
+// to the low 7 bits of each byte carries into its top bit only there.
+__device__ inline bool has_nan_code(uint32_t u) {
+  return (((u & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0;
 }
 
-// The codes of one 16-byte vector as floats: 16 fp8 / int8 codes, or 32 int4
-// codes (nibble k of the vector is element k). e4m3 decodes in hardware on
-// sm_89 and later (cvt.rn.f16x2.e4m3x2, then f16 -> f32: both exact for
-// every e4m3 value; a NaN code gives some NaN, which quant::dequant turns
-// into the one quiet NaN, so the result's bits equal the CPU reference's);
-// elsewhere with codec.h's e4m3_to_f32.
+// The 8 codes of a unit (w.y unused for int4), exactly, by integer decoding.
 template <lwo_quant_format_t F>
-__device__ inline void decode16(const uint4& w, float* q) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+__device__ inline void decode8_fast(uint2 w, float* q) {
+  const uint32_t u[2] = {w.x, w.y};
   if (F == LWO_QUANT_INT4_GROUP128) {
 #pragma unroll
-    for (int k = 0; k < 32; ++k) q[k] = quant::i4_to_f32(u[k / 8] >> (4 * (k % 8)));
+    for (int k = 0; k < 8; ++k)
+      q[k] = __uint_as_float(0x4b000000u | ((u[0] >> (4 * k)) & 0xfu)) - 8388616.0f;
   } else if (F == LWO_QUANT_INT8_CHANNEL) {
 #pragma unroll
-    for (int k = 0; k < 16; ++k)
-      q[k] = quant::i8_to_f32(static_cast<uint8_t>(u[k / 4] >> (8 * (k % 4))));
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t t = u[k / 4] ^ 0x80808080u;
+      q[k] = __uint_as_float(__byte_perm(t, 0x4b000000u, 0x7540u | (k % 4))) - 8388736.0f;
+    }
   } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(u[k / 2] >> (16 * (k % 2))), __NV_E4M3);
-      q[2 * k] = __half2float(__half(__half_raw{h.x}));
-      q[2 * k + 1] = __half2float(__half(__half_raw{h.y}));
+      const uint32_t b = (u[k / 4] >> (8 * (k % 4))) & 0xffu;
+      q[k] = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
     }
-#else
-#pragma unroll
-    for (int k = 0; k < 16; ++k)
-      q[k] = quant::e4m3_to_f32(static_cast<uint8_t>(u[k / 4] >> (8 * (k % 4))));
-#endif
   }
 }
 
-// Elements per wide vector: 16 bytes of codes.
+// The 8 codes of a unit by codec.h's functions.
 template <lwo_quant_format_t F>
-__host__ __device__ constexpr int wide_width() {
-  return F == LWO_QUANT_INT4_GROUP128 ? 32 : 16;
+__device__ inline void decode8_ref(uint2 w, float* q) {
+  const uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (F == LWO_QUANT_INT4_GROUP128)
+      q[k] = quant::i4_to_f32(u[0] >> (4 * k));
+    else if (F == LWO_QUANT_INT8_CHANNEL)
+      q[k] = quant::i8_to_f32(static_cast<uint8_t>(u[k / 4] >> (8 * (k % 4))));
+    else
+      q[k] = quant::e4m3_to_f32(static_cast<uint8_t>(u[k / 4] >> (8 * (k % 4))));
+  }
 }
 
-// The memory-speed path (cols % wide_width == 0, src and dst 16-byte
-// aligned): each step of a thread takes U vectors of 16 bytes of codes (16
-// fp8 / int8 or 32 int4 elements: they share a row and a scale, as 16 and 32
-// divide 128 and cols), loads the U code vectors and their U scales first
-// (U loads in flight per thread), then decodes and stores each with 16-byte
-// stores. Grid-stride over vectors v = v0 + u * stride.
+// Stores y[0..8), none of them NaN, as unit v of dst by the hardware's
+// rounding (f32: as they are).
+template <int O>
+__device__ inline void store8_fast(void* dst, uint64_t v, const float* y) {
+  if (O == kF32) {
+    store_vec<kF32, 8>(dst, v, y);
+  } else {
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (O == kBf16) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(y[2 * j], y[2 * j + 1]);  // .x: low half
+        memcpy(&h[j], &p, 4);
+      } else {
+        const __half2 p = __floats2half2_rn(y[2 * j], y[2 * j + 1]);
+        memcpy(&h[j], &p, 4);
+      }
+    }
+    reinterpret_cast<uint4*>(dst)[v] = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+}
+
+template <lwo_quant_format_t F>
+__device__ inline uint2 load_unit(const uint8_t* src, uint64_t v) {
+  if (F == LWO_QUANT_INT4_GROUP128) return make_uint2(__ldg(reinterpret_cast<const uint32_t*>(src) + v), 0u);
+  return __ldg(reinterpret_cast<const uint2*>(src) + v);
+}
+
+// cols % 8 == 0, dst 16-byte aligned, src aligned to its unit load (8 bytes,
+// int4 4) and its scales to 4 bytes. Grid-stride over units; each thread
+// step loads U units (and their scales) before decoding any, so U loads are
+// in flight per thread. The row and column of a unit are carried along the
+// stride (one division per thread, none per unit).
 template <lwo_quant_format_t F, int O, class I, int U>
-__global__ void __launch_bounds__(256) dequant_wide(const uint8_t* src, void* dst, Shape s) {
-  constexpr int N = wide_width<F>();
-  const I nv = static_cast<I>(s.rows * s.cols / N), vpr = static_cast<I>(s.cols / N);
+__global__ void __launch_bounds__(256) dequant_units(const uint8_t* src, void* dst, Shape s) {
+  const I nu = static_cast<I>(s.rows * s.cols / 8), upr = static_cast<I>(s.cols / 8);
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
-  const uint4* codes = reinterpret_cast<const uint4*>(src);
-  for (I v0 = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nv; v0 += U * stride) {
-    uint4 w[U];
+  const I srow = stride / upr, scol = stride - srow * upr;
+  I v = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x;
+  I r = v / upr, cu = v - r * upr;
+  while (v < nu) {
+    uint2 w[U];
     float sc[U];
+    I at[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const I v = v0 + static_cast<I>(u) * stride;
-      if (v < nv) {
-        w[u] = __ldg(codes + v);
-        const I r = v / vpr, c = (v - r * vpr) * N;
-        sc[u] = scale_at<F, true, I>(src, s, r, c);
+      at[u] = v;
+      if (v < nu) {
+        w[u] = load_unit<F>(src, static_cast<uint64_t>(v));
+        sc[u] = scale_at<F, true, I>(src, s, r, cu * 8);
+      }
+      v += stride;
+      r += srow;
+      cu += scol;
+      if (cu >= upr) {
+        cu -= upr;
+        ++r;
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const I v = v0 + static_cast<I>(u) * stride;
-      if (v < nv) {
-        float y[N];
-        decode16<F>(w[u], y);
+      if (at[u] >= nu) continue;
+      bool fast = (__float_as_uint(sc[u]) & 0x7f800000u) != 0x7f800000u;
+      if (F == LWO_QUANT_FP8_E4M3_CHANNEL || F == LWO_QUANT_FP8_E4M3_BLOCK128)
+        fast = fast && !has_nan_code(w[u].x) && !has_nan_code(w[u].y);
+      float y[8];
+      if (fast) {
+        decode8_fast<F>(w[u], y);
 #pragma unroll
-        for (int k = 0; k < N; ++k) y[k] = quant::dequant(y[k], sc[u]);
-        store_vec<O, N>(dst, static_cast<uint64_t>(v), y);
+        for (int k = 0; k < 8; ++k) y[k] *= sc[u];
+        store8_fast<O>(dst, static_cast<uint64_t>(at[u]), y);
+      } else {
+        decode8_ref<F>(w[u], y);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) y[k] = quant::dequant(y[k], sc[u]);
+        store_vec<O, 8>(dst, static_cast<uint64_t>(at[u]), y);
       }
     }
   }
@@ -210,11 +254,11 @@ unsigned grid_for(uint64_t work) {
   return static_cast<unsigned>(std::min<uint64_t>(std::max<uint64_t>(blocks, 1), 65536));
 }
 
-// Vectors of the wide path at and above which a thread takes 4 per step
-// (4 loads in flight; a quarter of the blocks): the 8192 x 8192 weights.
-// Below it, one per step and more blocks, so that a small tensor (2048 x
-// 2048) still spreads over every SM.
-constexpr uint64_t kWideUnroll4 = uint64_t(1) << 20;
+// Units at and above which a thread takes 4 per step (4 loads in flight; a
+// quarter of the blocks): 8192 x 8192 weights. Below it one per step and
+// more blocks, so that a small tensor (2048 x 2048) still spreads over every
+// SM.
+constexpr uint64_t kUnroll4 = uint64_t(1) << 22;
 
 template <lwo_quant_format_t F, int O>
 void launch(const Shape& s, const uint8_t* src, void* dst, cudaStream_t stream) {
@@ -222,27 +266,18 @@ void launch(const Shape& s, const uint8_t* src, void* dst, cudaStream_t stream) 
   // 32-bit indices while every index (and index + 4 strides) stays below 2^32.
   const bool narrow = n + uint64_t(65536) * 256 * 4 < (uint64_t(1) << 32);
   const auto sa = reinterpret_cast<uintptr_t>(src), da = reinterpret_cast<uintptr_t>(dst);
-  constexpr int N = wide_width<F>();
-  if (s.cols % N == 0 && sa % 16 == 0 && da % 16 == 0) {
-    const uint64_t nv = n / N;
-    if (nv >= kWideUnroll4) {
-      const unsigned g = grid_for((nv + 3) / 4);
+  const uintptr_t load = F == LWO_QUANT_INT4_GROUP128 ? 4 : 8;  // a unit's codes
+  if (s.cols % 8 == 0 && sa % load == 0 && da % 16 == 0 && (sa + s.scale_offset) % 4 == 0) {
+    const uint64_t nu = n / 8;
+    if (nu >= kUnroll4) {
+      const unsigned g = grid_for((nu + 3) / 4);
       if (narrow)
-        dequant_wide<F, O, uint32_t, 4><<<g, 256, 0, stream>>>(src, dst, s);
+        dequant_units<F, O, uint32_t, 4><<<g, 256, 0, stream>>>(src, dst, s);
       else
-        dequant_wide<F, O, uint64_t, 4><<<g, 256, 0, stream>>>(src, dst, s);
+        dequant_units<F, O, uint64_t, 4><<<g, 256, 0, stream>>>(src, dst, s);
     } else {
-      // nv < 2^20: 32-bit indices always.
-      dequant_wide<F, O, uint32_t, 1><<<grid_for(nv), 256, 0, stream>>>(src, dst, s);
+      dequant_units<F, O, uint32_t, 1><<<grid_for(nu), 256, 0, stream>>>(src, dst, s);
     }
-    return;
-  }
-  const uintptr_t load = F == LWO_QUANT_INT4_GROUP128 ? 4 : 8;  // vec8's code load
-  if (s.cols % 8 == 0 && sa % load == 0 && da % 16 == 0) {
-    if (narrow)
-      dequant_vec8<F, O, uint32_t><<<grid_for(n / 8), 256, 0, stream>>>(src, dst, s);
-    else
-      dequant_vec8<F, O, uint64_t><<<grid_for(n / 8), 256, 0, stream>>>(src, dst, s);
     return;
   }
   if (narrow)

@@ -1,11 +1,14 @@
 // Quantized weights on the device (lwo_dequantize): equal to the CPU
 // reference lwo_dequantize_host bit for bit for every format and output
 // dtype, on fresh random data (weights quantized by lwo_quantize, and raw
-// random codes with random scales, NaN codes included), on shapes that are
-// not multiples of the vector widths, through each of the kernel's three
-// paths (wide: 16 bytes of codes per step, with 1 or 4 vectors per thread
-// step; vec8; scalar, picked by shape and alignment), ordered after a copy
-// on the same stream, and straight from a ring slot.
+// random codes with random scales, NaN codes, non-finite, huge and subnormal
+// scales included), on shapes that are not multiples of 8, through each of
+// the kernel's paths (units: 8 elements per step, with 1 or 4 units per
+// thread step, each unit decoded fast or by the reference functions; scalar,
+// picked by shape and alignment), ordered after a copy on the same stream,
+// and straight from a ring slot.
+#include <limits>
+
 #include "gpu_util.h"
 #include "testkit/dtype.h"
 #include "testkit/spin.h"
@@ -40,9 +43,9 @@ lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dty
 }
 
 // The shapes of a format: one element, cols not a multiple of 8 (scalar
-// path), of 8 but not 16 (vec8: 200, 1000), of 16 but not 128 (wide, with
-// partial fp8 blocks: 400), of 128 (wide), partial blocks in both
-// dimensions. int4 cols are multiples of 128, so always wide where aligned.
+// path), of 8 but not 16 (units: 200, 1000), of 16 but not 128 (units, with
+// partial fp8 blocks: 400), of 128, partial blocks in both dimensions. int4
+// cols are multiples of 128, so always units where aligned.
 std::vector<std::pair<int64_t, int64_t>> shapes(lwo_quant_format_t f) {
   if (f == LWO_QUANT_INT4_GROUP128) return {{1, 128}, {5, 384}, {130, 256}, {257, 1024}};
   return {{1, 1}, {3, 7}, {129, 257}, {130, 200}, {130, 400}, {256, 1024}, {300, 1000}};
@@ -60,9 +63,17 @@ std::vector<uint8_t> make_quantized(const lwo_quant_desc& d, bool raw, std::mt19
       const uint64_t x = rng();
       std::memcpy(&q[i], &x, std::min<uint64_t>(8, info->data_bytes - i));
     }
+    // Mostly ordinary scales; one in eight special: non-finite (the
+    // reference path), huge (products that overflow bf16 / f16 to
+    // infinity), tiny or subnormal (subnormal products).
     std::uniform_real_distribution<float> s(1e-4f, 2.0f);
+    const float special[] = {std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(), 1e38f, 3e4f, 1e-30f,
+                             1e-40f, -0.5f};
     for (int64_t i = 0; i < info->scale_rows * info->scale_cols; ++i) {
-      const float v = s(rng);
+      const uint64_t pick = rng();
+      const float v = pick % 8 == 0 ? special[(pick >> 8) % 8] : s(rng);
       std::memcpy(&q[info->scale_offset + 4 * static_cast<uint64_t>(i)], &v, 4);
     }
     return q;
@@ -142,11 +153,13 @@ TEST_F(Quant, DeviceEqualsHostForEveryFormatDtypeAndShape) {
           std::vector<uint8_t> q = make_quantized(d, raw, rng, &info);
           std::vector<uint8_t> want = reference(d, q);
           ASSERT_EQ("", first_difference(on_device(d, q, 0, 0), want, lwo_dtype_size(dt)))
-              << "aligned (wide path where cols % 16 (int4: 32) == 0, else vec8 where cols % 8 "
-                 "== 0, else scalar)";
-          // src 8 bytes past 16-byte alignment: not wide; vec8 where cols % 8 == 0.
+              << "aligned (unit path where cols % 8 == 0, else scalar)";
+          // src 8 bytes past 16-byte alignment: still the unit load's alignment.
           ASSERT_EQ("", first_difference(on_device(d, q, 8, 0), want, lwo_dtype_size(dt)))
-              << "src at +8 bytes (vec8 path where cols % 8 == 0, else scalar)";
+              << "src at +8 bytes (unit path where cols % 8 == 0, else scalar)";
+          // src at +4 bytes: units for int4 (4-byte loads), scalar for the others.
+          ASSERT_EQ("", first_difference(on_device(d, q, 4, 0), want, lwo_dtype_size(dt)))
+              << "src at +4 bytes (unit path for int4, else scalar)";
           // Unaligned: src at +1 byte, dst at one element past 16-byte alignment.
           ASSERT_EQ("", first_difference(on_device(d, q, 1, lwo_dtype_size(dt)), want,
                                          lwo_dtype_size(dt)))
@@ -157,11 +170,11 @@ TEST_F(Quant, DeviceEqualsHostForEveryFormatDtypeAndShape) {
 }
 
 TEST_F(Quant, LargeTensorsEqualHostOnEveryPath) {
-  // 4096 x 8192 (32 Mi elements): 2 Mi wide vectors of fp8 / int8, 1 Mi of
-  // int4, so the wide path takes 4 vectors per thread step (1 Mi and up) and
-  // a grid-stride loop; raw random codes (every e4m3 code, NaNs included,
-  // through the hardware decode) and random scales; also through vec8 (src
-  // at +8 bytes) and the scalar path (src at +1 byte).
+  // 4096 x 8192 (32 Mi elements): 4 Mi units, so the unit path takes 4 per
+  // thread step (4 Mi and up) and a grid-stride loop; raw random codes
+  // (every e4m3 code, NaNs included: those units take the reference
+  // decoding) and random scales (specials included); also at src +8 bytes
+  // (units) and through the scalar path (src at +1 byte).
   std::mt19937_64 rng(fresh_seed() + 4);
   const int64_t rows = 4096, cols = 8192;
   for (lwo_quant_format_t f : kFormats)
@@ -172,12 +185,13 @@ TEST_F(Quant, LargeTensorsEqualHostOnEveryPath) {
       std::vector<uint8_t> q = make_quantized(d, true, rng, &info);
       std::vector<uint8_t> want = reference(d, q);
       ASSERT_EQ("", first_difference(on_device(d, q, 0, 0), want, lwo_dtype_size(dt)))
-          << "aligned (wide path, 4 vectors per step)";
+          << "aligned (unit path, 4 units per step)";
       ASSERT_EQ("", first_difference(on_device(d, q, 8, 0), want, lwo_dtype_size(dt)))
-          << "src at +8 bytes (vec8 path)";
-      if (dt == LWO_DTYPE_BF16)
+          << "src at +8 bytes (unit path)";
+      if (dt == LWO_DTYPE_BF16) {
         ASSERT_EQ("", first_difference(on_device(d, q, 1, 2), want, 2))
             << "src at +1 byte (scalar path)";
+      }
     }
 }
 
@@ -253,13 +267,14 @@ TEST_F(Quant, FromARingSlot) {
 TEST_F(Quant, ThroughputIsReported) {
   // Not a speed target (issue 15's come with the GEMM integration): the
   // bytes read and written per second of each format into bf16, for the
-  // record, on 8192 x 8192 (64 Mi weights), the best of 5 runs.
+  // record, on 8192 x 8192 (64 Mi weights, quantized from random bf16
+  // weights: no NaN code, finite scales, as a model's), the best of 5 runs.
   std::mt19937_64 rng(fresh_seed() + 3);
   const int64_t rows = 8192, cols = 8192;
   for (lwo_quant_format_t f : kFormats) {
     lwo_quant_desc d = desc_of(f, rows, cols, LWO_DTYPE_BF16);
     lwo_quant_layout_info info;
-    std::vector<uint8_t> q = make_quantized(d, true, rng, &info);
+    std::vector<uint8_t> q = make_quantized(d, false, rng, &info);
     const size_t out_bytes = static_cast<size_t>(rows * cols) * 2;
     testkit::DeviceMem src = testkit::device_alloc(q.size(), "quantized");
     testkit::DeviceMem dst = testkit::device_alloc(out_bytes, "dequantized");
