@@ -8,13 +8,11 @@
 //
 //   build/bench/bench_optim [--params_log2=28] [--threads=0] [--benchmark_format=json]
 //
-// Bytes per parameter, as memory traffic (an array only written with plain
-// stores is read first as well, the write-allocate; one read and written in
-// place is not): AdamW f32 state 28 (p, m, v read and written: 24; g 2; w
-// written 2, by streaming stores, optim::stream_out), bf16 state 20 (p 8; m,
-// v 8; g 2; w 2); SGD f32 momentum 20 (p 8, b 8, g 2, w 2); 2 more each where
-// the build has no streaming stores (optim::kStreamingStores). Counted
-// alike, the triad a[i] = b[i] + s c[i] moves 16 bytes per
+// Bytes per parameter, as memory traffic with write-allocate (an array only
+// written is read first as well; one read and written in place is not):
+// AdamW f32 state 30 (p, m, v read and written: 24; g 2; w written 4), bf16
+// state 22 (p 8; m, v 8; g 2; w 4); SGD f32 momentum 22 (p 8, b 8, g 2, w
+// 4). Counted alike, the triad a[i] = b[i] + s c[i] moves 16 bytes per
 // element (b, c, a read for ownership, a written) and the copy 12: the floor
 // is the triad's bandwidth over the parameter's bytes.
 #include <benchmark/benchmark.h>
@@ -50,7 +48,7 @@ Workers& workers() {
 struct Mapping {
   void* p = nullptr;
   size_t bytes = 0;
-  // As the optimizer maps its state (optim::map_state: huge pages asked for).
+  // As the optimizer maps its state (optim::map_state).
   explicit Mapping(size_t b) : bytes(b) {
     try {
       p = lwo::optim::map_state(b, "bench_optim");
@@ -165,8 +163,7 @@ void BM_Optimizer(benchmark::State& st, int kind, lwo_dtype_t sd, bool sr) {
     else
       lwo::optim::sgd_step(t, lwo::optim::Sgd{}, step++, workers());
   }
-  const double w_bytes = lwo::optim::kStreamingStores ? 2.0 : 4.0;  // bf16 w, see the top
-  const double bytes = (kind == 0 && sd == LWO_DTYPE_F32 ? 26.0 : 18.0) + w_bytes;
+  const double bytes = kind == 0 ? (sd == LWO_DTYPE_F32 ? 30.0 : 22.0) : 22.0;
   report(st, n, bytes);
 }
 

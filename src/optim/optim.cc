@@ -2,14 +2,8 @@
 
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
-
-#if defined(__x86_64__) && defined(__SSE2__)  // as kStreamingStores
-#include <emmintrin.h>
-#define LWO_STREAM_STORES 1
-#endif
 
 #include "src/common/dtype.h"
 #include "src/common/error.h"
@@ -51,25 +45,18 @@ LWO_VECTOR_LOOP void adam_range(float* __restrict p, void* __restrict m, void* _
                                 const float* __restrict pin, const void* __restrict min,
                                 const void* __restrict vin, const void* __restrict g,
                                 void* __restrict w, uint64_t b, uint64_t e, const AdamConsts c) {
-  alignas(64) uint8_t out[kChunk * 4];  // the chunk's rounded weights
-  for (uint64_t cb = b; cb < e; cb += kChunk) {
-    const uint64_t ce = std::min(e, cb + kChunk);
-    for (uint64_t i = cb; i < ce; ++i) {
-      const float gi = load_f32(g, G, i) * c.scale;
-      float pi = pin[i] * c.decay;
-      const float mi = c.b1 * load_state<S>(min, i) + c.one_b1 * gi;
-      const float vi = c.b2 * load_state<S>(vin, i) + c.one_b2 * gi * gi;
-      pi -= c.step_size * mi / (__builtin_sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
-      const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ c.key) : 0;
-      store_state<S>(m, i, mi, r);
-      store_state<S>(v, i, vi, r >> 16);
-      p[i] = pi;
-      if (W != LWO_DTYPE_FORCE_32) store_f32(out, W, i - cb, pi);
-    }
-    if (W != LWO_DTYPE_FORCE_32)
-      stream_out(static_cast<uint8_t*>(w) + cb * dtype_size(W), out, (ce - cb) * dtype_size(W));
+  for (uint64_t i = b; i < e; ++i) {
+    const float gi = load_f32(g, G, i) * c.scale;
+    float pi = pin[i] * c.decay;
+    const float mi = c.b1 * load_state<S>(min, i) + c.one_b1 * gi;
+    const float vi = c.b2 * load_state<S>(vin, i) + c.one_b2 * gi * gi;
+    pi -= c.step_size * mi / (__builtin_sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
+    const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ c.key) : 0;
+    store_state<S>(m, i, mi, r);
+    store_state<S>(v, i, vi, r >> 16);
+    p[i] = pi;
+    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
-  if (W != LWO_DTYPE_FORCE_32) stream_fence();
 }
 
 template <StateKind S, lwo_dtype_t G>
@@ -101,22 +88,15 @@ LWO_VECTOR_LOOP void sgd_range(float* __restrict p, void* __restrict m, const fl
                                const void* __restrict min, const void* __restrict g,
                                void* __restrict w, uint64_t b, uint64_t e, float decay, float mom,
                                float damp, float lr, float scale, uint32_t key) {
-  alignas(64) uint8_t out[kChunk * 4];  // as adam_range
-  for (uint64_t cb = b; cb < e; cb += kChunk) {
-    const uint64_t ce = std::min(e, cb + kChunk);
-    for (uint64_t i = cb; i < ce; ++i) {
-      const float gi = load_f32(g, G, i) * scale;
-      const float bi = First ? gi : mom * load_state<S>(min, i) + damp * gi;
-      const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ key) : 0;
-      store_state<S>(m, i, bi, r);
-      const float pi = pin[i] * decay - lr * bi;
-      p[i] = pi;
-      if (W != LWO_DTYPE_FORCE_32) store_f32(out, W, i - cb, pi);
-    }
-    if (W != LWO_DTYPE_FORCE_32)
-      stream_out(static_cast<uint8_t*>(w) + cb * dtype_size(W), out, (ce - cb) * dtype_size(W));
+  for (uint64_t i = b; i < e; ++i) {
+    const float gi = load_f32(g, G, i) * scale;
+    const float bi = First ? gi : mom * load_state<S>(min, i) + damp * gi;
+    const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ key) : 0;
+    store_state<S>(m, i, bi, r);
+    const float pi = pin[i] * decay - lr * bi;
+    p[i] = pi;
+    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
-  if (W != LWO_DTYPE_FORCE_32) stream_fence();
 }
 
 void check_tensor(const Tensor& t, uint64_t step, bool needs_v, const char* what) {
@@ -163,38 +143,11 @@ void* map_state(uint64_t bytes, const char* what) {
   if (p == MAP_FAILED)
     fail(LWO_ERR_OUT_OF_MEMORY, "%s: cannot map %llu bytes", what,
          static_cast<unsigned long long>(bytes));
-#ifdef MADV_HUGEPAGE
-  madvise(p, bytes, MADV_HUGEPAGE);  // best effort: a refusal changes no result
-#endif
   return p;
 }
 
 void unmap_state(void* p, uint64_t bytes) noexcept {
   if (p) munmap(p, bytes);
-}
-
-void stream_out(void* dst, const void* src, uint64_t bytes) {
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-#ifdef LWO_STREAM_STORES
-  // The unaligned head by plain stores, then 16-byte streaming stores (src
-  // is read unaligned), then the tail.
-  const uint64_t head = std::min<uint64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
-  std::memcpy(d, s, head);
-  uint64_t i = head;
-  for (; i + 16 <= bytes; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  std::memcpy(d + i, s + i, bytes - i);
-#else
-  std::memcpy(d, s, bytes);
-#endif
-}
-
-void stream_fence() {
-#ifdef LWO_STREAM_STORES
-  _mm_sfence();  // streaming stores are weakly ordered: visible before the range's end
-#endif
 }
 
 void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers) {

@@ -123,27 +123,10 @@ void first_touch(float* dst, const void* src, lwo_dtype_t dtype, uint64_t n, voi
                  uint32_t n_state, lwo_dtype_t state_dtype, Workers& workers);
 
 // Anonymous memory for masters and state: no page exists until a worker
-// first touches it (first_touch), and transparent huge pages are asked for
-// (madvise, best effort: fewer TLB misses over streams of gigabytes).
-// LWO_ERR_OUT_OF_MEMORY naming `what` if the mapping fails.
+// first touches it (first_touch). LWO_ERR_OUT_OF_MEMORY naming `what` if the
+// mapping fails.
 void* map_state(uint64_t bytes, const char* what);
 void unmap_state(void* p, uint64_t bytes) noexcept;
-// The updated weights leave the loops through a small buffer that stays in
-// the first-level cache, copied out with non-temporal stores where the host
-// has them (x86-64: 16-byte streaming stores on the aligned middle), so the
-// pool's bytes, which a step only writes, are not read first by the write-
-// allocate (2 of the 30 bytes an f32-state AdamW parameter moves). The
-// loops end each range with a store fence. kChunk elements per copy.
-constexpr uint64_t kChunk = 2048;
-// Whether stream_out streams on this build (else the write-allocate reads
-// the destination first).
-#if defined(__x86_64__) && defined(__SSE2__)
-constexpr bool kStreamingStores = true;
-#else
-constexpr bool kStreamingStores = false;
-#endif
-void stream_out(void* dst, const void* src, uint64_t bytes);
-void stream_fence();
 // The partition every step uses: parts aligned to 4096 elements (whole
 // pages of f32 and bf16), at least 2^15 elements each.
 constexpr uint64_t kAlign = 4096;

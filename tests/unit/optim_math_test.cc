@@ -355,21 +355,3 @@ TEST(OptimMath, CpulistParser) {
 }  // namespace
 }  // namespace optim
 }  // namespace lwo
-
-// stream_out copies exactly [dst, dst + bytes) at every alignment of dst
-// and src and every length around the 16-byte vectors, and nothing beside.
-TEST(OptimStreamOut, CopiesEveryAlignmentAndLength) {
-  std::mt19937 rng(31);
-  std::vector<uint8_t> src(256), dst(320), want(320);
-  for (auto& b : src) b = static_cast<uint8_t>(rng());
-  for (uint32_t doff = 0; doff < 32; ++doff)
-    for (uint32_t soff = 0; soff < 3; ++soff)
-      for (uint32_t len : {0u, 1u, 15u, 16u, 17u, 31u, 33u, 64u, 100u, 200u}) {
-        for (auto& b : dst) b = static_cast<uint8_t>(rng());
-        want = dst;
-        std::memcpy(want.data() + doff, src.data() + soff, len);
-        lwo::optim::stream_out(dst.data() + doff, src.data() + soff, len);
-        lwo::optim::stream_fence();
-        ASSERT_EQ(dst, want) << "dst offset " << doff << " src offset " << soff << " length " << len;
-      }
-}
