@@ -59,6 +59,7 @@
 //                      largest |predicted - measured| of one position, at
 //                      stall_max_diff_position
 //   compute_ms         the per-record compute given to the plan, summed
+//   copy_overhead_ms   the per-copy overhead the plan used (--copy_overhead_ms)
 //   first_k_ms         the plan's "first k layers resident" rule, predicted
 //   h2d_GBps, d2h_GBps, duplex_h2d_GBps, duplex_d2h_GBps   the link the plan
 //                      measured (lwo_plan_info)
@@ -84,6 +85,7 @@ int g_warmup = 1;
 int g_compute_repeats = 5;
 int g_stall_passes = 3;
 double g_budget_pct = 50;
+double g_copy_overhead_ms = 0;  // lwo_plan_config.copy_overhead_ms (0: the default, none)
 bool g_table = false;
 bool g_per_layer = false;
 constexpr double kTarget = 0.05;  // |measured / predicted - 1|
@@ -215,6 +217,7 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
     pc.bwd_ms = step ? times.bwd_ms.data() : nullptr;
     pc.trainable = nullptr;  // every layer, in a step
     pc.grad_depth = gc.depth;
+    pc.copy_overhead_ms = g_copy_overhead_ms;
     Plan plan;
     check(lwo_plan_create(W.pool(), &pc, plan.out()), "lwo_plan_create");
     lwo_plan_info info{};
@@ -344,6 +347,7 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
       c["stall_max_diff_position"] = static_cast<double>(max_at);
     }
     c["compute_ms"] = compute_ms;
+    c["copy_overhead_ms"] = info.copy_overhead_ms;
     c["first_k_ms"] = info.first_k_ms;
     c["h2d_GBps"] = info.h2d_gbps;
     c["d2h_GBps"] = info.d2h_gbps;
@@ -429,6 +433,17 @@ int main(int argc, char** argv) {
   spec.flags = {
       {"--budget", "device memory budget, percent of each model's bytes (default 50)",
        [](const std::string& v) { lwob::g_budget_pct = lwob::parse_percent(v); }},
+      {"--copy_overhead_ms",
+       "the fixed cost of one host-to-device copy the plan assumes, ms (default 0: none, "
+       "lwo_plan_config's default)",
+       [](const std::string& v) {
+         char* end = nullptr;
+         const double x = std::strtod(v.c_str(), &end);
+         if (v.empty() || *end || !(x >= 0 && std::isfinite(x)))
+           throw std::invalid_argument(
+               lwob::strf("--copy_overhead_ms: '%s' is not a finite number >= 0", v.c_str()));
+         lwob::g_copy_overhead_ms = x;
+       }},
       {"--iterations", "timed planned passes (default 5)",
        [](const std::string& v) {
          lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
