@@ -42,6 +42,7 @@ using testkit::MiB;
 using testkit::now_seconds;
 using testkit::PinnedMem;
 using testkit::pinned_alloc;
+using testkit::Plan;
 using testkit::Pool;
 using testkit::Ring;
 using testkit::Schedule;

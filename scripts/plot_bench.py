@@ -5,7 +5,8 @@
     python3 scripts/plot_bench.py --table INDIR  # text tables (json only)
 
 INDIR holds bench_copy.json, bench_ring.json, bench_workloads.json,
-bench_host.json and bench_quant.json (Google Benchmark JSON, --benchmark_out_format=json); missing
+bench_host.json, bench_quant.json and bench_plan.json (Google Benchmark JSON,
+--benchmark_out_format=json); missing
 files are skipped with a note. Plots written to OUTDIR:
 
     ring_bandwidth.png   ring streaming GB/s against ring depth, one line per
@@ -28,6 +29,7 @@ FILES = {
     "workloads": "bench_workloads.json",
     "host": "bench_host.json",
     "quant": "bench_quant.json",
+    "plan": "bench_plan.json",
 }
 RATIO_TARGET = 1.03
 HOST_TARGET_US = 5.0
@@ -250,12 +252,39 @@ def table_quant(doc):
     print()
 
 
+def table_plan(doc):
+    """bench_plan: the planner's predicted pass against the measured one."""
+    rows = runs(doc)
+    if not rows:
+        return
+    print("the planner: predicted against measured, the plan's own ring and residents "
+          "(target |error| <= 5%)")
+    width = max(len(label(b)) for b in rows)
+    print(f"{'benchmark':<{width}} {'depth':>5} {'res':>4} {'predicted':>10} {'measured':>10} "
+          f"{'error':>8} {'H2D pred':>10} {'H2D meas':>10} {'stall pr':>9} {'stall ms':>9}")
+    for b in rows:
+        if failed(b):
+            print(f"{label(b):<{width}} ERROR: {message(b)}")
+            continue
+        ok = b.get("met", 0) and b.get("matches_resident", 0)
+        stall = b.get("stall_measured_ms")
+        print(f"{label(b):<{width}} {int(b.get('depth', 0)):5d} {int(b.get('n_resident', 0)):4d} "
+              f"{b.get('predicted_ms', 0):10.3f} {b.get('measured_ms', 0):10.3f} "
+              f"{100 * b.get('error', 0):+7.2f}%{' ' if ok else '!'}"
+              f"{fmt_bytes(b.get('h2d_bytes_predicted', 0)):>10} "
+              f"{fmt_bytes(b.get('h2d_bytes_measured', 0)):>10} "
+              f"{b.get('stall_predicted_ms', 0):9.3f} "
+              + (f"{stall:9.3f}" if stall is not None else f"{'-':>9}"))
+    print()
+
+
 def tables(indir):
     table_copy(load(indir, "copy"))
     table_ring(load(indir, "ring"))
     table_workloads(load(indir, "workloads"))
     table_host(load(indir, "host"))
     table_quant(load(indir, "quant"))
+    table_plan(load(indir, "plan"))
 
 
 # --- plots --------------------------------------------------------------------

@@ -367,12 +367,21 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
   auto mark = [&](uint32_t i) {
     if (o.edges) check(cudaEventRecord(ev[i].get(), stream), "cudaEventRecord");
   };
+  // The stalls: per pass, an event at its start, then per position one once
+  // its record (and gradient slot) is ready and one after its calls.
+  std::vector<Event> sev;
+  if (o.stalls)
+    for (uint32_t i = 0; i < passes * (2 * n + 1); ++i) sev.push_back(make_event());
+  auto smark = [&](uint32_t p, uint32_t i) {  // i: 0 the start, 1 + 2k ready, 2 + 2k done
+    if (o.stalls) check(cudaEventRecord(sev[p * (2 * n + 1) + i].get(), stream), "cudaEventRecord");
+  };
   if (o.before_start) o.before_start();
   const double t0 = now_seconds();
   for (uint32_t p = 0; p < passes; ++p) {
     const lwo_ring_stats rp = o.half_stats ? ring_stats(ring) : lwo_ring_stats{};
     if (calls.begin_pass) calls.begin_pass(p);
     mark(4 * p);
+    smark(p, 0);
     check(lwo_schedule_reset(schedule, stream), "lwo_schedule_reset");
     lwo_layer_view view = LWO_LAYER_VIEW_INIT;
     for (uint32_t i = 0; i < n; ++i) {
@@ -386,7 +395,9 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
       if (i == 0) mark(4 * p + 1);
       if (i == R) mark(4 * p + 3);
       if (i < R) {
+        smark(p, 1 + 2 * i);
         calls.forward(r, view);
+        smark(p, 2 + 2 * i);
         if (i + 1 == R) {
           mark(4 * p + 2);
           if (o.half_stats) fwd_bytes += ring_stats(ring).bytes_copied - rp.bytes_copied;
@@ -394,11 +405,14 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
         continue;
       }
       if (!grads) {
+        smark(p, 1 + 2 * i);
         calls.backward(r, view, nullptr, [] {});
+        smark(p, 2 + 2 * i);
         continue;
       }
       lwo_layer_view g = LWO_LAYER_VIEW_INIT;
       check(lwo_grads_begin(grads, r, stream, &g), "lwo_grads_begin");
+      smark(p, 1 + 2 * i);
       // One reference captured: the std::function holds it without an allocation.
       const struct {
         lwo_grads* grads;
@@ -408,6 +422,7 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
       calls.backward(r, view, &g, [&end] {
         check(lwo_grads_end(end.grads, end.r, end.stream), "lwo_grads_end");
       });
+      smark(p, 2 + 2 * i);
     }
     lwo_status_t s = lwo_schedule_next(schedule, stream, &view);
     if (s != LWO_END) {
@@ -434,6 +449,14 @@ StepStats run_step(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads, cud
       if (o.backward) st.turn_ms += elapsed_ms(ev[4 * p + 2], ev[4 * p + 3]);
     }
     st.end_ms = (t1 - last_compute_s) * 1e3;
+  }
+  if (o.stalls) {
+    st.stall_ms.assign(n, 0.0);
+    for (uint32_t p = 0; p < passes; ++p) {
+      const Event* e = &sev[p * (2 * n + 1)];
+      for (uint32_t i = 0; i < n; ++i)
+        st.stall_ms[i] += elapsed_ms(e[i == 0 ? 0 : 2 * i], e[1 + 2 * i]);
+    }
   }
   const lwo_ring_stats r1 = ring_stats(ring);
   const lwo_grads_stats g1 = grads_stats(grads);
@@ -667,6 +690,55 @@ PassTimes ChainRun::resident_pass(bool backward, bool events,
       t.fwd_ms += elapsed_ms(ev[2 * p], ev[2 * p + 1]);
       t.bwd_ms += elapsed_ms(ev[2 * p + 1], ev[2 * p + 2]);
     }
+  return t;
+}
+
+ChainRun::RecordTimes ChainRun::resident_record_times(bool backward, uint32_t repeats) {
+  if (!weights_.all_resident()) fail("testkit::ChainRun: not every record is resident");
+  if (repeats < 1) fail("testkit::ChainRun: at least one timed pass per record");
+  const uint32_t R = spec_.n_records(), P = passes();
+  const bool grads = backward && trainable_;
+  std::vector<std::vector<const void*>> w(R);
+  std::vector<std::vector<void*>> g(R);
+  for (uint32_t r = 0; r < R; ++r) resident_views(r, w[r], g[r], grads);
+  // Per pass: an event at its start, then one after each forward record and
+  // (backward) one after each backward record, in schedule order.
+  const uint32_t n = backward ? 2 * R : R;
+  std::vector<Event> ev;
+  for (uint32_t i = 0; i < P * (n + 1); ++i) ev.push_back(make_event());
+  std::vector<std::vector<double>> fwd(R), bwd(backward ? R : 0);
+  for (uint32_t k = 0; k < repeats; ++k) {
+    for (uint32_t p = 0; p < P; ++p) {
+      const uint32_t k0 = pass_first(p), k1 = pass_end(p);
+      Event* e = &ev[p * (n + 1)];
+      check(cudaEventRecord(e[0].get(), stream_), "cudaEventRecord");
+      for (uint32_t r = 0; r < R; ++r) {
+        forward_record(r, w[r].data(), k0, k1);
+        check(cudaEventRecord(e[1 + r].get(), stream_), "cudaEventRecord");
+      }
+      if (backward)
+        for (uint32_t r = R; r-- > 0;) {
+          backward_record(r, w[r].data(), grads ? g[r].data() : nullptr, [] {}, k0, k1);
+          check(cudaEventRecord(e[2 * R - r].get(), stream_), "cudaEventRecord");
+        }
+    }
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (uint32_t r = 0; r < R; ++r) {
+      double f = 0, b = 0;
+      for (uint32_t p = 0; p < P; ++p) {
+        const Event* e = &ev[p * (n + 1)];
+        f += elapsed_ms(e[r], e[1 + r]);
+        if (backward) b += elapsed_ms(e[2 * R - r - 1], e[2 * R - r]);
+      }
+      fwd[r].push_back(f);
+      if (backward) bwd[r].push_back(b);
+    }
+  }
+  RecordTimes t;
+  for (uint32_t r = 0; r < R; ++r) {
+    t.fwd_ms.push_back(median(fwd[r]));
+    if (backward) t.bwd_ms.push_back(median(bwd[r]));
+  }
   return t;
 }
 

@@ -166,6 +166,11 @@ struct StepStats {
   // return of lwo_grads_wait (the gradients still on their way).
   double start_ms = 0, turn_ms = 0, end_ms = 0;
   uint64_t accumulated_bytes = 0, accumulate_ns = 0;  // lwo_grads: the host additions
+  // Since 0.5.0 (StepOptions::stalls): per schedule position, how long the
+  // stream stood between the previous position's compute (the pass's start
+  // for the first) and this one's, waiting for its record to land in its
+  // slot (and, in a backward, for its gradient slot), summed over the passes.
+  std::vector<double> stall_ms;
 };
 
 struct BoundTerm {
@@ -235,6 +240,9 @@ struct StepOptions {
   lwo_engine* check_engine = nullptr;  // lwo_engine_check after the timed part
   uint32_t passes = 1;      // schedule passes per step (reset and run each), one zero and one wait
   bool edges = false;       // time the start, the turn and the end (StepStats::start_ms...)
+  // Since 0.5.0: an event before and after each position's calls, for
+  // StepStats::stall_ms (two cudaEventRecord per position).
+  bool stalls = false;
   // Called after the untimed part (the zeroing, the counters read), just
   // before the timing starts: e.g. a barrier of ranks that step together.
   std::function<void()> before_start;
@@ -304,6 +312,15 @@ class ChainRun {
   // runs after pass p's backward is enqueued.
   PassTimes resident_pass(bool backward, bool events = false,
                           const std::function<void(uint32_t pass)>& after_pass = {});
+  // Since 0.5.0. Each record's compute, every record resident: `repeats`
+  // resident passes (the same calls as resident_pass, weight gradients into
+  // device buffers) with an event between every two records; per record the
+  // median over the passes of its forward and (backward) its backward, in
+  // ms, summed over a step's passes. bwd_ms is empty without backward.
+  struct RecordTimes {
+    std::vector<double> fwd_ms, bwd_ms;
+  };
+  RecordTimes resident_record_times(bool backward, uint32_t repeats);
   // A streamed step through `ring` by `schedule` (made over step_order):
   // passes() passes (options.passes is set from it); `grads` null in a
   // backward pass: frozen.
