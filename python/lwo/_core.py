@@ -596,6 +596,8 @@ def quantize(array, format, dtype=None, shape=None, n_threads=0):
     infinity in the data, raises ArgumentError (a ValueError)."""
     import numpy as np
 
+    if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     addr, n, keep, arr_dt, arr_shape = _host_array(array)
     src_dt = _to_dtype(dtype) if dtype is not None else arr_dt
     if src_dt is None:
@@ -1017,14 +1019,14 @@ class Pool(_Handle):
         buffer, or an address with nbytes) into the quantized tensor `name`
         of `layer` (pinned pools). src_dtype: the data's dtype; by default the
         array's (float32, float16, bfloat16, or uint16 / int16 holding bf16
-        bits), else, for untyped bytes, the tensor's logical dtype. n_threads:
-        0 one per core."""
+        bits), else, for untyped bytes (and uint8 / int8 arrays), the
+        tensor's logical dtype. n_threads: 0 one per core."""
         addr, n, keep, arr_dt, _shape = _host_array(data, nbytes)
         if src_dtype is not None:
             src = dtype(src_dtype)
-        elif arr_dt is not None and arr_dt in _NP_DENSE:
-            src = arr_dt
-        else:
+        elif arr_dt is not None and arr_dt not in (C.LWO_DTYPE_U8, C.LWO_DTYPE_I8):
+            src = arr_dt  # f64 and the like: the call refuses it, naming it
+        else:  # untyped bytes
             src = self.tensor_info(layer, self.find_tensor(layer, name)).dtype
         check(_lib.lwo_pool_write_quantized(self._h(), int(layer), _enc(name), addr, src, n,
                                             int(n_threads)))

@@ -338,6 +338,11 @@ def test_dequantize_raw_bytes_and_nan_codes():
         mask = np.ones((4, 256), bool)
         mask[0, 5] = mask[1, 9] = False
         assert np.array_equal(bits[mask], ref.view(bits.dtype)[mask]), "seed %d" % seed
+    # a strided array is quantized as its contiguous copy
+    wt = g.standard_normal((256, 128)).astype(np.float32).T
+    assert not wt.flags.c_contiguous
+    assert np.array_equal(lwo.quantize(wt, "int8").data,
+                          lwo.quantize(np.ascontiguousarray(wt), "int8").data)
     # a QuantizedTensor over bytes it did not make
     q2 = lwo.QuantizedTensor(bytes(q.data), "fp8", (4, 256), "f32")
     assert np.array_equal(q2.dequantize(), q.dequantize())
