@@ -36,6 +36,10 @@ The contract (docs/PYTHON.md says more):
   (torch.compiler.disable): a compiled model breaks its graph at each one.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
+- ``offload(model, quant="fp8")`` (or "fp8-block", "int8", "int4") streams
+  the frozen nn.Linear weights quantized: the pool holds codes and scales,
+  lwo dequantizes each slot on the GPU for the forward and for dx, and the
+  weight parameter is a frozen CPU tensor of the dequantized values.
 """
 
 import ctypes
