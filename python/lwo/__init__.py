@@ -24,10 +24,11 @@ from ._errors import (  # noqa: E402,F401
 from ._core import (  # noqa: E402,F401
     Checkpoint, CheckpointFile, CheckpointTensor, Engine, GradTensor, Grads, GradsStats, HostMemory,
     LayerView, MappedTensor, MetadataEntry, NcclComm, OptimInfo, Optimizer, OptimStats, Pool,
-    PoolInfo, Ring, RingInfo,
+    PoolInfo, QUANT_FORMATS, QuantLayout, QuantizedTensor, Ring, RingInfo,
     RingStats, Schedule, ShardMemory, TensorInfo, TensorMap, TensorShard, TensorSpec,
     TensorView, Ticket, conv2d_desc, conv2d_output_size, device_pointer, dtype, dtype_name,
     dtype_size, linear_desc, nccl_get_unique_id, record_layout, stream_handle, version,
+    quant_format, quant_format_name, quant_layout, quant_spelling, quantize, dequantize,
 )
 
 __version__ = "0.4.0"

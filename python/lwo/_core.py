@@ -228,7 +228,11 @@ class TensorShard(collections.namedtuple("TensorShard", "address first_element n
 # --------------------------------------------------------------------------
 # Descriptors
 # --------------------------------------------------------------------------
-TensorSpec = collections.namedtuple("TensorSpec", "name dtype shape host_data")
+# quant (since 0.4.0): None, or the format the tensor is stored in (see
+# quant_format): the tensor gets an lwo_tensor_quant_ext, dtype is then its
+# logical dtype (f32, bf16 or f16) and shape its 2-D [rows, cols].
+TensorSpec = collections.namedtuple("TensorSpec", "name dtype shape host_data quant",
+                                    defaults=(None, None))
 
 
 def _tensor_spec(t):
@@ -236,14 +240,14 @@ def _tensor_spec(t):
         return t
     if isinstance(t, dict):
         return TensorSpec(t["name"], t["dtype"], tuple(t.get("shape", ())),
-                          t.get("host_data", t.get("data")))
+                          t.get("host_data", t.get("data")), t.get("quant"))
     t = tuple(t)
     if len(t) == 3:
         return TensorSpec(t[0], t[1], tuple(t[2]), None)
     if len(t) == 4:
         return TensorSpec(t[0], t[1], tuple(t[2]), t[3])
-    raise ValueError("lwo: a tensor is (name, dtype, shape[, host_data]) or a dict with "
-                     "name, dtype, shape[, host_data]; got %r" % (t,))
+    raise ValueError("lwo: a tensor is (name, dtype, shape[, host_data]), a dict with "
+                     "name, dtype, shape[, host_data][, quant] or a TensorSpec; got %r" % (t,))
 
 
 def _layer_tensors(layer):
@@ -274,6 +278,13 @@ def _tensor_descs(specs, keep, registered):
             addr, _n, k = _host_buffer(s.host_data, 0)
             keep.append(k)
             d.host_data = addr
+        fmt = quant_format(s.quant)
+        if fmt != C.LWO_QUANT_NONE:
+            ext = C.lwo_tensor_quant_ext()
+            ext.header.type = C.LWO_EXT_TENSOR_QUANT
+            ext.format = fmt
+            keep.append(ext)
+            d.next = ctypes.addressof(ext)
     keep.append(arr)
     return arr
 
@@ -293,8 +304,9 @@ def _layer_descs(layers, registered=False):
 
 
 def record_layout(layer):
-    """lwo_record_layout of one layer (a list of (name, dtype, shape) tuples or
-    dicts): returns (offsets, record_bytes)."""
+    """lwo_record_layout of one layer (a list of (name, dtype, shape) tuples,
+    dicts or TensorSpecs; quantized ones take their quantized bytes): returns
+    (offsets, record_bytes)."""
     arr, _n, keep = _layer_descs([layer], registered=True)
     n = arr[0].n_tensors
     offsets = (ctypes.c_uint64 * max(n, 1))()
@@ -311,14 +323,19 @@ def _pool_config(n_threads):
     return cfg
 
 
-def linear_desc(in_features, out_features, dtype="bf16", bias=False, tf32=False, flags=0):
-    """An lwo_linear_desc (lwo_linear_desc_init's defaults, then these)."""
+def linear_desc(in_features, out_features, dtype="bf16", bias=False, tf32=False, flags=0,
+                weight_format=None):
+    """An lwo_linear_desc (lwo_linear_desc_init's defaults, then these);
+    weight_format (since 0.4.0): None for a dense weight, else its quantized
+    format (see quant_format): the weight is then a quantized tensor
+    [out_features, in_features], frozen."""
     d = C.lwo_linear_desc()
     _lib.lwo_linear_desc_init(d)
     d.dtype = _to_dtype(dtype)
     d.flags = int(flags) | (C.LWO_LINEAR_BIAS if bias else 0) | (C.LWO_LINEAR_TF32 if tf32 else 0)
     d.in_features = int(in_features)
     d.out_features = int(out_features)
+    d.weight_format = quant_format(weight_format)
     return d
 
 
@@ -357,6 +374,277 @@ def nccl_get_unique_id():
     uid = C.lwo_nccl_unique_id()
     check(_lib.lwo_nccl_get_unique_id(_byref(uid)))
     return uid
+
+
+# --------------------------------------------------------------------------
+# Quantized weights (the formats of lwo_quant_format_t; since 0.4.0 here)
+# --------------------------------------------------------------------------
+_QUANT_FORMATS = (C.LWO_QUANT_FP8_E4M3_CHANNEL, C.LWO_QUANT_FP8_E4M3_BLOCK128,
+                  C.LWO_QUANT_INT8_CHANNEL, C.LWO_QUANT_INT4_GROUP128)
+# The spellings of the lwo program's --quant flag (tools/cli.cc, docs/CLI.md).
+_QUANT_SPELLINGS = {"fp8": C.LWO_QUANT_FP8_E4M3_CHANNEL, "fp8-block": C.LWO_QUANT_FP8_E4M3_BLOCK128,
+                    "int8": C.LWO_QUANT_INT8_CHANNEL, "int4": C.LWO_QUANT_INT4_GROUP128}
+QUANT_FORMATS = tuple(_QUANT_SPELLINGS)  # ("fp8", "fp8-block", "int8", "int4")
+_QUANT_BY_NAME = {"none": C.LWO_QUANT_NONE}
+for _v in _QUANT_FORMATS:  # lwo_quant_format_name's names: "fp8_e4m3_channel", ...
+    _QUANT_BY_NAME[_lib.lwo_quant_format_name(_v).decode()] = _v
+
+
+def quant_format(value):
+    """An lwo_quant_format_t from None or "none" (LWO_QUANT_NONE), the lwo
+    program's --quant spellings ("fp8": e4m3 with a scale per output channel,
+    "fp8-block": e4m3 with a scale per 128 x 128 block, "int8": a scale per
+    output channel, "int4": a scale per 128 elements of a row), the names of
+    lwo_quant_format_name ("fp8_e4m3_channel"), the C names
+    ("LWO_QUANT_INT8_CHANNEL") or an int (passed on as it is: the C calls
+    check it)."""
+    if value is None:
+        return C.LWO_QUANT_NONE
+    if isinstance(value, bool):
+        raise TypeError("lwo.quant_format: %r is not a format" % (value,))
+    if isinstance(value, int):
+        return int(value)
+    key = str(value)
+    if key.startswith("LWO_QUANT_"):
+        key = key[len("LWO_QUANT_"):]
+    key = key.lower()
+    if key.replace("_", "-") in _QUANT_SPELLINGS:
+        return _QUANT_SPELLINGS[key.replace("_", "-")]
+    if key in _QUANT_BY_NAME:
+        return _QUANT_BY_NAME[key]
+    raise ValueError("lwo.quant_format: unknown quantized format %r (give one of %s, None, "
+                     "an lwo name such as 'fp8_e4m3_channel' or an LWO_QUANT_* value)"
+                     % (value, ", ".join(repr(k) for k in QUANT_FORMATS)))
+
+
+def quant_format_name(value):
+    """lwo_quant_format_name: "fp8_e4m3_channel", "none", or "unknown"."""
+    return _lib.lwo_quant_format_name(quant_format(value)).decode()
+
+
+def quant_spelling(value):
+    """The --quant spelling of a format ("fp8-block"), "none" for
+    LWO_QUANT_NONE, None for a value that is no format."""
+    fmt = quant_format(value)
+    if fmt == C.LWO_QUANT_NONE:
+        return "none"
+    for k, v in _QUANT_SPELLINGS.items():
+        if v == fmt:
+            return k
+    return None
+
+
+def _quant_desc(fmt, dtype_, rows, cols):
+    d = C.lwo_quant_desc()
+    _lib.lwo_quant_desc_init(d)
+    d.format = quant_format(fmt)
+    d.dtype = dtype(dtype_)
+    d.rows, d.cols = int(rows), int(cols)
+    return d
+
+
+def _rows_cols(shape, what):
+    shape = tuple(int(n) for n in shape)
+    if len(shape) != 2:
+        raise ValueError("lwo.%s: shape %r is not 2-D: a quantized tensor is [rows, cols] "
+                         "(rows the output channels)" % (what, shape))
+    return shape
+
+
+class QuantLayout(collections.namedtuple(
+        "QuantLayout", "format dtype rows cols data_offset data_bytes scale_offset scale_bytes "
+        "scale_rows scale_cols total_bytes")):
+    """lwo_quant_layout of one quantized tensor (byte offsets from its start:
+    the codes at 0, the f32 scales [scale_rows x scale_cols] at
+    scale_offset; total_bytes a multiple of LWO_RECORD_ALIGN)."""
+    __slots__ = ()
+
+    @property
+    def dense_bytes(self):
+        """Bytes of the tensor it stands for, dense in its dtype."""
+        return self.rows * self.cols * dtype_size(self.dtype)
+
+    @property
+    def saved_bytes(self):
+        """dense_bytes - total_bytes (negative for tensors too small to gain)."""
+        return self.dense_bytes - self.total_bytes
+
+
+def quant_layout(format, shape, dtype="bf16"):
+    """lwo_quant_layout: the QuantLayout of a quantized tensor of `format`,
+    2-D `shape` (rows, cols) and logical `dtype` (f32, bf16 or f16). Needs no
+    engine."""
+    rows, cols = _rows_cols(shape, "quant_layout")
+    d = _quant_desc(format, dtype, rows, cols)
+    info = C.lwo_quant_layout_info()
+    info.size = ctypes.sizeof(info)
+    check(_lib.lwo_quant_layout(_byref(d), _byref(info)))
+    return QuantLayout(d.format, d.dtype, rows, cols, info.data_offset, info.data_bytes,
+                       info.scale_offset, info.scale_bytes, info.scale_rows, info.scale_cols,
+                       info.total_bytes)
+
+
+def _host_array(data, nbytes=None):
+    """(address, bytes, keep-alive, lwo dtype or None, shape or None) of host
+    data: a CPU torch tensor (contiguous; any dtype torch has), a numpy array
+    or any buffer _host_buffer takes. The dtype is the array's (uint16 and
+    int16: bf16, as lwo hands bf16 to numpy); None for untyped bytes."""
+    if hasattr(data, "data_ptr") and hasattr(data, "element_size") and hasattr(data, "device"):
+        if str(data.device) != "cpu":
+            raise ValueError("lwo: %s tensor: host data must be a CPU tensor" % (data.device,))
+        if not data.is_contiguous():
+            raise ValueError("lwo: the tensor is not contiguous")
+        n = data.numel() * data.element_size() if nbytes is None else int(nbytes)
+        dt = str(data.dtype)
+        lwo_dt = C.LWO_DTYPE_BF16 if dt in ("torch.int16", "torch.uint16") else dtype(dt)
+        return data.data_ptr(), n, data, lwo_dt, tuple(data.shape)
+    addr, n, keep = _host_buffer(data, nbytes)
+    npdt = getattr(data, "dtype", None)
+    lwo_dt = None
+    if npdt is not None and getattr(npdt, "kind", None) is not None:
+        name = str(npdt)
+        if name in ("uint16", "int16"):
+            lwo_dt = C.LWO_DTYPE_BF16
+        else:
+            try:
+                lwo_dt = dtype(name)
+            except ValueError:
+                lwo_dt = None
+    shape = getattr(data, "shape", None)
+    return addr, n, keep, lwo_dt, (tuple(shape) if shape is not None else None)
+
+
+# numpy dtypes of the dense results (bf16 as its bits, uint16: numpy has no bf16)
+_NP_DENSE = {C.LWO_DTYPE_F32: "float32", C.LWO_DTYPE_F16: "float16",
+             C.LWO_DTYPE_BF16: "uint16"}
+
+
+class QuantizedTensor:
+    """A quantized tensor in host memory, as lwo_quantize writes it and
+    lwo_pool_write takes it: `data` (numpy uint8 [layout.total_bytes]), its
+    `format`, logical `dtype` and `shape` (rows, cols), and `layout`."""
+
+    __slots__ = ("data", "format", "dtype", "shape", "layout")
+
+    def __init__(self, data, format, shape, dtype="bf16"):
+        import numpy as np
+
+        rows, cols = _rows_cols(shape, "QuantizedTensor")
+        self.layout = quant_layout(format, (rows, cols), dtype)
+        self.format, self.dtype, self.shape = self.layout.format, self.layout.dtype, (rows, cols)
+        arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else \
+            data.reshape(-1).view(np.uint8)
+        if arr.nbytes < self.layout.total_bytes:
+            raise ValueError("lwo.QuantizedTensor: %d bytes, less than the %d of a %s tensor "
+                             "[%d, %d]" % (arr.nbytes, self.layout.total_bytes,
+                                           quant_format_name(self.format), rows, cols))
+        self.data = arr[:self.layout.total_bytes]
+
+    @property
+    def nbytes(self):
+        return self.layout.total_bytes
+
+    @property
+    def dense_bytes(self):
+        return self.layout.dense_bytes
+
+    @property
+    def saved_bytes(self):
+        return self.layout.saved_bytes
+
+    @property
+    def codes(self):
+        """The codes (a view): fp8 e4m3 bits as uint8 [rows, cols], int8
+        [rows, cols], int4 packed as uint8 [rows, cols / 2] (element 2k in
+        the low nibble, each code + 8)."""
+        import numpy as np
+
+        rows, cols = self.shape
+        raw = self.data[self.layout.data_offset:self.layout.data_offset + self.layout.data_bytes]
+        if self.format == C.LWO_QUANT_INT8_CHANNEL:
+            return raw.view(np.int8).reshape(rows, cols)
+        if self.format == C.LWO_QUANT_INT4_GROUP128:
+            return raw.reshape(rows, cols // 2)
+        return raw.reshape(rows, cols)
+
+    @property
+    def scales(self):
+        """The f32 scales (a view) [scale_rows, scale_cols]."""
+        import numpy as np
+
+        lo = self.layout
+        raw = self.data[lo.scale_offset:lo.scale_offset + lo.scale_bytes]
+        return raw.view(np.float32).reshape(lo.scale_rows, lo.scale_cols)
+
+    def dequantize(self, dtype=None, n_threads=0):
+        """lwo_dequantize_host into a new numpy array (see lwo.dequantize)."""
+        return dequantize(self, dtype=dtype, n_threads=n_threads)
+
+    def __repr__(self):
+        return "<lwo.QuantizedTensor %s %s[%d, %d], %d bytes (dense %d)>" % (
+            quant_spelling(self.format), dtype_name(self.dtype), self.shape[0], self.shape[1],
+            self.nbytes, self.dense_bytes)
+
+
+def quantize(array, format, dtype=None, shape=None, n_threads=0):
+    """lwo_quantize on the host: a QuantizedTensor of `array` (a 2-D numpy
+    array [rows, cols] of float32, float16 or bf16, a CPU torch tensor, or
+    any buffer with dtype= and shape=) in `format` ("fp8", "fp8-block",
+    "int8", "int4" or see quant_format). bf16 comes as uint16 (its bits) or
+    as a bfloat16 dtype; dtype= overrides what the array says. n_threads:
+    host threads, 0 one per core. A bad format, dtype or shape, or a NaN or
+    infinity in the data, raises ArgumentError (a ValueError)."""
+    import numpy as np
+
+    if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    addr, n, keep, arr_dt, arr_shape = _host_array(array)
+    src_dt = _to_dtype(dtype) if dtype is not None else arr_dt
+    if src_dt is None:
+        raise TypeError("lwo.quantize: %r has no dtype: give dtype= (f32, bf16 or f16)"
+                        % (type(array).__name__,))
+    if shape is None:
+        if arr_shape is None:
+            raise TypeError("lwo.quantize: %r has no shape: give shape=(rows, cols)"
+                            % (type(array).__name__,))
+        shape = arr_shape
+    rows, cols = _rows_cols(shape, "quantize")
+    d = _quant_desc(format, src_dt, rows, cols)
+    layout = quant_layout(d.format, (rows, cols), src_dt)
+    out = np.zeros(layout.total_bytes, dtype=np.uint8)
+    check(_lib.lwo_quantize(_byref(d), addr, n, out.ctypes.data, out.nbytes, int(n_threads)))
+    del keep
+    return QuantizedTensor(out, d.format, (rows, cols), src_dt)
+
+
+def dequantize(q, format=None, shape=None, dtype=None, n_threads=0):
+    """lwo_dequantize_host: a new numpy array [rows, cols] of the dense
+    tensor (float32, float16, or uint16 holding bf16 bits). q is a
+    QuantizedTensor (format, shape and dtype default to its own) or the bytes
+    of one (a buffer, with format= and shape=; dtype default bf16)."""
+    import numpy as np
+
+    if isinstance(q, QuantizedTensor):
+        format = q.format if format is None else format
+        shape = q.shape if shape is None else shape
+        dtype = q.dtype if dtype is None else dtype
+        src = q.data
+    else:
+        if format is None or shape is None:
+            raise TypeError("lwo.dequantize: raw bytes need format= and shape=")
+        src = q
+    dtype = "bf16" if dtype is None else dtype
+    rows, cols = _rows_cols(shape, "dequantize")
+    d = _quant_desc(format, dtype, rows, cols)
+    np_dt = _NP_DENSE.get(d.dtype)
+    if np_dt is None:  # let the C call name the dtype it refuses
+        np_dt = "uint8"
+    out = np.empty((rows, cols), dtype=np_dt)
+    addr, n, keep = _host_buffer(src)
+    check(_lib.lwo_dequantize_host(_byref(d), addr, n, out.ctypes.data, out.nbytes,
+                                   int(n_threads)))
+    del keep
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -494,6 +782,15 @@ class Engine(_Handle):
             device_pointer(weight), device_pointer(dx), device_pointer(dweight),
             device_pointer(dbias), dtype(grad_dtype), stream_handle(stream)))
 
+    def dequantize(self, format, shape, src, dst, dtype="bf16", stream=None):
+        """lwo_dequantize (since 0.4.0 here): the quantized tensor of `format`
+        and 2-D `shape` at device address src into the dense [rows, cols]
+        buffer dst of `dtype` (f32, bf16 or f16), stream-ordered on stream."""
+        rows, cols = _rows_cols(shape, "Engine.dequantize")
+        d = _quant_desc(format, dtype, rows, cols)
+        check(_lib.lwo_dequantize(self._h(), _byref(d), device_pointer(src),
+                                  device_pointer(dst), stream_handle(stream)))
+
     def conv2d_forward(self, desc, n, h, w, x, weight, bias, y, stream=None):
         check(_lib.lwo_conv2d_forward(
             self._h(), _byref(desc), int(n), int(h), int(w), device_pointer(x),
@@ -531,9 +828,33 @@ class NcclComm(_Handle):
 
 PoolInfo = collections.namedtuple(
     "PoolInfo", "n_layers kind total_bytes max_record_bytes rank n_ranks")
-# quant_format (since 0.4.0): an LWO_QUANT_* value, 0 for a dense tensor.
-TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes quant_format",
-                                    defaults=(0,))
+class TensorInfo(collections.namedtuple("TensorInfo",
+                                         "name dtype shape offset bytes quant_format",
+                                         defaults=(0,))):
+    """Where one tensor sits in its layer's record (lwo_pool_tensor_info).
+    quant_format (since 0.4.0): an LWO_QUANT_* value, 0 for a dense tensor;
+    a quantized tensor's dtype is its logical dtype and `bytes` its quantized
+    bytes (codes and scales)."""
+    __slots__ = ()
+
+    @property
+    def quant(self):
+        """The format's --quant spelling ("fp8", ...), None for a dense tensor."""
+        return None if not self.quant_format else quant_spelling(self.quant_format)
+
+    @property
+    def dense_bytes(self):
+        """Bytes of the tensor dense in its dtype (its shape's elements)."""
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n * dtype_size(self.dtype)
+
+    @property
+    def saved_bytes(self):
+        """dense_bytes - bytes for a quantized tensor (what the bus does not
+        move), 0 for a dense one."""
+        return self.dense_bytes - self.bytes if self.quant_format else 0
 
 
 def _checkpoint_config(pattern=None, patterns=None, names=None, allow_gaps=False,
@@ -692,13 +1013,30 @@ class Pool(_Handle):
         check(_lib.lwo_pool_write(self._h(), int(layer), _enc(name), addr, n))
         del keep
 
-    def write_quantized(self, layer, name, data, src_dtype, nbytes=None, n_threads=0):
+    def write_quantized(self, layer, name, data, src_dtype=None, nbytes=None, n_threads=0):
         """lwo_pool_write_quantized (since 0.4.0): quantizes data (rows x cols
-        elements of src_dtype, f32 / bf16 / f16) into the quantized tensor."""
-        addr, n, keep = _host_buffer(data, nbytes)
-        check(_lib.lwo_pool_write_quantized(self._h(), int(layer), _enc(name), addr,
-                                            int(src_dtype), n, int(n_threads)))
+        elements of f32, bf16 or f16: a numpy array, a CPU torch tensor, any
+        buffer, or an address with nbytes) into the quantized tensor `name`
+        of `layer` (pinned pools). src_dtype: the data's dtype; by default the
+        array's (float32, float16, bfloat16, or uint16 / int16 holding bf16
+        bits), else, for untyped bytes (and uint8 / int8 arrays), the
+        tensor's logical dtype. n_threads: 0 one per core."""
+        addr, n, keep, arr_dt, _shape = _host_array(data, nbytes)
+        if src_dtype is not None:
+            src = dtype(src_dtype)
+        elif arr_dt is not None and arr_dt not in (C.LWO_DTYPE_U8, C.LWO_DTYPE_I8):
+            src = arr_dt  # f64 and the like: the call refuses it, naming it
+        else:  # untyped bytes
+            src = self.tensor_info(layer, self.find_tensor(layer, name)).dtype
+        check(_lib.lwo_pool_write_quantized(self._h(), int(layer), _enc(name), addr, src, n,
+                                            int(n_threads)))
         del keep
+
+    def saved_bytes(self, layer=None):
+        """Bytes the quantized tensors save against their dense dtype: of one
+        layer, or (layer None) of the whole pool."""
+        layers = range(self.n_layers) if layer is None else [int(layer)]
+        return sum(t.saved_bytes for i in layers for t in self.tensors(i))
 
     def write_range(self, layer, name, offset, data, nbytes=None):
         addr, n, keep = _host_buffer(data, nbytes)

@@ -36,6 +36,10 @@ The contract (docs/PYTHON.md says more):
   (torch.compiler.disable): a compiled model breaks its graph at each one.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
+- ``offload(model, quant="fp8")`` (or "fp8-block", "int8", "int4") streams
+  the frozen nn.Linear weights quantized: the pool holds codes and scales,
+  lwo dequantizes each slot on the GPU for the forward and for dx, and the
+  weight parameter is a frozen CPU tensor of the dequantized values.
 """
 
 import ctypes
@@ -47,7 +51,7 @@ import torch.nn as nn
 
 from . import _capi as C
 from . import _core
-from ._errors import StateError, check
+from ._errors import ArgumentError, StateError, check
 from ._plan import FORWARD as _FORWARD, Planner
 
 __all__ = ["offload", "Offload", "is_offloaded", "handle_of"]
@@ -87,6 +91,16 @@ def _host_tensor(address, nbytes, dtype, shape, owner):
     arr = (ctypes.c_char * int(nbytes)).from_address(int(address))
     arr._lwo_owner = owner
     return torch.frombuffer(arr, dtype=dtype, count=numel).view(shape)
+
+
+def _dequantize_host(pool, layer, name, fmt, dtype, out):
+    """lwo_dequantize_host of quantized tensor `name` of `layer` (its pool
+    bytes) into `out`, a contiguous CPU tensor of torch dtype `dtype`."""
+    src = pool.tensor_host(layer, name)
+    rows, cols = out.shape
+    d = _core._quant_desc(fmt, _LWO_DTYPE[dtype], rows, cols)
+    check(_lib.lwo_dequantize_host(ctypes.byref(d), src.address, src.bytes, out.data_ptr(),
+                                   out.numel() * out.element_size(), 0))
 
 
 # --------------------------------------------------------------------------
@@ -227,9 +241,11 @@ class _Backend:
         return _Grads(_core.Grads(pool, trainable=mask, depth=depth))
 
     # compute
-    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False):
+    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False,
+                    weight_format=0):
         d = _core.linear_desc(in_features, out_features, dtype=dtype, bias=bias,
-                              flags=C.LWO_LINEAR_ACCUMULATE if accumulate else 0)
+                              flags=C.LWO_LINEAR_ACCUMULATE if accumulate else 0,
+                              weight_format=weight_format)
         return (d, ctypes.byref(d))
 
     def linear_forward(self, desc, tokens, x, w, b, y, stream):
@@ -291,7 +307,7 @@ class _Record:
 
     __slots__ = ("index", "name", "modules", "params", "names", "version", "trainable",
                  "bytes", "n_stages", "n_hits", "bytes_copied", "copy_ms", "stall_ms",
-                 "n_accesses")
+                 "n_accesses", "quantized", "saved_bytes")
 
     def __init__(self, index, name):
         self.index = index
@@ -301,7 +317,9 @@ class _Record:
         self.names = []      # tensor names in the record, in order
         self.version = 0
         self.trainable = False
+        self.quantized = False  # its modules' weights are quantized (frozen, a record apart)
         self.bytes = 0
+        self.saved_bytes = 0    # what quantization saves against the dense record
         self.n_stages = self.n_hits = self.bytes_copied = self.n_accesses = 0
         self.copy_ms = self.stall_ms = 0.0
 
@@ -318,7 +336,7 @@ class _Module:
     __slots__ = ("handle", "name", "kind", "record", "module", "weight", "bias", "w_idx",
                  "b_idx", "w_off", "b_off", "dtype", "lwo_dtype", "has_bias", "desc",
                  "desc_acc", "in_f", "out_f", "w_bytes", "b_bytes", "out_sizes", "padding",
-                 "__weakref__")
+                 "quant", "__weakref__")
 
     def needs_dw(self):
         b = self.bias
@@ -373,6 +391,8 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, s, anchor=None):
+        if s.quant and s.needs_dw():
+            _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
         ctx.s = s
         ctx.need_dw = s.needs_dw()
@@ -413,6 +433,14 @@ class _ConvFn(torch.autograd.Function):
         dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
                                      ctx.need_dw, ctx.x_dtype)
         return dx, None, None
+
+
+def _refuse_quantized_grad(s):
+    raise ArgumentError(C.LWO_ERR_QUANTIZED_WEIGHT,
+                        "lwo.torch: linear %r streams its weight quantized (%s): quantized "
+                        "weights are frozen, so its weight and bias cannot require a gradient "
+                        "(close the handle and offload again without quant= for it)"
+                        % (s.name, _core.quant_spelling(s.quant)))
 
 
 # Function.apply without its Python layer (argument binding for setup_context,
@@ -481,9 +509,12 @@ class Offload:
     # ----------------------------------------------------------------
     @classmethod
     def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
-                backend, skipped):
+                backend, skipped, quant=None, quant_skipped=None):
         self = object.__new__(cls)
         self.closed = False
+        quant = quant or {}
+        self.quantized = {name: _core.quant_spelling(f) for name, f in quant.items()}
+        self.quant_skipped = dict(quant_skipped or {})
         self.model_ref = weakref.ref(model)
         self.backend = backend
         self.device = device
@@ -502,14 +533,25 @@ class Offload:
         states = []
         for name, m in targets:
             key = groups.get(name, name)
+            fmt = quant.get(name, C.LWO_QUANT_NONE)
+            if fmt and isinstance(key, tuple):
+                # A group's quantized modules make a record of their own: frozen
+                # (lwo_grads_create refuses a trainable record that holds a
+                # quantized tensor), it moves in one copy all the same.
+                key = key + (fmt,)
             rec = by_key.get(key)
             if rec is None:
-                rec = _Record(len(records), str(key[1]) if isinstance(key, tuple) else key)
+                rname = str(key[1]) if isinstance(key, tuple) else key
+                if fmt and isinstance(key, tuple):
+                    rname = "%s [%s]" % (rname, _core.quant_spelling(fmt))
+                rec = _Record(len(records), rname)
+                rec.quantized = bool(fmt)
                 by_key[key] = rec
                 records.append(rec)
             s = _Module()
             s.handle, s.name, s.module, s.record = self, name, m, rec
             s.kind = "linear" if isinstance(m, nn.Linear) else "conv"
+            s.quant = fmt
             rec.modules.append(s)
             states.append(s)
         self.records = records
@@ -522,7 +564,10 @@ class Offload:
             tensors = []
             for i, s in enumerate(rec.modules):
                 w = s.module.weight
-                tensors.append(("m%d.weight" % i, _LWO_DTYPE[w.dtype], tuple(w.shape)))
+                tensors.append(_core.TensorSpec("m%d.weight" % i, _LWO_DTYPE[w.dtype],
+                                                tuple(w.shape), None, s.quant or None)
+                               if s.quant else
+                               ("m%d.weight" % i, _LWO_DTYPE[w.dtype], tuple(w.shape)))
                 rec.names.append("m%d.weight" % i)
                 s.w_idx = len(tensors) - 1
                 if s.module.bias is not None:
@@ -548,7 +593,11 @@ class Offload:
                     s.lwo_dtype = _LWO_DTYPE[w.dtype]
                     s.w_off = infos[s.w_idx].offset
                     s.w_bytes = infos[s.w_idx].bytes
-                    s.weight = self._adopt(m, "weight", rec, s.w_idx)
+                    if s.quant:
+                        s.weight = self._adopt_quantized(m, rec, s)
+                        rec.saved_bytes += w.numel() * w.element_size() - s.w_bytes
+                    else:
+                        s.weight = self._adopt(m, "weight", rec, s.w_idx)
                     freed_cuda |= w.is_cuda
                     s.has_bias = m.bias is not None
                     if s.has_bias:
@@ -562,9 +611,11 @@ class Offload:
                     rec.params += [p for p in (s.weight, s.bias) if p is not None]
                     if s.kind == "linear":
                         s.in_f, s.out_f = m.in_features, m.out_features
-                        s.desc = backend.linear_desc(s.in_f, s.out_f, s.lwo_dtype, s.has_bias)
+                        s.desc = backend.linear_desc(s.in_f, s.out_f, s.lwo_dtype, s.has_bias,
+                                                     weight_format=s.quant)
                         s.desc_acc = backend.linear_desc(s.in_f, s.out_f, s.lwo_dtype,
-                                                         s.has_bias, accumulate=True)
+                                                         s.has_bias, accumulate=True,
+                                                         weight_format=s.quant)
                     else:
                         s.in_f, s.out_f = m.in_channels, m.out_channels
                         s.padding = _conv_padding(m)
@@ -598,6 +649,30 @@ class Offload:
         if freed_cuda and torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self
+
+    def _adopt_quantized(self, m, rec, s):
+        """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
+        the parameter a CPU tensor of the dequantized weight (what lwo
+        computes with: lwo_dequantize_host of the pool's bytes), frozen."""
+        old = m._parameters["weight"]
+        name = rec.names[s.w_idx]
+        src = old.detach().to("cpu").contiguous()
+        self.pool.write_quantized(rec.index, name, src)
+        dense = torch.empty(tuple(old.shape), dtype=old.dtype)
+        _dequantize_host(self.pool, rec.index, name, s.quant, old.dtype, dense)
+        p = nn.Parameter(dense, requires_grad=False)
+        m._parameters["weight"] = p
+        return p
+
+    def _layer_changed(self, rec):
+        """A record's parameters were written: copy it again at its next stage;
+        a quantized weight is quantized again from its parameter first."""
+        if rec.quantized:
+            for s in rec.modules:
+                if s.quant:
+                    self.pool.write_quantized(rec.index, rec.names[s.w_idx],
+                                              s.weight.detach().contiguous())
+        self.backend.layer_changed(self.pool, rec.index)
 
     def _adopt(self, m, key, rec, idx):
         old = m._parameters[key]
@@ -704,7 +779,7 @@ class Offload:
             self.ring.release(ent[0], stream)  # staged before a write: copy again
             ent = None
         if v != rec.version:
-            self.backend.layer_changed(self.pool, rec.index)
+            self._layer_changed(rec)
             rec.version = v
         if ent is None:
             while self._live >= self.depth and self._prefetched:
@@ -753,7 +828,7 @@ class Offload:
                 break
             v = r.current_version()
             if v != r.version:
-                self.backend.layer_changed(self.pool, idx)
+                self._layer_changed(r)
                 r.version = v
             try:
                 t = self._stage(r, stream)
@@ -1139,7 +1214,7 @@ class Offload:
         forward or backward is running."""
         recs = self._records_of(modules)
         for rec in recs:
-            self.backend.layer_changed(self.pool, rec.index)
+            self._layer_changed(rec)
             rec.version = rec.current_version()
             ent = self._prefetched.pop(rec.index, None)
             if ent is not None:
@@ -1188,7 +1263,9 @@ class Offload:
         per-record figures (see layer_stats)."""
         out = {"ring": self.ring.stats()._asdict(), "planner": self.planner.stats(),
                "records": len(self.records), "pool_bytes": sum(r.bytes for r in self.records),
-               "depth": self.depth}
+               "depth": self.depth,
+               "quant": {"modules": dict(self.quantized),
+                         "saved_bytes": sum(r.saved_bytes for r in self.records)}}
         if self.grads is not None:
             out["grads"] = self.grads.stats()._asdict()
         if self._stats_on:
@@ -1211,6 +1288,7 @@ class Offload:
             out.append({
                 "record": rec.index, "name": rec.name,
                 "modules": [s.name for s in rec.modules], "bytes": rec.bytes,
+                "quantized": rec.quantized, "saved_bytes": rec.saved_bytes,
                 "accesses": rec.n_accesses, "stages": rec.n_stages, "hits": rec.n_hits,
                 "bytes_copied": rec.bytes_copied, "copy_ms": rec.copy_ms,
                 "stall_ms": rec.stall_ms,
@@ -1345,8 +1423,34 @@ def _groups_of(targets, group):
     return out
 
 
+def _quant_choice(targets, quant):
+    """({name: lwo_quant_format_t} of the linears streamed quantized,
+    {name: why not} of the others quant= would have taken)."""
+    if quant is None:
+        return {}, {}
+    fixed = None if callable(quant) else _core.quant_format(quant)  # ValueError: unknown
+    chosen, why_not = {}, {}
+    for name, m in targets:
+        fmt = _core.quant_format(quant(name, m)) if fixed is None else fixed
+        if fmt == C.LWO_QUANT_NONE:
+            continue
+        if not isinstance(m, nn.Linear):
+            why_not[name] = "a convolution (lwo computes convolutions from dense weights)"
+            continue
+        if m.weight.requires_grad or (m.bias is not None and m.bias.requires_grad):
+            why_not[name] = "trainable (quantized weights are frozen)"
+            continue
+        try:  # the shape and the format: lwo_quant_layout's rules
+            _core.quant_layout(fmt, tuple(m.weight.shape), _LWO_DTYPE[m.weight.dtype])
+        except ArgumentError as e:
+            why_not[name] = e.message
+            continue
+        chosen[name] = fmt
+    return chosen, why_not
+
+
 def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=None,
-            stats=False, timing=False, _backend=None):
+            stats=False, timing=False, quant=None, _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
     ``lwo.torch.handle_of(model)``).
@@ -1368,6 +1472,21 @@ def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=No
              acquire; adds host overhead): ``handle.layer_stats()``.
     timing:  lwo's own ring timing (LWO_RING_TIMING): ``handle.stats()``
              has copy_ms, wait_ms and bandwidth_gbps for the whole ring.
+    quant:   stream the weights of frozen nn.Linear modules quantized: a
+             format ("fp8", "fp8-block", "int8", "int4", or see
+             lwo.quant_format), or ``quant(name, module) -> format or None``.
+             A linear whose weight and bias both have requires_grad False
+             when offload() runs is quantized on load into the pool
+             (lwo_pool_write_quantized) and computed from its quantized slot
+             (lwo_linear_desc.weight_format: dequantized on the GPU into a
+             workspace, then the same GEMM; dx in backward, never dW). Its
+             weight parameter becomes a frozen CPU tensor of the dequantized
+             values (what lwo computes with); writing it in place quantizes
+             it again. Trainable linears, convolutions and shapes the format
+             does not take (int4: in_features a multiple of 128) stay dense:
+             ``handle.quant_skipped`` says which and why, ``handle.quantized``
+             lists the others. In a group, the quantized modules make a
+             record of their own.
 
     Create optimizers after offload(): the streamed parameters are new
     Parameter objects (CPU tensors over the pool)."""
@@ -1423,8 +1542,9 @@ def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=No
                          % ("" if not skipped else " (skipped: %s)" % "; ".join(
                              "%s: %s" % kv for kv in skipped.items())))
     groups = _groups_of(targets, group)
+    quantized, quant_skipped = _quant_choice(targets, quant)
     handle = Offload._create(model, targets, groups, depth, grads_depth, device, stats, timing,
-                             backend, skipped)
+                             backend, skipped, quantized, quant_skipped)
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
         model.to(device)

@@ -18,6 +18,11 @@ the CPU for the arithmetic.
   assigned while the layer is fresh since the last zero, else added in f32
   and rounded once; wait() also zeroes the zeroed layers that got nothing.
 - Compute: products in f32, rounded once to the layer's dtype, as lwo does.
+- Quantized tensors (a TensorSpec with quant=): sized by liblwo's
+  lwo_quant_layout, written by lwo_quantize (write_quantized), and a linear
+  with weight_format dequantizes its weight with lwo_dequantize_host (these
+  are host calls of the real library: they need no device) and refuses
+  dweight and dbias with LWO_ERR_QUANTIZED_WEIGHT, as the library does.
 """
 
 import collections
@@ -35,7 +40,7 @@ _DT = {C.LWO_DTYPE_F32: torch.float32, C.LWO_DTYPE_BF16: torch.bfloat16,
 
 RingStats = lwo.RingStats
 GradsStats = lwo.GradsStats
-TensorInfo = collections.namedtuple("TensorInfo", "name dtype shape offset bytes")
+TensorInfo = lwo.TensorInfo
 
 
 def _err(status, message):
@@ -79,12 +84,15 @@ class Pool:
         self.version = []
         for tensors in layers:
             infos, off = [], 0
-            for name, dt, shape in tensors:
+            for t in tensors:
+                name, dt, shape = t[0], t[1], t[2]
+                fmt = lwo.quant_format(t.quant if isinstance(t, lwo.TensorSpec) else None)
                 n = 1
                 for d in shape:
                     n *= d
-                nbytes = n * lwo.dtype_size(dt)
-                infos.append(TensorInfo(name, dt, tuple(shape), off, nbytes))
+                nbytes = lwo.quant_layout(fmt, shape, dt).total_bytes if fmt else \
+                    n * lwo.dtype_size(dt)
+                infos.append(TensorInfo(name, dt, tuple(shape), off, nbytes, fmt))
                 off += nbytes + (-nbytes % _ALIGN)
             record = max(off, 0)
             host = backend.mem.alloc(record)
@@ -104,6 +112,17 @@ class Pool:
             if i.name == name:
                 return lwo.HostMemory(host + i.offset, i.bytes)
         raise _err(C.LWO_ERR_NOT_FOUND, "fake lwo_pool_tensor_host: no tensor %r" % name)
+
+    def write_quantized(self, layer, name, data, src_dtype=None, n_threads=0):
+        info = [i for i in self.layers[layer][0] if i.name == name][0]
+        if not info.quant_format:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_pool_write_quantized: %r is not "
+                       "quantized" % name)
+        q = lwo.quantize(data, info.quant_format, dtype=src_dtype, shape=info.shape)
+        dst = self.tensor_host(layer, name)
+        _bytes_at(dst.address, dst.bytes).copy_(torch.from_numpy(q.data.copy()))
+        self.version[layer] += 1
+        self.backend.calls["write_quantized"] += 1
 
 
 class Ring:
@@ -322,15 +341,29 @@ class Backend:
         return g
 
     # compute ------------------------------------------------------------
-    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False):
+    def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False,
+                    weight_format=0):
         return {"in": in_features, "out": out_features, "dtype": dtype, "bias": bias,
-                "acc": accumulate}
+                "acc": accumulate, "quant": int(weight_format)}
+
+    def _weight(self, d, w):
+        """The weight as f32: dense, or dequantized (lwo_dequantize_host) as the
+        library does into its workspace of the layer's dtype."""
+        dt = _DT[d["dtype"]]
+        if not d["quant"]:
+            return _at(w, dt, (d["out"], d["in"])).float()
+        self.calls["dequantize"] += 1
+        n = lwo.quant_layout(d["quant"], (d["out"], d["in"]), d["dtype"]).total_bytes
+        got = lwo.dequantize(_bytes_at(w, n).numpy(), format=d["quant"],
+                             shape=(d["out"], d["in"]), dtype=d["dtype"])
+        t = torch.from_numpy(got.view("int16") if d["dtype"] == C.LWO_DTYPE_BF16 else got)
+        return t.view(dt).float()
 
     def linear_forward(self, d, tokens, x, w, b, y, stream):
         self.calls["linear_forward"] += 1
         dt = _DT[d["dtype"]]
         X = _at(x, dt, (tokens, d["in"])).float()
-        W = _at(w, dt, (d["out"], d["in"])).float()
+        W = self._weight(d, w)
         Y = X @ W.t()
         if d["bias"]:
             Y = Y + _at(b, dt, (d["out"],)).float()
@@ -343,6 +376,9 @@ class Backend:
         DY = _at(dy, dt, (tokens, d["out"])).float()
         if db and not d["bias"]:
             raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_linear_backward: dbias, no bias")
+        if (dw or db) and d["quant"]:
+            raise _err(C.LWO_ERR_QUANTIZED_WEIGHT, "fake lwo_linear_backward: dweight of a "
+                       "quantized weight")
         if dw:
             X = _at(x, dt, (tokens, d["in"])).float()
             G = _at(dw, gdt, (d["out"], d["in"]))
@@ -355,7 +391,7 @@ class Backend:
         if dx:
             if not w:
                 raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_linear_backward: weight NULL")
-            W = _at(w, dt, (d["out"], d["in"])).float()
+            W = self._weight(d, w)
             _at(dx, dt, (tokens, d["in"])).copy_((DY @ W).to(dt))
 
     def conv_desc(self, module, dtype, bias, padding, accumulate=False):

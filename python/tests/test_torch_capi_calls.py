@@ -59,6 +59,14 @@ def test_compute_calls():
                            None, None, 0x5000, 0x6000 if bias else None, dt, 0x99)
             invalid_handle("lwo_linear_backward", be.linear_backward, d, 16, None, 0x2000,
                            0x3000, 0x4000, None, None, dt, 0)
+    # a quantized weight (offload(quant=...)): forward and dx only
+    for fmt in (C.LWO_QUANT_FP8_E4M3_CHANNEL, C.LWO_QUANT_INT4_GROUP128):
+        d = be.linear_desc(256, 512, C.LWO_DTYPE_BF16, True, weight_format=fmt)
+        assert d[0].weight_format == fmt
+        invalid_handle("lwo_linear_forward", be.linear_forward, d, 16, 0x1000, 0x2000,
+                       0x3000, 0x4000, 0)
+        invalid_handle("lwo_linear_backward", be.linear_backward, d, 16, None, 0x2000,
+                       0x3000, 0x4000, None, None, C.LWO_DTYPE_BF16, 0)
     conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2)
     d = be.conv_desc(conv, C.LWO_DTYPE_BF16, True, (1, 1))
     assert d[0].layout == C.LWO_LAYOUT_NCHW and d[0].groups == 2

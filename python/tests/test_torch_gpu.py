@@ -290,3 +290,136 @@ def test_close_puts_the_weights_back_on_the_device():
     h.close()
     assert m[0].weight.is_cuda and m[0].weight.grad.is_cuda
     close(m(x), ref(x), torch.float32, "restored output")
+
+
+# --------------------------------------------------------------------------
+# Quantized weights: pools of quantized tensors, lwo_dequantize, and
+# offload(quant=...) of a frozen base with a trainable adapter beside it.
+# The reference model holds the dequantized weights (lwo.quantize and
+# lwo.dequantize on the host, the same rule bit for bit as the GPU's), so
+# the tolerances are the dense ones above: only the GEMMs' sums differ.
+# --------------------------------------------------------------------------
+QUANTS = ["fp8", "fp8-block", "int8", "int4"]
+
+
+def dequantized(w, fmt):
+    """w quantized and dequantized by liblwo on the host, as a CPU tensor."""
+    np = pytest.importorskip("numpy")
+    d = lwo.quantize(w.detach().cpu().contiguous(), fmt).dequantize()
+    t = torch.from_numpy(d.view(np.int16) if w.dtype == torch.bfloat16 else d)
+    return t.view(w.dtype)
+
+
+class Adapted(nn.Module):
+    """A frozen base (two linears) with a trainable low-rank adapter beside
+    the second, and a trainable head."""
+
+    def __init__(self, dtype, d_in=256, d_hidden=512, d_out=256):
+        super().__init__()
+        self.base0 = nn.Linear(d_in, d_hidden)
+        self.base1 = nn.Linear(d_hidden, d_out, bias=False)
+        self.lora_a = nn.Linear(d_hidden, 16, bias=False)
+        self.lora_b = nn.Linear(16, d_out, bias=False)
+        self.head = nn.Linear(d_out, 64)
+        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
+            p.requires_grad_(False)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.base0(x))
+        return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
+
+
+@pytest.mark.parametrize("fmt", QUANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_frozen_base_with_a_trainable_adapter(fmt, dtype):
+    torch.manual_seed(7)
+    m = Adapted(dtype)
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        for name in ("base0", "base1"):
+            w = getattr(ref, name).weight
+            w.copy_(dequantized(w, fmt))
+    ref.to(DEV)
+    h = lt.offload(m, device=DEV, quant=fmt)
+    assert h.quantized == {"base0": fmt, "base1": fmt}
+    for name in ("base0", "base1"):  # the parameter is what lwo computes with
+        assert torch.equal(getattr(m, name).weight.to(DEV), getattr(ref, name).weight)
+    quant_recs = [r for r in h.records if r.quantized]
+    assert len(quant_recs) == 2
+    compare_training(m, ref, lambda: torch.randn(4, 24, 256, device=DEV, dtype=dtype), dtype)
+    st = h.stats()
+    assert st["quant"]["saved_bytes"] == sum(r.saved_bytes for r in quant_recs) > 0
+    # the quantized records moved their quantized bytes (each stage a copy or a hit)
+    for r in quant_recs:
+        info = h.pool.tensors(r.index)[0]
+        assert info.quant == fmt and info.bytes == lwo.quant_layout(
+            fmt, info.shape, info.dtype).total_bytes
+    assert st["grads"]["n_transfers"] > 0
+
+
+def test_quantized_forward_equals_lwo_dequantize_then_the_dense_linear():
+    """A streamed fp8 linear's output equals, bit for bit, lwo_dequantize of
+    its quantized bytes (Engine.dequantize, itself equal to the host
+    reference) followed by lwo's dense linear on that bf16 weight."""
+    np = pytest.importorskip("numpy")
+    dtype = torch.bfloat16
+    torch.manual_seed(8)
+    m = nn.Sequential(nn.Linear(512, 384)).to(dtype).requires_grad_(False)
+    w_cpu = m[0].weight.detach().clone()
+    b_dev = m[0].bias.detach().to(DEV)
+    h = lt.offload(m, device=DEV, quant="fp8")
+    eng = h.backend.engine
+    q = lwo.quantize(w_cpu, "fp8")
+    q_dev = torch.from_numpy(q.data.copy()).to(DEV)
+    w_dev = torch.empty(384, 512, dtype=dtype, device=DEV)
+    stream = torch.cuda.current_stream()
+    eng.dequantize("fp8", (384, 512), q_dev.data_ptr(), w_dev.data_ptr(), dtype="bf16",
+                   stream=stream)
+    host = torch.from_numpy(q.dequantize("bf16").view(np.int16)).view(dtype)
+    assert torch.equal(w_dev.cpu(), host)
+    x = torch.randn(96, 512, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        y = m(x)
+    ref = torch.empty(96, 384, device=DEV, dtype=dtype)
+    d = lwo.linear_desc(512, 384, dtype="bf16", bias=True)
+    eng.linear_forward(d, 96, x.data_ptr(), w_dev.data_ptr(), b_dev.data_ptr(), ref.data_ptr(),
+                       stream=stream)
+    assert torch.equal(y, ref)
+
+
+def test_pool_of_quantized_tensors_on_the_device():
+    """Pool.write_quantized from numpy f32 and from a torch bf16 tensor: the
+    pool's bytes equal lwo.quantize's, tensor_info reports the format and the
+    bytes saved, and an acquired slot holds the quantized bytes."""
+    np = pytest.importorskip("numpy")
+    g = np.random.default_rng()
+    w0 = g.standard_normal((256, 384)).astype(np.float32)
+    w1 = torch.randn(128, 256, dtype=torch.bfloat16)
+    layers = [[lwo.TensorSpec("w", "f32", (256, 384), quant="int8"), ("b", "f32", (256,))],
+              [{"name": "w", "dtype": "bf16", "shape": (128, 256), "quant": "int4"}]]
+    eng = lt._Backend(torch.cuda.current_device()).engine
+    with eng.pool_pinned(layers) as pool:
+        pool.write_quantized(0, "w", w0)
+        pool.write_quantized(1, "w", w1)
+        for layer, (src, fmt) in enumerate(((w0, "int8"), (w1, "int4"))):
+            info = pool.tensors(layer)[0]
+            q = lwo.quantize(src, fmt)
+            assert info.quant == fmt and info.bytes == q.nbytes
+            assert info.saved_bytes == q.saved_bytes > 0
+            assert bytes(pool.tensor_host(layer, "w").memoryview()) == q.data.tobytes()
+        assert pool.saved_bytes() == sum(pool.tensors(i)[0].saved_bytes for i in range(2))
+        with pool.ring(depth=1) as ring:
+            stream = torch.cuda.current_stream()
+            with ring.layer(1, stream) as view:
+                t = view["w"]
+                assert t.dtype == lwo.LWO_DTYPE_BF16 and t.bytes == pool.tensors(1)[0].bytes
+                raw = torch.empty(t.bytes, dtype=torch.uint8, device=DEV)
+                src = torch.as_tensor(type("Raw", (), {"__cuda_array_interface__": {
+                    "shape": (t.bytes,), "typestr": "|u1", "data": (t.data, False),
+                    "version": 3, "strides": None}})(), device=DEV)
+                raw.copy_(src)
+            torch.cuda.synchronize()
+            assert bytes(raw.cpu().numpy()) == bytes(pool.tensor_host(1, "w").memoryview())
+        with pytest.raises(lwo.ArgumentError):  # a dense tensor is not quantized
+            pool.write_quantized(0, "b", np.zeros(256, np.float32))

@@ -1,0 +1,215 @@
+"""lwo.torch's quant= option without a GPU, over fake_lwo (whose quantized
+tensors are sized, written and dequantized by liblwo's own host calls:
+lwo_quant_layout, lwo_quantize, lwo_dequantize_host): which linears are
+quantized and why the others are not, the records and their bytes, outputs,
+dx and the trainable adapter's gradients against the same model resident in
+PyTorch with the dequantized weights, re-quantization after an in-place
+write, and the refusal of a gradient for a quantized weight. Skipped
+without torch or numpy."""
+
+import copy
+
+import pytest
+
+try:
+    import torch
+except ImportError as e:  # not installed, or not importable here
+    pytest.skip("torch is not importable: %s" % e, allow_module_level=True)
+np = pytest.importorskip("numpy")
+nn = torch.nn
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+
+import fake_lwo  # noqa: E402
+
+# fake_lwo computes products in f32 rounded once to the layer's dtype, as the
+# reference does on the same (dequantized) weights: only the order of the sums
+# differs. Relative error ||a - b|| / ||b||.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def offload(model, **kw):
+    be = fake_lwo.Backend()
+    return lt.offload(model, _backend=be, **kw), be
+
+
+def close(a, b, dtype, what=""):
+    a, b = a.detach().float(), b.detach().float()
+    assert a.shape == b.shape, what
+    err = (a - b).norm().item() / max(b.norm().item(), 1e-6)
+    assert err <= TOL[dtype], "%s: relative error %g > %g" % (what, err, TOL[dtype])
+
+
+def dequantized(w, fmt):
+    """w quantized and dequantized by liblwo on the host (a torch tensor)."""
+    q = lwo.quantize(w.detach().contiguous(), fmt)
+    d = q.dequantize()
+    t = torch.from_numpy(d.view(np.int16) if w.dtype == torch.bfloat16 else d)
+    return t.view(w.dtype)
+
+
+class Adapted(nn.Module):
+    """A frozen base (two linears) with a trainable adapter beside the second."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.base0 = nn.Linear(256, 384)
+        self.base1 = nn.Linear(384, 128, bias=False)
+        self.lora_a = nn.Linear(384, 8, bias=False)
+        self.lora_b = nn.Linear(8, 128, bias=False)
+        self.head = nn.Linear(128, 16)
+        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
+            p.requires_grad_(False)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.base0(x))
+        return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
+
+
+def resident_reference(m, fmt):
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        for name in ("base0", "base1"):
+            w = getattr(ref, name).weight
+            w.copy_(dequantized(w, fmt))
+    return ref
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_base_quantized_adapter_trained(fmt, dtype):
+    torch.manual_seed(1)
+    m = Adapted(dtype)
+    ref = resident_reference(m, fmt)
+    h, be = offload(m, quant=fmt)
+    assert h.quantized == {"base0": fmt, "base1": fmt}
+    assert set(h.quant_skipped) == {"lora_a", "lora_b", "head"}
+    assert all("trainable" in why for why in h.quant_skipped.values())
+    # the parameters are the dequantized weights lwo computes with, frozen
+    for name in ("base0", "base1"):
+        w, wr = getattr(m, name).weight, getattr(ref, name).weight
+        assert w.device.type == "cpu" and not w.requires_grad and w.dtype == dtype
+        assert torch.equal(w.view(torch.uint8) if dtype == torch.float32 else w.view(torch.int16),
+                           wr.view(torch.uint8) if dtype == torch.float32 else
+                           wr.view(torch.int16)), name
+    # the records hold the quantized bytes; only the trainable ones get gradients
+    pool = be.pools[0]
+    for rec in h.records:
+        if rec.quantized:
+            info = pool.tensors(rec.index)[0]
+            assert info.quant == fmt
+            assert info.bytes == lwo.quant_layout(fmt, info.shape, info.dtype).total_bytes
+            assert rec.saved_bytes == info.dense_bytes - info.bytes > 0
+    assert h.stats()["quant"]["saved_bytes"] == sum(r.saved_bytes for r in h.records) > 0
+    assert be.grads_sets[0].mask == [not r.quantized for r in h.records]
+
+    params = [p for p in m.parameters() if p.requires_grad]
+    params_r = [p for p in ref.parameters() if p.requires_grad]
+    assert len(params) == len(params_r) == 4
+    opt, opt_r = torch.optim.SGD(params, lr=0.05), torch.optim.SGD(params_r, lr=0.05)
+    for step in range(3):
+        x = torch.randn(6, 256, dtype=dtype)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), ref(xb)
+        close(ya, yb, dtype, "step %d output" % step)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, dtype, "step %d dx (through the quantized weights)" % step)
+        for (k, p), q in zip([(k, p) for k, p in m.named_parameters() if p.requires_grad],
+                             params_r):
+            assert p.grad is not None, k
+            close(p.grad, q.grad, dtype, "step %d grad of %s" % (step, k))
+        for name in ("base0", "base1"):
+            assert getattr(m, name).weight.grad is None
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    assert be.calls["dequantize"] >= 3 * 2 * 2  # forward and dx of both base layers
+
+
+def test_an_inplace_write_quantizes_again():
+    torch.manual_seed(2)
+    m = Adapted(torch.float32)
+    ref = resident_reference(m, "int8")
+    h, be = offload(m, quant="int8")
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        close(m(x), ref(x), torch.float32, "before the write")
+        new = torch.randn(384, 256) * 0.05
+        m.base0.weight.copy_(new)  # noticed through the version counter
+        ref.base0.weight.copy_(dequantized(new, "int8"))
+        writes = be.calls["write_quantized"]
+        close(m(x), ref(x), torch.float32, "after the write")
+        assert be.calls["write_quantized"] == writes + 1
+
+
+def test_which_modules_are_quantized():
+    m = nn.Sequential(nn.Linear(200, 256), nn.ReLU(), nn.Linear(256, 128),
+                      nn.Conv2d(3, 4, 3), nn.Linear(128, 8))
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m[4].bias.requires_grad_(True)  # a trainable bias keeps its linear dense
+    h, be = offload(m, quant="int4")
+    assert h.quantized == {"2": "int4"}
+    assert "128" in h.quant_skipped["0"]  # int4 takes in_features multiples of 128
+    assert "convolution" in h.quant_skipped["3"]
+    assert "trainable" in h.quant_skipped["4"]
+    # a function chooses per module
+    m2 = nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 128)).requires_grad_(False)
+    h2, _ = offload(m2, quant=lambda name, mod: "fp8-block" if name == "1" else None)
+    assert h2.quantized == {"1": "fp8-block"} and h2.quant_skipped == {}
+    with pytest.raises(ValueError, match="unknown quantized format"):
+        offload(nn.Sequential(nn.Linear(128, 8)), quant="fp4")
+
+
+def test_a_group_keeps_its_quantized_modules_in_a_record_apart():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = nn.Linear(128, 128).requires_grad_(False)
+            self.adapter = nn.Linear(128, 128, bias=False)
+
+        def forward(self, x):
+            return self.base(x) + self.adapter(x)
+
+    torch.manual_seed(3)
+    m = nn.Sequential(Block(), Block())
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        for b in ref:
+            b.base.weight.copy_(dequantized(b.base.weight, "fp8"))
+    h, be = offload(m, group=["0", "1"], quant="fp8")
+    assert h.record_names() == [["0.base"], ["0.adapter"], ["1.base"], ["1.adapter"]]
+    assert [r.name for r in h.records] == ["0 [fp8]", "0", "1 [fp8]", "1"]
+    x = torch.randn(5, 128)
+    m(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for b, br in zip(m, ref):
+        close(b.adapter.weight.grad, br.adapter.weight.grad, torch.float32, "adapter grad")
+        assert b.base.weight.grad is None and b.base.bias.grad is None
+
+
+def test_a_gradient_for_a_quantized_weight_is_refused():
+    m = nn.Sequential(nn.Linear(128, 64), nn.Linear(64, 8)).requires_grad_(False)
+    h, be = offload(m, quant="fp8")
+    x = torch.randn(3, 128)
+    m[0].weight.requires_grad_(True)
+    with pytest.raises(lwo.ArgumentError) as e:
+        m(x)
+    assert e.value.status == lwo.LWO_ERR_QUANTIZED_WEIGHT
+    assert "'0'" in e.value.message and "fp8" in e.value.message
+    m[0].weight.requires_grad_(False)
+    with torch.no_grad():  # the handle stays usable
+        y = m(x)
+    assert y.shape == (3, 8)
+
+
+def test_close_gives_back_the_dequantized_weights():
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Linear(128, 64)).requires_grad_(False)
+    want = dequantized(m[0].weight, "fp8-block")
+    h, be = offload(m, quant="fp8-block")
+    h.close()
+    assert type(m[0]) is nn.Linear
+    assert torch.equal(m[0].weight, want)
