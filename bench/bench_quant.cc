@@ -22,9 +22,12 @@
 //   quant/<model>/dequant_share/T:16384
 //       compute-bound: per format, the resident step (forward +
 //       backward-data) on quantized device copies (dequantized in each call)
-//       against the same GEMMs on pre-dequantized bf16 copies, and the
-//       streamed quantized step. F_dequant_ms = resident quantized -
-//       resident pre-dequantized, F_share = F_dequant_ms / F_step_ms (the
+//       against the same GEMMs on pre-dequantized bf16 copies, timed in
+//       --share-pairs pairs (default 9, the order alternating), and the
+//       streamed quantized step. F_dequant_ms = the median of the pairs'
+//       differences (resident quantized - resident pre-dequantized),
+//       F_resident_dense_ms / F_resident_quant_ms the medians of each side,
+//       F_share = F_dequant_ms / F_step_ms (the
 //       streamed step), target <= 0.03 (F_share_met); F_matches_resident:
 //       the streamed step's dx equals the resident quantized step's bit for
 //       bit.
@@ -46,6 +49,7 @@ namespace lwob {
 namespace {
 
 int g_iterations = 5;
+int g_share_pairs = 9;  // dequant_share: pairs of resident steps (--share-pairs)
 int g_warmup = 1;
 
 struct Op {
@@ -361,18 +365,44 @@ Resident make_resident(const QModel& m, const Format& fmt, cudaStream_t st) {
   return r;
 }
 
-double resident_ms(const QModel& m, lwo_quant_format_t f, const std::vector<DeviceMem>& w,
-                   int64_t T, Acts& acts, cudaStream_t st, void** last) {
-  std::vector<double> ms;
+double pass_ms(const QModel& m, lwo_quant_format_t f, const std::vector<DeviceMem>& w, int64_t T,
+               Acts& acts, cudaStream_t st, void** last) {
   auto weight = [&](size_t i, bool) -> const void* { return w[i].get(); };
-  for (int it = 0; it < g_warmup + g_iterations; ++it) {
-    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-    const double t0 = now_seconds();
-    *last = chain_pass(m, f, T, true, acts, st, weight);
-    check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-    if (it >= g_warmup) ms.push_back((now_seconds() - t0) * 1e3);
+  check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  const double t0 = now_seconds();
+  *last = chain_pass(m, f, T, true, acts, st, weight);
+  check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  return (now_seconds() - t0) * 1e3;
+}
+
+// The resident step on pre-dequantized bf16 copies and on the quantized
+// copies, in pairs (the order alternating from pair to pair), so that the
+// slow drift of a compute-bound GPU's clocks falls on both sides of each
+// difference: the medians of each side and of the pairs' differences.
+struct Paired {
+  double dense_ms = 0, quant_ms = 0, dequant_ms = 0;
+};
+Paired paired_ms(const QModel& m, const Format& fmt, const Resident& r, int64_t T, Acts& acts,
+                 cudaStream_t st, void** last_quant) {
+  std::vector<double> dense, quant, diff;
+  void* last = nullptr;
+  for (int it = 0; it < g_warmup + g_share_pairs; ++it) {
+    double d, q;
+    // The last pair ends with the quantized step: *last_quant is its output
+    // (the passes share the activation buffers).
+    if ((g_warmup + g_share_pairs - 1 - it) % 2 == 0) {
+      d = pass_ms(m, LWO_QUANT_NONE, r.dense, T, acts, st, &last);
+      q = pass_ms(m, fmt.f, r.q, T, acts, st, last_quant);
+    } else {
+      q = pass_ms(m, fmt.f, r.q, T, acts, st, last_quant);
+      d = pass_ms(m, LWO_QUANT_NONE, r.dense, T, acts, st, &last);
+    }
+    if (it < g_warmup) continue;
+    dense.push_back(d);
+    quant.push_back(q);
+    diff.push_back(q - d);
   }
-  return median(ms);
+  return {median(dense), median(quant), median(diff)};
 }
 
 void bm_share(benchmark::State& state, const QModel& m) {
@@ -390,15 +420,15 @@ void bm_share(benchmark::State& state, const QModel& m) {
         const std::string n = fmt.name;
         Resident r = make_resident(m, fmt, stream.get());
         void* last = nullptr;
-        const double dense = resident_ms(m, LWO_QUANT_NONE, r.dense, T, acts, stream.get(), &last);
-        const double quant = resident_ms(m, fmt.f, r.q, T, acts, stream.get(), &last);
+        const Paired pr = paired_ms(m, fmt, r, T, acts, stream.get(), &last);
+        const double dense = pr.dense_ms, quant = pr.quant_ms;
         std::vector<uint8_t> want(out_bytes), got(out_bytes);
         check(cudaMemcpy(want.data(), last, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
         r = Resident();  // free before streaming
         const Streamed s = streamed(m, fmt, T, true, 2, acts, stream.get());
         check(cudaMemcpy(got.data(), s.last, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
         total += s.median_ms;
-        const double dq = quant - dense;
+        const double dq = pr.dequant_ms;
         c[n + "_resident_dense_ms"] = dense;
         c[n + "_resident_quant_ms"] = quant;
         c[n + "_step_ms"] = s.median_ms;
@@ -452,6 +482,10 @@ int main(int argc, char** argv) {
       {"--iterations", "timed passes of each kind (default 5)",
        [](const std::string& v) {
          lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
+       }},
+      {"--share-pairs", "dequant_share: timed pairs of resident steps (default 9)",
+       [](const std::string& v) {
+         lwob::g_share_pairs = static_cast<int>(lwob::parse_uint("--share-pairs", v, 1, 1000));
        }},
       {"--warmup", "untimed passes of each kind first (default 1)",
        [](const std::string& v) {
