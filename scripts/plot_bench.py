@@ -411,6 +411,41 @@ def plot_host(plt, doc, path):
     return True
 
 
+def plot_quant(plt, doc, path):
+    """bench_quant: speed-up over bf16 per format (T=1024, transfer-bound) with the
+    targets, and the dequantization's share of a compute-bound step (T=16384)."""
+    rows = [b for b in runs(doc) if not failed(b)]
+    speed = [b for b in rows if "dequant_share" not in label(b)]
+    share = [b for b in rows if "dequant_share" in label(b)]
+    if not speed and not share:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(QUANT_FORMATS)
+    for k, f in enumerate(QUANT_FORMATS):
+        xs = [i + (k - (len(QUANT_FORMATS) - 1) / 2) * width for i in range(len(speed))]
+        ax1.bar(xs, [b.get(f + "_speedup", 0) for b in speed], width, label=f)
+    ax1.axhline(1.9, color="gray", ls="--", lw=1)
+    ax1.axhline(3.5, color="gray", ls=":", lw=1)
+    ax1.set_xticks(range(len(speed)))
+    ax1.set_xticklabels([label(b).split("/T:")[0].replace("/", "\n", 2) for b in speed],
+                        fontsize=7)
+    ax1.set_ylabel("throughput over bf16 (same run)")
+    ax1.set_title("T=1024, depth 2 (targets: 1.9x fp8/int8, 3.5x int4)", fontsize=9)
+    ax1.legend(fontsize=8)
+    for k, f in enumerate(QUANT_FORMATS):
+        xs = [i + (k - (len(QUANT_FORMATS) - 1) / 2) * width for i in range(len(share))]
+        ax2.bar(xs, [100 * b.get(f + "_share", 0) for b in share], width, label=f)
+    ax2.axhline(3.0, color="gray", ls="--", lw=1)
+    ax2.set_xticks(range(len(share)))
+    ax2.set_xticklabels([label(b).split("/dequant_share")[0] for b in share], fontsize=8)
+    ax2.set_ylabel("dequantization, % of the step")
+    ax2.set_title("T=16384, compute-bound (target <= 3%)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plots(indir, outdir):
     import matplotlib
     matplotlib.use("Agg")
@@ -422,6 +457,7 @@ def plots(indir, outdir):
         ("workloads", "workload_ratios.png", plot_workloads),
         ("copy", "copy_bandwidth.png", plot_copy),
         ("host", "host_overhead.png", plot_host),
+        ("quant", "quant.png", plot_quant),
     ]
     wrote = 0
     for key, name, fn in jobs:
