@@ -427,8 +427,8 @@ def plot_quant(plt, doc, path):
     ax1.axhline(1.9, color="gray", ls="--", lw=1)
     ax1.axhline(3.5, color="gray", ls=":", lw=1)
     ax1.set_xticks(range(len(speed)))
-    ax1.set_xticklabels([label(b).split("/T:")[0].replace("/", "\n", 2) for b in speed],
-                        fontsize=7)
+    ax1.set_xticklabels([label(b).split("/T:")[0].replace("quant/", "").replace("/", "\n")
+                         for b in speed], fontsize=7)
     ax1.set_ylabel("throughput over bf16 (same run)")
     ax1.set_title("T=1024, depth 2 (targets: 1.9x fp8/int8, 3.5x int4)", fontsize=9)
     ax1.legend(fontsize=8)
