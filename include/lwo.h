@@ -162,8 +162,9 @@ typedef enum lwo_status_t {
    * extension struct this version does not know, a write to a read-only
    * checkpoint pool, ...). */
   LWO_ERR_UNSUPPORTED = 107,
-  /* A gradient was asked of a quantized weight (lwo_linear_backward with a
-   * dweight or dbias for a quantized weight, lwo_grads_create with a
+  /* A gradient was asked of a quantized weight (lwo_linear_backward, and
+   * since 0.5.0 lwo_conv2d_backward, with a dweight or dbias for a
+   * quantized weight, lwo_grads_create with a
    * trainable layer that holds a quantized tensor): quantized weights are
    * frozen. Since 0.4.0. */
   LWO_ERR_QUANTIZED_WEIGHT = 108,
@@ -1390,7 +1391,8 @@ typedef enum lwo_layout_t {
 
 /* y = conv2d(x, W) (+ b), a cross-correlation as deep-learning frameworks
  * define it, through cuDNN. x, W, b, y and dx share `dtype` (bf16, f16 or
- * f32); products accumulate in f32. */
+ * f32); products accumulate in f32. W may be quantized (weight_format, since
+ * 0.5.0). */
 typedef struct lwo_conv2d_desc {
   size_t size;             /* sizeof(lwo_conv2d_desc) */
   lwo_dtype_t dtype;       /* LWO_DTYPE_BF16 (default), LWO_DTYPE_F16 or LWO_DTYPE_F32 */
@@ -1403,10 +1405,28 @@ typedef struct lwo_conv2d_desc {
   int32_t pad_h, pad_w;            /* >= 0; default 0 */
   int32_t dilation_h, dilation_w;  /* >= 1; default 1 */
   int32_t groups;                  /* >= 1; default 1 */
+  /* Since 0.5.0: an lwo_quant_format_t (a caller's struct of the 0.4 size,
+   * without this field, reads as LWO_QUANT_NONE). LWO_QUANT_NONE (0, the
+   * default): W is dense in `dtype`. Else W is a quantized tensor of that
+   * format, quantized as a 2-D [rows x cols] tensor (as lwo_quant_layout
+   * lays it out) with rows = out_channels and cols = in_channels / groups *
+   * kernel_h * kernel_w: the layout's weight above with its three inner
+   * dimensions flattened, in the layout's order (per output channel scales
+   * for the _CHANNEL formats, 128 x 128 blocks or groups of 128 along cols
+   * otherwise; LWO_QUANT_INT4_GROUP128 needs cols a multiple of 128). A
+   * quantized record tensor holding it is declared 2-D [out_channels,
+   * cols] with LWO_EXT_TENSOR_QUANT. The forward and backward-data calls
+   * dequantize it on `stream` into the stream's weight workspace in `dtype`
+   * (the one quantized linears use: engine-owned, grown on first use of a
+   * larger weight, the call then waiting for its stream once) and run the
+   * same cuDNN call; x, b, y, dy and dx stay in `dtype`. Frozen only:
+   * lwo_conv2d_backward refuses dweight and dbias
+   * (LWO_ERR_QUANTIZED_WEIGHT). */
+  int32_t weight_format;
 } lwo_conv2d_desc;
 
 #define LWO_CONV2D_DESC_INIT \
-  {sizeof(lwo_conv2d_desc), LWO_DTYPE_BF16, 0u, LWO_LAYOUT_NHWC, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1}
+  {sizeof(lwo_conv2d_desc), LWO_DTYPE_BF16, 0u, LWO_LAYOUT_NHWC, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0}
 LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* desc);
 
 /* The output height and width for an input of h x w (LWO_ERR_INVALID_ARGUMENT
@@ -1418,8 +1438,9 @@ LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t
  * h x w. The cuDNN algorithm is chosen once per shape (deterministic ones
  * only, workspace at most 1 GiB: LWO_ERR_UNSUPPORTED if cuDNN has none) and
  * cached in the engine; workspace comes from the engine, per stream. W is
- * dense in `dtype`: convolutions take no quantized weights (since 0.4.0:
- * dequantize one with lwo_dequantize into a buffer first). */
+ * dense in `dtype`, or quantized in desc->weight_format (since 0.5.0;
+ * LWO_ERR_INVALID_ARGUMENT for an unknown format or a shape the format
+ * cannot hold, naming the format and the shape). */
 LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                         int32_t n, int32_t h, int32_t w, const void* x,
                                         const void* weight, const void* bias, void* y,
@@ -1431,7 +1452,9 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
  * dtype); NULL dweight and dbias for a frozen layer. cuDNN computes the
  * weight gradient in the layer's dtype; an f32 one is that, widened. With
  * LWO_CONV_ACCUMULATE both are added to what the buffers hold (an f32
- * dweight: the layer-dtype gradient, widened and added). */
+ * dweight: the layer-dtype gradient, widened and added). With a quantized
+ * weight (desc->weight_format, since 0.5.0) dx only: a dweight or dbias is
+ * LWO_ERR_QUANTIZED_WEIGHT. */
 LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                          int32_t n, int32_t h, int32_t w, const void* x,
                                          const void* dy, const void* weight, void* dx,

@@ -124,10 +124,35 @@ static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
          "kernel %dx%d, stride %dx%d, dilation %dx%d must be >= 1 and padding %dx%d >= 0",
          d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.dilation_h, d.dilation_w, d.pad_h,
          d.pad_w);
-  return lwo::Compute::Conv{d.dtype, (d.flags & LWO_CONV_BIAS) != 0, (d.flags & LWO_CONV_TF32) != 0,
-                            d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
-                            d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
-                            d.dilation_w, d.groups, (d.flags & LWO_CONV_ACCUMULATE) != 0};
+  lwo::Compute::Conv cv{d.dtype, (d.flags & LWO_CONV_BIAS) != 0, (d.flags & LWO_CONV_TF32) != 0,
+                        d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
+                        d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
+                        d.dilation_w, d.groups, (d.flags & LWO_CONV_ACCUMULATE) != 0};
+  // Since 0.5.0: a quantized weight [out_channels x in_channels / groups *
+  // kernel_h * kernel_w] (a caller's 0.4 struct, without the field, reads
+  // as LWO_QUANT_NONE from the defaults).
+  cv.weight_format = static_cast<lwo_quant_format_t>(d.weight_format);
+  if (cv.weight_format != LWO_QUANT_NONE) {
+    if (!lwo::quant::format_name(cv.weight_format))
+      fail(LWO_ERR_INVALID_ARGUMENT, "weight_format %d is not a quantized format",
+           static_cast<int>(d.weight_format));
+    const int64_t kMaxCols = INT64_C(1) << 31, cols_h = int64_t(cv.c / cv.groups) * cv.kh;
+    if (cols_h >= kMaxCols || cols_h * cv.kw >= kMaxCols)  // each factor below 2^31
+      fail(LWO_ERR_OUT_OF_RANGE,
+           "weight_format %s with in_channels %d / groups %d x kernel %dx%d: the weight's cols "
+           "(their product) must be below 2^31",
+           lwo::quant::format_name(cv.weight_format), cv.c, cv.groups, cv.kh, cv.kw);
+    try {
+      lwo::quant::layout_of(cv.weight_format, cv.dtype, cv.k, cv.weight_cols());
+    } catch (const lwo::Error& e) {
+      fail(e.status(),
+           "weight_format %s with out_channels %d and %lld cols (in_channels %d / groups %d x "
+           "kernel %dx%d): %s",
+           lwo::quant::format_name(cv.weight_format), cv.k,
+           static_cast<long long>(cv.weight_cols()), cv.c, cv.groups, cv.kh, cv.kw, e.what());
+    }
+  }
+  return cv;
 }
 
 static void check_image(int32_t n, int32_t h, int32_t w) {
@@ -192,6 +217,12 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
            lwo::dtype_name(grad_dtype), lwo::dtype_name(cv.dtype));
     if (!dx && !dweight && !dbias)
       fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
+    if (cv.weight_format != LWO_QUANT_NONE && (dweight || dbias))
+      fail(LWO_ERR_QUANTIZED_WEIGHT,
+           "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
+           "be NULL (given %s%s%s)",
+           lwo::quant::format_name(cv.weight_format), dweight ? "dweight" : "",
+           dweight && dbias ? " and " : "", dbias ? "dbias" : "");
     lwo::DeviceScope scope(*e->impl);
     e->impl->compute().conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });

@@ -478,6 +478,7 @@ class lwo_conv2d_desc(_Struct):
         ("dilation_h", _i32),
         ("dilation_w", _i32),
         ("groups", _i32),
+        ("weight_format", _i32),  # since 0.5.0
     ]
 
 

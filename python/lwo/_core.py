@@ -340,9 +340,13 @@ def linear_desc(in_features, out_features, dtype="bf16", bias=False, tf32=False,
 
 
 def conv2d_desc(in_channels, out_channels, kernel, dtype="bf16", stride=1, padding=0,
-                dilation=1, groups=1, bias=False, tf32=False, layout="nhwc", flags=0):
+                dilation=1, groups=1, bias=False, tf32=False, layout="nhwc", flags=0,
+                weight_format=None):
     """An lwo_conv2d_desc (lwo_conv2d_desc_init's defaults, then these);
-    kernel, stride, padding and dilation are an int or an (h, w) pair."""
+    kernel, stride, padding and dilation are an int or an (h, w) pair.
+    weight_format (since 0.5.0): None for a dense weight, else its quantized
+    format (see quant_format): the weight is then a quantized
+    [out_channels, in_channels / groups * kh * kw] tensor, frozen."""
     def pair(v):
         return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
     d = C.lwo_conv2d_desc()
@@ -358,6 +362,7 @@ def conv2d_desc(in_channels, out_channels, kernel, dtype="bf16", stride=1, paddi
     d.pad_h, d.pad_w = pair(padding)
     d.dilation_h, d.dilation_w = pair(dilation)
     d.groups = int(groups)
+    d.weight_format = quant_format(weight_format)
     return d
 
 

@@ -229,3 +229,17 @@ def test_conv2d_output_size_needs_no_device():
     with pytest.raises(lwo.ArgumentError) as info:
         lwo.conv2d_output_size(lwo.conv2d_desc(3, 8, 5), 2, 2)
     assert info.value.message.startswith("lwo_conv2d_output_size")
+
+
+def test_conv2d_desc_takes_a_weight_format():
+    # Since 0.5.0: the weight quantized as [out_channels, in_channels / groups * kh * kw].
+    d = lwo.conv2d_desc(32, 16, 2, weight_format="int4")
+    assert d.weight_format == C.LWO_QUANT_INT4_GROUP128
+    assert d.size == ctypes.sizeof(lwo.lwo_conv2d_desc)
+    assert lwo.conv2d_output_size(d, 9, 9) == (8, 8)  # 32 * 2 * 2 = 128 cols: valid
+    assert lwo.conv2d_desc(32, 16, 2).weight_format == C.LWO_QUANT_NONE
+    with pytest.raises(lwo.ArgumentError) as info:  # 8 * 3 * 3 = 72 cols
+        lwo.conv2d_output_size(lwo.conv2d_desc(8, 16, 3, weight_format="int4"), 9, 9)
+    assert info.value.status == C.LWO_ERR_INVALID_ARGUMENT, info.value
+    assert info.value.message.startswith("lwo_conv2d_output_size"), info.value.message
+    assert "out_channels 16 and 72 cols" in info.value.message, info.value.message

@@ -151,11 +151,12 @@ void* Compute::weight_workspace(void* stream, size_t bytes) {
   return grow(weight_workspaces_, stream, (bytes + step - 1) / step * step, "weight workspace");
 }
 
-const void* Compute::dequantized_weight(const Linear& l, const void* w, void* stream) {
-  const quant::Layout q = quant::layout_of(l.weight_format, l.dtype, l.out, l.in);
-  const size_t bytes = static_cast<size_t>(l.out) * static_cast<size_t>(l.in) * dtype_size(l.dtype);
+const void* Compute::dequantized_weight(lwo_quant_format_t format, lwo_dtype_t dtype, int64_t rows,
+                                        int64_t cols, const void* w, void* stream) {
+  const quant::Layout q = quant::layout_of(format, dtype, rows, cols);
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * dtype_size(dtype);
   void* ws = weight_workspace(stream, bytes);
-  dequantize_on_device(q, w, ws, l.dtype, static_cast<lwo_stream_t>(stream));
+  dequantize_on_device(q, w, ws, dtype, static_cast<lwo_stream_t>(stream));
   return ws;
 }
 
@@ -320,7 +321,8 @@ void Compute::linear_forward(const Linear& l, int64_t tokens, const void* x, con
     // The dequantization and the GEMM under one lock, so that no other call
     // on this stream grows (frees) the workspace between them.
     std::lock_guard<std::mutex> lock(mu_);
-    gemm_locked(g, dequantized_weight(l, w, stream), x, y, l.bias ? b : nullptr, stream, false);
+    const void* wd = dequantized_weight(l.weight_format, l.dtype, l.out, l.in, w, stream);
+    gemm_locked(g, wd, x, y, l.bias ? b : nullptr, stream, false);
     return;
   }
   gemm(g, w, x, y, l.bias ? b : nullptr, stream);
@@ -339,7 +341,8 @@ void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, co
     Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
     if (l.weight_format != LWO_QUANT_NONE) {  // dx only (the C ABI refuses dw, db)
       std::lock_guard<std::mutex> lock(mu_);
-      gemm_locked(g, dequantized_weight(l, w, stream), dy, dx, nullptr, stream, false);
+      const void* wd = dequantized_weight(l.weight_format, l.dtype, l.out, l.in, w, stream);
+      gemm_locked(g, wd, dy, dx, nullptr, stream, false);
       return;
     }
     gemm(g, w, dy, dx, nullptr, stream);

@@ -59,6 +59,12 @@ class Compute {
     bool bias, tf32, nhwc;
     int32_t c, k, kh, kw, sh, sw, ph, pw, dh, dw, groups;
     bool accumulate = false;  // backward adds into dwt and db
+    // Since 0.5.0: W is a quantized tensor of this format, [k, c/groups *
+    // kh * kw] (rows x cols, the layout's weight with its inner dimensions
+    // flattened, as src/quant lays it out), dequantized into the stream's
+    // weight workspace before the cuDNN call. Backward then computes dx only.
+    lwo_quant_format_t weight_format = LWO_QUANT_NONE;
+    int64_t weight_cols() const { return int64_t(c / groups) * kh * kw; }
   };
   void conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, const void* x,
                     const void* wt, const void* b, void* y, void* stream);
@@ -86,9 +92,12 @@ class Compute {
             bool accumulate = false);
   void gemm_locked(const Gemm& g, const void* a, const void* b, void* d, const void* bias,
                    void* stream, bool accumulate);  // callers hold mu_
-  // Quantized weights: enqueues the dequantization of w into the stream's
-  // weight workspace (callers hold mu_) and returns the workspace.
-  const void* dequantized_weight(const Linear& l, const void* w, void* stream);
+  // Quantized weights (of linears and convolutions): enqueues the
+  // dequantization of w, a [rows x cols] tensor of `format`, into the
+  // stream's weight workspace in `dtype` (callers hold mu_) and returns the
+  // workspace.
+  const void* dequantized_weight(lwo_quant_format_t format, lwo_dtype_t dtype, int64_t rows,
+                                 int64_t cols, const void* w, void* stream);
   // Times candidates [0, n) on the call's operands; the index of the fastest.
   int tune(void* op, void* la, void* lb, void* ld, const void* algos, int n, const void* a,
            const void* b, void* d, void* stream);
@@ -127,7 +136,8 @@ class Compute {
   // waited for, the old one freed) and charged to the budget; `what` names it.
   void* grow(std::unordered_map<void*, Workspace>& m, void* stream, size_t bytes, const char* what);
   std::unordered_map<void*, Workspace> workspaces_;  // per stream
-  // Dequantized weights of quantized linears, per stream (since 0.4.0).
+  // Dequantized weights of quantized linears (since 0.4.0) and
+  // convolutions (since 0.5.0), per stream.
   std::unordered_map<void*, Workspace> weight_workspaces_;
   void* cudnn_ = nullptr;                            // cudnnHandle_t
   // Convolution algorithms by (direction, shape...): algorithm, workspace bytes.

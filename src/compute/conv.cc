@@ -1,7 +1,8 @@
 // 2-D convolutions through cuDNN's convolution API: descriptors per call,
 // algorithms chosen once per shape by cuDNN's heuristics (deterministic ones,
 // within the workspace limit) and cached; bias add and bias gradient by our
-// own kernels; weight gradients converted to f32 where asked.
+// own kernels; weight gradients converted to f32 where asked; quantized
+// weights (since 0.5.0) dequantized into the stream's weight workspace first.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -130,10 +131,14 @@ void Compute::destroy_cudnn() noexcept {
 
 void Compute::conv_forward(const Conv& cv, int32_t n, int32_t h, int32_t w, const void* x,
                            const void* wt, const void* b, void* y, void* stream) {
+  // The dequantization and the convolution under one lock, so that no other
+  // call on this stream grows (frees) the weight workspace between them.
   std::lock_guard<std::mutex> lock(mu_);
   cudnnHandle_t dnn = static_cast<cudnnHandle_t>(cudnn());
   ConvDescs d(cv, n, h, w);
   LWO_DNN(cudnnSetStream(dnn, static_cast<cudaStream_t>(stream)), "cudnnSetStream");
+  if (cv.weight_format != LWO_QUANT_NONE)
+    wt = dequantized_weight(cv.weight_format, cv.dtype, cv.k, cv.weight_cols(), wt, stream);
   const auto algo =
       cached_algo<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
           conv_algos_, conv_key(0, cv, n, h, w), "forward", [&](auto* perf, int* got) {
@@ -195,6 +200,8 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
     detail::channel_sum(dy, outer, cv.k, inner, cv.dtype, db, grad_dtype, cv.accumulate, stream);
   }
   if (dx) {
+    if (cv.weight_format != LWO_QUANT_NONE)  // dx only (the C ABI refuses dwt, db)
+      wt = dequantized_weight(cv.weight_format, cv.dtype, cv.k, cv.weight_cols(), wt, stream);
     const auto algo =
         cached_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
             conv_algos_, conv_key(2, cv, n, h, w), "backward data", [&](auto* perf, int* got) {

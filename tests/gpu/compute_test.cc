@@ -2,6 +2,7 @@
 // against an fp64 CPU reference, streamed against resident bit for bit, and
 // the gradient fence.
 #include "gpu_util.h"
+#include "testkit/conv_ref.h"
 #include "testkit/dtype.h"
 #include "testkit/spin.h"
 
@@ -599,11 +600,6 @@ struct ConvCase {
   bool bias;
 };
 
-// Index of element (n, c, y, x) of a [N, C, H, W] tensor stored in `layout`.
-size_t at(bool nhwc, int32_t C, int32_t H, int32_t W, int32_t n, int32_t c, int32_t y, int32_t x) {
-  return nhwc ? ((size_t(n) * H + y) * W + x) * C + c : ((size_t(n) * C + c) * H + y) * W + x;
-}
-
 TEST_F(Compute, Conv2dMatchesFp64Reference) {
   std::vector<ConvCase> cases = {
       {LWO_LAYOUT_NHWC, 2, 8, 9, 7, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
@@ -636,7 +632,7 @@ TEST_F(Compute, Conv2dMatchesFp64Reference) {
       d.groups = cc.g;
       int32_t oh = 0, ow = 0;
       CHECK_LWO(lwo_conv2d_output_size(&d, cc.h, cc.w, &oh, &ow));
-      int32_t cg = cc.c / cc.g, kg = cc.k / cc.g;
+      int32_t cg = cc.c / cc.g;
       Mat x(dt, size_t(cc.n) * cc.c * cc.h * cc.w, rng, 1.f);
       Mat wt(dt, size_t(cc.k) * cg * cc.kh * cc.kw, rng, 0.3f);
       Mat b(dt, cc.k, rng, 1.f);
@@ -655,34 +651,14 @@ TEST_F(Compute, Conv2dMatchesFp64Reference) {
       CHECK_LWO(lwo_conv2d_backward(engine_, &d, cc.n, cc.h, cc.w, x.dev, dy.dev, wt.dev, dx.dev,
                                     dw.dev, cc.bias ? db.dev : nullptr, LWO_DTYPE_F32, st));
       CUDA_OK(cudaStreamSynchronize(st));
-      // fp64 reference. Weight index (k, c', r, s) in the layout's filter order.
-      auto widx = [&](int32_t k, int32_t ci, int32_t r, int32_t s) {
-        return nhwc ? ((size_t(k) * cc.kh + r) * cc.kw + s) * cg + ci
-                    : ((size_t(k) * cg + ci) * cc.kh + r) * cc.kw + s;
-      };
-      std::vector<double> ry(dy.n, 0.0), rdx(x.n, 0.0), rdw(wt.n, 0.0), rdb(cc.k, 0.0);
-      for (int32_t n = 0; n < cc.n; ++n)
-        for (int32_t k = 0; k < cc.k; ++k)
-          for (int32_t oy = 0; oy < oh; ++oy)
-            for (int32_t ox = 0; ox < ow; ++ox) {
-              size_t yi = at(nhwc, cc.k, oh, ow, n, k, oy, ox);
-              double acc = cc.bias ? b.vals[k] : 0.0;
-              double g = dy.vals[yi];
-              rdb[k] += g;
-              int32_t grp = k / kg;
-              for (int32_t ci = 0; ci < cg; ++ci)
-                for (int32_t r = 0; r < cc.kh; ++r)
-                  for (int32_t s2 = 0; s2 < cc.kw; ++s2) {
-                    int32_t iy = oy * cc.sh - cc.ph + r * cc.dh, ix = ox * cc.sw - cc.pw + s2 * cc.dw;
-                    if (iy < 0 || iy >= cc.h || ix < 0 || ix >= cc.w) continue;
-                    size_t xi = at(nhwc, cc.c, cc.h, cc.w, n, grp * cg + ci, iy, ix);
-                    size_t wi = widx(k, ci, r, s2);
-                    acc += double(x.vals[xi]) * wt.vals[wi];
-                    rdx[xi] += g * wt.vals[wi];
-                    rdw[wi] += g * x.vals[xi];
-                  }
-              ry[yi] = acc;
-            }
+      // fp64 reference (testkit/conv_ref.h).
+      const testkit::ConvShape shape{nhwc,  cc.n,  cc.c,  cc.h,  cc.w,  cc.k,  cc.kh, cc.kw,
+                                     cc.sh, cc.sw, cc.ph, cc.pw, cc.dh, cc.dw, cc.g};
+      ASSERT_EQ(oh, shape.out_h());
+      ASSERT_EQ(ow, shape.out_w());
+      std::vector<double> ry, rdx, rdw, rdb;
+      testkit::conv2d_reference(shape, x.vals, wt.vals, cc.bias ? &b.vals : nullptr, dy.vals, &ry,
+                                &rdx, &rdw, &rdb);
       EXPECT_LT(rel_err(y.fetch(), dt, ry), tol_for(dt, false, dt != LWO_DTYPE_F32)) << "y";
       EXPECT_LT(rel_err(dx.fetch(), dt, rdx), tol_for(dt, false, dt != LWO_DTYPE_F32)) << "dx";
       // cuDNN rounds the filter gradient to the layer dtype before it is widened.

@@ -3,6 +3,7 @@
 // tensor info, lwo_pool_write / lwo_pool_write_quantized against
 // lwo_quantize, and the refusals (chain errors, shapes, gradients).
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
@@ -370,6 +371,148 @@ TEST_F(QuantLinearArgs, QuantizedWeightsAreCheckedAndFrozen) {
                                    nullptr));
     EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dweight and dbias",
                lwo_linear_backward(engine, &d, 4, p, p, p, p, p, p, LWO_DTYPE_F32, nullptr));
+  }
+}
+
+
+using QuantConvArgs = EngineTest;
+
+lwo_conv2d_desc quant_conv(lwo_quant_format_t f) {
+  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
+  d.flags = LWO_CONV_BIAS;
+  d.in_channels = 128;
+  d.out_channels = 48;
+  d.kernel_h = d.kernel_w = 3;
+  d.pad_h = d.pad_w = 1;
+  d.weight_format = f;  // cols 128 * 3 * 3 = 1152: 9 groups of 128
+  return d;
+}
+
+// Since 0.5.0: the weight_format a 0.4 caller's smaller struct lacks reads as
+// LWO_QUANT_NONE; what lies past its size is never read.
+TEST_F(QuantConvArgs, WeightFormatIsAppendedToTheStruct) {
+  EXPECT_EQ(offsetof(lwo_conv2d_desc, weight_format), offsetof(lwo_conv2d_desc, groups) + 4);
+  lwo_conv2d_desc init;
+  std::memset(&init, 0x5a, sizeof init);
+  lwo_conv2d_desc_init(&init);
+  EXPECT_EQ(init.size, sizeof init);
+  EXPECT_EQ(init.weight_format, LWO_QUANT_NONE);
+  const lwo_conv2d_desc macro = LWO_CONV2D_DESC_INIT;
+  EXPECT_EQ(macro.weight_format, LWO_QUANT_NONE);
+  EXPECT_EQ(macro.groups, 1);
+  int buf[4] = {1, 2, 3, 4};
+  void* p = buf;
+  lwo_conv2d_desc d = quant_conv(static_cast<lwo_quant_format_t>(99));
+  int32_t oh = 0, ow = 0;
+  // The whole struct: the format is read and refused, by every call.
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "weight_format 99",
+             lwo_conv2d_output_size(&d, 8, 8, &oh, &ow));
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "weight_format 99",
+             lwo_conv2d_forward(engine, &d, 2, 8, 8, p, p, p, p, nullptr));
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "weight_format 99",
+             lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, p, nullptr, nullptr, LWO_DTYPE_F32,
+                                 nullptr));
+  // The 0.4 size: the 99 past it is not read (LWO_QUANT_NONE): the call
+  // succeeds where it needs no device, and fails on the next check else.
+  d.size = offsetof(lwo_conv2d_desc, weight_format);
+  ASSERT_LWO(lwo_conv2d_output_size(&d, 8, 7, &oh, &ow));
+  EXPECT_EQ(oh, 8);
+  EXPECT_EQ(ow, 7);
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "batch 0",
+             lwo_conv2d_forward(engine, &d, 0, 8, 8, p, p, p, p, nullptr));
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "batch 0",
+             lwo_conv2d_backward(engine, &d, 0, 8, 8, p, p, p, p, p, p, LWO_DTYPE_F32, nullptr));
+  // Every valid format, read in full, passes output_size (no device work).
+  for (lwo_quant_format_t f : kFormats) {
+    lwo_conv2d_desc q = quant_conv(f);
+    ASSERT_LWO(lwo_conv2d_output_size(&q, 8, 7, &oh, &ow));
+    EXPECT_EQ(oh, 8);
+    EXPECT_EQ(ow, 7);
+  }
+}
+
+// Every case fails before any device work (the recording backend has none).
+TEST_F(QuantConvArgs, QuantizedWeightsAreCheckedAndFrozen) {
+  int buf[4] = {1, 2, 3, 4};
+  void* p = buf;
+  int32_t oh = 0, ow = 0;
+  // int4: cols = in_channels / groups * kernel_h * kernel_w must be a
+  // multiple of 128; the message names the format, the rows and the cols.
+  lwo_conv2d_desc d = quant_conv(LWO_QUANT_INT4_GROUP128);
+  d.in_channels = 8;  // 8 * 3 * 3 = 72
+  d.out_channels = 16;
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "multiple of the group size",
+             lwo_conv2d_forward(engine, &d, 2, 8, 8, p, p, p, p, nullptr));
+  EXPECT_TRUE(contains(msg(), "weight_format int4_group128 with out_channels 16 and 72 cols"))
+      << msg();
+  EXPECT_TRUE(contains(msg(), "in_channels 8 / groups 1 x kernel 3x3")) << msg();
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "multiple of the group size",
+             lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, p, nullptr, nullptr, LWO_DTYPE_F32,
+                                 nullptr));
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "multiple of the group size",
+             lwo_conv2d_output_size(&d, 8, 8, &oh, &ow));
+  // The other formats hold any cols (here 72, a partial 128 x 128 block).
+  for (lwo_quant_format_t f :
+       {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128, LWO_QUANT_INT8_CHANNEL}) {
+    d.weight_format = f;
+    ASSERT_LWO(lwo_conv2d_output_size(&d, 8, 8, &oh, &ow));
+  }
+  // Groups divide the cols: 256 / 2 * 1 * 1 = 128 holds int4, 256 / 4 does not.
+  lwo_conv2d_desc g = quant_conv(LWO_QUANT_INT4_GROUP128);
+  g.in_channels = 256;
+  g.out_channels = 64;
+  g.kernel_h = g.kernel_w = 1;
+  g.pad_h = g.pad_w = 0;
+  g.groups = 2;
+  ASSERT_LWO(lwo_conv2d_output_size(&g, 8, 8, &oh, &ow));
+  g.groups = 4;
+  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "and 64 cols",
+             lwo_conv2d_output_size(&g, 8, 8, &oh, &ow));
+  // cols of 2^31 or more: out of range, named by its factors.
+  lwo_conv2d_desc big = quant_conv(LWO_QUANT_INT8_CHANNEL);
+  big.in_channels = 8;
+  big.kernel_h = big.kernel_w = 1 << 15;  // 8 * 2^30 cols
+  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "in_channels 8 / groups 1 x kernel 32768x32768",
+             lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
+  EXPECT_TRUE(contains(msg(), "below 2^31")) << msg();
+  big.kernel_h = big.kernel_w = INT32_MAX;  // the product overflows no integer
+  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
+             lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
+  big.in_channels = 1 << 30;
+  big.kernel_h = 4;
+  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
+             lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
+  // Frozen: dweight and dbias refused, after the argument checks the linear's
+  // backward makes first (as lwo_linear_backward orders them).
+  for (lwo_quant_format_t f : kFormats) {
+    SCOPED_TRACE(lwo_quant_format_name(f));
+    lwo_conv2d_desc q = quant_conv(f);
+    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "(given dweight)",
+               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F32,
+                                   nullptr));
+    EXPECT_TRUE(contains(msg(), std::string("weight_format ") + lwo_quant_format_name(f))) << msg();
+    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dbias",
+               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, nullptr, nullptr, p,
+                                   LWO_DTYPE_F32, nullptr));
+    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dweight and dbias",
+               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, p, LWO_DTYPE_BF16,
+                                   nullptr));
+    // The argument class comes first.
+    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "grad_dtype f16",
+               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F16,
+                                   nullptr));
+    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "x (needed for dweight)",
+               lwo_conv2d_backward(engine, &q, 2, 8, 8, nullptr, p, p, p, p, nullptr,
+                                   LWO_DTYPE_F32, nullptr));
+    lwo_conv2d_desc nb = q;
+    nb.flags = 0;
+    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "no LWO_CONV_BIAS",
+               lwo_conv2d_backward(engine, &nb, 2, 8, 8, p, p, p, p, nullptr, p, LWO_DTYPE_F32,
+                                   nullptr));
+    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "bias",
+               lwo_conv2d_forward(engine, &q, 2, 8, 8, p, p, nullptr, p, nullptr));
+    // The desc stays usable.
+    ASSERT_LWO(lwo_conv2d_output_size(&q, 8, 8, &oh, &ow));
   }
 }
 
