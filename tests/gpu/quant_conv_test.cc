@@ -317,6 +317,9 @@ TEST_F(QuantConv, StreamedEqualsResidentBitForBit) {
 // weight: a small quantized conv, then one whose dequantized f32 weight is
 // 512 x 1152 x 4 bytes (2.25 MiB), then the small one again, on one stream,
 // each equal bit for bit to the dense conv on its host-dequantized weight.
+// The engine's workspace bytes (lwo_engine_get_memory, what the budget
+// counts) grow by at least the 2 MiB step with the larger weight and are
+// kept for the small one after it.
 TEST_F(QuantConv, WeightWorkspaceGrowsForALargerWeight) {
   std::mt19937_64 rng(fresh_seed() + 2);
   const testkit::ConvShape small{true, 1, 32, 6, 6, 16, 2, 2, 1, 1, 0, 0, 1, 1, 1};  // 16 x 128
@@ -327,6 +330,7 @@ TEST_F(QuantConv, WeightWorkspaceGrowsForALargerWeight) {
     testkit::ConvShape s;
     lwo_dtype_t dt;
   };
+  std::vector<uint64_t> workspaces;
   for (const Layer& ly : {Layer{small, LWO_DTYPE_BF16}, Layer{large, LWO_DTYPE_F32},
                           Layer{small, LWO_DTYPE_BF16}}) {
     const testkit::ConvShape& s = ly.s;
@@ -348,7 +352,13 @@ TEST_F(QuantConv, WeightWorkspaceGrowsForALargerWeight) {
                                 bd.get(), ly.dt, st);
     EXPECT_TRUE(got.y == want.y) << "y";
     EXPECT_TRUE(got.dx == want.dx) << "dx";
+    lwo_engine_memory mem = LWO_ENGINE_MEMORY_INIT;
+    CHECK_LWO(lwo_engine_get_memory(engine_, &mem));
+    workspaces.push_back(mem.workspaces);
   }
+  ASSERT_EQ(3u, workspaces.size());
+  EXPECT_GE(workspaces[1], workspaces[0] + (uint64_t(2) << 20)) << "the weight workspace grew";
+  EXPECT_EQ(workspaces[2], workspaces[1]) << "and was kept";
   CHECK_LWO(lwo_engine_check(engine_));
 }
 
