@@ -111,7 +111,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define LWO_VERSION_MAJOR 0
-#define LWO_VERSION_MINOR 4
+#define LWO_VERSION_MINOR 5
 #define LWO_VERSION_PATCH 0
 #define LWO_VERSION \
   (LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH)
@@ -1298,7 +1298,9 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
 /* Starts a step: updates every trainable layer that got a gradient (an
  * lwo_grads_end) since the previous step and was not zeroed since, each
  * once its last such gradient has landed; layers without are left as they
- * are (as PyTorch skips parameters without a gradient). Returns at once.
+ * are (as PyTorch skips parameters without a gradient). Among the layers
+ * that have landed the lowest-numbered is updated first (since 0.5.0; the
+ * order the next forward stages them). Returns at once.
  * Call it after the step's last lwo_grads_end of every layer; a later end
  * of a layer is the next step's. LWO_ERR_INVALID_ARGUMENT for a parameter
  * outside its range above, step 0, or max_norm > 0 without

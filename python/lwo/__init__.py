@@ -1,9 +1,9 @@
 """lwo: layer-wise weight offload, from Python.
 
-A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.4)
+A pure-Python package over liblwo's C ABI (include/lwo.h, version 0.5)
 through ctypes. Importing it loads liblwo (see lwo._capi.load for where it
 looks: $LWO_LIBRARY, next to this package, the repository's build folder,
-the system loader) and checks that it is a 0.4.x library.
+the system loader) and checks that it is a 0.5.x library.
 
 The objects (Engine, Pool, Ring, Schedule, Grads, Checkpoint, NcclComm) are
 context managers whose close() destroys the C object; a failing call raises
@@ -31,4 +31,4 @@ from ._core import (  # noqa: E402,F401
     quant_format, quant_format_name, quant_layout, quant_spelling, quantize, dequantize,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"

@@ -1,4 +1,4 @@
-"""The raw C ABI of include/lwo.h (0.4) through ctypes.
+"""The raw C ABI of include/lwo.h (0.5) through ctypes.
 
 Everything in this module mirrors the header one to one: the constants
 (enum values and macros), the structs (ctypes.Structure with the same fields
@@ -19,7 +19,7 @@ import os
 # Version: the ABI this package was written for.
 # --------------------------------------------------------------------------
 LWO_VERSION_MAJOR = 0
-LWO_VERSION_MINOR = 4
+LWO_VERSION_MINOR = 5
 LWO_VERSION_PATCH = 0
 LWO_VERSION = LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH
 
@@ -837,9 +837,9 @@ def load(force=False):
     Looks, in order: the file named by the environment variable LWO_LIBRARY
     (only there, when it is set); liblwo.so* next to this package; the
     repository's build folder (build/liblwo.so beside python/); the system
-    loader (ctypes.util.find_library("lwo"), then "liblwo.so.0.4"). Raises
+    loader (ctypes.util.find_library("lwo"), then "liblwo.so.0.5"). Raises
     LibraryNotFound naming every place looked at and why each failed, and
-    VersionMismatch when the library is not lwo 0.4.x.
+    VersionMismatch when the library is not lwo 0.5.x.
     """
     global lib, path
     if lib is not None and not force:

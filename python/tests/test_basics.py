@@ -25,7 +25,7 @@ def _run_python(code, **env):
 # ---- loading and version --------------------------------------------------
 def test_library_loads_and_version_matches():
     assert lwo.capi.lib is not None
-    assert lwo.version()[:2] == (lwo.LWO_VERSION_MAJOR, lwo.LWO_VERSION_MINOR) == (0, 4)
+    assert lwo.version()[:2] == (lwo.LWO_VERSION_MAJOR, lwo.LWO_VERSION_MINOR) == (0, 5)
     assert lwo.capi.lib.lwo_version() // 100 == lwo.LWO_VERSION // 100
     if os.environ.get("LWO_LIBRARY"):
         assert lwo.capi.path == os.environ["LWO_LIBRARY"]
@@ -51,7 +51,7 @@ def test_no_library_anywhere_names_every_place(tmp_path):
     assert "LibraryNotFound" in r.stderr
     for place in ("next to the package", str(pkg / "liblwo.so*"),
                   "the repository's build folder", str(tmp_path / "build" / "liblwo.so"),
-                  "the system loader", "liblwo.so.0.4", "LWO_LIBRARY"):
+                  "the system loader", "liblwo.so.0.5", "LWO_LIBRARY"):
         assert place in r.stderr, place
 
 
@@ -71,17 +71,17 @@ def test_search_order_without_the_variable():
     assert places[-1] == "the system loader"
     assert places.index("the repository's build folder") < places.index("the system loader")
     assert str(REPO / "build" / "liblwo.so") in r.stdout
-    assert "liblwo.so.0.4" in r.stdout
+    assert "liblwo.so.0.5" in r.stdout
 
 
 def test_other_minor_version_is_refused(cc, tmp_path):
     src = tmp_path / "fake.c"
-    src.write_text("unsigned lwo_version(void) { return 501; }\n")
+    src.write_text("unsigned lwo_version(void) { return 601; }\n")
     so = tmp_path / "libfake.so"
     subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
     r = _run_python("import lwo", LWO_LIBRARY=str(so))
     assert r.returncode != 0
-    assert "VersionMismatch" in r.stderr and "0.5.1" in r.stderr and "0.4" in r.stderr
+    assert "VersionMismatch" in r.stderr and "0.6.1" in r.stderr and "0.5" in r.stderr
 
 
 # ---- statuses and errors --------------------------------------------------

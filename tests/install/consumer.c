@@ -1,5 +1,5 @@
 /* A program that uses lwo as an installed package: built by run.sh once with
- * find_package(lwo 0.4) (find_package/CMakeLists.txt) and once with
+ * find_package(lwo 0.5) (find_package/CMakeLists.txt) and once with
  * pkg-config. It needs no GPU: it checks that the liblwo it runs with is the
  * version of the lwo.h it was compiled with, and calls into the library. */
 #include <stdio.h>

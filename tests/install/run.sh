@@ -3,7 +3,7 @@
 # a user gets it from `cmake --install`. Needs no GPU.
 #
 #   1. installs the build tree BUILD_DIR to a fresh temporary prefix;
-#   2. configures, builds and runs consumer.c with find_package(lwo 0.4)
+#   2. configures, builds and runs consumer.c with find_package(lwo 0.5)
 #      (find_package/CMakeLists.txt), against that prefix only;
 #   3. builds and runs consumer.c with pkg-config, as README.md says
 #      (`-Wl,-rpath,$(pkg-config --variable=libdir lwo)` for the run time);
@@ -83,7 +83,7 @@ step install "$cmake" --install "$build" --prefix "$prefix"
 [ -f "$prefix/include/lwo.h" ] || fail "no include/lwo.h in $prefix"
 ls "$prefix/$libdir"/liblwo.so* >/dev/null 2>&1 || fail "no liblwo.so in $prefix/$libdir"
 
-# 2. find_package(lwo 0.4).
+# 2. find_package(lwo 0.5).
 step cmake-configure "$cmake" -S "$here/find_package" -B "$tmp/cmake-consumer" -G "$generator" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
