@@ -13,85 +13,12 @@
 // weight workspace grows for a larger weight; gradients of a quantized
 // weight are refused and every object stays usable.
 #include "gpu_util.h"
+#include "quant_util.h"
 #include "testkit/conv_ref.h"
 #include "testkit/dtype.h"
 
 namespace lwo_test {
 namespace {
-
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
-
-uint64_t fresh_seed() {
-  static const uint64_t seed = [] {
-    const char* e = std::getenv("LWO_QUANT_SEED");
-    uint64_t s = e ? std::strtoull(e, nullptr, 0) : std::random_device{}();
-    std::printf("quant_conv_test: seed %llu (LWO_QUANT_SEED replays it)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-double tol_for(lwo_dtype_t dt) {
-  return dt == LWO_DTYPE_BF16 ? 1e-2 : dt == LWO_DTYPE_F16 ? 2e-3 : 2e-5;
-}
-
-// Random f32 weights [rows, cols]: normal, or heavy-tailed (a few outliers of
-// 30-60x per row, which set their rows' and blocks' scales).
-std::vector<float> make_weights(int64_t rows, int64_t cols, bool heavy, std::mt19937_64& rng) {
-  std::normal_distribution<float> g(0.f, 0.03f);
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  for (float& v : w) v = g(rng);
-  if (heavy) {
-    std::uniform_real_distribution<float> big(30.f, 60.f);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int k = 0; k < 4; ++k)
-        w[static_cast<size_t>(r * cols) + rng() % static_cast<uint64_t>(cols)] *= big(rng);
-  }
-  return w;
-}
-
-struct HostMat {
-  std::vector<uint8_t> bytes;
-  std::vector<double> vals;
-};
-HostMat random_mat(lwo_dtype_t dt, size_t n, float scale, std::mt19937_64& rng) {
-  HostMat m;
-  m.bytes.resize(n * lwo_dtype_size(dt));
-  m.vals.resize(n);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  for (size_t i = 0; i < n; ++i) m.vals[i] = testkit::store_f32(m.bytes.data(), dt, i, u(rng));
-  return m;
-}
-
-testkit::DeviceMem upload(const void* h, size_t bytes) {
-  testkit::DeviceMem d = testkit::device_alloc(bytes, "operand");
-  EXPECT_EQ(cudaSuccess, cudaMemcpy(d.get(), h, bytes, cudaMemcpyHostToDevice));
-  return d;
-}
-testkit::DeviceMem upload(const std::vector<uint8_t>& h) { return upload(h.data(), h.size()); }
-testkit::DeviceMem poisoned(size_t bytes) {
-  testkit::DeviceMem d = testkit::device_alloc(bytes, "output");
-  EXPECT_EQ(cudaSuccess, cudaMemset(d.get(), 0xff, bytes));
-  return d;
-}
-std::vector<uint8_t> fetch(const testkit::DeviceMem& d, size_t bytes) {
-  std::vector<uint8_t> h(bytes);
-  EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), d.get(), bytes, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-double rel_err(const std::vector<uint8_t>& got, lwo_dtype_t dt, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = testkit::load_f32(got.data(), dt, i);
-    if (!std::isfinite(g)) return INFINITY;
-    num += (g - ref[i]) * (g - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
 
 int64_t weight_cols(const testkit::ConvShape& s) { return int64_t(s.c / s.g) * s.kh * s.kw; }
 
@@ -117,28 +44,10 @@ lwo_conv2d_desc conv_desc(const testkit::ConvShape& s, lwo_dtype_t dt, lwo_quant
 
 // A pool of `n` conv layers: "weight", the quantized [k, c/g * kh * kw] of
 // logical dtype `dt` in format `f`, and "bias" [k] in `dt`.
-struct QuantConvModel {
-  lwo_tensor_quant_ext q{};
-  lwo_tensor_desc t[2] = {};
-  testkit::Pool pool;
+struct QuantConvModel : QuantWeightPool {
   QuantConvModel(lwo_engine* e, lwo_quant_format_t f, lwo_dtype_t dt, const testkit::ConvShape& s,
-                 uint32_t n) {
-    q.header.type = LWO_EXT_TENSOR_QUANT;
-    q.format = f;
-    t[0].name = "weight";
-    t[0].dtype = dt;
-    t[0].n_dims = 2;
-    t[0].shape[0] = s.k;
-    t[0].shape[1] = weight_cols(s);
-    t[0].next = &q;
-    t[1].name = "bias";
-    t[1].dtype = dt;
-    t[1].n_dims = 1;
-    t[1].shape[0] = s.k;
-    std::vector<lwo_layer_desc> layers(n, lwo_layer_desc{t, 2, nullptr});
-    EXPECT_EQ(LWO_OK, lwo_pool_create_pinned(e, layers.data(), n, nullptr, pool.out()))
-        << lwo_last_error_message();
-  }
+                 uint32_t n)
+      : QuantWeightPool(e, f, dt, s.k, weight_cols(s), n) {}
   // Quantizes fresh weights into `layer`, writes `bias`; returns the layer's
   // quantized bytes (host) and fills `dense` with their host dequantization.
   std::vector<uint8_t> fill(uint32_t layer, lwo_quant_format_t f, lwo_dtype_t dt,

@@ -10,28 +10,14 @@
 #include <limits>
 
 #include "gpu_util.h"
+#include "quant_util.h"
 #include "testkit/dtype.h"
 #include "testkit/spin.h"
 
 namespace lwo_test {
 namespace {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
 constexpr lwo_dtype_t kOut[] = {LWO_DTYPE_F32, LWO_DTYPE_BF16, LWO_DTYPE_F16};
-
-// A seed that differs from run to run (printed, so a failure can be replayed
-// with LWO_QUANT_SEED).
-uint64_t fresh_seed() {
-  static const uint64_t seed = [] {
-    const char* e = std::getenv("LWO_QUANT_SEED");
-    uint64_t s = e ? std::strtoull(e, nullptr, 0) : std::random_device{}();
-    std::printf("quant_test: seed %llu (LWO_QUANT_SEED replays it)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
 
 lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dtype_t dt) {
   lwo_quant_desc d = LWO_QUANT_DESC_INIT;
