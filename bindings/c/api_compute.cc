@@ -15,6 +15,29 @@ LWO_API void lwo_linear_desc_init(lwo_linear_desc* d) {
   if (d) *d = lwo_linear_desc LWO_LINEAR_DESC_INIT;
 }
 
+// The outputs of a backward call of a layer, linear or convolution, after
+// its inputs are checked: dbias needs the layer's bias flag (`bias_flag`),
+// gradients are f32 or the layer's dtype, something is asked, and a quantized
+// weight (frozen) gets dx only.
+static void check_backward_outputs(const char* bias_flag, bool has_bias, lwo_dtype_t dtype,
+                                   lwo_quant_format_t weight_format, const void* dx,
+                                   const void* dweight, const void* dbias,
+                                   lwo_dtype_t grad_dtype) {
+  if (dbias && !has_bias)
+    fail(LWO_ERR_INVALID_ARGUMENT, "dbias given but the layer has no %s", bias_flag);
+  if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != dtype)
+    fail(LWO_ERR_INVALID_ARGUMENT, "grad_dtype %s is neither f32 nor the layer's %s",
+         lwo::dtype_name(grad_dtype), lwo::dtype_name(dtype));
+  if (!dx && !dweight && !dbias)
+    fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
+  if (weight_format != LWO_QUANT_NONE && (dweight || dbias))
+    fail(LWO_ERR_QUANTIZED_WEIGHT,
+         "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
+         "be NULL (given %s%s%s)",
+         lwo::quant::format_name(weight_format), dweight ? "dweight" : "",
+         dweight && dbias ? " and " : "", dbias ? "dbias" : "");
+}
+
 static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t tokens) {
   need(desc, "desc");
   lwo_linear_desc d = read_config(desc, lwo_linear_desc LWO_LINEAR_DESC_INIT);
@@ -78,19 +101,8 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
     need(dy, "dy");
     if (dx) need(weight, "weight (needed for dx)");
     if (dweight) need(x, "x (needed for dweight)");
-    if (dbias && !l.bias)
-      fail(LWO_ERR_INVALID_ARGUMENT, "dbias given but the layer has no LWO_LINEAR_BIAS");
-    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != l.dtype)
-      fail(LWO_ERR_INVALID_ARGUMENT, "grad_dtype %s is neither f32 nor the layer's %s",
-           lwo::dtype_name(grad_dtype), lwo::dtype_name(l.dtype));
-    if (!dx && !dweight && !dbias)
-      fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
-    if (l.weight_format != LWO_QUANT_NONE && (dweight || dbias))
-      fail(LWO_ERR_QUANTIZED_WEIGHT,
-           "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
-           "be NULL (given %s%s%s)",
-           lwo::quant::format_name(l.weight_format), dweight ? "dweight" : "",
-           dweight && dbias ? " and " : "", dbias ? "dbias" : "");
+    check_backward_outputs("LWO_LINEAR_BIAS", l.bias, l.dtype, l.weight_format, dx, dweight, dbias,
+                           grad_dtype);
     lwo::DeviceScope scope(*e->impl);
     e->impl->compute().linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });
@@ -210,19 +222,8 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
     need(dy, "dy");
     if (dx) need(weight, "weight (needed for dx)");
     if (dweight) need(x, "x (needed for dweight)");
-    if (dbias && !cv.bias)
-      fail(LWO_ERR_INVALID_ARGUMENT, "dbias given but the layer has no LWO_CONV_BIAS");
-    if ((dweight || dbias) && grad_dtype != LWO_DTYPE_F32 && grad_dtype != cv.dtype)
-      fail(LWO_ERR_INVALID_ARGUMENT, "grad_dtype %s is neither f32 nor the layer's %s",
-           lwo::dtype_name(grad_dtype), lwo::dtype_name(cv.dtype));
-    if (!dx && !dweight && !dbias)
-      fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
-    if (cv.weight_format != LWO_QUANT_NONE && (dweight || dbias))
-      fail(LWO_ERR_QUANTIZED_WEIGHT,
-           "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
-           "be NULL (given %s%s%s)",
-           lwo::quant::format_name(cv.weight_format), dweight ? "dweight" : "",
-           dweight && dbias ? " and " : "", dbias ? "dbias" : "");
+    check_backward_outputs("LWO_CONV_BIAS", cv.bias, cv.dtype, cv.weight_format, dx, dweight,
+                           dbias, grad_dtype);
     lwo::DeviceScope scope(*e->impl);
     e->impl->compute().conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });
