@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <queue>
 
 #include "src/common/dtype.h"
 #include "src/common/error.h"
@@ -271,26 +273,38 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     return;
   }
   // The order of the updates: among the layers that have landed, the lowest
-  // first; when none has, the next to land (the gradient stream and the host
-  // addition are in order, so the landed ones are a prefix of `left`). While
-  // the backward pass runs that is about the landing order; once it is over
-  // every layer has landed and the rest go 0, 1, 2, ...: the order in which
-  // the next forward stages them, so it can follow the update layer by layer
-  // instead of waiting for layer 0, which lands last.
+  // first; when none has, the next to land. While the backward pass runs
+  // that is about the landing order; once it is over every layer has landed
+  // and the rest go 0, 1, 2, ...: the order in which the next forward stages
+  // them, so it can follow the update layer by layer instead of waiting for
+  // layer 0, which lands last. The gradient stream and the host addition are
+  // in order, so the landed jobs are a prefix of `jobs` (landing order):
+  // `frontier` is its end, and each job is tested landed once it is there,
+  // and again only while it is the frontier (a step asks O(layers) times).
   // last_landed: when every layer was first seen landed (checked between
   // updates, so up to one layer's update late).
-  std::vector<Job> left = jobs;
+  using Ready = std::pair<uint32_t, size_t>;  // (layer, index in jobs)
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready;
+  size_t frontier = 0, n_done = 0;
   bool all_landed = false;
-  while (!left.empty()) {
-    size_t pick = 0, k = 0;
-    for (; k < left.size() && grads_.landed(left[k].layer, left[k].serial); ++k)
-      if (left[k].layer < left[pick].layer) pick = k;
-    if (k == left.size() && !all_landed) {
+  while (n_done < jobs.size()) {
+    while (frontier < jobs.size() && grads_.landed(jobs[frontier].layer, jobs[frontier].serial)) {
+      ready.push({jobs[frontier].layer, frontier});
+      ++frontier;
+    }
+    if (frontier == jobs.size() && !all_landed) {
       all_landed = true;
       last_landed = now_ns();
     }
-    const Job j = left[pick];
-    left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));
+    size_t pick = frontier;  // none landed: the next to land, waited for below
+    if (!ready.empty()) {
+      pick = ready.top().second;
+      ready.pop();
+    } else {
+      ++frontier;
+    }
+    const Job j = jobs[pick];
+    const bool last = ++n_done == jobs.size();
     {
       std::lock_guard<std::mutex> lock(mu_);
       order_.push_back(j.layer);
@@ -298,7 +312,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     Layer& l = layers_[j.layer];
     const uint64_t w0 = now_ns();
     grads_.wait_landed(j.layer, j.serial);
-    if (left.empty() && !all_landed) {
+    if (last && !all_landed) {
       all_landed = true;
       last_landed = now_ns();
     }
@@ -315,7 +329,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
       update(l, j.layer, p, 1.0f, l.cur, l.cur);
       // The last layer is released with the end of the step (dispatch), so
       // that a caller its stage wakes finds the step finished.
-      if (left.empty()) continue;
+      if (last) continue;
       std::lock_guard<std::mutex> lock(mu_);
       l.pending = l.reading = false;
       cv_.notify_all();
