@@ -104,6 +104,25 @@ inline void store_f32(void* data, lwo_dtype_t dtype, uint64_t i, float v) {
 #define LWO_VECTOR_LOOP
 #endif
 
+// dst[at + i] = src[i] rounded to dtype (bf16 / f16: store_f32's rounding,
+// bit for bit, NaN included; f32 and anything else: as is) for i in [0, n).
+// streaming: the stores bypass the cache where the host has AVX2 or AVX-512
+// (non-temporal, for a buffer written once and next read by a DMA engine or
+// much later: no read for ownership, no cache lines evicted for it); the
+// caller then calls streaming_fence() before anything else (another thread,
+// a copy engine) may read dst. The level is picked at run time.
+void store_rounded(void* dst, lwo_dtype_t dtype, uint64_t at, const float* src, uint64_t n,
+                   bool streaming);
+// Orders this thread's streaming stores before its later stores (sfence).
+void streaming_fence();
+
+namespace detail {
+// store_rounded at one vector level: 2 AVX-512, 1 AVX2, 0 plain loop. A
+// level the host lacks returns false and stores nothing (for the tests).
+bool store_rounded_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, const float* src,
+                      uint64_t n, bool streaming);
+}  // namespace detail
+
 // dst[i] = src[i] (assign) or dst[i] = dst[i] + src[i] for i in [0, n): the
 // sum formed in f32 and rounded once to dst's dtype (round to nearest even).
 // dst and src must not overlap. Pairs: (f32, f32 / bf16 / f16), (bf16, bf16),

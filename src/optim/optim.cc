@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -37,14 +38,15 @@ inline void store_state(void* p, uint64_t i, float x, uint32_t r16) {
     static_cast<uint16_t*>(p)[i] = f32_to_bf16_stochastic(x, r16);
 }
 
-// The loop for one (state, grad dtype, weight dtype) triple: templates so
-// that each inner loop has fixed types and vectorizes. [b, e) lies within
-// one 2^32-element block (the key covers it).
-template <StateKind S, lwo_dtype_t G, lwo_dtype_t W>
+// The loop for one (state, grad dtype) pair: templates so that each inner
+// loop has fixed types and vectorizes. [b, e) lies within one 2^32-element
+// block (the key covers it). The masters only: with_weights stores the
+// pool's weights from them.
+template <StateKind S, lwo_dtype_t G>
 LWO_VECTOR_LOOP void adam_range(float* __restrict p, void* __restrict m, void* __restrict v,
                                 const float* __restrict pin, const void* __restrict min,
-                                const void* __restrict vin, const void* __restrict g,
-                                void* __restrict w, uint64_t b, uint64_t e, const AdamConsts c) {
+                                const void* __restrict vin, const void* __restrict g, uint64_t b,
+                                uint64_t e, const AdamConsts c) {
   for (uint64_t i = b; i < e; ++i) {
     const float gi = load_f32(g, G, i) * c.scale;
     float pi = pin[i] * c.decay;
@@ -55,47 +57,57 @@ LWO_VECTOR_LOOP void adam_range(float* __restrict p, void* __restrict m, void* _
     store_state<S>(m, i, mi, r);
     store_state<S>(v, i, vi, r >> 16);
     p[i] = pi;
-    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
   }
 }
 
-template <StateKind S, lwo_dtype_t G>
-void adam_w(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
-  const float* pin = t.master_in ? t.master_in : t.master;
-  const void* min = t.m_in ? t.m_in : t.m;
-  const void* vin = t.v_in ? t.v_in : t.v;
-  if (!t.weights)
-    return adam_range<S, G, LWO_DTYPE_FORCE_32>(t.master, t.m, t.v, pin, min, vin, t.grad, nullptr, b, e, c);
-  switch (t.weight_dtype) {
-    case LWO_DTYPE_BF16: return adam_range<S, G, LWO_DTYPE_BF16>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
-    case LWO_DTYPE_F16: return adam_range<S, G, LWO_DTYPE_F16>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
-    default: return adam_range<S, G, LWO_DTYPE_F32>(t.master, t.m, t.v, pin, min, vin, t.grad, t.weights, b, e, c);
+// Elements per chunk of with_weights: the chunk's masters (8 KiB) are still
+// in the L1 cache when they are rounded into the pool.
+constexpr uint64_t kChunk = 2048;
+
+// update(b, e) over [b, e) and, where the tensor has pool weights, the
+// updated masters rounded into them chunk by chunk with streaming stores
+// (the pool's bytes are next read by the copy engine: no read for
+// ownership, no cache lines taken for them), fenced before returning.
+template <typename F>
+void with_weights(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
+  if (!t.weights) return update(b, e);
+  for (uint64_t i = b; i < e; i += kChunk) {
+    const uint64_t j = std::min(e, i + kChunk);
+    update(i, j);
+    store_rounded(t.weights, t.weight_dtype, i, t.master + i, j - i, true);
   }
+  streaming_fence();
 }
 
 template <StateKind S>
 void adam_g(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
-  switch (t.grad_dtype) {
-    case LWO_DTYPE_BF16: return adam_w<S, LWO_DTYPE_BF16>(t, b, e, c);
-    case LWO_DTYPE_F16: return adam_w<S, LWO_DTYPE_F16>(t, b, e, c);
-    default: return adam_w<S, LWO_DTYPE_F32>(t, b, e, c);
-  }
+  const float* pin = t.master_in ? t.master_in : t.master;
+  const void* min = t.m_in ? t.m_in : t.m;
+  const void* vin = t.v_in ? t.v_in : t.v;
+  with_weights(t, b, e, [&](uint64_t i, uint64_t j) {
+    switch (t.grad_dtype) {
+      case LWO_DTYPE_BF16:
+        return adam_range<S, LWO_DTYPE_BF16>(t.master, t.m, t.v, pin, min, vin, t.grad, i, j, c);
+      case LWO_DTYPE_F16:
+        return adam_range<S, LWO_DTYPE_F16>(t.master, t.m, t.v, pin, min, vin, t.grad, i, j, c);
+      default:
+        return adam_range<S, LWO_DTYPE_F32>(t.master, t.m, t.v, pin, min, vin, t.grad, i, j, c);
+    }
+  });
 }
 
 // First: step 1, where the buffer is the gradient (the old one is not read).
-template <StateKind S, lwo_dtype_t G, lwo_dtype_t W, bool First>
+template <StateKind S, lwo_dtype_t G, bool First>
 LWO_VECTOR_LOOP void sgd_range(float* __restrict p, void* __restrict m, const float* __restrict pin,
-                               const void* __restrict min, const void* __restrict g,
-                               void* __restrict w, uint64_t b, uint64_t e, float decay, float mom,
-                               float damp, float lr, float scale, uint32_t key) {
+                               const void* __restrict min, const void* __restrict g, uint64_t b,
+                               uint64_t e, float decay, float mom, float damp, float lr,
+                               float scale, uint32_t key) {
   for (uint64_t i = b; i < e; ++i) {
     const float gi = load_f32(g, G, i) * scale;
     const float bi = First ? gi : mom * load_state<S>(min, i) + damp * gi;
     const uint32_t r = S == S_SR ? mix32(static_cast<uint32_t>(i) ^ key) : 0;
     store_state<S>(m, i, bi, r);
-    const float pi = pin[i] * decay - lr * bi;
-    p[i] = pi;
-    if (W != LWO_DTYPE_FORCE_32) store_f32(w, W, i, pi);
+    p[i] = pin[i] * decay - lr * bi;
   }
 }
 
@@ -187,21 +199,14 @@ void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers) {
       auto run = [&](auto s_tag, auto g_tag) {
         constexpr StateKind S = decltype(s_tag)::value;
         constexpr lwo_dtype_t G = decltype(g_tag)::value;
-        auto go = [&](auto w_tag) {
-          constexpr lwo_dtype_t W = decltype(w_tag)::value;
+        with_weights(t, bb, ee, [&](uint64_t i, uint64_t j) {
           if (first)
-            sgd_range<S, G, W, true>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
-                                     mom, damp, lr, t.grad_scale, key);
+            sgd_range<S, G, true>(t.master, t.m, pin, min, t.grad, i, j, decay, mom, damp, lr,
+                                  t.grad_scale, key);
           else
-            sgd_range<S, G, W, false>(t.master, t.m, pin, min, t.grad, t.weights, bb, ee, decay,
-                                      mom, damp, lr, t.grad_scale, key);
-        };
-        if (!t.weights) return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_FORCE_32>{});
-        switch (t.weight_dtype) {
-          case LWO_DTYPE_BF16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_BF16>{});
-          case LWO_DTYPE_F16: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F16>{});
-          default: return go(std::integral_constant<lwo_dtype_t, LWO_DTYPE_F32>{});
-        }
+            sgd_range<S, G, false>(t.master, t.m, pin, min, t.grad, i, j, decay, mom, damp, lr,
+                                   t.grad_scale, key);
+        });
       };
       auto by_g = [&](auto s_tag) {
         switch (t.grad_dtype) {

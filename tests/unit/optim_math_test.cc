@@ -2,11 +2,14 @@
 // nearest and stochastically against an f64 reference over 100 steps,
 // clipping by global norm on and off, the speculative step redone from saved
 // state equal to the clipped step, the stochastic rounding's distribution
-// and determinism, the thread partition, the NUMA cpulist parser.
+// and determinism, the thread partition, the NUMA cpulist parser; the
+// rounded (streaming) stores of the pool's weights at every vector level.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
@@ -340,6 +343,77 @@ TEST(OptimMath, WorkersTakeFixedAlignedParts) {
   });
   EXPECT_EQ(calls, 1);
   EXPECT_NE(std::string(vector_level()), "");
+}
+
+// store_rounded at each vector level the host has (the plain loop always;
+// AVX2 and AVX-512 where present: which ran is printed), streaming and not,
+// equals store_f32 element by element on special values (NaN of every kind,
+// infinities, zeros, the bf16 / f16 rounding midpoints and overflow edges,
+// subnormals of both) and random bits, at every offset and length around
+// the vectors' widths, and writes nothing outside [at, at + n).
+TEST(OptimMath, RoundedStoresEqualStoreF32AtEveryLevel) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu,
+                                0x7f7fffffu, 0xff7fffffu, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                0x477fe000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x38800000u,
+                                0x387fffffu, 0x33800000u, 0x33000001u, 0x00000001u, 0x807fffffu};
+  std::mt19937 rng(20261201);
+  for (int i = 0; i < 4000; ++i) bits.push_back(static_cast<uint32_t>(rng()));
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  for (int i = 0; i < 1000; ++i) {
+    const float f = u(rng) * (i % 3 == 0 ? 1e-9f : 1.0f);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    bits.push_back(b);
+  }
+  std::vector<float> src(bits.size());
+  std::memcpy(src.data(), bits.data(), bits.size() * 4);
+  const uint64_t pad = 80;  // guard elements on each side
+  int levels_run = 0;
+  for (int level = 0; level <= 2; ++level) {
+    bool ran = false;
+    for (lwo_dtype_t d : {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32}) {
+      const size_t es = dtype_size(d);
+      for (bool streaming : {false, true}) {
+        // Every offset 0..40 and lengths around the widths; then the whole.
+        std::vector<std::pair<uint64_t, uint64_t>> cases;
+        for (uint64_t at = 0; at <= 40; ++at)
+          for (uint64_t n : {0u, 1u, 7u, 15u, 16u, 17u, 31u, 32u, 33u, 63u, 64u, 65u, 200u})
+            cases.push_back({at, n});
+        cases.push_back({3, src.size()});
+        for (auto [at, n] : cases) {
+          SCOPED_TRACE("level " + std::to_string(level) + ", " + dtype_name(d) +
+                       (streaming ? ", streaming" : "") + ", at " + std::to_string(at) + ", n " +
+                       std::to_string(n));
+          // Elements [0, pad) and [pad + at + n, ...) are guards.
+          std::vector<uint8_t> got((pad * 2 + at + n) * es, 0xa5), want = got;
+          const uint64_t from = (n == src.size()) ? 0 : (at * 37) % (src.size() - n);
+          for (uint64_t i = 0; i < n; ++i) store_f32(want.data(), d, pad + at + i, src[from + i]);
+          ran = detail::store_rounded_at(level, got.data(), d, pad + at, src.data() + from, n,
+                                         streaming);
+          if (!ran) break;
+          streaming_fence();
+          ASSERT_EQ(got, want);
+        }
+        if (!ran) break;
+      }
+      if (!ran) break;
+    }
+    if (level == 0) {
+      ASSERT_TRUE(ran) << "the plain loop must always run";
+    }
+    if (ran) {
+      ++levels_run;
+      std::printf("store_rounded: vector level %d checked\n", level);
+    }
+  }
+  EXPECT_GE(levels_run, 1);
+  // The dispatching entry point gives the same bits as the plain loop.
+  std::vector<uint16_t> a(src.size()), b(src.size());
+  store_rounded(a.data(), LWO_DTYPE_BF16, 0, src.data(), src.size(), true);
+  streaming_fence();
+  detail::store_rounded_at(0, b.data(), LWO_DTYPE_BF16, 0, src.data(), src.size(), false);
+  EXPECT_EQ(a, b);
 }
 
 TEST(OptimMath, CpulistParser) {
