@@ -11,7 +11,7 @@
 //   build/bench/bench_optim [--params_log2=28] [--threads=0] [--min_time=2]
 //                           [--benchmark_filter=...] [--benchmark_format=json]
 //
-// Bytes per parameter, as memory traffic with write-allocate (an array only
+// Bytes per parameter (testkit::update_bytes_per_param), as memory traffic with write-allocate (an array only
 // written with plain stores is read first as well; one read and written in
 // place is not; the pool's weights are written with streaming stores where
 // the host has AVX2 or AVX-512, which read nothing): AdamW f32 state 28 (p,
@@ -36,6 +36,7 @@
 
 #include "src/common/dtype.h"
 #include "src/optim/optim.h"
+#include "tests/testkit/dtype.h"
 #include "src/optim/workers.h"
 
 namespace {
@@ -164,14 +165,6 @@ void BM_HostBandwidth(benchmark::State& st) {
   st.counters["threads"] = workers().size();
 }
 
-// The bytes one parameter moves (above).
-double bytes_per_param(int kind, lwo_dtype_t sd) {
-  const bool streaming = std::strcmp(lwo::optim::vector_level(), "baseline") != 0;
-  const double w = streaming ? 2.0 : 4.0;
-  if (kind == 0) return (sd == LWO_DTYPE_F32 ? 24.0 : 16.0) + 2.0 + w;
-  return 16.0 + 2.0 + w;
-}
-
 // kind 0: AdamW, 1: SGD; state f32 or bf16 (stochastic when sr).
 void BM_Optimizer(benchmark::State& st, int kind, lwo_dtype_t sd, bool sr) {
   bandwidth();  // first, outside the timing
@@ -214,7 +207,10 @@ void BM_Optimizer(benchmark::State& st, int kind, lwo_dtype_t sd, bool sr) {
       lwo::optim::sgd_step(t, lwo::optim::Sgd{}, step++, workers());
     st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  report(st, n, bytes_per_param(kind, sd), paired);
+  report(st, n,
+         testkit::update_bytes_per_param(kind == 0, sd, LWO_DTYPE_BF16, LWO_DTYPE_BF16,
+                                         lwo::optim::vector_level()),
+         paired);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "testkit/copy.h"
+#include "testkit/dtype.h"
 #include "testkit/workload.h"
 #include "tools/cli.h"
 
@@ -270,6 +271,9 @@ struct Results {
   bool optimized = false;
   uint64_t opt_params = 0;  // updated per step
   double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
+  // Host memory a step (since 0.6.0): the update's traffic, the copies'
+  // bytes, the update's own bandwidth and the floor they give.
+  double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
   // Since 0.4.0: with --budget, the planned ring's steps in the same run.
   bool planned = false;
   PlanReport plan;
@@ -637,13 +641,17 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                  "\"delayed\": %s, \"params_per_step\": %llu, \"update_alone_ms\": %.4f, "
                  "\"params_per_s\": %.6g, \"full_step_ms\": %.4f, \"gpu_step_ms\": %.4f, "
                  "\"overlap\": %.5f, \"ratio_to_bound\": %.5f, \"target\": 1.1, \"met\": %s, "
-                 "\"tail_ms\": %.4f},\n",
+                 "\"tail_ms\": %.4f, \"host_update_bytes\": %.6g, \"host_copy_bytes\": %.6g, "
+                 "\"update_GBps\": %.5g, \"host_memory_floor_ms\": %.4f, "
+                 "\"ratio_to_host_memory_floor\": %.5f},\n",
                  json_string(o.optimizer).c_str(), lwo_dtype_name(o.optim_state), o.max_norm,
                  o.delayed ? "true" : "false", static_cast<unsigned long long>(r.opt_params),
                  r.opt_alone_ms,
                  r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0,
                  r.opt_full_ms, r.median_ms, r.opt_overlap, r.opt_ratio,
-                 r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms);
+                 r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms, r.opt_update_bytes,
+                 r.opt_copy_bytes, r.opt_update_gbps, r.opt_memory_floor_ms,
+                 r.opt_memory_floor_ms > 0 ? r.opt_full_ms / r.opt_memory_floor_ms : 0);
   }
   std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
 }
@@ -690,7 +698,7 @@ lwo_optim_stats optim_stats(lwo_optim* optim) {
   return st;
 }
 
-void optimizer_steps(const Options& o, Results& r, lwo_grads* grads,
+void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* grads,
                      const std::function<testkit::StepStats()>& plain_step,
                      testkit::StepOptions& step_options) {
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
@@ -698,10 +706,10 @@ void optimizer_steps(const Options& o, Results& r, lwo_grads* grads,
   oc.state_dtype = o.optim_state;
   oc.flags = (o.max_norm > 0 ? LWO_OPTIM_CLIPPING : 0u) | (o.delayed ? LWO_OPTIM_DELAYED : 0u);
   lwo_optim* optim = nullptr;
+  lwo_optim_info info{};
   {
     Phase phase("optimizer");
     TK_CHECK(lwo_optim_create(grads, &oc, &optim));
-    lwo_optim_info info{};
     info.size = sizeof info;
     TK_CHECK(lwo_optim_get_info(optim, &info));
     phase.done("%s, %s state, %llu parameters, %s of masters and state, %u threads on %u "
@@ -775,6 +783,20 @@ void optimizer_steps(const Options& o, Results& r, lwo_grads* grads,
                 (o.max_norm > 0 ? strf(", max norm %g", o.max_norm) : std::string(o.delayed ? ", delayed" : "")).c_str(), gpu, alone,
                 n_params / alone / 1e6, full, 100 * overlap, full / bound,
                 full / bound <= 1.1 ? "PASS" : "MISS", median(tail_ms));
+    // The update and the copy engines share the host's memory: the bytes
+    // both move a step, at the bandwidth the update alone reached.
+    r.opt_update_bytes = static_cast<double>(n_params) *
+                         testkit::update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
+                                                         sz.host, o.dtype, info.vector_level);
+    r.opt_copy_bytes = static_cast<double>(r.h2d_bytes + r.d2h_bytes);
+    r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
+    r.opt_memory_floor_ms =
+        r.opt_update_gbps > 0 ? (r.opt_update_bytes + r.opt_copy_bytes) / r.opt_update_gbps / 1e6 : 0;
+    std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
+                "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it\n",
+                r.opt_update_bytes / 1e9, r.opt_copy_bytes / 1e9, r.opt_update_gbps,
+                r.opt_memory_floor_ms,
+                r.opt_memory_floor_ms > 0 ? full / r.opt_memory_floor_ms : 0.0);
   }
   TK_CHECK(lwo_optim_destroy(optim));
 }
@@ -1090,7 +1112,7 @@ int cmd_train(int argc, char** argv) {
                     r.plan.info.predicted_ms);
   }
   summarise(o, r);
-  if (!o.optimizer.empty()) optimizer_steps(o, r, grads.get(), step, step_options);
+  if (!o.optimizer.empty()) optimizer_steps(o, sz, r, grads.get(), step, step_options);
   steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
                    "bound (%s)",
                    o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);

@@ -27,4 +27,18 @@ inline float store_f32(void* data, lwo_dtype_t dtype, uint64_t i, float v) {
   return lwo::load_f32(data, dtype, i);
 }
 
+// The host memory traffic of one parameter's update (bench_optim and lwo
+// train count it so; write-allocate included): the f32 master read and
+// written (8 bytes), each state buffer read and written (AdamW two, SGD
+// one), the gradient read, the pool's weight written: with streaming stores
+// (nothing read for ownership) unless the optimizer's loops are the
+// baseline ones (lwo_optim_info.vector_level), else read first as well.
+inline double update_bytes_per_param(bool adamw, lwo_dtype_t state, lwo_dtype_t grad,
+                                     lwo_dtype_t weight, const char* vector_level) {
+  const bool streaming = std::strcmp(vector_level, "baseline") != 0;
+  const double w = static_cast<double>(lwo_dtype_size(weight)) * (streaming ? 1 : 2);
+  return 8.0 + (adamw ? 2 : 1) * 2.0 * static_cast<double>(lwo_dtype_size(state)) +
+         static_cast<double>(lwo_dtype_size(grad)) + w;
+}
+
 }  // namespace testkit
