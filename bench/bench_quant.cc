@@ -23,12 +23,15 @@
 //       compute-bound: per format, the resident step (forward +
 //       backward-data) on quantized device copies (dequantized in each call)
 //       against the same GEMMs on pre-dequantized bf16 copies, timed in
-//       --share-pairs pairs (default 9, the order alternating), and the
+//       --share-pairs pairs (default 21, the order alternating), and the
 //       streamed quantized step. F_dequant_ms = the median of the pairs'
 //       differences (resident quantized - resident pre-dequantized),
 //       F_resident_dense_ms / F_resident_quant_ms the medians of each side,
 //       F_share = F_dequant_ms / F_step_ms (the
-//       streamed step), target <= 0.03 (F_share_met); F_matches_resident:
+//       streamed step), target <= 0.03 (F_share_met); F_kernels_ms: the
+//       step's dequantizations alone (both directions, back to back, no
+//       GEMMs; event-timed, the median of 5), F_kernels_share = F_kernels_ms
+//       / F_step_ms, the same cost without the pairs' noise; F_matches_resident:
 //       the streamed step's dx equals the resident quantized step's bit for
 //       bit.
 //
@@ -49,7 +52,7 @@ namespace lwob {
 namespace {
 
 int g_iterations = 5;
-int g_share_pairs = 9;  // dequant_share: pairs of resident steps (--share-pairs)
+int g_share_pairs = 21;  // dequant_share: pairs of resident steps (--share-pairs)
 int g_warmup = 1;
 
 struct Op {
@@ -405,6 +408,42 @@ Paired paired_ms(const QModel& m, const Format& fmt, const Resident& r, int64_t 
   return {median(dense), median(quant), median(diff)};
 }
 
+// The step's dequantizations alone: each weight dequantized twice (forward
+// and backward-data), as the quantized step does, back to back on the
+// stream into one scratch buffer, without the GEMMs; the median of 5 passes
+// (event-timed): the kernels' own cost, without the noise of a difference
+// between two compute-bound steps.
+double dequant_alone_ms(const QModel& m, const Format& fmt, const Resident& r, cudaStream_t st) {
+  size_t most = 0;
+  for (const Op& op : m.ops) most = std::max(most, static_cast<size_t>(op.in * op.out) * 2);
+  DeviceMem scratch = device_alloc(most, "dequantization scratch");
+  cudaEvent_t e[2];
+  check(cudaEventCreate(&e[0]), "cudaEventCreate");
+  check(cudaEventCreate(&e[1]), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int it = 0; it < 6; ++it) {  // the first warms up
+    check(cudaEventRecord(e[0], st), "cudaEventRecord");
+    for (int dir = 0; dir < 2; ++dir)
+      for (size_t k = 0; k < m.ops.size(); ++k) {
+        const size_t i = dir == 0 ? k : m.ops.size() - 1 - k;
+        lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
+        qd.format = fmt.f;
+        qd.dtype = LWO_DTYPE_BF16;
+        qd.rows = m.ops[i].out;
+        qd.cols = m.ops[i].in;
+        check(lwo_dequantize(engine(), &qd, r.q[i].get(), scratch.get(), st), "lwo_dequantize");
+      }
+    check(cudaEventRecord(e[1], st), "cudaEventRecord");
+    check(cudaEventSynchronize(e[1]), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, e[0], e[1]), "cudaEventElapsedTime");
+    if (it) ms.push_back(t);
+  }
+  check(cudaEventDestroy(e[0]), "cudaEventDestroy");
+  check(cudaEventDestroy(e[1]), "cudaEventDestroy");
+  return median(ms);
+}
+
 void bm_share(benchmark::State& state, const QModel& m) {
   run_guarded(state, [&] {
     const int64_t T = state.range(0);
@@ -421,6 +460,7 @@ void bm_share(benchmark::State& state, const QModel& m) {
         Resident r = make_resident(m, fmt, stream.get());
         void* last = nullptr;
         const Paired pr = paired_ms(m, fmt, r, T, acts, stream.get(), &last);
+        const double kernels = dequant_alone_ms(m, fmt, r, stream.get());
         const double dense = pr.dense_ms, quant = pr.quant_ms;
         std::vector<uint8_t> want(out_bytes), got(out_bytes);
         check(cudaMemcpy(want.data(), last, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -435,6 +475,8 @@ void bm_share(benchmark::State& state, const QModel& m) {
         c[n + "_dequant_ms"] = dq;
         c[n + "_share"] = s.median_ms > 0 ? dq / s.median_ms : 0;
         c[n + "_share_met"] = s.median_ms > 0 && dq / s.median_ms <= kShareTarget ? 1 : 0;
+        c[n + "_kernels_ms"] = kernels;
+        c[n + "_kernels_share"] = s.median_ms > 0 ? kernels / s.median_ms : 0;
         c[n + "_matches_resident"] = want == got ? 1 : 0;
         if (want != got)
           std::fprintf(stderr, "bench_quant: %s %s T=%lld: streamed dx differs from resident\n",
@@ -483,7 +525,7 @@ int main(int argc, char** argv) {
        [](const std::string& v) {
          lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
        }},
-      {"--share-pairs", "dequant_share: timed pairs of resident steps (default 9)",
+      {"--share-pairs", "dequant_share: timed pairs of resident steps (default 21)",
        [](const std::string& v) {
          lwob::g_share_pairs = static_cast<int>(lwob::parse_uint("--share-pairs", v, 1, 1000));
        }},
