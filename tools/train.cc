@@ -271,7 +271,7 @@ struct Results {
   bool optimized = false;
   uint64_t opt_params = 0;  // updated per step
   double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
-  // Host memory a step (since 0.6.0): the update's traffic, the copies'
+  // Host memory a step (since 0.5.1): the update's traffic, the copies'
   // bytes, the update's own bandwidth and the floor they give.
   double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
   // Since 0.4.0: with --budget, the planned ring's steps in the same run.
