@@ -507,7 +507,7 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
                                         : t.v[c];
   if (bytes) std::memcpy(dst, src, bytes);
   if (which == LWO_OPTIM_MASTER) {
-    for (uint64_t i = 0; i < t.n; ++i) store_f32(t.weights, t.weight_dtype, i, t.master[c][i]);
+    store_rounded(t.weights, t.weight_dtype, 0, t.master[c], t.n, false);
     if (t.next) std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
     pool_.changed(layer);
   }

@@ -460,6 +460,20 @@ TEST_F(OptimTest, SgdAndCheckpointState) {
   void* host = nullptr;
   ASSERT_LWO(lwo_pool_tensor_host(pool, 1, "bias", &host, nullptr));
   EXPECT_EQ(0, std::memcmp(host, master.data(), n * 4));  // f32 bias: the masters exactly
+  // A 16-bit weight's masters reach the pool rounded (nearest even).
+  {
+    lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+    ASSERT_LWO(lwo_pool_tensor_info(pool, 1, 0, &ti));
+    const uint64_t nw = ti.bytes / lwo_dtype_size(ti.dtype);
+    std::vector<float> mw(nw);
+    for (uint64_t i = 0; i < nw; ++i) mw[i] = 1.0f + static_cast<float>(i) * 0x1.0p-9f;  // midpoints among them
+    ASSERT_LWO(lwo_optim_write(o, 1, ti.name, LWO_OPTIM_MASTER, mw.data(), nw * 4));
+    void* wh = nullptr;
+    ASSERT_LWO(lwo_pool_tensor_host(pool, 1, ti.name, &wh, nullptr));
+    std::vector<uint8_t> want(ti.bytes);
+    for (uint64_t i = 0; i < nw; ++i) store_f32(want.data(), ti.dtype, i, mw[i]);
+    EXPECT_EQ(0, std::memcmp(wh, want.data(), ti.bytes)) << ti.name << " " << lwo_dtype_name(ti.dtype);
+  }
   // Misuse of the state calls.
   EXPECT_EQ(lwo_optim_read(o, 1, "bias", LWO_OPTIM_MASTER, back.data(), n * 4 - 4), LWO_ERR_SIZE_MISMATCH);
   EXPECT_NE(std::string(lwo_last_error_message()).find("lwo_optim_read"), std::string::npos);
