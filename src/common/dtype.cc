@@ -225,18 +225,13 @@ bool has_level(int level) { return level == 0; }
 int best_level() { return 0; }
 #endif
 
-}  // namespace
-
-namespace detail {
-bool store_rounded_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, const float* src,
-                      uint64_t n, bool streaming) {
-  if (!has_level(level)) return false;
-  if (n == 0) return true;
+// store_rounded at `level`, which the host has (checked by the callers:
+// once per process for store_rounded, per call for the tests' entry).
+void store_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, const float* src, uint64_t n,
+              bool streaming) {
+  if (n == 0) return;
   if (dtype != LWO_DTYPE_BF16 && dtype != LWO_DTYPE_F16) dtype = LWO_DTYPE_F32;
-  if (!streaming || level == 0) {
-    store_plain(dst, dtype, at, src, n);
-    return true;
-  }
+  if (!streaming || level == 0) return store_plain(dst, dtype, at, src, n);
 #ifdef LWO_STREAMING_X86
   // Plain stores up to the first aligned address and after the last whole
   // vector; streaming stores between.
@@ -244,10 +239,7 @@ bool store_rounded_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, cons
   const uint64_t per = align / es;  // elements per store
   const uintptr_t a = reinterpret_cast<uintptr_t>(static_cast<uint8_t*>(dst) + at * es);
   uint64_t head = (align - a % align) % align;
-  if (head % es) {  // misaligned to its own element: no streaming
-    store_plain(dst, dtype, at, src, n);
-    return true;
-  }
+  if (head % es) return store_plain(dst, dtype, at, src, n);  // misaligned to its own element
   head = std::min(n, head / es);
   store_plain(dst, dtype, at, src, head);
   const uint64_t body = (n - head) / per * per;
@@ -258,13 +250,21 @@ bool store_rounded_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, cons
     stream_256(d, dtype, src + head, body);
   store_plain(dst, dtype, at + head + body, src + head + body, n - head - body);
 #endif
+}
+}  // namespace
+
+namespace detail {
+bool store_rounded_at(int level, void* dst, lwo_dtype_t dtype, uint64_t at, const float* src,
+                      uint64_t n, bool streaming) {
+  if (!has_level(level)) return false;
+  store_at(level, dst, dtype, at, src, n, streaming);
   return true;
 }
 }  // namespace detail
 
 void store_rounded(void* dst, lwo_dtype_t dtype, uint64_t at, const float* src, uint64_t n,
                    bool streaming) {
-  detail::store_rounded_at(best_level(), dst, dtype, at, src, n, streaming);
+  store_at(best_level(), dst, dtype, at, src, n, streaming);  // the level read once per process
 }
 
 void streaming_fence() {
