@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
+from torch_quant_models import Adapted, resident_reference  # noqa: E402
 
 try:
     lt._Backend(torch.cuda.current_device())
@@ -302,45 +303,12 @@ def test_close_puts_the_weights_back_on_the_device():
 QUANTS = ["fp8", "fp8-block", "int8", "int4"]
 
 
-def dequantized(w, fmt):
-    """w quantized and dequantized by liblwo on the host, as a CPU tensor."""
-    np = pytest.importorskip("numpy")
-    d = lwo.quantize(w.detach().cpu().contiguous(), fmt).dequantize()
-    t = torch.from_numpy(d.view(np.int16) if w.dtype == torch.bfloat16 else d)
-    return t.view(w.dtype)
-
-
-class Adapted(nn.Module):
-    """A frozen base (two linears) with a trainable low-rank adapter beside
-    the second, and a trainable head."""
-
-    def __init__(self, dtype, d_in=256, d_hidden=512, d_out=256):
-        super().__init__()
-        self.base0 = nn.Linear(d_in, d_hidden)
-        self.base1 = nn.Linear(d_hidden, d_out, bias=False)
-        self.lora_a = nn.Linear(d_hidden, 16, bias=False)
-        self.lora_b = nn.Linear(16, d_out, bias=False)
-        self.head = nn.Linear(d_out, 64)
-        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
-            p.requires_grad_(False)
-        self.to(dtype)
-
-    def forward(self, x):
-        h = torch.nn.functional.gelu(self.base0(x))
-        return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
-
-
 @pytest.mark.parametrize("fmt", QUANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantized_frozen_base_with_a_trainable_adapter(fmt, dtype):
     torch.manual_seed(7)
-    m = Adapted(dtype)
-    ref = copy.deepcopy(m)
-    with torch.no_grad():
-        for name in ("base0", "base1"):
-            w = getattr(ref, name).weight
-            w.copy_(dequantized(w, fmt))
-    ref.to(DEV)
+    m = Adapted(dtype, d_hidden=512, rank=16, d_out=256, d_head=64)
+    ref = resident_reference(m, fmt).to(DEV)
     h = lt.offload(m, device=DEV, quant=fmt)
     assert h.quantized == {"base0": fmt, "base1": fmt}
     for name in ("base0", "base1"):  # the parameter is what lwo computes with

@@ -22,6 +22,7 @@ import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
 import fake_lwo  # noqa: E402
+from torch_quant_models import Adapted, dequantized, resident_reference  # noqa: E402
 
 # fake_lwo computes products in f32 rounded once to the layer's dtype, as the
 # reference does on the same (dequantized) weights: only the order of the sums
@@ -39,42 +40,6 @@ def close(a, b, dtype, what=""):
     assert a.shape == b.shape, what
     err = (a - b).norm().item() / max(b.norm().item(), 1e-6)
     assert err <= TOL[dtype], "%s: relative error %g > %g" % (what, err, TOL[dtype])
-
-
-def dequantized(w, fmt):
-    """w quantized and dequantized by liblwo on the host (a torch tensor)."""
-    q = lwo.quantize(w.detach().contiguous(), fmt)
-    d = q.dequantize()
-    t = torch.from_numpy(d.view(np.int16) if w.dtype == torch.bfloat16 else d)
-    return t.view(w.dtype)
-
-
-class Adapted(nn.Module):
-    """A frozen base (two linears) with a trainable adapter beside the second."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        self.base0 = nn.Linear(256, 384)
-        self.base1 = nn.Linear(384, 128, bias=False)
-        self.lora_a = nn.Linear(384, 8, bias=False)
-        self.lora_b = nn.Linear(8, 128, bias=False)
-        self.head = nn.Linear(128, 16)
-        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
-            p.requires_grad_(False)
-        self.to(dtype)
-
-    def forward(self, x):
-        h = torch.nn.functional.gelu(self.base0(x))
-        return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
-
-
-def resident_reference(m, fmt):
-    ref = copy.deepcopy(m)
-    with torch.no_grad():
-        for name in ("base0", "base1"):
-            w = getattr(ref, name).weight
-            w.copy_(dequantized(w, fmt))
-    return ref
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "int8", "int4"])

@@ -1,0 +1,53 @@
+"""What the quantized lwo.torch tests share, on the CPU (test_torch_quant.py,
+over fake_lwo) and on the GPU (test_torch_gpu.py): the frozen-base model
+with a trainable adapter, a weight quantized and dequantized by liblwo on
+the host, and the model's resident reference on those weights. Imported
+only by test files that have found torch."""
+
+import copy
+
+import pytest
+import torch
+
+import lwo
+
+nn = torch.nn
+
+
+def dequantized(w, fmt):
+    """w quantized and dequantized by liblwo on the host, as a CPU tensor."""
+    np = pytest.importorskip("numpy")
+    d = lwo.quantize(w.detach().cpu().contiguous(), fmt).dequantize()
+    t = torch.from_numpy(d.view(np.int16) if w.dtype == torch.bfloat16 else d)
+    return t.view(w.dtype)
+
+
+class Adapted(nn.Module):
+    """A frozen base (two linears) with a trainable low-rank adapter beside
+    the second, and a trainable head."""
+
+    def __init__(self, dtype, d_in=256, d_hidden=384, rank=8, d_out=128, d_head=16):
+        super().__init__()
+        self.base0 = nn.Linear(d_in, d_hidden)
+        self.base1 = nn.Linear(d_hidden, d_out, bias=False)
+        self.lora_a = nn.Linear(d_hidden, rank, bias=False)
+        self.lora_b = nn.Linear(rank, d_out, bias=False)
+        self.head = nn.Linear(d_out, d_head)
+        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
+            p.requires_grad_(False)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.base0(x))
+        return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
+
+
+def resident_reference(m, fmt):
+    """A copy of m whose frozen base holds its weights dequantized (as lwo
+    computes with them)."""
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        for name in ("base0", "base1"):
+            w = getattr(ref, name).weight
+            w.copy_(dequantized(w, fmt))
+    return ref
