@@ -271,6 +271,11 @@ struct Results {
   bool optimized = false;
   uint64_t opt_params = 0;  // updated per step
   double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
+  // Since 0.5.2: the three are timed in alternating pairs (each pair a plain
+  // step, the update alone, a full step); medians, and the ratio the median
+  // of the pairs' ratios.
+  double opt_gpu_ms = 0, opt_memory_ratio = 0;
+  std::vector<double> opt_pair_ratios;
   // Host memory a step (since 0.5.1): the update's traffic, the copies'
   // bytes, the update's own bandwidth and the floor they give.
   double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
@@ -643,15 +648,18 @@ void write_json(std::FILE* j, const Device& dev, const Options& o, const Results
                  "\"overlap\": %.5f, \"ratio_to_bound\": %.5f, \"target\": 1.1, \"met\": %s, "
                  "\"tail_ms\": %.4f, \"host_update_bytes\": %.6g, \"host_copy_bytes\": %.6g, "
                  "\"update_GBps\": %.5g, \"host_memory_floor_ms\": %.4f, "
-                 "\"ratio_to_host_memory_floor\": %.5f},\n",
+                 "\"ratio_to_host_memory_floor\": %.5f, \"pairs\": %zu, \"pair_ratios\": [",
                  json_string(o.optimizer).c_str(), lwo_dtype_name(o.optim_state), o.max_norm,
                  o.delayed ? "true" : "false", static_cast<unsigned long long>(r.opt_params),
                  r.opt_alone_ms,
                  r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0,
-                 r.opt_full_ms, r.median_ms, r.opt_overlap, r.opt_ratio,
+                 r.opt_full_ms, r.opt_gpu_ms, r.opt_overlap, r.opt_ratio,
                  r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms, r.opt_update_bytes,
-                 r.opt_copy_bytes, r.opt_update_gbps, r.opt_memory_floor_ms,
-                 r.opt_memory_floor_ms > 0 ? r.opt_full_ms / r.opt_memory_floor_ms : 0);
+                 r.opt_copy_bytes, r.opt_update_gbps, r.opt_memory_floor_ms, r.opt_memory_ratio,
+                 r.opt_pair_ratios.size());
+    for (size_t i = 0; i < r.opt_pair_ratios.size(); ++i)
+      std::fprintf(j, "%s%.5f", i ? ", " : "", r.opt_pair_ratios[i]);
+    std::fprintf(j, "]},\n");
   }
   std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
 }
@@ -685,12 +693,16 @@ std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run
 
 }  // namespace
 
-// --optimizer (since 0.4.0): the host optimizer over the same gradient set.
-// First the update alone: a step (gradients landed and fenced), then
-// lwo_optim_step and lwo_optim_wait timed; then full steps, each
-// lwo_optim_step called once the backward is enqueued, timed from one step's
-// start to the next (the next step's zero and stages wait for the update).
-// The bound is max(GPU step, update alone); the target at most 1.1 x it.
+// --optimizer (since 0.4.0): the host optimizer over the same gradient set,
+// timed in --steps alternating pairs (since 0.5.2; the host's memory
+// bandwidth drifts within minutes, so figures taken in separate phases
+// measure the drift as much as the step). Each pair: a plain step (its time
+// the GPU step; its gradients landed and fenced), lwo_optim_step and
+// lwo_optim_wait timed (the update alone), then two full steps, each
+// calling lwo_optim_step once its backward is enqueued; the second is timed
+// from the first's return to its own (its zero and stages wait for the
+// first's update). The bound is max(GPU step, update alone) of the same
+// pair; the figure the median of the pairs' ratios, the target at most 1.1.
 lwo_optim_stats optim_stats(lwo_optim* optim) {
   lwo_optim_stats st{};
   st.size = sizeof st;
@@ -724,67 +736,74 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
   p.max_norm = o.max_norm;
   uint64_t step_no = 0;
   uint64_t n_params = 0;
-  std::vector<double> alone_ms, full_ms, tail_ms;
+  // Per pair: the plain step (GPU step), the update alone, the full step.
+  std::vector<double> gpu_ms, alone_ms, full_ms, tail_ms, pair_ratio;
+  const auto update = [&] {
+    p.step = ++step_no;
+    TK_CHECK(lwo_optim_step(optim, &p));
+  };
   {
-    Phase phase("update alone", o.steps);
+    Phase phase("pairs", o.steps);
     for (uint32_t s = 0; s < o.steps; ++s) {
-      plain_step();  // the gradients land (fenced), no update yet
+      // The update alone: nothing in flight, a plain step (the gradients
+      // land, fenced; its time is the pair's GPU step), then the update.
+      TK_CHECK(lwo_optim_wait(optim));
+      gpu_ms.push_back(plain_step().ms);
       const lwo_optim_stats a = optim_stats(optim);
       const double t0 = now_seconds();
-      p.step = ++step_no;
-      TK_CHECK(lwo_optim_step(optim, &p));
+      update();
       TK_CHECK(lwo_optim_wait(optim));
       alone_ms.push_back((now_seconds() - t0) * 1e3);
-      const lwo_optim_stats b = optim_stats(optim);
-      n_params = b.n_params_updated - a.n_params_updated;
-      phase.set(s + 1, strf("update %u/%u: %.3f ms, %.3f G params/s", s + 1, o.steps,
-                            alone_ms.back(), n_params / alone_ms.back() / 1e6));
-    }
-    phase.done("median %.3f ms: %.3f G params/s", median(alone_ms),
-               n_params / median(alone_ms) / 1e6);
-  }
-  {
-    step_options.after_enqueue = [&] {
-      p.step = ++step_no;
-      TK_CHECK(lwo_optim_step(optim, &p));
-    };
-    Phase phase("full steps", o.steps + 1);
-    double prev = now_seconds();
-    for (uint32_t s = 0; s <= o.steps; ++s) {  // the first is a warm-up
+      n_params = optim_stats(optim).n_params_updated - a.n_params_updated;
+      // Two full steps, each updating once its backward is enqueued: the
+      // first sets the update in flight; the second, timed from the first's
+      // return to its own, waits for it where it needs its layers.
+      step_options.after_enqueue = update;
       plain_step();
-      const double now = now_seconds();
-      if (s > 0) {
-        full_ms.push_back((now - prev) * 1e3);
-        tail_ms.push_back(optim_stats(optim).last_tail_ns / 1e6);
-      }
-      prev = now;
-      phase.set(s + 1, strf("step %u/%u: %.3f ms", s, o.steps, (now - prev) * 1e3));
+      const double t1 = now_seconds();
+      plain_step();
+      full_ms.push_back((now_seconds() - t1) * 1e3);
+      step_options.after_enqueue = nullptr;
+      tail_ms.push_back(optim_stats(optim).last_tail_ns / 1e6);
+      pair_ratio.push_back(full_ms.back() / std::max(gpu_ms.back(), alone_ms.back()));
+      phase.set(s + 1, strf("pair %u/%u: GPU step %.3f ms, update alone %.3f ms (%.3f G params/s), "
+                            "full step %.3f ms: %.3f x", s + 1, o.steps, gpu_ms.back(),
+                            alone_ms.back(), n_params / alone_ms.back() / 1e6, full_ms.back(),
+                            pair_ratio.back()));
     }
-    step_options.after_enqueue = nullptr;
     TK_CHECK(lwo_optim_wait(optim));
-    const double gpu = r.median_ms, alone = median(alone_ms), full = median(full_ms);
-    const double bound = std::max(gpu, alone);
+    const double gpu = median(gpu_ms), alone = median(alone_ms), full = median(full_ms);
+    const double ratio = median(pair_ratio);
     const double overlap = std::min(gpu, alone) > 0
                                ? std::max(0.0, gpu + alone - full) / std::min(gpu, alone)
                                : 0;
-    phase.done("median %.3f ms a step", full);
+    phase.done("medians: GPU step %.3f ms, update alone %.3f ms, full step %.3f ms; %.3f x "
+               "(median of the pairs' ratios)", gpu, alone, full, ratio);
     r.optimized = true;
     r.opt_params = n_params;
+    r.opt_gpu_ms = gpu;
     r.opt_alone_ms = alone;
     r.opt_full_ms = full;
     r.opt_tail_ms = median(tail_ms);
     r.opt_overlap = overlap;
-    r.opt_ratio = full / bound;
+    r.opt_ratio = ratio;
+    r.opt_pair_ratios = pair_ratio;
     std::printf("optimizer  %s (%s state%s): GPU step %.3f ms, update alone %.3f ms "
-                "(%.3f G params/s), full step %.3f ms; overlap %.0f%% of the shorter; "
-                "%.3f x max(GPU step, update alone) (target <= 1.1): %s; update tail after "
-                "the last landing %.3f ms (median)\n",
+                "(%.3f G params/s), full step %.3f ms (medians of %u pairs); overlap %.0f%% of "
+                "the shorter; %.3f x max(GPU step, update alone) (median of the pairs' ratios, "
+                "%.3f-%.3f; target <= 1.1): %s; update tail after the last landing %.3f ms "
+                "(median)\n",
                 o.optimizer.c_str(), lwo_dtype_name(o.optim_state),
-                (o.max_norm > 0 ? strf(", max norm %g", o.max_norm) : std::string(o.delayed ? ", delayed" : "")).c_str(), gpu, alone,
-                n_params / alone / 1e6, full, 100 * overlap, full / bound,
-                full / bound <= 1.1 ? "PASS" : "MISS", median(tail_ms));
+                (o.max_norm > 0 ? strf(", max norm %g", o.max_norm)
+                                : std::string(o.delayed ? ", delayed" : ""))
+                    .c_str(),
+                gpu, alone, n_params / alone / 1e6, full, o.steps, 100 * overlap, ratio,
+                *std::min_element(pair_ratio.begin(), pair_ratio.end()),
+                *std::max_element(pair_ratio.begin(), pair_ratio.end()),
+                ratio <= 1.1 ? "PASS" : "MISS", r.opt_tail_ms);
     // The update and the copy engines share the host's memory: the bytes
-    // both move a step, at the bandwidth the update alone reached.
+    // both move a step, at the bandwidth the update alone reached (each
+    // pair's full step against its own update's bandwidth; the median).
     r.opt_update_bytes = static_cast<double>(n_params) *
                          testkit::update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
                                                          sz.host, o.dtype, info.vector_level);
@@ -792,11 +811,16 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
     r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
     r.opt_memory_floor_ms =
         r.opt_update_gbps > 0 ? (r.opt_update_bytes + r.opt_copy_bytes) / r.opt_update_gbps / 1e6 : 0;
+    std::vector<double> memory_ratio;
+    if (r.opt_update_bytes > 0)
+      for (size_t i = 0; i < full_ms.size(); ++i)
+        memory_ratio.push_back(full_ms[i] / (alone_ms[i] * (1 + r.opt_copy_bytes / r.opt_update_bytes)));
+    r.opt_memory_ratio = median(memory_ratio);
     std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
-                "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it\n",
+                "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it "
+                "(median of the pairs)\n",
                 r.opt_update_bytes / 1e9, r.opt_copy_bytes / 1e9, r.opt_update_gbps,
-                r.opt_memory_floor_ms,
-                r.opt_memory_floor_ms > 0 ? full / r.opt_memory_floor_ms : 0.0);
+                r.opt_memory_floor_ms, r.opt_memory_ratio);
   }
   TK_CHECK(lwo_optim_destroy(optim));
 }
