@@ -56,6 +56,7 @@ struct Options {
   lwo_dtype_t optim_state = LWO_DTYPE_F32;
   double max_norm = 0;
   bool delayed = false;
+  uint32_t optim_threads = 0;  // Since 0.5.2: --optimizer-threads (0: one per CPU)
   bool trainable() const { return !frozen; }
 };
 
@@ -142,6 +143,8 @@ std::vector<Flag> make_flags(Options& o) {
                    if (end == v.c_str() || *end || !(o.max_norm > 0))
                      throw UsageError(strf("--max-norm %s is not a number above 0", v.c_str()));
                  }),
+      uint_flag("--optimizer-threads", "N", o.optim_threads, 0, 64,
+                "with --optimizer: its update threads (0, the default: one per CPU)"),
       seed_flag(o.seed),
       timing_flag(o.timing),
       device_flag(o.device),
@@ -173,8 +176,10 @@ void check_options(const Options& o) {
              static_cast<long long>(o.rows), static_cast<long long>(o.cols)));
   if (!o.optimizer.empty() && o.frozen)
     throw UsageError("--optimizer updates weights; --frozen layers have no gradients");
-  if (o.optimizer.empty() && (o.optim_state != LWO_DTYPE_F32 || o.max_norm > 0 || o.delayed))
-    throw UsageError("--optimizer-state, --max-norm and --delayed need --optimizer");
+  if (o.optimizer.empty() &&
+      (o.optim_state != LWO_DTYPE_F32 || o.max_norm > 0 || o.delayed || o.optim_threads))
+    throw UsageError("--optimizer-state, --max-norm, --delayed and --optimizer-threads need "
+                     "--optimizer");
   if (o.delayed && o.max_norm > 0)
     throw UsageError("--delayed and --max-norm exclude each other (LWO_OPTIM_DELAYED keeps no "
                      "copy of the state to redo a clipped step from)");
@@ -717,6 +722,7 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
   oc.kind = o.optimizer == "sgd" ? LWO_OPTIM_SGD : LWO_OPTIM_ADAMW;
   oc.state_dtype = o.optim_state;
   oc.flags = (o.max_norm > 0 ? LWO_OPTIM_CLIPPING : 0u) | (o.delayed ? LWO_OPTIM_DELAYED : 0u);
+  oc.n_threads = o.optim_threads;
   lwo_optim* optim = nullptr;
   lwo_optim_info info{};
   {
@@ -801,6 +807,11 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
                 *std::min_element(pair_ratio.begin(), pair_ratio.end()),
                 *std::max_element(pair_ratio.begin(), pair_ratio.end()),
                 ratio <= 1.1 ? "PASS" : "MISS", r.opt_tail_ms);
+    std::string each;
+    for (size_t i = 0; i < full_ms.size(); ++i)
+      each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", gpu_ms[i], alone_ms[i], full_ms[i],
+                   pair_ratio[i]);
+    std::printf("pairs  GPU step/update alone/full step ms: ratio, in order: %s\n", each.c_str());
     // The update and the copy engines share the host's memory: the bytes
     // both move a step, at the bandwidth the update alone reached (each
     // pair's full step against its own update's bandwidth; the median).

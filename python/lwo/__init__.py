@@ -31,4 +31,4 @@ from ._core import (  # noqa: E402,F401
     quant_format, quant_format_name, quant_layout, quant_spelling, quantize, dequantize,
 )
 
-__version__ = "0.5.1"
+__version__ = "0.5.2"

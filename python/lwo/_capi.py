@@ -20,7 +20,7 @@ import os
 # --------------------------------------------------------------------------
 LWO_VERSION_MAJOR = 0
 LWO_VERSION_MINOR = 5
-LWO_VERSION_PATCH = 1
+LWO_VERSION_PATCH = 2
 LWO_VERSION = LWO_VERSION_MAJOR * 10000 + LWO_VERSION_MINOR * 100 + LWO_VERSION_PATCH
 
 # --------------------------------------------------------------------------
