@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The lwo program's usage errors (no GPU needed: flags are checked before any
+# device is opened). Each case: the arguments, then a piece of the message;
+# the program must exit with 2 (a usage error) and say it on stderr, with
+# nothing on stdout.
+set -u
+LWO="$1"
+ERR=$(mktemp)
+trap 'rm -f "$ERR"' EXIT
+fails=0
+check() {
+  local want="$1"
+  shift
+  local out err rc
+  out=$("$LWO" "$@" 2>"$ERR")
+  rc=$?
+  err=$(cat "$ERR")
+  if [ "$rc" -ne 2 ]; then
+    echo "FAIL: lwo $* exited $rc, not 2 (stderr: $err)"; fails=$((fails + 1)); return
+  fi
+  if [[ "$err" != *"$want"* ]]; then
+    echo "FAIL: lwo $*: stderr does not say '$want': $err"; fails=$((fails + 1)); return
+  fi
+  if [ -n "$out" ]; then
+    echo "FAIL: lwo $*: wrote to stdout: $out"; fails=$((fails + 1)); return
+  fi
+  echo "ok: lwo $*: $want"
+}
+check "need --optimizer" train --optimizer-threads 3
+check "need --optimizer" train --optimizer-state bf16
+check "need --optimizer" train --delayed
+check "--optimizer-threads 65 is not in 0..64" train --optimizer adamw --optimizer-threads 65
+check "exclude each other" train --optimizer adamw --delayed --max-norm 1
+check "--frozen layers have no gradients" train --optimizer sgd --frozen
+check "--max-norm 0 is not a number above 0" train --optimizer adamw --max-norm 0
+check "--optimizer-state f16 is neither f32 nor bf16" train --optimizer adamw --optimizer-state f16
+if [ "$fails" -ne 0 ]; then echo "$fails usage case(s) failed"; exit 1; fi
+echo "every usage case exited 2 with its message"
