@@ -812,20 +812,23 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
       each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", gpu_ms[i], alone_ms[i], full_ms[i],
                    pair_ratio[i]);
     std::printf("pairs  GPU step/update alone/full step ms: ratio, in order: %s\n", each.c_str());
-    // The update and the copy engines share the host's memory: the bytes
-    // both move a step, at the bandwidth the update alone reached (each
-    // pair's full step against its own update's bandwidth; the median).
+    // The update and the copy engines share the host's memory: the time
+    // both take at the bandwidth an update alone reached (of a_ms: a_ms x
+    // (update + copies) / update); each pair's full step against its own
+    // update's, the median.
     r.opt_update_bytes = static_cast<double>(n_params) *
                          testkit::update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
                                                          sz.host, o.dtype, info.vector_level);
     r.opt_copy_bytes = static_cast<double>(r.h2d_bytes + r.d2h_bytes);
+    const auto memory_floor_ms = [&](double a_ms) {
+      return r.opt_update_bytes > 0 ? a_ms * (1 + r.opt_copy_bytes / r.opt_update_bytes) : 0;
+    };
     r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
-    r.opt_memory_floor_ms =
-        r.opt_update_gbps > 0 ? (r.opt_update_bytes + r.opt_copy_bytes) / r.opt_update_gbps / 1e6 : 0;
+    r.opt_memory_floor_ms = memory_floor_ms(alone);
     std::vector<double> memory_ratio;
-    if (r.opt_update_bytes > 0)
-      for (size_t i = 0; i < full_ms.size(); ++i)
-        memory_ratio.push_back(full_ms[i] / (alone_ms[i] * (1 + r.opt_copy_bytes / r.opt_update_bytes)));
+    for (size_t i = 0; i < full_ms.size(); ++i)
+      if (memory_floor_ms(alone_ms[i]) > 0)
+        memory_ratio.push_back(full_ms[i] / memory_floor_ms(alone_ms[i]));
     r.opt_memory_ratio = median(memory_ratio);
     std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
                 "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it "
