@@ -4,20 +4,32 @@ Pure Python (no torch, no GPU), so that its logic is tested anywhere.
 
 A *step* is one pass over the model: a training step (forward, then
 backward, ended by the end of the backward pass) or a forward-only step
-(inference, evaluation under torch.no_grad). Each kind of step has its own
-plan: the list of record accesses, one entry per streamed module call, in
-the order they happened during the last step of that kind that the plan
-did not predict. Before the first step, a training plan is the modules'
-registration order followed by its reverse (forward, then backward), and a
-forward-only plan is the registration order.
+(inference, evaluation under torch.no_grad, or any forward whose outputs
+need no gradient). Each kind of step has its plans: lists of record
+accesses, one entry per streamed module call, in the order they happened
+during a step of that kind. Before the first step, a training plan is the
+modules' registration order followed by its reverse (forward, then
+backward), and a forward-only plan is the registration order.
 
-The adapter calls :meth:`Planner.observe` on every access. While the
-accesses follow the plan, :meth:`upcoming` names the records to stage
-ahead; when an access departs from it, the planner resynchronises on the
-record it saw (its next occurrence in the plan), counts a misprediction,
-and at the end of that step replaces the plan with what really ran.
-Predictions only decide what is prefetched: a wrong one costs a stall,
-never a wrong result.
+The adapter calls :meth:`Planner.observe` on every access, saying whether
+the access will have a backward (it made an autograd node) and whether it
+runs inside a backward pass. While the accesses follow the plan,
+:meth:`upcoming` names the records to stage ahead; when an access departs
+from it, the planner first looks among the plans it keeps (up to
+``keep`` per kind, the most recent first) for one that begins as this step
+did, and follows it; failing that it resynchronises on the record it saw
+(its next occurrence in the plan). Either way the access counts as a
+misprediction, and at the end of the step what really ran becomes the
+first plan of its kind: a re-plan only when it is none of the plans kept.
+So a model whose order alternates (a conditional branch, an evaluation
+pass between training steps) re-plans once per pattern, not on every
+switch. Predictions only decide what is prefetched: a wrong one costs a
+stall, never a wrong result.
+
+Where a step ends: a training step at the end of its backward pass; a
+forward-only step when its first record comes again unexpected (the next
+forward began), or when an access that will have a backward arrives and no
+training plan begins as this step did (the training step began).
 """
 
 TRAIN = "train"
@@ -29,31 +41,39 @@ class Planner:
     one. `order` is the registration order of the records' accesses (one
     entry per streamed module, repeated for the modules of a group)."""
 
-    def __init__(self, order, max_trace=1 << 20):
+    def __init__(self, order, max_trace=1 << 20, keep=4):
         order = list(order)
         self.max_trace = int(max_trace)
-        self.plans = {TRAIN: order + order[::-1], FORWARD: list(order)}
+        self.keep = max(1, int(keep))
+        # per kind, the plans kept, most recent first; plans[kind] is the first
+        self.candidates = {TRAIN: [order + order[::-1]], FORWARD: [list(order)]}
         self.kind = None           # the current step's kind (None: between steps)
         self.pos = 0               # index of the next expected entry of the plan
         self.trace = []            # the accesses of the current step
         self.deviated = False      # the current step departed from its plan
         self.steps = 0             # steps finished
-        self.replans = 0           # plans replaced by what ran
+        self.replans = 0           # steps whose order was none of the plans kept
+        self.switches = 0          # steps that moved to another plan kept
         self.mispredictions = 0    # accesses the plan did not predict
         self.saw_backward = False  # the current step has had a backward access
         self._current = ()         # the plan of the current step (() between steps)
-        self._upcoming = {}        # (kind, pos, limit, exclude) -> upcoming()
+        self._upcoming = {}        # (id(plan), pos, limit, exclude) -> upcoming()
 
     # ----------------------------------------------------------------
     @property
+    def plans(self):
+        """The most recent plan of each kind."""
+        return {k: v[0] for k, v in self.candidates.items()}
+
+    @property
     def plan(self):
         """The plan of the current step (or of a training step between steps)."""
-        return self.plans[self.kind or TRAIN]
+        return self._current if self.kind is not None else self.candidates[TRAIN][0]
 
     def begin(self, kind):
         """Starts a step of `kind` (TRAIN or FORWARD)."""
         self.kind = kind
-        self._current = self.plans[kind]
+        self._current = self.candidates[kind][0]
         self.pos = 0
         self.trace = []
         self.deviated = False
@@ -62,21 +82,24 @@ class Planner:
     def end(self):
         """Ends the current step (the end of a backward pass, or a forward-only
         step found to be over). A step with a backward pass is a training
-        step, any other a forward-only one; one that departed from the plan
-        it followed, or ran only part of it, becomes the plan of its kind."""
+        step, any other a forward-only one; what it ran becomes the first
+        plan of its kind (a re-plan when it is none of the plans kept)."""
         if self.kind is None:
             return
         kind = TRAIN if self.saw_backward else FORWARD
-        if self.trace:
-            if kind != self.kind:
-                if self.trace != self.plans[kind]:
-                    self.plans[kind] = list(self.trace)
-                    self.replans += 1
-                    self._upcoming = {}
-            elif self.deviated or self.pos != len(self.plans[kind]):
-                self.plans[kind] = list(self.trace)
+        trace = self.trace
+        if trace:
+            cands = self.candidates[kind]
+            for i, c in enumerate(cands):
+                if c == trace:
+                    if i:
+                        cands.insert(0, cands.pop(i))
+                        self.switches += 1
+                    break
+            else:
+                cands.insert(0, list(trace))
+                del cands[self.keep:]
                 self.replans += 1
-                self._upcoming = {}
         self.steps += 1
         self.kind = None
         self._current = ()
@@ -84,12 +107,28 @@ class Planner:
         self.trace = []
         self.deviated = False
         self.saw_backward = False
+        if len(self._upcoming) > 65536:
+            self._upcoming = {}
+
+    def _matching(self, kinds):
+        """A plan kept for one of `kinds` that begins as the current step's
+        trace does (and goes on past it), or None."""
+        trace = self.trace
+        n = len(trace)
+        last = trace[-1]
+        for kind in kinds:
+            for c in self.candidates[kind]:
+                if c is not self._current and len(c) > n - 1 and c[n - 1] == last \
+                        and c[:n] == trace:
+                    return kind, c
+        return None
 
     def observe(self, record, grad_enabled=True, in_backward=False):
         """One access of `record`; returns True if the plan predicted it.
-        grad_enabled: torch.is_grad_enabled() in a forward; in_backward: the
-        access runs inside a backward pass (a module's backward, or a forward
-        recomputed by activation checkpointing)."""
+        grad_enabled: the access will have a backward (in a forward: it made
+        an autograd node); in_backward: the access runs inside a backward
+        pass (a module's backward, or a forward recomputed by activation
+        checkpointing)."""
         # The common case first: the plan's next entry, in a running step.
         plan = self._current
         pos = self.pos
@@ -102,24 +141,37 @@ class Planner:
             return True
         if self.kind is None:
             self.begin(TRAIN if (grad_enabled or in_backward) else FORWARD)
-        elif (not in_backward and not self.saw_backward and self.trace
-              and record == self.trace[0] and not self.next_is(record)):
-            # The step's first record again, unexpected, and no backward pass
-            # since the step began: that step was forward-only and is over.
-            self.end()
-            self.begin(TRAIN if grad_enabled else FORWARD)
+        elif self.kind == FORWARD and not in_backward and not self.saw_backward and \
+                self.trace and (grad_enabled or (record == self.trace[0]
+                                                 and not self.next_is(record))):
+            # A forward-only step meets the start of another step: the
+            # training step's first access, or its own first record again.
+            self.trace.append(record)
+            got = self._matching((TRAIN,)) if grad_enabled else None
+            self.trace.pop()
+            if got is None:
+                self.end()
+                self.begin(TRAIN if grad_enabled else FORWARD)
+            else:  # a training step that began with accesses needing no gradient
+                self.kind, self._current = got
         elif len(self.trace) >= self.max_trace:
             self.end()  # a step that never ends (no backward, no repeat): bound it
             self.begin(TRAIN if (grad_enabled or in_backward) else FORWARD)
         if in_backward:
             self.saw_backward = True
         self.trace.append(record)
-        plan = self.plans[self.kind]
+        plan = self._current
         if self.pos < len(plan) and plan[self.pos] == record:
             self.pos += 1
             return True
         self.deviated = True
         self.mispredictions += 1
+        got = self._matching((self.kind, TRAIN if self.kind == FORWARD else FORWARD))
+        if got is not None:
+            if got[0] == TRAIN or not self.saw_backward:
+                self.kind, self._current = got
+                self.pos = len(self.trace)
+                return False
         j = _index(plan, record, self.pos)
         if j < 0:
             j = _index(plan, record, 0, self.pos)
@@ -138,15 +190,15 @@ class Planner:
         (at most `limit`, none equal to `exclude`), as (record, next_step)
         pairs: next_step is True for records past the end of this step's plan,
         which belong to the next step of the same kind."""
-        key = (self.kind, self.pos, limit, exclude)
+        plan = self.plan
+        key = (id(plan), self.pos, limit, exclude)
         got = self._upcoming.get(key)
-        if got is not None:
-            return got
+        if got is not None and got[0] is plan:
+            return got[1]
         out = []
         seen = set()
         if exclude is not None:
             seen.add(exclude)
-        plan = self.plan
         n = len(plan)
         if n == 0 or limit <= 0:
             return out
@@ -163,13 +215,14 @@ class Planner:
                 break
         if len(self._upcoming) > 65536:
             self._upcoming = {}
-        self._upcoming[key] = out
+        self._upcoming[key] = (plan, out)
         return out
 
     def stats(self):
-        return {"steps": self.steps, "replans": self.replans,
+        return {"steps": self.steps, "replans": self.replans, "switches": self.switches,
                 "mispredictions": self.mispredictions,
-                "plan_length": {k: len(v) for k, v in self.plans.items()}}
+                "plan_length": {k: len(v[0]) for k, v in self.candidates.items()},
+                "plans_kept": {k: len(v) for k, v in self.candidates.items()}}
 
 
 def _index(seq, value, start, stop=None):

@@ -472,7 +472,8 @@ def _module_forward(fn, apply, forward):
                 if _functorch_active():
                     return fn.apply(input, s, anchor)
                 return apply(input, s, anchor)
-            return forward(s.handle, s, input, True)
+        # no autograd node: this access has no backward (the prefetch plan
+        # counts it into a forward-only step)
         return forward(s.handle, s, input, False)
 
     return module_forward

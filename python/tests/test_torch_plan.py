@@ -108,3 +108,59 @@ def test_a_step_without_end_is_bounded():
         p.observe(5)  # never the plan's, never a backward
     assert len(p.trace) <= 10
     assert p.steps >= 2
+
+
+def test_a_block_called_twice_in_one_forward_keeps_the_step_whole():
+    # records 0, 1 run twice in one training forward (a shared block), then
+    # backward through both calls: one step, planned once
+    p = Planner([0, 1])
+    fwd, bwd = [0, 1, 0, 1], [1, 0, 1, 0]
+    run_step(p, fwd, bwd)
+    assert p.steps == 1 and p.replans == 1
+    assert p.plans[TRAIN] == fwd + bwd
+    for _ in range(3):
+        assert all(run_step(p, fwd, bwd))
+    assert p.steps == 4 and p.replans == 1
+
+
+def test_alternating_orders_replan_once_per_pattern():
+    # a conditional branch: odd steps skip record 1
+    p = Planner([0, 1, 2])
+    a = ([0, 1, 2], [2, 1, 0])
+    b = ([0, 2], [2, 0])
+    for i in range(8):
+        run_step(p, *(a if i % 2 == 0 else b))
+    assert p.replans == 1  # b; a was the initial plan
+    assert p.steps == 8
+    before = p.mispredictions
+    run_step(p, *a)
+    run_step(p, *b)
+    assert p.mispredictions - before <= 2  # one access per switch of pattern
+
+
+def test_a_no_grad_pass_between_training_steps_does_not_replan_each_time():
+    # evaluation skips record 0 (a different first record) and needs no gradient
+    p = Planner([0, 1, 2])
+    for _ in range(4):
+        run_step(p, [0, 1, 2], [2, 1, 0])
+        run_step(p, [1, 2], grad=False)
+    assert p.replans == 1  # the evaluation's plan, once
+    assert p.plans[TRAIN] == [0, 1, 2, 2, 1, 0]
+    assert p.plans[FORWARD] == [1, 2]
+    p.observe(0)  # the training step ends the evaluation step
+    assert p.steps == 8 and p.kind == TRAIN
+
+
+def test_a_training_step_that_begins_without_gradients_follows_its_plan():
+    # reentrant checkpointing: the forward's accesses need no gradient, the
+    # backward recomputes them
+    p = Planner([0, 1])
+    fwd, bwd = [0, 1], [1, 1, 0, 0]
+    for _ in range(3):
+        run_step(p, fwd, bwd, grad=False)
+    before = p.mispredictions
+    hits = run_step(p, fwd, bwd, grad=False)
+    # the forward follows the forward-only plan until the backward shows it
+    # was a training step: one access mispredicted, then the training plan
+    assert hits[:2] == [True, True] and hits[3:] == [True, True, True]
+    assert p.mispredictions - before == 1 and p.replans == 1
