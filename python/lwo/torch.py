@@ -558,28 +558,7 @@ class Offload:
         self.records = records
         self.states = states
 
-        # The pool: tensors m<i>.weight / m<i>.bias, i the module's place in
-        # its record.
-        layers = []
-        for rec in records:
-            tensors = []
-            for i, s in enumerate(rec.modules):
-                w = s.module.weight
-                tensors.append(_core.TensorSpec("m%d.weight" % i, _LWO_DTYPE[w.dtype],
-                                                tuple(w.shape), None, s.quant or None)
-                               if s.quant else
-                               ("m%d.weight" % i, _LWO_DTYPE[w.dtype], tuple(w.shape)))
-                rec.names.append("m%d.weight" % i)
-                s.w_idx = len(tensors) - 1
-                if s.module.bias is not None:
-                    b = s.module.bias
-                    tensors.append(("m%d.bias" % i, _LWO_DTYPE[b.dtype], tuple(b.shape)))
-                    rec.names.append("m%d.bias" % i)
-                    s.b_idx = len(tensors) - 1
-                else:
-                    s.b_idx = -1
-            layers.append(tensors)
-        self.pool = backend.pool(layers)
+        self.pool = backend.pool(self._pool_layers(records))
 
         # Fill it, and make the parameters CPU tensors over it.
         freed_cuda = False
@@ -592,8 +571,7 @@ class Offload:
                     w = m.weight
                     s.dtype = w.dtype
                     s.lwo_dtype = _LWO_DTYPE[w.dtype]
-                    s.w_off = infos[s.w_idx].offset
-                    s.w_bytes = infos[s.w_idx].bytes
+                    self._bind(s, infos)
                     if s.quant:
                         s.weight = self._adopt_quantized(m, rec, s)
                         rec.saved_bytes += w.numel() * w.element_size() - s.w_bytes
@@ -602,12 +580,9 @@ class Offload:
                     freed_cuda |= w.is_cuda
                     s.has_bias = m.bias is not None
                     if s.has_bias:
-                        s.b_off = infos[s.b_idx].offset
-                        s.b_bytes = infos[s.b_idx].bytes
                         freed_cuda |= m.bias.is_cuda
                         s.bias = self._adopt(m, "bias", rec, s.b_idx)
                     else:
-                        s.b_off = s.b_bytes = 0
                         s.bias = None
                     rec.params += [p for p in (s.weight, s.bias) if p is not None]
                     if s.kind == "linear":
@@ -627,6 +602,7 @@ class Offload:
                 rec.version = rec.current_version()
                 rec.trainable = any(p.requires_grad for p in rec.params)
 
+        self.resident = ()         # record indices kept on the device
         self.ring = backend.ring(self.pool, self.depth, self._timing)
         self.grads = None
         self._grad_views = {}
@@ -650,6 +626,45 @@ class Offload:
         if freed_cuda and torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self
+
+    @staticmethod
+    def _pool_layers(records):
+        """The pool's layers of `records`: tensors m<i>.weight / m<i>.bias, i
+        the module's place in its record (sets each module's w_idx, b_idx
+        and each record's names)."""
+        layers = []
+        for rec in records:
+            tensors = []
+            rec.names = []
+            for i, s in enumerate(rec.modules):
+                w = s.module.weight
+                dt = _LWO_DTYPE[w.dtype]
+                tensors.append(_core.TensorSpec("m%d.weight" % i, dt, tuple(w.shape), None,
+                                                s.quant or None)
+                               if s.quant else ("m%d.weight" % i, dt, tuple(w.shape)))
+                rec.names.append("m%d.weight" % i)
+                s.w_idx = len(tensors) - 1
+                b = s.module.bias
+                if b is not None:
+                    tensors.append(("m%d.bias" % i, _LWO_DTYPE[b.dtype], tuple(b.shape)))
+                    rec.names.append("m%d.bias" % i)
+                    s.b_idx = len(tensors) - 1
+                else:
+                    s.b_idx = -1
+            layers.append(tensors)
+        return layers
+
+    @staticmethod
+    def _bind(s, infos):
+        """A module's offsets and sizes in its record (infos: the pool's
+        tensors of the record)."""
+        s.w_off = infos[s.w_idx].offset
+        s.w_bytes = infos[s.w_idx].bytes
+        if s.b_idx >= 0:
+            s.b_off = infos[s.b_idx].offset
+            s.b_bytes = infos[s.b_idx].bytes
+        else:
+            s.b_off = s.b_bytes = 0
 
     def _adopt_quantized(self, m, rec, s):
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
