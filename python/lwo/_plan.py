@@ -56,6 +56,7 @@ class Planner:
         self.switches = 0          # steps that moved to another plan kept
         self.mispredictions = 0    # accesses the plan did not predict
         self.saw_backward = False  # the current step has had a backward access
+        self.last_kind = None      # the kind of the step that ended last
         self._current = ()         # the plan of the current step (() between steps)
         self._upcoming = {}        # (id(plan), pos, limit, exclude) -> upcoming()
 
@@ -87,6 +88,7 @@ class Planner:
         if self.kind is None:
             return
         kind = TRAIN if self.saw_backward else FORWARD
+        self.last_kind = kind
         trace = self.trace
         if trace:
             cands = self.candidates[kind]
@@ -178,6 +180,20 @@ class Planner:
         if j >= 0:
             self.pos = j + 1
         return False
+
+    def remap(self, mapping):
+        """The records were rebuilt: record r is now mapping[r]. Every plan
+        kept is renamed (same accesses, same order); the current step, if
+        any, is dropped (the caller starts a new one)."""
+        for kind, cands in self.candidates.items():
+            self.candidates[kind] = [[mapping[r] for r in c] for c in cands]
+        self.kind = None
+        self._current = ()
+        self.pos = 0
+        self.trace = []
+        self.deviated = False
+        self.saw_backward = False
+        self._upcoming = {}
 
     # ----------------------------------------------------------------
     def next_is(self, record):

@@ -42,8 +42,10 @@ The contract (docs/PYTHON.md says more):
   weight parameter is a frozen CPU tensor of the dequantized values.
 """
 
+import collections
 import ctypes
 import math
+import warnings
 import weakref
 
 import torch
@@ -51,8 +53,10 @@ import torch.nn as nn
 
 from . import _capi as C
 from . import _core
+from . import _tune
+from . import _errors
 from ._errors import ArgumentError, StateError, check
-from ._plan import FORWARD as _FORWARD, Planner
+from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
 
 __all__ = ["offload", "Offload", "is_offloaded", "handle_of"]
 
@@ -234,8 +238,30 @@ class _Backend:
         if st:
             check(st)
 
-    def ring(self, pool, depth, timing):
-        return _Ring(_core.Ring(pool, depth=depth, timing=timing))
+    def ring(self, pool, depth, timing, resident=()):
+        return _Ring(_core.Ring(pool, depth=depth, timing=timing, resident=resident))
+
+    # the automatic plan
+    def event(self):
+        """A timing event recorded now on torch's current stream."""
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    @staticmethod
+    def elapsed_ms(a, b):
+        return a.elapsed_time(b)
+
+    def workspace_bytes(self):
+        return self.engine.memory()["workspaces"]
+
+    def free_bytes(self):
+        return torch.cuda.mem_get_info(self.device_index)[0]
+
+    def plan(self, pool, fwd_ms, bwd_ms, trainable, train, budget_bytes, depths=None,
+             group=True, grad_depth=2):
+        return _tune.plan(pool.handle, fwd_ms, bwd_ms, trainable, train, budget_bytes,
+                          depths=depths, group=group, grad_depth=grad_depth)
 
     def grads(self, pool, mask, depth):
         return _Grads(_core.Grads(pool, trainable=mask, depth=depth))
@@ -307,7 +333,7 @@ class _Record:
 
     __slots__ = ("index", "name", "modules", "params", "names", "version", "trainable",
                  "bytes", "n_stages", "n_hits", "bytes_copied", "copy_ms", "stall_ms",
-                 "n_accesses", "quantized", "saved_bytes")
+                 "n_accesses", "quantized", "saved_bytes", "resident")
 
     def __init__(self, index, name):
         self.index = index
@@ -318,6 +344,7 @@ class _Record:
         self.version = 0
         self.trainable = False
         self.quantized = False  # its modules' weights are quantized (frozen, a record apart)
+        self.resident = False   # kept on the device by the ring (a plan's choice)
         self.bytes = 0
         self.saved_bytes = 0    # what quantization saves against the dense record
         self.n_stages = self.n_hits = self.bytes_copied = self.n_accesses = 0
@@ -485,6 +512,31 @@ except AttributeError:  # pragma: no cover
         return True
 
 
+class _Access:
+    """One streamed access of the measured step: CUDA events at its start and
+    end, and around each wait (for its weights, for a gradient slot)."""
+
+    __slots__ = ("rec", "backward", "start", "waits", "end")
+
+    def __init__(self, rec, backward, start):
+        self.rec, self.backward, self.start, self.waits, self.end = rec, backward, start, [], None
+
+
+class _Tuner:
+    """The automatic plan's state: `warmup` steps, then one measured step,
+    then the plan (see Offload._new_step)."""
+
+    def __init__(self, budget, default_budget, depths, group, warmup=1):
+        self.phase = "warmup"
+        self.warmup = int(warmup)
+        self.budget = budget                  # bytes given, or None
+        self.default_budget = default_budget  # bytes when none is given
+        self.depths = depths                  # ring depths to try (None: the library's)
+        self.group = group                    # the planner may group records
+        self.saw_train = False
+        self.tries = 0
+
+
 class _Span:
     """A record's gradient slot, begun and not yet ended."""
 
@@ -603,6 +655,11 @@ class Offload:
                 rec.trainable = any(p.requires_grad for p in rec.params)
 
         self.resident = ()         # record indices kept on the device
+        self._tuner = None         # the automatic plan, until applied
+        self._cal = None           # the measured step's accesses
+        self._steps_seen = 0       # the planner's step count at the last step start
+        self._step_events = collections.deque(maxlen=64)  # [kind, start, end] per step
+        self.plan_info = None      # the plan applied (a dict), see offload()
         self.ring = backend.ring(self.pool, self.depth, self._timing)
         self.grads = None
         self._grad_views = {}
@@ -665,6 +722,61 @@ class Offload:
             s.b_bytes = infos[s.b_idx].bytes
         else:
             s.b_off = s.b_bytes = 0
+
+    @classmethod
+    def _create_empty(cls, model, device, backend, skipped):
+        """A handle that streams nothing (every candidate left to PyTorch)."""
+        self = object.__new__(cls)
+        self.closed = False
+        self.quantized, self.quant_skipped = {}, {}
+        self.model_ref = weakref.ref(model)
+        self.backend, self.device, self.skipped = backend, device, skipped
+        self.depth, self.grads_depth = 0, 0
+        self._stats_on = self._timing = False
+        self._events = []
+        self._dev_index = device.index if device.type == "cuda" else -1
+        self.records, self.states = [], []
+        self.pool = self.ring = self.grads = None
+        self._grad_views, self._exposed = {}, {}
+        self.resident = ()
+        self._tuner = self._cal = None
+        self._steps_seen = 0
+        self._step_events = collections.deque(maxlen=64)
+        self.plan_info = None
+        self.planner = Planner([])
+        self._held, self._prefetched, self._live, self._span = None, {}, 0, None
+        self._cb_tasks, self._got_grad = set(), set()
+        return self
+
+    def _setup_plan(self, budget, depth, may_group):
+        """Checks the budget against the smallest ring and arms the
+        automatic plan (see offload(plan=))."""
+        be = self.backend
+        free = be.free_bytes() if hasattr(be, "free_bytes") else None
+        given = _tune.parse_budget(budget, free, "lwo.torch.offload: budget")
+        max_rec = max(r.bytes for r in self.records)
+        max_tr = max([r.bytes for r in self.records if r.trainable] + [0])
+        staging = self.grads_depth * max_tr
+        total = sum(r.bytes for r in self.records)
+        if given is not None:
+            model_bytes = self._device_bytes_of_model()
+            ws = be.workspace_bytes()
+            need = max_rec + staging + model_bytes + ws
+            if given < need:
+                self.close()
+                raise _errors.ResourceError(C.LWO_ERR_OVER_BUDGET, (
+                    "lwo.torch.offload: budget %s (%d bytes) cannot hold a plan: it needs at "
+                    "least %s (%d bytes): a ring of one slot of the largest record (%s), %d "
+                    "gradient staging slots (%s), what the model keeps on the device (%s) "
+                    "and lwo's workspaces (%s)") % (
+                        _tune.format_bytes(given), given, _tune.format_bytes(need), need,
+                        _tune.format_bytes(max_rec), self.grads_depth,
+                        _tune.format_bytes(staging), _tune.format_bytes(model_bytes),
+                        _tune.format_bytes(ws)))
+            if depth is None and given - model_bytes - ws < 2 * max_rec + staging:
+                self._apply([(i, 1, False) for i in range(len(self.records))], 1)
+        default = max(total // 4, 2 * max_rec + staging)
+        self._tuner = _Tuner(given, default, [int(depth)] if depth else None, may_group)
 
     def _adopt_quantized(self, m, rec, s):
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
@@ -776,8 +888,14 @@ class Offload:
             t = self.ring.stage(rec.index)
         else:
             t = self._stage_measured(rec)
-        self._live += 1
+        if not rec.resident:
+            self._live += 1
         return t
+
+    def _release(self, rec, ticket, stream):
+        if not rec.resident:
+            self._live -= 1
+        self.ring.release(ticket, stream)
 
     def _acquire(self, rec, stream):
         """The device address of `rec`'s record, acquired on `stream`."""
@@ -786,26 +904,28 @@ class Offload:
             if held[0] is rec and held[2] == stream:
                 return held[3]
             self._held = None
-            self._live -= 1
-            self.ring.release(held[1], held[2])
+            self._release(held[0], held[1], held[2])
         v = rec.current_version()
         ent = self._prefetched.pop(rec.index, None)
         if ent is not None and ent[1] != v:
-            self._live -= 1
-            self.ring.release(ent[0], stream)  # staged before a write: copy again
+            self._release(rec, ent[0], stream)  # staged before a write: copy again
             ent = None
         if v != rec.version:
             self._layer_changed(rec)
             rec.version = v
         if ent is None:
-            while self._live >= self.depth and self._prefetched:
-                _r, (t_old, _v) = self._prefetched.popitem()  # the farthest ahead
-                self._live -= 1
-                self.ring.release(t_old, stream)
+            while not rec.resident and self._live >= self.depth and self._prefetched:
+                r_old, (t_old, _v) = self._prefetched.popitem()  # the farthest ahead
+                self._release(self.records[r_old], t_old, stream)
             t = self._stage(rec, stream)
         else:
             t = ent[0]
-        if self._stats_on:
+        if self._cal is not None:
+            w0 = self.backend.event()
+            base = self._acquire_measured(rec, t, stream) if self._stats_on else \
+                self.ring.acquire(t, stream)
+            self._cal_wait(w0)
+        elif self._stats_on:
             base = self._acquire_measured(rec, t, stream)
         else:
             base = self.ring.acquire(t, stream)
@@ -821,8 +941,7 @@ class Offload:
         held = self._held
         if held is not None and not planner.next_is(rec.index):
             self._held = None
-            self._live -= 1
-            self.ring.release(held[1], held[2])
+            self._release(held[0], held[1], held[2])
         if self._live < self.depth:
             self._prefetch(stream)
 
@@ -832,11 +951,13 @@ class Offload:
         held = self._held
         room = self.depth - self._live
         pre = self._prefetched
-        for idx, next_step in planner.upcoming(self.depth,
+        for idx, next_step in planner.upcoming(self.depth + len(self.resident),
                                                exclude=held[0].index if held else None):
             if idx in pre:
                 continue
             r = self.records[idx]
+            if r.resident:
+                continue  # on the device already: its stage is a hit when it comes
             if next_step and r.trainable and planner.kind != _FORWARD:
                 # A training step's optimizer writes trainable records before
                 # the next step: copying them now would be wasted (a write
@@ -859,8 +980,255 @@ class Offload:
         held = self._held
         if held is not None:
             self._held = None
-            self._live -= 1
-            self.ring.release(held[1], held[2])
+            self._release(held[0], held[1], held[2])
+
+    # ----------------------------------------------------------------
+    # The automatic plan: steps, measurement, the library's planner
+    # ----------------------------------------------------------------
+    def _new_step(self, s, grad):
+        """The first access of a step (already observed by the prefetch
+        planner): notes the step, and drives the automatic plan: after the
+        warm-up steps one step is measured, and at the start of the step
+        after it the plan is made and applied. Returns s's record (a new
+        one if the records were rebuilt)."""
+        planner = self.planner
+        self._steps_seen = planner.steps
+        tuner = self._tuner
+        ev = self._step_events
+        start = self.backend.event()
+        if ev and ev[-1][2] is None:  # a forward-only step ends where this one begins
+            ev[-1][0] = "forward"
+            ev[-1][2] = start
+        ev.append([None, start, None])
+        if tuner is None or _graph_task_id() != -1:
+            return s.record
+        tuner.saw_train |= planner.last_kind == _TRAIN
+        if tuner.phase == "measure" and planner.steps > tuner.warmup and \
+                planner.last_kind != _TRAIN and tuner.saw_train and tuner.tries < 3:
+            tuner.tries += 1  # an evaluation step came between: measure a training one
+            tuner.warmup = planner.steps
+            self._cal = []
+        elif tuner.phase == "warmup" and planner.steps >= tuner.warmup:
+            tuner.phase = "measure"
+            self._cal = []
+        elif tuner.phase == "measure" and planner.steps > tuner.warmup:
+            accesses, self._cal = self._cal, None
+            tuner.phase = "done"
+            self._tuner = None
+            kind = planner.last_kind
+            try:
+                self._plan_and_apply(accesses, kind, tuner)
+            except Exception as e:  # a plan is an optimisation: keep streaming as it was
+                self.plan_info = dict(self.plan_info or {}, error="%s: %s" % (
+                    type(e).__name__, e))
+                warnings.warn("lwo.torch: the automatic plan failed, the handle keeps its "
+                              "records and depth (%s)" % (e,), RuntimeWarning, stacklevel=4)
+                if isinstance(e, (TypeError, AttributeError, NameError)):
+                    raise
+            planner = self.planner
+            if planner.kind is None:  # rebuilt: this access begins the new planner's step
+                planner.observe(s.record.index, grad, False)
+                self._steps_seen = planner.steps
+        return s.record
+
+    def _cal_start(self, rec, backward):
+        a = _Access(rec.index, backward, self.backend.event())
+        self._cal.append(a)
+
+    def _cal_wait(self, w0):
+        a = self._cal[-1] if self._cal else None
+        if a is not None and a.end is None:
+            a.waits.append((w0, self.backend.event()))
+
+    def _cal_end(self):
+        if self._cal:
+            self._cal[-1].end = self.backend.event()
+
+    def _measured_times(self, accesses):
+        """Per record, its forward and backward time in the measured step:
+        its compute without the waits for weights and gradient slots, plus
+        the device time between the previous access's end and its start
+        (the model's own work between streamed modules)."""
+        self.backend.synchronize()
+        el = self.backend.elapsed_ms
+        n = len(self.records)
+        fwd, bwd = [0.0] * n, [0.0] * n
+        prev = None
+        for a in accesses:
+            if a.end is None:
+                continue
+            t = el(a.start, a.end) - sum(el(w0, w1) for w0, w1 in a.waits)
+            if prev is not None:
+                t += max(0.0, el(prev, a.start))
+            (bwd if a.backward else fwd)[a.rec] += max(0.0, t)
+            prev = a.end
+        return fwd, bwd
+
+    def _device_bytes_of_model(self):
+        """Bytes the model keeps on the handle's device (parameters and
+        buffers that lwo does not stream)."""
+        model = self.model_ref()
+        if model is None or self.backend.device_type != "cuda":
+            return 0
+        seen, total = set(), 0
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_cuda and t.get_device() == self._dev_index and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
+
+    def _plan_and_apply(self, accesses, kind, tuner):
+        fwd, bwd = self._measured_times(accesses)
+        train = kind == _TRAIN
+        n = len(self.records)
+        # the planner's pass is the records in pool order: group only if the
+        # forward met them in that order
+        first = []
+        seen = set()
+        for a in accesses:
+            if not a.backward and a.rec not in seen:
+                seen.add(a.rec)
+                first.append(a.rec)
+        in_order = first == sorted(first)
+        group = tuner.group and in_order
+        model_bytes = self._device_bytes_of_model()
+        workspaces = self.backend.workspace_bytes()
+        if tuner.budget is None:
+            budget = tuner.default_budget
+            budget_from = "default (a quarter of the streamed bytes, at least the smallest ring)"
+        else:
+            budget = tuner.budget - model_bytes - workspaces
+            budget_from = "given, less the model's %s on the device and lwo's %s of " \
+                "workspaces" % (_tune.format_bytes(model_bytes), _tune.format_bytes(workspaces))
+        info = {"step_kind": kind, "measured_fwd_ms": fwd, "measured_bwd_ms": bwd if train
+                else None, "budget_bytes": max(0, budget), "budget": budget_from,
+                "given_budget_bytes": tuner.budget, "model_device_bytes": model_bytes,
+                "grouped": group, "in_order": in_order, "applied_at_step": self.planner.steps}
+        if budget <= 0:
+            raise ArgumentError(C.LWO_ERR_OVER_BUDGET, "lwo.torch: budget %s: the model keeps "
+                                "%s on the device and lwo's workspaces %s, nothing is left for "
+                                "the ring" % (_tune.format_bytes(tuner.budget),
+                                              _tune.format_bytes(model_bytes),
+                                              _tune.format_bytes(workspaces)))
+        got = self.backend.plan(self.pool, fwd, bwd, [r.trainable for r in self.records],
+                                train, budget, depths=tuner.depths, group=group,
+                                grad_depth=self.grads_depth)
+        groups = _tune.split_runs(got["groups"], [(r.trainable, r.quantized)
+                                                   for r in self.records])
+        info.update(got)
+        info["groups"] = groups
+        self.plan_info = info
+        self._apply(groups, got["depth"])
+        info["records"] = self.record_names()
+        info["resident_records"] = list(self.resident)
+
+    def _apply(self, groups, depth):
+        """Rebuilds the records as `groups` ([(first, n, resident)] over the
+        current records, in order) and the ring at `depth`, between steps."""
+        cur = self.backend.current_stream(self._dev_index)
+        if self._span is not None:
+            self._end_span()
+        self._release_all()
+        for idx, (t, _v) in list(self._prefetched.items()):
+            self._release(self.records[idx], t, cur)
+        self._prefetched.clear()
+        self._live = 0
+        if self.grads is not None:
+            self.grads.wait()
+        self.synchronize()
+        regroup = any(n > 1 for _f, n, _r in groups)
+        old_records = self.records
+        mapping = [0] * len(old_records)
+        for gi, (first, n, _r) in enumerate(groups):
+            for i in range(first, first + n):
+                mapping[i] = gi
+        if regroup:
+            saved = {}
+            for p, t in self._exposed.items():  # sums the next backward adds to
+                if p.grad is t:
+                    saved[p] = t.clone()
+            new = []
+            for gi, (first, n, resident) in enumerate(groups):
+                olds = old_records[first:first + n]
+                rec = _Record(gi, olds[0].name if n == 1 else "%s .. %s" % (
+                    olds[0].name, olds[-1].name))
+                rec.quantized = olds[0].quantized
+                rec.modules = [s for o in olds for s in o.modules]
+                new.append(rec)
+            old_pool = self.pool
+            old_where = {id(s): (s.record.index, s.record.names[s.w_idx]) for s in self.states}
+            pool = self.backend.pool(self._pool_layers(new))
+            with torch.no_grad():
+                for rec in new:
+                    infos = pool.tensors(rec.index)
+                    rec.bytes = pool.record_bytes(rec.index)
+                    for s in rec.modules:
+                        self._bind(s, infos)
+                        if s.quant:
+                            src = old_pool.tensor_host(*old_where[id(s)])
+                            dst = pool.tensor_host(rec.index, rec.names[s.w_idx])
+                            _host_tensor(dst.address, dst.bytes, torch.uint8, (dst.bytes,),
+                                         pool).copy_(_host_tensor(src.address, src.bytes,
+                                                                  torch.uint8, (src.bytes,),
+                                                                  old_pool))
+                            rec.saved_bytes += s.weight.numel() * s.weight.element_size() \
+                                - s.w_bytes
+                        for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
+                            if p is None or (p is s.weight and s.quant):
+                                continue
+                            addr, nbytes = pool.tensor_host(rec.index, rec.names[idx])
+                            host = _host_tensor(addr, nbytes, p.dtype, tuple(p.shape), pool)
+                            host.copy_(p.detach())
+                            p.data = host
+                        rec.params += [p for p in (s.weight, s.bias) if p is not None]
+                        s.record = rec
+                    rec.trainable = any(p.requires_grad for p in rec.params)
+                    rec.version = rec.current_version()
+            self.records = new
+            self.pool = pool
+            old_grads = self.grads
+            self.grads = None
+            self._grad_views = {}
+            if any(r.trainable for r in new):
+                self.grads = self.backend.grads(pool, [r.trainable for r in new],
+                                                self.grads_depth)
+                keys = self._param_key
+                for p in list(self._exposed):
+                    self._exposed.pop(p)
+                    if p in saved:
+                        nt = self._grad_view(*keys[p]).view(p.shape)
+                        nt.copy_(saved[p])
+                        self._exposed[p] = nt
+                        p.grad = nt
+            if old_grads is not None:
+                old_grads.close()
+        resident = [gi for gi, (_f, _n, r) in enumerate(groups) if r]
+        for rec in self.records:
+            rec.resident = rec.index in resident
+        old_ring = self.ring
+        self.ring = self.backend.ring(self.pool, int(depth), self._timing, resident=resident)
+        old_ring.close()
+        self.depth = int(depth)
+        self.resident = tuple(resident)
+        self.planner.remap(mapping)
+
+    def step_times(self):
+        """The last steps' device times (ms, from each step's first streamed
+        access to the end of its backward pass, or for a forward-only step
+        to the start of the next), with the plan's prediction beside them
+        once a plan is applied. Synchronises the device."""
+        ev = self._step_events
+        if not ev:
+            return []
+        self.backend.synchronize()
+        el = self.backend.elapsed_ms
+        pred = (self.plan_info or {}).get("predicted_ms")
+        out = []
+        for kind, e0, e1 in ev:
+            if e1 is None:
+                continue
+            out.append({"kind": kind, "measured_ms": el(e0, e1), "predicted_ms": pred})
+        return out
 
     # ----------------------------------------------------------------
     # Per-layer statistics (stats=True)
@@ -972,6 +1340,10 @@ class Offload:
             self._end_span()
         self._release_all()
         self.planner.end()
+        ev = self._step_events
+        if ev and ev[-1][2] is None:
+            ev[-1][0] = "train"
+            ev[-1][2] = self.backend.event()
         if self.grads is not None and self._got_grad:
             self.grads.wait()  # the fence: the host buffers hold the sums from here on
             for s in list(self._got_grad):
@@ -991,7 +1363,12 @@ class Offload:
             if sp.rec is rec and sp.stream == stream:
                 return sp
             self._end_span()
-        sp = _Span(rec, stream, self.grads.begin(rec.index, stream))
+        if self._cal is not None:
+            w0 = self.backend.event()
+            sp = _Span(rec, stream, self.grads.begin(rec.index, stream))
+            self._cal_wait(w0)
+        else:
+            sp = _Span(rec, stream, self.grads.begin(rec.index, stream))
         self._span = sp
         return sp
 
@@ -1054,16 +1431,25 @@ class Offload:
             tokens = x.numel() // in_f
         if tokens == 0:
             return y
-        stream = self._cur_stream(self._dev_index)
         rec = s.record
         rec.n_accesses += 1
-        self.planner.observe(rec.index, grad, _graph_task_id() != -1)
+        planner = self.planner
+        between = planner.kind is None
+        planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if between or planner.steps != self._steps_seen:
+            rec = self._new_step(s, grad)
+        stream = self._cur_stream(self._dev_index)
+        cal = self._cal
+        if cal is not None:
+            self._cal_start(rec, False)
         base = self._acquire(rec, stream)
         try:
             self._lin_fwd(s.desc, tokens, x.data_ptr(), base + s.w_off,
                           base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
         finally:
             self._after(rec, stream)
+        if cal is not None:
+            self._cal_end()
         return y
 
     def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
@@ -1077,40 +1463,47 @@ class Offload:
         self._backward_started()
         rec = s.record
         self._observe(rec, True, True)
-        be = self.backend
-        if need_dw:
-            if x.dtype != s.dtype:
-                x = x.to(s.dtype)
-            x = x.contiguous()
-            sp = self._grad_slot(rec, stream)
-            acc = s.w_idx in sp.written
-            w_addr, wire = sp.slot[s.w_idx]
-            db = sp.slot[s.b_idx][0] if s.has_bias else None
-            if tokens:
-                be.linear_backward(s.desc_acc if acc else s.desc, tokens, x.data_ptr(),
-                                   dy.data_ptr(), None, None, w_addr, db, wire, stream)
-            elif not acc:
-                be.zero_device(w_addr, s.w_bytes, stream)
-                if s.has_bias:
-                    be.zero_device(db, s.b_bytes, stream)
-            sp.written.add(s.w_idx)
-            if s.has_bias:
-                sp.written.add(s.b_idx)
-            self._got_grad.add(s)
-            if not self.planner.next_is(rec.index):
-                self._end_span()  # off to the host while dx computes
-        if not need_dx:
-            return None
-        dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
-        if tokens == 0:
-            return dx.to(x_dtype)
-        base = self._acquire(rec, stream)
+        cal = self._cal
+        if cal is not None:
+            self._cal_start(rec, True)
         try:
-            be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
-                               dx.data_ptr(), None, None, s.lwo_dtype, stream)
+            be = self.backend
+            if need_dw:
+                if x.dtype != s.dtype:
+                    x = x.to(s.dtype)
+                x = x.contiguous()
+                sp = self._grad_slot(rec, stream)
+                acc = s.w_idx in sp.written
+                w_addr, wire = sp.slot[s.w_idx]
+                db = sp.slot[s.b_idx][0] if s.has_bias else None
+                if tokens:
+                    be.linear_backward(s.desc_acc if acc else s.desc, tokens, x.data_ptr(),
+                                       dy.data_ptr(), None, None, w_addr, db, wire, stream)
+                elif not acc:
+                    be.zero_device(w_addr, s.w_bytes, stream)
+                    if s.has_bias:
+                        be.zero_device(db, s.b_bytes, stream)
+                sp.written.add(s.w_idx)
+                if s.has_bias:
+                    sp.written.add(s.b_idx)
+                self._got_grad.add(s)
+                if not self.planner.next_is(rec.index):
+                    self._end_span()  # off to the host while dx computes
+            if not need_dx:
+                return None
+            dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
+            if tokens == 0:
+                return dx.to(x_dtype)
+            base = self._acquire(rec, stream)
+            try:
+                be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
+                                   dx.data_ptr(), None, None, s.lwo_dtype, stream)
+            finally:
+                self._after(rec, stream)
+            return dx if x_dtype == s.dtype else dx.to(x_dtype)
         finally:
-            self._after(rec, stream)
-        return dx if x_dtype == s.dtype else dx.to(x_dtype)
+            if cal is not None:
+                self._cal_end()
 
     # ----------------------------------------------------------------
     # Conv2d
@@ -1139,9 +1532,17 @@ class Offload:
         y = torch.empty((n, s.out_f, oh, ow), dtype=s.dtype, device=x.device)
         if n == 0:
             return y.squeeze(0) if unbatched else y
-        stream = self.backend.current_stream(self._dev_index)
         rec = s.record
-        self._observe(rec, grad, _graph_task_id() != -1)
+        rec.n_accesses += 1
+        planner = self.planner
+        between = planner.kind is None
+        planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if between or planner.steps != self._steps_seen:
+            rec = self._new_step(s, grad)
+        stream = self.backend.current_stream(self._dev_index)
+        cal = self._cal
+        if cal is not None:
+            self._cal_start(rec, False)
         base = self._acquire(rec, stream)
         try:
             self.backend.conv_forward(s.desc, n, h, w, x.data_ptr(), base + s.w_off,
@@ -1149,6 +1550,8 @@ class Offload:
                                       stream)
         finally:
             self._after(rec, stream)
+        if cal is not None:
+            self._cal_end()
         return y.squeeze(0) if unbatched else y
 
     def _conv_backward(self, s, x, x_shape, dy, need_dx, need_dw, x_dtype):
@@ -1167,43 +1570,50 @@ class Offload:
         self._backward_started()
         rec = s.record
         self._observe(rec, True, True)
-        be = self.backend
-        if need_dw:
-            if unbatched:
-                x = x.unsqueeze(0)
-            if x.dtype != s.dtype:
-                x = x.to(s.dtype)
-            x = x.contiguous()
-            sp = self._grad_slot(rec, stream)
-            acc = s.w_idx in sp.written
-            w_addr, wire = sp.slot[s.w_idx]
-            db = sp.slot[s.b_idx][0] if s.has_bias else None
-            if n:
-                be.conv_backward(s.desc_acc if acc else s.desc, n, h, w, x.data_ptr(),
-                                 dy.data_ptr(), None, None, w_addr, db, wire, stream)
-            elif not acc:
-                be.zero_device(w_addr, s.w_bytes, stream)
+        cal = self._cal
+        if cal is not None:
+            self._cal_start(rec, True)
+        try:
+            be = self.backend
+            if need_dw:
+                if unbatched:
+                    x = x.unsqueeze(0)
+                if x.dtype != s.dtype:
+                    x = x.to(s.dtype)
+                x = x.contiguous()
+                sp = self._grad_slot(rec, stream)
+                acc = s.w_idx in sp.written
+                w_addr, wire = sp.slot[s.w_idx]
+                db = sp.slot[s.b_idx][0] if s.has_bias else None
+                if n:
+                    be.conv_backward(s.desc_acc if acc else s.desc, n, h, w, x.data_ptr(),
+                                     dy.data_ptr(), None, None, w_addr, db, wire, stream)
+                elif not acc:
+                    be.zero_device(w_addr, s.w_bytes, stream)
+                    if s.has_bias:
+                        be.zero_device(db, s.b_bytes, stream)
+                sp.written.add(s.w_idx)
                 if s.has_bias:
-                    be.zero_device(db, s.b_bytes, stream)
-            sp.written.add(s.w_idx)
-            if s.has_bias:
-                sp.written.add(s.b_idx)
-            self._got_grad.add(s)
-            if not self.planner.next_is(rec.index):
-                self._end_span()
-        if not need_dx:
-            return None
-        dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
-        if n:
-            base = self._acquire(rec, stream)
-            try:
-                be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
-                                 dx.data_ptr(), None, None, s.lwo_dtype, stream)
-            finally:
-                self._after(rec, stream)
-        if unbatched:
-            dx = dx.squeeze(0)
-        return dx if x_dtype == s.dtype else dx.to(x_dtype)
+                    sp.written.add(s.b_idx)
+                self._got_grad.add(s)
+                if not self.planner.next_is(rec.index):
+                    self._end_span()
+            if not need_dx:
+                return None
+            dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
+            if n:
+                base = self._acquire(rec, stream)
+                try:
+                    be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
+                                     dx.data_ptr(), None, None, s.lwo_dtype, stream)
+                finally:
+                    self._after(rec, stream)
+            if unbatched:
+                dx = dx.squeeze(0)
+            return dx if x_dtype == s.dtype else dx.to(x_dtype)
+        finally:
+            if cal is not None:
+                self._cal_end()
 
     # ----------------------------------------------------------------
     # Public
@@ -1234,8 +1644,7 @@ class Offload:
             rec.version = rec.current_version()
             ent = self._prefetched.pop(rec.index, None)
             if ent is not None:
-                self._live -= 1
-                self.ring.release(ent[0], self.backend.current_stream(self._dev_index))
+                self._release(rec, ent[0], self.backend.current_stream(self._dev_index))
             if self._held is not None and self._held[0] is rec:
                 self._release_all()
 
@@ -1277,9 +1686,10 @@ class Offload:
         """The ring's and the gradient set's statistics (lwo_ring_stats,
         lwo_grads_stats), the planner's counts, and with stats=True the
         per-record figures (see layer_stats)."""
-        out = {"ring": self.ring.stats()._asdict(), "planner": self.planner.stats(),
+        out = {"ring": self.ring.stats()._asdict() if self.ring is not None else {},
+               "planner": self.planner.stats(),
                "records": len(self.records), "pool_bytes": sum(r.bytes for r in self.records),
-               "depth": self.depth,
+               "depth": self.depth, "resident": len(self.resident),
                "quant": {"modules": dict(self.quantized),
                          "saved_bytes": sum(r.saved_bytes for r in self.records)}}
         if self.grads is not None:
@@ -1314,7 +1724,8 @@ class Offload:
 
     def reset_stats(self):
         self._fold_events()
-        self.ring.reset_stats()
+        if self.ring is not None:
+            self.ring.reset_stats()
         for rec in self.records:
             rec.n_stages = rec.n_hits = rec.bytes_copied = rec.n_accesses = 0
             rec.copy_ms = rec.stall_ms = 0.0
@@ -1352,7 +1763,8 @@ class Offload:
         self._exposed.clear()
         self._grad_views.clear()
         self.closed = True
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
         self.grads = None
         # The gradient set and the pool go with the last tensor over them.
         self.pool = None
@@ -1465,8 +1877,8 @@ def _quant_choice(targets, quant):
     return chosen, why_not
 
 
-def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=None,
-            stats=False, timing=False, quant=None, _backend=None):
+def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
+            stats=False, timing=False, quant=None, budget=None, plan=True, _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
     ``lwo.torch.handle_of(model)``).
@@ -1480,6 +1892,31 @@ def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=No
              module-name prefixes ("model.layers.3" takes every streamed
              module under it). A record moves in one copy.
     depth:   device slots of the ring (each the size of the largest record).
+             None (the default): the plan chooses it (2 until then; 2
+             without a plan).
+    budget:  device bytes lwo and the model may use: bytes (int), a string
+             ("16GiB", "512MB", "25%" of the device's free memory) or a
+             share of the free memory (0 < float <= 1). It covers the
+             ring's slots, the resident records, the gradient staging and
+             lwo's workspaces, and what the model keeps on the device
+             (parameters and buffers lwo does not stream); not activations.
+             None: lwo's own bytes at most a quarter of the streamed
+             weights' (or the smallest ring, if more). A budget below the
+             smallest ring is an lwo.ResourceError (LWO_ERR_OVER_BUDGET)
+             naming the bytes needed.
+    plan:    True (the default): after one warm-up step, lwo measures one
+             step (each record's forward and backward time on the device,
+             with CUDA events) and at the start of the next asks the
+             library's planner (lwo_plan_create, the link calibrated then)
+             for the records (consecutive modules grouped into one record,
+             unless group= is given), the ring depth (unless depth= is
+             given) and the records kept resident within the budget, and
+             applies it: the pool is built again (the same Parameter
+             objects, over the new pool's bytes; gradients kept) and the
+             ring made again. ``handle.plan_info`` holds the plan and the
+             times it came from, ``handle.step_times()`` each step's
+             measured time beside the prediction. False: records and depth
+             as given, nothing measured.
     grads_depth: device staging slots for weight gradients.
     device:  the CUDA device to stream to (default: where the model's other
              parameters are, else the current device). The rest of the model
@@ -1509,8 +1946,10 @@ def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=No
     if stats and timing:
         raise ValueError("lwo.torch.offload: stats=True (per record) and timing=True (lwo's "
                          "ring timing, whose reads block) cannot be combined")
-    if int(depth) < 1:
+    if depth is not None and int(depth) < 1:
         raise ValueError("lwo.torch.offload: depth must be >= 1, got %r" % (depth,))
+    if budget is not None and not plan:
+        raise ValueError("lwo.torch.offload: budget= is applied by the plan; it needs plan=True")
     if not isinstance(model, nn.Module):
         raise TypeError("lwo.torch.offload: %r is not a torch.nn.Module" % (model,))
 
@@ -1554,17 +1993,30 @@ def offload(model, *, filter=None, group=None, depth=2, grads_depth=2, device=No
             continue
         targets.append((name, m))
     if not targets:
-        raise ValueError("lwo.torch.offload: no nn.Linear or nn.Conv2d module to stream%s"
-                         % ("" if not skipped else " (skipped: %s)" % "; ".join(
-                             "%s: %s" % kv for kv in skipped.items())))
+        if not skipped:
+            raise ValueError("lwo.torch.offload: no nn.Linear or nn.Conv2d module to stream")
+        # Every candidate is one lwo leaves to PyTorch: they stay resident, as
+        # documented; the handle streams nothing.
+        warnings.warn("lwo.torch.offload: nothing to stream, every nn.Linear / nn.Conv2d "
+                      "stays in PyTorch (%s)" % "; ".join("%s: %s" % kv for kv in
+                                                          skipped.items()),
+                      RuntimeWarning, stacklevel=2)
+        handle = Offload._create_empty(model, device, backend, skipped)
+        if backend.device_type == "cuda":
+            model.to(device)
+        model._lwo_handle = handle
+        return handle
     groups = _groups_of(targets, group)
     quantized, quant_skipped = _quant_choice(targets, quant)
-    handle = Offload._create(model, targets, groups, depth, grads_depth, device, stats, timing,
-                             backend, skipped, quantized, quant_skipped)
+    handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
+                             grads_depth, device, stats, timing, backend, skipped, quantized,
+                             quant_skipped)
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
         model.to(device)
     model._lwo_handle = handle
+    if plan and hasattr(backend, "plan"):
+        handle._setup_plan(budget, depth, group is None)
     return handle
 
 
