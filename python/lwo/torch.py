@@ -535,6 +535,7 @@ class _Tuner:
         self.group = group                    # the planner may group records
         self.saw_train = False
         self.tries = 0
+        self.pending = None                   # (accesses, kind) measured, not applied yet
 
 
 class _Span:
@@ -1012,10 +1013,16 @@ class Offload:
             tuner.phase = "measure"
             self._cal = []
         elif tuner.phase == "measure" and planner.steps > tuner.warmup:
-            accesses, self._cal = self._cal, None
+            tuner.pending = (self._cal, planner.last_kind)
+            self._cal = None
+            tuner.phase = "pending"
+        if tuner.phase == "pending" and not any(
+                p.grad is t for p, t in self._exposed.items()):
+            # applied where no gradient sum runs on (a new gradient set
+            # starts its layers afresh)
+            accesses, kind = tuner.pending
             tuner.phase = "done"
             self._tuner = None
-            kind = planner.last_kind
             try:
                 self._plan_and_apply(accesses, kind, tuner)
             except Exception as e:  # a plan is an optimisation: keep streaming as it was
@@ -1143,10 +1150,6 @@ class Offload:
             for i in range(first, first + n):
                 mapping[i] = gi
         if regroup:
-            saved = {}
-            for p, t in self._exposed.items():  # sums the next backward adds to
-                if p.grad is t:
-                    saved[p] = t.clone()
             new = []
             for gi, (first, n, resident) in enumerate(groups):
                 olds = old_records[first:first + n]
@@ -1192,14 +1195,8 @@ class Offload:
             if any(r.trainable for r in new):
                 self.grads = self.backend.grads(pool, [r.trainable for r in new],
                                                 self.grads_depth)
-                keys = self._param_key
-                for p in list(self._exposed):
-                    self._exposed.pop(p)
-                    if p in saved:
-                        nt = self._grad_view(*keys[p]).view(p.shape)
-                        nt.copy_(saved[p])
-                        self._exposed[p] = nt
-                        p.grad = nt
+            self._exposed.clear()  # every grad is None here (see _new_step)
+            self._got_grad.clear()
             if old_grads is not None:
                 old_grads.close()
         resident = [gi for gi, (_f, _n, r) in enumerate(groups) if r]

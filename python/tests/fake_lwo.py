@@ -498,3 +498,30 @@ class Backend:
 
     def synchronize(self):
         pass
+
+
+class PlanningBackend(Backend):
+    """Backend with a planner stand-in (lwo_plan_create needs a device):
+    consecutive records in groups of `group_size`, the first group resident
+    when `resident_first`, depth the first of those asked for (else 3). It
+    keeps each call's arguments in `plan_calls`."""
+
+    def __init__(self, group_size=2, resident_first=True):
+        super().__init__()
+        self.group_size = group_size
+        self.resident_first = resident_first
+        self.plan_calls = []
+
+    def plan(self, pool, fwd_ms, bwd_ms, trainable, train, budget_bytes, depths=None,
+             group=True, grad_depth=2):
+        n = len(fwd_ms)
+        self.plan_calls.append({"n": n, "fwd_ms": list(fwd_ms), "bwd_ms": bwd_ms,
+                                "trainable": list(trainable), "train": train,
+                                "budget_bytes": budget_bytes, "depths": depths,
+                                "group": group})
+        k = self.group_size if group else 1
+        groups = [(i, min(k, n - i), self.resident_first and i == 0) for i in range(0, n, k)]
+        return {"depth": depths[0] if depths else 3, "groups": groups, "train": train,
+                "predicted_ms": 1.0, "predicted_stall_ms": 0.0, "device_bytes": 0,
+                "budget_bytes": budget_bytes, "h2d_bytes": 0, "d2h_bytes": 0, "link": {},
+                "ungrouped_ms": 1.0, "first_k_ms": 1.0}

@@ -792,3 +792,137 @@ def test_a_transformers_llama_trained_whole_with_gradient_checkpointing(reentran
                     if p.grad is not None:
                         p -= 0.01 * p.grad
         m.zero_grad(); ref.zero_grad()
+
+
+# --------------------------------------------------------------------------
+# The automatic plan (offload(plan=True)): over fake_lwo.PlanningBackend
+def deep_mlp(dtype=torch.float32):
+    layers = []
+    for i in range(6):
+        layers += [nn.Linear(12, 12), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(12, 8)).to(dtype)
+
+
+def test_the_plan_is_made_after_a_measured_step_and_training_stays_exact():
+    m = deep_mlp()
+    ref = copy.deepcopy(m)
+    be = fake_lwo.PlanningBackend(group_size=3)
+    h = lt.offload(m, _backend=be)
+    ids = {k: id(p) for k, p in m.named_parameters()}
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(6):
+        if step < 2:
+            assert len(h.records) == 7 and h.plan_info is None
+        x = torch.randn(4, 12)
+        ya, yb = m(x), ref(x)
+        if step == 2:  # the plan came at this step's first access
+            assert len(be.plan_calls) == 1
+            call = be.plan_calls[0]
+            assert call["train"] and call["n"] == 7 and call["group"]
+            assert all(t > 0 for t in call["fwd_ms"]) and all(t > 0 for t in call["bwd_ms"])
+            assert h.record_names()[0] == ["0", "2", "4"] and len(h.records) == 3
+            assert h.resident == (0,) and h.depth == 3
+            assert h.plan_info["records"] == h.record_names()
+        close(ya, yb, torch.float32)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        for (k, pa), pb in zip(m.named_parameters(), ref.parameters()):
+            close(pa.grad, pb.grad, torch.float32)
+        opt.step()
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+    # the same Parameter objects, now over the new pool's bytes
+    assert {k: id(p) for k, p in m.named_parameters()} == ids
+    assert be.rings[-1].resident and 0 in be.rings[-1].resident
+    st = h.stats()
+    assert st["records"] == 3 and st["resident"] == 1
+    times = h.step_times()
+    assert len(times) >= 5 and all(t["kind"] == "train" and t["measured_ms"] > 0 for t in times)
+    h.close()
+    x = torch.randn(3, 12)
+    close(m(x), ref(x), torch.float32)
+
+
+def test_the_plan_keeps_gradients_that_are_still_summing():
+    # gradient accumulation across the step where the plan would come: it
+    # waits for a step that starts with no sum running (after zero_grad)
+    m = deep_mlp()
+    ref = copy.deepcopy(m)
+    be = fake_lwo.PlanningBackend(group_size=2, resident_first=False)
+    h = lt.offload(m, _backend=be)
+    for step in range(6):
+        assert len(be.plan_calls) == (1 if step >= 5 else 0)
+        x = torch.randn(4, 12)
+        m(x).sum().backward()
+        ref(x).sum().backward()
+        if step == 1:
+            continue  # no zero_grad: the sums run on into the planned step
+        for pa, pb in zip(m.parameters(), ref.parameters()):
+            close(pa.grad, pb.grad, torch.float32)
+        if step in (0, 3):
+            for mm in (m, ref):
+                mm.zero_grad()
+    assert len(h.records) == 4
+
+
+def test_a_given_group_and_depth_are_kept_by_the_plan():
+    m = deep_mlp()
+    be = fake_lwo.PlanningBackend(group_size=3)
+    h = lt.offload(m, _backend=be, depth=2, group=lambda n, mod: int(n) // 4)
+    for _ in range(3):
+        m(torch.randn(2, 12)).sum().backward()
+        m.zero_grad()
+    call = be.plan_calls[0]
+    assert call["depths"] == [2] and not call["group"] and call["n"] == 4
+    assert h.depth == 2 and len(h.records) == 4
+
+
+def test_plan_false_measures_nothing_and_a_budget_needs_the_plan():
+    m = deep_mlp()
+    be = fake_lwo.PlanningBackend()
+    h = lt.offload(m, _backend=be, plan=False)
+    for _ in range(4):
+        m(torch.randn(2, 12)).sum().backward()
+        m.zero_grad()
+    assert be.plan_calls == [] and h.depth == 2 and len(h.records) == 7
+    with pytest.raises(ValueError, match="needs plan=True"):
+        lt.offload(deep_mlp(), _backend=fake_lwo.PlanningBackend(), plan=False, budget="1GiB")
+
+
+def test_a_budget_below_the_smallest_ring_names_the_bytes():
+    m = deep_mlp()
+    ref = copy.deepcopy(m)
+    with pytest.raises(lwo.ResourceError, match=r"cannot hold a plan: it needs at least"):
+        lt.offload(m, _backend=fake_lwo.PlanningBackend(), budget=100)
+    # the model is whole again
+    x = torch.randn(2, 12)
+    close(m(x), ref(x), torch.float32)
+    assert not lt.is_offloaded(m)
+
+
+def test_budgets_parse():
+    from lwo import _tune
+    assert _tune.parse_budget("16GiB") == 16 << 30
+    assert _tune.parse_budget("512 MB") == 512 * 10 ** 6
+    assert _tune.parse_budget("25%", free_bytes=1000) == 250
+    assert _tune.parse_budget(0.5, free_bytes=1000) == 500
+    assert _tune.parse_budget(4096) == 4096
+    for bad in ("abc", "-5%", "0", 0, 1.5, True, "12 parsecs", [1]):
+        with pytest.raises(ValueError):
+            _tune.parse_budget(bad, free_bytes=1000)
+    assert _tune.split_runs([(0, 4, True)], ["a", "a", "b", "b"]) == [(0, 2, True), (2, 2, True)]
+
+
+def test_a_model_with_nothing_lwo_computes_stays_resident():
+    m = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.ReLU())
+    ref = copy.deepcopy(m)
+    with pytest.warns(RuntimeWarning, match="nothing to stream"):
+        h, be = offload(m)
+    assert h.modules == {} and "padding_mode" in h.skipped["0"]
+    x = torch.randn(1, 1, 5, 5)
+    close(m(x), ref(x), torch.float32)
+    assert h.stats()["records"] == 0
+    h.close()
