@@ -391,3 +391,33 @@ def test_pool_of_quantized_tensors_on_the_device():
             assert bytes(raw.cpu().numpy()) == bytes(pool.tensor_host(1, "w").memoryview())
         with pytest.raises(lwo.ArgumentError):  # a dense tensor is not quantized
             pool.write_quantized(0, "b", np.zeros(256, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_automatic_plan_within_a_budget(dtype):
+    # the library's planner from the measured step, applied between steps:
+    # training equals resident before and after it
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.GELU()]
+    m = nn.Sequential(nn.Linear(192, 512), *layers, nn.Linear(512, 64)).to(dtype)
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, budget="48MiB")
+    compare_training(m, ref, lambda: torch.randn(64, 192, device=DEV, dtype=dtype), dtype,
+                     steps=6)
+    pi = h.plan_info
+    assert pi is not None and "error" not in pi, pi
+    assert pi["predicted_ms"] > 0 and pi["budget_bytes"] <= 48 << 20
+    assert pi["records"] == h.record_names() and h.depth == pi["depth"]
+    assert sum(len(r) for r in pi["records"]) == 10
+    assert len(h.step_times()) == 6
+    h.close()
+
+
+def test_a_budget_below_the_smallest_ring_is_refused():
+    m = mlp(torch.bfloat16)
+    ref = copy.deepcopy(m).to(DEV)
+    with pytest.raises(lwo.ResourceError, match="needs at least"):
+        lt.offload(m, device=DEV, budget=4096)
+    x = torch.randn(4, 192, device=DEV, dtype=torch.bfloat16)
+    close(m.to(DEV)(x), ref(x), torch.bfloat16, "the model after the refusal")
