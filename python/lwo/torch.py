@@ -776,7 +776,7 @@ class Offload:
                         _tune.format_bytes(ws)))
             if depth is None and given - model_bytes - ws < 2 * max_rec + staging:
                 self._apply([(i, 1, False) for i in range(len(self.records))], 1)
-        default = max(total // 4, 2 * max_rec + staging)
+        default = max(total // 3, 2 * max_rec + staging)
         self._tuner = _Tuner(given, default, [int(depth)] if depth else None, may_group)
 
     def _adopt_quantized(self, m, rec, s):
@@ -1102,7 +1102,7 @@ class Offload:
         workspaces = self.backend.workspace_bytes()
         if tuner.budget is None:
             budget = tuner.default_budget
-            budget_from = "default (a quarter of the streamed bytes, at least the smallest ring)"
+            budget_from = "default (a third of the streamed bytes, at least the smallest ring)"
         else:
             budget = tuner.budget - model_bytes - workspaces
             budget_from = "given, less the model's %s on the device and lwo's %s of " \
@@ -1897,7 +1897,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              ring's slots, the resident records, the gradient staging and
              lwo's workspaces, and what the model keeps on the device
              (parameters and buffers lwo does not stream); not activations.
-             None: lwo's own bytes at most a quarter of the streamed
+             None: lwo's own bytes at most a third of the streamed
              weights' (or the smallest ring, if more). A budget below the
              smallest ring is an lwo.ResourceError (LWO_ERR_OVER_BUDGET)
              naming the bytes needed.

@@ -402,12 +402,12 @@ def test_the_automatic_plan_within_a_budget(dtype):
         layers += [nn.Linear(512, 512), nn.GELU()]
     m = nn.Sequential(nn.Linear(192, 512), *layers, nn.Linear(512, 64)).to(dtype)
     ref = copy.deepcopy(m).to(DEV)
-    h = lt.offload(m, device=DEV, budget="48MiB")
+    h = lt.offload(m, device=DEV, budget="128MiB")
     compare_training(m, ref, lambda: torch.randn(64, 192, device=DEV, dtype=dtype), dtype,
                      steps=6)
     pi = h.plan_info
     assert pi is not None and "error" not in pi, pi
-    assert pi["predicted_ms"] > 0 and pi["budget_bytes"] <= 48 << 20
+    assert pi["predicted_ms"] > 0 and pi["budget_bytes"] <= 128 << 20
     assert pi["records"] == h.record_names() and h.depth == pi["depth"]
     assert sum(len(r) for r in pi["records"]) == 10
     assert len(h.step_times()) == 6
