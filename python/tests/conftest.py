@@ -7,6 +7,14 @@ import sys
 
 import pytest
 
+# torch (where installed) before liblwo: both link libnccl.so.2, and torch's own
+# copy, loaded first, serves liblwo too, while the system's older one, loaded
+# first by liblwo, leaves torch without symbols it needs.
+try:
+    import torch  # noqa: F401
+except Exception:  # not installed or not importable: its tests skip and say why
+    pass
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Test the package of this source tree (python/lwo), installed or not.
 sys.path.insert(0, str(REPO / "python"))
