@@ -103,12 +103,7 @@ class Planner:
                 del cands[self.keep:]
                 self.replans += 1
         self.steps += 1
-        self.kind = None
-        self._current = ()
-        self.pos = 0
-        self.trace = []
-        self.deviated = False
-        self.saw_backward = False
+        self._between_steps()
         if len(self._upcoming) > 65536:
             self._upcoming = {}
 
@@ -187,13 +182,16 @@ class Planner:
         any, is dropped (the caller starts a new one)."""
         for kind, cands in self.candidates.items():
             self.candidates[kind] = [[mapping[r] for r in c] for c in cands]
+        self._between_steps()
+        self._upcoming = {}
+
+    def _between_steps(self):
         self.kind = None
         self._current = ()
         self.pos = 0
         self.trace = []
         self.deviated = False
         self.saw_backward = False
-        self._upcoming = {}
 
     # ----------------------------------------------------------------
     def next_is(self, record):

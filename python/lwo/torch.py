@@ -655,26 +655,9 @@ class Offload:
                 rec.version = rec.current_version()
                 rec.trainable = any(p.requires_grad for p in rec.params)
 
-        self.resident = ()         # record indices kept on the device
-        self._tuner = None         # the automatic plan, until applied
-        self._cal = None           # the measured step's accesses
-        self._steps_seen = 0       # the planner's step count at the last step start
-        self._step_events = collections.deque(maxlen=64)  # [kind, start, end] per step
-        self.plan_info = None      # the plan applied (a dict), see offload()
+        self._init_state([s.record.index for s in states])
         self.ring = backend.ring(self.pool, self.depth, self._timing)
-        self.grads = None
-        self._grad_views = {}
         self._make_grads()
-
-        # Prefetch state.
-        self.planner = Planner([s.record.index for s in states])
-        self._held = None          # (record, ticket, stream, base) acquired and kept
-        self._prefetched = {}      # record index -> (ticket, version), staged ahead
-        self._live = 0             # tickets staged or held
-        self._span = None          # the gradient slot being written
-        self._cb_tasks = set()     # graph tasks whose end callback is queued
-        self._got_grad = set()     # modules whose dW was sent since the last zero
-        self._exposed = {}         # param -> its host gradient tensor, set as param.grad
 
         # The modules become streamed ones.
         for s in states:
@@ -724,6 +707,26 @@ class Offload:
         else:
             s.b_off = s.b_bytes = 0
 
+    def _init_state(self, order):
+        """The state of streaming, gradients and the plan, before the first
+        step (order: the record of each module, in registration order)."""
+        self.grads = None
+        self._grad_views = {}
+        self.resident = ()         # record indices kept on the device
+        self._tuner = None         # the automatic plan, until applied
+        self._cal = None           # the measured step's accesses
+        self._steps_seen = 0       # the planner's step count at the last step start
+        self._step_events = collections.deque(maxlen=64)  # [kind, start, end] per step
+        self.plan_info = None      # the plan applied (a dict), see offload()
+        self.planner = Planner(order)
+        self._held = None          # (record, ticket, stream, base) acquired and kept
+        self._prefetched = {}      # record index -> (ticket, version), staged ahead
+        self._live = 0             # tickets staged or held
+        self._span = None          # the gradient slot being written
+        self._cb_tasks = set()     # graph tasks whose end callback is queued
+        self._got_grad = set()     # modules whose dW was sent since the last zero
+        self._exposed = {}         # param -> its host gradient tensor, set as param.grad
+
     @classmethod
     def _create_empty(cls, model, device, backend, skipped):
         """A handle that streams nothing (every candidate left to PyTorch)."""
@@ -737,16 +740,8 @@ class Offload:
         self._events = []
         self._dev_index = device.index if device.type == "cuda" else -1
         self.records, self.states = [], []
-        self.pool = self.ring = self.grads = None
-        self._grad_views, self._exposed = {}, {}
-        self.resident = ()
-        self._tuner = self._cal = None
-        self._steps_seen = 0
-        self._step_events = collections.deque(maxlen=64)
-        self.plan_info = None
-        self.planner = Planner([])
-        self._held, self._prefetched, self._live, self._span = None, {}, 0, None
-        self._cb_tasks, self._got_grad = set(), set()
+        self.pool = self.ring = None
+        self._init_state([])
         return self
 
     def _setup_plan(self, budget, depth, may_group):
@@ -879,6 +874,18 @@ class Offload:
     # ----------------------------------------------------------------
     def _stream(self, x):
         return self.backend.current_stream(self._dev_index)
+
+    def _enter(self, s, grad):
+        """A forward access of module s: observed by the prefetch planner; the
+        first of a step starts it (_new_step). Returns s's record."""
+        rec = s.record
+        rec.n_accesses += 1
+        planner = self.planner
+        between = planner.kind is None
+        planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if between or planner.steps != self._steps_seen:
+            rec = self._new_step(s, grad)
+        return rec
 
     def _observe(self, rec, grad, in_backward):
         rec.n_accesses += 1
@@ -1428,13 +1435,7 @@ class Offload:
             tokens = x.numel() // in_f
         if tokens == 0:
             return y
-        rec = s.record
-        rec.n_accesses += 1
-        planner = self.planner
-        between = planner.kind is None
-        planner.observe(rec.index, grad, _graph_task_id() != -1)
-        if between or planner.steps != self._steps_seen:
-            rec = self._new_step(s, grad)
+        rec = self._enter(s, grad)
         stream = self._cur_stream(self._dev_index)
         cal = self._cal
         if cal is not None:
@@ -1529,13 +1530,7 @@ class Offload:
         y = torch.empty((n, s.out_f, oh, ow), dtype=s.dtype, device=x.device)
         if n == 0:
             return y.squeeze(0) if unbatched else y
-        rec = s.record
-        rec.n_accesses += 1
-        planner = self.planner
-        between = planner.kind is None
-        planner.observe(rec.index, grad, _graph_task_id() != -1)
-        if between or planner.steps != self._steps_seen:
-            rec = self._new_step(s, grad)
+        rec = self._enter(s, grad)
         stream = self.backend.current_stream(self._dev_index)
         cal = self._cal
         if cal is not None:
