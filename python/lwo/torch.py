@@ -45,6 +45,7 @@ The contract (docs/PYTHON.md says more):
 import collections
 import ctypes
 import math
+import time
 import warnings
 import weakref
 
@@ -284,11 +285,12 @@ class _Backend:
         if st:
             check(st)
 
-    def conv_desc(self, module, dtype, bias, padding, accumulate=False):
+    def conv_desc(self, module, dtype, bias, padding, accumulate=False, weight_format=0):
         d = _core.conv2d_desc(module.in_channels, module.out_channels, tuple(module.kernel_size),
                               dtype=dtype, stride=tuple(module.stride), padding=padding,
                               dilation=tuple(module.dilation), groups=module.groups, bias=bias,
-                              layout="nchw", flags=C.LWO_CONV_ACCUMULATE if accumulate else 0)
+                              layout="nchw", flags=C.LWO_CONV_ACCUMULATE if accumulate else 0,
+                              weight_format=weight_format or None)
         return (d, ctypes.byref(d))
 
     def conv_output_size(self, desc, h, w):
@@ -442,6 +444,8 @@ class _LinearFn(torch.autograd.Function):
 class _ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, s, anchor=None):
+        if s.quant and s.needs_dw():
+            _refuse_quantized_grad(s)
         y = s.handle._conv_forward(s, x, True)
         ctx.s = s
         ctx.need_dw = s.needs_dw()
@@ -462,12 +466,19 @@ class _ConvFn(torch.autograd.Function):
         return dx, None, None
 
 
+def _quant_shape(w):
+    """The 2-D shape a weight is quantized as: [out, in] for a linear, [out,
+    in / groups * kh * kw] for a convolution (its inner dimensions
+    flattened in NCHW's order, as lwo_conv2d_desc.weight_format reads it)."""
+    return (int(w.shape[0]), int(w.numel() // w.shape[0])) if w.shape[0] else tuple(w.shape)
+
+
 def _refuse_quantized_grad(s):
     raise ArgumentError(C.LWO_ERR_QUANTIZED_WEIGHT,
-                        "lwo.torch: linear %r streams its weight quantized (%s): quantized "
+                        "lwo.torch: %s %r streams its weight quantized (%s): quantized "
                         "weights are frozen, so its weight and bias cannot require a gradient "
                         "(close the handle and offload again without quant= for it)"
-                        % (s.name, _core.quant_spelling(s.quant)))
+                        % (s.kind, s.name, _core.quant_spelling(s.quant)))
 
 
 # Function.apply without its Python layer (argument binding for setup_context,
@@ -648,9 +659,10 @@ class Offload:
                     else:
                         s.in_f, s.out_f = m.in_channels, m.out_channels
                         s.padding = _conv_padding(m)
-                        s.desc = backend.conv_desc(m, s.lwo_dtype, s.has_bias, s.padding)
+                        s.desc = backend.conv_desc(m, s.lwo_dtype, s.has_bias, s.padding,
+                                                   weight_format=s.quant)
                         s.desc_acc = backend.conv_desc(m, s.lwo_dtype, s.has_bias, s.padding,
-                                                       accumulate=True)
+                                                       accumulate=True, weight_format=s.quant)
                         s.out_sizes = {}
                 rec.version = rec.current_version()
                 rec.trainable = any(p.requires_grad for p in rec.params)
@@ -680,8 +692,8 @@ class Offload:
             for i, s in enumerate(rec.modules):
                 w = s.module.weight
                 dt = _LWO_DTYPE[w.dtype]
-                tensors.append(_core.TensorSpec("m%d.weight" % i, dt, tuple(w.shape), None,
-                                                s.quant or None)
+                tensors.append(_core.TensorSpec("m%d.weight" % i, dt, _quant_shape(w), None,
+                                                s.quant)
                                if s.quant else ("m%d.weight" % i, dt, tuple(w.shape)))
                 rec.names.append("m%d.weight" % i)
                 s.w_idx = len(tensors) - 1
@@ -780,11 +792,12 @@ class Offload:
         computes with: lwo_dequantize_host of the pool's bytes), frozen."""
         old = m._parameters["weight"]
         name = rec.names[s.w_idx]
-        src = old.detach().to("cpu").contiguous()
+        shape2 = _quant_shape(old)
+        src = old.detach().to("cpu").contiguous().view(shape2)
         self.pool.write_quantized(rec.index, name, src)
-        dense = torch.empty(tuple(old.shape), dtype=old.dtype)
+        dense = torch.empty(shape2, dtype=old.dtype)
         _dequantize_host(self.pool, rec.index, name, s.quant, old.dtype, dense)
-        p = nn.Parameter(dense, requires_grad=False)
+        p = nn.Parameter(dense.view(tuple(old.shape)), requires_grad=False)
         m._parameters["weight"] = p
         return p
 
@@ -795,7 +808,8 @@ class Offload:
             for s in rec.modules:
                 if s.quant:
                     self.pool.write_quantized(rec.index, rec.names[s.w_idx],
-                                              s.weight.detach().contiguous())
+                                              s.weight.detach().contiguous().view(
+                                                  _quant_shape(s.weight)))
         self.backend.layer_changed(self.pool, rec.index)
 
     def _adopt(self, m, key, rec, idx):
@@ -1124,15 +1138,19 @@ class Offload:
                                 "the ring" % (_tune.format_bytes(tuner.budget),
                                               _tune.format_bytes(model_bytes),
                                               _tune.format_bytes(workspaces)))
+        t0 = time.perf_counter()
         got = self.backend.plan(self.pool, fwd, bwd, [r.trainable for r in self.records],
                                 train, budget, depths=tuner.depths, group=group,
                                 grad_depth=self.grads_depth)
+        info["plan_seconds"] = time.perf_counter() - t0
         groups = _tune.split_runs(got["groups"], [(r.trainable, r.quantized)
                                                    for r in self.records])
         info.update(got)
         info["groups"] = groups
         self.plan_info = info
+        t0 = time.perf_counter()
         self._apply(groups, got["depth"])
+        info["apply_seconds"] = time.perf_counter() - t0
         info["records"] = self.record_names()
         info["resident_records"] = list(self.resident)
 
@@ -1844,8 +1862,9 @@ def _groups_of(targets, group):
 
 
 def _quant_choice(targets, quant):
-    """({name: lwo_quant_format_t} of the linears streamed quantized,
-    {name: why not} of the others quant= would have taken)."""
+    """({name: lwo_quant_format_t} of the frozen linears and convolutions
+    streamed quantized, {name: why not} of the others quant= would have
+    taken)."""
     if quant is None:
         return {}, {}
     fixed = None if callable(quant) else _core.quant_format(quant)  # ValueError: unknown
@@ -1854,14 +1873,11 @@ def _quant_choice(targets, quant):
         fmt = _core.quant_format(quant(name, m)) if fixed is None else fixed
         if fmt == C.LWO_QUANT_NONE:
             continue
-        if not isinstance(m, nn.Linear):
-            why_not[name] = "a convolution (lwo computes convolutions from dense weights)"
-            continue
         if m.weight.requires_grad or (m.bias is not None and m.bias.requires_grad):
             why_not[name] = "trainable (quantized weights are frozen)"
             continue
         try:  # the shape and the format: lwo_quant_layout's rules
-            _core.quant_layout(fmt, tuple(m.weight.shape), _LWO_DTYPE[m.weight.dtype])
+            _core.quant_layout(fmt, _quant_shape(m.weight), _LWO_DTYPE[m.weight.dtype])
         except ArgumentError as e:
             why_not[name] = e.message
             continue

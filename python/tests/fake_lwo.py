@@ -397,18 +397,24 @@ class Backend:
         return {"in": in_features, "out": out_features, "dtype": dtype, "bias": bias,
                 "acc": accumulate, "quant": int(weight_format)}
 
-    def _weight(self, d, w):
-        """The weight as f32: dense, or dequantized (lwo_dequantize_host) as the
-        library does into its workspace of the layer's dtype."""
+    def _weight(self, d, w, shape=None):
+        """The weight as f32 (of `shape`, default [out, in]): dense, or
+        dequantized (lwo_dequantize_host) as the library does into its
+        workspace of the layer's dtype, from the [rows = shape[0], cols =
+        the rest] tensor it was quantized as."""
         dt = _DT[d["dtype"]]
+        shape = tuple(shape or (d["out"], d["in"]))
         if not d["quant"]:
-            return _at(w, dt, (d["out"], d["in"])).float()
+            return _at(w, dt, shape).float()
         self.calls["dequantize"] += 1
-        n = lwo.quant_layout(d["quant"], (d["out"], d["in"]), d["dtype"]).total_bytes
+        cols = 1
+        for v in shape[1:]:
+            cols *= v
+        n = lwo.quant_layout(d["quant"], (shape[0], cols), d["dtype"]).total_bytes
         got = lwo.dequantize(_bytes_at(w, n).numpy(), format=d["quant"],
-                             shape=(d["out"], d["in"]), dtype=d["dtype"])
+                             shape=(shape[0], cols), dtype=d["dtype"])
         t = torch.from_numpy(got.view("int16") if d["dtype"] == C.LWO_DTYPE_BF16 else got)
-        return t.view(dt).float()
+        return t.view(dt).float().view(shape)
 
     def linear_forward(self, d, tokens, x, w, b, y, stream):
         self.calls["linear_forward"] += 1
@@ -445,8 +451,9 @@ class Backend:
             W = self._weight(d, w)
             _at(dx, dt, (tokens, d["in"])).copy_((DY @ W).to(dt))
 
-    def conv_desc(self, module, dtype, bias, padding, accumulate=False):
+    def conv_desc(self, module, dtype, bias, padding, accumulate=False, weight_format=0):
         return {"dtype": dtype, "bias": bias, "acc": accumulate, "in": module.in_channels,
+                "quant": int(weight_format),
                 "out": module.out_channels, "k": tuple(module.kernel_size),
                 "stride": tuple(module.stride), "pad": tuple(padding),
                 "dil": tuple(module.dilation), "groups": module.groups}
@@ -465,7 +472,7 @@ class Backend:
         dt = _DT[d["dtype"]]
         oh, ow = self.conv_output_size(d, h, w)
         X = _at(x, dt, (n, d["in"], h, w)).float()
-        W = _at(wt, dt, self._wshape(d)).float()
+        W = self._weight(d, wt, self._wshape(d))
         B = _at(b, dt, (d["out"],)).float() if d["bias"] else None
         Y = F.conv2d(X, W, B, d["stride"], d["pad"], d["dil"], d["groups"])
         _at(y, dt, (n, d["out"], oh, ow)).copy_(Y.to(dt))
@@ -476,6 +483,9 @@ class Backend:
         oh, ow = self.conv_output_size(d, h, w)
         DY = _at(dy, dt, (n, d["out"], oh, ow)).float()
         ws = self._wshape(d)
+        if (dw or db) and d["quant"]:
+            raise _err(C.LWO_ERR_QUANTIZED_WEIGHT, "fake lwo_conv2d_backward: dweight of a "
+                       "quantized weight")
         if dw:
             X = _at(x, dt, (n, d["in"], h, w)).float()
             val = torch.nn.grad.conv2d_weight(X, ws, DY, d["stride"], d["pad"], d["dil"],
@@ -487,7 +497,7 @@ class Backend:
             val = DY.sum((0, 2, 3))
             G.copy_((G.float() + val).to(gdt) if d["acc"] else val.to(gdt))
         if dx:
-            W = _at(wt, dt, ws).float()
+            W = self._weight(d, wt, ws)
             val = torch.nn.grad.conv2d_input((n, d["in"], h, w), W, DY, d["stride"], d["pad"],
                                              d["dil"], d["groups"])
             _at(dx, dt, (n, d["in"], h, w)).copy_(val.to(dt))

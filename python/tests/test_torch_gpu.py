@@ -23,7 +23,8 @@ if not torch.cuda.is_available():
 
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
-from torch_quant_models import Adapted, resident_reference  # noqa: E402
+from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
+                                resident_reference)
 
 try:
     lt._Backend(torch.cuda.current_device())
@@ -324,6 +325,21 @@ def test_quantized_frozen_base_with_a_trainable_adapter(fmt, dtype):
         assert info.quant == fmt and info.bytes == lwo.quant_layout(
             fmt, info.shape, info.dtype).total_bytes
     assert st["grads"]["n_transfers"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_frozen_conv_base_with_a_trainable_head(fmt, dtype):
+    torch.manual_seed(8)
+    m = ConvAdapted(dtype)
+    ref = conv_resident_reference(m, fmt).to(DEV)
+    h = lt.offload(m, device=DEV, quant=fmt)
+    assert h.quantized == {"base0": fmt, "base1": fmt}
+    for name in ("base0", "base1"):  # the parameter is what lwo computes with
+        assert torch.equal(getattr(m, name).weight.to(DEV), getattr(ref, name).weight)
+    compare_training(m, ref, lambda: torch.randn(4, 16, 12, 12, device=DEV, dtype=dtype),
+                     dtype)
+    assert h.stats()["quant"]["saved_bytes"] > 0
 
 
 def test_quantized_forward_equals_lwo_dequantize_then_the_dense_linear():

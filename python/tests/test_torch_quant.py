@@ -22,7 +22,8 @@ import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
 import fake_lwo  # noqa: E402
-from torch_quant_models import Adapted, dequantized, resident_reference  # noqa: E402
+from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
+                                dequantized, dequantized_conv, resident_reference)
 
 # fake_lwo computes products in f32 rounded once to the layer's dtype, as the
 # reference does on the same (dequantized) weights: only the order of the sums
@@ -118,7 +119,7 @@ def test_which_modules_are_quantized():
     h, be = offload(m, quant="int4")
     assert h.quantized == {"2": "int4"}
     assert "128" in h.quant_skipped["0"]  # int4 takes in_features multiples of 128
-    assert "convolution" in h.quant_skipped["3"]
+    assert "128" in h.quant_skipped["3"]  # a conv is quantized as [out, in * kh * kw]: 27
     assert "trainable" in h.quant_skipped["4"]
     # a function chooses per module
     m2 = nn.Sequential(nn.Linear(128, 256), nn.Linear(256, 128)).requires_grad_(False)
@@ -178,3 +179,36 @@ def test_close_gives_back_the_dequantized_weights():
     h.close()
     assert type(m[0]) is nn.Linear
     assert torch.equal(m[0].weight, want)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "int8"])
+def test_a_frozen_conv_base_streams_quantized(fmt):
+    torch.manual_seed(5)
+    m = ConvAdapted(torch.float32)
+    ref = conv_resident_reference(m, fmt)
+    h, be = offload(m, quant=fmt)
+    assert h.quantized == {"base0": fmt, "base1": fmt} and "head" in h.quant_skipped
+    # the parameter is the dequantized weight in the conv's own shape
+    assert m.base0.weight.shape == (32, 16, 3, 3)
+    assert torch.equal(m.base0.weight, dequantized_conv(ref.base0.weight, fmt))
+    opt = torch.optim.SGD(m.head.parameters(), lr=0.05)
+    opt_r = torch.optim.SGD(ref.head.parameters(), lr=0.05)
+    for step in range(3):
+        x = torch.randn(2, 16, 6, 6)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), ref(xb)
+        close(ya, yb, torch.float32, "output, step %d" % step)
+        g = torch.randn_like(yb)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, torch.float32, "dx, step %d" % step)
+        close(m.head.weight.grad, ref.head.weight.grad, torch.float32, "head grad")
+        opt.step()
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+    assert be.calls["dequantize"] > 0
+    # a quantized conv cannot become trainable
+    m.base0.weight.requires_grad_(True)
+    with pytest.raises(lwo.ArgumentError, match="conv 'base0' streams its weight quantized"):
+        m(torch.randn(1, 16, 4, 4))

@@ -51,3 +51,35 @@ def resident_reference(m, fmt):
             w = getattr(ref, name).weight
             w.copy_(dequantized(w, fmt))
     return ref
+
+
+class ConvAdapted(nn.Module):
+    """A frozen base of two 3x3 convolutions (quantized as [out, in * 9]:
+    144 and 288 columns) and a trainable 1x1 head."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.base0 = nn.Conv2d(16, 32, 3, padding=1)
+        self.base1 = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.head = nn.Conv2d(32, 8, 1)
+        for p in list(self.base0.parameters()) + list(self.base1.parameters()):
+            p.requires_grad_(False)
+        self.to(dtype)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.base1(torch.nn.functional.gelu(self.base0(x)))))
+
+
+def dequantized_conv(w, fmt):
+    """A conv weight quantized as lwo does ([out, in / groups * kh * kw]) and
+    dequantized, in its own shape."""
+    return dequantized(w.detach().reshape(w.shape[0], -1), fmt).view(w.shape)
+
+
+def conv_resident_reference(m, fmt):
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        for name in ("base0", "base1"):
+            w = getattr(ref, name).weight
+            w.copy_(dequantized_conv(w, fmt))
+    return ref
