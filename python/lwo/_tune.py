@@ -7,6 +7,8 @@
   plain dict (depth, groups of records, resident groups, prediction).
 - :func:`split_runs`: the planner's groups cut where the records' kinds
   (trainable, quantized) change, so no record mixes them.
+- :func:`merge_small`: runs of small records of one kind, merged before the
+  plan.
 """
 
 import ctypes
@@ -86,6 +88,24 @@ def split_runs(groups, kinds):
                 out.append((start, i - start, resident))
                 start = i
         out.append((start, first + n - start, resident))
+    return out
+
+
+def merge_small(sizes, kinds, small, run):
+    """Groups [(first, n, False)] over records 0..R-1: consecutive records of
+    one kind, each under `small` bytes, merged while the group stays within
+    `run` bytes; every other record alone."""
+    out = []
+    i, n = 0, len(sizes)
+    while i < n:
+        j, total = i + 1, sizes[i]
+        if sizes[i] < small:
+            while (j < n and sizes[j] < small and kinds[j] == kinds[i]
+                   and total + sizes[j] <= run):
+                total += sizes[j]
+                j += 1
+        out.append((i, j - i, False))
+        i = j
     return out
 
 

@@ -207,6 +207,11 @@ class _Backend:
 
     device_type = "cuda"
     events = True
+    # Records under small_record bytes are merged with their neighbours into
+    # runs of up to small_run before the plan (a 1 MiB copy runs at 43 GB/s
+    # on the H200's link, 4 MiB at 52; docs/ARCHITECTURE.md).
+    small_record = 1 << 20
+    small_run = 4 << 20
 
     _engines = {}
 
@@ -546,7 +551,8 @@ class _Tuner:
         self.group = group                    # the planner may group records
         self.saw_train = False
         self.tries = 0
-        self.pending = None                   # (accesses, kind) measured, not applied yet
+        self.n_measure = 2                    # steps measured; each record's least time is kept
+        self.measured = []                    # [(accesses, kind)] of the steps measured
 
 
 class _Span:
@@ -1025,23 +1031,27 @@ class Offload:
         if tuner is None or _graph_task_id() != -1:
             return s.record
         tuner.saw_train |= planner.last_kind == _TRAIN
-        if tuner.phase == "measure" and planner.steps > tuner.warmup and \
-                planner.last_kind != _TRAIN and tuner.saw_train and tuner.tries < 3:
-            tuner.tries += 1  # an evaluation step came between: measure a training one
-            tuner.warmup = planner.steps
-            self._cal = []
-        elif tuner.phase == "warmup" and planner.steps >= tuner.warmup:
+        if tuner.phase == "warmup" and planner.steps >= tuner.warmup:
             tuner.phase = "measure"
             self._cal = []
-        elif tuner.phase == "measure" and planner.steps > tuner.warmup:
-            tuner.pending = (self._cal, planner.last_kind)
-            self._cal = None
-            tuner.phase = "pending"
+        elif tuner.phase == "measure":
+            # a step measured ends here; an evaluation step between training
+            # steps is measured again (a few times at most)
+            kind = planner.last_kind
+            if kind == _TRAIN or not tuner.saw_train or tuner.tries >= 4:
+                tuner.measured.append((self._cal, kind))
+            else:
+                tuner.tries += 1
+            if len(tuner.measured) >= tuner.n_measure:
+                self._cal = None
+                tuner.phase = "pending"
+            else:
+                self._cal = []
         if tuner.phase == "pending" and not any(
                 p.grad is t for p, t in self._exposed.items()):
             # applied where no gradient sum runs on (a new gradient set
             # starts its layers afresh)
-            accesses, kind = tuner.pending
+            accesses, kind = tuner.measured, tuner.measured[-1][1]
             tuner.phase = "done"
             self._tuner = None
             try:
@@ -1072,25 +1082,35 @@ class Offload:
         if self._cal:
             self._cal[-1].end = self.backend.event()
 
-    def _measured_times(self, accesses):
-        """Per record, its forward and backward time in the measured step:
-        its compute without the waits for weights and gradient slots, plus
-        the device time between the previous access's end and its start
-        (the model's own work between streamed modules)."""
+    def _measured_times(self, steps):
+        """Per record, its forward and backward time: in each measured step
+        (`steps`: [(accesses, kind)]) its accesses' compute without the
+        waits for weights and gradient slots, plus the device time between
+        the previous access's end and its start (the model's own work
+        between streamed modules); the least over the steps of the last
+        step's kind (a step disturbed once, by the host or a first call,
+        does not decide)."""
         self.backend.synchronize()
         el = self.backend.elapsed_ms
         n = len(self.records)
-        fwd, bwd = [0.0] * n, [0.0] * n
-        prev = None
-        for a in accesses:
-            if a.end is None:
+        kind = steps[-1][1]
+        best_f = best_b = None
+        for accesses, k in steps:
+            if k != kind:
                 continue
-            t = el(a.start, a.end) - sum(el(w0, w1) for w0, w1 in a.waits)
-            if prev is not None:
-                t += max(0.0, el(prev, a.start))
-            (bwd if a.backward else fwd)[a.rec] += max(0.0, t)
-            prev = a.end
-        return fwd, bwd
+            fwd, bwd = [0.0] * n, [0.0] * n
+            prev = None
+            for a in accesses:
+                if a.end is None:
+                    continue
+                t = el(a.start, a.end) - sum(el(w0, w1) for w0, w1 in a.waits)
+                if prev is not None:
+                    t += max(0.0, el(prev, a.start))
+                (bwd if a.backward else fwd)[a.rec] += max(0.0, t)
+                prev = a.end
+            best_f = fwd if best_f is None else [min(u, v) for u, v in zip(best_f, fwd)]
+            best_b = bwd if best_b is None else [min(u, v) for u, v in zip(best_b, bwd)]
+        return best_f, best_b
 
     def _device_bytes_of_model(self):
         """Bytes the model keeps on the handle's device (parameters and
@@ -1105,20 +1125,33 @@ class Offload:
                 total += t.numel() * t.element_size()
         return total
 
-    def _plan_and_apply(self, accesses, kind, tuner):
-        fwd, bwd = self._measured_times(accesses)
+    def _plan_and_apply(self, steps, kind, tuner):
+        fwd, bwd = self._measured_times(steps)
         train = kind == _TRAIN
-        n = len(self.records)
         # the planner's pass is the records in pool order: group only if the
         # forward met them in that order
         first = []
         seen = set()
-        for a in accesses:
+        for a in steps[-1][0]:
             if not a.backward and a.rec not in seen:
                 seen.add(a.rec)
                 first.append(a.rec)
         in_order = first == sorted(first)
         group = tuner.group and in_order
+        pre = None
+        if group:
+            # Small records first merged into runs of about _SMALL_RUN bytes
+            # (copies that small lose link rate and each costs host calls;
+            # the planner's search also grows with the records' count).
+            pre = _tune.merge_small([r.bytes for r in self.records],
+                                    [(r.trainable, r.quantized) for r in self.records],
+                                    self.backend.small_record, self.backend.small_run)
+            if all(n_ == 1 for _f, n_, _r in pre):
+                pre = None
+            else:
+                fwd = [sum(fwd[f:f + n_]) for f, n_, _r in pre]
+                bwd = [sum(bwd[f:f + n_]) for f, n_, _r in pre]
+                self._apply(pre, self.depth)
         model_bytes = self._device_bytes_of_model()
         workspaces = self.backend.workspace_bytes()
         if tuner.budget is None:
@@ -1130,6 +1163,7 @@ class Offload:
                 "workspaces" % (_tune.format_bytes(model_bytes), _tune.format_bytes(workspaces))
         info = {"step_kind": kind, "measured_fwd_ms": fwd, "measured_bwd_ms": bwd if train
                 else None, "budget_bytes": max(0, budget), "budget": budget_from,
+                "merged_small": None if pre is None else len(pre),
                 "given_budget_bytes": tuner.budget, "model_device_bytes": model_bytes,
                 "grouped": group, "in_order": in_order, "applied_at_step": self.planner.steps}
         if budget <= 0:

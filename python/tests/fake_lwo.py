@@ -514,10 +514,12 @@ class PlanningBackend(Backend):
     """Backend with a planner stand-in (lwo_plan_create needs a device):
     consecutive records in groups of `group_size`, the first group resident
     when `resident_first`, depth the first of those asked for (else 3). It
-    keeps each call's arguments in `plan_calls`."""
+    keeps each call's arguments in `plan_calls`. Records under small_record
+    bytes are merged first (0: none, unlike the device's backend)."""
 
-    def __init__(self, group_size=2, resident_first=True):
+    def __init__(self, group_size=2, resident_first=True, small_record=0, small_run=0):
         super().__init__()
+        self.small_record, self.small_run = small_record, small_run
         self.group_size = group_size
         self.resident_first = resident_first
         self.plan_calls = []

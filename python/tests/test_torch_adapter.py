@@ -811,12 +811,12 @@ def test_the_plan_is_made_after_a_measured_step_and_training_stays_exact():
     ids = {k: id(p) for k, p in m.named_parameters()}
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    for step in range(6):
-        if step < 2:
+    for step in range(7):
+        if step < 3:
             assert len(h.records) == 7 and h.plan_info is None
         x = torch.randn(4, 12)
         ya, yb = m(x), ref(x)
-        if step == 2:  # the plan came at this step's first access
+        if step == 3:  # the plan came at this step's first access
             assert len(be.plan_calls) == 1
             call = be.plan_calls[0]
             assert call["train"] and call["n"] == 7 and call["group"]
@@ -840,7 +840,7 @@ def test_the_plan_is_made_after_a_measured_step_and_training_stays_exact():
     st = h.stats()
     assert st["records"] == 3 and st["resident"] == 1
     times = h.step_times()
-    assert len(times) >= 5 and all(t["kind"] == "train" and t["measured_ms"] > 0 for t in times)
+    assert len(times) >= 6 and all(t["kind"] == "train" and t["measured_ms"] > 0 for t in times)
     h.close()
     x = torch.randn(3, 12)
     close(m(x), ref(x), torch.float32)
@@ -853,7 +853,7 @@ def test_the_plan_keeps_gradients_that_are_still_summing():
     ref = copy.deepcopy(m)
     be = fake_lwo.PlanningBackend(group_size=2, resident_first=False)
     h = lt.offload(m, _backend=be)
-    for step in range(6):
+    for step in range(7):
         assert len(be.plan_calls) == (1 if step >= 5 else 0)
         x = torch.randn(4, 12)
         m(x).sum().backward()
@@ -872,7 +872,7 @@ def test_a_given_group_and_depth_are_kept_by_the_plan():
     m = deep_mlp()
     be = fake_lwo.PlanningBackend(group_size=3)
     h = lt.offload(m, _backend=be, depth=2, group=lambda n, mod: int(n) // 4)
-    for _ in range(3):
+    for _ in range(4):
         m(torch.randn(2, 12)).sum().backward()
         m.zero_grad()
     call = be.plan_calls[0]
@@ -926,3 +926,30 @@ def test_a_model_with_nothing_lwo_computes_stays_resident():
     close(m(x), ref(x), torch.float32)
     assert h.stats()["records"] == 0
     h.close()
+
+
+def test_small_records_are_merged_before_the_plan():
+    # 12 x 12 f32 linears: 768-byte records (with their bias, 1 KiB)
+    m = deep_mlp()
+    ref = copy.deepcopy(m)
+    be = fake_lwo.PlanningBackend(group_size=1, resident_first=False,
+                                  small_record=2048, small_run=3072)
+    h = lt.offload(m, _backend=be)
+    for _ in range(5):
+        x = torch.randn(3, 12)
+        ya, yb = m(x), ref(x)
+        close(ya, yb, torch.float32)
+        ya.sum().backward()
+        yb.sum().backward()
+        for pa, pb in zip(m.parameters(), ref.parameters()):
+            close(pa.grad, pb.grad, torch.float32)
+        m.zero_grad()
+        ref.zero_grad()
+    # runs of records up to 3 KiB: the planner saw fewer, larger records
+    call = be.plan_calls[0]
+    assert call["n"] < 7 and h.plan_info["merged_small"] == call["n"] == len(h.records)
+    assert sum(len(r) for r in h.record_names()) == 7
+    from lwo import _tune
+    assert _tune.merge_small([10, 10, 10, 50, 10], ["a"] * 5, 20, 25) == [
+        (0, 2, False), (2, 1, False), (3, 1, False), (4, 1, False)]
+    assert _tune.merge_small([10, 10], ["a", "b"], 20, 100) == [(0, 1, False), (1, 1, False)]
