@@ -258,6 +258,11 @@ class _Backend:
     def elapsed_ms(a, b):
         return a.elapsed_time(b)
 
+    @staticmethod
+    def query(e):
+        """True once the event's work is done (never blocks)."""
+        return e.query()
+
     def workspace_bytes(self):
         return self.engine.memory()["workspaces"]
 
@@ -528,6 +533,9 @@ except AttributeError:  # pragma: no cover
         return True
 
 
+_MAX_REPLANS = 2  # plans made again when the steps stop matching the prediction
+
+
 class _Access:
     """One streamed access of the measured step: CUDA events at its start and
     end, and around each wait (for its weights, for a gradient slot)."""
@@ -553,6 +561,7 @@ class _Tuner:
         self.tries = 0
         self.n_measure = 2                    # steps measured; each record's least time is kept
         self.measured = []                    # [(accesses, kind)] of the steps measured
+        self.replans = 0                      # plans made again after this handle's first
 
 
 class _Span:
@@ -736,6 +745,8 @@ class Offload:
         self._steps_seen = 0       # the planner's step count at the last step start
         self._step_events = collections.deque(maxlen=64)  # [kind, start, end] per step
         self.plan_info = None      # the plan applied (a dict), see offload()
+        self._watch = None         # the applied plan's prediction, watched each step
+        self._plan_args = None     # (budget given, default budget, depths) of the plan
         self.planner = Planner(order)
         self._held = None          # (record, ticket, stream, base) acquired and kept
         self._prefetched = {}      # record index -> (ticket, version), staged ahead
@@ -790,7 +801,9 @@ class Offload:
             if depth is None and given - model_bytes - ws < 2 * max_rec + staging:
                 self._apply([(i, 1, False) for i in range(len(self.records))], 1)
         default = max(total // 3, 2 * max_rec + staging)
-        self._tuner = _Tuner(given, default, [int(depth)] if depth else None, may_group)
+        depths = [int(depth)] if depth else None
+        self._plan_args = (given, default, depths)
+        self._tuner = _Tuner(given, default, depths, may_group)
 
     def _adopt_quantized(self, m, rec, s):
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
@@ -1028,8 +1041,14 @@ class Offload:
             ev[-1][0] = "forward"
             ev[-1][2] = start
         ev.append([None, start, None])
-        if tuner is None or _graph_task_id() != -1:
+        if _graph_task_id() != -1:
             return s.record
+        if tuner is None:
+            if self._watch is None:
+                return s.record
+            tuner = self._drifted()
+            if tuner is None:
+                return s.record
         tuner.saw_train |= planner.last_kind == _TRAIN
         if tuner.phase == "warmup" and planner.steps >= tuner.warmup:
             tuner.phase = "measure"
@@ -1068,6 +1087,30 @@ class Offload:
                 planner.observe(s.record.index, grad, False)
                 self._steps_seen = planner.steps
         return s.record
+
+    def _drifted(self):
+        """After a plan: the step that just ended against the prediction. Three
+        steps of the planned kind in a row off by more than a quarter (the
+        shapes or the order changed) make a new plan: measured again, then
+        depth and resident records chosen anew for the records as they are
+        (at most _MAX_REPLANS times). Returns the new tuner, or None."""
+        w = self._watch
+        ev = self._step_events
+        if len(ev) < 2:
+            return None
+        kind, e0, e1 = ev[-2]
+        if kind != w["kind"] or e1 is None or not self.backend.query(e1):
+            return None
+        ratio = self.backend.elapsed_ms(e0, e1) / w["predicted_ms"]
+        w["bad"] = w["bad"] + 1 if not 0.75 <= ratio <= 1.25 else 0
+        if w["bad"] < 3 or w["replans"] >= _MAX_REPLANS:
+            return None
+        given, default, depths = self._plan_args
+        tuner = _Tuner(given, default, depths, False, warmup=self.planner.steps)
+        tuner.replans = w["replans"] + 1
+        self._watch = None
+        self._tuner = tuner
+        return tuner
 
     def _cal_start(self, rec, backward):
         a = _Access(rec.index, backward, self.backend.event())
@@ -1181,7 +1224,13 @@ class Offload:
                                                    for r in self.records])
         info.update(got)
         info["groups"] = groups
+        info["replans"] = tuner.replans
         self.plan_info = info
+        if got.get("predicted_ms") and kind == _TRAIN:
+            # (a forward-only step's time runs to the next step's start, host
+            # work between steps included: only training steps are watched)
+            self._watch = {"kind": kind, "predicted_ms": got["predicted_ms"], "bad": 0,
+                           "replans": tuner.replans}
         t0 = time.perf_counter()
         self._apply(groups, got["depth"])
         info["apply_seconds"] = time.perf_counter() - t0

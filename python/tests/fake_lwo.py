@@ -380,6 +380,10 @@ class Backend:
     def elapsed_ms(a, b):
         return (b - a) * 1e3
 
+    @staticmethod
+    def query(e):
+        return True
+
     def workspace_bytes(self):
         return 0
 
@@ -515,10 +519,14 @@ class PlanningBackend(Backend):
     consecutive records in groups of `group_size`, the first group resident
     when `resident_first`, depth the first of those asked for (else 3). It
     keeps each call's arguments in `plan_calls`. Records under small_record
-    bytes are merged first (0: none, unlike the device's backend)."""
+    bytes are merged first (0: none, unlike the device's backend).
+    predicted_ms: the prediction it returns (None: none, so the adapter does
+    not watch the steps against it)."""
 
-    def __init__(self, group_size=2, resident_first=True, small_record=0, small_run=0):
+    def __init__(self, group_size=2, resident_first=True, small_record=0, small_run=0,
+                 predicted_ms=None):
         super().__init__()
+        self.predicted_ms = predicted_ms
         self.small_record, self.small_run = small_record, small_run
         self.group_size = group_size
         self.resident_first = resident_first
@@ -534,6 +542,6 @@ class PlanningBackend(Backend):
         k = self.group_size if group else 1
         groups = [(i, min(k, n - i), self.resident_first and i == 0) for i in range(0, n, k)]
         return {"depth": depths[0] if depths else 3, "groups": groups, "train": train,
-                "predicted_ms": 1.0, "predicted_stall_ms": 0.0, "device_bytes": 0,
+                "predicted_ms": self.predicted_ms, "predicted_stall_ms": 0.0, "device_bytes": 0,
                 "budget_bytes": budget_bytes, "h2d_bytes": 0, "d2h_bytes": 0, "link": {},
                 "ungrouped_ms": 1.0, "first_k_ms": 1.0}

@@ -953,3 +953,26 @@ def test_small_records_are_merged_before_the_plan():
     assert _tune.merge_small([10, 10, 10, 50, 10], ["a"] * 5, 20, 25) == [
         (0, 2, False), (2, 1, False), (3, 1, False), (4, 1, False)]
     assert _tune.merge_small([10, 10], ["a", "b"], 20, 100) == [(0, 1, False), (1, 1, False)]
+
+
+def test_steps_far_from_the_prediction_make_a_new_plan():
+    # a prediction no step meets (a microsecond): after three such steps the
+    # handle measures again and plans depth and residents for its records
+    m = deep_mlp()
+    be = fake_lwo.PlanningBackend(group_size=2, predicted_ms=1e-3)
+    h = lt.offload(m, _backend=be)
+    for _ in range(30):
+        m(torch.randn(3, 12)).sum().backward()
+        m.zero_grad()
+    assert len(be.plan_calls) == 3  # the first plan and two again, then no more
+    assert be.plan_calls[0]["group"] and not be.plan_calls[1]["group"]
+    assert be.plan_calls[1]["n"] == be.plan_calls[2]["n"] == len(h.records) == 4
+    assert h.plan_info["replans"] == 2
+    # a prediction the steps meet is kept
+    m2 = deep_mlp()
+    be2 = fake_lwo.PlanningBackend(group_size=2, predicted_ms=None)
+    lt.offload(m2, _backend=be2)
+    for _ in range(12):
+        m2(torch.randn(3, 12)).sum().backward()
+        m2.zero_grad()
+    assert len(be2.plan_calls) == 1
