@@ -36,8 +36,10 @@ The contract (docs/PYTHON.md says more):
   (torch.compiler.disable): a compiled model breaks its graph at each one.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
+- ``offload(model)`` measures its first steps and applies the library's
+  plan (records, ring depth, resident records within ``budget=``).
 - ``offload(model, quant="fp8")`` (or "fp8-block", "int8", "int4") streams
-  the frozen nn.Linear weights quantized: the pool holds codes and scales,
+  the frozen nn.Linear and nn.Conv2d weights quantized: the pool holds codes and scales,
   lwo dequantizes each slot on the GPU for the forward and for dx, and the
   weight parameter is a frozen CPU tensor of the dequantized values.
 """
@@ -1995,17 +1997,20 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              weights' (or the smallest ring, if more). A budget below the
              smallest ring is an lwo.ResourceError (LWO_ERR_OVER_BUDGET)
              naming the bytes needed.
-    plan:    True (the default): after one warm-up step, lwo measures one
-             step (each record's forward and backward time on the device,
-             with CUDA events) and at the start of the next asks the
-             library's planner (lwo_plan_create, the link calibrated then)
-             for the records (consecutive modules grouped into one record,
-             unless group= is given), the ring depth (unless depth= is
-             given) and the records kept resident within the budget, and
-             applies it: the pool is built again (the same Parameter
-             objects, over the new pool's bytes; gradients kept) and the
-             ring made again. ``handle.plan_info`` holds the plan and the
-             times it came from, ``handle.step_times()`` each step's
+    plan:    True (the default): after one warm-up step, lwo measures two
+             steps (each record's forward and backward time on the device,
+             with CUDA events; the least of the two) and at the start of
+             the next with no gradient sum running merges small records,
+             then asks the library's planner (lwo_plan_create, the link
+             calibrated then) for the records (consecutive modules grouped
+             into one record, unless group= is given), the ring depth
+             (unless depth= is given) and the records kept resident within
+             the budget, and applies it: the pool is built again (the same
+             Parameter objects, over the new pool's bytes) and the ring made
+             again. Training steps far from the prediction (three in a row,
+             off by more than a quarter) make it plan depth and residents
+             again, at most twice. ``handle.plan_info`` holds the plan and
+             the times it came from, ``handle.step_times()`` each step's
              measured time beside the prediction. False: records and depth
              as given, nothing measured.
     grads_depth: device staging slots for weight gradients.
@@ -2016,7 +2021,8 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              acquire; adds host overhead): ``handle.layer_stats()``.
     timing:  lwo's own ring timing (LWO_RING_TIMING): ``handle.stats()``
              has copy_ms, wait_ms and bandwidth_gbps for the whole ring.
-    quant:   stream the weights of frozen nn.Linear modules quantized: a
+    quant:   stream the weights of frozen nn.Linear and nn.Conv2d modules
+             quantized (a convolution's as [out, in / groups * kh * kw]): a
              format ("fp8", "fp8-block", "int8", "int4", or see
              lwo.quant_format), or ``quant(name, module) -> format or None``.
              A linear whose weight and bias both have requires_grad False
@@ -2026,8 +2032,9 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              workspace, then the same GEMM; dx in backward, never dW). Its
              weight parameter becomes a frozen CPU tensor of the dequantized
              values (what lwo computes with); writing it in place quantizes
-             it again. Trainable linears, convolutions and shapes the format
-             does not take (int4: in_features a multiple of 128) stay dense:
+             it again. Trainable modules and shapes the format does not take
+             (int4: in_features, or in / groups * kh * kw, a multiple of 128)
+             stay dense:
              ``handle.quant_skipped`` says which and why, ``handle.quantized``
              lists the others. In a group, the quantized modules make a
              record of their own.
