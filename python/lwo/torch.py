@@ -432,14 +432,13 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, s, anchor=None):
-        need_dw = s.needs_dw()
-        if need_dw and s.quant:
+        if s.quant and s.needs_dw():
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
         ctx.s = s
-        ctx.need_dw = need_dw
+        ctx.need_dw = s.needs_dw()
         ctx.x_dtype = x.dtype
-        if need_dw:
+        if ctx.need_dw:
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
@@ -1530,12 +1529,12 @@ class Offload:
         in_f = s.in_f
         if len(shape) == 2 and shape[1] == in_f:
             tokens = shape[0]
-            y = x.new_empty((tokens, s.out_f))  # x: the layer's dtype, on this device
+            y = torch.empty((tokens, s.out_f), dtype=s.dtype, device=self.device)
         else:
             if not shape or shape[-1] != in_f:
                 raise RuntimeError("lwo.torch: linear %r takes %d input features, got shape "
                                    "%s" % (s.name, in_f, tuple(shape)))
-            y = x.new_empty(shape[:-1] + (s.out_f,))
+            y = torch.empty(shape[:-1] + (s.out_f,), dtype=s.dtype, device=self.device)
             tokens = x.numel() // in_f
         if tokens == 0:
             return y
