@@ -795,7 +795,11 @@ lib = None
 path = None  #: the file the library was loaded from (or the loader's name)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_REPO_BUILD = os.path.join(os.path.dirname(os.path.dirname(_PACKAGE_DIR)), "build", "liblwo.so")
+_REPO = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
+# The source tree's build folder: only when the package is the one in the
+# repository (python/lwo beside include/lwo.h), not an installed copy.
+_REPO_BUILD = os.path.join(_REPO, "build", "liblwo.so") \
+    if os.path.isfile(os.path.join(_REPO, "include", "lwo.h")) else None
 
 
 class LibraryNotFound(ImportError):
@@ -816,7 +820,8 @@ def candidates():
         out.append(("next to the package", f))
     if not out:
         out.append(("next to the package", os.path.join(_PACKAGE_DIR, "liblwo.so*")))
-    out.append(("the repository's build folder", _REPO_BUILD))
+    if _REPO_BUILD is not None:
+        out.append(("the repository's build folder", _REPO_BUILD))
     found = ctypes.util.find_library("lwo")
     if found:
         out.append(("the system loader (ctypes.util.find_library)", found))
@@ -856,7 +861,12 @@ def load(force=False):
         try:
             library = ctypes.CDLL(cand)
         except OSError as e:
-            tried.append("%s: %s (%s)" % (where, cand, e))
+            why = str(e)
+            if not is_file and os.path.exists(cand):
+                why += ("; a name without a folder is looked up by the system loader "
+                        "(LD_LIBRARY_PATH, ldconfig's paths), not in the current folder: "
+                        "give ./%s for that file" % cand)
+            tried.append("%s: %s (%s)" % (where, cand, why))
             continue
         try:
             library.lwo_version.restype = ctypes.c_uint

@@ -50,9 +50,33 @@ def test_no_library_anywhere_names_every_place(tmp_path):
         pytest.skip("a liblwo is installed where the system loader finds it")
     assert "LibraryNotFound" in r.stderr
     for place in ("next to the package", str(pkg / "liblwo.so*"),
-                  "the repository's build folder", str(tmp_path / "build" / "liblwo.so"),
                   "the system loader", "liblwo.so.0.5", "LWO_LIBRARY"):
         assert place in r.stderr, place
+    # a copy outside the source tree (an installed package) has no build
+    # folder beside it to name
+    assert "the repository's build folder" not in r.stderr
+    assert str(tmp_path / "build" / "liblwo.so") not in r.stderr
+
+
+def test_a_bare_name_is_the_system_loaders(tmp_path):
+    import shutil
+    lib = os.environ.get("LWO_LIBRARY") or str(REPO / "build" / "liblwo.so")
+    if not os.path.exists(lib):
+        pytest.skip("no built liblwo to copy")
+    shutil.copy(lib, str(tmp_path / "liblwo.so"))
+    code = "import sys; sys.path.insert(0, %r); import lwo; print(lwo.version())" % (
+        str(REPO / "python"))
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env["LWO_LIBRARY"] = "liblwo.so"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=str(tmp_path))
+    assert r.returncode != 0  # not looked up in the current folder
+    assert "looked up by the system loader" in r.stderr and "./liblwo.so" in r.stderr
+    env["LD_LIBRARY_PATH"] = str(tmp_path)  # where the system loader looks
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(lwo.version())
 
 
 def test_search_order_without_the_variable():
