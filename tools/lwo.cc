@@ -4,6 +4,7 @@
 // linear layers through the ring (train), stream host weights sharded across
 // the GPUs of one machine (shard), and describe a checkpoint (info). This
 // file dispatches and prints the help; docs/CLI.md is the reference.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -117,12 +118,35 @@ void print_overview(std::FILE* out) {
 
 namespace {
 
+// "probe, run, ..., help or version": the command table's names, then the
+// two the dispatcher answers itself.
+std::string command_names() {
+  std::string out;
+  for (const cli::Command* c : cli::commands()) out += std::string(c->name) + ", ";
+  return out + "help or version";
+}
+
+// `lwo help help` and `lwo help version`: the two commands the table does not hold.
+bool print_builtin_help(const std::string& name) {
+  if (name == "help") {
+    std::fputs("usage: lwo help [COMMAND]\n\n"
+               "the overview of the commands, or with COMMAND its flags (the same as\n"
+               "lwo COMMAND --help)\n", stdout);
+    return true;
+  }
+  if (name == "version") {
+    std::fputs("usage: lwo version\n\n"
+               "prints the version of the lwo program and of the liblwo it runs (also\n"
+               "lwo --version)\n", stdout);
+    return true;
+  }
+  return false;
+}
+
 int dispatch(int argc, char** argv) {
   using cli::UsageError;
   const std::string kOverviewHint = "run 'lwo help' for the commands";
-  if (argc < 2)
-    throw UsageError("a command is needed: probe, run, train, stream, info, shard, help or version",
-                     kOverviewHint);
+  if (argc < 2) throw UsageError("a command is needed: " + command_names(), kOverviewHint);
   const std::string cmd = argv[1];
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     cli::g_command = "help";
@@ -130,12 +154,13 @@ int dispatch(int argc, char** argv) {
       cli::print_overview(stdout);
       return cli::kExitOk;
     }
+    if (argc > 3)
+      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[3]).c_str()),
+                       kOverviewHint);
+    if (print_builtin_help(argv[2])) return cli::kExitOk;
     const cli::Command* c = cli::find_command(argv[2]);
     if (!c)
       throw UsageError(cli::strf("unknown command %s", cli::quoted(argv[2]).c_str()),
-                       kOverviewHint);
-    if (argc > 3)
-      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[3]).c_str()),
                        kOverviewHint);
     cli::print_command_help(*c, stdout);
     return cli::kExitOk;
@@ -177,6 +202,14 @@ int main(int argc, char** argv) {
   } catch (...) {
     cli::print_stderr(cli::strf("%s: unknown error\n", cli::prefix().c_str()));
     rc = cli::kExitFailure;
+  }
+  // Results that could not be written (a full disk, a closed pipe) are a
+  // failure, not a success with nothing to show.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int err = errno;
+    cli::print_stderr(cli::strf("%s: cannot write the results to stdout: %s\n",
+                                cli::prefix().c_str(), std::strerror(err ? err : EIO)));
+    if (rc == cli::kExitOk) rc = cli::kExitFailure;
   }
   return testkit::release_failures() && rc == 0 ? cli::kExitFailure : rc;
 }

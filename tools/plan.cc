@@ -18,6 +18,7 @@ Flag budget_flag(std::string& budget) {
                     "(\"50%\"); the planner chooses the resident layers and the depth",
                     [&budget](const std::string& v) {
                       if (v.empty()) throw UsageError("--budget needs a value");
+                      parse_budget(v, 1);  // its form, checked while parsing the flags
                       budget = v;
                     });
 }
@@ -221,10 +222,16 @@ std::vector<Flag> make_flags(Options& o) {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
-                 [&o](const std::string& v) { o.fwd_ms = v; }),
+                 [&o](const std::string& v) {
+                   parse_ms("--fwd-ms", v);  // checked while parsing the flags
+                   o.fwd_ms = v;
+                 }),
       value_flag("--bwd-ms", "MS",
                  "backward compute per layer of a step, ms (default: twice the forward's)",
-                 [&o](const std::string& v) { o.bwd_ms = v; }),
+                 [&o](const std::string& v) {
+                   parse_ms("--bwd-ms", v);
+                   o.bwd_ms = v;
+                 }),
       switch_flag("--train", "plan a training step (every layer trainable)",
                   [&o] { o.train = true; }),
       switch_flag("--group",

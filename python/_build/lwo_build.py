@@ -6,7 +6,8 @@ tree beside python/ and put inside the wheel, next to the package, where
 Where liblwo comes from, in order:
 - LWO_PREBUILT_LIBRARY: a liblwo.so built already (copied as it is);
 - the source tree's build folder, when it is configured (build/CMakeCache.txt:
-  `cmake --build build --target lwo`, nothing to do when it is up to date),
+  `cmake --build build` of the library alone, nothing to do when it is up to
+  date),
   or LWO_BUILD_DIR;
 - else a build folder of its own (python/build/liblwo), configured with the
   tests, benchmarks, program and examples left out.
@@ -74,7 +75,10 @@ def _built_library():
         if shutil.which("ninja"):
             cmd += ["-G", "Ninja"]
         _run(cmd, env)
-    _run(["cmake", "--build", build, "--target", "lwo", "-j", str(os.cpu_count() or 2)], env)
+    # Ninja names the library by its file (its target name, lwo, is also the
+    # file of the lwo program there); other generators by the target.
+    target = "liblwo.so" if os.path.isfile(os.path.join(build, "build.ninja")) else "lwo"
+    _run(["cmake", "--build", build, "--target", target, "-j", str(os.cpu_count() or 2)], env)
     lib = os.path.join(build, "liblwo.so")
     if not os.path.exists(lib):
         raise RuntimeError("lwo build: %s was not made by the build" % lib)

@@ -34,5 +34,38 @@ check "exclude each other" train --optimizer adamw --delayed --max-norm 1
 check "--frozen layers have no gradients" train --optimizer sgd --frozen
 check "--max-norm 0 is not a number above 0" train --optimizer adamw --max-norm 0
 check "--optimizer-state f16 is neither f32 nor bf16" train --optimizer adamw --optimizer-state f16
+# values checked while the flags are parsed, before the GPU is touched (on a
+# machine without one these would otherwise fail with exit 1 at the device)
+check 'is not a size' run --budget abc
+check "--budget -5%: a share is a number in (0, 100]" train --budget -5%
+check "--fwd-ms abc is not a time in ms >= 0" plan --fwd-ms abc
+check "--bwd-ms -1 is not a time in ms >= 0" plan --train --bwd-ms -1
+# the no-argument message names every command of the table, plan included
+"$LWO" 2>"$ERR" >/dev/null
+for c in probe run train stream info shard plan help version; do
+  if ! grep -q "$c" "$ERR"; then
+    echo "FAIL: lwo with no argument does not name $c: $(cat "$ERR")"; fails=$((fails + 1))
+  fi
+done
+# help of the dispatcher's own commands
+for c in help version; do
+  out=$("$LWO" help "$c" 2>"$ERR")
+  rc=$?
+  if [ "$rc" -ne 0 ] || [[ "$out" != "usage: lwo $c"* ]]; then
+    echo "FAIL: lwo help $c exited $rc: $out $(cat "$ERR")"; fails=$((fails + 1))
+  else
+    echo "ok: lwo help $c"
+  fi
+done
+# results that cannot be written are a failure (exit 1, with a message)
+if [ -w /dev/full ]; then
+  "$LWO" help >/dev/full 2>"$ERR"
+  rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -q "cannot write the results to stdout" "$ERR"; then
+    echo "FAIL: lwo help >/dev/full exited $rc: $(cat "$ERR")"; fails=$((fails + 1))
+  else
+    echo "ok: lwo help >/dev/full exits 1"
+  fi
+fi
 if [ "$fails" -ne 0 ]; then echo "$fails usage case(s) failed"; exit 1; fi
 echo "every usage case exited 2 with its message"
