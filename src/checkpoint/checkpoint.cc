@@ -24,6 +24,11 @@ std::string dir_of(const std::string& p) {
   return i == std::string::npos ? std::string(".") : p.substr(0, i);
 }
 
+// A file or tensor name as the messages show it: in single quotes, escaped
+// (a name from a file or an index cannot put an escape sequence or a line on
+// the caller's terminal).
+std::string q(const std::string& s) { return st::printable(s, '\''); }
+
 }  // namespace
 
 namespace {
@@ -32,11 +37,11 @@ namespace {
 // from blocking the open; it is refused right after, as is a folder.
 int open_regular(const std::string& path, struct stat* st) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(LWO_ERR_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
+  if (fd < 0) fail(LWO_ERR_IO, "cannot open %s: %s", q(path).c_str(), std::strerror(errno));
   if (fstat(fd, st) != 0) {
     int e = errno;
     ::close(fd);
-    fail(LWO_ERR_IO, "cannot stat '%s': %s", path.c_str(), std::strerror(e));
+    fail(LWO_ERR_IO, "cannot stat %s: %s", q(path).c_str(), std::strerror(e));
   }
   if (!S_ISREG(st->st_mode)) {
     ::close(fd);
@@ -45,7 +50,7 @@ int open_regular(const std::string& path, struct stat* st) {
                        : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) ? "a device"
                        : S_ISSOCK(st->st_mode) ? "a socket"
                                                : "not a regular file";
-    fail(LWO_ERR_IO, "'%s' is %s, not a regular file", path.c_str(), what);
+    fail(LWO_ERR_IO, "%s is %s, not a regular file", q(path).c_str(), what);
   }
   return fd;
 }
@@ -62,7 +67,7 @@ std::string read_text(const std::string& path) {
     if (n <= 0) {
       int e = errno;
       ::close(fd);
-      fail(LWO_ERR_IO, "cannot read '%s': %s", path.c_str(), n < 0 ? std::strerror(e) : "cut short");
+      fail(LWO_ERR_IO, "cannot read %s: %s", q(path).c_str(), n < 0 ? std::strerror(e) : "cut short");
     }
     got += static_cast<size_t>(n);
   }
@@ -85,7 +90,7 @@ void Checkpoint::map_file(const std::string& path) {
     if (m == MAP_FAILED) {
       int e = errno;
       ::close(f.fd);
-      fail(LWO_ERR_IO, "cannot map '%s' (%llu bytes): %s", path.c_str(),
+      fail(LWO_ERR_IO, "cannot map %s (%llu bytes): %s", q(path).c_str(),
            static_cast<unsigned long long>(f.size), std::strerror(e));
     }
     f.map = static_cast<uint8_t*>(m);
@@ -101,8 +106,8 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     std::map<std::string, uint32_t> file_index;  // shard name -> file, in name order
     for (const auto& kv : wm) {
       if (kv.second.find('/') != std::string::npos || kv.second == "." || kv.second == "..")
-        fail(LWO_ERR_BAD_JSON, "%s: tensor '%s' names shard '%s' outside the index's folder",
-             path.c_str(), kv.first.c_str(), kv.second.c_str());
+        fail(LWO_ERR_BAD_JSON, "%s: tensor %s names shard %s outside the index's folder",
+             q(path).c_str(), q(kv.first).c_str(), q(kv.second).c_str());
       file_index[kv.second] = 0;
     }
     for (auto& fi : file_index) {
@@ -124,8 +129,8 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
       }
       for (const auto& kv : wm)
         if (kv.second == fi.first && !here.count(kv.first))
-          fail(LWO_ERR_NOT_FOUND, "%s: tensor '%s' is not in shard '%s'", path.c_str(),
-               kv.first.c_str(), f.path.c_str());
+          fail(LWO_ERR_NOT_FOUND, "%s: tensor %s is not in shard %s", q(path).c_str(),
+               q(kv.first).c_str(), q(f.path).c_str());
     }
   } else {
     ck->map_file(path);
@@ -156,10 +161,10 @@ void Checkpoint::check_unchanged() const {
   for (const File& f : files_) {
     struct stat st {};
     if (fstat(f.fd, &st) != 0)
-      fail(LWO_ERR_IO, "cannot stat '%s': %s", f.path.c_str(), std::strerror(errno));
+      fail(LWO_ERR_IO, "cannot stat %s: %s", q(f.path).c_str(), std::strerror(errno));
     if (static_cast<uint64_t>(st.st_size) != f.size)
-      fail(LWO_ERR_FILE_CHANGED, "'%s' changed size since it was opened (%llu bytes, now %llu)",
-           f.path.c_str(), static_cast<unsigned long long>(f.size),
+      fail(LWO_ERR_FILE_CHANGED, "%s changed size since it was opened (%llu bytes, now %llu)",
+           q(f.path).c_str(), static_cast<unsigned long long>(f.size),
            static_cast<unsigned long long>(st.st_size));
   }
 }
@@ -173,11 +178,11 @@ Checkpoint::Mapping Checkpoint::map_by_patterns(const std::vector<std::string>& 
   for (const std::string& pattern : patterns) {
     size_t at = pattern.find("{i}");
     if (at == std::string::npos || pattern.find("{i}", at + 1) != std::string::npos)
-      fail(LWO_ERR_INVALID_ARGUMENT, "pattern '%s' must contain \"{i}\" once", pattern.c_str());
+      fail(LWO_ERR_INVALID_ARGUMENT, "pattern %s must contain \"{i}\" once", q(pattern).c_str());
     std::vector<st::Entry> sub;
     sub.reserve(left.size());
     for (size_t i : left) sub.push_back(entries_[i]);
-    st::LayerMap pm = st::map_by_pattern(sub, pattern, "'" + path_ + "'", allow_gaps);
+    st::LayerMap pm = st::map_by_pattern(sub, pattern, q(path_), allow_gaps);
     // Within layer l of this pattern a tensor is named without its prefix.
     for (size_t l = 0; l < pm.layers.size(); ++l) {
       std::vector<size_t> layer;
@@ -209,7 +214,7 @@ void Checkpoint::tensor_layers(const Mapping& m, uint32_t* layers, const char** 
 Checkpoint::Mapping Checkpoint::map_by_names(
     const std::vector<std::vector<std::string>>& names) const {
   Mapping m;
-  m.map = st::map_by_names(entries_, names, "'" + path_ + "'");
+  m.map = st::map_by_names(entries_, names, q(path_));
   m.strip.assign(names.size(), std::string());
   return m;
 }

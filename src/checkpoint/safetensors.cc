@@ -560,11 +560,11 @@ size_t scan_index(const std::string& name, size_t pos, uint64_t* value) {
 
 }  // namespace
 
-std::string printable(const std::string& s) {
+std::string printable(const std::string& s, char quote) {
   constexpr size_t kMax = 160;
-  std::string out = "\"";
-  const size_t i = escape_into(s, kMax, out);
-  out += '"';
+  std::string out(1, quote);
+  const size_t i = escape_into(s, kMax, out, quote);
+  out += quote;
   if (i < s.size()) out += strf("... (%zu bytes)", s.size());
   return out;
 }
@@ -768,24 +768,28 @@ std::vector<ScalePair> find_scale_pairs(const std::vector<Entry>& entries,
     const Entry& sc = entries[layer[it->second]];
     if (w.shape.size() != 2 || w.shape[0] < 1 || w.shape[1] < 1)
       fail(LWO_ERR_SHAPE_MISMATCH,
-           "'%s': fp8 tensor '%s' %s has scales '%s' beside it, but a block-quantized weight "
+           "%s: fp8 tensor %s %s has scales %s beside it, but a block-quantized weight "
            "is 2-D [rows, cols] of at least one element (it has %zu dimensions)",
-           where.c_str(), w.name.c_str(), shape_str(w.shape).c_str(), sc.name.c_str(),
+           printable(where, '\'').c_str(), printable(w.name, '\'').c_str(),
+           shape_str(w.shape).c_str(), printable(sc.name, '\'').c_str(),
            w.shape.size());
     const int64_t kMax = int64_t(1) << 31;
     if (w.shape[0] >= kMax || w.shape[1] >= kMax)
       fail(LWO_ERR_SHAPE_OVERFLOW,
-           "'%s': fp8 tensor '%s' %s with scales '%s': rows and cols must be below 2^31",
-           where.c_str(), w.name.c_str(), shape_str(w.shape).c_str(), sc.name.c_str());
+           "%s: fp8 tensor %s %s with scales %s: rows and cols must be below 2^31",
+           printable(where, '\'').c_str(), printable(w.name, '\'').c_str(),
+           shape_str(w.shape).c_str(), printable(sc.name, '\'').c_str());
     if (sc.dtype != LWO_DTYPE_F32)
-      fail(LWO_ERR_BAD_DTYPE, "'%s': scales '%s' of fp8 tensor '%s' are %s (must be F32)",
-           where.c_str(), sc.name.c_str(), w.name.c_str(), sc.dtype_name.c_str());
+      fail(LWO_ERR_BAD_DTYPE, "%s: scales %s of fp8 tensor %s are %s (must be F32)",
+           printable(where, '\'').c_str(), printable(sc.name, '\'').c_str(),
+           printable(w.name, '\'').c_str(), sc.dtype_name.c_str());
     const std::pair<int64_t, int64_t> want = scale_shape(w.shape[0], w.shape[1]);
     if (sc.shape.size() != 2 || sc.shape[0] != want.first || sc.shape[1] != want.second)
       fail(LWO_ERR_SHAPE_MISMATCH,
-           "'%s': scales '%s' of fp8 tensor '%s' %s must be [%lld, %lld] (one per 128 x 128 "
+           "%s: scales %s of fp8 tensor %s %s must be [%lld, %lld] (one per 128 x 128 "
            "block), not %s",
-           where.c_str(), sc.name.c_str(), w.name.c_str(), shape_str(w.shape).c_str(),
+           printable(where, '\'').c_str(), printable(sc.name, '\'').c_str(),
+           printable(w.name, '\'').c_str(), shape_str(w.shape).c_str(),
            static_cast<long long>(want.first), static_cast<long long>(want.second),
            shape_str(sc.shape).c_str());
     pairs.push_back({j, it->second});

@@ -118,9 +118,11 @@ LayerMap map_by_names(const std::vector<Entry>& entries,
                       const std::vector<std::vector<std::string>>& names,
                       const std::string& where);
 
-// A name as messages show it: in double quotes, with '"', '\\', control
-// characters and bytes that are not UTF-8 escaped, cut to about 160 bytes.
-std::string printable(const std::string& s);
+// A name as messages show it: in double quotes (or `quote`), with the quote,
+// '\\', control characters and bytes that are not UTF-8 escaped, cut to about
+// 160 bytes. File and tensor names in messages go through it, so that a name
+// read from a file cannot put an escape sequence or a line on a terminal.
+std::string printable(const std::string& s, char quote = '"');
 
 // Quantized fp8 weights (since 0.4.0): among one layer's entries (`layer`:
 // indices into `entries`), each F8_E4M3 entry W with an entry named

@@ -42,14 +42,16 @@ inline bool is_c1(const std::string& s, size_t i, size_t n) {
          static_cast<unsigned char>(s[i + 1]) <= 0x9F;
 }
 
-// Appends the escaped form of s (at most `max` input bytes) to out: '"' and
-// '\\' get a backslash, printable ASCII and valid UTF-8 (but C1 controls)
-// stay, every other byte becomes \xHH. Returns the input bytes used.
-inline size_t escape_into(const std::string& s, size_t max, std::string& out) {
+// Appends the escaped form of s (at most `max` input bytes) to out: `quote`
+// ('"' by default) and '\\' get a backslash, printable ASCII and valid UTF-8
+// (but C1 controls) stay, every other byte becomes \xHH. Returns the input
+// bytes used.
+inline size_t escape_into(const std::string& s, size_t max, std::string& out,
+                          char quote = '"') {
   size_t i = 0;
   while (i < s.size() && i < max) {
     unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
+    if (c == static_cast<unsigned char>(quote) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
       ++i;

@@ -208,6 +208,30 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
+// File and tensor names from the caller or from a file reach messages
+// escaped: an ESC sequence or a newline in a name never reaches a terminal.
+TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
+  lwo_checkpoint* ck = nullptr;
+  const std::string evil = dir + "/a\x1b[2Jb\nforged line.safetensors";
+  EXPECT_EQ(lwo_checkpoint_open(evil.c_str(), &ck), LWO_ERR_IO);
+  const std::string m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_NE(m.find("a\\x1b[2Jb\\x0aforged line.safetensors'"), std::string::npos) << m;
+  // an index naming a tensor its shard lacks: both names from the file
+  const std::string shard = file("s.safetensors");
+  write_safetensors(shard, model(1, 2));
+  const std::string index = file("i.json");
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"x\\u001b[31m\": \"s.safetensors\"}}";
+  }
+  EXPECT_NE(lwo_checkpoint_open(index.c_str(), &ck), LWO_OK);
+  const std::string m2 = lwo_last_error_message();
+  EXPECT_EQ(m2.find('\x1b'), std::string::npos) << m2;
+  EXPECT_NE(m2.find("x\\x1b[31m"), std::string::npos) << m2;
+}
+
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
