@@ -52,7 +52,7 @@ using testkit::Stream;
 #define LWO_REQUIRE_GPU()                                                  \
   do {                                                                     \
     if (!::lwo_test::no_device_reason().empty())                           \
-      GTEST_SKIP() << "no CUDA device: " << ::lwo_test::no_device_reason(); \
+      GTEST_SKIP() << ::lwo_test::no_device_reason(); /* its own words */ \
   } while (0)
 
 // Asserts (or expects) that a call succeeded; on failure prints the call, the
