@@ -1227,8 +1227,9 @@ typedef enum lwo_optim_kind_t {
   /* PyTorch's AdamW: p *= 1 - lr wd; m = b1 m + (1 - b1) g;
    * v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
   LWO_OPTIM_ADAMW = 0,
-  /* PyTorch's SGD: p *= 1 - lr wd; b = momentum b + (1 - dampening) g
-   * (b = g on step 1); p -= lr b */
+  /* SGD with PyTorch's momentum and dampening, its weight decay decoupled as
+   * AdamW's (PyTorch's SGD instead adds wd p to the gradient): p *= 1 - lr wd;
+   * b = momentum b + (1 - dampening) g (b = g on step 1); p -= lr b */
   LWO_OPTIM_SGD = 1,
   LWO_OPTIM_KIND_FORCE_32 = 0x7fffffff
 } lwo_optim_kind_t;
