@@ -1498,6 +1498,33 @@ class Offload:
                 return tuple(s.bias.shape)
         raise IndexError(i)
 
+    def _weight_grad(self, s, rec, stream, x, n, compute):
+        """dW (and db) of module s into its record's gradient slot, before dx
+        and without waiting for the weights: ``compute(desc, x, dweight,
+        dbias, grad_dtype)`` enqueues them (the accumulating desc when the
+        slot already holds this module's sum); with n == 0 (an empty batch)
+        they are zeroed instead. The slot goes to the host once the plan says
+        the record does not come next (while dx computes)."""
+        if x.dtype != s.dtype:
+            x = x.to(s.dtype)
+        x = x.contiguous()
+        sp = self._grad_slot(rec, stream)
+        acc = s.w_idx in sp.written
+        w_addr, wire = sp.slot[s.w_idx]
+        db = sp.slot[s.b_idx][0] if s.has_bias else None
+        if n:
+            compute(s.desc_acc if acc else s.desc, x.data_ptr(), w_addr, db, wire)
+        elif not acc:
+            self.backend.zero_device(w_addr, s.w_bytes, stream)
+            if s.has_bias:
+                self.backend.zero_device(db, s.b_bytes, stream)
+        sp.written.add(s.w_idx)
+        if s.has_bias:
+            sp.written.add(s.b_idx)
+        self._got_grad.add(s)
+        if not self.planner.next_is(rec.index):
+            self._end_span()
+
     # ----------------------------------------------------------------
     # Linear
     # ----------------------------------------------------------------
@@ -1570,26 +1597,9 @@ class Offload:
         try:
             be = self.backend
             if need_dw:
-                if x.dtype != s.dtype:
-                    x = x.to(s.dtype)
-                x = x.contiguous()
-                sp = self._grad_slot(rec, stream)
-                acc = s.w_idx in sp.written
-                w_addr, wire = sp.slot[s.w_idx]
-                db = sp.slot[s.b_idx][0] if s.has_bias else None
-                if tokens:
-                    be.linear_backward(s.desc_acc if acc else s.desc, tokens, x.data_ptr(),
-                                       dy.data_ptr(), None, None, w_addr, db, wire, stream)
-                elif not acc:
-                    be.zero_device(w_addr, s.w_bytes, stream)
-                    if s.has_bias:
-                        be.zero_device(db, s.b_bytes, stream)
-                sp.written.add(s.w_idx)
-                if s.has_bias:
-                    sp.written.add(s.b_idx)
-                self._got_grad.add(s)
-                if not self.planner.next_is(rec.index):
-                    self._end_span()  # off to the host while dx computes
+                self._weight_grad(s, rec, stream, x, tokens, lambda desc, xp, dw, db, wire:
+                                  be.linear_backward(desc, tokens, xp, dy.data_ptr(), None, None,
+                                                     dw, db, wire, stream))
             if not need_dx:
                 return None
             dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
@@ -1671,28 +1681,10 @@ class Offload:
         try:
             be = self.backend
             if need_dw:
-                if unbatched:
-                    x = x.unsqueeze(0)
-                if x.dtype != s.dtype:
-                    x = x.to(s.dtype)
-                x = x.contiguous()
-                sp = self._grad_slot(rec, stream)
-                acc = s.w_idx in sp.written
-                w_addr, wire = sp.slot[s.w_idx]
-                db = sp.slot[s.b_idx][0] if s.has_bias else None
-                if n:
-                    be.conv_backward(s.desc_acc if acc else s.desc, n, h, w, x.data_ptr(),
-                                     dy.data_ptr(), None, None, w_addr, db, wire, stream)
-                elif not acc:
-                    be.zero_device(w_addr, s.w_bytes, stream)
-                    if s.has_bias:
-                        be.zero_device(db, s.b_bytes, stream)
-                sp.written.add(s.w_idx)
-                if s.has_bias:
-                    sp.written.add(s.b_idx)
-                self._got_grad.add(s)
-                if not self.planner.next_is(rec.index):
-                    self._end_span()
+                self._weight_grad(s, rec, stream, x.unsqueeze(0) if unbatched else x, n,
+                                  lambda desc, xp, dw, db, wire:
+                                  be.conv_backward(desc, n, h, w, xp, dy.data_ptr(), None, None,
+                                                   dw, db, wire, stream))
             if not need_dx:
                 return None
             dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)

@@ -42,14 +42,16 @@ class Adapted(nn.Module):
         return self.head(torch.tanh(self.base1(h) + self.lora_b(self.lora_a(h))))
 
 
-def resident_reference(m, fmt):
-    """A copy of m whose frozen base holds its weights dequantized (as lwo
-    computes with them)."""
+def resident_reference(m, fmt, dequant=None):
+    """A copy of m whose frozen base (base0, base1) holds its weights
+    dequantized, as lwo computes with them (dequant: how a weight is
+    quantized and dequantized; default `dequantized`)."""
+    dequant = dequant or dequantized
     ref = copy.deepcopy(m)
     with torch.no_grad():
         for name in ("base0", "base1"):
             w = getattr(ref, name).weight
-            w.copy_(dequantized(w, fmt))
+            w.copy_(dequant(w, fmt))
     return ref
 
 
@@ -77,9 +79,4 @@ def dequantized_conv(w, fmt):
 
 
 def conv_resident_reference(m, fmt):
-    ref = copy.deepcopy(m)
-    with torch.no_grad():
-        for name in ("base0", "base1"):
-            w = getattr(ref, name).weight
-            w.copy_(dequantized_conv(w, fmt))
-    return ref
+    return resident_reference(m, fmt, dequantized_conv)
