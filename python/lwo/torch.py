@@ -47,6 +47,7 @@ The contract (docs/PYTHON.md says more):
 import collections
 import ctypes
 import math
+import sys
 import time
 import warnings
 import weakref
@@ -538,6 +539,63 @@ except AttributeError:  # pragma: no cover
 _MAX_REPLANS = 2  # plans made again when the steps stop matching the prediction
 
 
+class _Progress:
+    """Progress of a long load on stderr: nothing for a load done within
+    `after` seconds; then a bar redrawn in place on a terminal, else a line
+    per quarter. enabled: None (by time), True (from the start), False."""
+
+    def __init__(self, what, total, enabled=None, after=2.0, stream=None):
+        self.what, self.total, self.done_bytes = what, max(1, int(total)), 0
+        self.enabled = enabled
+        self.after = 0.0 if enabled else after
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self.shown = False
+        self.last = 0.0
+        self.quarter = 0
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+
+    def add(self, nbytes):
+        self.done_bytes += int(nbytes)
+        if self.enabled is False:
+            return
+        now = time.perf_counter()
+        if now - self.t0 < self.after or now - self.last < 0.25:
+            return
+        self.last = now
+        self._show(now)
+
+    def _show(self, now, final=False):
+        frac = min(1.0, self.done_bytes / self.total)
+        gb = self.total / 1e9
+        if self.tty:
+            n = int(frac * 30)
+            self.stream.write("\r%s [%s%s] %5.1f%% of %.2f GB, %.0f s" % (
+                self.what, "#" * n, "." * (30 - n), 100 * frac, gb, now - self.t0))
+            if final:
+                self.stream.write("\n")
+        else:
+            q = int(frac * 4)
+            if q <= self.quarter and not final:
+                return
+            self.quarter = q
+            self.stream.write("%s: %3.0f%% of %.2f GB, %.1f s\n" % (self.what, 100 * frac, gb,
+                                                                   now - self.t0))
+        self.stream.flush()
+        self.shown = True
+
+    def done(self):
+        if self.enabled is False:
+            return
+        now = time.perf_counter()
+        if self.shown or (self.enabled and now - self.t0 >= self.after):
+            self.done_bytes = self.total
+            self._show(now, final=True)
+
+
 class _Access:
     """One streamed access of the measured step: CUDA events at its start and
     end, and around each wait (for its weights, for a gradient slot)."""
@@ -591,7 +649,7 @@ class Offload:
     # ----------------------------------------------------------------
     @classmethod
     def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
-                backend, skipped, quant=None, quant_skipped=None):
+                backend, skipped, quant=None, quant_skipped=None, progress=None):
         self = object.__new__(cls)
         self.closed = False
         quant = quant or {}
@@ -643,6 +701,9 @@ class Offload:
 
         # Fill it, and make the parameters CPU tensors over it.
         freed_cuda = False
+        total = sum(s.module.weight.numel() * s.module.weight.element_size() for s in states)
+        bar = _Progress("lwo.torch.offload: %s weights into the pool" % (
+            "quantizing and copying" if quant else "copying"), total, progress)
         with torch.no_grad():
             for rec in records:
                 infos = self.pool.tensors(rec.index)
@@ -650,6 +711,7 @@ class Offload:
                 for s in rec.modules:
                     m = s.module
                     w = m.weight
+                    bar.add(w.numel() * w.element_size())
                     s.dtype = w.dtype
                     s.lwo_dtype = _LWO_DTYPE[w.dtype]
                     self._bind(s, infos)
@@ -683,6 +745,7 @@ class Offload:
                         s.out_sizes = {}
                 rec.version = rec.current_version()
                 rec.trainable = any(p.requires_grad for p in rec.params)
+        bar.done()
 
         self._init_state([s.record.index for s in states])
         self.ring = backend.ring(self.pool, self.depth, self._timing)
@@ -1963,7 +2026,8 @@ def _quant_choice(targets, quant):
 
 
 def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
-            stats=False, timing=False, quant=None, budget=None, plan=True, _backend=None):
+            stats=False, timing=False, quant=None, budget=None, plan=True, progress=None,
+            _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
     ``lwo.torch.handle_of(model)``).
@@ -2006,6 +2070,10 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              measured time beside the prediction. False: records and depth
              as given, nothing measured.
     grads_depth: device staging slots for weight gradients.
+    progress: the load's progress on stderr (copying the weights into the
+             pool, quantizing them with quant=): None (the default) shows it
+             once the load has taken 2 s (a bar on a terminal, else a line per
+             quarter), True from the start, False never.
     device:  the CUDA device to stream to (default: where the model's other
              parameters are, else the current device). The rest of the model
              is moved there.
@@ -2100,7 +2168,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
     quantized, quant_skipped = _quant_choice(targets, quant)
     handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
                              grads_depth, device, stats, timing, backend, skipped, quantized,
-                             quant_skipped)
+                             quant_skipped, progress)
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
         model.to(device)

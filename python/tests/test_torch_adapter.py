@@ -976,3 +976,26 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
         m2(torch.randn(3, 12)).sum().backward()
         m2.zero_grad()
     assert len(be2.plan_calls) == 1
+
+
+def test_the_loads_progress_on_stderr(capsys):
+    lt.offload(mlp(), _backend=fake_lwo.Backend(), progress=True)
+    err = capsys.readouterr().err
+    assert "lwo.torch.offload: copying weights into the pool" in err and "100%" in err
+    m = mlp().requires_grad_(False)
+    lt.offload(m, _backend=fake_lwo.Backend(), quant="int8", progress=True)
+    assert "quantizing and copying" in capsys.readouterr().err
+    for progress in (None, False):  # a load this short says nothing by default
+        lt.offload(mlp(), _backend=fake_lwo.Backend(), progress=progress)
+        assert capsys.readouterr().err == ""
+    # by time: a bar once the load has run `after` seconds
+    import io
+    from lwo.torch import _Progress
+    out = io.StringIO()
+    bar = _Progress("loading", 100, None, after=0.0, stream=out)
+    for _ in range(4):
+        bar.last = 0.0
+        bar.add(25)
+    bar.done()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("loading:") and lines[-1].startswith("loading: 100%"), lines
