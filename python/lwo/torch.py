@@ -820,6 +820,8 @@ class Offload:
         self._cb_tasks = set()     # graph tasks whose end callback is queued
         self._got_grad = set()     # modules whose dW was sent since the last zero
         self._exposed = {}         # param -> its host gradient tensor, set as param.grad
+        self._carry = {}           # (record, tensor) -> a sum to add after the next fence
+        self._pass_layers = set()  # records whose dW this backward pass sent
 
     @classmethod
     def _create_empty(cls, model, device, backend, skipped):
@@ -924,6 +926,11 @@ class Offload:
         old_views = self._grad_views
         self._grad_views = {}
         if old is not None:
+            # The new set starts its layers afresh: its next gradient of a
+            # layer lands in place of what the host buffer holds. So the sums
+            # so far are copied in (param.grad reads them until then) and kept
+            # aside, to be added after the next fence to each layer that got a
+            # gradient in that pass (_backward_ended).
             for rec, was in zip(self.records, old_mask):
                 if not was:
                     continue
@@ -933,6 +940,10 @@ class Offload:
                         src = self._grad_view(rec.index, name, old)
                         self._grad_views.pop((rec.index, name), None)
                     self._grad_view(rec.index, name, grads).copy_(src)
+                    self._carry[(rec.index, name)] = src.clone()
+            # what this pass sent so far is in those sums: only the layers
+            # sent from here on land afresh
+            self._pass_layers = set()
             keys = self._param_key
             for p, t in list(self._exposed.items()):
                 nt = self._grad_views[keys[p]].view(t.shape)
@@ -1459,8 +1470,10 @@ class Offload:
         if task != -1:
             torch.autograd.Variable._execution_engine.queue_callback(
                 lambda: self._backward_ended(task))
-        if first and self.grads is not None:
-            self._start_sums()
+        if first:
+            self._pass_layers = set()
+            if self.grads is not None:
+                self._start_sums()
 
     def _start_sums(self):
         """At the start of a backward pass: a param.grad set to None since
@@ -1471,12 +1484,14 @@ class Offload:
             if self._got_grad:
                 self.grads.zero()
                 self._got_grad.clear()
+                self._carry.clear()
             return
         nones = [p for p, t in exposed.items() if p.grad is None]
         if len(nones) == len(exposed):
             self.grads.zero()
             exposed.clear()
             self._got_grad.clear()
+            self._carry.clear()
             return
         waited = False
         zeroed = set()
@@ -1491,6 +1506,7 @@ class Offload:
                 t.zero_()  # lwo adds to it from here
                 zeroed.add(p)
                 del exposed[p]
+                self._carry.pop(self._param_key.get(p), None)
             else:
                 t.copy_(g.detach().reshape(t.shape))
                 p.grad = None  # set back to the host buffer at the end of the pass
@@ -1516,6 +1532,12 @@ class Offload:
             ev[-1][2] = self.backend.event()
         if self.grads is not None and self._got_grad:
             self.grads.wait()  # the fence: the host buffers hold the sums from here on
+            if self._carry:  # sums from before the gradient set was made again
+                for (layer, name), c in self._carry.items():
+                    if layer in self._pass_layers:
+                        t = self._grad_view(layer, name)
+                        t.copy_((t.float() + c.float()).to(t.dtype))
+                self._carry.clear()
             for s in list(self._got_grad):
                 for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                     if p is None or not p.requires_grad:
@@ -1585,6 +1607,7 @@ class Offload:
         if s.has_bias:
             sp.written.add(s.b_idx)
         self._got_grad.add(s)
+        self._pass_layers.add(rec.index)
         if not self.planner.next_is(rec.index):
             self._end_span()
 

@@ -999,3 +999,30 @@ def test_the_loads_progress_on_stderr(capsys):
     bar.done()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("loading:") and lines[-1].startswith("loading: 100%"), lines
+
+
+def test_sums_survive_a_module_made_trainable_between_micro_batches():
+    # layer 0 trainable and accumulating; layer 2 switched on between two
+    # backward passes: the gradient set is made again, and layer 0's sum must
+    # carry on (the new set starts its layers afresh)
+    m = mlp()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m[0].weight.requires_grad_(True)
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    x1, x2 = torch.randn(3, 12), torch.randn(3, 12)
+    m(x1).sum().backward()
+    ref(x1).sum().backward()
+    for mod in (m, ref):
+        mod[2].weight.requires_grad_(True)
+    m(x2).sum().backward()
+    ref(x2).sum().backward()
+    close(m[0].weight.grad, ref[0].weight.grad, torch.float32)
+    close(m[2].weight.grad, ref[2].weight.grad, torch.float32)
+    # and once more, both trainable from the start of the pass
+    x3 = torch.randn(3, 12)
+    m(x3).sum().backward()
+    ref(x3).sum().backward()
+    close(m[0].weight.grad, ref[0].weight.grad, torch.float32)
+    close(m[2].weight.grad, ref[2].weight.grad, torch.float32)
