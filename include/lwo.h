@@ -1290,10 +1290,15 @@ typedef struct lwo_optim_step_params {
   double dampening;     /* SGD, in [0, 1] */
   double max_norm;      /* > 0: clip the global gradient norm to it
                            (LWO_OPTIM_CLIPPING); 0: no clipping */
+  double extra_sumsq;   /* >= 0, since 0.6.0: the sum of squares of the step's
+                           gradients that the optimizer does not hold (parameters
+                           updated elsewhere, on the GPU), added to its own
+                           before the square root: the global norm is
+                           sqrt(own + extra_sumsq); read only with max_norm > 0 */
 } lwo_optim_step_params;
 
 #define LWO_OPTIM_STEP_PARAMS_INIT \
-  {sizeof(lwo_optim_step_params), 1u, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0.0}
+  {sizeof(lwo_optim_step_params), 1u, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0.0, 0.0}
 LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
 
 /* Starts a step: updates every trainable layer that got a gradient (an

@@ -417,6 +417,7 @@ class lwo_optim_step_params(_Struct):
         ("momentum", ctypes.c_double),
         ("dampening", ctypes.c_double),
         ("max_norm", ctypes.c_double),
+        ("extra_sumsq", ctypes.c_double),  # since 0.6.0
     ]
 
 
