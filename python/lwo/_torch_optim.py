@@ -66,7 +66,8 @@ class _Binding:
                 # One optimizer drives a handle's records at a time: the one
                 # that steps takes them (the other keeps its state aside,
                 # and is dropped once it is gone)
-                other.detach(final=other.opt_ref() is None)
+                gone = other.opt_ref() is None
+                other.detach(final=gone, keep=not gone)
         self.lwo = h.backend.optimizer(h.grads, opt._kind, opt._state_dtype, opt._flags(),
                                        opt._n_threads, opt._seed)
         keys = h._param_key
@@ -79,12 +80,12 @@ class _Binding:
             for which, t in st.items():
                 self.lwo.write(key[0], key[1], which, t)
 
-    def detach(self, final=False):
-        """Waits for the step, keeps the state in tensors, destroys the lwo
-        optimizer (final: the handle is closing; the binding ends)."""
+    def detach(self, final=False, keep=True):
+        """Waits for the step, keeps the state in tensors (unless not
+        `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
             self.lwo.wait()
-            self.saved = {p: self.read(p) for p in self.keys}
+            self.saved = {p: self.read(p) for p in self.keys} if keep else {}
             self.lwo.close()
             self.lwo = None
             self.keys = {}
