@@ -85,6 +85,7 @@ class _Binding:
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
             self.lwo.wait()
+            keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
             self.saved = {p: self.read(p) for p in self.keys} if keep else {}
             self.lwo.close()
             self.lwo = None

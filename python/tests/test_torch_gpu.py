@@ -484,7 +484,10 @@ def test_host_optimizer_matches_pytorchs_on_the_device(variant):
     for step in range(6):
         x = torch.randn(64, 192, device=DEV)
         ya, yb = m(x), ref(x)
-        close(ya, yb, torch.float32, "%s: output, step %d" % (variant, step))
+        # the weights drift apart by roundings as the steps go on (AdamW
+        # divides by the gradients' size): the output within 1e-3
+        err = (ya - yb).float().norm().item() / yb.float().norm().item()
+        assert err <= 1e-3, "%s: output, step %d: relative error %g" % (variant, step, err)
         g = torch.randn_like(yb) * (8 if variant == "clip" else 1)
         ya.backward(g)
         yb.backward(g)
@@ -530,6 +533,7 @@ def test_host_adamw_state_dict_round_trip_on_the_device():
     steps(m, opt, 0, 3)
     buf = __import__("io").BytesIO()
     torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+    at_save = {k: p.detach().float().cpu().clone() for k, p in m.named_parameters()}
     steps(m, opt, 3, 6)
     buf.seek(0)
     saved = torch.load(buf)
@@ -538,8 +542,9 @@ def test_host_adamw_state_dict_round_trip_on_the_device():
     opt2 = lt.optim.AdamW(m2.parameters(), lr=1e-3)
     opt2.load_state_dict(saved["opt"])
     steps(m2, opt2, 3, 6)
-    for (k, p), q in zip(m.named_parameters(), m2.parameters()):
-        assert torch.equal(p.detach().cpu(), q.detach().cpu()), k
+    # the same updates from the saved state (moments started afresh would
+    # change them by a large fraction; GEMMs may round apart by an ulp)
+    updated_like(m2, m, at_save, "after the round trip", tol=1e-3)
     h.close()
     h2.close()
 
