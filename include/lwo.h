@@ -1644,7 +1644,7 @@ LWO_API lwo_status_t lwo_checkpoint_map_tensors(lwo_checkpoint* checkpoint,
                                                 const char** names, uint32_t* n_layers);
 
 /* ------------------------------------------------------------------------ */
-/* Host weights sharded across NCCL ranks (see docs/API.md)                  */
+/* Host weights sharded across NCCL ranks (see docs/API.md)                 */
 /* ------------------------------------------------------------------------ */
 
 /* Same layout as ncclUniqueId. */
