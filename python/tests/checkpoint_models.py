@@ -10,8 +10,6 @@ import os
 
 import torch
 
-from safetensors.torch import save_file
-
 SCALE = "_scale_inv"
 
 
@@ -49,6 +47,7 @@ def tensors_of(model):
 def save(tensors, folder, shards=1, name="model"):
     """One file (shards=1: folder/model.safetensors) or `shards` files with an
     index (folder/model.safetensors.index.json). Returns the path to open."""
+    from safetensors.torch import save_file
     os.makedirs(folder, exist_ok=True)
     names = list(tensors)
     if shards == 1:
