@@ -687,3 +687,47 @@ print(fields.get("Shared_Clean:", 0) + fields.get("Shared_Dirty:", 0),
     streamed = 8 * 512 * 512 * 4
     assert dirty == 0
     assert shared >= 0.9 * streamed, (shared, streamed, size)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8-e4m3"])
+def test_make_llama_checkpoint_writes_what_offload_streams(tmp_path, dtype):
+    """scripts/make-llama-checkpoint: HF's layout (config.json, shards and
+    their index), readable by safetensors, lwo and transformers' config."""
+    import subprocess
+    import sys
+    from safetensors.torch import load_file
+    from checkpoint_models import fp8_dense
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
+                          "make-llama-checkpoint")
+    out = str(tmp_path / "ckpt")
+    subprocess.run([sys.executable, script, "--out", out, "--preset", "tiny", "--dtype", dtype,
+                    "--shard-size", "100KB", "--quiet"], check=True)
+    with open(os.path.join(out, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 2
+    tensors = {}
+    for name in files:
+        tensors.update(load_file(os.path.join(out, name)))
+    assert set(tensors) == set(index["weight_map"])
+    q = tensors["model.layers.1.mlp.down_proj.weight"]
+    if dtype == "bf16":
+        assert q.dtype == torch.bfloat16 and abs(q.float().std().item() - 0.02) < 2e-3
+    else:
+        s = tensors["model.layers.1.mlp.down_proj.weight" + SCALE]
+        assert q.dtype == torch.float8_e4m3fn and q.shape == (64, 128) and s.shape == (1, 1)
+        assert abs(fp8_dense(q, s).float().std().item() - 0.02) < 2e-3
+        assert q.float().abs().max().item() == 448.0  # each block's largest maps to 448
+    assert torch.equal(tensors["model.norm.weight"], torch.ones(64, dtype=torch.bfloat16))
+    cfg = transformers.AutoConfig.from_pretrained(out)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads) == (64, 2, 2)
+    m = llama(cfg, meta=True)
+    h, _be = offload(m, checkpoint=out)
+    assert h.checkpoint_info["unmatched"] == []
+    assert len(h.checkpoint_info["fp8"]) == (14 if dtype == "fp8-e4m3" else 0)
+    dense = {}
+    for k, v in tensors.items():
+        if k.endswith(SCALE):
+            continue
+        dense[k] = fp8_dense(v, tensors[k + SCALE]) if v.dtype == torch.float8_e4m3fn else v
+    compare_logits(m, resident(lambda: llama(cfg), dense))
