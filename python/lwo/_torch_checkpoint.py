@@ -34,6 +34,7 @@ import math
 import mmap
 import os
 import time
+import warnings
 
 import torch
 import torch.nn as nn
@@ -99,17 +100,30 @@ def _listed(names):
 class _Views:
     """This process's copy-on-write mappings of the checkpoint's files
     (MAP_PRIVATE: pages shared with the page cache until written; a write
-    never reaches the file) and CPU tensors over them."""
+    never reaches the file) and CPU tensors over them. Where the system
+    refuses a private writable mapping of that size (strict overcommit
+    accounting charges it), the mapping is read-only instead, with a
+    warning: a write to a streamed parameter would then crash the process."""
 
     def __init__(self, files):
         self.paths = [f.path for f in files]
         self.maps = []
+        self.read_only = False
         for f in files:
             if f.bytes == 0:
                 self.maps.append(None)
                 continue
             with open(f.path, "rb") as fh:
-                self.maps.append(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY))
+                try:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                except OSError as e:
+                    warnings.warn("lwo.torch.offload(checkpoint=): a copy-on-write mapping of "
+                                  "%r was refused (%s); it is mapped read-only, so writing a "
+                                  "streamed parameter in place would crash the process"
+                                  % (f.path, e), RuntimeWarning, stacklevel=4)
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    self.read_only = True
+            self.maps.append(mm)
 
     def tensor(self, t, dtype=None, shape=None):
         """A CPU tensor over checkpoint tensor `t` (a CheckpointTensor) in its
@@ -119,6 +133,11 @@ class _Views:
         n = math.prod(shape)
         if n == 0 or not t.bytes:
             return torch.empty(shape, dtype=dt)
+        if self.read_only:
+            with warnings.catch_warnings():  # "not writable": said once, above
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(self.maps[t.file], dtype=dt, count=n,
+                                        offset=t.file_offset).view(shape)
         return torch.frombuffer(self.maps[t.file], dtype=dt, count=n,
                                 offset=t.file_offset).view(shape)
 
@@ -560,6 +579,11 @@ class Source:
                         pool.info().kind, "kind %d" % pool.info().kind)
         self.info["pool"] = kind
         return pool
+
+    def release(self):
+        """After Offload.close(): the first pool (which registered the files
+        for DMA) goes."""
+        self.first_pool = None
 
     def regroup(self, handle, records):
         """A new mapped pool whose records group the same checkpoint tensors

@@ -1968,6 +1968,8 @@ class Offload:
         self.grads = None
         # The gradient set and the pool go with the last tensor over them.
         self.pool = None
+        if self._checkpoint is not None:
+            self._checkpoint.release()
         model = self.model_ref()
         if model is not None and getattr(model, "_lwo_handle", None) is self:
             del model._lwo_handle

@@ -731,3 +731,25 @@ def test_make_llama_checkpoint_writes_what_offload_streams(tmp_path, dtype):
             continue
         dense[k] = fp8_dense(v, tensors[k + SCALE]) if v.dtype == torch.float8_e4m3fn else v
     compare_logits(m, resident(lambda: llama(cfg), dense))
+
+
+def test_a_refused_private_mapping_falls_back_to_a_read_only_one(tiny, monkeypatch):
+    import mmap as mmap_module
+    from lwo import _torch_checkpoint as tc
+    cfg, tensors, path = tiny
+    real = mmap_module.mmap
+
+    def no_private(fd, length, access=None, **kw):
+        if access == mmap_module.ACCESS_COPY:
+            raise OSError(12, "Cannot allocate memory")
+        return real(fd, length, access=access, **kw)
+
+    monkeypatch.setattr(tc.mmap, "mmap", no_private)
+    m = llama(cfg, meta=True)
+    with pytest.warns(RuntimeWarning, match="mapped read-only, so writing a streamed parameter"):
+        h, _be = offload(m, checkpoint=path)
+    compare_logits(m, resident(lambda: llama(cfg), tensors))
+    h.close(device="cpu")
+    assert h._checkpoint.first_pool is None  # the pool that registered the files is gone
+    assert not lt.is_offloaded(m)
+    compare_logits(m, resident(lambda: llama(cfg), tensors))
