@@ -784,7 +784,9 @@ class Offload:
             rec.names = []
             for i, s in enumerate(rec.modules):
                 w = s.module.weight
-                dt = _LWO_DTYPE[w.dtype]
+                # the dtype lwo computes in (once streamed: an fp8 weight of a
+                # checkpoint is a parameter of its codes)
+                dt = _LWO_DTYPE[getattr(s, "dtype", None) or w.dtype]
                 tensors.append(_core.TensorSpec("m%d.weight" % i, dt, _quant_shape(w), None,
                                                 s.quant)
                                if s.quant else ("m%d.weight" % i, dt, tuple(w.shape)))

@@ -753,3 +753,32 @@ def test_a_refused_private_mapping_falls_back_to_a_read_only_one(tiny, monkeypat
     assert h._checkpoint.first_pool is None  # the pool that registered the files is gone
     assert not lt.is_offloaded(m)
     compare_logits(m, resident(lambda: llama(cfg), tensors))
+
+
+def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
+    cfg = llama_config(hidden=64)
+    fp8, dense = fp8_tensors(tensors_of(llama(cfg)))
+    path = save(fp8, str(tmp_path))
+    m = llama(cfg, meta=True)
+    ref = resident(lambda: llama(cfg), dense)
+    for mod in (m, ref):
+        for n, p in mod.named_parameters():
+            p.requires_grad_("lm_head" in n)
+    be = fake_lwo.PlanningBackend(group_size=3)
+    h, _be = offload(m, backend=be, checkpoint=path, checkpoint_copy=True)
+    n_before = len(h.records)
+    opt = torch.optim.SGD([m.lm_head.weight], lr=0.1)
+    opt_r = torch.optim.SGD([ref.lm_head.weight], lr=0.1)
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(6):
+        ids = torch.randint(0, 64, (2, 8), generator=gen)
+        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) < 2e-2, (la.item(), lb.item())
+        la.backward()
+        lb.backward()
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
+    assert len(h.records) < n_before and len(be.pools) == 2
+    assert not isinstance(be.pools[1], fake_lwo.CheckpointPool)
+    w = m.model.layers[0].mlp.up_proj.weight  # still the file's codes
+    assert w.dtype == torch.float8_e4m3fn
