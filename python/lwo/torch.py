@@ -1385,9 +1385,9 @@ class Offload:
                                          pool).copy_(_host_tensor(src.address, src.bytes,
                                                                   torch.uint8, (src.bytes,),
                                                                   old_pool))
-                        if s.quant:
-                            rec.saved_bytes += s.weight.numel() * s.weight.element_size() \
-                                - s.w_bytes
+                        if s.quant:  # (of its compute dtype: see _pool_layers)
+                            rec.saved_bytes += s.weight.numel() * _core.dtype_size(
+                                s.lwo_dtype) - s.w_bytes
                         for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                             if p is None or (p is s.weight and s.quant) or mapped:
                                 continue

@@ -767,6 +767,8 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
     be = fake_lwo.PlanningBackend(group_size=3)
     h, _be = offload(m, backend=be, checkpoint=path, checkpoint_copy=True)
     n_before = len(h.records)
+    saved = h.stats()["quant"]["saved_bytes"]
+    assert saved > 0
     opt = torch.optim.SGD([m.lm_head.weight], lr=0.1)
     opt_r = torch.optim.SGD([ref.lm_head.weight], lr=0.1)
     gen = torch.Generator().manual_seed(8)
@@ -782,3 +784,4 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
     assert not isinstance(be.pools[1], fake_lwo.CheckpointPool)
     w = m.model.layers[0].mlp.up_proj.weight  # still the file's codes
     assert w.dtype == torch.float8_e4m3fn
+    assert h.stats()["quant"]["saved_bytes"] == saved
