@@ -149,6 +149,8 @@ void Optimizer::step(const lwo_optim_step_params& p) {
     if (!(p.dampening >= 0 && p.dampening <= 1)) bad("dampening", p.dampening, "[0, 1]");
   }
   if (!(std::isfinite(p.max_norm) && p.max_norm >= 0)) bad("max_norm", p.max_norm, "[0, inf)");
+  if (!(std::isfinite(p.extra_sumsq) && p.extra_sumsq >= 0))
+    bad("extra_sumsq", p.extra_sumsq, "[0, inf)");
   if (p.max_norm > 0 && !cfg_.clipping)
     fail(LWO_ERR_INVALID_ARGUMENT, "max_norm %g, but the optimizer was created without "
          "LWO_OPTIM_CLIPPING (it keeps no copy of the state to redo a clipped step from)",
@@ -343,6 +345,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     std::sort(order.begin(), order.end());
     double sq = 0;
     for (uint32_t li : order) sq += layers_[li].sumsq;
+    sq += p.extra_sumsq;  // the gradients held elsewhere
     const double norm = std::sqrt(sq);
     const float scale = optim::clip_scale(norm, p.max_norm);
     uint64_t redone = 0;

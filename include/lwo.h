@@ -85,8 +85,10 @@
  *    is base + offset, which it must never be read through), is never
  *    copied, and writes to it are 0-byte writes that succeed.
  *
- * Since: 0.1.0 unless marked otherwise; calls and fields added later say
- * "since 0.2.0". docs/API.md lists every change under "Changes in 0.2".
+ * Since: 0.1.0 unless marked otherwise. A call, struct, field, flag or value
+ * added later says "since 0.x.0" in its comment (or in its section's
+ * heading); a later change of an older call's behaviour says "from 0.x.0".
+ * CHANGELOG.md lists the changes of each release.
  */
 #ifndef LWO_H_
 #define LWO_H_
@@ -163,7 +165,7 @@ typedef enum lwo_status_t {
    * checkpoint pool, ...). */
   LWO_ERR_UNSUPPORTED = 107,
   /* A gradient was asked of a quantized weight (lwo_linear_backward, and
-   * since 0.5.0 lwo_conv2d_backward, with a dweight or dbias for a
+   * from 0.5.0 lwo_conv2d_backward, with a dweight or dbias for a
    * quantized weight, lwo_grads_create with a
    * trainable layer that holds a quantized tensor): quantized weights are
    * frozen. Since 0.4.0. */
@@ -424,7 +426,7 @@ LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device
 LWO_API lwo_status_t lwo_engine_set_budget(lwo_engine* engine, uint64_t budget_bytes,
                                            double budget_share, uint64_t budget_headroom);
 
-/* What the engine's objects hold on the device now (Since 0.4.0). */
+/* What the engine's objects hold on the device now. Since 0.4.0. */
 typedef struct lwo_engine_memory {
   size_t size;              /* sizeof(lwo_engine_memory), set by the caller */
   uint64_t budget;          /* the limit in bytes; 0: none */
@@ -537,6 +539,7 @@ typedef struct lwo_pool_info {
                                  (since 0.2.0) */
 } lwo_pool_info;
 
+/* Since 0.2.0. */
 #define LWO_POOL_INFO_INIT {sizeof(lwo_pool_info), 0u, LWO_POOL_PINNED, 0u, 0u, 0, 1}
 
 LWO_API lwo_status_t lwo_pool_get_info(const lwo_pool* pool, lwo_pool_info* info);
@@ -556,6 +559,7 @@ typedef struct lwo_tensor_info {
                             logical dtype; since 0.4.0) */
 } lwo_tensor_info;
 
+/* Since 0.2.0. */
 #define LWO_TENSOR_INFO_INIT {sizeof(lwo_tensor_info), NULL, LWO_DTYPE_F32, 0, {0}, 0u, 0u, 0}
 
 LWO_API lwo_status_t lwo_pool_layer_tensor_count(const lwo_pool* pool, uint32_t layer,
@@ -660,8 +664,8 @@ typedef struct lwo_ring_config {
 LWO_API void lwo_ring_config_init(lwo_ring_config* config);
 
 /* Creates a ring of `depth` device slots, each the size of the pool's largest
- * record (since 0.4.0: its largest streamed record, when resident layers are
- * listed), serving layers of `pool`. `config` may be NULL. Since 0.4.0 the
+ * record (from 0.4.0: its largest streamed record, when resident layers are
+ * listed), serving layers of `pool`. `config` may be NULL. From 0.4.0 the
  * slots count against the engine's budget (LWO_ERR_OVER_BUDGET). */
 LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
                                      lwo_ring** ring);
@@ -700,7 +704,7 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * staged or held under another ticket: this wins over a full ring),
  * LWO_ERR_RING_FULL (every slot is staged or held).
  *
- * Since 0.4.0: where an optimizer (lwo_optim) is updating the layer, the
+ * From 0.4.0: where an optimizer (lwo_optim) is updating the layer, the
  * call first blocks until that layer's update is written (the step marked
  * the layer changed, so this stage copies the new bytes). */
 LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer,
@@ -722,6 +726,7 @@ typedef struct lwo_layer_view {
                                         its wire dtype (since 0.2.0) */
 } lwo_layer_view;
 
+/* Since 0.2.0. */
 #define LWO_LAYER_VIEW_INIT {sizeof(lwo_layer_view), 0u, 0u, NULL, 0u, NULL, NULL, NULL}
 
 /* Makes `stream` wait (on the GPU) until the ticket's layer is in its slot and
@@ -1058,7 +1063,7 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
  * the engine's host threads, behind the lwo_grads_wait fence). */
 typedef struct lwo_grads lwo_grads;
 
-/* Gradients, by default (flags 0, since 0.3.0): each tensor's gradient is
+/* Gradients, by default (flags 0, from 0.3.0): each tensor's gradient is
  * written on the GPU, sent and kept on the host in the tensor's own dtype
  * (bf16, f16 or f32). A layer's first gradient after lwo_grads_zero lands by
  * DMA straight in its host buffer, with no host work; each later one (a
@@ -1067,8 +1072,9 @@ typedef struct lwo_grads lwo_grads;
  * once to the buffer's dtype (round to nearest even). Sharded pools of more
  * than one rank are the exception: they reduce, send and keep f32.
  *
- * LWO_GRADS_F32: f32 on the wire and f32 host buffers (the 0.2 default):
- * twice the traffic of a bf16 layer, and sums that round only in f32.
+ * LWO_GRADS_F32 (since 0.3.0): f32 on the wire and f32 host buffers (the
+ * 0.2 default): twice the traffic of a bf16 layer, and sums that round only
+ * in f32.
  * LWO_GRADS_NATIVE_WIRE: the tensor's own dtype on the wire, f32 host
  * buffers: the host widens every gradient and adds it. At most one of the
  * two. */
@@ -1093,7 +1099,7 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * every layer), and `depth` device staging slots, each the size of the
  * largest trainable layer's gradients on the wire. Trainable tensors must be
  * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists.
- * Since 0.4.0: a trainable layer (trainable NULL: every layer) that holds a
+ * From 0.4.0: a trainable layer (trainable NULL: every layer) that holds a
  * quantized tensor (LWO_EXT_TENSOR_QUANT, or an fp8 checkpoint weight) is
  * LWO_ERR_QUANTIZED_WEIGHT, naming the layer and the tensor.
  *
@@ -1123,7 +1129,7 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * example with lwo_linear_backward: several micro-batches may be summed in
  * the slot with LWO_LINEAR_ACCUMULATE), then call lwo_grads_end. LWO_ERR_RING_FULL if every slot is begun;
  * LWO_ERR_LAYER_BUSY if the layer is already begun; LWO_ERR_INVALID_ARGUMENT
- * for a frozen layer. Since 0.4.0: where an optimizer (lwo_optim) is still
+ * for a frozen layer. From 0.4.0: where an optimizer (lwo_optim) is still
  * reading the layer's gradients, the call first blocks until it is done
  * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
  * it zeroes). */
@@ -1157,7 +1163,8 @@ LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads);
  * is the fence, and finishes lazy zeroing). Since 0.2.0. */
 LWO_API lwo_status_t lwo_grads_query(lwo_grads* grads, uint32_t* done);
 
-/* One tensor's host gradient: the part of it that this rank holds. */
+/* One tensor's host gradient: the part of it that this rank holds. Since
+ * 0.3.0. */
 typedef struct lwo_grad_tensor {
   size_t size;             /* sizeof(lwo_grad_tensor), set by the caller */
   void* data;              /* host memory owned by the grads object, valid
@@ -1290,17 +1297,22 @@ typedef struct lwo_optim_step_params {
   double dampening;     /* SGD, in [0, 1] */
   double max_norm;      /* > 0: clip the global gradient norm to it
                            (LWO_OPTIM_CLIPPING); 0: no clipping */
+  double extra_sumsq;   /* >= 0, since 0.6.0: the sum of squares of the step's
+                           gradients that the optimizer does not hold (parameters
+                           updated elsewhere, on the GPU), added to its own
+                           before the square root: the global norm is
+                           sqrt(own + extra_sumsq); read only with max_norm > 0 */
 } lwo_optim_step_params;
 
 #define LWO_OPTIM_STEP_PARAMS_INIT \
-  {sizeof(lwo_optim_step_params), 1u, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0.0}
+  {sizeof(lwo_optim_step_params), 1u, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0.0, 0.0}
 LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
 
 /* Starts a step: updates every trainable layer that got a gradient (an
  * lwo_grads_end) since the previous step and was not zeroed since, each
  * once its last such gradient has landed; layers without are left as they
  * are (as PyTorch skips parameters without a gradient). Among the layers
- * that have landed the lowest-numbered is updated first (since 0.5.0; the
+ * that have landed the lowest-numbered is updated first (from 0.5.0; the
  * order the next forward stages them). Returns at once.
  * Call it after the step's last lwo_grads_end of every layer; a later end
  * of a layer is the next step's. LWO_ERR_INVALID_ARGUMENT for a parameter
@@ -1474,7 +1486,7 @@ typedef struct lwo_checkpoint lwo_checkpoint;
 /* Opens a safetensors checkpoint read-only: a `.safetensors` file, or the
  * shards named by a `*.safetensors.index.json` (shards in the index's
  * folder). Anything that is not a regular file (a folder, a named pipe, a
- * device) is LWO_ERR_IO, found without blocking (since 0.2.0). Every file is mapped (shared: processes that open the same file
+ * device) is LWO_ERR_IO, found without blocking (from 0.2.0). Every file is mapped (shared: processes that open the same file
  * share its pages in the page cache) and every header is validated: length,
  * JSON, dtypes, shapes against byte ranges, ranges inside the data, no
  * overlaps. Failures: LWO_ERR_IO, LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
@@ -1538,6 +1550,7 @@ typedef struct lwo_checkpoint_tensor {
   uint32_t quant_partner;
 } lwo_checkpoint_tensor;
 
+/* Since 0.2.0. */
 #define LWO_CHECKPOINT_TENSOR_INIT \
   {sizeof(lwo_checkpoint_tensor), NULL, NULL, -1, 0, {0}, 0u, 0u, 0u, 0, 0xffffffffu}
 
@@ -1595,7 +1608,7 @@ LWO_API void lwo_checkpoint_pool_config_init(lwo_checkpoint_pool_config* config)
  * changed size. LWO_ERR_BAD_DTYPE for a tensor whose dtype lwo cannot stream;
  * LWO_ERR_NOT_FOUND for a name or a layer index that is missing. The pool's
  * kind (lwo_pool_get_info) says which path it took.
- * Since 0.4.0: an F8_E4M3 [rows, cols] tensor with its f32 scales
+ * From 0.4.0: an F8_E4M3 [rows, cols] tensor with its f32 scales
  * "<name>_scale_inv" ([ceil(rows/128), ceil(cols/128)], as fp8 checkpoints
  * ship them) in the same layer becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor
  * of the record named after the weight (logical dtype bf16; the scales are no
@@ -1618,7 +1631,7 @@ LWO_API lwo_status_t lwo_checkpoint_unmatched_name(lwo_checkpoint* checkpoint,
                                                    const lwo_checkpoint_pool_config* config,
                                                    uint32_t index, const char** name);
 
-/* Marks a checkpoint tensor that `config` maps to no layer. */
+/* Marks a checkpoint tensor that `config` maps to no layer. Since 0.2.0. */
 #define LWO_NO_LAYER 0xffffffffu
 
 /* Which layer each checkpoint tensor becomes under `config`, exactly as
@@ -1636,7 +1649,7 @@ LWO_API lwo_status_t lwo_checkpoint_map_tensors(lwo_checkpoint* checkpoint,
                                                 const char** names, uint32_t* n_layers);
 
 /* ------------------------------------------------------------------------ */
-/* Host weights sharded across NCCL ranks (since 0.1.0; see docs/API.md)      */
+/* Host weights sharded across NCCL ranks (see docs/API.md)                 */
 /* ------------------------------------------------------------------------ */
 
 /* Same layout as ncclUniqueId. */

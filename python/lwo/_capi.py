@@ -70,6 +70,7 @@ STATUSES = {
     if name in ("LWO_OK", "LWO_END") or name.startswith("LWO_ERR_")
 }
 
+# The status classes (since 0.2.0).
 LWO_STATUS_CLASS_SUCCESS = 0
 LWO_STATUS_CLASS_ARGUMENT = 1
 LWO_STATUS_CLASS_STATE = 2
@@ -81,7 +82,7 @@ LWO_STATUS_CLASS_INTERNAL = 9
 
 
 def LWO_STATUS_CLASS(status):
-    """The class of a status, as the C macro computes it (value / 100)."""
+    """The class of a status, as the C macro computes it (value / 100; since 0.2.0)."""
     return int(status) // 100
 
 
@@ -95,6 +96,7 @@ LWO_DTYPE_F8_E4M3 = 3
 LWO_DTYPE_F8_E5M2 = 4
 LWO_DTYPE_I8 = 5
 LWO_DTYPE_U8 = 6
+# since 0.2.0: the other element types of safetensors checkpoints
 LWO_DTYPE_BOOL = 7
 LWO_DTYPE_I16 = 8
 LWO_DTYPE_U16 = 9
@@ -121,8 +123,9 @@ LWO_RECORD_ALIGN = 256
 # Flags and other enums
 # --------------------------------------------------------------------------
 LWO_ENGINE_CHECK_COLLECTIVES = 0x1
-LWO_ENGINE_HEURISTIC_GEMM = 0x2
+LWO_ENGINE_HEURISTIC_GEMM = 0x2  # since 0.3.0
 
+# lwo_pool_kind_t (since 0.2.0)
 LWO_POOL_PINNED = 0
 LWO_POOL_REGISTERED = 1
 LWO_POOL_CHECKPOINT_MAPPED = 2
@@ -135,6 +138,7 @@ LWO_PLAN_TRAIN = 0x1  # since 0.4.0
 LWO_PLAN_CALIBRATE_LINK = 0x2  # since 0.4.0
 LWO_PLAN_GROUP = 0x4  # since 0.4.0
 
+# lwo_ticket_state_t (since 0.2.0)
 LWO_TICKET_STAGED = 1
 LWO_TICKET_ACQUIRED = 2
 LWO_TICKET_ENDED = 3
@@ -142,10 +146,10 @@ LWO_TICKET_STATE_FORCE_32 = 0x7FFFFFFF
 
 LWO_LINEAR_BIAS = 0x1
 LWO_LINEAR_TF32 = 0x2
-LWO_LINEAR_ACCUMULATE = 0x4
+LWO_LINEAR_ACCUMULATE = 0x4  # since 0.3.0
 
 LWO_GRADS_NATIVE_WIRE = 0x1
-LWO_GRADS_F32 = 0x2
+LWO_GRADS_F32 = 0x2  # since 0.3.0
 
 LWO_LAYOUT_NCHW = 0
 LWO_LAYOUT_NHWC = 1
@@ -153,12 +157,12 @@ LWO_LAYOUT_FORCE_32 = 0x7FFFFFFF
 
 LWO_CONV_BIAS = 0x1
 LWO_CONV_TF32 = 0x2
-LWO_CONV_ACCUMULATE = 0x4
+LWO_CONV_ACCUMULATE = 0x4  # since 0.3.0
 
 LWO_CHECKPOINT_STAGED = 0x1
-LWO_CHECKPOINT_ALLOW_GAPS = 0x2
+LWO_CHECKPOINT_ALLOW_GAPS = 0x2  # since 0.2.0
 
-LWO_NO_LAYER = 0xFFFFFFFF
+LWO_NO_LAYER = 0xFFFFFFFF  # since 0.2.0
 
 # lwo_quant_format_t (since 0.3.0)
 LWO_QUANT_NONE = 0
@@ -186,10 +190,10 @@ LWO_OPTIM_STATE_FORCE_32 = 0x7FFFFFFF
 # C enums of these ranges are int (the FORCE_32 members keep them 32-bit).
 lwo_status_t = ctypes.c_int
 lwo_dtype_t = ctypes.c_int
-lwo_pool_kind_t = ctypes.c_int
-lwo_ticket_state_t = ctypes.c_int
+lwo_pool_kind_t = ctypes.c_int  # since 0.2.0
+lwo_ticket_state_t = ctypes.c_int  # since 0.2.0
 lwo_layout_t = ctypes.c_int
-lwo_quant_format_t = ctypes.c_int
+lwo_quant_format_t = ctypes.c_int  # since 0.3.0
 # Opaque pointers: cudaStream_t, ncclComm_t and every lwo handle.
 lwo_stream_t = ctypes.c_void_p
 lwo_nccl_comm_t = ctypes.c_void_p
@@ -227,6 +231,7 @@ class _Struct(ctypes.Structure):
         return "%s(%s)" % (type(self).__name__, parts)
 
 
+# since 0.2.0
 class lwo_ext(_Struct):
     _fields_ = [("type", _i32), ("reserved", _u32), ("next", _vp)]
 
@@ -238,7 +243,7 @@ class lwo_tensor_desc(_Struct):
         ("n_dims", _i32),
         ("shape", _shape),
         ("host_data", _vp),
-        ("next", _vp),
+        ("next", _vp),  # since 0.2.0
     ]
 
 
@@ -246,7 +251,7 @@ class lwo_layer_desc(_Struct):
     _fields_ = [
         ("tensors", ctypes.POINTER(lwo_tensor_desc)),
         ("n_tensors", _u32),
-        ("next", _vp),
+        ("next", _vp),  # since 0.2.0
     ]
 
 
@@ -283,24 +288,24 @@ class lwo_pool_config(_Struct):
 
 
 class lwo_host_region(_Struct):
-    _fields_ = [("data", _vp), ("bytes", _u64), ("next", _vp)]
+    _fields_ = [("data", _vp), ("bytes", _u64), ("next", _vp)]  # next: since 0.2.0
 
 
 class lwo_pool_info(_Struct):
     _fields_ = [
         ("size", _size_t),
         ("n_layers", _u32),
-        ("kind", lwo_pool_kind_t),
+        ("kind", lwo_pool_kind_t),  # since 0.2.0
         ("total_bytes", _u64),
         ("max_record_bytes", _u64),
-        ("rank", _i32),
-        ("n_ranks", _i32),
+        ("rank", _i32),  # since 0.2.0
+        ("n_ranks", _i32),  # since 0.2.0
     ]
 
 
 class lwo_tensor_info(_Struct):
     _fields_ = [
-        ("size", _size_t),
+        ("size", _size_t),  # since 0.2.0
         ("name", _cp),
         ("dtype", lwo_dtype_t),
         ("n_dims", _i32),
@@ -328,14 +333,14 @@ class lwo_ring_config(_Struct):
 
 class lwo_layer_view(_Struct):
     _fields_ = [
-        ("size", _size_t),
+        ("size", _size_t),  # since 0.2.0
         ("layer", _u32),
         ("n_tensors", _u32),
         ("base", _vp),
         ("record_bytes", _u64),
         ("tensors", ctypes.POINTER(_vp)),
-        ("tensor_bytes", ctypes.POINTER(_u64)),
-        ("tensor_dtypes", ctypes.POINTER(lwo_dtype_t)),
+        ("tensor_bytes", ctypes.POINTER(_u64)),  # since 0.2.0
+        ("tensor_dtypes", ctypes.POINTER(lwo_dtype_t)),  # since 0.2.0
     ]
 
 
@@ -388,8 +393,8 @@ class lwo_grads_stats(_Struct):
         ("n_transfers", _u64),
         ("bytes", _u64),
         ("n_accumulated", _u64),
-        ("accumulated_bytes", _u64),
-        ("accumulate_ns", _u64),
+        ("accumulated_bytes", _u64),  # since 0.3.0
+        ("accumulate_ns", _u64),  # since 0.3.0
     ]
 
 
@@ -417,6 +422,7 @@ class lwo_optim_step_params(_Struct):
         ("momentum", ctypes.c_double),
         ("dampening", ctypes.c_double),
         ("max_norm", ctypes.c_double),
+        ("extra_sumsq", ctypes.c_double),  # since 0.6.0
     ]
 
 
@@ -451,6 +457,7 @@ class lwo_optim_stats(_Struct):
     ]
 
 
+# since 0.3.0
 class lwo_grad_tensor(_Struct):
     _fields_ = [
         ("size", _size_t),
@@ -482,6 +489,7 @@ class lwo_conv2d_desc(_Struct):
     ]
 
 
+# since 0.2.0
 class lwo_checkpoint_file(_Struct):
     _fields_ = [("size", _size_t), ("path", _cp), ("bytes", _u64), ("n_tensors", _u32)]
 
@@ -510,8 +518,8 @@ class lwo_checkpoint_pool_config(_Struct):
         ("n_names", ctypes.POINTER(_u32)),
         ("n_layers", _u32),
         ("flags", _u32),
-        ("patterns", ctypes.POINTER(_cp)),
-        ("n_patterns", _u32),
+        ("patterns", ctypes.POINTER(_cp)),  # since 0.2.0
+        ("n_patterns", _u32),  # since 0.2.0
     ]
 
 
@@ -519,6 +527,7 @@ class lwo_nccl_unique_id(_Struct):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
+# since 0.3.0
 class lwo_quant_desc(_Struct):
     _fields_ = [
         ("size", _size_t),
@@ -529,6 +538,7 @@ class lwo_quant_desc(_Struct):
     ]
 
 
+# since 0.3.0
 class lwo_quant_layout_info(_Struct):
     _fields_ = [
         ("size", _size_t),
@@ -674,7 +684,7 @@ FUNCTIONS = {
     "lwo_pool_find_tensor": (_S, [lwo_pool_p, _u32, _cp, _P(_u32)]),
     "lwo_pool_record_bytes": (_S, [lwo_pool_p, _u32, _P(_u64)]),
     "lwo_pool_write": (_S, [lwo_pool_p, _u32, _cp, _vp, _u64]),
-    "lwo_pool_write_range": (_S, [lwo_pool_p, _u32, _cp, _u64, _vp, _u64]),
+    "lwo_pool_write_range": (_S, [lwo_pool_p, _u32, _cp, _u64, _vp, _u64]),  # since 0.2.0
     "lwo_pool_layer_host": (_S, [lwo_pool_p, _u32, _P(_vp), _P(_u64)]),
     "lwo_pool_layer_changed": (_S, [lwo_pool_p, _u32]),
     "lwo_pool_tensor_host": (_S, [lwo_pool_p, _u32, _cp, _P(_vp), _P(_u64)]),
@@ -685,10 +695,10 @@ FUNCTIONS = {
     "lwo_ring_stage": (_S, [lwo_ring_p, _u32, _P(lwo_ticket)]),
     "lwo_ring_acquire": (_S, [lwo_ring_p, lwo_ticket, lwo_stream_t, _P(lwo_layer_view)]),
     "lwo_ring_tensor": (_S, [lwo_ring_p, lwo_ticket, _cp, _P(_vp)]),
-    "lwo_ring_query": (_S, [lwo_ring_p, lwo_ticket, _P(_u32)]),
-    "lwo_ring_ticket_state": (_S, [lwo_ring_p, lwo_ticket, _P(lwo_ticket_state_t)]),
+    "lwo_ring_query": (_S, [lwo_ring_p, lwo_ticket, _P(_u32)]),  # since 0.2.0
+    "lwo_ring_ticket_state": (_S, [lwo_ring_p, lwo_ticket, _P(lwo_ticket_state_t)]),  # since 0.2.0
     "lwo_ring_release": (_S, [lwo_ring_p, lwo_ticket, lwo_stream_t]),
-    "lwo_ring_release_all": (_S, [lwo_ring_p, lwo_stream_t, _P(_u32)]),
+    "lwo_ring_release_all": (_S, [lwo_ring_p, lwo_stream_t, _P(_u32)]),  # since 0.2.0
     "lwo_ring_get_info": (_S, [lwo_ring_p, _P(lwo_ring_info)]),
     "lwo_ring_get_stats": (_S, [lwo_ring_p, _P(lwo_ring_stats)]),
     "lwo_ring_reset_stats": (_S, [lwo_ring_p]),
@@ -722,8 +732,8 @@ FUNCTIONS = {
     "lwo_grads_end": (_S, [lwo_grads_p, _u32, lwo_stream_t]),
     "lwo_grads_wait": (_S, [lwo_grads_p]),
     "lwo_grads_zero": (_S, [lwo_grads_p]),
-    "lwo_grads_query": (_S, [lwo_grads_p, _P(_u32)]),
-    "lwo_grads_tensor": (_S, [lwo_grads_p, _u32, _cp, _P(lwo_grad_tensor)]),
+    "lwo_grads_query": (_S, [lwo_grads_p, _P(_u32)]),  # since 0.2.0
+    "lwo_grads_tensor": (_S, [lwo_grads_p, _u32, _cp, _P(lwo_grad_tensor)]),  # since 0.3.0
     "lwo_grads_shard": (
         _S, [lwo_grads_p, _u32, _cp, _P(_P(ctypes.c_float)), _P(_u64), _P(_u64)]),
     "lwo_grads_get_stats": (_S, [lwo_grads_p, _P(lwo_grads_stats)]),
@@ -750,11 +760,13 @@ FUNCTIONS = {
              _vp, lwo_dtype_t, lwo_stream_t]),
     # checkpoints
     "lwo_checkpoint_open": (_S, [_cp, _P(lwo_checkpoint_p)]),
-    "lwo_checkpoint_destroy": (_S, [lwo_checkpoint_p]),
-    "lwo_checkpoint_file_count": (_S, [lwo_checkpoint_p, _P(_u32)]),
-    "lwo_checkpoint_file_info": (_S, [lwo_checkpoint_p, _u32, _P(lwo_checkpoint_file)]),
-    "lwo_checkpoint_metadata_count": (_S, [lwo_checkpoint_p, _P(_u32)]),
-    "lwo_checkpoint_metadata": (_S, [lwo_checkpoint_p, _u32, _P(_u32), _P(_cp), _P(_cp)]),
+    "lwo_checkpoint_destroy": (_S, [lwo_checkpoint_p]),  # since 0.2.0 (was _close)
+    "lwo_checkpoint_file_count": (_S, [lwo_checkpoint_p, _P(_u32)]),  # since 0.2.0
+    "lwo_checkpoint_file_info":  # since 0.2.0
+        (_S, [lwo_checkpoint_p, _u32, _P(lwo_checkpoint_file)]),
+    "lwo_checkpoint_metadata_count": (_S, [lwo_checkpoint_p, _P(_u32)]),  # since 0.2.0
+    "lwo_checkpoint_metadata":  # since 0.2.0
+        (_S, [lwo_checkpoint_p, _u32, _P(_u32), _P(_cp), _P(_cp)]),
     "lwo_checkpoint_tensor_count": (_S, [lwo_checkpoint_p, _P(_u32)]),
     "lwo_checkpoint_tensor_info": (_S, [lwo_checkpoint_p, _u32, _P(lwo_checkpoint_tensor)]),
     "lwo_checkpoint_pool_config_init": (None, [_P(lwo_checkpoint_pool_config)]),
@@ -764,7 +776,7 @@ FUNCTIONS = {
         _S, [lwo_checkpoint_p, _P(lwo_checkpoint_pool_config), _P(_u32)]),
     "lwo_checkpoint_unmatched_name": (
         _S, [lwo_checkpoint_p, _P(lwo_checkpoint_pool_config), _u32, _P(_cp)]),
-    "lwo_checkpoint_map_tensors": (
+    "lwo_checkpoint_map_tensors": (  # since 0.2.0
         _S, [lwo_checkpoint_p, _P(lwo_checkpoint_pool_config), _u32, _P(_u32), _P(_cp),
              _P(_u32)]),
     # nccl

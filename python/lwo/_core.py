@@ -1485,14 +1485,16 @@ class Optimizer(_Handle):
         self._handle = _new_handle(_lib.lwo_optim_create, grads._h(), _byref(cfg))
 
     def step(self, step, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, momentum=0.0,
-             dampening=0.0, max_norm=0.0):
+             dampening=0.0, max_norm=0.0, extra_sumsq=0.0):
         """lwo_optim_step: returns at once; call it once the backward's last
-        Grads.end of every layer is enqueued."""
+        Grads.end of every layer is enqueued. extra_sumsq: the squares of
+        gradients held elsewhere, in the clipping norm."""
         p = C.lwo_optim_step_params()
         _lib.lwo_optim_step_params_init(p)
         p.step, p.lr, p.beta1, p.beta2, p.eps = int(step), lr, beta1, beta2, eps
         p.weight_decay, p.momentum, p.dampening, p.max_norm = (
             weight_decay, momentum, dampening, max_norm)
+        p.extra_sumsq = extra_sumsq
         check(_lib.lwo_optim_step(self._h(), _byref(p)))
 
     def wait(self):

@@ -62,7 +62,7 @@ from . import _errors
 from ._errors import ArgumentError, StateError, check
 from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
 
-__all__ = ["offload", "Offload", "is_offloaded", "handle_of"]
+__all__ = ["offload", "Offload", "is_offloaded", "handle_of", "optim"]
 
 _lib = C.lib
 
@@ -205,6 +205,39 @@ class _Grads:
         self.obj.close()
 
 
+class _Optim:
+    """An lwo.Optimizer's calls for lwo.torch.optim (obj: the lwo.Optimizer);
+    read and write move a tensor's state through CPU tensors."""
+
+    _which = {"master": C.LWO_OPTIM_MASTER, "m": C.LWO_OPTIM_M, "v": C.LWO_OPTIM_V}
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def step(self, n, lr, **hyper):
+        self.obj.step(n, lr, **hyper)
+
+    def wait(self):
+        self.obj.wait()
+
+    def read(self, layer, name, which, out):
+        check(_lib.lwo_optim_read(self.obj.handle, int(layer), _core._enc(name),
+                                  self._which[which], out.data_ptr(),
+                                  out.numel() * out.element_size()))
+
+    def write(self, layer, name, which, src):
+        src = src.contiguous()
+        check(_lib.lwo_optim_write(self.obj.handle, int(layer), _core._enc(name),
+                                   self._which[which], src.data_ptr(),
+                                   src.numel() * src.element_size()))
+
+    def stats(self):
+        return self.obj.stats()
+
+    def close(self):
+        self.obj.close()
+
+
 class _Backend:
     """lwo on one CUDA device."""
 
@@ -284,6 +317,13 @@ class _Backend:
 
     def grads(self, pool, mask, depth):
         return _Grads(_core.Grads(pool, trainable=mask, depth=depth))
+
+    def optimizer(self, grads, kind, state, flags, n_threads, seed):
+        return _Optim(_core.Optimizer(
+            grads.obj, kind=kind, state=state,
+            stochastic=bool(flags & C.LWO_OPTIM_STOCHASTIC_ROUNDING),
+            clipping=bool(flags & C.LWO_OPTIM_CLIPPING), delayed=bool(flags & C.LWO_OPTIM_DELAYED),
+            n_threads=n_threads, seed=seed))
 
     # compute
     def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False,
@@ -540,6 +580,9 @@ except AttributeError:  # pragma: no cover
     def _functorch_active():
         return True
 
+
+# Live handles, for lwo.torch.optim to find which parameters are streamed.
+_LIVE_HANDLES = weakref.WeakSet()
 
 _MAX_REPLANS = 2  # plans made again when the steps stop matching the prediction
 
@@ -837,6 +880,8 @@ class Offload:
         self._exposed = {}         # param -> its host gradient tensor, set as param.grad
         self._carry = {}           # (record, tensor) -> a sum to add after the next fence
         self._pass_layers = set()  # records whose dW this backward pass sent
+        self._optims = []          # lwo.torch.optim bindings over the gradient set
+        _LIVE_HANDLES.add(self)
 
     @classmethod
     def _create_empty(cls, model, device, backend, skipped):
@@ -906,7 +951,10 @@ class Offload:
 
     def _layer_changed(self, rec):
         """A record's parameters were written: copy it again at its next stage;
-        a quantized weight is quantized again from its parameter first."""
+        a quantized weight is quantized again from its parameter first, and
+        lwo.torch.optim's masters of a trainable one are set from it."""
+        for b in self._optims:
+            b.params_written(rec)
         if self._checkpoint is not None and self._checkpoint.layer_changed(self, rec):
             return
         if rec.quantized:
@@ -944,6 +992,8 @@ class Offload:
         if old is not None:
             if self._span is not None:
                 self._end_span()
+            for b in list(self._optims):
+                b.detach()
             old.wait()
         grads = self.backend.grads(self.pool, mask, self.grads_depth)
         old_views = self._grad_views
@@ -976,6 +1026,8 @@ class Offload:
         self.grads = grads
         for rec, m in zip(self.records, mask):
             rec.trainable = m
+        for b in list(self._optims):
+            b.attach()
 
     def _grad_view(self, layer, name, grads=None):
         key = (layer, name)
@@ -1115,6 +1167,20 @@ class Offload:
             room -= 1
             if room <= 0:
                 break
+
+    def _unstage_trainable(self):
+        """Releases what is staged of trainable records (lwo.torch.optim
+        calls it before a step: a copy made before the update holds the old
+        weights)."""
+        held = self._held
+        if held is not None and held[0].trainable:
+            self._release_all()
+        cur = None
+        for idx in [i for i in self._prefetched if self.records[i].trainable]:
+            t, _v = self._prefetched.pop(idx)
+            if cur is None:
+                cur = self.backend.current_stream(self._dev_index)
+            self._release(self.records[idx], t, cur)
 
     def _release_all(self):
         held = self._held
@@ -1342,6 +1408,10 @@ class Offload:
         cur = self.backend.current_stream(self._dev_index)
         if self._span is not None:
             self._end_span()
+        regroup = any(n > 1 for _f, n, _r in groups)
+        if regroup:
+            for b in list(self._optims):
+                b.detach()  # the pool holds the masters' rounding from here
         self._release_all()
         for idx, (t, _v) in list(self._prefetched.items()):
             self._release(self.records[idx], t, cur)
@@ -1350,7 +1420,6 @@ class Offload:
         if self.grads is not None:
             self.grads.wait()
         self.synchronize()
-        regroup = any(n > 1 for _f, n, _r in groups)
         old_records = self.records
         mapping = [0] * len(old_records)
         for gi, (first, n, _r) in enumerate(groups):
@@ -1411,6 +1480,8 @@ class Offload:
             self._got_grad.clear()
             if old_grads is not None:
                 old_grads.close()
+            for b in list(self._optims):
+                b.attach()
         resident = [gi for gi, (_f, _n, r) in enumerate(groups) if r]
         for rec in self.records:
             rec.resident = rec.index in resident
@@ -1558,6 +1629,15 @@ class Offload:
         if ev and ev[-1][2] is None:
             ev[-1][0] = "train"
             ev[-1][2] = self.backend.event()
+        try:
+            for b in list(self._optims):
+                b.backward_ended()  # lwo.torch.optim's in_backward: the step starts here
+        finally:
+            self._fence()
+
+    def _fence(self):
+        """The end of a backward pass: waits for the gradients and sets
+        param.grad."""
         if self.grads is not None and self._got_grad:
             self.grads.wait()  # the fence: the host buffers hold the sums from here on
             if self._carry:  # sums from before the gradient set was made again
@@ -1940,6 +2020,8 @@ class Offload:
         if self.closed:
             return
         target = torch.device(device) if device is not None else self.device
+        for b in list(self._optims):
+            b.detach(final=True)
         if self.grads is not None:
             self.grads.wait()
         self._release_all()
@@ -2316,3 +2398,8 @@ def handle_of(model):
 # The streamed modules' forwards (after Offload, whose methods they call).
 _linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward)
 _conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward)
+
+
+# lwo.torch.optim: AdamW and SGD over lwo's host optimizer.
+from . import _torch_optim as optim  # noqa: E402
+sys.modules[__name__ + ".optim"] = optim

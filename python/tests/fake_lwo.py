@@ -37,6 +37,7 @@ the CPU for the arithmetic.
 
 import collections
 import ctypes
+import math
 import mmap
 import time
 
@@ -403,6 +404,10 @@ class Grads:
         self.pending = []  # (layer, [(name, dtype, copy of the slot tensor)])
         self.n_transfers = self.bytes = self.n_accumulated = 0
         self.log = []
+        self.serial = 0            # counts ends
+        self.end_serial = {}       # layer -> the serial of its last end
+        self.zero_serial = 0       # the serial at the last zero
+        self.optim = None          # the optimizer over this set (close refuses then)
 
     def begin(self, layer, stream):
         if not self.mask[layer]:
@@ -431,6 +436,8 @@ class Grads:
             self.bytes += i.bytes
         self.pending.append((layer, copies))
         self.n_transfers += 1
+        self.serial += 1
+        self.end_serial[layer] = self.serial
         self.log.append(("end", layer))
 
     def wait(self):
@@ -458,6 +465,7 @@ class Grads:
 
     def zero(self):
         self.wait()
+        self.zero_serial = self.serial
         self.fresh = [True] * len(self.pool.layers)
         self.zero_pending = {l for l, m in enumerate(self.mask) if m}
         self.log.append(("zero",))
@@ -471,7 +479,146 @@ class Grads:
         return GradsStats(self.n_transfers, self.bytes, self.n_accumulated, 0, 0)
 
     def close(self):
-        pass
+        if self.optim is not None and not self.optim.closed:
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_grads_destroy: an optimizer holds the set")
+
+
+class Optim:
+    """lwo_optim on the CPU: f32 masters from the pool's weights, moments in
+    the state dtype (rounded to nearest), PyTorch's AdamW / lwo's SGD
+    arithmetic in f32; a step lands every gradient and updates at once
+    each trainable layer that got a gradient since the last step and was
+    not zeroed since, writing the pool (rounded) and marking it changed;
+    clipping by the norm of those gradients and extra_sumsq; delayed: the
+    pool gets the previous step's weights at each step, the current ones at
+    wait()."""
+
+    def __init__(self, backend, grads, kind, state, flags, n_threads, seed):
+        if grads.optim is not None and not grads.optim.closed:
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_optim_create: the set has an optimizer")
+        self.backend, self.grads, self.pool, self.kind = backend, grads, grads.pool, kind
+        self.sdt = torch.bfloat16 if state == "bf16" else torch.float32
+        self.clipping = bool(flags & C.LWO_OPTIM_CLIPPING)
+        self.delayed = bool(flags & C.LWO_OPTIM_DELAYED)
+        self.closed = False
+        self.state = {}    # (layer, name) -> {"master", "m", "v"}
+        self.used = {}     # layer -> the end serial of its last update
+        self.next = {}     # delayed: (layer, name) -> weights of the last update
+        self.n_steps = self.n_layer_updates = self.n_clipped = 0
+        self.last_norm = 0.0
+        self.order = []
+        for layer, (infos, _r, host) in enumerate(self.pool.layers):
+            if not grads.mask[layer]:
+                continue
+            for i in infos:
+                w = _at(host + i.offset, _DT[i.dtype], i.shape).reshape(-1).float().clone()
+                self.state[(layer, i.name)] = {"master": w, "m": torch.zeros(w.numel(),
+                                               dtype=self.sdt),
+                                               "v": torch.zeros(w.numel(), dtype=self.sdt)}
+        grads.optim = self
+
+    def _info(self, layer, name):
+        for i in self.pool.layers[layer][0]:
+            if i.name == name:
+                return i
+        raise _err(C.LWO_ERR_NOT_FOUND, "fake lwo_optim: layer %d has no %r" % (layer, name))
+
+    def _publish(self, layer, name, w):
+        i = self._info(layer, name)
+        host = self.pool.layers[layer][2]
+        _at(host + i.offset, _DT[i.dtype], (w.numel(),)).copy_(w.to(_DT[i.dtype]))
+        self.pool.version[layer] += 1
+
+    def step(self, n, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, momentum=0.0,
+             dampening=0.0, max_norm=0.0, extra_sumsq=0.0):
+        if max_norm and not self.clipping:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step: max_norm without "
+                       "LWO_OPTIM_CLIPPING")
+        if n < 1 or extra_sumsq < 0:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step: step %d, extra_sumsq "
+                       "%r" % (n, extra_sumsq))
+        g = self.grads
+        if self.delayed:
+            self.wait()
+        g.wait()  # the gradients land (the library updates each layer as it lands)
+        layers = sorted(l for l, ser in g.end_serial.items()
+                        if g.mask[l] and ser > g.zero_serial and ser > self.used.get(l, 0))
+        grads = {}
+        sq = extra_sumsq
+        for layer in layers:
+            self.used[layer] = g.end_serial[layer]
+            for key in self.state:
+                if key[0] != layer:
+                    continue
+                addr, hdt, cnt = g.host[key]
+                grads[key] = _at(addr, _DT[hdt], (cnt,)).float().clone()
+                sq += float((grads[key].double() ** 2).sum())
+        scale = 1.0
+        if max_norm:
+            self.last_norm = sq ** 0.5
+            c = max_norm / (self.last_norm + 1e-6)
+            if c < 1:
+                scale = c
+                self.n_clipped += 1
+        for key, gr in grads.items():
+            st = self.state[key]
+            gr = gr * scale
+            p, m = st["master"], st["m"].float()
+            p.mul_(1 - lr * weight_decay)
+            if self.kind == "adamw":
+                v = st["v"].float()
+                m.mul_(beta1).add_(gr, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(gr, gr, value=1 - beta2)
+                bc1, bc2 = 1 - beta1 ** n, 1 - beta2 ** n
+                p.addcdiv_(m, v.sqrt() / math.sqrt(bc2) + eps, value=-lr / bc1)
+                st["v"] = v.to(self.sdt)
+            else:
+                m = gr.clone() if n == 1 else m.mul_(momentum).add_(gr, alpha=1 - dampening)
+                p.add_(m, alpha=-lr)
+            st["m"] = m.to(self.sdt)
+            if self.delayed:
+                self.next[key] = p.clone()
+            else:
+                self._publish(key[0], key[1], p)
+        self.n_layer_updates += len(layers)
+        self.order = layers
+        self.n_steps += 1
+
+    def wait(self):
+        for key, w in self.next.items():
+            self._publish(key[0], key[1], w)
+        self.next = {}
+
+    def read(self, layer, name, which, out):
+        st = self.state.get((layer, name))
+        if st is None:
+            self._info(layer, name)
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_read: layer %d is frozen"
+                       % layer)
+        if out.numel() != st[which].numel() or out.dtype != st[which].dtype:
+            raise _err(C.LWO_ERR_SIZE_MISMATCH, "fake lwo_optim_read: %r %s" % (name, which))
+        out.copy_(st[which])
+
+    def write(self, layer, name, which, src):
+        st = self.state.get((layer, name))
+        if st is None:
+            self._info(layer, name)
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_write: layer %d is frozen"
+                       % layer)
+        if src.numel() != st[which].numel() or src.dtype != st[which].dtype:
+            raise _err(C.LWO_ERR_SIZE_MISMATCH, "fake lwo_optim_write: %r %s" % (name, which))
+        st[which] = src.detach().reshape(-1).clone()
+        if which == "master":
+            self.next.pop((layer, name), None)
+            self._publish(layer, name, st[which])
+
+    def stats(self):
+        return lwo.OptimStats(self.n_steps, self.n_layer_updates, 0, 0, 0, 0, 0, self.n_clipped,
+                              0, self.last_norm)
+
+    def close(self):
+        self.wait()
+        self.closed = True
 
 
 class Backend:
@@ -483,7 +630,7 @@ class Backend:
 
     def __init__(self):
         self.mem = Memory()
-        self.pools, self.rings, self.grads_sets = [], [], []
+        self.pools, self.rings, self.grads_sets, self.optims = [], [], [], []
         self.changed = []
         self.calls = collections.Counter()
 
@@ -534,6 +681,11 @@ class Backend:
         g = Grads(self, pool, mask, depth)
         self.grads_sets.append(g)
         return g
+
+    def optimizer(self, grads, kind, state, flags, n_threads, seed):
+        o = Optim(self, grads, kind, state, flags, n_threads, seed)
+        self.optims.append(o)
+        return o
 
     # compute ------------------------------------------------------------
     def linear_desc(self, in_features, out_features, dtype, bias, accumulate=False,

@@ -572,3 +572,134 @@ def test_checkpoint_mapping_adds_no_host_copy(tmp_path):
     x = torch.randn(8, 4096, device=DEV, dtype=torch.bfloat16)
     with torch.no_grad():
         close(m(x), ref(x), torch.bfloat16, "output")
+
+
+# --------------------------------------------------------------------------
+# lwo.torch.optim: lwo's host optimizer from PyTorch
+# --------------------------------------------------------------------------
+class NormNet(nn.Module):
+    """Streamed linears around a LayerNorm that stays on the GPU."""
+
+    def __init__(self, width=256):
+        super().__init__()
+        self.a = nn.Linear(192, width)
+        self.norm = nn.LayerNorm(width)
+        self.b = nn.Linear(width, width)
+        self.c = nn.Linear(width, 64, bias=False)
+
+    def forward(self, x):
+        return self.c(torch.nn.functional.gelu(self.b(self.norm(self.a(x)))))
+
+
+def updated_like(m, ref, start, what, tol=1e-3):
+    """Each parameter's change since `start` against the reference's, as
+    close() measures it (the change, not the weight: a wrong update shows)."""
+    pr = dict(ref.named_parameters())
+    for k, p in m.named_parameters():
+        a = p.detach().float().cpu() - start[k]
+        b = pr[k].detach().float().cpu() - start[k]
+        err = (a - b).norm().item() / max(b.norm().item(), 1e-12)
+        assert err <= tol, "%s: %s changed by a relative error %g > %g" % (what, k, err, tol)
+
+
+@pytest.mark.parametrize("variant", ["plain", "clip", "in_backward", "bf16_state", "sgd"])
+def test_host_optimizer_matches_pytorchs_on_the_device(variant):
+    m = NormNet()
+    ref = copy.deepcopy(m).to(DEV)
+    start = {k: p.detach().float().clone() for k, p in m.named_parameters()}
+    h = lt.offload(m, device=DEV, budget="64MiB")  # the plan regroups at step 3
+    kw = {"clip": {"max_norm": 0.5}, "in_backward": {"in_backward": True},
+          "bf16_state": {"state": "bf16"}}.get(variant, {})
+    if variant == "sgd":
+        opt = lt.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9)
+        opt_r = torch.optim.SGD(ref.parameters(), lr=1e-2, momentum=0.9)
+    else:
+        opt = lt.optim.AdamW(m.parameters(), lr=1e-3, **kw)
+        opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    for step in range(6):
+        x = torch.randn(64, 192, device=DEV)
+        ya, yb = m(x), ref(x)
+        # the weights drift apart by roundings as the steps go on (AdamW
+        # divides by the gradients' size): the output within 1e-3
+        err = (ya - yb).float().norm().item() / yb.float().norm().item()
+        assert err <= 1e-3, "%s: output, step %d: relative error %g" % (variant, step, err)
+        g = torch.randn_like(yb) * (8 if variant == "clip" else 1)
+        ya.backward(g)
+        yb.backward(g)
+        opt.step()
+        if variant == "clip":
+            norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            assert norm > 0.5
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+    opt.synchronize()
+    assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
+    updated_like(m, ref, start, variant, tol=2e-2 if variant == "bf16_state" else 1e-3)
+    st = opt.stats()[0]
+    assert st.n_steps >= 3  # steps after the plan's rebuild, on the new optimizer
+    if variant == "clip":
+        assert st.n_clipped == st.n_steps
+    sd = opt.state_dict()
+    pa = dict(m.named_parameters())
+    for i, (k, p) in enumerate(m.named_parameters()):
+        if k.startswith("norm"):
+            continue
+        st0 = sd["state"][i]
+        assert torch.equal(st0["master"].to(p.dtype), p.detach().cpu()), k
+    h.close()
+
+
+def test_host_adamw_state_dict_round_trip_on_the_device():
+    m = NormNet()
+    m2 = copy.deepcopy(m)
+    xs = [torch.randn(32, 192, device=DEV) for _ in range(6)]
+    gs = [torch.randn(32, 64, device=DEV) for _ in range(6)]
+
+    def steps(model, opt, a, b):
+        for x, g in zip(xs[a:b], gs[a:b]):
+            model(x).backward(g)
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+
+    h = lt.offload(m, device=DEV, plan=False)
+    opt = lt.optim.AdamW(m.parameters(), lr=1e-3)
+    steps(m, opt, 0, 3)
+    buf = __import__("io").BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+    at_save = {k: p.detach().float().cpu().clone() for k, p in m.named_parameters()}
+    steps(m, opt, 3, 6)
+    buf.seek(0)
+    saved = torch.load(buf)
+    m2.load_state_dict(saved["model"])
+    h2 = lt.offload(m2, device=DEV, plan=False)
+    opt2 = lt.optim.AdamW(m2.parameters(), lr=1e-3)
+    opt2.load_state_dict(saved["opt"])
+    steps(m2, opt2, 3, 6)
+    # the same updates from the saved state (moments started afresh would
+    # change them by a large fraction; GEMMs may round apart by an ulp)
+    updated_like(m2, m, at_save, "after the round trip", tol=1e-3)
+    h.close()
+    h2.close()
+
+
+def test_host_adamw_delayed_update_on_the_device():
+    m = NormNet()
+    m.norm.requires_grad_(False)  # every trainable parameter streamed (and delayed)
+    h = lt.offload(m, device=DEV, plan=False)
+    opt = lt.optim.AdamW(m.parameters(), lr=1e-3, delayed=True)
+    x = torch.randn(32, 192, device=DEV)
+    y0 = m(x).detach()
+    m(x).backward(torch.randn_like(y0))
+    opt.step()
+    opt.zero_grad()
+    y1 = m(x)  # the pool lags the masters by one step
+    assert torch.equal(y1.detach(), y0)
+    y1.backward(torch.randn_like(y0))
+    opt.step()
+    opt.synchronize()  # the pool catches up
+    sd = opt.state_dict()
+    assert torch.equal(sd["state"][0]["master"].to(m.a.weight.dtype), m.a.weight.detach().cpu())
+    assert not torch.equal(m(x).detach(), y0)
+    h.close()

@@ -3,7 +3,8 @@
 git lists them) points at a file that exists, and a #fragment at a heading of
 the target, named as GitHub names heading anchors (lower case, punctuation
 but '-' and '_' dropped, spaces to '-', repeats numbered -1, -2, ...).
-Links inside code blocks and inline code are text, not links. Exit 1 naming
+Links inside code blocks and inline code are text, not links; a link's
+text may run over a line break. Exit 1 naming
 each broken link (file:line: target (why)); 0 with a count otherwise.
 
   python3 tests/docs/links.py [REPO]
@@ -15,7 +16,7 @@ import sys
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+LINK = re.compile(r"\[[^\[\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE = re.compile(r"`[^`]*`")
 
 
@@ -27,15 +28,18 @@ def slug(text):
 
 
 def scan(path):
-    """(anchors, [(line number, target)]) of one markdown file."""
-    anchors, seen, links = set(), {}, []
+    """(anchors, [(line number, target)]) of one markdown file. A link whose text
+    runs over a line break counts, at the line where it starts."""
+    anchors, seen, text = set(), {}, []
     in_code = False
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+        for line in f:
             if FENCE.match(line):
                 in_code = not in_code
+                text.append("")
                 continue
             if in_code:
+                text.append("")
                 continue
             m = HEADING.match(line)
             if m:
@@ -43,8 +47,9 @@ def scan(path):
                 k = seen.get(base, 0)
                 anchors.add(base if k == 0 else "%s-%d" % (base, k))
                 seen[base] = k + 1
-            for lm in LINK.finditer(CODE.sub("", line)):
-                links.append((n, lm.group(1)))
+            text.append(CODE.sub("", line.rstrip("\n")))
+    text = "\n".join(text)
+    links = [(text.count("\n", 0, lm.start()) + 1, lm.group(1)) for lm in LINK.finditer(text)]
     return anchors, links
 
 

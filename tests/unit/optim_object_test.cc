@@ -145,11 +145,13 @@ class OptimTest : public EngineTest {
 // Ten streamed steps of two micro-batches (the second added on the host)
 // with AdamW on f32 state: every stage after a step copies the updated
 // bytes, the masters follow the f64 reference, the pool holds their
-// rounding; then clipping, on a second optimizer of the same pool.
+// rounding; then clipping, on a second optimizer of the same pool, and
+// clipping with the squares of gradients the optimizer does not hold
+// (extra_sumsq) in the norm.
 TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
   const uint32_t L = 5;
-  for (int clip = 0; clip < 2; ++clip) {
-    SCOPED_TRACE(clip ? "clipping" : "no clipping");
+  for (int clip = 0; clip < 3; ++clip) {
+    SCOPED_TRACE(clip == 2 ? "clipping with extra_sumsq" : clip ? "clipping" : "no clipping");
     lwo_pool* pool = make_model(L, 7 + clip);
     lwo_grads* g = make_grads(pool);
     lwo_ring* ring = make_ring(pool, 2);
@@ -161,6 +163,7 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
     p.lr = 1e-2;
     p.weight_decay = 0.05;
     p.max_norm = clip ? 100.0 : 0.0;  // the norm: about 44 (amplitude 0.3), 290 (2)
+    p.extra_sumsq = clip == 2 ? 60.0 * 60.0 : 0.0;  // with it: about 75, 296
     uint64_t n_clipped = 0;
     for (uint64_t step = 1; step <= 10; ++step) {
       // Forward: each layer staged (after the previous step: its update).
@@ -189,6 +192,7 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
       }
       double c = 1;
       if (clip) {
+        sq += p.extra_sumsq;
         c = std::min(1.0, p.max_norm / (std::sqrt(sq) + 1e-6));
         n_clipped += c < 1;
         lwo_optim_stats st{};
@@ -520,6 +524,10 @@ TEST_F(OptimTest, MisuseHasDistinctStatuses) {
   p = LWO_OPTIM_STEP_PARAMS_INIT;
   p.lr = NAN;
   EXPECT_EQ(lwo_optim_step(o, &p), LWO_ERR_INVALID_ARGUMENT);
+  p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.extra_sumsq = -1.0;
+  EXPECT_EQ(lwo_optim_step(o, &p), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("extra_sumsq"), std::string::npos);
   EXPECT_EQ(lwo_optim_step(o, nullptr), LWO_ERR_INVALID_ARGUMENT);
   // Still usable: a valid step (no gradient yet: nothing to update).
   p = LWO_OPTIM_STEP_PARAMS_INIT;

@@ -1,0 +1,587 @@
+"""lwo.torch.optim: torch.optim.Optimizers whose streamed parameters are
+updated by lwo's host optimizer (lwo_optim).
+
+    import lwo.torch
+    handle = lwo.torch.offload(model)
+    opt = lwo.torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for x in batches:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+A streamed parameter (a weight or bias of a trainable record of an
+lwo.torch.offload handle) is updated on the host by lwo's fused optimizer:
+f32 masters and the moments live in host memory, each layer's update runs
+on host threads as soon as its gradients are in host memory, and writes the
+new weights into the pool rounded to their dtype; the next stage of a
+layer waits for that layer's update alone. Every other parameter (norms,
+embeddings, LoRA adapters: whatever stays on the GPU) is updated by
+PyTorch's own optimizer (fused on CUDA) with the same param_groups, so a
+training loop needs one optimizer. docs/PYTHON.md says what is supported.
+"""
+
+import math
+import weakref
+
+import torch
+
+from . import _capi as C
+from ._errors import ArgumentError, StateError
+
+__all__ = ["AdamW", "SGD"]
+
+# The hyperparameters lwo's step takes once for every streamed tensor.
+_HYPER = {"adamw": ("lr", "betas", "eps", "weight_decay"),
+          "sgd": ("lr", "momentum", "dampening", "weight_decay")}
+# state_dict keys of PyTorch's optimizers for lwo's moments.
+_STATE_KEYS = {"adamw": (("exp_avg", "m"), ("exp_avg_sq", "v")),
+               "sgd": (("momentum_buffer", "m"),)}
+
+
+class _Binding:
+    """lwo's optimizer over one offload handle's gradient set, for the
+    streamed parameters of one lwo.torch.optim optimizer. The handle calls
+    detach() before it makes its pool or gradient set again (the state is
+    kept in tensors) and attach() after (a new lwo optimizer, the state
+    written back)."""
+
+    def __init__(self, opt, handle):
+        self.opt_ref = weakref.ref(opt)
+        self.handle = handle
+        self.lwo = None
+        self.keys = {}        # param -> (record index, tensor name), while attached
+        self.saved = {}       # param -> {"master"|"m"|"v": tensor}, while detached
+        self.started = False  # a step begun at the end of a backward pass (in_backward)
+        self.closed = False
+        handle._optims.append(self)
+
+    # -- the lwo object ----------------------------------------------------
+    def attach(self):
+        opt = self.opt_ref()
+        h = self.handle
+        if opt is None or self.closed or h.closed or h.grads is None or self.lwo is not None:
+            return
+        for other in list(h._optims):
+            if other is not self and other.lwo is not None:
+                # One optimizer drives a handle's records at a time: the one
+                # that steps takes them (the other keeps its state aside,
+                # and is dropped once it is gone)
+                gone = other.opt_ref() is None
+                other.detach(final=gone, keep=not gone)
+        self.lwo = h.backend.optimizer(h.grads, opt._kind, opt._state_dtype, opt._flags(),
+                                       opt._n_threads, opt._seed)
+        keys = h._param_key
+        self.keys = {p: keys[p] for p in opt._streamed_of(h)}
+        saved, self.saved = self.saved, {}
+        for p, st in saved.items():
+            key = self.keys.get(p)
+            if key is None:
+                continue
+            for which, t in st.items():
+                self.lwo.write(key[0], key[1], which, t)
+
+    def detach(self, final=False, keep=True):
+        """Waits for the step, keeps the state in tensors (unless not
+        `keep`), destroys the lwo optimizer (final: the binding ends)."""
+        if self.lwo is not None:
+            self.lwo.wait()
+            keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
+            self.saved = {p: self.read(p) for p in self.keys} if keep else {}
+            self.lwo.close()
+            self.lwo = None
+            self.keys = {}
+        self.started = False
+        if final:
+            self.closed = True
+            if self in self.handle._optims:
+                self.handle._optims.remove(self)
+
+    def read(self, p):
+        """The state of streamed parameter p: f32 master and the moments, as
+        flat CPU tensors."""
+        if self.lwo is None:
+            return self.saved.get(p)
+        opt = self.opt_ref()
+        layer, name = self.keys[p]
+        n = p.numel()
+        out = {"master": torch.empty(n, dtype=torch.float32)}
+        sdt = torch.bfloat16 if opt._state_dtype == "bf16" else torch.float32
+        for _key, which in _STATE_KEYS[opt._kind]:
+            out[which] = torch.empty(n, dtype=sdt)
+        for which, t in out.items():
+            self.lwo.read(layer, name, which, t)
+        return out
+
+    def write(self, p, state):
+        """Sets p's state (a dict as read() returns; missing keys keep
+        theirs)."""
+        if self.lwo is None:
+            cur = self.saved.setdefault(p, {})
+            cur.update(state)
+            return
+        self.lwo.wait()
+        layer, name = self.keys[p]
+        for which, t in state.items():
+            self.lwo.write(layer, name, which, t)
+
+    def params_written(self, rec):
+        """Record `rec`'s parameters were written in place (copy_,
+        load_state_dict): the masters follow them."""
+        if self.lwo is None or not rec.trainable:
+            return
+        done = False
+        for q in rec.params:
+            key = self.keys.get(q)
+            if key is None:
+                continue
+            if not done:
+                self.lwo.wait()
+                done = True
+            self.lwo.write(key[0], key[1], "master", q.detach().reshape(-1).float())
+
+    # -- steps ------------------------------------------------------------
+    def owns_all(self):
+        """Every parameter in the handle's trainable records is this
+        optimizer's: lwo updates whole records."""
+        h = self.handle
+        mine = self.keys
+        for rec in h.records:
+            if not rec.trainable:
+                continue
+            for q in rec.params:
+                if q not in mine:
+                    s = next(s for s in rec.modules if q is s.weight or q is s.bias)
+                    what = "weight" if q is s.weight else "bias"
+                    raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                        "lwo.torch.optim: the %s of streamed module %r is in a trainable "
+                        "record (%s) but not in this optimizer%s: lwo's host optimizer "
+                        "updates whole records; give the optimizer every trainable "
+                        "parameter of the record, or set requires_grad=False on the others "
+                        "before offload()") % (what, s.name, rec.name,
+                                               "" if q.requires_grad else
+                                               " (it requires no gradient)"))
+
+    def step(self, n, hyper, max_norm=0.0, extra_sumsq=0.0):
+        if self.lwo is None:
+            self.attach()
+            if self.lwo is None:
+                return False
+        self.owns_all()
+        self.handle._unstage_trainable()
+        opt = self.opt_ref()
+        if opt._kind == "adamw":
+            b1, b2 = hyper["betas"]
+            self.lwo.step(n, hyper["lr"], beta1=b1, beta2=b2, eps=hyper["eps"],
+                          weight_decay=hyper["weight_decay"], max_norm=max_norm,
+                          extra_sumsq=extra_sumsq)
+        else:
+            self.lwo.step(n, hyper["lr"], weight_decay=hyper["weight_decay"],
+                          momentum=hyper["momentum"], dampening=hyper["dampening"],
+                          max_norm=max_norm, extra_sumsq=extra_sumsq)
+        return True
+
+    def backward_ended(self):
+        """The handle's backward pass has ended every gradient slot (its
+        fence comes next): with in_backward=True the step starts here, each
+        layer updated as it lands."""
+        opt = self.opt_ref()
+        if opt is None or not opt._in_backward or self.closed:
+            return
+        if self.started:
+            raise StateError(C.LWO_ERR_BUSY, (
+                "lwo.torch.optim: a second backward pass ended without optimizer.step() "
+                "since the first, but in_backward=True takes a step at the end of each "
+                "backward pass (the first's update is already applied); to accumulate "
+                "gradients over several backward passes use in_backward=False"))
+        hyper = opt._streamed_hyper()
+        if hyper is None:
+            return
+        self.started = self.step(opt._n_steps + 1, hyper)
+
+    def wait(self):
+        if self.lwo is not None:
+            self.lwo.wait()
+
+    def stats(self):
+        return self.lwo.stats() if self.lwo is not None else None
+
+
+class _Optimizer(torch.optim.Optimizer):
+    """The part AdamW and SGD share (see AdamW)."""
+
+    _kind = None
+
+    def __init__(self, params, defaults, state="f32", stochastic_rounding=False, max_norm=None,
+                 delayed=False, in_backward=False, n_threads=0, seed=0, fused=None):
+        super().__init__(params, defaults)
+        if state not in ("f32", "bf16"):
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo.torch.optim: state %r is "
+                                "neither 'f32' nor 'bf16'" % (state,))
+        if stochastic_rounding and state != "bf16":
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo.torch.optim: "
+                                "stochastic_rounding needs state='bf16'")
+        if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo.torch.optim: max_norm %r is "
+                                "not a positive number" % (max_norm,))
+        if max_norm is not None and (delayed or in_backward):
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                "lwo.torch.optim: max_norm with %s: clipping by the global norm needs every "
+                "gradient of the step before its updates are final, which the %s does not "
+                "wait for") % (("delayed=True", "one-step-delayed update") if delayed else
+                               ("in_backward=True", "step begun in the backward pass")))
+        self._state_dtype = state
+        self._stochastic = bool(stochastic_rounding)
+        self._max_norm = max_norm
+        self._delayed = bool(delayed)
+        self._in_backward = bool(in_backward)
+        self._n_threads = int(n_threads)
+        self._seed = int(seed)
+        self._fused = fused
+        self._n_steps = 0
+        self._bindings = {}   # handle -> _Binding
+        self._inner = None    # PyTorch's optimizer over the other parameters
+        self._inner_params = None
+        self._inner_ids = None
+        self._classify()
+
+    # -- which parameter goes where ---------------------------------------
+    def _flags(self):
+        return ((C.LWO_OPTIM_STOCHASTIC_ROUNDING if self._stochastic else 0)
+                | (C.LWO_OPTIM_CLIPPING if self._max_norm is not None else 0)
+                | (C.LWO_OPTIM_DELAYED if self._delayed else 0))
+
+    def _streamed_of(self, handle):
+        """This optimizer's parameters that `handle` streams."""
+        keys = handle._param_key
+        return [p for g in self.param_groups for p in g["params"] if p in keys]
+
+    def _classify(self):
+        """Splits the parameters between lwo (streamed by a live handle) and
+        PyTorch (the rest), making bindings and the inner optimizer anew
+        where that changed (offload() or close() since the last step)."""
+        from . import torch as lt
+        handles = [h for h in list(lt._LIVE_HANDLES) if not h.closed and h.records]
+        streamed = {}
+        for h in handles:
+            for p in self._streamed_of(h):
+                streamed[p] = h
+        for h in list(self._bindings):
+            b = self._bindings[h]
+            if h.closed or b.closed:
+                if any(streamed.get(p) is None and p in b.saved for p in b.saved):
+                    raise StateError(C.LWO_ERR_INVALID_HANDLE, (
+                        "lwo.torch.optim: the offload handle of this optimizer's streamed "
+                        "parameters was closed: their state stayed with it; make a new "
+                        "optimizer after close()"))
+                del self._bindings[h]
+        for h in set(streamed.values()):
+            if h not in self._bindings:
+                b = _Binding(self, h)
+                self._bindings[h] = b
+                b.attach()
+        if self._max_norm is not None and len(self._bindings) > 1:
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                "lwo.torch.optim: max_norm over parameters streamed by %d offload handles: "
+                "clipping takes the norm of one handle's gradients (and the GPU's); offload "
+                "the model with one offload() call") % len(self._bindings))
+        rest = [[p for p in g["params"] if p not in streamed] for g in self.param_groups]
+        ids = [[id(p) for p in ps] for ps in rest]
+        if ids != self._inner_ids:
+            self._inner_ids = ids
+            self._inner_params = rest
+            self._inner = self._make_inner(rest) if any(rest) else None
+        self._streamed = streamed
+
+    def _make_inner(self, groups):
+        gs = []
+        for g, ps in zip(self.param_groups, groups):
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = ps
+            gs.append(d)
+        return self._torch_optimizer(gs)
+
+    def _sync_inner(self):
+        for g, ig in zip(self.param_groups, self._inner.param_groups):
+            for k, v in g.items():
+                if k != "params":
+                    ig[k] = v
+
+    def _streamed_hyper(self):
+        """The hyperparameters of the streamed parameters' groups (one set:
+        lwo's step takes one), or None if there are none."""
+        names = _HYPER[self._kind]
+        got = None
+        for i, g in enumerate(self.param_groups):
+            if not any(p in self._streamed for p in g["params"]):
+                continue
+            self._check_group(g)
+            h = {k: g[k] for k in names}
+            if got is None:
+                got = (i, h)
+            elif h != got[1]:
+                raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                    "lwo.torch.optim: param_groups %d and %d both hold streamed parameters "
+                    "but differ (%s against %s): lwo's host optimizer takes one set of "
+                    "hyperparameters per step for the streamed parameters; give groups that "
+                    "differ only parameters that stay on the GPU") % (got[0], i, got[1], h))
+        return None if got is None else got[1]
+
+    # -- the torch.optim.Optimizer interface ------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step: the streamed parameters' updates start on lwo's host
+        threads (they run on while this returns; the next stage of each
+        layer waits for its own), the others are updated by PyTorch's
+        optimizer on their device. With max_norm the gradients are first
+        clipped to it by their global norm (streamed and not)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._classify()
+        n = self._n_steps + 1
+        hyper = self._streamed_hyper()
+        resident = [p for g in (self._inner_params or []) for p in g if p.grad is not None]
+        extra = 0.0
+        if self._max_norm is not None and resident:
+            extra = float(sum(torch.sum(p.grad.detach().float() ** 2) for p in resident))
+        started = False
+        for b in self._bindings.values():
+            if b.started:
+                b.started = False
+                started = True
+            elif hyper is not None:
+                started |= b.step(n, hyper, max_norm=self._max_norm or 0.0, extra_sumsq=extra)
+        if self._inner is not None:
+            if self._max_norm is not None and resident:
+                if self._bindings and started:
+                    b = next(iter(self._bindings.values()))
+                    b.wait()  # the norm, streamed gradients included
+                    norm = b.stats().last_norm
+                else:
+                    norm = math.sqrt(extra)
+                c = self._max_norm / (norm + 1e-6)
+                if c < 1:
+                    torch._foreach_mul_([p.grad for p in resident], c)
+            self._sync_inner()
+            self._inner_step()
+        self._n_steps = n
+        return loss
+
+    def _inner_step(self):
+        self._inner.step()
+
+    def zero_grad(self, set_to_none=True):
+        if not set_to_none:
+            self.synchronize()  # an update may still read the host gradients
+        super().zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self):
+        """Waits for the streamed parameters' updates: after it, reading a
+        streamed parameter gives the new weights (lwo's own stages wait by
+        themselves)."""
+        for b in self._bindings.values():
+            b.wait()
+
+    wait = synchronize
+
+    def stats(self):
+        """lwo_optim_stats of each handle's host optimizer (a list)."""
+        return [s for s in (b.stats() for b in self._bindings.values()) if s is not None]
+
+    def state_dict(self):
+        """PyTorch's layout: for a streamed parameter "step" and the moments
+        under PyTorch's names (AdamW: exp_avg, exp_avg_sq; SGD:
+        momentum_buffer) in the state dtype, flat in the parameter's shape,
+        and "master", its f32 master weights."""
+        self._classify()
+        self.synchronize()
+        merged = {}
+        inner_state = self._inner.state if self._inner is not None else {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                b = self._bindings.get(self._streamed.get(p))
+                if b is not None:
+                    st = b.read(p)
+                    if st is None:
+                        continue
+                    d = {"step": torch.tensor(float(self._n_steps))}
+                    for key, which in _STATE_KEYS[self._kind]:
+                        d[key] = st[which].view(p.shape)
+                    d["master"] = st["master"].view(p.shape)
+                    merged[p] = d
+                elif p in inner_state:
+                    merged[p] = inner_state[p]
+        saved = self.state
+        self.state = merged
+        try:
+            out = super().state_dict()
+        finally:
+            self.state = saved
+        out["lwo"] = {"steps": self._n_steps}
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict of this class, or of PyTorch's own optimizer of
+        the same kind (the masters then come from the parameters as they
+        are)."""
+        self._classify()
+        self.synchronize()
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise ValueError("lwo.torch.optim: the loaded state_dict's param_groups do not match "
+                             "this optimizer's (their count or sizes differ)")
+        by_id = {}
+        for sg, g in zip(groups, self.param_groups):
+            for i, p in zip(sg["params"], g["params"]):
+                by_id[i] = p
+            for k, v in sg.items():
+                if k != "params":
+                    g[k] = v
+        inner_sd = {"state": {}, "param_groups": []}
+        inner_ids = {}
+        if self._inner is not None:
+            for sg, ps in zip(groups, self._inner_params):
+                ids = [i for i in sg["params"] if any(by_id[i] is q for q in ps)]
+                inner_sd["param_groups"].append(dict({k: v for k, v in sg.items()
+                                                      if k != "params"}, params=ids))
+                inner_ids.update({i: True for i in ids})
+        steps = state_dict.get("lwo", {}).get("steps")
+        sdt = torch.bfloat16 if self._state_dtype == "bf16" else torch.float32
+        for i, st in state_dict["state"].items():
+            p = by_id.get(i)
+            if p is None:
+                continue
+            b = self._bindings.get(self._streamed.get(p))
+            if b is None:
+                if i in inner_ids:
+                    inner_sd["state"][i] = st
+                continue
+            new = {}
+            for key, which in _STATE_KEYS[self._kind]:
+                if key in st:
+                    new[which] = st[key].detach().reshape(-1).to("cpu", sdt).contiguous()
+            m = st.get("master")
+            new["master"] = (m.detach().reshape(-1).to("cpu", torch.float32) if m is not None
+                             else p.detach().reshape(-1).float()).contiguous()
+            b.write(p, new)
+            if steps is None and "step" in st:
+                steps = max(int(steps or 0), int(float(st["step"])))
+        if self._inner is not None:
+            self._inner.load_state_dict(inner_sd)
+        self._n_steps = int(steps or 0)
+
+    def __repr__(self):
+        return "lwo.torch.optim.%s(%d streamed, %d on the GPU, state %s%s%s)" % (
+            type(self).__name__, len(getattr(self, "_streamed", {})),
+            sum(len(g) for g in (self._inner_params or [])), self._state_dtype,
+            ", max_norm %g" % self._max_norm if self._max_norm is not None else "",
+            ", delayed" if self._delayed else "")
+
+
+class AdamW(_Optimizer):
+    """torch.optim.AdamW whose streamed parameters are updated by lwo's host
+    optimizer (PyTorch's AdamW arithmetic on f32 masters; the pool gets
+    their rounding to the weights' dtype).
+
+    lr, betas, eps, weight_decay: as torch.optim.AdamW (amsgrad, maximize
+    and capturable are not supported). lwo's options:
+
+    - state: "f32" (default) or "bf16" moments of the streamed parameters.
+    - stochastic_rounding: bf16 moments rounded stochastically (seed=).
+    - max_norm: clips the step's gradients to this global norm, streamed
+      and resident together (lwo's speculative clipping: each layer is
+      updated as it lands and redone if the norm asks; twice the state's
+      host memory).
+    - delayed: the one-step-delayed update of the streamed parameters (the
+      pool lags the masters by one step; see lwo_optim's LWO_OPTIM_DELAYED).
+    - in_backward: the streamed update starts at the end of each backward
+      pass, each layer as its gradients land, while the GPU finishes the
+      pass; every backward pass is then a step (no accumulation over
+      several).
+    - n_threads: lwo's update threads (0: one per CPU).
+    - fused: PyTorch's fused AdamW for the parameters on the GPU (None:
+      fused where they are all CUDA tensors)."""
+
+    _kind = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, state="f32", stochastic_rounding=False,
+                 max_norm=None, delayed=False, in_backward=False, n_threads=0, seed=0,
+                 fused=None):
+        if amsgrad or maximize:
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo.torch.optim.AdamW: %s is "
+                                "not supported" % ("amsgrad" if amsgrad else "maximize"))
+        if not 0.0 <= lr:
+            raise ValueError("lwo.torch.optim.AdamW: invalid lr %r" % (lr,))
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults, state=state, stochastic_rounding=stochastic_rounding,
+                         max_norm=max_norm, delayed=delayed, in_backward=in_backward,
+                         n_threads=n_threads, seed=seed, fused=fused)
+
+    def _check_group(self, g):
+        b1, b2 = g["betas"]
+        if not (0 <= b1 < 1 and 0 <= b2 < 1 and g["eps"] > 0 and g["weight_decay"] >= 0
+                and g["lr"] >= 0):
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                "lwo.torch.optim.AdamW: a param_group's hyperparameters are out of range: lr "
+                "%r, betas %r, eps %r, weight_decay %r") % (g["lr"], g["betas"], g["eps"],
+                                                            g["weight_decay"]))
+
+    def _torch_optimizer(self, groups):
+        fused = self._fused
+        ps = [p for g in groups for p in g["params"]]
+        if fused is None:
+            fused = bool(ps) and all(p.is_cuda and p.is_floating_point() for p in ps)
+        return torch.optim.AdamW(groups, fused=fused or None)
+
+
+class SGD(_Optimizer):
+    """torch.optim.SGD whose streamed parameters are updated by lwo's host
+    optimizer. lr, momentum, dampening, weight_decay: as torch.optim.SGD,
+    except that weight decay is decoupled (p *= 1 - lr * weight_decay, as
+    AdamW's; the same as PyTorch's SGD without momentum), for every
+    parameter, on the GPU too. nesterov and maximize are not supported;
+    state, max_norm, delayed, in_backward, n_threads: as AdamW's."""
+
+    _kind = "sgd"
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, *, maximize=False, state="f32", max_norm=None, delayed=False,
+                 in_backward=False, n_threads=0, seed=0):
+        if nesterov or maximize:
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo.torch.optim.SGD: %s is not "
+                                "supported" % ("nesterov" if nesterov else "maximize"))
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay)
+        super().__init__(params, defaults, state=state, max_norm=max_norm, delayed=delayed,
+                         in_backward=in_backward, n_threads=n_threads, seed=seed)
+
+    def _check_group(self, g):
+        if not (g["lr"] >= 0 and g["momentum"] >= 0 and 0 <= g["dampening"] <= 1
+                and g["weight_decay"] >= 0):
+            raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
+                "lwo.torch.optim.SGD: a param_group's hyperparameters are out of range: lr %r, "
+                "momentum %r, dampening %r, weight_decay %r") % (
+                    g["lr"], g["momentum"], g["dampening"], g["weight_decay"]))
+
+    def _torch_optimizer(self, groups):
+        gs = [dict(g, weight_decay=0.0) for g in groups]  # decoupled, below
+        return torch.optim.SGD(gs)
+
+    def _inner_step(self):
+        for g in self._inner.param_groups:
+            wd = g["weight_decay"]
+            if wd:
+                ps = [p for p in g["params"] if p.grad is not None]
+                if ps:
+                    torch._foreach_mul_(ps, 1 - g["lr"] * wd)
+        saved = [g["weight_decay"] for g in self._inner.param_groups]
+        for g in self._inner.param_groups:
+            g["weight_decay"] = 0.0
+        try:
+            self._inner.step()
+        finally:
+            for g, wd in zip(self._inner.param_groups, saved):
+                g["weight_decay"] = wd
