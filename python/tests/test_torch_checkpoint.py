@@ -785,3 +785,36 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
     w = m.model.layers[0].mlp.up_proj.weight  # still the file's codes
     assert w.dtype == torch.float8_e4m3fn
     assert h.stats()["quant"]["saved_bytes"] == saved
+
+
+def test_lwo_torch_optim_over_a_checkpoint(tiny):
+    """lwo.torch.optim: the streamed weights read into the pinned pool
+    (checkpoint_copy=True) train with lwo's host AdamW as PyTorch's AdamW
+    trains the resident model; over a mapped base only the adapters train."""
+    from lwo.torch import optim as lopt
+    cfg, tensors, path = tiny
+    m = llama(cfg, dtype=torch.float32, meta=True)
+    ref = resident(lambda: llama(cfg, dtype=torch.float32), tensors)
+    h, _be = offload(m, checkpoint=path, checkpoint_copy=True, plan=False)
+    opt = lopt.AdamW(m.parameters(), lr=1e-3)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(12)
+    for _ in range(3):
+        ids = torch.randint(0, 64, (2, 8), generator=gen)
+        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) < 1e-3, (la.item(), lb.item())
+        la.backward()
+        lb.backward()
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    close(m.model.layers[1].mlp.down_proj.weight, ref.model.layers[1].mlp.down_proj.weight,
+          torch.float32)
+
+    peft = pytest.importorskip("peft")
+    m2 = llama(cfg, meta=True)
+    offload(m2, checkpoint=path)
+    m2 = peft.get_peft_model(m2, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                 target_modules=["q_proj"]))
+    opt2 = lopt.AdamW([p for p in m2.parameters() if p.requires_grad], lr=1e-3)
+    ids = torch.randint(0, 64, (2, 8))
+    m2(input_ids=ids, labels=ids).loss.backward()
+    opt2.step()
