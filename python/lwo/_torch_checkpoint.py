@@ -218,6 +218,7 @@ class Source:
         self.fp8 = {}         # module name -> (codes, scales) CheckpointTensors
         self.fp8_ids = set()  # id(module) of those
         self.first_pool = None
+        self._mapped_pools = []  # every mapped pool made (Offload.close destroys them)
         self.info = {}
         self._entries = []
         self._device = None
@@ -574,6 +575,7 @@ class Source:
             # (the plan's records) find them registered and use them as they
             # are, so the first lives as long as any of them.
             self.first_pool = pool
+            self._mapped_pools.append(pool)
             kind = {C.LWO_POOL_CHECKPOINT_MAPPED: "checkpoint-mapped",
                     C.LWO_POOL_CHECKPOINT_STAGED: "checkpoint-staged"}.get(
                         pool.info().kind, "kind %d" % pool.info().kind)
@@ -581,8 +583,18 @@ class Source:
         return pool
 
     def release(self):
-        """After Offload.close(): the first pool (which registered the files
-        for DMA) goes."""
+        """After Offload.close() (its ring closed): the mapped pools are
+        destroyed, the first of them unregistering the files (no parameter is
+        over a mapped pool's memory: they are copies by then, or over this
+        process's own mapping)."""
+        for pool in reversed(self._mapped_pools):
+            close = getattr(pool, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # a ring of it still open (LWO_ERR_BUSY): it goes with it
+                    pass
+        self._mapped_pools = []
         self.first_pool = None
 
     def regroup(self, handle, records):
@@ -590,6 +602,7 @@ class Source:
         as `records` (the plan's grouping): nothing is copied."""
         pool = handle.backend.pool_from_checkpoint(self.ckpt, self._names(records))
         pool._lwo_first = self.first_pool
+        self._mapped_pools.append(pool)
         self._bind_names(pool, records)
         return pool
 

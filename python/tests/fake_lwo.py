@@ -262,6 +262,14 @@ class CheckpointPool(Pool):
     def write_quantized(self, *a, **k):
         raise _err(C.LWO_ERR_UNSUPPORTED, "fake: the pool maps a checkpoint read-only")
 
+    closed = False
+
+    def close(self):
+        live = [r for r in self.backend.rings if r.pool is self and not r.closed]
+        if live:
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_pool_destroy: %d rings of the pool" % len(live))
+        self.closed = True
+
     write = write_range = write_quantized
 
 

@@ -623,6 +623,9 @@ def test_the_plan_regroups_a_mapped_pool_without_copying(tiny):
         assert rec.names == [n for s in rec.modules for n in (s.name + ".weight",)]
     assert {n: mod.weight.data_ptr() for n, mod in h.modules.items()} == ptrs
     assert h.resident == (0,)
+    h.close(device="cpu")  # the mapped pools go (the first one unregisters the files)
+    assert all(p.closed for p in be.pools)
+    compare_logits(m, ref)
 
 
 def test_a_conv_model_from_a_checkpoint(tmp_path):
