@@ -33,7 +33,6 @@ import glob
 import math
 import mmap
 import os
-import time
 import warnings
 
 import torch
@@ -221,7 +220,6 @@ class Source:
         self._mapped_pools = []  # every mapped pool made (Offload.close destroys them)
         self.info = {}
         self._entries = []
-        self._device = None
         self._init = None
 
     @property
@@ -277,7 +275,6 @@ class Source:
         """Matches the model's tensors to the checkpoint's and checks every
         one; raises before anything changes."""
         label = self.label
-        self._device = device
         self._init = init
         entries = _model_entries(model)
         self._entries = entries
@@ -737,11 +734,9 @@ def prepare(model, checkpoint, targets, device, key=None, init=None, copy=False)
     if init is not None and not callable(init):
         raise TypeError("lwo.torch.offload: checkpoint_init must be a callable (name, module), "
                         "not %r" % (init,))
-    t0 = time.perf_counter()
     path = resolve(checkpoint)
     ckpt = _core.Checkpoint(path)
     src = Source(path, ckpt, mapped=not copy)
     src._root = model
-    src._t0 = t0
     src.plan(model, targets, key, init, device)
     return src

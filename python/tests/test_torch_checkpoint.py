@@ -8,7 +8,6 @@ memory); what the file and the model disagree on (missing, extra, dtypes,
 shapes, tied weights); quant= and checkpoint_copy= (the pinned pool); LoRA on
 the mapped base; the plan's regrouping of a mapped pool; writes refused."""
 
-import copy
 import gc
 import json
 import os
@@ -498,7 +497,8 @@ def test_an_fp8_weight_left_resident_is_dequantized(tmp_path):
     m = llama(cfg, meta=True)
     h, _be = offload(m, checkpoint=path, filter=lambda n, mod: "mlp" not in n)
     w = m.model.layers[1].mlp.gate_proj.weight
-    assert w.dtype == torch.bfloat16 and torch.equal(w, dense["model.layers.1.mlp.gate_proj.weight"])
+    assert w.dtype == torch.bfloat16
+    assert torch.equal(w, dense["model.layers.1.mlp.gate_proj.weight"])
     assert sorted(h.checkpoint_info["fp8"]) == sorted(n for n in h.modules if ".layers." in n)
     compare_logits(m, resident(lambda: llama(cfg), dense))
 
