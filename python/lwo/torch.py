@@ -275,6 +275,11 @@ class _Backend:
     def pool(self, layers):
         return _core.Pool.create_pinned(self.engine, layers)
 
+    def pool_from_checkpoint(self, checkpoint, names):
+        """A read-only pool over the mapped checkpoint (an lwo.Checkpoint):
+        layer i holds the tensors names[i] (full checkpoint names)."""
+        return _core.Pool.from_checkpoint(self.engine, checkpoint, names=names)
+
     def layer_changed(self, pool, layer):
         st = self._changed(pool.handle, layer)
         if st:
@@ -684,6 +689,9 @@ class Offload:
     model, and its streamed modules. A context manager; close() puts the
     weights back into ordinary tensors."""
 
+    _checkpoint = None     # offload(checkpoint=): where the weights come from
+    checkpoint_info = None  # offload(checkpoint=): what came from the checkpoint (a dict)
+
     def __init__(self):
         raise TypeError("lwo.torch.Offload: use lwo.torch.offload(model, ...)")
 
@@ -692,9 +700,10 @@ class Offload:
     # ----------------------------------------------------------------
     @classmethod
     def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
-                backend, skipped, quant=None, quant_skipped=None, progress=None):
+                backend, skipped, quant=None, quant_skipped=None, progress=None, source=None):
         self = object.__new__(cls)
         self.closed = False
+        self._checkpoint = source
         quant = quant or {}
         self.quantized = {name: _core.quant_spelling(f) for name, f in quant.items()}
         self.quant_skipped = dict(quant_skipped or {})
@@ -740,13 +749,17 @@ class Offload:
         self.records = records
         self.states = states
 
-        self.pool = backend.pool(self._pool_layers(records))
+        if source is not None:  # offload(checkpoint=): mapped, or pinned
+            self.pool = source.pool(self, backend, records)
+        else:
+            self.pool = backend.pool(self._pool_layers(records))
 
         # Fill it, and make the parameters CPU tensors over it.
         freed_cuda = False
         total = sum(s.module.weight.numel() * s.module.weight.element_size() for s in states)
-        bar = _Progress("lwo.torch.offload: %s weights into the pool" % (
-            "quantizing and copying" if quant else "copying"), total, progress)
+        bar = _Progress(source.progress_label if source is not None else
+                        "lwo.torch.offload: %s weights into the pool" % (
+                            "quantizing and copying" if quant else "copying"), total, progress)
         with torch.no_grad():
             for rec in records:
                 infos = self.pool.tensors(rec.index)
@@ -814,7 +827,9 @@ class Offload:
             rec.names = []
             for i, s in enumerate(rec.modules):
                 w = s.module.weight
-                dt = _LWO_DTYPE[w.dtype]
+                # the dtype lwo computes in (once streamed: an fp8 weight of a
+                # checkpoint is a parameter of its codes)
+                dt = _LWO_DTYPE[getattr(s, "dtype", None) or w.dtype]
                 tensors.append(_core.TensorSpec("m%d.weight" % i, dt, _quant_shape(w), None,
                                                 s.quant)
                                if s.quant else ("m%d.weight" % i, dt, tuple(w.shape)))
@@ -921,6 +936,8 @@ class Offload:
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
         the parameter a CPU tensor of the dequantized weight (what lwo
         computes with: lwo_dequantize_host of the pool's bytes), frozen."""
+        if self._checkpoint is not None:
+            return self._checkpoint.adopt_quantized(self, m, rec, s)
         old = m._parameters["weight"]
         name = rec.names[s.w_idx]
         shape2 = _quant_shape(old)
@@ -938,6 +955,8 @@ class Offload:
         lwo.torch.optim's masters of a trainable one are set from it."""
         for b in self._optims:
             b.params_written(rec)
+        if self._checkpoint is not None and self._checkpoint.layer_changed(self, rec):
+            return
         if rec.quantized:
             for s in rec.modules:
                 if s.quant:
@@ -947,6 +966,8 @@ class Offload:
         self.backend.layer_changed(self.pool, rec.index)
 
     def _adopt(self, m, key, rec, idx):
+        if self._checkpoint is not None:
+            return self._checkpoint.adopt(self, m, key, rec, idx)
         old = m._parameters[key]
         addr, nbytes = self.pool.tensor_host(rec.index, rec.names[idx])
         host = _host_tensor(addr, nbytes, old.dtype, tuple(old.shape), self.pool)
@@ -959,6 +980,8 @@ class Offload:
         """Creates the gradient set over the trainable records (and `extra`,
         a record whose parameters became trainable after offload(): the set
         is made again, the sums so far carried over)."""
+        if extra is not None and self._checkpoint is not None:
+            self._checkpoint.refuse_grad(self, extra)
         old_mask = [rec.trainable for rec in self.records]
         mask = list(old_mask)
         if extra is not None:
@@ -1413,24 +1436,29 @@ class Offload:
                 new.append(rec)
             old_pool = self.pool
             old_where = {id(s): (s.record.index, s.record.names[s.w_idx]) for s in self.states}
-            pool = self.backend.pool(self._pool_layers(new))
+            # a mapped checkpoint's records are grouped anew over the same file
+            # bytes, which the parameters are: nothing to copy
+            mapped = self._checkpoint is not None and self._checkpoint.mapped
+            pool = self._checkpoint.regroup(self, new) if mapped else \
+                self.backend.pool(self._pool_layers(new))
             with torch.no_grad():
                 for rec in new:
                     infos = pool.tensors(rec.index)
                     rec.bytes = pool.record_bytes(rec.index)
                     for s in rec.modules:
                         self._bind(s, infos)
-                        if s.quant:
+                        if s.quant and not mapped:
                             src = old_pool.tensor_host(*old_where[id(s)])
                             dst = pool.tensor_host(rec.index, rec.names[s.w_idx])
                             _host_tensor(dst.address, dst.bytes, torch.uint8, (dst.bytes,),
                                          pool).copy_(_host_tensor(src.address, src.bytes,
                                                                   torch.uint8, (src.bytes,),
                                                                   old_pool))
-                            rec.saved_bytes += s.weight.numel() * s.weight.element_size() \
-                                - s.w_bytes
+                        if s.quant:  # (of its compute dtype: see _pool_layers)
+                            rec.saved_bytes += s.weight.numel() * _core.dtype_size(
+                                s.lwo_dtype) - s.w_bytes
                         for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
-                            if p is None or (p is s.weight and s.quant):
+                            if p is None or (p is s.weight and s.quant) or mapped:
                                 continue
                             addr, nbytes = pool.tensor_host(rec.index, rec.names[idx])
                             host = _host_tensor(addr, nbytes, p.dtype, tuple(p.shape), pool)
@@ -2012,7 +2040,8 @@ class Offload:
                         continue
                     g = p.grad
                     p.grad = None
-                    p.data = p.data.to(target, copy=True)
+                    src = p.data if self._checkpoint is None else self._checkpoint.dense(s, p)
+                    p.data = src.to(target, copy=True)
                     if g is not None:
                         p.grad = g.to(target, copy=True)
         self._exposed.clear()
@@ -2023,6 +2052,8 @@ class Offload:
         self.grads = None
         # The gradient set and the pool go with the last tensor over them.
         self.pool = None
+        if self._checkpoint is not None:
+            self._checkpoint.release()
         model = self.model_ref()
         if model is not None and getattr(model, "_lwo_handle", None) is self:
             del model._lwo_handle
@@ -2063,14 +2094,15 @@ def _conv_padding(m):
     return tuple(int(v) for v in p)
 
 
-def _unsupported(name, m):
-    """Why lwo cannot compute module m (None if it can)."""
+def _unsupported(name, m, meta_ok=False):
+    """Why lwo cannot compute module m (None if it can; meta_ok: a weight on
+    the meta device is read from a checkpoint)."""
     w = getattr(m, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dtype not in _LWO_DTYPE:
         return "weight dtype %s (lwo computes f32, bf16 and f16)" % (
             getattr(w, "dtype", None),)
-    if w.device.type == "meta":
-        return "weight on the meta device (no data to move)"
+    if w.device.type == "meta" and not meta_ok:
+        return "weight on the meta device (no data to move; offload(checkpoint=) reads it)"
     if m.bias is not None and m.bias.dtype != w.dtype:
         return "bias dtype %s differs from the weight's %s" % (m.bias.dtype, w.dtype)
     if w.numel() == 0:
@@ -2132,6 +2164,7 @@ def _quant_choice(targets, quant):
 
 def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
             stats=False, timing=False, quant=None, budget=None, plan=True, progress=None,
+            checkpoint=None, checkpoint_key=None, checkpoint_init=None, checkpoint_copy=False,
             _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
@@ -2203,6 +2236,33 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              ``handle.quant_skipped`` says which and why, ``handle.quantized``
              lists the others. In a group, the quantized modules make a
              record of their own.
+    checkpoint: a safetensors checkpoint to read the model's weights from (a
+             .safetensors file, a sharded *.safetensors.index.json, or a
+             folder holding one), typically for a model built on the meta
+             device. The streamed weights and biases are mapped in place: the
+             pool is lwo's read-only pool over the mapped files
+             (lwo_pool_create_from_checkpoint, registered for DMA), and each
+             parameter a frozen CPU tensor over the file's bytes (no copy);
+             an F8_E4M3 weight with its "<name>_scale_inv" block scales
+             streams as it is (fp8-block). Everything else the model holds is
+             loaded from the file onto the device, tensor by tensor. Names are
+             the model's state_dict names (peft's "base_model.model." and
+             ".base_layer" taken out where the file has the plain name).
+             ``handle.checkpoint_info`` reports what came from where;
+             docs/PYTHON.md has the rules and the errors.
+    checkpoint_key: the file's name of each model name: a str (a prefix
+             put before the model's names) or a callable ``name -> file name``
+             (None: not from the file).
+    checkpoint_init: ``init(name, module)``, called for each module holding
+             tensors on the meta device that the file does not have (new
+             adapters, non-persistent buffers), once they are allocated on the
+             device, to set them. Without it such a parameter is an error; a
+             non-persistent buffer (a rotary inv_freq) is made by the model's
+             transformers _init_weights where it has one.
+    checkpoint_copy: True: the streamed weights are read into lwo's pinned
+             pool tensor by tensor (cast to the model's dtype where it
+             differs) instead of mapped, and keep their requires_grad (to
+             train them); quant= implies it.
 
     Create optimizers after offload(): the streamed parameters are new
     Parameter objects (CPU tensors over the pool)."""
@@ -2215,6 +2275,11 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         raise ValueError("lwo.torch.offload: budget= is applied by the plan; it needs plan=True")
     if not isinstance(model, nn.Module):
         raise TypeError("lwo.torch.offload: %r is not a torch.nn.Module" % (model,))
+    if checkpoint is None and (checkpoint_key is not None or checkpoint_init is not None
+                               or checkpoint_copy):
+        raise ValueError("lwo.torch.offload: checkpoint_key, checkpoint_init and "
+                         "checkpoint_copy go with checkpoint=")
+    t_start = time.perf_counter()
 
     # Which device.
     if _backend is None:
@@ -2243,7 +2308,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
             continue
         if filter is not None and not filter(name, m):
             continue
-        why = _unsupported(name, m)
+        why = _unsupported(name, m, meta_ok=checkpoint is not None)
         if why is None:
             for key in ("weight", "bias"):
                 p = getattr(m, key, None)
@@ -2255,6 +2320,15 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
             skipped[name] = why
             continue
         targets.append((name, m))
+    source = None
+    if checkpoint is not None:
+        # Everything the file and the model must agree on is checked before
+        # anything changes; then what lwo does not stream is loaded.
+        from . import _torch_checkpoint
+        source = _torch_checkpoint.prepare(model, checkpoint, targets, device,
+                                           key=checkpoint_key, init=checkpoint_init,
+                                           copy=bool(checkpoint_copy) or quant is not None)
+        source.load_resident(device)
     if not targets:
         if not skipped:
             raise ValueError("lwo.torch.offload: no nn.Linear or nn.Conv2d module to stream")
@@ -2268,16 +2342,26 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         if backend.device_type == "cuda":
             model.to(device)
         model._lwo_handle = handle
+        if source is not None:
+            source.info["seconds"] = time.perf_counter() - t_start
+            handle.checkpoint_info = source.info
         return handle
     groups = _groups_of(targets, group)
     quantized, quant_skipped = _quant_choice(targets, quant)
+    if source is not None:  # fp8 weights of the file stream as they are
+        for name in source.fp8:
+            quantized[name] = C.LWO_QUANT_FP8_E4M3_BLOCK128
+            quant_skipped.pop(name, None)
     handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
                              grads_depth, device, stats, timing, backend, skipped, quantized,
-                             quant_skipped, progress)
+                             quant_skipped, progress, source)
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
         model.to(device)
     model._lwo_handle = handle
+    if source is not None:
+        source.info["seconds"] = time.perf_counter() - t_start
+        handle.checkpoint_info = source.info
     if plan and hasattr(backend, "plan"):
         handle._setup_plan(budget, depth, group is None)
     return handle

@@ -23,12 +23,25 @@ the CPU for the arithmetic.
   with weight_format dequantizes its weight with lwo_dequantize_host (these
   are host calls of the real library: they need no device) and refuses
   dweight and dbias with LWO_ERR_QUANTIZED_WEIGHT, as the library does.
+- Checkpoint pools (pool_from_checkpoint, an lwo.Checkpoint and names= per
+  layer): the mapping checked by the real lwo_checkpoint_map_tensors (a
+  host call), the records laid out as lwo_pool_create_from_checkpoint lays
+  them out (a layer whose tensors lie together in one file keeps the file's
+  layout, else packed at 256 bytes; an F8_E4M3 weight with its
+  "<name>_scale_inv" f32 scales in the layer is one fp8-block128 tensor of
+  logical dtype bf16, its codes and scales two copy runs), read-only (writes
+  and lwo_pool_tensor_host of an fp8 tensor are LWO_ERR_UNSUPPORTED). Rings
+  copy from a read-only mapping of the files this fake makes itself, run by
+  run, as the library copies from its own.
 """
 
 import collections
 import ctypes
 import math
+import mmap
 import time
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +113,22 @@ class Pool:
             host = backend.mem.alloc(record)
             self.layers.append((infos, record, host))
             self.version.append(0)
+        self.runs = [[(0, host, record)] if record else [] for _i, record, host in self.layers]
         self.max_record = max([r for _i, r, _h in self.layers] + [0])
+
+    kind = C.LWO_POOL_PINNED
+
+    def info(self):
+        return lwo.PoolInfo(len(self.layers), self.kind, sum(r for _i, r, _h in self.layers),
+                            self.max_record, 0, 1)
+
+    def run_bytes(self, layer):
+        return sum(n for _o, _s, n in self.runs[layer])
+
+    def copy_record(self, layer, dst):
+        """What a ring's stage moves: the layer's copy runs, into `dst`."""
+        for off, src, n in self.runs[layer]:
+            _bytes_at(dst + off, n).copy_(_bytes_at(src, n))
 
     def tensors(self, layer):
         return self.layers[layer][0]
@@ -127,6 +155,124 @@ class Pool:
         self.backend.calls["write_quantized"] += 1
 
 
+def _align(n):
+    return n + (-n % _ALIGN)
+
+
+class CheckpointPool(Pool):
+    """lwo_pool_create_from_checkpoint with names= (see the module's notes)."""
+
+    kind = C.LWO_POOL_CHECKPOINT_MAPPED
+
+    def __init__(self, backend, checkpoint, names):
+        self.backend = backend
+        self.handle = id(self)
+        self.checkpoint = checkpoint
+        checkpoint.map_tensors(names=names)  # LWO_ERR_NOT_FOUND as the library raises it
+        by_name = {t.name: t for t in checkpoint.tensors()}
+        files = checkpoint.files()
+        self.maps = []
+        self.bases = []
+        for f in files:  # read-only, shared: as lwo maps them
+            if not f.bytes:
+                self.maps.append(None)
+                self.bases.append(0)
+                continue
+            with open(f.path, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self.maps.append(mm)
+            self.bases.append(np.frombuffer(mm, dtype=np.uint8).ctypes.data)
+        self.layers, self.runs, self.version, self.hosts = [], [], [], []
+        for li, group in enumerate(names):
+            entries = [by_name[n] for n in group]
+            for e in entries:
+                if e.dtype is None or not lwo.dtype_size(e.dtype):
+                    raise _err(C.LWO_ERR_BAD_DTYPE, "fake lwo_pool_create_from_checkpoint: "
+                               "tensor %r is %s" % (e.name, e.dtype_name))
+            present = {e.name for e in entries}
+            scale_of = {}
+            for e in entries:
+                sc = e.name + "_scale_inv"
+                if e.dtype == C.LWO_DTYPE_F8_E4M3 and sc in present:
+                    st = by_name[sc]
+                    want = ((e.shape[0] + 127) // 128, (e.shape[1] + 127) // 128) \
+                        if len(e.shape) == 2 else None
+                    if st.dtype != C.LWO_DTYPE_F32:
+                        raise _err(C.LWO_ERR_BAD_DTYPE, "fake: scales %r are %s" % (
+                            sc, st.dtype_name))
+                    if want is None or tuple(st.shape) != want:
+                        raise _err(C.LWO_ERR_SHAPE_MISMATCH, "fake: scales %r %s" % (
+                            sc, st.shape))
+                    scale_of[e.name] = st
+            scales = {st.name for st in scale_of.values()}
+            one_file = len({e.file for e in entries}) == 1
+            total = sum(e.bytes for e in entries)
+            lo = min(e.file_offset for e in entries)
+            hi = max(e.file_offset + e.bytes for e in entries)
+            file_layout = one_file and bool(entries) and hi - lo <= total + total // 4 + 4096 \
+                and not scale_of
+            infos, runs, off, host = [], [], 0, 0
+            for e in entries:
+                if e.name in scales:
+                    continue
+                addr = self.bases[e.file] + e.file_offset
+                if e.name in scale_of:
+                    lay = lwo.quant_layout(C.LWO_QUANT_FP8_E4M3_BLOCK128, e.shape, "bf16")
+                    st = scale_of[e.name]
+                    infos.append(TensorInfo(e.name, C.LWO_DTYPE_BF16, tuple(e.shape), off,
+                                            lay.total_bytes, C.LWO_QUANT_FP8_E4M3_BLOCK128))
+                    runs.append((off, addr, lay.data_bytes))
+                    runs.append((off + lay.scale_offset, self.bases[st.file] + st.file_offset,
+                                 lay.scale_bytes))
+                    off = _align(off + lay.total_bytes)
+                elif file_layout:
+                    infos.append(TensorInfo(e.name, e.dtype, tuple(e.shape), e.file_offset - lo,
+                                            e.bytes, 0))
+                else:
+                    infos.append(TensorInfo(e.name, e.dtype, tuple(e.shape), off, e.bytes, 0))
+                    if e.bytes:
+                        runs.append((off, addr, e.bytes))
+                    off = _align(off + e.bytes)
+            if file_layout:
+                record = _align(hi - lo)
+                host = self.bases[entries[0].file] + lo
+                if hi > lo:
+                    runs.append((0, host, hi - lo))
+            else:
+                record = off
+            self.layers.append((infos, record, host))
+            self.runs.append(runs)
+            self.version.append(0)
+        self.max_record = max([r for _i, r, _h in self.layers] + [0])
+        if not self.max_record:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake: every layer is empty")
+
+    def tensor_host(self, layer, name):
+        infos, _r, host = self.layers[layer]
+        for i in infos:
+            if i.name != name:
+                continue
+            if i.quant_format:
+                raise _err(C.LWO_ERR_UNSUPPORTED, "fake lwo_pool_tensor_host: %r is an fp8 "
+                           "weight and its scales, which lie apart" % name)
+            t = [t for t in self.checkpoint.tensors() if t.name == name][0]
+            return lwo.HostMemory(self.bases[t.file] + t.file_offset, i.bytes)
+        raise _err(C.LWO_ERR_NOT_FOUND, "fake lwo_pool_tensor_host: no tensor %r" % name)
+
+    def write_quantized(self, *a, **k):
+        raise _err(C.LWO_ERR_UNSUPPORTED, "fake: the pool maps a checkpoint read-only")
+
+    closed = False
+
+    def close(self):
+        live = [r for r in self.backend.rings if r.pool is self and not r.closed]
+        if live:
+            raise _err(C.LWO_ERR_BUSY, "fake lwo_pool_destroy: %d rings of the pool" % len(live))
+        self.closed = True
+
+    write = write_range = write_quantized
+
+
 class Ring:
     def __init__(self, backend, pool, depth, timing, resident=()):
         self.backend, self.pool, self.depth = backend, pool, depth
@@ -136,8 +282,7 @@ class Ring:
         for layer in resident:
             _i, record, host = pool.layers[layer]
             base = backend.mem.alloc(record)
-            if record:
-                _bytes_at(base, record).copy_(_bytes_at(host, record))
+            pool.copy_record(layer, base)
             self.resident[layer] = {"layer": layer, "version": pool.version[layer],
                                     "state": "resident", "ticket": 0, "order": -1,
                                     "base": base, "resident": True, "held": 0}
@@ -164,11 +309,10 @@ class Ring:
                     raise _err(C.LWO_ERR_LAYER_BUSY, "fake lwo_ring_stage: resident layer %d "
                                "changed while held" % layer)
                 _i, record, host = self.pool.layers[layer]
-                if record:
-                    _bytes_at(res["base"], record).copy_(_bytes_at(host, record))
+                self.pool.copy_record(layer, res["base"])
                 res["version"] = ver
                 self.n_copies += 1
-                self.bytes_copied += record
+                self.bytes_copied += self.pool.run_bytes(layer)
             t = self.next_ticket
             self.next_ticket += 1
             sl = {"layer": layer, "state": "staged", "ticket": t, "base": res["base"],
@@ -194,10 +338,9 @@ class Ring:
             empty = [sl for sl in free if sl["state"] == "empty"]
             sl = empty[0] if empty else min(free, key=lambda s: s["order"])
             infos, record, host = self.pool.layers[layer]
-            if record:
-                _bytes_at(sl["base"], record).copy_(_bytes_at(host, record))
+            self.pool.copy_record(layer, sl["base"])
             self.n_copies += 1
-            self.bytes_copied += record
+            self.bytes_copied += self.pool.run_bytes(layer)
         t = self.next_ticket
         self.next_ticket += 1
         sl.update(layer=layer, version=ver, state="staged", ticket=t)
@@ -507,6 +650,11 @@ class Backend:
 
     def pool(self, layers):
         p = Pool(self, layers)
+        self.pools.append(p)
+        return p
+
+    def pool_from_checkpoint(self, checkpoint, names):
+        p = CheckpointPool(self, checkpoint, names)
         self.pools.append(p)
         return p
 

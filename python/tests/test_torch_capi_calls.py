@@ -86,3 +86,21 @@ def test_padding_of_convolutions():
     assert lt._conv_padding(torch.nn.Conv2d(1, 1, 2, padding="same")) is None
     assert lt._conv_padding(torch.nn.Conv2d(1, 1, 3, padding="valid")) == (0, 0)
     assert lt._conv_padding(torch.nn.Conv2d(1, 1, 3, padding=(2, 1))) == (2, 1)
+
+
+def test_checkpoint_pool_call(tmp_path):
+    """offload(checkpoint=)'s pool: lwo_pool_create_from_checkpoint with
+    names= per record (the checkpoint is real: opening it needs no device)."""
+    from conftest import write_safetensors
+
+    class NullEngine(Null):
+        def _h(self):
+            return None
+
+    path = write_safetensors(tmp_path / "m.safetensors",
+                             [("a.weight", "BF16", [2, 2], b"\0" * 8),
+                              ("a.bias", "BF16", [2], b"\0" * 4)])
+    be = lt._Backend(0, engine=NullEngine())
+    with lwo.Checkpoint(path) as ck:
+        invalid_handle("lwo_pool_create_from_checkpoint", be.pool_from_checkpoint, ck,
+                       [["a.weight", "a.bias"]])

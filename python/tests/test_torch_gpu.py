@@ -440,6 +440,152 @@ def test_a_budget_below_the_smallest_ring_is_refused():
 
 
 # --------------------------------------------------------------------------
+# offload(checkpoint=): a model built on the meta device, its streamed
+# weights mapped in place from a safetensors checkpoint (random weights),
+# against the same model loaded resident on the device with load_state_dict.
+# --------------------------------------------------------------------------
+def _ckpt_llama(tmp_path, fp8=False, shards=1, hidden=256):
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from checkpoint_models import fp8_tensors, llama, llama_config, save, tensors_of
+    cfg = llama_config(hidden=hidden, vocab=512)
+    tensors = tensors_of(llama(cfg))
+    dense = tensors
+    if fp8:
+        tensors, dense = fp8_tensors(tensors)
+    return cfg, dense, save(tensors, str(tmp_path), shards=shards)
+
+
+def _ckpt_lora_steps(m, ref, steps=6, tol=3e-2):
+    """LoRA (peft, made after offload) on the streamed base and on the
+    resident reference: losses and adapter gradients each step."""
+    peft = pytest.importorskip("peft")
+    lcfg = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                           target_modules=["q_proj", "v_proj", "down_proj"])
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(11)
+    m = peft.get_peft_model(m, lcfg).to(DEV)
+    torch.manual_seed(11)
+    ref = peft.get_peft_model(ref, lcfg).to(DEV)
+    trained = [p for p in m.parameters() if p.requires_grad]
+    trained_r = [p for p in ref.parameters() if p.requires_grad]
+    assert trained and all(p.is_cuda for p in trained)
+    # SGD: an update in proportion to the gradient (AdamW's first steps are
+    # about lr x sign(g), which turns roundings of a gradient near 0 into
+    # different adapters)
+    opt = torch.optim.SGD(trained, lr=0.5)
+    opt_r = torch.optim.SGD(trained_r, lr=0.5)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(steps):
+        ids = torch.randint(0, 512, (2, 64), generator=gen).to(DEV)
+        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) <= tol * abs(lb.item()), (step, la.item(), lb.item())
+        la.backward()
+        lb.backward()
+        for p, q in zip(trained, trained_r):
+            close(p.grad, q.grad, torch.bfloat16, "adapter grad, step %d" % step)
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    return m
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_checkpoint_mapped_llama_matches_resident(tmp_path, shards):
+    from checkpoint_models import llama, resident
+    cfg, tensors, path = _ckpt_llama(tmp_path, shards=shards)
+    ref = resident(lambda: llama(cfg), tensors, device=DEV)
+    m = llama(cfg, meta=True)
+    h = lt.offload(m, device=DEV, checkpoint=path)
+    assert h.checkpoint_info["pool"] == "checkpoint-mapped"  # registered in place
+    assert len(h.checkpoint_info["files"]) == shards
+    assert m.model.embed_tokens.weight.is_cuda and m.model.rotary_emb.inv_freq.is_cuda
+    ids = torch.randint(0, 512, (2, 48), device=DEV)
+    with torch.no_grad():
+        close(m(input_ids=ids).logits, ref(input_ids=ids).logits, torch.bfloat16, "logits")
+    _ckpt_lora_steps(m, ref)
+    # the plan ran over the mapped pool (regrouped over the same file bytes)
+    assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
+
+
+def test_checkpoint_fp8_base_with_lora_matches_dequantized_resident(tmp_path):
+    from checkpoint_models import llama, resident
+    cfg, dense, path = _ckpt_llama(tmp_path, fp8=True)
+    ref = resident(lambda: llama(cfg), dense, device=DEV)
+    m = llama(cfg, meta=True)
+    h = lt.offload(m, device=DEV, checkpoint=path)
+    assert h.checkpoint_info["pool"] == "checkpoint-mapped"
+    assert len(h.checkpoint_info["fp8"]) == 14
+    assert set(h.quantized.values()) == {"fp8-block"}
+    ids = torch.randint(0, 512, (2, 48), device=DEV)
+    with torch.no_grad():
+        close(m(input_ids=ids).logits, ref(input_ids=ids).logits, torch.bfloat16, "logits")
+    _ckpt_lora_steps(m, ref)
+
+
+def test_checkpoint_with_quant_quantizes_from_the_mapped_bytes(tmp_path):
+    from checkpoint_models import llama, resident
+    from torch_quant_models import dequantized
+    cfg, tensors, path = _ckpt_llama(tmp_path)
+    m = llama(cfg, meta=True)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    h = lt.offload(m, device=DEV, checkpoint=path, quant="fp8")
+    assert h.checkpoint_info["pool"] == "pinned" and len(h.quantized) == 15
+    q = {k: dequantized(v, "fp8") if k.endswith("proj.weight") or k == "lm_head.weight" else v
+         for k, v in tensors.items()}
+    ref = resident(lambda: llama(cfg), q, device=DEV)
+    ids = torch.randint(0, 512, (2, 48), device=DEV)
+    with torch.no_grad():
+        close(m(input_ids=ids).logits, ref(input_ids=ids).logits, torch.bfloat16, "logits")
+
+
+def trim_heap():
+    """glibc's malloc_trim(0), where there is one: freed heap memory goes
+    back to the system, so that RssAnon shows new allocations."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def test_checkpoint_mapping_adds_no_host_copy(tmp_path):
+    """Host memory beyond the page cache (RssAnon) grows by far less than the
+    streamed bytes: the pool and the parameters are the mapped file."""
+    from checkpoint_models import save, tensors_of
+
+    def rss_anon():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+        pytest.skip("no RssAnon")
+
+    def model():
+        return nn.Sequential(*[nn.Linear(4096, 4096, bias=False) for _ in range(16)],
+                             nn.LayerNorm(4096)).to(torch.bfloat16)
+
+    src = model()
+    tensors = tensors_of(src)
+    path = save(tensors, str(tmp_path))
+    streamed = 16 * 4096 * 4096 * 2
+    ref = src.to(DEV)
+    del src, tensors
+    with torch.device("meta"):
+        m = model()
+    torch.cuda.synchronize()
+    trim_heap()  # what the writer freed goes back to the system: a copy would show
+    before = rss_anon()
+    h = lt.offload(m, device=DEV, checkpoint=path)
+    grew = rss_anon() - before
+    assert h.checkpoint_info["pool"] == "checkpoint-mapped"
+    assert grew < 0.1 * streamed, "RssAnon grew %d bytes for %d streamed" % (grew, streamed)
+    x = torch.randn(8, 4096, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        close(m(x), ref(x), torch.bfloat16, "output")
+
+
+# --------------------------------------------------------------------------
 # lwo.torch.optim: lwo's host optimizer from PyTorch
 # --------------------------------------------------------------------------
 class NormNet(nn.Module):
