@@ -927,10 +927,17 @@ class Offload:
                         _tune.format_bytes(ws)))
             if depth is None and given - model_bytes - ws < 2 * max_rec + staging:
                 self._apply([(i, 1, False) for i in range(len(self.records))], 1)
-        default = max(total // 3, 2 * max_rec + staging)
+        default = max(total // 3, self._smallest_ring())
         depths = [int(depth)] if depth else None
         self._plan_args = (given, default, depths)
         self._tuner = _Tuner(given, default, depths, may_group)
+
+    def _smallest_ring(self):
+        """Two slots of the largest record and the gradient staging slots of
+        the largest trainable one."""
+        max_rec = max([r.bytes for r in self.records] + [0])
+        max_tr = max([r.bytes for r in self.records if r.trainable] + [0])
+        return 2 * max_rec + self.grads_depth * max_tr
 
     def _adopt_quantized(self, m, rec, s):
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
@@ -1363,7 +1370,9 @@ class Offload:
         model_bytes = self._device_bytes_of_model()
         workspaces = self.backend.workspace_bytes()
         if tuner.budget is None:
-            budget = tuner.default_budget
+            # a third of the streamed bytes, at least the smallest ring of the
+            # records as they are now (merged: the largest may have grown)
+            budget = max(tuner.default_budget, self._smallest_ring())
             budget_from = "default (a third of the streamed bytes, at least the smallest ring)"
         else:
             budget = tuner.budget - model_bytes - workspaces

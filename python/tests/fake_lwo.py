@@ -839,6 +839,15 @@ class PlanningBackend(Backend):
                                 "trainable": list(trainable), "train": train,
                                 "budget_bytes": budget_bytes, "depths": depths,
                                 "group": group})
+        # the library's floor: one slot of the largest record and the
+        # gradient staging of the largest trainable one
+        sizes = [pool.record_bytes(i) for i in range(n)]
+        need = max(sizes + [0]) + grad_depth * max(
+            [b for b, t in zip(sizes, trainable) if t] + [0])
+        if budget_bytes < need:
+            raise _err(C.LWO_ERR_OVER_BUDGET, "fake lwo_plan_create: a budget of %d bytes holds "
+                       "no plan: the smallest ring (depth 1) and gradient staging need %d bytes"
+                       % (budget_bytes, need))
         k = self.group_size if group else 1
         groups = [(i, min(k, n - i), self.resident_first and i == 0) for i in range(0, n, k)]
         return {"depth": depths[0] if depths else 3, "groups": groups, "train": train,
