@@ -131,30 +131,41 @@ void Optimizer::check_idle(const char* what) {
          static_cast<unsigned long long>(last_step_));
 }
 
-void Optimizer::step(const lwo_optim_step_params& p) {
+void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
+  if (n_groups == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_groups is 0 (at least one set)");
   const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
-  auto bad = [](const char* what, double x, const char* range) {
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s %g is outside %s", what, x, range);
-  };
-  if (p.step == 0) fail(LWO_ERR_INVALID_ARGUMENT, "step 0 (the first step is 1)");
-  if (!(std::isfinite(p.lr) && p.lr >= 0)) bad("lr", p.lr, "[0, inf)");
-  if (!(std::isfinite(p.weight_decay) && p.weight_decay >= 0))
-    bad("weight_decay", p.weight_decay, "[0, inf)");
-  if (adam) {
-    if (!(p.beta1 >= 0 && p.beta1 < 1)) bad("beta1", p.beta1, "[0, 1)");
-    if (!(p.beta2 >= 0 && p.beta2 < 1)) bad("beta2", p.beta2, "[0, 1)");
-    if (!(std::isfinite(p.eps) && p.eps > 0)) bad("eps", p.eps, "(0, inf)");
-  } else {
-    if (!(std::isfinite(p.momentum) && p.momentum >= 0)) bad("momentum", p.momentum, "[0, inf)");
-    if (!(p.dampening >= 0 && p.dampening <= 1)) bad("dampening", p.dampening, "[0, 1]");
+  for (uint32_t gi = 0; gi < n_groups; ++gi) {
+    const lwo_optim_step_params& p = groups[gi];
+    auto bad = [&](const char* what, double x, const char* range) {
+      if (n_groups > 1)
+        fail(LWO_ERR_INVALID_ARGUMENT, "group %u: %s %g is outside %s", gi, what, x, range);
+      fail(LWO_ERR_INVALID_ARGUMENT, "%s %g is outside %s", what, x, range);
+    };
+    if (p.step == 0) fail(LWO_ERR_INVALID_ARGUMENT, "step 0 (the first step is 1)");
+    if (!(std::isfinite(p.lr) && p.lr >= 0)) bad("lr", p.lr, "[0, inf)");
+    if (!(std::isfinite(p.weight_decay) && p.weight_decay >= 0))
+      bad("weight_decay", p.weight_decay, "[0, inf)");
+    if (adam) {
+      if (!(p.beta1 >= 0 && p.beta1 < 1)) bad("beta1", p.beta1, "[0, 1)");
+      if (!(p.beta2 >= 0 && p.beta2 < 1)) bad("beta2", p.beta2, "[0, 1)");
+      if (!(std::isfinite(p.eps) && p.eps > 0)) bad("eps", p.eps, "(0, inf)");
+    } else {
+      if (!(std::isfinite(p.momentum) && p.momentum >= 0)) bad("momentum", p.momentum, "[0, inf)");
+      if (!(p.dampening >= 0 && p.dampening <= 1)) bad("dampening", p.dampening, "[0, 1]");
+    }
+    if (!(std::isfinite(p.max_norm) && p.max_norm >= 0)) bad("max_norm", p.max_norm, "[0, inf)");
+    if (!(std::isfinite(p.extra_sumsq) && p.extra_sumsq >= 0))
+      bad("extra_sumsq", p.extra_sumsq, "[0, inf)");
+    if (p.max_norm > 0 && !cfg_.clipping)
+      fail(LWO_ERR_INVALID_ARGUMENT, "max_norm %g, but the optimizer was created without "
+           "LWO_OPTIM_CLIPPING (it keeps no copy of the state to redo a clipped step from)",
+           p.max_norm);
+    if (p.step != groups[0].step)
+      fail(LWO_ERR_INVALID_ARGUMENT, "group %u: step %llu, but group 0's is %llu (one step "
+           "number for all)", gi, static_cast<unsigned long long>(p.step),
+           static_cast<unsigned long long>(groups[0].step));
   }
-  if (!(std::isfinite(p.max_norm) && p.max_norm >= 0)) bad("max_norm", p.max_norm, "[0, inf)");
-  if (!(std::isfinite(p.extra_sumsq) && p.extra_sumsq >= 0))
-    bad("extra_sumsq", p.extra_sumsq, "[0, inf)");
-  if (p.max_norm > 0 && !cfg_.clipping)
-    fail(LWO_ERR_INVALID_ARGUMENT, "max_norm %g, but the optimizer was created without "
-         "LWO_OPTIM_CLIPPING (it keeps no copy of the state to redo a clipped step from)",
-         p.max_norm);
+  const lwo_optim_step_params& p = groups[0];
   std::vector<Job> jobs;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -162,6 +173,12 @@ void Optimizer::step(const lwo_optim_step_params& p) {
     // backward; this step starts after them.
     if (cfg_.delayed) cv_.wait(lock, [&] { return !running_; });
     check_idle("lwo_optim_step");
+    for (uint32_t li = 0; li < layers_.size(); ++li)
+      for (const Tensor& t : layers_[li].tensors)
+        if (t.group >= n_groups)
+          fail(LWO_ERR_INVALID_ARGUMENT, "layer %u tensor '%.255s' is in group %u, but the "
+               "step has %u set%s of hyperparameters", li, t.name.c_str(), t.group, n_groups,
+               n_groups == 1 ? "" : "s");
     for (uint32_t li = 0; li < layers_.size(); ++li) {
       Layer& l = layers_[li];
       if (!l.trainable || l.tensors.empty()) continue;
@@ -179,7 +196,7 @@ void Optimizer::step(const lwo_optim_step_params& p) {
       pool_.changed(j.layer);  // before any byte is written: no ring reuses the old copy
     }
     jobs_ = std::move(jobs);
-    params_ = p;
+    params_.assign(groups, groups + n_groups);
     last_step_ = p.step;
     running_ = true;
     have_job_ = true;
@@ -190,7 +207,7 @@ void Optimizer::step(const lwo_optim_step_params& p) {
 void Optimizer::dispatch() {
   for (;;) {
     std::vector<Job> jobs;
-    lwo_optim_step_params p;
+    Groups p;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || have_job_; });
@@ -236,7 +253,8 @@ std::vector<uint32_t> Optimizer::last_order() {
   return order_;
 }
 
-void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p) {
+void Optimizer::run_step(const std::vector<Job>& jobs, const Groups& g) {
+  const lwo_optim_step_params& p = g[0];
   const bool clip = p.max_norm > 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -263,7 +281,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
         std::lock_guard<std::mutex> lock(mu_);
         order_.push_back(j.layer);
       }
-      update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      update(l, j.layer, g, 1.0f, l.cur, l.cur);
       std::lock_guard<std::mutex> lock(mu_);
       l.dirty = true;
       l.reading = false;
@@ -326,9 +344,9 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
       l.sumsq = 0;
       for (const Tensor& t : l.tensors)
         l.sumsq += optim::sum_squares(t.grad, t.grad_dtype, t.n, workers_);
-      update(l, j.layer, p, 1.0f, l.cur, 1 - l.cur);  // speculative
+      update(l, j.layer, g, 1.0f, l.cur, 1 - l.cur);  // speculative
     } else {
-      update(l, j.layer, p, 1.0f, l.cur, l.cur);
+      update(l, j.layer, g, 1.0f, l.cur, l.cur);
       // The last layer is released with the end of the step (dispatch), so
       // that a caller its stage wakes finds the step finished.
       if (last) continue;
@@ -352,7 +370,7 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
     if (scale < 1.0f)
       for (const Job& j : jobs) {
         Layer& l = layers_[j.layer];
-        update(l, j.layer, p, scale, l.cur, 1 - l.cur);
+        update(l, j.layer, g, scale, l.cur, 1 - l.cur);
         ++redone;
       }
     for (const Job& j : jobs) layers_[j.layer].cur ^= 1;
@@ -368,11 +386,11 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const lwo_optim_step_para
   last_tail_ns_ = now_ns() - last_landed;
 }
 
-void Optimizer::update(Layer& l, uint32_t li, const lwo_optim_step_params& p, float scale,
-                       int from, int to) {
+void Optimizer::update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to) {
   const uint64_t t0 = now_ns();
   uint64_t n = 0;
   for (Tensor& t : l.tensors) {
+    const lwo_optim_step_params& p = g[t.group];
     optim::Tensor ot;
     ot.n = t.n;
     ot.master = t.master[to];
@@ -453,6 +471,12 @@ void Optimizer::wait() {
 bool Optimizer::done() {
   std::lock_guard<std::mutex> lock(mu_);
   return !running_;
+}
+
+void Optimizer::set_group(uint32_t layer, const char* name, uint32_t group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_idle("lwo_optim_set_group");
+  tensor_of(layer, name).group = group;
 }
 
 Optimizer::Tensor& Optimizer::tensor_of(uint32_t layer, const char* name) {

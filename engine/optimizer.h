@@ -73,7 +73,11 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  void step(const lwo_optim_step_params& p);
+  // One set of hyperparameters per group (lwo_optim_step_groups; a tensor's
+  // group is set_group's, 0 by default); the step number, max_norm and
+  // extra_sumsq are group 0's.
+  void step(const lwo_optim_step_params* groups, uint32_t n_groups);
+  void set_group(uint32_t layer, const char* name, uint32_t group);
   void wait();
   bool done();
   // Whole-tensor state access (lwo_optim_read / _write); LWO_ERR_BUSY while a
@@ -106,6 +110,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     void* v[2] = {nullptr, nullptr};
     uint64_t key = 0;
     void* next = nullptr;  // delayed: the last update's rounded weights
+    uint32_t group = 0;    // its hyperparameters: the step's set of this index
   };
   struct Layer {
     bool trainable = false;
@@ -124,8 +129,9 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     uint64_t serial;
   };
   void dispatch();                    // the dispatcher thread
-  void run_step(const std::vector<Job>& jobs, const lwo_optim_step_params& p);
-  void update(Layer& l, uint32_t li, const lwo_optim_step_params& p, float scale, int from, int to);
+  using Groups = std::vector<lwo_optim_step_params>;
+  void run_step(const std::vector<Job>& jobs, const Groups& g);
+  void update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to);
   void publish_next(Layer& l);  // delayed: next -> the pool
   Tensor& tensor_of(uint32_t layer, const char* name);
   void check_idle(const char* what);  // under mu_
@@ -143,7 +149,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   bool stop_ = false;
   bool have_job_ = false;
   std::vector<Job> jobs_;
-  lwo_optim_step_params params_{};
+  Groups params_;  // the running or last step's, one per group
   uint64_t last_step_ = 0;
   std::string async_error_;
   // Statistics.

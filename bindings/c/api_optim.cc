@@ -1,4 +1,7 @@
 // lwo.h: The optimizer step on the host (since 0.4.0).
+#include <cstddef>
+#include <vector>
+
 #include "abi.h"
 #include "src/common/dtype.h"
 
@@ -60,7 +63,37 @@ LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_param
     need(params, "params");
     lwo_optim_step_params p =
         read_config(params, lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT, "params");
-    o->impl->step(p);
+    o->impl->step(&p, 1);
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_set_group(lwo_optim* optim, uint32_t layer, const char* name,
+                                         uint32_t group) {
+  return guard("lwo_optim_set_group", [&] { check_handle(optim)->impl->set_group(layer, name, group); });
+}
+
+LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_step_params* params,
+                                           uint32_t n_groups) {
+  return guard("lwo_optim_step_groups", [&] {
+    lwo_optim* o = check_handle(optim);
+    need(params, "params");
+    if (n_groups == 0 || n_groups > (1u << 20))
+      fail(LWO_ERR_INVALID_ARGUMENT, "n_groups %u is outside [1, 2^20]", n_groups);
+    // Each element is read like a config: its own size, the caller's stride.
+    const size_t stride = params[0].size;
+    if (stride < offsetof(lwo_optim_step_params, step) + sizeof(uint64_t))
+      fail(LWO_ERR_INVALID_ARGUMENT, "params[0].size %zu is too small for a step's parameters",
+           stride);
+    std::vector<lwo_optim_step_params> g(n_groups);
+    for (uint32_t i = 0; i < n_groups; ++i) {
+      const auto* e = reinterpret_cast<const lwo_optim_step_params*>(
+          reinterpret_cast<const char*>(params) + i * stride);
+      if (e->size != stride)
+        fail(LWO_ERR_INVALID_ARGUMENT, "params[%u].size %zu differs from params[0].size %zu "
+             "(one array of one struct size)", i, e->size, stride);
+      g[i] = read_config(e, lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT, "params");
+    }
+    o->impl->step(g.data(), n_groups);
   });
 }
 

@@ -232,6 +232,70 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
   }
 }
 
+// Hyperparameter groups (lwo_optim_set_group, lwo_optim_step_groups): tensor
+// k of layer l in group (l + k) % 2, group 1 with another lr, beta1 and no
+// weight decay; the
+// masters follow the f64 reference of each tensor's own group; misuse.
+TEST_F(OptimTest, GroupsTakeTheirOwnHyperparameters) {
+  const uint32_t L = 3;
+  lwo_pool* pool = make_model(L, 21);
+  lwo_grads* g = make_grads(pool);
+  lwo_optim* o = make_optim(g, LWO_DTYPE_F32, 0, 2);
+  auto ref = reference(pool, L);
+  std::map<Key, uint32_t> group;
+  for (uint32_t l = 0; l < L; ++l) {
+    uint32_t nt = 0;
+    ASSERT_LWO(lwo_pool_layer_tensor_count(pool, l, &nt));
+    for (uint32_t k = 0; k < nt; ++k) {
+      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+      ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+      group[{l, ti.name}] = (l + k) % 2;
+      if ((l + k) % 2) ASSERT_LWO(lwo_optim_set_group(o, l, ti.name, 1));
+    }
+  }
+  lwo_optim_step_params p[2] = {LWO_OPTIM_STEP_PARAMS_INIT, LWO_OPTIM_STEP_PARAMS_INIT};
+  p[0].lr = 1e-2;
+  p[0].weight_decay = 0.05;
+  p[1].lr = 3e-3;
+  p[1].weight_decay = 0.0;
+  p[1].beta1 = 0.8;
+  // One set for a step whose tensors are in two groups: refused, naming one.
+  ASSERT_LWO(lwo_grads_zero(g));
+  StreamH s = gpu->new_stream();
+  std::mt19937 rng(5);
+  for (uint32_t l = L; l-- > 0;) backward(g, pool, l, s, rng, 0.5f);
+  EXPECT_EQ(lwo_optim_step(o, &p[0]), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("is in group 1"), std::string::npos);
+  EXPECT_EQ(lwo_optim_step_groups(o, p, 0), LWO_ERR_INVALID_ARGUMENT);
+  p[1].step = 2;  // steps that differ
+  EXPECT_EQ(lwo_optim_step_groups(o, p, 2), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("group 1"), std::string::npos);
+  p[1].beta2 = 1.0;  // a group's value out of range: named
+  p[1].step = 1;
+  EXPECT_EQ(lwo_optim_step_groups(o, p, 2), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("group 1: beta2"), std::string::npos);
+  p[1].beta2 = 0.999;
+  for (uint64_t step = 1; step <= 4; ++step) {
+    if (step > 1) {
+      ASSERT_LWO(lwo_grads_zero(g));
+      for (uint32_t l = L; l-- > 0;) backward(g, pool, l, s, rng, 0.5f);
+    }
+    p[0].step = p[1].step = step;
+    ASSERT_LWO(lwo_optim_step_groups(o, p, 2));
+    ASSERT_LWO(lwo_optim_wait(o));
+    ASSERT_LWO(lwo_grads_wait(g));
+    for (auto& kv : ref) adam_ref(kv.second, landed(g, kv.first.first, kv.first.second),
+                                  p[group[kv.first]], 1.0);
+    check_state(o, pool, ref, 10 * 1e-4, p[0].lr);
+  }
+  EXPECT_EQ(lwo_optim_set_group(o, 0, "no such tensor", 1), LWO_ERR_NOT_FOUND);
+  EXPECT_EQ(lwo_optim_set_group(o, L, "x", 1), LWO_ERR_OUT_OF_RANGE);
+  ASSERT_LWO(lwo_optim_destroy(o));
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
 // The update order: every gradient here has landed before the dispatcher
 // picks (the recording backend's events are done at once, and one
 // micro-batch lands by DMA alone), so the step updates the layers in
