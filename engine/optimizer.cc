@@ -141,7 +141,7 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
         fail(LWO_ERR_INVALID_ARGUMENT, "group %u: %s %g is outside %s", gi, what, x, range);
       fail(LWO_ERR_INVALID_ARGUMENT, "%s %g is outside %s", what, x, range);
     };
-    if (p.step == 0) fail(LWO_ERR_INVALID_ARGUMENT, "step 0 (the first step is 1)");
+    if (p.step == 0) bad("step", 0, "[1, inf) (the first step is 1)");
     if (!(std::isfinite(p.lr) && p.lr >= 0)) bad("lr", p.lr, "[0, inf)");
     if (!(std::isfinite(p.weight_decay) && p.weight_decay >= 0))
       bad("weight_decay", p.weight_decay, "[0, inf)");
@@ -160,10 +160,6 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
       fail(LWO_ERR_INVALID_ARGUMENT, "max_norm %g, but the optimizer was created without "
            "LWO_OPTIM_CLIPPING (it keeps no copy of the state to redo a clipped step from)",
            p.max_norm);
-    if (p.step != groups[0].step)
-      fail(LWO_ERR_INVALID_ARGUMENT, "group %u: step %llu, but group 0's is %llu (one step "
-           "number for all)", gi, static_cast<unsigned long long>(p.step),
-           static_cast<unsigned long long>(groups[0].step));
   }
   const lwo_optim_step_params& p = groups[0];
   std::vector<Job> jobs;

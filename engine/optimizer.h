@@ -74,8 +74,8 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One set of hyperparameters per group (lwo_optim_step_groups; a tensor's
-  // group is set_group's, 0 by default); the step number, max_norm and
-  // extra_sumsq are group 0's.
+  // group is set_group's, 0 by default), its step number included; max_norm
+  // and extra_sumsq are group 0's.
   void step(const lwo_optim_step_params* groups, uint32_t n_groups);
   void set_group(uint32_t layer, const char* name, uint32_t group);
   void wait();

@@ -1327,13 +1327,13 @@ LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_param
  * of a trainable layer is in group 0 until lwo_optim_set_group puts it in
  * another; lwo_optim_step_groups then takes one lwo_optim_step_params per
  * group (params[0] .. params[n_groups - 1]) and updates each tensor with its
- * group's lr, betas, eps, weight_decay, momentum and dampening; the step
- * number must be the same in every group, and max_norm and extra_sumsq are
- * params[0]'s (clipping takes one global norm). lwo_optim_step is
+ * group's step, lr, betas, eps, weight_decay, momentum and dampening (a group
+ * added later counts its own steps, as PyTorch's per-parameter step does);
+ * max_norm and extra_sumsq are params[0]'s (clipping takes one global norm),
+ * and lwo_optim_info.last_step is params[0].step. lwo_optim_step is
  * lwo_optim_step_groups with one group. LWO_ERR_INVALID_ARGUMENT for
  * n_groups 0, a group's parameter outside its range (the message names the
- * group), steps that differ, or a tensor whose group is n_groups or more
- * (named); lwo_optim_set_group: as lwo_optim_read for the layer and name,
+ * group), or a tensor whose group is n_groups or more (named); lwo_optim_set_group: as lwo_optim_read for the layer and name,
  * LWO_ERR_BUSY while a step runs. */
 LWO_API lwo_status_t lwo_optim_set_group(lwo_optim* optim, uint32_t layer, const char* name,
                                          uint32_t group);

@@ -1497,6 +1497,26 @@ class Optimizer(_Handle):
         p.extra_sumsq = extra_sumsq
         check(_lib.lwo_optim_step(self._h(), _byref(p)))
 
+    def step_groups(self, step, groups, max_norm=0.0, extra_sumsq=0.0):
+        """lwo_optim_step_groups: `groups` a list of dicts, one per group, of
+        lr, beta1, beta2, eps, weight_decay, momentum, dampening (missing
+        keys: lwo_optim_step_params_init's); max_norm and extra_sumsq go
+        with group 0."""
+        n = len(groups)
+        arr = (C.lwo_optim_step_params * max(n, 1))()
+        for i, g in enumerate(groups):
+            p = arr[i]
+            _lib.lwo_optim_step_params_init(p)
+            p.step = int(step)
+            for k, v in g.items():
+                setattr(p, k, v)
+        arr[0].max_norm, arr[0].extra_sumsq = max_norm, extra_sumsq
+        check(_lib.lwo_optim_step_groups(self._h(), arr, n))
+
+    def set_group(self, layer, name, group):
+        """lwo_optim_set_group: the tensor's hyperparameter group."""
+        check(_lib.lwo_optim_set_group(self._h(), int(layer), _enc(name), int(group)))
+
     def wait(self):
         check(_lib.lwo_optim_wait(self._h()))
 

@@ -30,9 +30,6 @@ from ._errors import ArgumentError, StateError
 
 __all__ = ["AdamW", "SGD"]
 
-# The hyperparameters lwo's step takes once for every streamed tensor.
-_HYPER = {"adamw": ("lr", "betas", "eps", "weight_decay"),
-          "sgd": ("lr", "momentum", "dampening", "weight_decay")}
 # state_dict keys of PyTorch's optimizers for lwo's moments.
 _STATE_KEYS = {"adamw": (("exp_avg", "m"), ("exp_avg_sq", "v")),
                "sgd": (("momentum_buffer", "m"),)}
@@ -53,6 +50,7 @@ class _Binding:
         self.saved = {}       # param -> {"master"|"m"|"v": tensor}, while detached
         self.started = False  # a step begun at the end of a backward pass (in_backward)
         self.closed = False
+        self.groups = {}      # param -> its param_group's index, while attached
         handle._optims.append(self)
 
     # -- the lwo object ----------------------------------------------------
@@ -72,6 +70,10 @@ class _Binding:
                                        opt._n_threads, opt._seed)
         keys = h._param_key
         self.keys = {p: keys[p] for p in opt._streamed_of(h)}
+        self.groups = opt._group_signature(self.keys)
+        for p, gi in self.groups.items():
+            if gi:
+                self.lwo.set_group(self.keys[p][0], self.keys[p][1], gi)
         saved, self.saved = self.saved, {}
         for p, st in saved.items():
             key = self.keys.get(p)
@@ -162,22 +164,19 @@ class _Binding:
                                                " (it requires no gradient)"))
 
     def step(self, n, hyper, max_norm=0.0, extra_sumsq=0.0):
+        """Starts lwo's step; hyper: one dict of lwo_optim_step_params
+        fields per param_group (each tensor is in its parameter's)."""
+        opt = self.opt_ref()
+        if self.lwo is not None and opt._group_signature(self.keys, self.handle) != self.groups:
+            # parameters added (add_param_group) or regrouped since: made again
+            self.detach()
         if self.lwo is None:
             self.attach()
             if self.lwo is None:
                 return False
         self.owns_all()
         self.handle._unstage_trainable()
-        opt = self.opt_ref()
-        if opt._kind == "adamw":
-            b1, b2 = hyper["betas"]
-            self.lwo.step(n, hyper["lr"], beta1=b1, beta2=b2, eps=hyper["eps"],
-                          weight_decay=hyper["weight_decay"], max_norm=max_norm,
-                          extra_sumsq=extra_sumsq)
-        else:
-            self.lwo.step(n, hyper["lr"], weight_decay=hyper["weight_decay"],
-                          momentum=hyper["momentum"], dampening=hyper["dampening"],
-                          max_norm=max_norm, extra_sumsq=extra_sumsq)
+        self.lwo.step_groups(n, hyper, max_norm=max_norm, extra_sumsq=extra_sumsq)
         return True
 
     def backward_ended(self):
@@ -238,6 +237,7 @@ class _Optimizer(torch.optim.Optimizer):
         self._seed = int(seed)
         self._fused = fused
         self._n_steps = 0
+        self._group_steps = []  # each param_group's steps (the streamed tensors' step numbers)
         self._bindings = {}   # handle -> _Binding
         self._inner = None    # PyTorch's optimizer over the other parameters
         self._inner_params = None
@@ -306,25 +306,40 @@ class _Optimizer(torch.optim.Optimizer):
                 if k != "params":
                     ig[k] = v
 
+    def _group_signature(self, keys, handle=None):
+        """param -> the index of its param_group, for the streamed parameters
+        of `keys` (or, with `handle`, of the handle as it streams them now)."""
+        if handle is not None:
+            keys = handle._param_key
+        return {p: i for i, g in enumerate(self.param_groups) for p in g["params"] if p in keys}
+
     def _streamed_hyper(self):
-        """The hyperparameters of the streamed parameters' groups (one set:
-        lwo's step takes one), or None if there are none."""
-        names = _HYPER[self._kind]
-        got = None
-        for i, g in enumerate(self.param_groups):
-            if not any(p in self._streamed for p in g["params"]):
-                continue
+        """lwo's hyperparameters of each param_group (lwo_optim_step_params
+        fields; lwo updates each streamed tensor with its group's), or None if
+        no group holds a streamed parameter."""
+        if not any(p in self._streamed for g in self.param_groups for p in g["params"]):
+            return None
+        out = []
+        for g, n in zip(self.param_groups, self._next_steps()):
             self._check_group(g)
-            h = {k: g[k] for k in names}
-            if got is None:
-                got = (i, h)
-            elif h != got[1]:
-                raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, (
-                    "lwo.torch.optim: param_groups %d and %d both hold streamed parameters "
-                    "but differ (%s against %s): lwo's host optimizer takes one set of "
-                    "hyperparameters per step for the streamed parameters; give groups that "
-                    "differ only parameters that stay on the GPU") % (got[0], i, got[1], h))
-        return None if got is None else got[1]
+            if self._kind == "adamw":
+                b1, b2 = g["betas"]
+                out.append({"step": n, "lr": g["lr"], "beta1": b1, "beta2": b2,
+                            "eps": g["eps"], "weight_decay": g["weight_decay"]})
+            else:
+                out.append({"step": n, "lr": g["lr"], "momentum": g["momentum"],
+                            "dampening": g["dampening"], "weight_decay": g["weight_decay"]})
+        return out
+
+    def _next_steps(self):
+        """Each param_group's step number for the coming step: its own count
+        (a group added later starts at 1, as PyTorch's per-parameter steps
+        do), advanced where the group has a parameter that requires a
+        gradient."""
+        gs = self._group_steps
+        gs += [0] * (len(self.param_groups) - len(gs))
+        return [n + 1 if any(p.requires_grad for p in g["params"]) else max(n, 1)
+                for g, n in zip(self.param_groups, gs)]
 
     # -- the torch.optim.Optimizer interface ------------------------------
     @torch.no_grad()
@@ -366,6 +381,9 @@ class _Optimizer(torch.optim.Optimizer):
             self._sync_inner()
             self._inner_step()
         self._n_steps = n
+        self._group_steps = [n_ if any(p.requires_grad for p in g["params"]) else c
+                             for g, n_, c in zip(self.param_groups, self._next_steps(),
+                                                 self._group_steps)]
         return loss
 
     def _inner_step(self):
@@ -398,14 +416,15 @@ class _Optimizer(torch.optim.Optimizer):
         self.synchronize()
         merged = {}
         inner_state = self._inner.state if self._inner is not None else {}
-        for g in self.param_groups:
+        self._next_steps()  # (the counts' list as long as the groups)
+        for gi, g in enumerate(self.param_groups):
             for p in g["params"]:
                 b = self._bindings.get(self._streamed.get(p))
                 if b is not None:
                     st = b.read(p)
                     if st is None:
                         continue
-                    d = {"step": torch.tensor(float(self._n_steps))}
+                    d = {"step": torch.tensor(float(self._group_steps[gi]))}
                     for key, which in _STATE_KEYS[self._kind]:
                         d[key] = st[which].view(p.shape)
                     d["master"] = st["master"].view(p.shape)
@@ -448,6 +467,8 @@ class _Optimizer(torch.optim.Optimizer):
                                                       if k != "params"}, params=ids))
                 inner_ids.update({i: True for i in ids})
         steps = state_dict.get("lwo", {}).get("steps")
+        group_of = {i: gi for gi, sg in enumerate(groups) for i in sg["params"]}
+        group_steps = [0] * len(groups)
         sdt = torch.bfloat16 if self._state_dtype == "bf16" else torch.float32
         for i, st in state_dict["state"].items():
             p = by_id.get(i)
@@ -466,11 +487,20 @@ class _Optimizer(torch.optim.Optimizer):
             new["master"] = (m.detach().reshape(-1).to("cpu", torch.float32) if m is not None
                              else p.detach().reshape(-1).float()).contiguous()
             b.write(p, new)
-            if steps is None and "step" in st:
-                steps = max(int(steps or 0), int(float(st["step"])))
+            if "step" in st:
+                gi = group_of[i]
+                group_steps[gi] = max(group_steps[gi], int(float(st["step"])))
+                if state_dict.get("lwo") is None:
+                    steps = max(int(steps or 0), int(float(st["step"])))
         if self._inner is not None:
             self._inner.load_state_dict(inner_sd)
         self._n_steps = int(steps or 0)
+        for gi, (sg, ps) in enumerate(zip(groups, [g["params"] for g in self.param_groups])):
+            for i in sg["params"]:
+                st = state_dict["state"].get(i)
+                if st is not None and "step" in st:
+                    group_steps[gi] = max(group_steps[gi], int(float(st["step"])))
+        self._group_steps = group_steps
 
     def __repr__(self):
         return "lwo.torch.optim.%s(%d streamed, %d on the GPU, state %s%s%s)" % (

@@ -214,8 +214,11 @@ class _Optim:
     def __init__(self, obj):
         self.obj = obj
 
-    def step(self, n, lr, **hyper):
-        self.obj.step(n, lr, **hyper)
+    def step_groups(self, n, groups, max_norm=0.0, extra_sumsq=0.0):
+        self.obj.step_groups(n, groups, max_norm=max_norm, extra_sumsq=extra_sumsq)
+
+    def set_group(self, layer, name, group):
+        self.obj.set_group(layer, name, group)
 
     def wait(self):
         self.obj.wait()

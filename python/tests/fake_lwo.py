@@ -510,6 +510,7 @@ class Optim:
         self.delayed = bool(flags & C.LWO_OPTIM_DELAYED)
         self.closed = False
         self.state = {}    # (layer, name) -> {"master", "m", "v"}
+        self.group = {}    # (layer, name) -> its hyperparameter group (0 when absent)
         self.used = {}     # layer -> the end serial of its last update
         self.next = {}     # delayed: (layer, name) -> weights of the last update
         self.n_steps = self.n_layer_updates = self.n_clipped = 0
@@ -537,8 +538,31 @@ class Optim:
         _at(host + i.offset, _DT[i.dtype], (w.numel(),)).copy_(w.to(_DT[i.dtype]))
         self.pool.version[layer] += 1
 
-    def step(self, n, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, momentum=0.0,
-             dampening=0.0, max_norm=0.0, extra_sumsq=0.0):
+    def set_group(self, layer, name, group):
+        self._info(layer, name)
+        if (layer, name) not in self.state:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_set_group: layer %d is frozen"
+                       % layer)
+        self.group[(layer, name)] = int(group)
+
+    def step_groups(self, n, groups, max_norm=0.0, extra_sumsq=0.0):
+        defaults = dict(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, momentum=0.0,
+                        dampening=0.0)
+        hp = [dict(defaults, **g) for g in groups]
+        if any(int(g.get("step", n)) < 1 for g in hp):
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step_groups: a step 0")
+        if not hp:
+            raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step_groups: no group")
+        for key, gi in self.group.items():
+            if gi >= len(hp):
+                raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step_groups: layer %d "
+                           "tensor %r is in group %d of %d" % (key[0], key[1], gi, len(hp)))
+        self._step(n, hp, max_norm, extra_sumsq)
+
+    def step(self, n, lr, max_norm=0.0, extra_sumsq=0.0, **hyper):
+        self.step_groups(n, [dict(hyper, lr=lr)], max_norm=max_norm, extra_sumsq=extra_sumsq)
+
+    def _step(self, n, hp, max_norm, extra_sumsq):
         if max_norm and not self.clipping:
             raise _err(C.LWO_ERR_INVALID_ARGUMENT, "fake lwo_optim_step: max_norm without "
                        "LWO_OPTIM_CLIPPING")
@@ -570,6 +594,10 @@ class Optim:
                 self.n_clipped += 1
         for key, gr in grads.items():
             st = self.state[key]
+            h = hp[self.group.get(key, 0)]
+            lr, beta1, beta2, eps = h["lr"], h["beta1"], h["beta2"], h["eps"]
+            weight_decay, momentum, dampening = h["weight_decay"], h["momentum"], h["dampening"]
+            t = int(h.get("step", n))  # the group's own step number
             gr = gr * scale
             p, m = st["master"], st["m"].float()
             p.mul_(1 - lr * weight_decay)
@@ -577,11 +605,11 @@ class Optim:
                 v = st["v"].float()
                 m.mul_(beta1).add_(gr, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(gr, gr, value=1 - beta2)
-                bc1, bc2 = 1 - beta1 ** n, 1 - beta2 ** n
+                bc1, bc2 = 1 - beta1 ** t, 1 - beta2 ** t
                 p.addcdiv_(m, v.sqrt() / math.sqrt(bc2) + eps, value=-lr / bc1)
                 st["v"] = v.to(self.sdt)
             else:
-                m = gr.clone() if n == 1 else m.mul_(momentum).add_(gr, alpha=1 - dampening)
+                m = gr.clone() if t == 1 else m.mul_(momentum).add_(gr, alpha=1 - dampening)
                 p.add_(m, alpha=-lr)
             st["m"] = m.to(self.sdt)
             if self.delayed:

@@ -44,6 +44,23 @@ def test_grads_calls():
     invalid_handle("lwo_grads_end", g.end, 0, 0x1000)
 
 
+def test_optim_calls():
+    # lwo.torch.optim's calls, on an address that is no handle
+    o = object.__new__(lwo.Optimizer)
+    o._handle = 0x1000
+    try:
+        w = lt._Optim(o)
+        invalid_handle("lwo_optim_step_groups", w.step_groups, 1,
+                       [{"step": 1, "lr": 1e-3, "beta1": 0.9, "weight_decay": 0.0},
+                        {"step": 3, "lr": 1e-4}], 1.0, 2.5)
+        invalid_handle("lwo_optim_set_group", w.set_group, 0, "m0.weight", 1)
+        invalid_handle("lwo_optim_read", w.read, 0, "m0.weight", "master", torch.empty(4))
+        invalid_handle("lwo_optim_write", w.write, 0, "m0.weight", "m", torch.empty(4))
+        invalid_handle("lwo_optim_wait", w.wait)
+    finally:
+        o._handle = None
+
+
 def test_compute_calls():
     be = lt._Backend(0, engine=Null())
     for dt in (C.LWO_DTYPE_BF16, C.LWO_DTYPE_F32, C.LWO_DTYPE_F16):
