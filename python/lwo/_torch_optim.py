@@ -51,6 +51,7 @@ class _Binding:
         self.started = False  # a step begun at the end of a backward pass (in_backward)
         self.closed = False
         self.groups = {}      # param -> its param_group's index, while attached
+        self.lost = False     # the state went with the handle's close()
         handle._optims.append(self)
 
     # -- the lwo object ----------------------------------------------------
@@ -87,6 +88,7 @@ class _Binding:
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
             self.lwo.wait()
+            self.lost = bool(self.keys) and not keep
             keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
             self.saved = {p: self.read(p) for p in self.keys} if keep else {}
             self.lwo.close()
@@ -268,7 +270,7 @@ class _Optimizer(torch.optim.Optimizer):
         for h in list(self._bindings):
             b = self._bindings[h]
             if h.closed or b.closed:
-                if any(streamed.get(p) is None and p in b.saved for p in b.saved):
+                if b.lost:
                     raise StateError(C.LWO_ERR_INVALID_HANDLE, (
                         "lwo.torch.optim: the offload handle of this optimizer's streamed "
                         "parameters was closed: their state stayed with it; make a new "

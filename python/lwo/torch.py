@@ -2033,7 +2033,7 @@ class Offload:
             return
         target = torch.device(device) if device is not None else self.device
         for b in list(self._optims):
-            b.detach(final=True)
+            b.detach(final=True, keep=False)  # the state ends with the handle
         if self.grads is not None:
             self.grads.wait()
         self._release_all()
