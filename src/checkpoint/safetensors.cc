@@ -167,6 +167,14 @@ class Sax : public nlohmann::json_sax<json> {
   }
 
   void run(const char* begin, const char* end) {
+    // nlohmann's lexer takes a NUL byte for the end of the input, so
+    // `{...}\0garbage` would pass; a raw NUL is never valid JSON (inside a
+    // string it must be written \u0000), so it is refused first.
+    if (const void* nul = std::memchr(begin, '\0', static_cast<size_t>(end - begin)))
+      fail(LWO_ERR_BAD_JSON,
+           "%s is not valid JSON (byte %zu of the JSON text): a NUL byte (the reference "
+           "safetensors implementation refuses it too)",
+           what_.c_str(), static_cast<size_t>(static_cast<const char*>(nul) - begin));
     // Every handler either returns true or throws.
     if (!json::sax_parse(begin, end, this, nlohmann::json::input_format_t::json, true, false))
       fail(LWO_ERR_INTERNAL, "%s: the JSON parser stopped without a reason", what_.c_str());
@@ -297,6 +305,9 @@ class HeaderSax final : public Sax {
       }
       state_ = S::kField;
     } else if (state_ == S::kMeta) {
+      if (k.find('\0') != std::string::npos)
+        fail(LWO_ERR_BAD_JSON, "%s: header: __metadata__ key %s holds a NUL character",
+             file_.c_str(), printable(k).c_str());
       meta_key_ = k;
       state_ = S::kMetaValue;
     }
@@ -351,6 +362,9 @@ class HeaderSax final : public Sax {
       cur_.dtype = v;
       state_ = S::kTensor;
     } else if (state_ == S::kMetaValue) {
+      if (v.find('\0') != std::string::npos)
+        fail(LWO_ERR_BAD_JSON, "%s: header: __metadata__ value of key %s holds a NUL character",
+             file_.c_str(), printable(meta_key_).c_str());
       if (metadata_) (*metadata_)[meta_key_] = v;
       state_ = S::kMeta;
     } else {

@@ -54,13 +54,15 @@ struct Entry {
 //  LWO_ERR_INVALID_ARGUMENT data is null with file_size > 0
 //  LWO_ERR_TRUNCATED        the file is shorter than 8 bytes
 //  LWO_ERR_BAD_HEADER_SIZE  N == 0, N > kMaxHeaderBytes, or 8 + N > file_size
-//  LWO_ERR_BAD_JSON         not valid JSON / UTF-8, not an object, a duplicate
+//  LWO_ERR_BAD_JSON         not valid JSON / UTF-8 (a NUL byte anywhere in the
+//                           JSON text included), not an object, a duplicate
 //                           key anywhere, a tensor entry that is not an object
 //                           of exactly "dtype" (string), "shape" (array of
 //                           non-negative integers) and "data_offsets" (array of
 //                           2 non-negative integers), a tensor name holding a
 //                           NUL character, "__metadata__" not an object of
-//                           strings
+//                           strings or a key or value of it holding a NUL
+//                           character (the C ABI hands them out as C strings)
 //  then for each tensor in file order:
 //  LWO_ERR_BAD_DTYPE        a dtype string safetensors does not define
 //  LWO_ERR_SHAPE_OVERFLOW   a dimension above INT64_MAX, or the product of the
@@ -79,7 +81,8 @@ std::vector<Entry> parse_header(const uint8_t* data, uint64_t file_size,
 // Parses the text of a *.safetensors.index.json: returns tensor name -> shard
 // file name (as written, relative to the index's folder). The text must be a
 // JSON object with a "weight_map" object whose values are strings; other keys
-// ("metadata", ...) may hold anything. LWO_ERR_BAD_JSON for invalid JSON, a
+// ("metadata", ...) may hold anything. LWO_ERR_BAD_JSON for invalid JSON (a NUL
+// byte in the text included), a
 // duplicate key, a missing or ill-typed weight_map, a tensor name with a NUL
 // character, or a shard name that is empty, absolute, holds a NUL character
 // or a ".." component. `index_name` is for messages.

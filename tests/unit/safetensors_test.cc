@@ -328,6 +328,17 @@ TEST(Safetensors, BadHeadersGetDistinctStatusesAndMessages) {
   // A header with a NUL byte inside.
   expect_parse_error(file_of(std::string("{\"a\0\":{}}", 9), 0), LWO_ERR_BAD_JSON,
                      {"not valid JSON"});
+  // A NUL byte after valid JSON: nlohmann's lexer takes it for the end of the
+  // input, the reference implementation refuses the file.
+  expect_parse_error(file_of(std::string("{}\0garbage", 10), 0), LWO_ERR_BAD_JSON,
+                     {"not valid JSON", "byte 2", "NUL byte"});
+  expect_parse_error(file_of(std::string("{}\0", 3), 0), LWO_ERR_BAD_JSON, {"NUL byte"});
+  // NUL characters in __metadata__ keys and values (the C ABI hands them out
+  // as C strings: they would be cut).
+  expect_parse_error(file_of(R"({"__metadata__":{"k\u0000x":"v"}})", 0), LWO_ERR_BAD_JSON,
+                     {"__metadata__ key \"k\\x00x\"", "NUL character"});
+  expect_parse_error(file_of(R"({"__metadata__":{"k":"v\u0000x"}})", 0), LWO_ERR_BAD_JSON,
+                     {"__metadata__ value of key \"k\"", "NUL character"});
 }
 
 TEST(Safetensors, MessagesShowStrangeNamesSafely) {
@@ -688,6 +699,8 @@ TEST(SafetensorsIndex, RejectsBadIndexes) {
       {R"({"weight_map":{"a":"f\u0000"}})", {"NUL"}},
       {R"({"weight_map":{"a\u0000":"f"}})", {"NUL"}},
       {"{\"weight_map\":{\"a\":\"\xff\"}}", {"not valid JSON"}},
+      {std::string("{\"weight_map\":{\"a\":\"f\"}}\0garbage", 32), {"not valid JSON", "NUL byte"}},
+      {std::string("{\"weight_map\":{}}\0", 18), {"byte 17", "NUL byte"}},
   };
   for (const C& c : cases) {
     SCOPED_TRACE(c.text);
