@@ -212,7 +212,8 @@ typedef enum lwo_status_t {
   /* -- format (5xx): checkpoint files -- */
   /* A checkpoint file is shorter than its own header says (cut short). */
   LWO_ERR_TRUNCATED = 500,
-  /* A checkpoint's header length is beyond the file or above the limit. */
+  /* A checkpoint's header length is beyond the file or above the limit, or
+   * an index file is above the limit (100 MiB). */
   LWO_ERR_BAD_HEADER_SIZE = 501,
   /* A checkpoint's header (or index file) is not valid JSON of the expected
    * shape. */

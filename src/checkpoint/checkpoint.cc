@@ -55,10 +55,17 @@ int open_regular(const std::string& path, struct stat* st) {
   return fd;
 }
 
-// The whole text of a regular file (an index).
+// The whole text of a regular file (an index), refused from its size before
+// any of it is read when it is above st::kMaxIndexBytes.
 std::string read_text(const std::string& path) {
   struct stat st {};
   int fd = open_regular(path, &st);
+  if (static_cast<uint64_t>(st.st_size) > st::kMaxIndexBytes) {
+    ::close(fd);
+    fail(LWO_ERR_BAD_HEADER_SIZE, "index %s is %llu bytes, above the limit of %llu for an index",
+         q(path).c_str(), static_cast<unsigned long long>(st.st_size),
+         static_cast<unsigned long long>(st::kMaxIndexBytes));
+  }
   std::string text(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
   while (got < text.size()) {

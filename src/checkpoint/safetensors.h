@@ -27,6 +27,10 @@ namespace st {
 
 // The largest header parse_header accepts (as the reference implementation).
 constexpr uint64_t kMaxHeaderBytes = UINT64_C(100) << 20;
+// The largest index file Checkpoint::open reads (the same limit: an index is
+// the header of a sharded checkpoint); a larger one is LWO_ERR_BAD_HEADER_SIZE,
+// refused from its size before it is read.
+constexpr uint64_t kMaxIndexBytes = kMaxHeaderBytes;
 
 // Means "lwo has no such dtype" in Entry::dtype. Not -1: lwo_dtype_t has no
 // fixed underlying type and no negative enumerator, so -1 is outside its range

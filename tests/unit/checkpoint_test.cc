@@ -398,6 +398,24 @@ TEST_F(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
   EXPECT_EQ(ck, nullptr);
 }
 
+// An index above the limit is refused from its size, before it is read: a
+// sparse file of 2 GiB costs neither the time nor the memory of reading it.
+TEST_F(CheckpointTest, AnIndexAboveTheLimitIsRefusedFromItsSize) {
+  const std::string index = file("big.safetensors.index.json");
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {}}";
+  }
+  ASSERT_EQ(truncate(index.c_str(), off_t(2) << 30), 0);
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_HEADER_SIZE);
+  const std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("big.safetensors.index.json'"), std::string::npos) << m;
+  EXPECT_NE(m.find("2147483648 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("above the limit of 104857600"), std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo
