@@ -1567,7 +1567,9 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
 #define LWO_CHECKPOINT_STAGED 0x1u
 /* A layer index between 0 and the largest that no tensor has becomes an
  * empty layer (no tensors, 0 bytes) instead of LWO_ERR_NOT_FOUND, so that a
- * listing can show where the gaps are. Since 0.2.0. */
+ * listing can show where the gaps are. Since 0.2.0. With or without it, a
+ * mapping makes at most 2^20 layers (gaps included): a tensor of a layer
+ * index of 2^20 or more is LWO_ERR_BAD_RANGE (a file problem). */
 #define LWO_CHECKPOINT_ALLOW_GAPS 0x2u
 
 /* How checkpoint tensors become layers, by exactly one of:

@@ -190,6 +190,12 @@ Checkpoint::Mapping Checkpoint::map_by_patterns(const std::vector<std::string>& 
     sub.reserve(left.size());
     for (size_t i : left) sub.push_back(entries_[i]);
     st::LayerMap pm = st::map_by_pattern(sub, pattern, q(path_), allow_gaps);
+    if (m.map.layers.size() + pm.layers.size() > st::kMaxLayers)
+      fail(LWO_ERR_BAD_RANGE,
+           "%s: the patterns make %zu layers with %s's %zu, beyond the %llu layers a mapping "
+           "may make",
+           q(path_).c_str(), m.map.layers.size() + pm.layers.size(), q(pattern).c_str(),
+           pm.layers.size(), static_cast<unsigned long long>(st::kMaxLayers));
     // Within layer l of this pattern a tensor is named without its prefix.
     for (size_t l = 0; l < pm.layers.size(); ++l) {
       std::vector<size_t> layer;

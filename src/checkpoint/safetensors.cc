@@ -680,16 +680,22 @@ LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pa
     return by_position(entries[a.second], entries[b.second]);
   });
   // Layers 0..max: each index must appear, so the k-th distinct one is k
-  // (with allow_gaps, a missing index is an empty layer).
-  constexpr uint64_t kMaxGap = uint64_t(1) << 20;
+  // (with allow_gaps, a missing index is an empty layer). No index at or
+  // above kMaxLayers makes a layer, so a stray huge index (or many indices
+  // far apart) cannot allocate without bound.
   uint64_t expect = 0;
   for (const auto& h : hits) {
+    if (h.first >= kMaxLayers && (h.first == expect || (allow_gaps && h.first > expect))) {
+      const std::string& name = entries[h.second].name;
+      uint64_t ignored = 0;
+      size_t nd = scan_index(name, prefix.size(), &ignored);
+      fail(LWO_ERR_BAD_RANGE,
+           "%s: tensor %s has layer index %s under the pattern %s, beyond the %llu layers a "
+           "mapping may make (empty layers of gaps included)",
+           w, printable(name).c_str(), name.substr(prefix.size(), nd).c_str(),
+           printable(pattern).c_str(), ull(kMaxLayers));
+    }
     if (allow_gaps && h.first > expect) {
-      if (h.first - expect > kMaxGap)
-        fail(LWO_ERR_NOT_FOUND,
-             "%s: layer index %llu of %s is more than %llu past layer %llu; no layers between", w,
-             ull(h.first), printable(entries[h.second].name).c_str(), ull(kMaxGap),
-             ull(expect));
       while (expect < h.first) {
         m.layers.emplace_back();
         ++expect;

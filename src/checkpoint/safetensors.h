@@ -93,6 +93,11 @@ std::vector<Entry> parse_header(const uint8_t* data, uint64_t file_size,
 std::map<std::string, std::string> parse_index(const std::string& text,
                                                const std::string& index_name);
 
+// The most layers a mapping makes (empty layers of gaps included): a file's
+// layer index of 2^20 or more is refused (LWO_ERR_BAD_RANGE, a file problem),
+// so that a few tensors far apart cannot make millions of empty layers.
+constexpr uint64_t kMaxLayers = uint64_t(1) << 20;
+
 // Tensors mapped to layers: indices into the entries given.
 struct LayerMap {
   std::vector<std::vector<size_t>> layers;
@@ -112,7 +117,9 @@ struct LayerMap {
 //                            largest has no tensor (the message names the first
 //                            such layer)
 //  With allow_gaps, an index between 0 and the largest that no tensor has is
-//  an empty layer instead (at most 2^20 of them in a row, else NOT_FOUND).
+//  an empty layer instead.
+//  LWO_ERR_BAD_RANGE         a layer would have an index of kMaxLayers or more
+//                            (the message spells the index as the name does)
 LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pattern,
                         const std::string& where, bool allow_gaps = false);
 
