@@ -109,7 +109,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->path_ = path;
   if (ends_with(path, ".json")) {
-    std::map<std::string, std::string> wm = st::parse_index(read_text(path), path);
+    std::map<std::string, std::string> wm = st::parse_index(read_text(path), q(path));
     std::map<std::string, uint32_t> file_index;  // shard name -> file, in name order
     for (const auto& kv : wm) {
       if (kv.second.find('/') != std::string::npos || kv.second == "." || kv.second == "..")
@@ -125,7 +125,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     for (const auto& fi : file_index) {
       const File& f = ck->files_[fi.second];
       std::map<std::string, std::string> meta;
-      std::vector<st::Entry> es = st::parse_header(f.map, f.size, f.path, &meta);
+      std::vector<st::Entry> es = st::parse_header(f.map, f.size, q(f.path), &meta);
       for (const auto& kv : meta) ck->metadata_.push_back({fi.second, kv.first, kv.second});
       std::set<std::string> here;
       for (st::Entry& e : es) {
@@ -143,7 +143,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     ck->map_file(path);
     const File& f = ck->files_[0];
     std::map<std::string, std::string> meta;
-    ck->entries_ = st::parse_header(f.map, f.size, f.path, &meta);
+    ck->entries_ = st::parse_header(f.map, f.size, q(f.path), &meta);
     for (st::Entry& e : ck->entries_) e.file = 0;
     for (const auto& kv : meta) ck->metadata_.push_back({0, kv.first, kv.second});
   }

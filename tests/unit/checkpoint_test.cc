@@ -232,6 +232,46 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
   EXPECT_NE(m2.find("x\\x1b[31m"), std::string::npos) << m2;
 }
 
+// The file names of the header's and the index's own messages are escaped
+// too: an index's name, and a shard's name as the index spells it.
+TEST_F(CheckpointTest, FileNamesInFormatMessagesAreEscaped) {
+  lwo_checkpoint* ck = nullptr;
+  const std::string index = file("i\x1b[2J\nforged.json");
+  {
+    std::ofstream out(index);
+    out << "{";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_NE(m.find("i\\x1b[2J\\x0aforged.json'"), std::string::npos) << m;
+  // A shard named with an ESC sequence, whose header is bad.
+  {
+    std::ofstream out(file("s\x1b[31m.safetensors"), std::ios::binary);
+    out << "abc";
+  }
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_TRUNCATED);
+  m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_NE(m.find("s\\x1b[31m.safetensors'"), std::string::npos) << m;
+  // A single file with a bad header.
+  const std::string single = file("x\x1b]0;title\x07.safetensors");
+  {
+    std::ofstream out(single, std::ios::binary);
+    out << "abc";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(single.c_str(), &ck), LWO_ERR_TRUNCATED);
+  m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\x07'), std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+}
+
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
