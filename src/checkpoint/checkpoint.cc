@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -21,7 +22,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string dir_of(const std::string& p) {
   size_t i = p.find_last_of('/');
-  return i == std::string::npos ? std::string(".") : p.substr(0, i);
+  return i == std::string::npos ? std::string(".") : i == 0 ? std::string("/") : p.substr(0, i);
 }
 
 // A file or tensor name as the messages show it: in single quotes, escaped
@@ -53,6 +54,15 @@ int open_regular(const std::string& path, struct stat* st) {
     fail(LWO_ERR_IO, "%s is %s, not a regular file", q(path).c_str(), what);
   }
   return fd;
+}
+
+// The absolute path of `path` with every symlink resolved.
+std::string real_path(const std::string& path) {
+  char* r = ::realpath(path.c_str(), nullptr);
+  if (!r) fail(LWO_ERR_IO, "cannot resolve %s: %s", q(path).c_str(), std::strerror(errno));
+  std::string out(r);
+  std::free(r);
+  return out;
 }
 
 // The whole text of a regular file (an index), refused from its size before
@@ -117,9 +127,28 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
              q(path).c_str(), q(kv.first).c_str(), q(kv.second).c_str());
       file_index[kv.second] = 0;
     }
+    // The name checks are lexical; a shard may still be a symlink that leads
+    // out of the folder. Its real path must lie directly in the index's folder:
+    // the folder it is named from, or the folder the index really lies in (a
+    // hub cache links both the index and its shards to one blob folder).
+    const std::string folder = real_path(dir_of(path));
+    const std::string index_folder = dir_of(real_path(path));
     for (auto& fi : file_index) {
       fi.second = static_cast<uint32_t>(ck->files_.size());
-      ck->map_file(dir_of(path) + "/" + fi.first);
+      const std::string shard = dir_of(path) + "/" + fi.first;
+      ck->map_file(shard);
+      const std::string real = real_path(shard);
+      const std::string real_folder = dir_of(real);
+      if (real_folder != folder && real_folder != index_folder)
+        fail(LWO_ERR_BAD_JSON,
+             "%s: shard %s lies outside the index's folder %s: its real path is %s",
+             q(path).c_str(), q(shard).c_str(), q(index_folder).c_str(), q(real).c_str());
+      // The file opened is the one checked (not one swapped in between).
+      struct stat st {};
+      const File& f = ck->files_.back();
+      if (::stat(real.c_str(), &st) != 0 || st.st_dev != f.dev || st.st_ino != f.ino)
+        fail(LWO_ERR_FILE_CHANGED, "%s: shard %s changed while it was opened", q(path).c_str(),
+             q(shard).c_str());
     }
     // Every shard's tensors; every tensor the index names must be in its shard.
     for (const auto& fi : file_index) {

@@ -272,6 +272,46 @@ TEST_F(CheckpointTest, FileNamesInFormatMessagesAreEscaped) {
   EXPECT_EQ(ck, nullptr);
 }
 
+// A shard that is a symlink out of the index's folder is refused (the name
+// checks are lexical); links inside the folder, and a hub cache's layout
+// (index and shards linked into one blob folder), open.
+TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
+  ASSERT_EQ(mkdir((dir + "/in").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/out").c_str(), 0700), 0);
+  write_safetensors(dir + "/out/secret.safetensors", model(1, 3));
+  ASSERT_EQ(symlink("../out/secret.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
+  const std::string index = dir + "/in/m.safetensors.index.json";
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
+  }
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("s.safetensors' lies outside the index's folder"), std::string::npos) << m;
+  EXPECT_NE(m.find("/in'"), std::string::npos) << m;
+  EXPECT_NE(m.find("/out/secret.safetensors'"), std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+  // A link to a file of the same folder opens.
+  write_safetensors(dir + "/in/real.safetensors", model(1, 3));
+  ASSERT_EQ(unlink((dir + "/in/s.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("real.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
+  ASSERT_LWO(lwo_checkpoint_open(index.c_str(), &ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  // A hub cache: snapshots/r/ links to blobs/ for the index and the shard.
+  ASSERT_EQ(mkdir((dir + "/blobs").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/snap").c_str(), 0700), 0);
+  write_safetensors(dir + "/blobs/b1", model(1, 3));
+  {
+    std::ofstream out(dir + "/blobs/b2");
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
+  }
+  ASSERT_EQ(symlink("../blobs/b1", (dir + "/snap/s.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("../blobs/b2", (dir + "/snap/m.safetensors.index.json").c_str()), 0);
+  ASSERT_LWO(lwo_checkpoint_open((dir + "/snap/m.safetensors.index.json").c_str(), &ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
