@@ -1492,8 +1492,9 @@ typedef struct lwo_checkpoint lwo_checkpoint;
  * JSON, dtypes, shapes against byte ranges, ranges inside the data, no
  * overlaps. Failures: LWO_ERR_IO, LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
  * LWO_ERR_BAD_JSON, LWO_ERR_BAD_DTYPE, LWO_ERR_SHAPE_MISMATCH,
- * LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP, LWO_ERR_NOT_FOUND
- * (a tensor an index names is not in its shard); the message names the file,
+ * LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP (LWO_ERR_BAD_JSON
+ * too for a tensor an index names that is not in its shard, LWO_ERR_NOT_FOUND
+ * before this release, and for an index naming no tensor); the message names the file,
  * the tensor and the problem. Needs no engine and no GPU. Any thread. */
 LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint);
 

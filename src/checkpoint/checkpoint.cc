@@ -120,6 +120,9 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
   ck->path_ = path;
   if (ends_with(path, ".json")) {
     std::map<std::string, std::string> wm = st::parse_index(read_text(path), q(path));
+    if (wm.empty())
+      fail(LWO_ERR_BAD_JSON, "%s: the index's weight_map names no tensor (a checkpoint of no files)",
+           q(path).c_str());
     std::map<std::string, uint32_t> file_index;  // shard name -> file, in name order
     for (const auto& kv : wm) {
       if (kv.second.find('/') != std::string::npos || kv.second == "." || kv.second == "..")
@@ -165,7 +168,7 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
       }
       for (const auto& kv : wm)
         if (kv.second == fi.first && !here.count(kv.first))
-          fail(LWO_ERR_NOT_FOUND, "%s: tensor %s is not in shard %s", q(path).c_str(),
+          fail(LWO_ERR_BAD_JSON, "%s: tensor %s is not in shard %s", q(path).c_str(),
                q(kv.first).c_str(), q(f.path).c_str());
     }
   } else {

@@ -312,6 +312,30 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
+// A broken index is a malformed file (a format status), not an argument:
+// a tensor its shard lacks, and a weight_map of no tensor.
+TEST_F(CheckpointTest, BrokenIndexesGetAFormatStatus) {
+  write_safetensors(file("s.safetensors"), model(1, 4));
+  const std::string index = file("m.safetensors.index.json");
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}";
+  }
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("tensor 'nope' is not in shard"), std::string::npos) << m;
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {}}";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  m = lwo_last_error_message();
+  EXPECT_NE(m.find("m.safetensors.index.json': the index's weight_map names no tensor"),
+            std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+}
+
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
