@@ -44,6 +44,27 @@ check 1 "beyond the 1048576 layers" "" -- info --quiet --pattern 'blocks.{i}.' "
 st_file "$DIR/huge.safetensors" "{\"blocks.0.w\":$e,\"blocks.99999999999999999999999999.w\":$e}"
 check 1 "layer index 99999999999999999999999999 " "18446744073709551615" -- \
   info --quiet --pattern 'blocks.{i}.' "$DIR/huge.safetensors"
+# --json FILE: a run that fails leaves FILE as it was (the JSON is written
+# to a temporary file beside it, renamed at success), and leaves nothing else.
+mkdir "$DIR/j"
+printf 'keep' >"$DIR/j/out.json"
+check 1 "beyond the 1048576 layers" "" -- info --quiet --json "$DIR/j/out.json" \
+  --pattern 'blocks.{i}.' "$DIR/far.safetensors"
+if [ "$(cat "$DIR/j/out.json" 2>/dev/null)" != keep ]; then
+  echo "FAIL: a failed lwo info --json changed the file: '$(cat "$DIR/j/out.json" 2>&1)'"
+  fails=$((fails + 1))
+fi
+if [ "$(ls -A "$DIR/j")" != out.json ]; then
+  echo "FAIL: a failed lwo info --json left files: $(ls -A "$DIR/j")"; fails=$((fails + 1))
+fi
+st_file "$DIR/good.safetensors" "{\"blocks.0.w\":$e}"
+if "$LWO" info --quiet --json "$DIR/j/out.json" "$DIR/good.safetensors" >/dev/null 2>&1 &&
+   grep -q '"tensors"' "$DIR/j/out.json" && [ "$(ls -A "$DIR/j")" = out.json ]; then
+  echo "ok: lwo info --json replaces the file at success"
+else
+  echo "FAIL: lwo info --json at success: $(ls -A "$DIR/j"): $(head -c 200 "$DIR/j/out.json")"
+  fails=$((fails + 1))
+fi
 if [ "$fails" -ne 0 ]; then
   echo "$fails failure(s)"
   exit 1
