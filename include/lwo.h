@@ -185,7 +185,8 @@ typedef enum lwo_status_t {
   /* An object others depend on (a pool with rings, a ring with held tickets
    * or schedules, an engine with pools) cannot be destroyed yet. */
   LWO_ERR_BUSY = 204,
-  /* A mapped checkpoint file changed size since it was opened. */
+  /* A mapped checkpoint file changed size or modification time since it was
+   * opened. */
   LWO_ERR_FILE_CHANGED = 205,
 
   /* -- resource (3xx) -- */

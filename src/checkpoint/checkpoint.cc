@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -102,6 +103,7 @@ void Checkpoint::map_file(const std::string& path) {
   f.size = static_cast<uint64_t>(st.st_size);
   f.dev = st.st_dev;
   f.ino = st.st_ino;
+  f.mtime = st.st_mtim;
   if (f.size > 0) {
     void* m = mmap(nullptr, f.size, PROT_READ, MAP_SHARED, f.fd, 0);
     if (m == MAP_FAILED) {
@@ -113,6 +115,34 @@ void Checkpoint::map_file(const std::string& path) {
     f.map = static_cast<uint8_t*>(m);
   }
   files_.push_back(f);
+}
+
+std::vector<uint8_t> Checkpoint::read_header(size_t i) const {
+  const File& f = files_[i];
+  auto read_at = [&](uint8_t* to, size_t n, uint64_t at) {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(f.fd, to + got, n - got, static_cast<off_t>(at + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0)
+        fail(LWO_ERR_IO, "cannot read %s: %s", q(f.path).c_str(), std::strerror(errno));
+      if (r == 0)
+        fail(LWO_ERR_TRUNCATED, "%s: the file ends at byte %llu of its header (%llu bytes at open: "
+             "cut short while it was opened?)", q(f.path).c_str(),
+             static_cast<unsigned long long>(at + got), static_cast<unsigned long long>(f.size));
+      got += static_cast<size_t>(r);
+    }
+  };
+  std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(f.size, 8)));
+  read_at(head.data(), head.size(), 0);
+  if (head.size() < 8) return head;  // parse_header says it is too short
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | head[k];
+  // A length parse_header refuses needs no more bytes.
+  if (n == 0 || n > st::kMaxHeaderBytes || n > f.size - 8) return head;
+  head.resize(static_cast<size_t>(8 + n));
+  read_at(head.data() + 8, static_cast<size_t>(n), 8);
+  return head;
 }
 
 std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
@@ -157,7 +187,8 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     for (const auto& fi : file_index) {
       const File& f = ck->files_[fi.second];
       std::map<std::string, std::string> meta;
-      std::vector<st::Entry> es = st::parse_header(f.map, f.size, q(f.path), &meta);
+      const std::vector<uint8_t> head = ck->read_header(fi.second);
+      std::vector<st::Entry> es = st::parse_header(head.data(), f.size, q(f.path), &meta);
       for (const auto& kv : meta) ck->metadata_.push_back({fi.second, kv.first, kv.second});
       std::set<std::string> here;
       for (st::Entry& e : es) {
@@ -175,7 +206,8 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const std::string& path) {
     ck->map_file(path);
     const File& f = ck->files_[0];
     std::map<std::string, std::string> meta;
-    ck->entries_ = st::parse_header(f.map, f.size, q(f.path), &meta);
+    const std::vector<uint8_t> head = ck->read_header(0);
+    ck->entries_ = st::parse_header(head.empty() ? nullptr : head.data(), f.size, q(f.path), &meta);
     for (st::Entry& e : ck->entries_) e.file = 0;
     for (const auto& kv : meta) ck->metadata_.push_back({0, kv.first, kv.second});
   }
@@ -205,6 +237,12 @@ void Checkpoint::check_unchanged() const {
       fail(LWO_ERR_FILE_CHANGED, "%s changed size since it was opened (%llu bytes, now %llu)",
            q(f.path).c_str(), static_cast<unsigned long long>(f.size),
            static_cast<unsigned long long>(st.st_size));
+    if (st.st_mtim.tv_sec != f.mtime.tv_sec || st.st_mtim.tv_nsec != f.mtime.tv_nsec)
+      fail(LWO_ERR_FILE_CHANGED, "%s was modified since it was opened (its modification time "
+           "changed)", q(f.path).c_str());
+    // The device and inode of the open file cannot change; a file replaced
+    // by a rename is no change (the mapping keeps the old inode and its
+    // contents, the documented way to update a checkpoint).
   }
 }
 

@@ -52,7 +52,9 @@ struct Entry {
 // are [data, data + file_size). `file_name` is for messages. Returns the
 // tensors sorted by begin offset (then end, then name). "__metadata__" (an
 // object of strings) is not a tensor; it is returned in *metadata (cleared
-// first) when metadata is not null. Reads nothing outside the buffer.
+// first) when metadata is not null. Reads nothing outside the buffer, and of
+// it only the first min(file_size, 8 + N) bytes: `data` may hold just those
+// (Checkpoint::open passes the header read with pread, not the mapping).
 //
 // Statuses, checked in this order:
 //  LWO_ERR_INVALID_ARGUMENT data is null with file_size > 0

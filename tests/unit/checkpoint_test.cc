@@ -1,5 +1,6 @@
 // Pools over safetensors checkpoints, on the recording backend: registered
 // and staged paths, layer mapping, sharded checkpoints, a file that changes.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -206,6 +207,57 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   ASSERT_LWO(lwo_ring_destroy(ring));
   ASSERT_LWO(lwo_pool_destroy(pool));
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
+// Not only the size: a file rewritten in place at the same size (its
+// modification time changes) is FILE_CHANGED at the next stage; a file
+// replaced by a rename is still no change (the mapping keeps the old one).
+TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
+  auto ts = model(3, 41);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  for (int replaced = 0; replaced < 2; ++replaced) {
+    SCOPED_TRACE(replaced ? "replaced" : "modified");
+    lwo_checkpoint* ck = nullptr;
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "blocks.{i}.";
+    lwo_pool* pool = nullptr;
+    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+    lwo_ring* ring = make_ring(pool, 2);
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+    ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+    if (replaced) {
+      // Another file of the same size and time renamed over the path.
+      const std::string other = file("other.safetensors");
+      write_safetensors(other, ts);
+      struct stat st {};
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      struct timespec times[2] = {st.st_atim, st.st_mtim};
+      ASSERT_EQ(utimensat(AT_FDCWD, other.c_str(), times, 0), 0);
+      ASSERT_EQ(rename(other.c_str(), path.c_str()), 0);
+    } else {
+      // The same bytes written again in place, a second later by the clock.
+      struct stat st {};
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      write_safetensors(path, ts);
+      struct timespec times[2] = {st.st_atim, st.st_mtim};
+      times[1].tv_sec += 1;
+      ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    }
+    if (replaced) {
+      ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
+      ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+    } else {
+      EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
+      std::string m = lwo_last_error_message();
+      EXPECT_NE(m.find("modified since it was opened"), std::string::npos) << m;
+    }
+    ASSERT_LWO(lwo_ring_destroy(ring));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  }
 }
 
 // File and tensor names from the caller or from a file reach messages
