@@ -185,7 +185,8 @@ typedef enum lwo_status_t {
   /* An object others depend on (a pool with rings, a ring with held tickets
    * or schedules, an engine with pools) cannot be destroyed yet. */
   LWO_ERR_BUSY = 204,
-  /* A mapped checkpoint file changed size since it was opened. */
+  /* A mapped checkpoint file changed size or modification time since it was
+   * opened. */
   LWO_ERR_FILE_CHANGED = 205,
 
   /* -- resource (3xx) -- */
@@ -212,7 +213,8 @@ typedef enum lwo_status_t {
   /* -- format (5xx): checkpoint files -- */
   /* A checkpoint file is shorter than its own header says (cut short). */
   LWO_ERR_TRUNCATED = 500,
-  /* A checkpoint's header length is beyond the file or above the limit. */
+  /* A checkpoint's header length is beyond the file or above the limit, or
+   * an index file is above the limit (100 MiB). */
   LWO_ERR_BAD_HEADER_SIZE = 501,
   /* A checkpoint's header (or index file) is not valid JSON of the expected
    * shape. */
@@ -1508,8 +1510,9 @@ typedef struct lwo_checkpoint lwo_checkpoint;
  * JSON, dtypes, shapes against byte ranges, ranges inside the data, no
  * overlaps. Failures: LWO_ERR_IO, LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
  * LWO_ERR_BAD_JSON, LWO_ERR_BAD_DTYPE, LWO_ERR_SHAPE_MISMATCH,
- * LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP, LWO_ERR_NOT_FOUND
- * (a tensor an index names is not in its shard); the message names the file,
+ * LWO_ERR_SHAPE_OVERFLOW, LWO_ERR_BAD_RANGE, LWO_ERR_OVERLAP (LWO_ERR_BAD_JSON
+ * too for a tensor an index names that is not in its shard, LWO_ERR_NOT_FOUND
+ * before this release, and for an index naming no tensor); the message names the file,
  * the tensor and the problem. Needs no engine and no GPU. Any thread. */
 LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint);
 
@@ -1583,7 +1586,9 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
 #define LWO_CHECKPOINT_STAGED 0x1u
 /* A layer index between 0 and the largest that no tensor has becomes an
  * empty layer (no tensors, 0 bytes) instead of LWO_ERR_NOT_FOUND, so that a
- * listing can show where the gaps are. Since 0.2.0. */
+ * listing can show where the gaps are. Since 0.2.0. With or without it, a
+ * mapping makes at most 2^20 layers (gaps included): a tensor of a layer
+ * index of 2^20 or more is LWO_ERR_BAD_RANGE (a file problem). */
 #define LWO_CHECKPOINT_ALLOW_GAPS 0x2u
 
 /* How checkpoint tensors become layers, by exactly one of:

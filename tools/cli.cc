@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace cli {
 
@@ -470,17 +471,48 @@ double seconds_since(double start) { return now_seconds() - start; }
 JsonFile::~JsonFile() {
   if (!f_) return;
   std::fclose(f_);
-  if (regular_) std::remove(path_.c_str());
+  // Only our temporary file is removed (never the path, never /dev/stdout).
+  if (!temp_.empty()) ::unlink(temp_.c_str());
 }
 
 void JsonFile::open(const std::string& path) {
-  f_ = std::fopen(path.c_str(), "w");
-  if (!f_)
-    fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
-  path_ = path;
-  // Only a file of our own is removed again on failure (never /dev/stdout).
+  path_ = target_ = path;
   struct stat st {};
-  regular_ = fstat(fileno(f_), &st) == 0 && S_ISREG(st.st_mode);
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    f_ = std::fopen(path.c_str(), "w");  // /dev/stdout, a pipe: in place
+    if (!f_)
+      fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
+    return;
+  }
+  // A regular file, or a new one: a temporary file beside it (beside the
+  // file a symlink leads to), renamed over it at commit().
+  if (exists) {
+    if (char* r = ::realpath(path.c_str(), nullptr)) {
+      target_ = r;
+      std::free(r);
+    }
+  }
+  std::string templ = target_ + ".XXXXXX";
+  int fd = ::mkstemp(&templ[0]);
+  if (fd < 0)
+    fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
+  // The mode a plain create (or the file there now) would have.
+  mode_t mode = 0;
+  if (exists) {
+    mode = st.st_mode & 07777;
+  } else {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  if (::fchmod(fd, mode) != 0 || !(f_ = ::fdopen(fd, "w"))) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(templ.c_str());
+    fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(e)));
+  }
+  temp_ = templ;
 }
 
 void JsonFile::commit() {
@@ -488,7 +520,15 @@ void JsonFile::commit() {
   bool ok = !std::ferror(f_);
   ok = std::fclose(f_) == 0 && ok;
   f_ = nullptr;
-  if (!ok) fail(strf("writing the JSON file %s failed", quoted(path_).c_str()));
+  if (ok && !temp_.empty() && std::rename(temp_.c_str(), target_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(temp_.c_str());
+    fail(strf("cannot write the JSON file %s: %s", quoted(path_).c_str(), std::strerror(e)));
+  }
+  if (!ok) {
+    if (!temp_.empty()) ::unlink(temp_.c_str());
+    fail(strf("writing the JSON file %s failed", quoted(path_).c_str()));
+  }
   std::fflush(stdout);  // the results first, where both go to one file
   progress("wrote %s", escape(path_).c_str());
 }

@@ -316,8 +316,11 @@ double seconds_since(double start);
 std::string escape(const std::string& s);
 std::string quoted(const std::string& s, size_t max = 160);
 
-// A JSON file opened before the work starts (so a bad path fails early) and
-// removed again unless commit() is called (only when it is a regular file).
+// A JSON file opened before the work starts (so a bad path fails early).
+// For a regular file (or a new one) the results go to a temporary file in
+// the same folder, renamed over the path by commit(): a run that fails
+// leaves the path as it was (the temporary file is removed). Anything else
+// (/dev/stdout, a pipe) is written in place.
 class JsonFile {
  public:
   JsonFile() = default;
@@ -331,8 +334,9 @@ class JsonFile {
 
  private:
   std::FILE* f_ = nullptr;
-  std::string path_;
-  bool regular_ = false;
+  std::string path_;    // as given (for messages)
+  std::string target_;  // what commit() renames the temporary file to
+  std::string temp_;    // the temporary file; empty when written in place
 };
 // Quoted and escaped for JSON: always valid JSON (control characters as
 // \u00XX, bytes that are not valid UTF-8 as U+FFFD).

@@ -24,6 +24,7 @@ class Checkpoint {
     uint64_t size = 0;
     dev_t dev = 0;
     ino_t ino = 0;
+    struct timespec mtime {};  // the modification time at open
     uint32_t n_tensors = 0;  // entries that lie in this file
   };
   struct Metadata {
@@ -60,7 +61,9 @@ class Checkpoint {
   Mapping map_by_patterns(const std::vector<std::string>& patterns, bool allow_gaps) const;
   Mapping map_by_names(const std::vector<std::vector<std::string>>& names) const;
   const uint8_t* bytes(const st::Entry& e) const { return files_[e.file].map + e.begin; }
-  // Throws LWO_ERR_FILE_CHANGED if a file's size changed since it was opened.
+  // Throws LWO_ERR_FILE_CHANGED if a file changed since it was opened: the
+  // open file's size or modification time differs. A file replaced by a
+  // rename is no change (the mapping keeps the old file).
   void check_unchanged() const;
   // The index of the entry called `name`, or -1 (names are unique).
   int64_t find(const std::string& name) const;
@@ -68,6 +71,10 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   void map_file(const std::string& path);
+  // The first min(size, 8 + N) bytes of file `i` (its header), read with
+  // pread rather than through the mapping: a file that shrinks meanwhile is
+  // a short read (LWO_ERR_IO / LWO_ERR_TRUNCATED), not a SIGBUS.
+  std::vector<uint8_t> read_header(size_t i) const;
 
   std::string path_;
   std::vector<File> files_;

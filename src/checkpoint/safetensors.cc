@@ -167,6 +167,14 @@ class Sax : public nlohmann::json_sax<json> {
   }
 
   void run(const char* begin, const char* end) {
+    // nlohmann's lexer takes a NUL byte for the end of the input, so
+    // `{...}\0garbage` would pass; a raw NUL is never valid JSON (inside a
+    // string it must be written \u0000), so it is refused first.
+    if (const void* nul = std::memchr(begin, '\0', static_cast<size_t>(end - begin)))
+      fail(LWO_ERR_BAD_JSON,
+           "%s is not valid JSON (byte %zu of the JSON text): a NUL byte (the reference "
+           "safetensors implementation refuses it too)",
+           what_.c_str(), static_cast<size_t>(static_cast<const char*>(nul) - begin));
     // Every handler either returns true or throws.
     if (!json::sax_parse(begin, end, this, nlohmann::json::input_format_t::json, true, false))
       fail(LWO_ERR_INTERNAL, "%s: the JSON parser stopped without a reason", what_.c_str());
@@ -297,6 +305,9 @@ class HeaderSax final : public Sax {
       }
       state_ = S::kField;
     } else if (state_ == S::kMeta) {
+      if (k.find('\0') != std::string::npos)
+        fail(LWO_ERR_BAD_JSON, "%s: header: __metadata__ key %s holds a NUL character",
+             file_.c_str(), printable(k).c_str());
       meta_key_ = k;
       state_ = S::kMetaValue;
     }
@@ -351,6 +362,9 @@ class HeaderSax final : public Sax {
       cur_.dtype = v;
       state_ = S::kTensor;
     } else if (state_ == S::kMetaValue) {
+      if (v.find('\0') != std::string::npos)
+        fail(LWO_ERR_BAD_JSON, "%s: header: __metadata__ value of key %s holds a NUL character",
+             file_.c_str(), printable(meta_key_).c_str());
       if (metadata_) (*metadata_)[meta_key_] = v;
       state_ = S::kMeta;
     } else {
@@ -666,16 +680,22 @@ LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pa
     return by_position(entries[a.second], entries[b.second]);
   });
   // Layers 0..max: each index must appear, so the k-th distinct one is k
-  // (with allow_gaps, a missing index is an empty layer).
-  constexpr uint64_t kMaxGap = uint64_t(1) << 20;
+  // (with allow_gaps, a missing index is an empty layer). No index at or
+  // above kMaxLayers makes a layer, so a stray huge index (or many indices
+  // far apart) cannot allocate without bound.
   uint64_t expect = 0;
   for (const auto& h : hits) {
+    if (h.first >= kMaxLayers && (h.first == expect || (allow_gaps && h.first > expect))) {
+      const std::string& name = entries[h.second].name;
+      uint64_t ignored = 0;
+      size_t nd = scan_index(name, prefix.size(), &ignored);
+      fail(LWO_ERR_BAD_RANGE,
+           "%s: tensor %s has layer index %s under the pattern %s, beyond the %llu layers a "
+           "mapping may make (empty layers of gaps included)",
+           w, printable(name).c_str(), name.substr(prefix.size(), nd).c_str(),
+           printable(pattern).c_str(), ull(kMaxLayers));
+    }
     if (allow_gaps && h.first > expect) {
-      if (h.first - expect > kMaxGap)
-        fail(LWO_ERR_NOT_FOUND,
-             "%s: layer index %llu of %s is more than %llu past layer %llu; no layers between", w,
-             ull(h.first), printable(entries[h.second].name).c_str(), ull(kMaxGap),
-             ull(expect));
       while (expect < h.first) {
         m.layers.emplace_back();
         ++expect;

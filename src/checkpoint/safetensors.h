@@ -27,6 +27,10 @@ namespace st {
 
 // The largest header parse_header accepts (as the reference implementation).
 constexpr uint64_t kMaxHeaderBytes = UINT64_C(100) << 20;
+// The largest index file Checkpoint::open reads (the same limit: an index is
+// the header of a sharded checkpoint); a larger one is LWO_ERR_BAD_HEADER_SIZE,
+// refused from its size before it is read.
+constexpr uint64_t kMaxIndexBytes = kMaxHeaderBytes;
 
 // Means "lwo has no such dtype" in Entry::dtype. Not -1: lwo_dtype_t has no
 // fixed underlying type and no negative enumerator, so -1 is outside its range
@@ -48,19 +52,23 @@ struct Entry {
 // are [data, data + file_size). `file_name` is for messages. Returns the
 // tensors sorted by begin offset (then end, then name). "__metadata__" (an
 // object of strings) is not a tensor; it is returned in *metadata (cleared
-// first) when metadata is not null. Reads nothing outside the buffer.
+// first) when metadata is not null. Reads nothing outside the buffer, and of
+// it only the first min(file_size, 8 + N) bytes: `data` may hold just those
+// (Checkpoint::open passes the header read with pread, not the mapping).
 //
 // Statuses, checked in this order:
 //  LWO_ERR_INVALID_ARGUMENT data is null with file_size > 0
 //  LWO_ERR_TRUNCATED        the file is shorter than 8 bytes
 //  LWO_ERR_BAD_HEADER_SIZE  N == 0, N > kMaxHeaderBytes, or 8 + N > file_size
-//  LWO_ERR_BAD_JSON         not valid JSON / UTF-8, not an object, a duplicate
+//  LWO_ERR_BAD_JSON         not valid JSON / UTF-8 (a NUL byte anywhere in the
+//                           JSON text included), not an object, a duplicate
 //                           key anywhere, a tensor entry that is not an object
 //                           of exactly "dtype" (string), "shape" (array of
 //                           non-negative integers) and "data_offsets" (array of
 //                           2 non-negative integers), a tensor name holding a
 //                           NUL character, "__metadata__" not an object of
-//                           strings
+//                           strings or a key or value of it holding a NUL
+//                           character (the C ABI hands them out as C strings)
 //  then for each tensor in file order:
 //  LWO_ERR_BAD_DTYPE        a dtype string safetensors does not define
 //  LWO_ERR_SHAPE_OVERFLOW   a dimension above INT64_MAX, or the product of the
@@ -79,12 +87,18 @@ std::vector<Entry> parse_header(const uint8_t* data, uint64_t file_size,
 // Parses the text of a *.safetensors.index.json: returns tensor name -> shard
 // file name (as written, relative to the index's folder). The text must be a
 // JSON object with a "weight_map" object whose values are strings; other keys
-// ("metadata", ...) may hold anything. LWO_ERR_BAD_JSON for invalid JSON, a
+// ("metadata", ...) may hold anything. LWO_ERR_BAD_JSON for invalid JSON (a NUL
+// byte in the text included), a
 // duplicate key, a missing or ill-typed weight_map, a tensor name with a NUL
 // character, or a shard name that is empty, absolute, holds a NUL character
 // or a ".." component. `index_name` is for messages.
 std::map<std::string, std::string> parse_index(const std::string& text,
                                                const std::string& index_name);
+
+// The most layers a mapping makes (empty layers of gaps included): a file's
+// layer index of 2^20 or more is refused (LWO_ERR_BAD_RANGE, a file problem),
+// so that a few tensors far apart cannot make millions of empty layers.
+constexpr uint64_t kMaxLayers = uint64_t(1) << 20;
 
 // Tensors mapped to layers: indices into the entries given.
 struct LayerMap {
@@ -105,7 +119,9 @@ struct LayerMap {
 //                            largest has no tensor (the message names the first
 //                            such layer)
 //  With allow_gaps, an index between 0 and the largest that no tensor has is
-//  an empty layer instead (at most 2^20 of them in a row, else NOT_FOUND).
+//  an empty layer instead.
+//  LWO_ERR_BAD_RANGE         a layer would have an index of kMaxLayers or more
+//                            (the message spells the index as the name does)
 LayerMap map_by_pattern(const std::vector<Entry>& entries, const std::string& pattern,
                         const std::string& where, bool allow_gaps = false);
 

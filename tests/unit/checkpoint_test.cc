@@ -1,5 +1,6 @@
 // Pools over safetensors checkpoints, on the recording backend: registered
 // and staged paths, layer mapping, sharded checkpoints, a file that changes.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -208,6 +209,57 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
+// Not only the size: a file rewritten in place at the same size (its
+// modification time changes) is FILE_CHANGED at the next stage; a file
+// replaced by a rename is still no change (the mapping keeps the old one).
+TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
+  auto ts = model(3, 41);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  for (int replaced = 0; replaced < 2; ++replaced) {
+    SCOPED_TRACE(replaced ? "replaced" : "modified");
+    lwo_checkpoint* ck = nullptr;
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "blocks.{i}.";
+    lwo_pool* pool = nullptr;
+    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+    lwo_ring* ring = make_ring(pool, 2);
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+    ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+    if (replaced) {
+      // Another file of the same size and time renamed over the path.
+      const std::string other = file("other.safetensors");
+      write_safetensors(other, ts);
+      struct stat st {};
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      struct timespec times[2] = {st.st_atim, st.st_mtim};
+      ASSERT_EQ(utimensat(AT_FDCWD, other.c_str(), times, 0), 0);
+      ASSERT_EQ(rename(other.c_str(), path.c_str()), 0);
+    } else {
+      // The same bytes written again in place, a second later by the clock.
+      struct stat st {};
+      ASSERT_EQ(stat(path.c_str(), &st), 0);
+      write_safetensors(path, ts);
+      struct timespec times[2] = {st.st_atim, st.st_mtim};
+      times[1].tv_sec += 1;
+      ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    }
+    if (replaced) {
+      ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
+      ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+    } else {
+      EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
+      std::string m = lwo_last_error_message();
+      EXPECT_NE(m.find("modified since it was opened"), std::string::npos) << m;
+    }
+    ASSERT_LWO(lwo_ring_destroy(ring));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  }
+}
+
 // File and tensor names from the caller or from a file reach messages
 // escaped: an ESC sequence or a newline in a name never reaches a terminal.
 TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
@@ -230,6 +282,110 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
   const std::string m2 = lwo_last_error_message();
   EXPECT_EQ(m2.find('\x1b'), std::string::npos) << m2;
   EXPECT_NE(m2.find("x\\x1b[31m"), std::string::npos) << m2;
+}
+
+// The file names of the header's and the index's own messages are escaped
+// too: an index's name, and a shard's name as the index spells it.
+TEST_F(CheckpointTest, FileNamesInFormatMessagesAreEscaped) {
+  lwo_checkpoint* ck = nullptr;
+  const std::string index = file("i\x1b[2J\nforged.json");
+  {
+    std::ofstream out(index);
+    out << "{";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_NE(m.find("i\\x1b[2J\\x0aforged.json'"), std::string::npos) << m;
+  // A shard named with an ESC sequence, whose header is bad.
+  {
+    std::ofstream out(file("s\x1b[31m.safetensors"), std::ios::binary);
+    out << "abc";
+  }
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_TRUNCATED);
+  m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_NE(m.find("s\\x1b[31m.safetensors'"), std::string::npos) << m;
+  // A single file with a bad header.
+  const std::string single = file("x\x1b]0;title\x07.safetensors");
+  {
+    std::ofstream out(single, std::ios::binary);
+    out << "abc";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(single.c_str(), &ck), LWO_ERR_TRUNCATED);
+  m = lwo_last_error_message();
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_EQ(m.find('\x07'), std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+}
+
+// A shard that is a symlink out of the index's folder is refused (the name
+// checks are lexical); links inside the folder, and a hub cache's layout
+// (index and shards linked into one blob folder), open.
+TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
+  ASSERT_EQ(mkdir((dir + "/in").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/out").c_str(), 0700), 0);
+  write_safetensors(dir + "/out/secret.safetensors", model(1, 3));
+  ASSERT_EQ(symlink("../out/secret.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
+  const std::string index = dir + "/in/m.safetensors.index.json";
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
+  }
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("s.safetensors' lies outside the index's folder"), std::string::npos) << m;
+  EXPECT_NE(m.find("/in'"), std::string::npos) << m;
+  EXPECT_NE(m.find("/out/secret.safetensors'"), std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
+  // A link to a file of the same folder opens.
+  write_safetensors(dir + "/in/real.safetensors", model(1, 3));
+  ASSERT_EQ(unlink((dir + "/in/s.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("real.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
+  ASSERT_LWO(lwo_checkpoint_open(index.c_str(), &ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  // A hub cache: snapshots/r/ links to blobs/ for the index and the shard.
+  ASSERT_EQ(mkdir((dir + "/blobs").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/snap").c_str(), 0700), 0);
+  write_safetensors(dir + "/blobs/b1", model(1, 3));
+  {
+    std::ofstream out(dir + "/blobs/b2");
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
+  }
+  ASSERT_EQ(symlink("../blobs/b1", (dir + "/snap/s.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("../blobs/b2", (dir + "/snap/m.safetensors.index.json").c_str()), 0);
+  ASSERT_LWO(lwo_checkpoint_open((dir + "/snap/m.safetensors.index.json").c_str(), &ck));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
+// A broken index is a malformed file (a format status), not an argument:
+// a tensor its shard lacks, and a weight_map of no tensor.
+TEST_F(CheckpointTest, BrokenIndexesGetAFormatStatus) {
+  write_safetensors(file("s.safetensors"), model(1, 4));
+  const std::string index = file("m.safetensors.index.json");
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}";
+  }
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("tensor 'nope' is not in shard"), std::string::npos) << m;
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {}}";
+  }
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
+  m = lwo_last_error_message();
+  EXPECT_NE(m.find("m.safetensors.index.json': the index's weight_map names no tensor"),
+            std::string::npos) << m;
+  EXPECT_EQ(ck, nullptr);
 }
 
 TEST_F(CheckpointTest, BadFilesAndConfigs) {
@@ -395,6 +551,24 @@ TEST_F(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
   EXPECT_EQ(lwo_checkpoint_open(dir.c_str(), &ck), LWO_ERR_IO);
   EXPECT_NE(std::string(lwo_last_error_message()).find("a folder"), std::string::npos)
       << lwo_last_error_message();
+  EXPECT_EQ(ck, nullptr);
+}
+
+// An index above the limit is refused from its size, before it is read: a
+// sparse file of 2 GiB costs neither the time nor the memory of reading it.
+TEST_F(CheckpointTest, AnIndexAboveTheLimitIsRefusedFromItsSize) {
+  const std::string index = file("big.safetensors.index.json");
+  {
+    std::ofstream out(index);
+    out << "{\"weight_map\": {}}";
+  }
+  ASSERT_EQ(truncate(index.c_str(), off_t(2) << 30), 0);
+  lwo_checkpoint* ck = nullptr;
+  EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_HEADER_SIZE);
+  const std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("big.safetensors.index.json'"), std::string::npos) << m;
+  EXPECT_NE(m.find("2147483648 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("above the limit of 104857600"), std::string::npos) << m;
   EXPECT_EQ(ck, nullptr);
 }
 

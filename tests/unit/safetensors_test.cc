@@ -328,6 +328,17 @@ TEST(Safetensors, BadHeadersGetDistinctStatusesAndMessages) {
   // A header with a NUL byte inside.
   expect_parse_error(file_of(std::string("{\"a\0\":{}}", 9), 0), LWO_ERR_BAD_JSON,
                      {"not valid JSON"});
+  // A NUL byte after valid JSON: nlohmann's lexer takes it for the end of the
+  // input, the reference implementation refuses the file.
+  expect_parse_error(file_of(std::string("{}\0garbage", 10), 0), LWO_ERR_BAD_JSON,
+                     {"not valid JSON", "byte 2", "NUL byte"});
+  expect_parse_error(file_of(std::string("{}\0", 3), 0), LWO_ERR_BAD_JSON, {"NUL byte"});
+  // NUL characters in __metadata__ keys and values (the C ABI hands them out
+  // as C strings: they would be cut).
+  expect_parse_error(file_of(R"({"__metadata__":{"k\u0000x":"v"}})", 0), LWO_ERR_BAD_JSON,
+                     {"__metadata__ key \"k\\x00x\"", "NUL character"});
+  expect_parse_error(file_of(R"({"__metadata__":{"k":"v\u0000x"}})", 0), LWO_ERR_BAD_JSON,
+                     {"__metadata__ value of key \"k\"", "NUL character"});
 }
 
 TEST(Safetensors, MessagesShowStrangeNamesSafely) {
@@ -592,6 +603,35 @@ TEST(SafetensorsLayers, PatternErrors) {
   }
 }
 
+// A total limit on the layers a mapping makes, gaps included: a few tensors
+// far apart cannot make millions of empty layers. A file problem
+// (LWO_ERR_BAD_RANGE), and the index as the name spells it.
+TEST(SafetensorsLayers, LayerIndicesAboveTheLimitAreRefused) {
+  // Many gaps of at most 2^20 each.
+  std::vector<Entry> far;
+  for (uint64_t k = 0; k < 8; ++k) far.push_back(entry("blocks." + std::to_string(k << 20) + ".w", 4 * k));
+  expect_error([&] { map_by_pattern(far, "blocks.{i}.", "lwo info m.safetensors", true); },
+               LWO_ERR_BAD_RANGE,
+               {"lwo info m.safetensors", "\"blocks.1048576.w\"", "layer index 1048576",
+                "beyond the 1048576 layers"});
+  // An index beyond 64 bits: spelled as written, not saturated.
+  expect_error(
+      [] {
+        map_by_pattern({entry("h.0.w", 0), entry("h.99999999999999999999999999.w", 4)}, "h.{i}.",
+                       "w", true);
+      },
+      LWO_ERR_BAD_RANGE, {"layer index 99999999999999999999999999 "});
+  try {
+    map_by_pattern({entry("h.0.w", 0), entry("h.99999999999999999999999999.w", 4)}, "h.{i}.", "w",
+                   true);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("18446744073709551615"), std::string::npos) << e.what();
+  }
+  // The last index below the limit still maps.
+  LayerMap m = map_by_pattern({entry("h.0.w", 0), entry("h.1048575.w", 4)}, "h.{i}.", "w", true);
+  EXPECT_EQ(m.layers.size(), size_t(1) << 20);
+}
+
 TEST(SafetensorsLayers, PatternOverAParsedFile) {
   const std::string h = R"({"blocks.1.w":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]},)"
                         R"("blocks.0.b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]},)"
@@ -688,6 +728,8 @@ TEST(SafetensorsIndex, RejectsBadIndexes) {
       {R"({"weight_map":{"a":"f\u0000"}})", {"NUL"}},
       {R"({"weight_map":{"a\u0000":"f"}})", {"NUL"}},
       {"{\"weight_map\":{\"a\":\"\xff\"}}", {"not valid JSON"}},
+      {std::string("{\"weight_map\":{\"a\":\"f\"}}\0garbage", 32), {"not valid JSON", "NUL byte"}},
+      {std::string("{\"weight_map\":{}}\0", 18), {"byte 17", "NUL byte"}},
   };
   for (const C& c : cases) {
     SCOPED_TRACE(c.text);
