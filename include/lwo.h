@@ -25,7 +25,9 @@
  *    call can meet several state errors.
  *  - Handles are pointers to opaque structs, created through out-parameters and
  *    owned by the caller until passed to the matching `_destroy`. Destroying
- *    NULL does nothing and returns LWO_OK.
+ *    NULL does nothing and returns LWO_OK. A handle is an opaque value, not an
+ *    address to read (compare it only with NULL); once destroyed it is
+ *    LWO_ERR_INVALID_HANDLE for good, also after newer objects are created.
  *  - Structs the library writes (`lwo_layer_view`, `lwo_*_info`,
  *    `lwo_*_stats`, `lwo_checkpoint_tensor`, `lwo_checkpoint_file`) start
  *    with `size_t size`, set by the caller to the

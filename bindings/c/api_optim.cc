@@ -115,7 +115,9 @@ LWO_API lwo_status_t lwo_optim_get_stats(lwo_optim* optim, lwo_optim_stats* stat
 namespace lwo {
 namespace testing {
 
-std::vector<uint32_t> optim_last_order(lwo_optim* optim) { return optim->impl->last_order(); }
+std::vector<uint32_t> optim_last_order(lwo_optim* optim) {
+  return lwo::abi::check_handle(optim)->impl->last_order();
+}
 
 }  // namespace testing
 }  // namespace lwo
