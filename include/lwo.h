@@ -631,7 +631,8 @@ LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
 typedef struct lwo_ring lwo_ring;
 
 /* One occupancy of one slot of one ring. Treat it as opaque; 0 is never a
- * valid ticket. */
+ * valid ticket. No two tickets of a process are equal, so a ticket passed to
+ * a ring that did not issue it is always LWO_ERR_FOREIGN_TICKET. */
 typedef struct lwo_ticket {
   uint64_t id;
 } lwo_ticket;
