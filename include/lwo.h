@@ -1448,7 +1448,9 @@ typedef struct lwo_conv2d_desc {
 LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* desc);
 
 /* The output height and width for an input of h x w (LWO_ERR_INVALID_ARGUMENT
- * if the kernel does not fit the padded input). */
+ * if the kernel does not fit the padded input, or if an output size does not
+ * fit in int32_t: the message names the sizes, padding, kernel, stride and
+ * dilation; the forward and backward calls refuse such shapes too). */
 LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
                                             int32_t* out_h, int32_t* out_w);
 
