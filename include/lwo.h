@@ -40,8 +40,9 @@
  *    over the defaults. A newer caller's larger struct is accepted only if
  *    every byte past the library's sizeof is zero (options this version does
  *    not know are never silently dropped): else LWO_ERR_INVALID_ARGUMENT,
- *    naming the first nonzero byte. Unknown flag bits are
- *    LWO_ERR_INVALID_ARGUMENT.
+ *    naming the first nonzero byte. A size above LWO_MAX_STRUCT_SIZE (4096)
+ *    is LWO_ERR_INVALID_ARGUMENT before any byte past the library's sizeof
+ *    is read. Unknown flag bits are LWO_ERR_INVALID_ARGUMENT.
  *  - Descriptor arrays (`lwo_tensor_desc`, `lwo_layer_desc`,
  *    `lwo_host_region`) carry a `next` pointer: NULL, or a chain of
  *    extension structs, each starting with an `lwo_ext` header. Future
@@ -307,6 +308,9 @@ LWO_API size_t lwo_dtype_size(lwo_dtype_t dtype);
 LWO_API const char* lwo_dtype_name(lwo_dtype_t dtype);
 
 #define LWO_MAX_DIMS 8
+/* The largest `size` a config or descriptor struct the library reads may
+ * claim: the bound of what it reads past its own sizeof. */
+#define LWO_MAX_STRUCT_SIZE 4096u
 /* Every tensor of a record starts at a multiple of this many bytes, and a
  * record's size is a multiple of it. */
 #define LWO_RECORD_ALIGN 256

@@ -157,13 +157,21 @@ inline void need(const void* p, const char* what) {
 void check_tail_zero(const void* p, size_t from, size_t to, const char* what);
 
 // Reads a caller's config or descriptor: min(size, sizeof) bytes over the
-// defaults; a larger struct only if its extra bytes are zero.
+// defaults; a larger struct only if its extra bytes are zero, and a size over
+// LWO_MAX_STRUCT_SIZE not at all (no byte past sizeof is read then).
 template <class Cfg>
 Cfg read_config(const Cfg* in, const Cfg& defaults, const char* what = "config") {
   if (!in) return defaults;
   if (in->size < sizeof(size_t))
     fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (expected %zu)", what, in->size,
          sizeof(Cfg));
+  // A size is a claim of the caller: bound it before reading past sizeof.
+  if (in->size > LWO_MAX_STRUCT_SIZE)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "%s size %zu is larger than LWO_MAX_STRUCT_SIZE (%u; this library's is %zu): not a "
+         "size an lwo struct can have (is it set?)",
+         what, in->size, LWO_MAX_STRUCT_SIZE, sizeof(Cfg));
+  static_assert(sizeof(Cfg) <= LWO_MAX_STRUCT_SIZE, "a config larger than the bound");
   if (in->size > sizeof(Cfg)) check_tail_zero(in, sizeof(Cfg), in->size, what);
   Cfg out = defaults;
   std::memcpy(&out, in, std::min(in->size, sizeof(Cfg)));
