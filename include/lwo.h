@@ -278,6 +278,9 @@ typedef struct ncclComm* lwo_nccl_comm_t;
 /* Tensors and records                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* Any other value, negative ones included, is refused where a dtype is read
+ * (LWO_ERR_INVALID_ARGUMENT); lwo_dtype_size gives 0 and lwo_dtype_name
+ * "unknown" for it. */
 typedef enum lwo_dtype_t {
   LWO_DTYPE_F32 = 0,
   LWO_DTYPE_BF16 = 1,

@@ -22,6 +22,7 @@ LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* 
     *optim = nullptr;
     lwo_grads* g = check_handle(grads);
     lwo_optim_config cfg = read_config(config, lwo_optim_config LWO_OPTIM_CONFIG_INIT);
+    lwo::check_dtype_value(cfg.state_dtype, "state_dtype");
     check_flags(cfg.flags, LWO_OPTIM_STOCHASTIC_ROUNDING | LWO_OPTIM_CLIPPING | LWO_OPTIM_DELAYED);
     if ((cfg.flags & LWO_OPTIM_DELAYED) && (cfg.flags & LWO_OPTIM_CLIPPING))
       fail(LWO_ERR_INVALID_ARGUMENT,
