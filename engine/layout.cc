@@ -82,10 +82,12 @@ RecordLayout make_layout(const lwo_layer_desc& layer, const std::string& where,
     if (!names.insert(name).second)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor name '%s' appears twice", where.c_str(),
            name.c_str());
-    size_t es = dtype_size(t.dtype);
+    // The integer first: t.dtype is loaded as an enum only once it is one.
+    const int32_t dv = dtype_value(t.dtype);
+    size_t es = dv < 0 ? 0 : dtype_size(t.dtype);
     if (es == 0)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has unknown dtype %d", where.c_str(),
-           name.c_str(), static_cast<int>(t.dtype));
+           name.c_str(), static_cast<int>(dv));
     if (t.n_dims < 0 || t.n_dims > LWO_MAX_DIMS)
       fail(LWO_ERR_INVALID_ARGUMENT, "%s: tensor '%s' has n_dims %d (allowed 0..%d)",
            where.c_str(), name.c_str(), t.n_dims, LWO_MAX_DIMS);

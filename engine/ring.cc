@@ -10,17 +10,26 @@ namespace lwo {
 namespace {
 
 constexpr int kSlotBits = 12;
-constexpr int kGenBits = 36;
-constexpr uint64_t kGenMask = (uint64_t(1) << kGenBits) - 1;
+constexpr int kSeqBits = 16;
+constexpr int kSerialBits = 64 - kSlotBits - kSeqBits;  // 36
+constexpr uint64_t kSeqMask = (uint64_t(1) << kSeqBits) - 1;
+constexpr uint64_t kMaxSerial = (uint64_t(1) << kSerialBits) - 1;
 constexpr size_t kMaxPendingTimings = 256;
 
+std::atomic<uint64_t> g_serials{0};
+
+// Serials are drawn from one process-wide counter and never wrap: 2^36 - 1 of
+// them (2^52 tickets), after which staging fails rather than repeat a ticket.
 uint64_t next_serial() {
-  static std::atomic<uint64_t> counter{0};
-  return (counter.fetch_add(1) % 0xffff) + 1;  // 1..65535, never 0
+  uint64_t s = g_serials.fetch_add(1) + 1;  // 1.., never 0
+  if (s > kMaxSerial)
+    fail(LWO_ERR_OUT_OF_RANGE, "the process has used up the %llu ticket serials: a ticket "
+         "would repeat", static_cast<unsigned long long>(kMaxSerial));
+  return s;
 }
 
-uint64_t make_id(uint64_t serial, uint32_t slot, uint64_t gen) {
-  return (serial << (kSlotBits + kGenBits)) | (uint64_t(slot) << kGenBits) | (gen & kGenMask);
+uint64_t make_id(uint64_t serial, uint32_t slot, uint64_t seq) {
+  return (serial << (kSlotBits + kSeqBits)) | (uint64_t(slot) << kSeqBits) | (seq & kSeqMask);
 }
 
 }  // namespace
@@ -204,7 +213,17 @@ void Ring::harvest(bool block) {
   }
 }
 
-uint64_t Ring::ticket_id(uint32_t si) const { return make_id(serial_, si, occ_[si].gen); }
+uint64_t Ring::ticket_id(uint32_t si) const { return occ_[si].id; }
+
+uint64_t Ring::new_ticket_id(uint32_t si) {
+  if (seq_ == kSeqMask) {
+    uint64_t next = next_serial();
+    old_serials_.push_back(serial_);
+    serial_ = next;
+    seq_ = 0;
+  }
+  return make_id(serial_, si, ++seq_);
+}
 
 int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
   pool_.layer(layer);  // range check
@@ -271,8 +290,9 @@ lwo_ticket Ring::stage(uint32_t layer) {
   if (hit_slot >= 0) {
     // Hit: the bytes are still in the slot (a resident slot: always).
     Occupancy& o = occ_[hit_slot];
+    const uint64_t id = new_ticket_id(static_cast<uint32_t>(hit_slot));
     o.state = State::Staged;
-    o.gen = (o.gen + 1) & kGenMask;
+    o.id = id;
     o.merge_free = slot(static_cast<uint32_t>(hit_slot)).ever_freed;
     ++n_stages_;
     ++n_hits_;
@@ -291,6 +311,7 @@ void Ring::fill_slot(uint32_t si, uint32_t layer) {
   DeviceSlot& s = slot(si);
   Occupancy& o = occ_[si];
   const bool resident = si >= slots_.size();
+  const uint64_t id = new_ticket_id(si);  // first: it is all that can fail here
   StreamH h2d = e.h2d();
   // Every reader of the previous occupant released on some stream before the
   // free event; the fill waits for it. A fill that completed on another
@@ -331,7 +352,7 @@ void Ring::fill_slot(uint32_t si, uint32_t layer) {
   o.state = State::Staged;
   o.layer = layer;
   o.version = pool_.version(layer);
-  o.gen = (o.gen + 1) & kGenMask;
+  o.id = id;
   o.merge_free = false;
   o.tensor_ptrs.resize(l.layout.tensors.size());
   for (size_t i = 0; i < l.layout.tensors.size(); ++i)
@@ -360,11 +381,13 @@ void Ring::fill_view(uint32_t si, lwo_layer_view* view) {
 }
 
 uint32_t Ring::slot_of(lwo_ticket t) {
-  uint64_t serial = t.id >> (kSlotBits + kGenBits);
-  uint32_t slot = static_cast<uint32_t>((t.id >> kGenBits) & ((1u << kSlotBits) - 1));
+  uint64_t serial = t.id >> (kSlotBits + kSeqBits);
+  uint32_t slot = static_cast<uint32_t>((t.id >> kSeqBits) & ((1u << kSlotBits) - 1));
   if (t.id == 0)
     fail(LWO_ERR_FOREIGN_TICKET, "ticket 0 is not a ticket (was the stage call checked?)");
-  if (serial != serial_ || slot >= occ_.size())
+  bool ours = serial == serial_ ||
+              std::binary_search(old_serials_.begin(), old_serials_.end(), serial);
+  if (!ours || slot >= occ_.size())
     fail(LWO_ERR_FOREIGN_TICKET, "ticket 0x%llx was not issued by this ring (depth %zu)",
          static_cast<unsigned long long>(t.id), slots_.size());
   return slot;
@@ -372,9 +395,8 @@ uint32_t Ring::slot_of(lwo_ticket t) {
 
 uint32_t Ring::check_ticket(lwo_ticket t) {
   uint32_t slot = slot_of(t);
-  uint64_t gen = t.id & kGenMask;
   const Occupancy& o = occ_[slot];
-  if (gen != o.gen)
+  if (t.id != o.id)
     fail(LWO_ERR_STALE_TICKET,
          "ticket 0x%llx is stale: slot %u has since been reused (now layer %u, %s)",
          static_cast<unsigned long long>(t.id), slot, o.layer, state_name(o.state));
@@ -429,7 +451,7 @@ bool Ring::landed(lwo_ticket t) {
 lwo_ticket_state_t Ring::ticket_state(lwo_ticket t) {
   std::lock_guard<std::mutex> lock(mu_);
   const Occupancy& o = occ_[slot_of(t)];
-  if ((t.id & kGenMask) != o.gen || o.state == State::Released || o.state == State::Empty)
+  if (t.id != o.id || o.state == State::Released || o.state == State::Empty)
     return LWO_TICKET_ENDED;
   return o.state == State::Acquired ? LWO_TICKET_ACQUIRED : LWO_TICKET_STAGED;
 }

@@ -75,7 +75,7 @@ class Ring {
     State state = State::Empty;
     uint32_t layer = 0;
     uint64_t version = 0;          // the pool's version of the layer when copied
-    uint64_t gen = 0;
+    uint64_t id = 0;               // its ticket's id (0: none issued yet)
     bool merge_free = false;       // hit: next acquire/release must wait slot.free
     bool ready_elsewhere = false;  // the last fill recorded ready off the
                                    // transfer stream: the next fill waits for it
@@ -112,11 +112,16 @@ class Ring {
   // readers) and updates the table; on failure the slot holds nothing.
   void fill_slot(uint32_t si, uint32_t layer);
   uint64_t ticket_id(uint32_t si) const;
+  // The id of slot si's next ticket: this ring's serial, the slot and the
+  // ring's sequence number; after 65535 tickets the ring draws a new serial.
+  uint64_t new_ticket_id(uint32_t si);
   EventH timing_event();
   void harvest(bool block);
 
   Pool& pool_;
-  uint64_t serial_;
+  uint64_t serial_;                    // the serial of the ring's new tickets
+  uint32_t seq_ = 0;                   // the last sequence number under serial_
+  std::vector<uint64_t> old_serials_;  // the ring's earlier serials, ascending
   bool timing_;
   std::mutex mu_;
   std::vector<int32_t> resident_index_;  // per layer: index into resident_, or -1
@@ -135,7 +140,9 @@ class Ring {
   std::vector<EventH> all_events_;
 };
 
-// Ticket ids: ring serial (16 bits) | slot (12 bits) | generation (36 bits).
+// Ticket ids: ring serial (36 bits) | slot (12 bits) | sequence (16 bits). A
+// serial is drawn from a process-wide counter that never wraps, at creation
+// and after every 65535 tickets of a ring: no ticket repeats in a process.
 constexpr uint32_t kMaxDepth = 4096;
 
 }  // namespace lwo

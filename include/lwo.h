@@ -25,7 +25,9 @@
  *    call can meet several state errors.
  *  - Handles are pointers to opaque structs, created through out-parameters and
  *    owned by the caller until passed to the matching `_destroy`. Destroying
- *    NULL does nothing and returns LWO_OK.
+ *    NULL does nothing and returns LWO_OK. A handle is an opaque value, not an
+ *    address to read (compare it only with NULL); once destroyed it is
+ *    LWO_ERR_INVALID_HANDLE for good, also after newer objects are created.
  *  - Structs the library writes (`lwo_layer_view`, `lwo_*_info`,
  *    `lwo_*_stats`, `lwo_checkpoint_tensor`, `lwo_checkpoint_file`) start
  *    with `size_t size`, set by the caller to the
@@ -38,8 +40,9 @@
  *    over the defaults. A newer caller's larger struct is accepted only if
  *    every byte past the library's sizeof is zero (options this version does
  *    not know are never silently dropped): else LWO_ERR_INVALID_ARGUMENT,
- *    naming the first nonzero byte. Unknown flag bits are
- *    LWO_ERR_INVALID_ARGUMENT.
+ *    naming the first nonzero byte. A size above LWO_MAX_STRUCT_SIZE (4096)
+ *    is LWO_ERR_INVALID_ARGUMENT before any byte past the library's sizeof
+ *    is read. Unknown flag bits are LWO_ERR_INVALID_ARGUMENT.
  *  - Descriptor arrays (`lwo_tensor_desc`, `lwo_layer_desc`,
  *    `lwo_host_region`) carry a `next` pointer: NULL, or a chain of
  *    extension structs, each starting with an `lwo_ext` header. Future
@@ -277,6 +280,9 @@ typedef struct ncclComm* lwo_nccl_comm_t;
 /* Tensors and records                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* Any other value, negative ones included, is refused where a dtype is read
+ * (LWO_ERR_INVALID_ARGUMENT); lwo_dtype_size gives 0 and lwo_dtype_name
+ * "unknown" for it. */
 typedef enum lwo_dtype_t {
   LWO_DTYPE_F32 = 0,
   LWO_DTYPE_BF16 = 1,
@@ -307,6 +313,9 @@ LWO_API size_t lwo_dtype_size(lwo_dtype_t dtype);
 LWO_API const char* lwo_dtype_name(lwo_dtype_t dtype);
 
 #define LWO_MAX_DIMS 8
+/* The largest `size` a config or descriptor struct the library reads may
+ * claim: the bound of what it reads past its own sizeof. */
+#define LWO_MAX_STRUCT_SIZE 4096u /* since 0.6.0 */
 /* Every tensor of a record starts at a multiple of this many bytes, and a
  * record's size is a multiple of it. */
 #define LWO_RECORD_ALIGN 256
@@ -631,7 +640,8 @@ LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer,
 typedef struct lwo_ring lwo_ring;
 
 /* One occupancy of one slot of one ring. Treat it as opaque; 0 is never a
- * valid ticket. */
+ * valid ticket. No two tickets of a process are equal, so a ticket passed to
+ * a ring that did not issue it is always LWO_ERR_FOREIGN_TICKET. */
 typedef struct lwo_ticket {
   uint64_t id;
 } lwo_ticket;
@@ -1464,7 +1474,9 @@ typedef struct lwo_conv2d_desc {
 LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* desc);
 
 /* The output height and width for an input of h x w (LWO_ERR_INVALID_ARGUMENT
- * if the kernel does not fit the padded input). */
+ * if the kernel does not fit the padded input, or if an output size does not
+ * fit in int32_t: the message names the sizes, padding, kernel, stride and
+ * dilation; the forward and backward calls refuse such shapes too). */
 LWO_API lwo_status_t lwo_conv2d_output_size(const lwo_conv2d_desc* desc, int32_t h, int32_t w,
                                             int32_t* out_h, int32_t* out_w);
 

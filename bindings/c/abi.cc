@@ -2,8 +2,10 @@
 // version, statuses, messages, dtypes, record layouts.
 #include "abi.h"
 
-#include <shared_mutex>
-#include <unordered_map>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "engine/layout.h"
 
@@ -27,34 +29,92 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-std::shared_mutex g_mu;
-std::unordered_map<const void*, Kind>& handles() {
-  static auto* m = new std::unordered_map<const void*, Kind>();  // never destroyed
-  return *m;
+// The handle registry: slots in chunks that are never freed or moved, each
+// with the object it names, its kind and a generation. A handle's value is
+// (generation << 32) | (slot + 1); destroying it bumps the slot's generation,
+// so the old value never matches again, whatever reuses the slot or the
+// object's address. A slot whose 32-bit generation is used up is never reused.
+// Lookups take no lock: the tag is read before and after the object.
+static_assert(sizeof(void*) == sizeof(uint64_t), "handles carry 64-bit values");
+constexpr int kChunkBits = 12;
+constexpr uint32_t kChunkSlots = 1u << kChunkBits;
+constexpr uint32_t kMaxChunks = 1u << 16;  // 2^28 live handles at most
+constexpr uint64_t kLastGen = 0xffffffffu;
+
+struct Slot {
+  // Live: (gen << 8) | (kind << 1) | 1. Free: (next gen << 8), 0 if used up.
+  std::atomic<uint64_t> tag{0};
+  std::atomic<void*> obj{nullptr};
+};
+
+std::atomic<Slot*> g_chunks[kMaxChunks];
+std::mutex g_mu;  // add_handle and remove_handle
+uint32_t g_used = 0;  // slots ever handed out (under g_mu)
+std::vector<uint32_t>& free_slots() {
+  static auto* v = new std::vector<uint32_t>();  // never destroyed
+  return *v;
+}
+
+Slot* slot_of(uint64_t index) {
+  if (index >= uint64_t(kMaxChunks) * kChunkSlots) return nullptr;
+  Slot* c = g_chunks[index >> kChunkBits].load(std::memory_order_acquire);
+  return c ? &c[index & (kChunkSlots - 1)] : nullptr;
 }
 
 }  // namespace
 
-void add_handle(const void* p, Kind k) {
-  std::unique_lock<std::shared_mutex> lock(g_mu);
-  handles()[p] = k;
+uint64_t add_handle(void* obj, Kind k) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<uint32_t>& fl = free_slots();
+  fl.reserve(fl.size() + 1);  // remove_handle then never allocates
+  uint32_t index;
+  uint64_t gen = 1;
+  if (!fl.empty()) {
+    index = fl.back();
+    fl.pop_back();
+    gen = slot_of(index)->tag.load() >> 8;
+  } else {
+    if (g_used == kMaxChunks * kChunkSlots)
+      fail(LWO_ERR_OUT_OF_MEMORY, "%u live lwo handles: the registry is full", g_used);
+    index = g_used;
+    if (index % kChunkSlots == 0)
+      g_chunks[index >> kChunkBits].store(new Slot[kChunkSlots], std::memory_order_release);
+    ++g_used;
+  }
+  Slot* s = slot_of(index);
+  s->obj.store(obj);
+  s->tag.store((gen << 8) | (uint64_t(k) << 1) | 1);
+  return (gen << 32) | (uint64_t(index) + 1);
 }
 
-void remove_handle(const void* p) {
-  std::unique_lock<std::shared_mutex> lock(g_mu);
-  handles().erase(p);
+void remove_handle(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  uint64_t index = (handle & 0xffffffffu) - 1;
+  uint64_t gen = handle >> 32;
+  Slot* s = slot_of(index);
+  if (!s || s->tag.load() >> 8 != gen) return;  // not live (check_live came first)
+  s->tag.store(gen < kLastGen ? (gen + 1) << 8 : 0);
+  s->obj.store(nullptr);
+  if (gen < kLastGen) free_slots().push_back(static_cast<uint32_t>(index));
 }
 
-void check_live(const void* p, Kind k) {
+void* check_live(const void* p, Kind k) {
   if (!p) fail(LWO_ERR_INVALID_HANDLE, "%s handle is NULL", kind_name(k));
-  std::shared_lock<std::shared_mutex> lock(g_mu);
-  auto it = handles().find(p);
-  if (it == handles().end())
+  uint64_t v = reinterpret_cast<uintptr_t>(p);
+  uint64_t gen = v >> 32;
+  Slot* s = (v & 0xffffffffu) && gen ? slot_of((v & 0xffffffffu) - 1) : nullptr;
+  uint64_t t = s ? s->tag.load() : 0;
+  if (!(t & 1) || t >> 8 != gen)
     fail(LWO_ERR_INVALID_HANDLE, "%s handle %p is not a live lwo object (destroyed?)",
          kind_name(k), p);
-  if (it->second != k)
-    fail(LWO_ERR_INVALID_HANDLE, "handle %p is a %s, not a %s", p, kind_name(it->second),
-         kind_name(k));
+  Kind is = static_cast<Kind>((t >> 1) & 0x7f);
+  if (is != k)
+    fail(LWO_ERR_INVALID_HANDLE, "handle %p is a %s, not a %s", p, kind_name(is), kind_name(k));
+  void* obj = s->obj.load();
+  if (s->tag.load() != t)  // destroyed meanwhile by another thread
+    fail(LWO_ERR_INVALID_HANDLE, "%s handle %p is not a live lwo object (destroyed?)",
+         kind_name(k), p);
+  return obj;
 }
 
 void set_message(const char* call, const char* what) {

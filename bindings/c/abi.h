@@ -23,21 +23,27 @@
 
 struct lwo_engine {
   std::unique_ptr<lwo::Engine> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_pool {
   std::unique_ptr<lwo::Pool> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_ring {
   std::unique_ptr<lwo::Ring> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_grads {
   std::unique_ptr<lwo::Grads> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_checkpoint {
   std::shared_ptr<lwo::Checkpoint> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 // Since 0.4.0: a plan (bindings/c/api_plan.cc defines what it holds).
 namespace lwo {
@@ -45,9 +51,11 @@ struct PlanHandle;
 }
 struct lwo_plan {
   std::unique_ptr<lwo::PlanHandle> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 struct lwo_optim {  // since 0.4.0
   std::unique_ptr<lwo::Optimizer> impl;
+  uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
 
 namespace lwo {
@@ -64,28 +72,34 @@ template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; 
 template <> constexpr Kind kind_of<lwo_plan>() { return Kind::Plan; }
 template <> constexpr Kind kind_of<lwo_optim>() { return Kind::Optim; }
 
-// The registry of live handles: a destroyed or foreign pointer is never
-// dereferenced.
-void add_handle(const void* p, Kind k);
-void remove_handle(const void* p);
-// Throws LWO_ERR_INVALID_HANDLE unless p is a live handle of kind k.
-void check_live(const void* p, Kind k);
+// The registry of live handles. The caller never holds an address: a handle
+// is a value that names a slot of the registry and that slot's generation
+// (abi.cc), so a destroyed, foreign or never-issued handle is never
+// dereferenced, and a destroyed handle stays invalid when its slot (or the
+// object's address) is reused.
+uint64_t add_handle(void* obj, Kind k);
+void remove_handle(uint64_t handle);
+// The object of handle p; throws LWO_ERR_INVALID_HANDLE unless p is a live
+// handle of kind k.
+void* check_live(const void* p, Kind k);
 
 template <class H>
 H* check_handle(const H* p) {
-  check_live(p, kind_of<H>());
-  return const_cast<H*>(p);
+  return static_cast<H*>(check_live(p, kind_of<H>()));
 }
-// Registers a fully built handle and hands its ownership to the caller.
+// Registers a fully built handle and hands its ownership to the caller (the
+// returned value names it; it is not the object's address).
 template <class H>
 H* publish(std::unique_ptr<H> h) {
-  add_handle(h.get(), kind_of<H>());
-  return h.release();
+  h->handle = add_handle(h.get(), kind_of<H>());
+  H* value = reinterpret_cast<H*>(static_cast<uintptr_t>(h->handle));
+  h.release();
+  return value;
 }
-// Unregisters and deletes a handle.
+// Unregisters and deletes a handle (the object check_handle returned).
 template <class H>
 void retire(H* h) {
-  remove_handle(h);
+  remove_handle(h->handle);
   delete h;
 }
 
@@ -143,13 +157,21 @@ inline void need(const void* p, const char* what) {
 void check_tail_zero(const void* p, size_t from, size_t to, const char* what);
 
 // Reads a caller's config or descriptor: min(size, sizeof) bytes over the
-// defaults; a larger struct only if its extra bytes are zero.
+// defaults; a larger struct only if its extra bytes are zero, and a size over
+// LWO_MAX_STRUCT_SIZE not at all (no byte past sizeof is read then).
 template <class Cfg>
 Cfg read_config(const Cfg* in, const Cfg& defaults, const char* what = "config") {
   if (!in) return defaults;
   if (in->size < sizeof(size_t))
     fail(LWO_ERR_INVALID_ARGUMENT, "%s size %zu is too small (expected %zu)", what, in->size,
          sizeof(Cfg));
+  // A size is a claim of the caller: bound it before reading past sizeof.
+  if (in->size > LWO_MAX_STRUCT_SIZE)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "%s size %zu is larger than LWO_MAX_STRUCT_SIZE (%u; this library's is %zu): not a "
+         "size an lwo struct can have (is it set?)",
+         what, in->size, LWO_MAX_STRUCT_SIZE, sizeof(Cfg));
+  static_assert(sizeof(Cfg) <= LWO_MAX_STRUCT_SIZE, "a config larger than the bound");
   if (in->size > sizeof(Cfg)) check_tail_zero(in, sizeof(Cfg), in->size, what);
   Cfg out = defaults;
   std::memcpy(&out, in, std::min(in->size, sizeof(Cfg)));

@@ -41,6 +41,7 @@ static void check_backward_outputs(const char* bias_flag, bool has_bias, lwo_dty
 static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t tokens) {
   need(desc, "desc");
   lwo_linear_desc d = read_config(desc, lwo_linear_desc LWO_LINEAR_DESC_INIT);
+  lwo::check_dtype_value(d.dtype, "dtype");
   if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
     fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
          lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
@@ -97,6 +98,7 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
                                          lwo_stream_t stream) {
   return guard("lwo_linear_backward", [&] {
     lwo_engine* e = check_handle(engine);
+    lwo::check_dtype_value(grad_dtype, "grad_dtype");
     lwo::Compute::Linear l = linear_of(desc, tokens);
     need(dy, "dy");
     if (dx) need(weight, "weight (needed for dx)");
@@ -117,6 +119,7 @@ LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* d) {
 static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
   need(desc, "desc");
   lwo_conv2d_desc d = read_config(desc, lwo_conv2d_desc LWO_CONV2D_DESC_INIT);
+  lwo::check_dtype_value(d.dtype, "dtype");
   if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
     fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
          lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
@@ -218,6 +221,7 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
                                          lwo_stream_t stream) {
   return guard("lwo_conv2d_backward", [&] {
     lwo_engine* e = check_handle(engine);
+    lwo::check_dtype_value(grad_dtype, "grad_dtype");
     lwo::Compute::Conv cv = conv_over(desc, n, h, w);
     need(dy, "dy");
     if (dx) need(weight, "weight (needed for dx)");

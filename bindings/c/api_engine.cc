@@ -134,10 +134,12 @@ lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_eng
                      lwo_engine_config LWO_ENGINE_CONFIG_INIT, engine);
 }
 
-Backend* engine_backend(lwo_engine* engine) { return &engine->impl->gpu(); }
+Backend* engine_backend(lwo_engine* engine) {
+  return &lwo::abi::check_handle(engine)->impl->gpu();
+}
 
 void engine_set_check_collectives(lwo_engine* engine, bool on) {
-  engine->impl->set_check_collectives(on);
+  lwo::abi::check_handle(engine)->impl->set_check_collectives(on);
 }
 
 }  // namespace testing

@@ -25,6 +25,7 @@ LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* 
     *optim = nullptr;
     lwo_grads* g = check_handle(grads);
     lwo_optim_config cfg = read_config(config, lwo_optim_config LWO_OPTIM_CONFIG_INIT);
+    lwo::check_dtype_value(cfg.state_dtype, "state_dtype");
     check_flags(cfg.flags, LWO_OPTIM_STOCHASTIC_ROUNDING | LWO_OPTIM_CLIPPING | LWO_OPTIM_DELAYED);
     if ((cfg.flags & LWO_OPTIM_DELAYED) && (cfg.flags & LWO_OPTIM_CLIPPING))
       fail(LWO_ERR_INVALID_ARGUMENT,
@@ -148,7 +149,9 @@ LWO_API lwo_status_t lwo_optim_get_stats(lwo_optim* optim, lwo_optim_stats* stat
 namespace lwo {
 namespace testing {
 
-std::vector<uint32_t> optim_last_order(lwo_optim* optim) { return optim->impl->last_order(); }
+std::vector<uint32_t> optim_last_order(lwo_optim* optim) {
+  return lwo::abi::check_handle(optim)->impl->last_order();
+}
 
 }  // namespace testing
 }  // namespace lwo

@@ -179,7 +179,9 @@ LWO_API lwo_status_t lwo_pool_write_quantized(lwo_pool* pool, uint32_t layer, co
                                               const void* src, lwo_dtype_t src_dtype,
                                               uint64_t src_bytes, uint32_t n_threads) {
   return guard("lwo_pool_write_quantized", [&] {
-    check_handle(pool)->impl->write_quantized(layer, name, src, src_dtype, src_bytes, n_threads);
+    lwo_pool* p = check_handle(pool);
+    lwo::check_dtype_value(src_dtype, "src_dtype");
+    p->impl->write_quantized(layer, name, src, src_dtype, src_bytes, n_threads);
   });
 }
 

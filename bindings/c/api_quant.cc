@@ -14,7 +14,9 @@ namespace {
 
 lwo_quant_desc read_desc(const lwo_quant_desc* desc) {
   need(desc, "desc");
-  return read_config(desc, lwo_quant_desc LWO_QUANT_DESC_INIT, "desc");
+  lwo_quant_desc d = read_config(desc, lwo_quant_desc LWO_QUANT_DESC_INIT, "desc");
+  lwo::check_dtype_value(d.dtype, "dtype");
+  return d;
 }
 
 lwo::quant::Layout layout_of(const lwo_quant_desc& d) {

@@ -11,8 +11,15 @@
 
 namespace lwo {
 
+void check_dtype_value(const lwo_dtype_t& d, const char* what) {
+  int32_t v = dtype_value(d);
+  if (v < 0)
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s %d is not a dtype (lwo_dtype_t values are %d..%d)", what,
+         v, static_cast<int>(LWO_DTYPE_F32), static_cast<int>(LWO_DTYPE_C64));
+}
+
 size_t dtype_size(lwo_dtype_t d) {
-  switch (d) {
+  switch (dtype_value(d)) {  // the bytes: d may be any int a C caller passed
     case LWO_DTYPE_F32: return 4;
     case LWO_DTYPE_BF16:
     case LWO_DTYPE_F16: return 2;
@@ -35,7 +42,7 @@ size_t dtype_size(lwo_dtype_t d) {
 }
 
 const char* dtype_name(lwo_dtype_t d) {
-  switch (d) {
+  switch (dtype_value(d)) {
     case LWO_DTYPE_F32: return "f32";
     case LWO_DTYPE_BF16: return "bf16";
     case LWO_DTYPE_F16: return "f16";

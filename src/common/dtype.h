@@ -14,6 +14,22 @@ namespace lwo {
 size_t dtype_size(lwo_dtype_t dtype);  // 0 if unknown
 const char* dtype_name(lwo_dtype_t dtype);
 
+// The integer a caller stored in an lwo_dtype_t, read from its bytes. A C
+// caller may store any int there, and loading an enum whose value is outside
+// its range (lwo_dtype_t's is 0..2^31 - 1: a negative value) is undefined
+// behaviour in C++: every dtype that comes from a caller is checked through
+// this before it is used as an enum.
+inline int32_t dtype_value(const lwo_dtype_t& d) {
+  static_assert(sizeof(lwo_dtype_t) == sizeof(int32_t), "lwo_dtype_t is 32 bits");
+  int32_t v;
+  std::memcpy(&v, &d, sizeof v);
+  return v;
+}
+// Throws LWO_ERR_INVALID_ARGUMENT (naming `what` and the value) unless d's
+// integer lies in lwo_dtype_t's range; a value in range that names no dtype
+// is left to the caller's own check (dtype_size() is 0 for it).
+void check_dtype_value(const lwo_dtype_t& d, const char* what);
+
 inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 inline float bf16_to_f32(uint16_t h) {

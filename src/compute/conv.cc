@@ -6,6 +6,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/compute_kernels.h"
 #include "src/common/error.h"
@@ -105,14 +106,21 @@ std::pair<int, size_t> cached_algo(std::map<std::vector<int64_t>, std::pair<int,
 
 void Compute::conv_out_size(const Conv& cv, int32_t h, int32_t w, int32_t* oh, int32_t* ow) {
   int64_t eh = int64_t(cv.dh) * (cv.kh - 1) + 1, ew = int64_t(cv.dw) * (cv.kw - 1) + 1;
-  int64_t ph = int64_t(h) + 2 * cv.ph, pw = int64_t(w) + 2 * cv.pw;
+  int64_t ph = int64_t(h) + 2 * int64_t(cv.ph), pw = int64_t(w) + 2 * int64_t(cv.pw);
   if (ph < eh || pw < ew)
     fail(LWO_ERR_INVALID_ARGUMENT,
          "conv2d: the %lldx%lld dilated kernel does not fit the %lldx%lld padded input",
          static_cast<long long>(eh), static_cast<long long>(ew), static_cast<long long>(ph),
          static_cast<long long>(pw));
-  *oh = static_cast<int32_t>((ph - eh) / cv.sh + 1);
-  *ow = static_cast<int32_t>((pw - ew) / cv.sw + 1);
+  int64_t o_h = (ph - eh) / cv.sh + 1, o_w = (pw - ew) / cv.sw + 1;
+  if (o_h > INT32_MAX || o_w > INT32_MAX)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "conv2d: the output of %lldx%lld does not fit in 32 bits (input %dx%d, padding %dx%d, "
+         "kernel %dx%d, stride %dx%d, dilation %dx%d)",
+         static_cast<long long>(o_h), static_cast<long long>(o_w), h, w, cv.ph, cv.pw, cv.kh,
+         cv.kw, cv.sh, cv.sw, cv.dh, cv.dw);
+  *oh = static_cast<int32_t>(o_h);
+  *ow = static_cast<int32_t>(o_w);
 }
 
 void* Compute::cudnn() {

@@ -4,6 +4,7 @@
 // pool, lwo_pool_write_range, ticket queries, lwo_ring_release_all,
 // lwo_grads_query, the checkpoint calls (destroy, files, metadata,
 // map_tensors), messages that name the C call, and outputs of failed calls.
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -368,6 +369,42 @@ TEST_F(Abi02Configs, LargerRingConfig) {
   c.size = 4;
   EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_ERR_INVALID_ARGUMENT);
   ASSERT_LWO(lwo_pool_destroy(pool));  // no ring was left counted
+}
+
+// A config's size is bounded before any byte past sizeof is read: a struct at
+// the end of a readable page that claims 1 MiB is refused, not read (it
+// faulted), and so is LWO_MAX_STRUCT_SIZE + 1; LWO_MAX_STRUCT_SIZE with a
+// zero tail is still a newer caller's struct.
+TEST_F(Abi02Configs, ConfigSizeIsBoundedBeforeTheTailIsRead) {
+  lwo_pool* pool = make_pool(2);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<char*>(map) + page, page, PROT_NONE), 0);
+  auto* c = reinterpret_cast<lwo_ring_config*>(static_cast<char*>(map) + page -
+                                               sizeof(lwo_ring_config));
+  *c = lwo_ring_config LWO_RING_CONFIG_INIT;
+  c->depth = 2;
+  for (size_t size : {size_t(1) << 20, size_t(LWO_MAX_STRUCT_SIZE) + 1}) {
+    c->size = size;
+    lwo_ring* ring = bogus<lwo_ring>();
+    EXPECT_EQ(lwo_ring_create(pool, c, &ring), LWO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(ring, nullptr);
+    EXPECT_TRUE(contains(msg(), "size " + std::to_string(size) + " is larger than "
+                                "LWO_MAX_STRUCT_SIZE (4096")) << msg();
+  }
+  c->size = sizeof *c;  // the exact size at the page's end still works
+  lwo_ring* ring = nullptr;
+  ASSERT_LWO(lwo_ring_create(pool, c, &ring));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  munmap(map, 2 * page);
+  std::vector<uint8_t> buf(LWO_MAX_STRUCT_SIZE, 0);
+  auto* max = reinterpret_cast<lwo_ring_config*>(buf.data());
+  *max = lwo_ring_config LWO_RING_CONFIG_INIT;
+  max->size = LWO_MAX_STRUCT_SIZE;
+  ASSERT_LWO(lwo_ring_create(pool, max, &ring));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
 // The same rule for lwo_pool_config (pinned and registered pools) and

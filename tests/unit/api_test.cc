@@ -1,4 +1,6 @@
 // Argument and handle validation of the C API, on the recording backend.
+#include <atomic>
+
 #include "test_util.h"
 
 namespace lwo {
@@ -113,6 +115,53 @@ TEST_F(ApiTest, NullAndDestroyedAndForeignHandles) {
   EXPECT_EQ(lwo_ring_destroy(nullptr), LWO_OK);
   EXPECT_EQ(msg(), "");
   ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// A destroyed handle stays invalid when a new object takes its place: 10^5
+// engines (over the recording backend: no GPU) created and destroyed, each
+// after the first one's destruction. The allocator reuses the same address
+// for most of them; the first handle, and the one of the cycle before, must
+// answer LWO_ERR_INVALID_HANDLE, and destroying them must leave the live
+// engine alone.
+TEST(ApiHandles, StaleHandleStaysInvalidWhenItsAddressIsReused) {
+  lwo_engine* first = nullptr;
+  ASSERT_LWO(engine_create(std::make_unique<RecordingBackend>(), 0, &first));
+  ASSERT_LWO(lwo_engine_destroy(first));
+  lwo_engine* prev = first;
+  for (int i = 0; i < 100000; ++i) {
+    lwo_engine* e = nullptr;
+    ASSERT_LWO(engine_create(std::make_unique<RecordingBackend>(), 0, &e));
+    int32_t dev = -1;
+    ASSERT_EQ(lwo_engine_device(first, &dev), LWO_ERR_INVALID_HANDLE) << "cycle " << i;
+    ASSERT_EQ(lwo_engine_device(prev, &dev), LWO_ERR_INVALID_HANDLE) << "cycle " << i;
+    ASSERT_EQ(lwo_engine_destroy(first), LWO_ERR_INVALID_HANDLE) << "cycle " << i;
+    ASSERT_NE(msg().find("not a live lwo object"), std::string::npos) << msg();
+    ASSERT_LWO(lwo_engine_device(e, &dev));
+    ASSERT_LWO(lwo_engine_destroy(e));
+    prev = e;
+  }
+}
+
+// Handles made, looked up and destroyed from several threads at once.
+TEST(ApiHandles, RegistryIsThreadSafe) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      std::vector<lwo_engine*> dead;
+      for (int i = 0; i < 5000; ++i) {
+        lwo_engine* e = nullptr;
+        if (engine_create(std::make_unique<RecordingBackend>(), 0, &e) != LWO_OK) ++failures;
+        int32_t dev = -1;
+        if (lwo_engine_device(e, &dev) != LWO_OK) ++failures;
+        for (size_t k = dead.size() > 4 ? dead.size() - 4 : 0; k < dead.size(); ++k)
+          if (lwo_engine_device(dead[k], &dev) != LWO_ERR_INVALID_HANDLE) ++failures;
+        if (lwo_engine_destroy(e) != LWO_OK) ++failures;
+        dead.push_back(e);
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST_F(ApiTest, DestroyOrderIsEnforced) {

@@ -1,5 +1,7 @@
 #include "engine/layout.h"
 
+#include <cstring>
+
 #include "test_util.h"
 
 namespace lwo {
@@ -42,6 +44,40 @@ TEST(Layout, DtypeSizesAndNames) {
   EXPECT_EQ(lwo_dtype_size(static_cast<lwo_dtype_t>(17)), 0u);  // past the last
   EXPECT_STREQ(lwo_dtype_name(LWO_DTYPE_F8_E5M2), "f8_e5m2");
   EXPECT_STREQ(lwo_dtype_name(static_cast<lwo_dtype_t>(-1)), "unknown");
+}
+
+// A C caller may store any int in an lwo_dtype_t field; a negative one lies
+// outside the enum's range, so the library reads the field's integer before
+// it uses it as an enum (under -fstrict-enums -fsanitize=enum, loading it
+// was reported as undefined behaviour).
+void store_int(lwo_dtype_t* field, int32_t v) { std::memcpy(field, &v, sizeof v); }
+
+TEST(Layout, DtypeOutsideTheEnumRangeIsRefused) {
+  lwo_tensor_desc t = tensor("w", LWO_DTYPE_F32, {4});
+  store_int(&t.dtype, -1);
+  lwo_layer_desc l{&t, 1, nullptr};
+  uint64_t bytes = 0;
+  EXPECT_EQ(lwo_record_layout(&l, nullptr, &bytes), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("tensor 'w' has unknown dtype -1"),
+            std::string::npos) << lwo_last_error_message();
+  store_int(&t.dtype, INT32_MIN);
+  EXPECT_EQ(lwo_record_layout(&l, nullptr, &bytes), LWO_ERR_INVALID_ARGUMENT);
+  lwo_conv2d_desc c = LWO_CONV2D_DESC_INIT;
+  c.in_channels = c.out_channels = 1;
+  c.kernel_h = c.kernel_w = 1;
+  store_int(&c.dtype, -7);
+  int32_t oh = 0, ow = 0;
+  EXPECT_EQ(lwo_conv2d_output_size(&c, 4, 4, &oh, &ow), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("dtype -7 is not a dtype"),
+            std::string::npos) << lwo_last_error_message();
+  lwo_quant_desc q = LWO_QUANT_DESC_INIT;
+  q.format = LWO_QUANT_FP8_E4M3_BLOCK128;
+  q.rows = q.cols = 128;
+  store_int(&q.dtype, -2);
+  lwo_quant_layout_info qi = LWO_QUANT_LAYOUT_INFO_INIT;
+  EXPECT_EQ(lwo_quant_layout(&q, &qi), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("dtype -2 is not a dtype"),
+            std::string::npos) << lwo_last_error_message();
 }
 
 struct BadCase {

@@ -100,6 +100,28 @@ TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
   ASSERT_LWO(lwo_conv2d_output_size(&s2, 10, 7, &oh, &ow));
   EXPECT_EQ(oh, 5);  // (10 + 2 - 3) / 2 + 1
   EXPECT_EQ(ow, 5);  // (7 + 2 - 5) / 1 + 1
+  // Sizes past 32 bits are refused, not narrowed: h = pad = 1e9 makes an
+  // output of 3e9 - 2 rows; a padding of 2^31 - 1 overflowed 2 * pad.
+  lwo_conv2d_desc huge = d;
+  huge.pad_h = 1000000000;
+  oh = ow = 0;
+  EXPECT_EQ(lwo_conv2d_output_size(&huge, 1000000000, 7, &oh, &ow), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("2999999998x7 does not fit in 32 bits"),
+            std::string::npos) << lwo_last_error_message();
+  EXPECT_NE(std::string(lwo_last_error_message()).find("padding 1000000000x1"),
+            std::string::npos) << lwo_last_error_message();
+  EXPECT_EQ(oh, 0);
+  huge.pad_h = 0;
+  huge.pad_w = INT32_MAX;
+  EXPECT_EQ(lwo_conv2d_output_size(&huge, 10, 7, &oh, &ow), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("8x4294967299 does not fit"),
+            std::string::npos) << lwo_last_error_message();
+  // The largest size that fits is still computed.
+  huge.pad_w = 0;
+  huge.pad_h = (INT32_MAX - 9) / 2;  // 10 + 2 pad - 3 + 1 = INT32_MAX - 1
+  ASSERT_LWO(lwo_conv2d_output_size(&huge, 10, 7, &oh, &ow));
+  EXPECT_EQ(oh, INT32_MAX - 1);
+  EXPECT_EQ(ow, 5);
   int buf[4] = {1, 2, 3, 4};
   const void* p = buf;
   void* q = buf;

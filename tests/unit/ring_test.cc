@@ -281,6 +281,65 @@ TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
+// Ticket serials never wrap: 65,536 more rings (depth 1) are created and
+// destroyed after the first; none issues the first ring's ticket, and each
+// refuses it as foreign. (Serials were 16 bits: ring 65,536 after the first
+// issued the same ticket, released it as its own, and its real holder then
+// got LWO_ERR_STALE_TICKET.)
+TEST_F(RingTest, TicketsOfRingsCreatedLaterNeverRepeat) {
+  lwo_pool* pool = make_pool(1);
+  StreamH c = gpu->new_stream();
+  lwo_ring* first = make_ring(pool, 1);
+  lwo_ticket t1{};
+  ASSERT_LWO(lwo_ring_stage(first, 0, &t1));
+  ASSERT_LWO(lwo_ring_release(first, t1, stream(c)));
+  for (int i = 1; i <= 65536; ++i) {
+    lwo_ring* r = make_ring(pool, 1);
+    ASSERT_NE(r, nullptr);
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(r, 0, &t));
+    ASSERT_NE(t.id, t1.id) << "ring " << i << " after the first";
+    ASSERT_EQ(lwo_ring_release(r, t1, stream(c)), LWO_ERR_FOREIGN_TICKET) << "ring " << i;
+    ASSERT_LWO(lwo_ring_release(r, t, stream(c)));
+    ASSERT_LWO(lwo_ring_destroy(r));
+  }
+  // The first ring still knows its own (ended) ticket.
+  EXPECT_EQ(lwo_ring_release(first, t1, stream(c)), LWO_ERR_STALE_TICKET);
+  ASSERT_LWO(lwo_ring_destroy(first));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// A ring draws a new serial after 65,535 tickets: its tickets stay distinct,
+// a ticket of an earlier serial is its own (stale, not foreign), and another
+// ring still refuses them.
+TEST_F(RingTest, ManyTicketsOfOneRingNeverRepeat) {
+  lwo_pool* pool = make_pool(1);
+  StreamH c = gpu->new_stream();
+  lwo_ring* ring = make_ring(pool, 1);
+  lwo_ring* other = make_ring(pool, 1);
+  lwo_ticket first{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &first));
+  ASSERT_LWO(lwo_ring_release(ring, first, stream(c)));
+  std::set<uint64_t> seen{first.id};
+  lwo_ticket t{};
+  for (int i = 0; i < 70000; ++i) {  // hits after the first: no copies
+    ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+    ASSERT_TRUE(seen.insert(t.id).second) << "ticket " << i << " repeats";
+    if (i % 1000 == 0 || i == 65534 || i == 65535) {
+      EXPECT_EQ(lwo_ring_release(other, t, stream(c)), LWO_ERR_FOREIGN_TICKET);
+      EXPECT_EQ(lwo_ring_release(ring, first, stream(c)), LWO_ERR_STALE_TICKET);
+    }
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
+  }
+  lwo_ticket_state_t st{};
+  ASSERT_LWO(lwo_ring_ticket_state(ring, first, &st));
+  EXPECT_EQ(st, LWO_TICKET_ENDED);
+  EXPECT_EQ(lwo_ring_ticket_state(other, first, &st), LWO_ERR_FOREIGN_TICKET);
+  ASSERT_LWO(lwo_ring_destroy(other));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
 // A copy that fails half-way leaves the slot empty: the old layer must not be
 // a hit any more (its bytes may be partly overwritten) and the ring works on.
 TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
