@@ -118,6 +118,7 @@ DTYPES = {
 
 LWO_MAX_DIMS = 8
 LWO_RECORD_ALIGN = 256
+LWO_MAX_STRUCT_SIZE = 4096  # since 0.6.0
 
 # --------------------------------------------------------------------------
 # Flags and other enums
