@@ -844,9 +844,15 @@ def candidates():
     return out
 
 
-def _declare(library):
+def _declare(library, where="liblwo"):
     for name, (restype, argtypes) in FUNCTIONS.items():
-        fn = getattr(library, name)  # AttributeError names a missing symbol
+        try:
+            fn = getattr(library, name)
+        except AttributeError:
+            raise VersionMismatch(
+                "lwo: %s lacks %s, which this package calls: it is an older build of the "
+                "same ABI version; build liblwo from the same source as the package"
+                % (where, name)) from None
         fn.restype = restype
         fn.argtypes = argtypes
 
@@ -897,7 +903,7 @@ def load(force=False):
                 "install or build liblwo %d.%d.x, or the lwo Python package of %d.%d"
                 % (cand, where, major, minor, patch, LWO_VERSION_MAJOR, LWO_VERSION_MINOR,
                    LWO_VERSION_MAJOR, LWO_VERSION_MINOR, major, minor))
-        _declare(library)
+        _declare(library, "%s (%s, liblwo %d.%d.%d)" % (cand, where, major, minor, patch))
         lib, path = library, cand
         return lib
     raise LibraryNotFound(

@@ -7,7 +7,7 @@ import ctypes
 import os
 
 from . import _capi as C
-from ._errors import check
+from ._errors import ArgumentError, check
 
 _lib = C.lib  # set by lwo/__init__ (load) before this module is imported
 _byref = ctypes.byref
@@ -16,9 +16,23 @@ _byref = ctypes.byref
 def _enc(s):
     if s is None:
         return None
-    if isinstance(s, bytes):
-        return s
-    return os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode()
+    b = s if isinstance(s, bytes) else \
+        os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode()
+    if b"\0" in b:  # C would take the part before it
+        raise ArgumentError(C.LWO_ERR_INVALID_ARGUMENT, "lwo: %r holds a NUL character (C "
+                            "strings end there)" % (s,))
+    return b
+
+
+def _fit(value, bits, signed, what):
+    """int(value), or ArgumentError if it does not fit the C integer (ctypes
+    would wrap it silently)."""
+    v = int(value)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not lo <= v <= hi:
+        raise ArgumentError(C.LWO_ERR_OUT_OF_RANGE, "lwo: %s %d is outside [%d, %d] (a %s%d)"
+                            % (what, v, lo, hi, "int" if signed else "uint", bits))
+    return v
 
 
 def _dec(b):
@@ -728,8 +742,8 @@ class Engine(_Handle):
                  budget_share=0.0, budget_headroom=0):
         cfg = C.lwo_engine_config()
         _lib.lwo_engine_config_init(cfg)
-        cfg.device = int(device)
-        cfg.flags = int(flags) | (C.LWO_ENGINE_CHECK_COLLECTIVES if check_collectives else 0)
+        cfg.device = _fit(device, 32, True, "device")
+        cfg.flags = _fit(flags, 32, False, "flags") | (C.LWO_ENGINE_CHECK_COLLECTIVES if check_collectives else 0)
         cfg.budget_bytes = int(budget_bytes)  # since 0.4.0: the device memory budget
         cfg.budget_share = float(budget_share)
         cfg.budget_headroom = int(budget_headroom)
@@ -1613,7 +1627,8 @@ class Checkpoint(_Handle):
 
     def tensor(self, index):
         t = C.lwo_checkpoint_tensor()
-        check(_lib.lwo_checkpoint_tensor_info(self._h(), int(index), _byref(t)))
+        check(_lib.lwo_checkpoint_tensor_info(self._h(), _fit(index, 32, False, "tensor index"),
+                                              _byref(t)))
         nd = min(t.n_dims, C.LWO_MAX_DIMS)
         return CheckpointTensor(_dec(t.name), None if t.dtype < 0 else t.dtype,
                                 _dec(t.dtype_name), tuple(t.shape[:nd]), t.bytes,

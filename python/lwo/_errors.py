@@ -84,7 +84,10 @@ def _status_name(status):
 
 def status_string(status):
     """lwo_status_string: the C name of a status ("unknown status" if none)."""
-    return _capi.lib.lwo_status_string(int(status)).decode()
+    status = int(status)
+    if not -(1 << 31) <= status < (1 << 31):  # no lwo_status_t (ctypes would wrap it)
+        return "unknown status"
+    return _capi.lib.lwo_status_string(status).decode()
 
 
 def last_error_message():

@@ -199,3 +199,35 @@ def test_malformed_files_are_format_errors(tmp_path):
     with pytest.raises(lwo.FormatError) as info:
         lwo.Checkpoint(dt)
     assert info.value.status == lwo.LWO_ERR_BAD_DTYPE
+
+
+def test_integers_that_do_not_fit_and_nul_characters_are_refused(tmp_path):
+    # ctypes wraps an int to the C type silently: 2**32 was tensor 0, device
+    # 2**32 + 1 device 1, status 2**40 "LWO_OK"; C strings end at a NUL
+    c = lwo.Checkpoint(write_safetensors(tmp_path / "m.safetensors", TENSORS[:1]))
+    assert c.tensor(0).name == TENSORS[0][0]
+    with pytest.raises(lwo.ArgumentError, match="tensor index 4294967296 is outside"):
+        c.tensor(2**32)
+    with pytest.raises(lwo.ArgumentError, match="tensor index -1"):
+        c.tensor(-1)
+    with pytest.raises(lwo.ArgumentError, match="device 4294967297 is outside"):
+        lwo.Engine(device=2**32 + 1)
+    assert lwo.status_string(2**40) == "unknown status"
+    assert lwo.status_string(0) == "LWO_OK"
+    with pytest.raises(lwo.ArgumentError, match="NUL"):
+        lwo.Checkpoint(str(tmp_path / "m.safetensors") + "\0ignored")
+    with pytest.raises(lwo.ArgumentError, match="NUL"):
+        c.map_tensors(pattern="blocks.{i}.\0")
+    c.close()
+
+
+def test_a_library_lacking_a_symbol_names_it():
+    from lwo import _capi as C
+
+    class Lacking:
+        def __getattr__(self, name):
+            if name == "lwo_optim_step_groups":
+                raise AttributeError(name)
+            return getattr(C.lib, name)
+    with pytest.raises(C.VersionMismatch, match="lacks lwo_optim_step_groups"):
+        C._declare(Lacking(), "a test library")
