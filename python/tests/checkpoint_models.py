@@ -114,3 +114,25 @@ def resident(model_fn, tensors, device="cpu"):
     assert not unexpected, unexpected
     assert all(k.endswith("lm_head.weight") for k in missing), missing
     return m.to(device)
+
+
+def trim_heap():
+    """glibc's malloc_trim(0), where there is one: freed heap memory goes
+    back to the system, so that RssAnon shows new allocations."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def rss_anon():
+    """RssAnon of /proc/self/status in bytes, or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

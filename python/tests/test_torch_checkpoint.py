@@ -27,7 +27,7 @@ import lwo.torch as lt  # noqa: E402
 
 import fake_lwo  # noqa: E402
 from checkpoint_models import (SCALE, fp8_tensors, llama, llama_config, resident,  # noqa: E402
-                               save, tensors_of)
+                               rss_anon, save, tensors_of, trim_heap)
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -134,23 +134,9 @@ def test_the_pool_reads_the_file_in_place_and_keeps_its_layout(tiny):
     assert st["n_copies"] > 0
 
 
-def trim_heap():
-    """glibc's malloc_trim(0), where there is one: freed heap memory goes
-    back to the system, so that RssAnon shows new allocations."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @needs_proc
 def test_offload_adds_no_copy_of_the_streamed_weights_to_host_memory(tmp_path):
-    def rss_anon():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+    if rss_anon() is None:
         pytest.skip("no RssAnon in /proc/self/status")
 
     def model():

@@ -539,26 +539,12 @@ def test_checkpoint_with_quant_quantizes_from_the_mapped_bytes(tmp_path):
         close(m(input_ids=ids).logits, ref(input_ids=ids).logits, torch.bfloat16, "logits")
 
 
-def trim_heap():
-    """glibc's malloc_trim(0), where there is one: freed heap memory goes
-    back to the system, so that RssAnon shows new allocations."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def test_checkpoint_mapping_adds_no_host_copy(tmp_path):
     """Host memory beyond the page cache (RssAnon) grows by far less than the
     streamed bytes: the pool and the parameters are the mapped file."""
-    from checkpoint_models import save, tensors_of
+    from checkpoint_models import rss_anon, save, tensors_of, trim_heap
 
-    def rss_anon():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+    if rss_anon() is None:
         pytest.skip("no RssAnon")
 
     def model():
