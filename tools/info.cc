@@ -387,6 +387,8 @@ int cmd_info(int argc, char** argv) {
       r.estimate_reason = "a layer holds a tensor lwo cannot stream, so no pool";
     else if (!r.map.gaps.empty())
       r.estimate_reason = "the layers have gaps, so no pool";
+    else if (r.total_layers == 0)
+      r.estimate_reason = "every layer is empty (0 bytes), so no pool";
     else if (o.device_given) {
       open_device(o.device, dev);
       on_device = true;
