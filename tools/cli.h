@@ -2,7 +2,7 @@
 // on stderr, the pinned H2D peak of a list of copies, text escaping and JSON
 // output. The harness (checks that throw testkit::Error, owners of lwo
 // handles and CUDA resources, the generator, host fills and checksums, the
-// copy loop, the training workload) is tests/testkit, shared with bench/ and
+// copy loop, the training workload) is testkit/, shared with bench/ and
 // tests/gpu: main reports a testkit::Error as one line and exits 1.
 #pragma once
 

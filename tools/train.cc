@@ -9,7 +9,7 @@
 // (one pass, gradients summed in the slot). The first timed step is checked bit for
 // bit against the same library calls with the weights resident on the device.
 // The chain, its resident reference, the streamed step and the bound are
-// testkit's training workload (tests/testkit/workload.h), as bench_workloads
+// testkit's training workload (testkit/workload.h), as bench_workloads
 // runs it: a chain of square linear layers, one op per record.
 #include <algorithm>
 #include <memory>
