@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "lwo.h"
 #include "testkit/check.h"
 #include "testkit/copy.h"
@@ -101,8 +103,14 @@ bool try_open_device(int ordinal, Device& device, std::string* why);
 // The number of CUDA devices; with none, stops as open_device does.
 int device_count();
 [[noreturn]] void fail_no_device(const std::string& library_message);
-std::string describe(const Device& device);     // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
-std::string json_device(const Device& device);  // a JSON object
+std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
+
+// A command's --json results: keys in the order they are set.
+using Json = nlohmann::ordered_json;
+Json json_device(const Device& device);  // ordinal, name, sms, memory_bytes, pci_bus
+Json json_device(int ordinal, const cudaDeviceProp& prop);
+// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins so.
+Json json_doc(const char* command);
 
 // --- commands and flags ------------------------------------------------------
 
@@ -212,7 +220,7 @@ uint64_t plan_budget(lwo_engine* engine, uint64_t budget);
 lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).
 void print_plan(const PlanReport& r);
-std::string json_plan(const PlanReport& r);  // a JSON object
+Json json_plan(const PlanReport& r);
 // The median time of the checksum consumer over one record of `pool`'s
 // layer `layer` on `stream` (what lwo run computes per layer), in ms.
 double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
@@ -306,6 +314,9 @@ std::string version_text();             // lwo_version() as "0.2.0"
 // The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
 // timing figures when the ring was created with LWO_RING_TIMING).
 void print_ring_stats(const lwo_ring_stats& s, bool timing);
+// {"depth", "slot_bytes", "stages", "hits", "copies", "bytes_copied"} and with
+// timing "copy_ms", "wait_ms", "copy_gbps": the ring of lwo run and lwo stream.
+Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
 double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the
@@ -315,10 +326,15 @@ double seconds_since(double start);
 // quoted() adds them and cuts after `max` bytes ("..." (N bytes)).
 std::string escape(const std::string& s);
 std::string quoted(const std::string& s, size_t max = 160);
+// The same for a modifiable string (a better match than std::quoted, which
+// nlohmann/json's <iomanip> brings in through argument-dependent lookup).
+inline std::string quoted(std::string& s, size_t max = 160) {
+  return quoted(static_cast<const std::string&>(s), max);
+}
 
 // A JSON file opened before the work starts (so a bad path fails early).
 // For a regular file (or a new one) the results go to a temporary file in
-// the same folder, renamed over the path by commit(): a run that fails
+// the same folder, renamed over the path by write(): a run that fails
 // leaves the path as it was (the temporary file is removed). Anything else
 // (/dev/stdout, a pipe) is written in place.
 class JsonFile {
@@ -327,20 +343,21 @@ class JsonFile {
   JsonFile(const JsonFile&) = delete;
   JsonFile& operator=(const JsonFile&) = delete;
   ~JsonFile();
-  void open(const std::string& path);
+  void open(const std::string& path);  // nothing when path is empty
   bool is_open() const { return f_ != nullptr; }
-  std::FILE* get() const { return f_; }
-  void commit();  // closes; fails if the write failed
+  // The one emitter of every command's results: `doc` (an object) with a
+  // key a line, each value on that line, an array of objects an element a
+  // line (lwo shard's results: scripts/scale greps them); strings always
+  // valid JSON (bytes that are not UTF-8 as U+FFFD). Then closes and
+  // renames; fails if the write failed.
+  void write(const Json& doc);
 
  private:
   std::FILE* f_ = nullptr;
   std::string path_;    // as given (for messages)
-  std::string target_;  // what commit() renames the temporary file to
+  std::string target_;  // what write() renames the temporary file to
   std::string temp_;    // the temporary file; empty when written in place
 };
-// Quoted and escaped for JSON: always valid JSON (control characters as
-// \u00XX, bytes that are not valid UTF-8 as U+FFFD).
-std::string json_string(const std::string& s);
 
 // --- checkpoints (tools/checkpoint.cc) -------------------------------------
 
@@ -425,7 +442,7 @@ bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& t
 // outlive it and not move).
 lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags);
 // {"names_file": ..., "patterns": [...], "pattern_source": "default" | "given"}
-std::string json_mapping(const CkptMap& map);
+Json json_mapping(const CkptMap& map);
 std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
 uint64_t align_up(uint64_t v, uint64_t a);
 // "3, 7..9, 12": ascending indices, runs folded.

@@ -508,165 +508,109 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("%-10s %s\n", "check", r.check.c_str());
 }
 
-void json_step(std::FILE* j, const testkit::StepStats& s) {
-  std::fprintf(
-      j,
-      "{\"ms\": %.4f, \"h2d_bytes\": %llu, \"h2d_forward_bytes\": %llu, \"copies\": %llu, "
-      "\"hits\": %llu, \"stages\": %llu, \"d2h_bytes\": %llu, \"d2h_layers\": %llu",
-      s.ms, static_cast<unsigned long long>(s.h2d_bytes),
-      static_cast<unsigned long long>(s.h2d_fwd_bytes), static_cast<unsigned long long>(s.copies),
-      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.stages),
-      static_cast<unsigned long long>(s.d2h_bytes),
-      static_cast<unsigned long long>(s.d2h_transfers));
-  std::fprintf(j, ", \"copy_ms\": %.4f, \"wait_ms\": %.4f}", s.copy_ms, s.wait_ms);
+Json json_step(const testkit::StepStats& s) {
+  return {{"ms", s.ms},           {"h2d_bytes", s.h2d_bytes}, {"h2d_forward_bytes", s.h2d_fwd_bytes},
+          {"copies", s.copies},   {"hits", s.hits},           {"stages", s.stages},
+          {"d2h_bytes", s.d2h_bytes}, {"d2h_layers", s.d2h_transfers},
+          {"copy_ms", s.copy_ms}, {"wait_ms", s.wait_ms}};
 }
 
-void json_list(std::FILE* j, const std::vector<double>& v) {
-  std::fputc('[', j);
-  for (size_t i = 0; i < v.size(); ++i) std::fprintf(j, "%s%.4f", i ? ", " : "", v[i]);
-  std::fputc(']', j);
-}
-
-void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
+Json to_json(const Device& dev, const Options& o, const Results& r) {
   const Sizes& sz = r.sz;
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"train\",\n  \"mode\": \"%s\",\n"
-               "  \"version\": \"%s\",\n  \"device\": %s,\n",
-               o.frozen ? "frozen" : "train", version_text().c_str(), json_device(dev).c_str());
-  std::fprintf(j,
-               "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": \"%s\", "
-               "\"bias\": %s, \"tokens\": %lld, \"depth\": %u, \"grad_depth\": %u, "
-               "\"native_wire\": %s, \"wire_dtype\": %s, \"steps\": %u, \"seed\": %llu, "
-               "\"timing\": %s, \"grads\": %s, \"host_dtype\": %s, \"micro_batches\": %u, "
-               "\"order\": \"%s\", \"quant\": \"%s\"},\n",
-               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-               lwo_dtype_name(o.dtype), o.bias ? "true" : "false", static_cast<long long>(o.tokens),
-               o.depth, o.trainable() ? o.grad_depth : 0, o.grads == "native-wire" ? "true" : "false",
-               o.trainable() ? json_string(lwo_dtype_name(sz.wire)).c_str() : "null", o.steps,
-               static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false",
-               o.trainable() ? json_string(o.grads).c_str() : "null",
-               o.trainable() ? json_string(lwo_dtype_name(sz.host)).c_str() : "null",
-               o.micro_batches, testkit::micro_order_name(o.order), quant_flag_name(o.quant));
-  std::fprintf(
-      j,
-      "  \"record_bytes\": %llu,\n  \"pool_bytes\": %llu,\n  \"activation_bytes\": %llu,\n"
-      "  \"grad_bytes_per_layer\": %llu,\n"
-      "  \"device_memory\": {\"free_bytes\": %llu, \"total_bytes\": %llu, "
-      "\"needed_bytes\": %llu},\n"
-      "  \"host_seconds\": {\"pool_create\": %.4f, \"fill\": %.4f, \"grads_create\": "
-      "%.4f, \"resident_copy\": %.4f},\n",
-      static_cast<unsigned long long>(sz.record_bytes),
-      static_cast<unsigned long long>(sz.pool_bytes), static_cast<unsigned long long>(sz.act_bytes),
-      static_cast<unsigned long long>(sz.grad_bytes), static_cast<unsigned long long>(r.free_bytes),
-      static_cast<unsigned long long>(r.total_bytes), static_cast<unsigned long long>(r.need_bytes),
-      r.pool_s, r.fill_s, r.grads_s, r.resident_copy_s);
-  std::fprintf(j, "  \"peak\": {\"h2d_gbps\": %.4f, \"h2d_ms\": %.4f, \"h2d_bytes\": %llu, ",
-               r.h2d_peak, r.h2d_peak_ms, static_cast<unsigned long long>(sz.pool_bytes));
-  if (o.trainable())
-    std::fprintf(j, "\"d2h_gbps\": %.4f, \"d2h_ms\": %.4f, \"d2h_bytes\": %llu, ", r.d2h_peak,
-                 r.d2h_peak_ms, static_cast<unsigned long long>(sz.grad_bytes) * o.layers);
-  else
-    std::fprintf(j, "\"d2h_gbps\": null, ");
-  if (o.trainable())
-    std::fprintf(j, "\"duplex_h2d_gbps\": %.4f, \"duplex_d2h_gbps\": %.4f, \"duplex_ms\": %.4f, ",
-                 r.duplex_h2d, r.duplex_d2h, r.duplex_ms);
-  std::fprintf(j, "\"repeats\": %d},\n", kPeakRepeats);
-  if (r.resident) {
-    std::fprintf(j,
-                 "  \"resident\": {\"measured\": true, \"median_ms\": %.4f, \"forward_ms\": %.4f, "
-                 "\"backward_ms\": %.4f, \"step_ms\": ",
-                 r.res_median, r.res_fwd, r.res_bwd);
-    json_list(j, r.res_ms);
-    std::fprintf(j, "},\n");
-  } else {
-    std::fprintf(j, "  \"resident\": {\"measured\": false, \"skipped\": %s},\n",
-                 json_string(r.resident_note).c_str());
+  const bool t = o.trainable();
+  Json j = json_doc("train");
+  j["mode"] = o.frozen ? "frozen" : "train";
+  j["device"] = json_device(dev);
+  j["config"] = {{"layers", o.layers}, {"rows", o.rows}, {"cols", o.cols},
+                 {"dtype", lwo_dtype_name(o.dtype)}, {"bias", o.bias}, {"tokens", o.tokens},
+                 {"depth", o.depth}, {"grad_depth", t ? o.grad_depth : 0},
+                 {"native_wire", o.grads == "native-wire"},
+                 {"wire_dtype", t ? Json(lwo_dtype_name(sz.wire)) : Json()}, {"steps", o.steps},
+                 {"seed", o.seed}, {"timing", o.timing}, {"grads", t ? Json(o.grads) : Json()},
+                 {"host_dtype", t ? Json(lwo_dtype_name(sz.host)) : Json()},
+                 {"micro_batches", o.micro_batches},
+                 {"order", testkit::micro_order_name(o.order)}, {"quant", quant_flag_name(o.quant)}};
+  j["record_bytes"] = sz.record_bytes;
+  j["pool_bytes"] = sz.pool_bytes;
+  j["activation_bytes"] = sz.act_bytes;
+  j["grad_bytes_per_layer"] = sz.grad_bytes;
+  j["device_memory"] = {
+      {"free_bytes", r.free_bytes}, {"total_bytes", r.total_bytes}, {"needed_bytes", r.need_bytes}};
+  j["host_seconds"] = {{"pool_create", r.pool_s}, {"fill", r.fill_s}, {"grads_create", r.grads_s},
+                       {"resident_copy", r.resident_copy_s}};
+  Json& peak = j["peak"] = {{"h2d_gbps", r.h2d_peak}, {"h2d_ms", r.h2d_peak_ms},
+                            {"h2d_bytes", sz.pool_bytes}, {"d2h_gbps", nullptr}};
+  if (t) {
+    peak["d2h_gbps"] = r.d2h_peak;
+    peak["d2h_ms"] = r.d2h_peak_ms;
+    peak["d2h_bytes"] = sz.grad_bytes * o.layers;
+    peak["duplex_h2d_gbps"] = r.duplex_h2d;
+    peak["duplex_d2h_gbps"] = r.duplex_d2h;
+    peak["duplex_ms"] = r.duplex_ms;
   }
-  std::fprintf(j, "  \"warmup_step\": ");
-  json_step(j, r.warm);
-  std::fprintf(j, ",\n  \"steps\": [");
-  for (size_t i = 0; i < r.steps.size(); ++i) {
-    std::fprintf(j, "%s\n    ", i ? "," : "");
-    json_step(j, r.steps[i]);
-  }
-  std::fprintf(j,
-               "\n  ],\n  \"median_ms\": %.4f,\n  \"best_ms\": %.4f,\n"
-               "  \"h2d_bytes_per_step\": %llu,\n  \"d2h_bytes_per_step\": %llu,\n"
-               "  \"hits_per_step\": %llu,\n"
-               "  \"achieved_gbps\": {\"h2d\": %.4f, \"d2h\": %.4f},\n",
-               r.median_ms, r.best_ms, static_cast<unsigned long long>(r.h2d_bytes),
-               static_cast<unsigned long long>(r.d2h_bytes),
-               static_cast<unsigned long long>(r.hits), r.gbps(r.h2d_bytes, r.median_ms),
-               r.gbps(r.d2h_bytes, r.median_ms));
-  std::fprintf(j, "  \"bound\": {\"ms\": %.4f, \"binding\": %s, \"resident_ms\": ", r.bound,
-               json_string(r.binding).c_str());
+  peak["repeats"] = kPeakRepeats;
   if (r.resident)
-    std::fprintf(j, "%.4f", r.res_median);
+    j["resident"] = {{"measured", true}, {"median_ms", r.res_median}, {"forward_ms", r.res_fwd},
+                     {"backward_ms", r.res_bwd}, {"step_ms", r.res_ms}};
   else
-    std::fprintf(j, "null");
-  std::fprintf(j, ", \"h2d_ms\": %.4f, \"d2h_ms\": %.4f},\n", r.h2d_term, r.d2h_term);
+    j["resident"] = {{"measured", false}, {"skipped", r.resident_note}};
+  j["warmup_step"] = json_step(r.warm);
+  Json& steps = j["steps"] = Json::array();
+  for (const testkit::StepStats& s : r.steps) steps.push_back(json_step(s));
+  j["median_ms"] = r.median_ms;
+  j["best_ms"] = r.best_ms;
+  j["h2d_bytes_per_step"] = r.h2d_bytes;
+  j["d2h_bytes_per_step"] = r.d2h_bytes;
+  j["hits_per_step"] = r.hits;
+  j["achieved_gbps"] = {{"h2d", r.gbps(r.h2d_bytes, r.median_ms)},
+                        {"d2h", r.gbps(r.d2h_bytes, r.median_ms)}};
+  j["bound"] = {{"ms", r.bound}, {"binding", r.binding},
+                {"resident_ms", r.resident ? Json(r.res_median) : Json()},
+                {"h2d_ms", r.h2d_term}, {"d2h_ms", r.d2h_term}};
   if (r.phases) {
-    std::fprintf(j,
-                 "  \"halves_bound_ms\": {\"forward\": %.4f, \"backward\": %.4f, \"sum\": %.4f},\n",
-                 r.phase_fwd, r.phase_bwd, r.phase_fwd + r.phase_bwd);
-    std::fprintf(j,
-                 "  \"split_floor\": {\"ms\": %.4f, \"passes\": %u, \"forward_ms\": %.4f, "
-                 "\"backward_ms\": %.4f, \"forward_compute_ms\": %.4f, \"forward_h2d_ms\": %.4f, "
-                 "\"backward_compute_ms\": %.4f, \"backward_link_ms\": %.4f, "
-                 "\"forward_binding\": \"%s\", \"backward_binding\": \"%s\", "
-                 "\"ratio_median\": %.5f, \"ratio_best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
-                 r.floor.ms, r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_ms,
-                 r.floor.bwd_ms, r.floor.fwd_compute_ms, r.floor.fwd_h2d_ms,
-                 r.floor.bwd_compute_ms, r.floor.bwd_link_ms, r.floor.fwd_binding,
-                 r.floor.bwd_binding, r.median_ms / r.floor.ms, r.best_ms / r.floor.ms,
-                 kTargetFloor, r.median_ms / r.floor.ms <= kTargetFloor ? "true" : "false");
+    const testkit::SplitFloor& f = r.floor;
+    j["halves_bound_ms"] = {
+        {"forward", r.phase_fwd}, {"backward", r.phase_bwd}, {"sum", r.phase_fwd + r.phase_bwd}};
+    j["split_floor"] = {{"ms", f.ms}, {"passes", r.steps.empty() ? 1u : r.steps[0].passes},
+                        {"forward_ms", f.fwd_ms}, {"backward_ms", f.bwd_ms},
+                        {"forward_compute_ms", f.fwd_compute_ms}, {"forward_h2d_ms", f.fwd_h2d_ms},
+                        {"backward_compute_ms", f.bwd_compute_ms},
+                        {"backward_link_ms", f.bwd_link_ms}, {"forward_binding", f.fwd_binding},
+                        {"backward_binding", f.bwd_binding},
+                        {"ratio_median", r.median_ms / f.ms}, {"ratio_best", r.best_ms / f.ms},
+                        {"target", kTargetFloor}, {"met", r.median_ms / f.ms <= kTargetFloor}};
   }
-  std::fprintf(j,
-               "  \"edges_ms\": {\"start\": %.4f, \"turn\": %.4f, \"end\": %.4f},\n"
-               "  \"host_add\": {\"bytes_per_step\": %llu, \"gbps\": %.4f, \"alone_bytes\": %llu, "
-               "\"alone_gbps\": %.4f},\n",
-               r.start_ms, r.turn_ms, r.end_ms, static_cast<unsigned long long>(r.add_bytes),
-               r.add_gbps, static_cast<unsigned long long>(r.add_alone_bytes), r.add_alone_gbps);
-  std::fprintf(j,
-               "  \"ratio\": {\"median\": %.5f, \"best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
-               r.ratio(r.median_ms), r.ratio(r.best_ms), r.target, r.met() ? "true" : "false");
-  const lwo_ring_info& ri = r.ring;
-  std::fprintf(j, "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu},\n", ri.depth,
-               static_cast<unsigned long long>(ri.slot_bytes));
-  if (r.planned) {  // Since 0.4.0: --budget
-    std::fprintf(j, "  \"plan\": %s,\n  \"planned\": {\"depth\": %u, \"n_resident\": %u, "
-                 "\"step_ms\": [", json_plan(r.plan).c_str(), r.plan_ring.depth,
-                 r.plan_ring.n_resident);
-    for (size_t i = 0; i < r.plan_ms.size(); ++i)
-      std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_ms[i]);
-    std::fprintf(j, "], \"median_ms\": %.4f, \"predicted_ms\": %.5f, \"h2d_bytes\": %llu, "
-                 "\"time_ratio\": %.5f, \"check\": %s},\n", r.plan_median_ms,
-                 r.plan.info.predicted_ms, static_cast<unsigned long long>(r.plan_h2d_bytes),
-                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
-                 json_string(r.plan_check).c_str());
+  j["edges_ms"] = {{"start", r.start_ms}, {"turn", r.turn_ms}, {"end", r.end_ms}};
+  j["host_add"] = {{"bytes_per_step", r.add_bytes}, {"gbps", r.add_gbps},
+                   {"alone_bytes", r.add_alone_bytes}, {"alone_gbps", r.add_alone_gbps}};
+  j["ratio"] = {{"median", r.ratio(r.median_ms)}, {"best", r.ratio(r.best_ms)},
+                {"target", r.target}, {"met", r.met()}};
+  j["ring"] = {{"depth", r.ring.depth}, {"slot_bytes", r.ring.slot_bytes}};
+  if (r.planned) {  // --budget
+    j["plan"] = json_plan(r.plan);
+    j["planned"] = {{"depth", r.plan_ring.depth}, {"n_resident", r.plan_ring.n_resident},
+                    {"step_ms", r.plan_ms}, {"median_ms", r.plan_median_ms},
+                    {"predicted_ms", r.plan.info.predicted_ms}, {"h2d_bytes", r.plan_h2d_bytes},
+                    {"time_ratio", r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0},
+                    {"check", r.plan_check}};
   }
-  if (r.optimized) {  // Since 0.4.0: --optimizer
-    std::fprintf(j,
-                 "  \"optimizer\": {\"kind\": %s, \"state_dtype\": \"%s\", \"max_norm\": %g, "
-                 "\"delayed\": %s, \"params_per_step\": %llu, \"update_alone_ms\": %.4f, "
-                 "\"params_per_s\": %.6g, \"full_step_ms\": %.4f, \"gpu_step_ms\": %.4f, "
-                 "\"overlap\": %.5f, \"ratio_to_bound\": %.5f, \"target\": 1.1, \"met\": %s, "
-                 "\"tail_ms\": %.4f, \"host_update_bytes\": %.6g, \"host_copy_bytes\": %.6g, "
-                 "\"update_GBps\": %.5g, \"host_memory_floor_ms\": %.4f, "
-                 "\"ratio_to_host_memory_floor\": %.5f, \"pairs\": %zu, \"pair_ratios\": [",
-                 json_string(o.optimizer).c_str(), lwo_dtype_name(o.optim_state), o.max_norm,
-                 o.delayed ? "true" : "false", static_cast<unsigned long long>(r.opt_params),
-                 r.opt_alone_ms,
-                 r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0,
-                 r.opt_full_ms, r.opt_gpu_ms, r.opt_overlap, r.opt_ratio,
-                 r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms, r.opt_update_bytes,
-                 r.opt_copy_bytes, r.opt_update_gbps, r.opt_memory_floor_ms, r.opt_memory_ratio,
-                 r.opt_pair_ratios.size());
-    for (size_t i = 0; i < r.opt_pair_ratios.size(); ++i)
-      std::fprintf(j, "%s%.5f", i ? ", " : "", r.opt_pair_ratios[i]);
-    std::fprintf(j, "]},\n");
-  }
-  std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
+  if (r.optimized)  // --optimizer
+    j["optimizer"] = {
+        {"kind", o.optimizer}, {"state_dtype", lwo_dtype_name(o.optim_state)},
+        {"max_norm", o.max_norm}, {"delayed", o.delayed}, {"params_per_step", r.opt_params},
+        {"update_alone_ms", r.opt_alone_ms},
+        {"params_per_s",
+         r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0},
+        {"full_step_ms", r.opt_full_ms}, {"gpu_step_ms", r.opt_gpu_ms},
+        {"overlap", r.opt_overlap}, {"ratio_to_bound", r.opt_ratio}, {"target", 1.1},
+        {"met", r.opt_ratio <= 1.1}, {"tail_ms", r.opt_tail_ms},
+        {"host_update_bytes", r.opt_update_bytes}, {"host_copy_bytes", r.opt_copy_bytes},
+        {"update_GBps", r.opt_update_gbps}, {"host_memory_floor_ms", r.opt_memory_floor_ms},
+        {"ratio_to_host_memory_floor", r.opt_memory_ratio},
+        {"pairs", r.opt_pair_ratios.size()}, {"pair_ratios", r.opt_pair_ratios}};
+  j["verified"] = true;
+  j["check"] = r.check;
+  return j;
 }
 
 // --- the check -------------------------------------------------------------------
@@ -877,7 +821,7 @@ int cmd_train(int argc, char** argv) {
   open_device(o.device, dev);
   lwo_engine* engine = dev.engine.get();
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
            describe(dev).c_str(), L, fmt_bytes(sz.record_bytes).c_str(),
            fmt_bytes(sz.pool_bytes).c_str(), static_cast<long long>(o.tokens));
@@ -1167,10 +1111,7 @@ int cmd_train(int argc, char** argv) {
                 fmt_bytes(r.plan_h2d_bytes).c_str());
     std::printf("%-10s %s\n", "check", r.plan_check.c_str());
   }
-  if (json.is_open()) {
-    write_json(json.get(), dev, o, r);
-    json.commit();
-  }
+  json.write(to_json(dev, o, r));
   grads.destroy();
   schedule.destroy();
   ring.destroy();
