@@ -391,7 +391,7 @@ namespace {
 std::string commands_with(const std::string& name) {
   std::vector<std::string> with;
   for (const Command* c : commands()) {
-    if (c->name == g_command) continue;
+    if (c->name == g_command || !c->flags) continue;
     for (const Flag& f : c->flags())
       if (f.name == name && !f.hidden()) {
         with.push_back(std::string("lwo ") + c->name);

@@ -183,7 +183,7 @@ struct Command {
   const char* summary;   // one line of `lwo help`
   const char* about;     // what it does, for `lwo help COMMAND` (lines end in \n)
   // Its flags, bound to a throwaway: for help, and to say which command has
-  // a flag given to another.
+  // a flag given to another. Null for help and version (no flags).
   std::vector<Flag> (*flags)();
   int (*main)(int argc, char** argv);  // argv[1] is the command's name
 };
@@ -224,7 +224,9 @@ Json json_plan(const PlanReport& r);
 // The median time of the checksum consumer over one record of `pool`'s
 // layer `layer` on `stream` (what lwo run computes per layer), in ms.
 double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
-const std::vector<const Command*>& commands();  // in `lwo help` order
+// The command table, in `lwo help` order (help and version last): the
+// overview, the usage lines and the no-command message come from it.
+const std::vector<const Command*>& commands();
 const Command* find_command(const std::string& name);
 void print_command_help(const Command& c, std::FILE* out);
 void print_overview(std::FILE* out);
