@@ -410,7 +410,10 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
                  std::vector<std::string>* operands) {
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--")) break;
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return false;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      print_command_help(*find_command(g_command), stdout);
+      return false;
+    }
   }
   bool only_operands = false;
   for (int i = 2; i < argc; ++i) {

@@ -234,7 +234,8 @@ void print_overview(std::FILE* out);
 // Applies argv[2..argc) to `flags`. Arguments that are not flags (and all
 // after "--") go to *operands, or are an error when operands is NULL. A
 // later value of the same flag replaces an earlier one (--pattern adds).
-// Returns false (having applied nothing) when --help or -h is among them.
+// Returns false (having applied nothing, and printed the command's help to
+// stdout) when --help or -h is among them.
 bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
                  std::vector<std::string>* operands = nullptr);
 
@@ -319,6 +320,19 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing);
 // {"depth", "slot_bytes", "stages", "hits", "copies", "bytes_copied"} and with
 // timing "copy_ms", "wait_ms", "copy_gbps": the ring of lwo run and lwo stream.
 Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
+// "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak" of
+// the timed passes of lwo run and lwo stream (their results `r` alike).
+template <class R>
+void json_passes(Json& j, const R& r, uint32_t passes) {
+  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
+  j["pass_ms"] = r.pass_ms;
+  j["median_ms"] = r.median_ms;
+  j["best_ms"] = r.best_ms;
+  const double all = r.total_ms / passes;
+  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
+  j["share_of_peak"] = {
+      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
+}
 double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the

@@ -307,10 +307,7 @@ const Command kInfoCommand = {
 
 int cmd_info(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
-    print_command_help(kInfoCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.empty())
     throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
   if (o.paths.size() > 1)

@@ -266,10 +266,7 @@ namespace {
 
 int cmd_plan(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kPlanCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   lwo_tensor_desc tensor{};
   tensor.name = "weight";
   tensor.dtype = o.dtype;

@@ -385,10 +385,7 @@ const Command kProbeCommand = {
 
 int cmd_probe(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kProbeCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
 
   Device dev;
   open_device(o.device, dev);

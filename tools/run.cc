@@ -183,14 +183,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
   j["bytes_per_pass"] = r.pass_bytes;
   j["host_seconds"] = {
       {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
-  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = r.pass_ms;
-  j["median_ms"] = r.median_ms;
-  j["best_ms"] = r.best_ms;
-  const double all = r.total_ms / o.passes;
-  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
-  j["share_of_peak"] = {
-      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
+  json_passes(j, r, o.passes);
   const lwo_ring_stats& s = r.stats;
   j["ring"] = json_ring(r.ring, s, o.timing);
   if (r.planned) {  // --budget
@@ -231,10 +224,7 @@ const Command kRunCommand = {
 
 int cmd_run(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kRunCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   lwo_tensor_desc tensor{};
   tensor.name = "weight";
   tensor.dtype = o.dtype;

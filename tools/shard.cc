@@ -1008,10 +1008,7 @@ const Command kShardCommand = {
 int cmd_shard(int argc, char** argv) {
   Options o;
   bool ranks = false, list = false;
-  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) {
-    print_command_help(kShardCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) return 0;  // --help: printed
   if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
   m.tensor.name = "weight";

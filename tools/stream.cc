@@ -259,14 +259,7 @@ Json json_checkpoint(const Options& o, const Results& r) {
   j["records_bytes"] = r.pool.total_bytes;
   j["bytes_per_pass"] = r.pass_bytes;
   j["host_seconds"] = {{"open", r.open_s}, {"pool_create", r.pool_s}, {"checksum", r.checksum_s}};
-  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = r.pass_ms;
-  j["median_ms"] = r.median_ms;
-  j["best_ms"] = r.best_ms;
-  const double all = r.total_ms / o.passes;
-  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
-  j["share_of_peak"] = {
-      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
+  json_passes(j, r, o.passes);
   j["target"] = {{"share", kTargetShare}, {"applies", !(r.staged() || o.depth < 2)}};
   if (!(r.staged() || o.depth < 2)) j["target"]["met"] = r.share(r.median_ms) >= kTargetShare;
   j["ring"] = json_ring(r.ring, r.stats, o.timing);
@@ -557,10 +550,7 @@ const Command kStreamCommand = {
 
 int cmd_stream(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
-    print_command_help(kStreamCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.empty())
     throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
   for (const std::string& p : o.paths) parse_path("FILE", p);

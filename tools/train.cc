@@ -1131,10 +1131,7 @@ void print_planned(const Results& r) {
 
 int cmd_train(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kTrainCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   check_options(o);
   const uint32_t L = o.layers;
   Results r;
