@@ -36,7 +36,7 @@
 
 #include "src/common/dtype.h"
 #include "src/optim/optim.h"
-#include "tests/testkit/dtype.h"
+#include "testkit/dtype.h"
 #include "src/optim/workers.h"
 
 namespace {

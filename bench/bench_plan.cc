@@ -75,7 +75,7 @@
 #include <string>
 
 #include "bench/common.h"
-#include "tests/testkit/workload.h"
+#include "testkit/workload.h"
 
 namespace lwob {
 namespace {

@@ -45,8 +45,8 @@
 #include <random>
 
 #include "bench/common.h"
-#include "tests/testkit/dtype.h"
-#include "tests/testkit/workload.h"
+#include "testkit/dtype.h"
+#include "testkit/workload.h"
 
 namespace lwob {
 namespace {

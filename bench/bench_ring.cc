@@ -21,7 +21,7 @@
 #include <numeric>
 
 #include "bench/common.h"
-#include "tests/testkit/checksum.h"
+#include "testkit/checksum.h"
 
 namespace lwob {
 namespace {

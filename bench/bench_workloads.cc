@@ -14,7 +14,7 @@
 // its input gradient and the host gradients of the first and the last record)
 // is compared bit for bit with the resident computation. The chain, its
 // passes, the check and the bound are the testkit's training-step workload
-// (tests/testkit/workload.h).
+// (testkit/workload.h).
 //
 // Times are host wall-clock from the first call of the iteration to the
 // return of the final synchronisation (cudaStreamSynchronize, and in a step
@@ -40,7 +40,7 @@
 #include <memory>
 
 #include "bench/common.h"
-#include "tests/testkit/workload.h"
+#include "testkit/workload.h"
 
 namespace lwob {
 namespace {

@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "lwo.h"
-#include "tests/testkit/check.h"
-#include "tests/testkit/copy.h"
-#include "tests/testkit/owner.h"
-#include "tests/testkit/random.h"
-#include "tests/testkit/workload.h"
+#include "testkit/check.h"
+#include "testkit/copy.h"
+#include "testkit/owner.h"
+#include "testkit/random.h"
+#include "testkit/workload.h"
 
 namespace lwob {
 
-// The shared harness (tests/testkit): checks that throw testkit::Error,
+// The shared harness (testkit/): checks that throw testkit::Error,
 // owners, the peak loop, the generator and the host fills.
 using testkit::check;
 using testkit::DeviceMem;

@@ -201,17 +201,11 @@ std::string CkptMap::describe() const {
   return s;
 }
 
-std::string json_mapping(const CkptMap& m) {
-  std::string s = "{";
-  if (!m.names_file.empty()) {
-    s += "\"names_file\": " + json_string(m.names_file) + ", \"patterns\": null";
-  } else {
-    s += "\"names_file\": null, \"patterns\": [";
-    for (size_t i = 0; i < m.patterns.size(); ++i)
-      s += (i ? ", " : "") + json_string(m.patterns[i]);
-    s += strf("], \"pattern_source\": \"%s\"", m.is_default ? "default" : "given");
-  }
-  return s + "}";
+Json json_mapping(const CkptMap& m) {
+  if (!m.names_file.empty()) return {{"names_file", m.names_file}, {"patterns", nullptr}};
+  return {{"names_file", nullptr},
+          {"patterns", m.patterns},
+          {"pattern_source", m.is_default ? "default" : "given"}};
 }
 
 namespace {

@@ -79,12 +79,15 @@ std::string describe(const Device& device) {
               device.prop.multiProcessorCount, fmt_bytes(device.prop.totalGlobalMem).c_str());
 }
 
-std::string json_device(const Device& device) {
-  return strf(
-      "{\"ordinal\": %d, \"name\": %s, \"sms\": %d, \"memory_bytes\": %zu, "
-      "\"pci_bus\": %d}",
-      device.ordinal, json_string(device.prop.name).c_str(), device.prop.multiProcessorCount,
-      device.prop.totalGlobalMem, device.prop.pciBusID);
+Json json_device(int ordinal, const cudaDeviceProp& prop) {
+  return {{"ordinal", ordinal}, {"name", prop.name}, {"sms", prop.multiProcessorCount},
+          {"memory_bytes", prop.totalGlobalMem}, {"pci_bus", prop.pciBusID}};
+}
+
+Json json_device(const Device& device) { return json_device(device.ordinal, device.prop); }
+
+Json json_doc(const char* command) {
+  return {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
 }
 
 testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes) {
@@ -388,7 +391,7 @@ namespace {
 std::string commands_with(const std::string& name) {
   std::vector<std::string> with;
   for (const Command* c : commands()) {
-    if (c->name == g_command) continue;
+    if (c->name == g_command || !c->flags) continue;
     for (const Flag& f : c->flags())
       if (f.name == name && !f.hidden()) {
         with.push_back(std::string("lwo ") + c->name);
@@ -407,7 +410,10 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
                  std::vector<std::string>* operands) {
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--")) break;
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return false;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      print_command_help(*find_command(g_command), stdout);
+      return false;
+    }
   }
   bool only_operands = false;
   for (int i = 2; i < argc; ++i) {
@@ -476,6 +482,7 @@ JsonFile::~JsonFile() {
 }
 
 void JsonFile::open(const std::string& path) {
+  if (path.empty()) return;
   path_ = target_ = path;
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
@@ -515,9 +522,27 @@ void JsonFile::open(const std::string& path) {
   temp_ = templ;
 }
 
-void JsonFile::commit() {
+void JsonFile::write(const Json& doc) {
   if (!f_) return;
-  bool ok = !std::ferror(f_);
+  const auto dump = [](const Json& v) {
+    return v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  };
+  std::string text = "{\n";
+  size_t n = 0;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const Json& v = it.value();
+    text += "  " + dump(it.key()) + ": ";
+    if (v.is_array() && !v.empty() && v.front().is_object()) {
+      text += "[\n";
+      for (size_t i = 0; i < v.size(); ++i) text += dump(v[i]) + (i + 1 < v.size() ? ",\n" : "\n");
+      text += "  ]";
+    } else {
+      text += dump(v);
+    }
+    text += ++n < doc.size() ? ",\n" : "\n";
+  }
+  text += "}\n";
+  bool ok = std::fputs(text.c_str(), f_) >= 0 && !std::ferror(f_);
   ok = std::fclose(f_) == 0 && ok;
   f_ = nullptr;
   if (ok && !temp_.empty() && std::rename(temp_.c_str(), target_.c_str()) != 0) {
@@ -533,55 +558,29 @@ void JsonFile::commit() {
   progress("wrote %s", escape(path_).c_str());
 }
 
-namespace {
-
-using lwo::utf8_len;
-
-using lwo::escape_into;
-using lwo::is_c1;
-
-}  // namespace
-
 std::string escape(const std::string& s) {
   std::string out;
-  escape_into(s, s.size(), out);
+  lwo::escape_into(s, s.size(), out);
   return out;
 }
 
 std::string quoted(const std::string& s, size_t max) {
   std::string out = "\"";
-  size_t used = escape_into(s, max, out);
+  size_t used = lwo::escape_into(s, max, out);
   out += '"';
   if (used < s.size()) out += strf("... (%zu bytes)", s.size());
   return out;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c < 0x20 || c == 0x7F) {
-      out += strf("\\u%04x", c);
-      ++i;
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (size_t n = utf8_len(s, i)) {
-      if (is_c1(s, i, n))
-        out += strf("\\u%04x", static_cast<unsigned char>(s[i + 1]));
-      else
-        out.append(s, i, n);
-      i += n;
-    } else {
-      out += "\\ufffd";  // not UTF-8: JSON cannot hold the byte
-      ++i;
-    }
+Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) {
+  Json j = {{"depth", ring.depth}, {"slot_bytes", ring.slot_bytes}, {"stages", s.n_stages},
+            {"hits", s.n_hits},    {"copies", s.n_copies},          {"bytes_copied", s.bytes_copied}};
+  if (timing) {
+    j["copy_ms"] = s.copy_ms;
+    j["wait_ms"] = s.wait_ms;
+    j["copy_gbps"] = s.bandwidth_gbps;
   }
-  return out + "\"";
+  return j;
 }
 
 void print_ring_stats(const lwo_ring_stats& s, bool timing) {

@@ -2,7 +2,7 @@
 // on stderr, the pinned H2D peak of a list of copies, text escaping and JSON
 // output. The harness (checks that throw testkit::Error, owners of lwo
 // handles and CUDA resources, the generator, host fills and checksums, the
-// copy loop, the training workload) is tests/testkit, shared with bench/ and
+// copy loop, the training workload) is testkit/, shared with bench/ and
 // tests/gpu: main reports a testkit::Error as one line and exits 1.
 #pragma once
 
@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "lwo.h"
 #include "testkit/check.h"
@@ -101,8 +103,14 @@ bool try_open_device(int ordinal, Device& device, std::string* why);
 // The number of CUDA devices; with none, stops as open_device does.
 int device_count();
 [[noreturn]] void fail_no_device(const std::string& library_message);
-std::string describe(const Device& device);     // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
-std::string json_device(const Device& device);  // a JSON object
+std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
+
+// A command's --json results: keys in the order they are set.
+using Json = nlohmann::ordered_json;
+Json json_device(const Device& device);  // ordinal, name, sms, memory_bytes, pci_bus
+Json json_device(int ordinal, const cudaDeviceProp& prop);
+// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins so.
+Json json_doc(const char* command);
 
 // --- commands and flags ------------------------------------------------------
 
@@ -175,7 +183,7 @@ struct Command {
   const char* summary;   // one line of `lwo help`
   const char* about;     // what it does, for `lwo help COMMAND` (lines end in \n)
   // Its flags, bound to a throwaway: for help, and to say which command has
-  // a flag given to another.
+  // a flag given to another. Null for help and version (no flags).
   std::vector<Flag> (*flags)();
   int (*main)(int argc, char** argv);  // argv[1] is the command's name
 };
@@ -212,11 +220,13 @@ uint64_t plan_budget(lwo_engine* engine, uint64_t budget);
 lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).
 void print_plan(const PlanReport& r);
-std::string json_plan(const PlanReport& r);  // a JSON object
+Json json_plan(const PlanReport& r);
 // The median time of the checksum consumer over one record of `pool`'s
 // layer `layer` on `stream` (what lwo run computes per layer), in ms.
 double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
-const std::vector<const Command*>& commands();  // in `lwo help` order
+// The command table, in `lwo help` order (help and version last): the
+// overview, the usage lines and the no-command message come from it.
+const std::vector<const Command*>& commands();
 const Command* find_command(const std::string& name);
 void print_command_help(const Command& c, std::FILE* out);
 void print_overview(std::FILE* out);
@@ -224,7 +234,8 @@ void print_overview(std::FILE* out);
 // Applies argv[2..argc) to `flags`. Arguments that are not flags (and all
 // after "--") go to *operands, or are an error when operands is NULL. A
 // later value of the same flag replaces an earlier one (--pattern adds).
-// Returns false (having applied nothing) when --help or -h is among them.
+// Returns false (having applied nothing, and printed the command's help to
+// stdout) when --help or -h is among them.
 bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
                  std::vector<std::string>* operands = nullptr);
 
@@ -306,6 +317,22 @@ std::string version_text();             // lwo_version() as "0.2.0"
 // The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
 // timing figures when the ring was created with LWO_RING_TIMING).
 void print_ring_stats(const lwo_ring_stats& s, bool timing);
+// {"depth", "slot_bytes", "stages", "hits", "copies", "bytes_copied"} and with
+// timing "copy_ms", "wait_ms", "copy_gbps": the ring of lwo run and lwo stream.
+Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
+// "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak" of
+// the timed passes of lwo run and lwo stream (their results `r` alike).
+template <class R>
+void json_passes(Json& j, const R& r, uint32_t passes) {
+  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
+  j["pass_ms"] = r.pass_ms;
+  j["median_ms"] = r.median_ms;
+  j["best_ms"] = r.best_ms;
+  const double all = r.total_ms / passes;
+  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
+  j["share_of_peak"] = {
+      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
+}
 double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the
@@ -315,10 +342,15 @@ double seconds_since(double start);
 // quoted() adds them and cuts after `max` bytes ("..." (N bytes)).
 std::string escape(const std::string& s);
 std::string quoted(const std::string& s, size_t max = 160);
+// The same for a modifiable string (a better match than std::quoted, which
+// nlohmann/json's <iomanip> brings in through argument-dependent lookup).
+inline std::string quoted(std::string& s, size_t max = 160) {
+  return quoted(static_cast<const std::string&>(s), max);
+}
 
 // A JSON file opened before the work starts (so a bad path fails early).
 // For a regular file (or a new one) the results go to a temporary file in
-// the same folder, renamed over the path by commit(): a run that fails
+// the same folder, renamed over the path by write(): a run that fails
 // leaves the path as it was (the temporary file is removed). Anything else
 // (/dev/stdout, a pipe) is written in place.
 class JsonFile {
@@ -327,20 +359,21 @@ class JsonFile {
   JsonFile(const JsonFile&) = delete;
   JsonFile& operator=(const JsonFile&) = delete;
   ~JsonFile();
-  void open(const std::string& path);
+  void open(const std::string& path);  // nothing when path is empty
   bool is_open() const { return f_ != nullptr; }
-  std::FILE* get() const { return f_; }
-  void commit();  // closes; fails if the write failed
+  // The one emitter of every command's results: `doc` (an object) with a
+  // key a line, each value on that line, an array of objects an element a
+  // line (lwo shard's results: scripts/scale greps them); strings always
+  // valid JSON (bytes that are not UTF-8 as U+FFFD). Then closes and
+  // renames; fails if the write failed.
+  void write(const Json& doc);
 
  private:
   std::FILE* f_ = nullptr;
   std::string path_;    // as given (for messages)
-  std::string target_;  // what commit() renames the temporary file to
+  std::string target_;  // what write() renames the temporary file to
   std::string temp_;    // the temporary file; empty when written in place
 };
-// Quoted and escaped for JSON: always valid JSON (control characters as
-// \u00XX, bytes that are not valid UTF-8 as U+FFFD).
-std::string json_string(const std::string& s);
 
 // --- checkpoints (tools/checkpoint.cc) -------------------------------------
 
@@ -425,7 +458,7 @@ bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& t
 // outlive it and not move).
 lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags);
 // {"names_file": ..., "patterns": [...], "pattern_source": "default" | "given"}
-std::string json_mapping(const CkptMap& map);
+Json json_mapping(const CkptMap& map);
 std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
 uint64_t align_up(uint64_t v, uint64_t a);
 // "3, 7..9, 12": ascending indices, runs folded.

@@ -232,81 +232,57 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
     }
 }
 
-void write_json(std::FILE* j, const Options& o, const Report& r, const Device* dev) {
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"info\",\n  \"version\": \"%s\",\n"
-               "  \"path\": %s,\n  \"files\": [",
-               version_text().c_str(), json_string(r.path).c_str());
+Json to_json(const Options& o, const Report& r, const Device* dev) {
+  Json j = json_doc("info");
+  j["path"] = r.path;
+  Json& files = j["files"] = Json::array();
   for (size_t f = 0; f < r.files.size(); ++f)
-    std::fprintf(j, "%s\n    {\"file\": %zu, \"path\": %s, \"bytes\": %llu, \"tensors\": %u}",
-                 f ? "," : "", f, json_string(r.files[f].path).c_str(),
-                 static_cast<unsigned long long>(r.files[f].bytes), r.files[f].n_tensors);
-  std::fprintf(j, "\n  ],\n  \"metadata\": [");
-  for (size_t m = 0; m < r.metadata.size(); ++m)
-    std::fprintf(j, "%s\n    {\"file\": %u, \"key\": %s, \"value\": %s}", m ? "," : "",
-                 r.metadata[m].file, json_string(r.metadata[m].key).c_str(),
-                 json_string(r.metadata[m].value).c_str());
-  std::fprintf(j, "%s],\n  \"tensor_bytes\": %llu,\n  \"tensors\": [",
-               r.metadata.empty() ? "" : "\n  ", static_cast<unsigned long long>(r.tensor_bytes));
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const CkptTensor& t = r.tensors[i];
-    std::fprintf(j,
-                 "%s\n    {\"name\": %s, \"dtype\": %s, \"file_dtype\": %s, \"streamable\": %s, "
-                 "\"shape\": [",
-                 i ? "," : "", json_string(t.name).c_str(),
-                 t.dtype >= 0 ? json_string(t.lwo_dtype()).c_str() : "null",
-                 json_string(t.dtype_name).c_str(), t.dtype >= 0 ? "true" : "false");
-    for (size_t d = 0; d < t.shape.size(); ++d)
-      std::fprintf(j, "%s%lld", d ? ", " : "", static_cast<long long>(t.shape[d]));
-    std::fprintf(j, "], \"n_dims\": %d, \"bytes\": %llu, \"file\": %u, \"offset\": %llu",
-                 t.n_dims, static_cast<unsigned long long>(t.bytes), t.file,
-                 static_cast<unsigned long long>(t.offset));
-    // Since 0.4.0: "format" of an fp8 weight with block scales, "scales_of" for its scales.
-    if (t.quant_format != LWO_QUANT_NONE)
-      std::fprintf(j, ", \"format\": \"%s\", \"scales\": %u",
-                   lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format)),
-                   t.quant_partner);
-    else if (t.quant_partner != LWO_NO_LAYER)
-      std::fprintf(j, ", \"scales_of\": %u", t.quant_partner);
-    std::fprintf(j, "}");
+    files.push_back({{"file", f}, {"path", r.files[f].path}, {"bytes", r.files[f].bytes},
+                     {"tensors", r.files[f].n_tensors}});
+  Json& metadata = j["metadata"] = Json::array();
+  for (const CkptMeta& m : r.metadata)
+    metadata.push_back({{"file", m.file}, {"key", m.key}, {"value", m.value}});
+  j["tensor_bytes"] = r.tensor_bytes;
+  Json& tensors = j["tensors"] = Json::array();
+  for (const CkptTensor& t : r.tensors) {
+    Json e = {{"name", t.name}, {"dtype", t.dtype >= 0 ? Json(t.lwo_dtype()) : Json()},
+              {"file_dtype", t.dtype_name}, {"streamable", t.dtype >= 0}, {"shape", t.shape},
+              {"n_dims", t.n_dims}, {"bytes", t.bytes}, {"file", t.file}, {"offset", t.offset}};
+    // "format" of an fp8 weight with block scales, "scales_of" for its scales.
+    if (t.quant_format != LWO_QUANT_NONE) {
+      e["format"] = lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format));
+      e["scales"] = t.quant_partner;
+    } else if (t.quant_partner != LWO_NO_LAYER) {
+      e["scales_of"] = t.quant_partner;
+    }
+    tensors.push_back(e);
   }
-  std::fprintf(j, "\n  ]");
   if (!r.mapped) {
-    std::fprintf(j, ",\n  \"mapping\": null,\n  \"layers\": [],\n  \"gaps\": []\n}\n");
-    return;
+    j["mapping"] = nullptr;
+    j["layers"] = Json::array();
+    j["gaps"] = Json::array();
+    return j;
   }
-  std::fprintf(j, ",\n  \"mapping\": %s,\n  \"layers\": [", json_mapping(r.map).c_str());
+  j["mapping"] = json_mapping(r.map);
+  Json& layers = j["layers"] = Json::array();
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerRow& row = r.layers[l];
-    std::fprintf(j, "%s\n    {\"layer\": %zu, \"tensors\": %u, \"bytes\": %llu, \"gap\": %s",
-                 l ? "," : "", l, row.n_tensors, static_cast<unsigned long long>(row.bytes),
-                 row.gap() ? "true" : "false");
-    if (r.exact)
-      std::fprintf(j, ", \"record_bytes\": %llu", static_cast<unsigned long long>(row.record_bytes));
-    std::fprintf(j, ", \"streamable\": %s}", row.not_streamable.empty() ? "true" : "false");
+    Json e = {{"layer", l}, {"tensors", row.n_tensors}, {"bytes", row.bytes}, {"gap", row.gap()}};
+    if (r.exact) e["record_bytes"] = row.record_bytes;
+    e["streamable"] = row.not_streamable.empty();
+    layers.push_back(e);
   }
-  std::fprintf(j, "\n  ],\n  \"gaps\": [");
-  for (size_t i = 0; i < r.map.gaps.size(); ++i)
-    std::fprintf(j, "%s%u", i ? ", " : "", r.map.gaps[i]);
-  std::fprintf(j, "],\n  \"unmatched\": [");
-  for (size_t i = 0; i < r.map.unmatched.size(); ++i)
-    std::fprintf(j, "%s%s", i ? ", " : "", json_string(r.tensors[r.map.unmatched[i]].name).c_str());
-  std::fprintf(j,
-               "],\n  \"bytes_per_layer\": {\"min\": %llu, \"max\": %llu, \"total\": %llu},\n"
-               "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu, \"device_bytes\": %llu, "
-               "\"estimated\": %s",
-               static_cast<unsigned long long>(r.min_layer),
-               static_cast<unsigned long long>(r.max_layer),
-               static_cast<unsigned long long>(r.total_layers), o.depth,
-               static_cast<unsigned long long>(r.slot_bytes),
-               static_cast<unsigned long long>(r.slot_bytes * o.depth),
-               r.exact ? "false" : "true");
+  j["gaps"] = r.map.gaps;
+  Json& unmatched = j["unmatched"] = Json::array();
+  for (uint32_t t : r.map.unmatched) unmatched.push_back(r.tensors[t].name);
+  j["bytes_per_layer"] = {{"min", r.min_layer}, {"max", r.max_layer}, {"total", r.total_layers}};
+  j["ring"] = {{"depth", o.depth}, {"slot_bytes", r.slot_bytes},
+               {"device_bytes", r.slot_bytes * o.depth}, {"estimated", !r.exact}};
   if (!r.exact)
-    std::fprintf(j, ", \"estimate_reason\": %s",
-                 json_string(r.no_gpu.empty() ? r.estimate_reason
-                                              : r.estimate_reason + ": " + r.no_gpu)
-                     .c_str());
-  std::fprintf(j, "},\n  \"device\": %s\n}\n", dev ? json_device(*dev).c_str() : "null");
+    j["ring"]["estimate_reason"] =
+        r.no_gpu.empty() ? r.estimate_reason : r.estimate_reason + ": " + r.no_gpu;
+  j["device"] = dev ? json_device(*dev) : Json();
+  return j;
 }
 
 }  // namespace
@@ -331,17 +307,14 @@ const Command kInfoCommand = {
 
 int cmd_info(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
-    print_command_help(kInfoCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.empty())
     throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
   if (o.paths.size() > 1)
     throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
                           quoted(o.paths[1]).c_str()));
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
 
   Report r;
   r.path = parse_path("FILE", o.paths[0]);
@@ -425,10 +398,7 @@ int cmd_info(int argc, char** argv) {
   }
 
   print_report(o, r, on_device ? &dev : nullptr);
-  if (json.is_open()) {
-    write_json(json.get(), o, r, on_device ? &dev : nullptr);
-    json.commit();
-  }
+  json.write(to_json(o, r, on_device ? &dev : nullptr));
   ck.destroy();
   if (on_device) dev.engine.destroy();
   return 0;

@@ -14,11 +14,35 @@
 
 namespace cli {
 
+namespace {
+int cmd_help(int argc, char** argv);
+int cmd_version(int argc, char** argv);
+}  // namespace
+
+// The two commands the dispatcher answers itself: no flags.
+const Command kHelpCommand = {
+    "help",
+    "[COMMAND]",
+    "this overview, or the flags of COMMAND (lwo COMMAND --help)",
+    "the overview of the commands, or with COMMAND its flags (the same as\n"
+    "lwo COMMAND --help)\n",
+    nullptr,
+    cmd_help,
+};
+const Command kVersionCommand = {
+    "version",
+    "",
+    "the library version (also --version)",
+    "prints the version of the lwo program and of the liblwo it runs (also\n"
+    "lwo --version)\n",
+    nullptr,
+    cmd_version,
+};
+
 const std::vector<const Command*>& commands() {
-  static const std::vector<const Command*> all = {&kProbeCommand,  &kRunCommand,
-                                                  &kTrainCommand,  &kStreamCommand,
-                                                  &kInfoCommand,   &kShardCommand,
-                                                  &kPlanCommand};
+  static const std::vector<const Command*> all = {
+      &kProbeCommand, &kRunCommand,   &kTrainCommand, &kStreamCommand, &kInfoCommand,
+      &kShardCommand, &kPlanCommand,  &kHelpCommand,  &kVersionCommand};
   return all;
 }
 
@@ -69,8 +93,10 @@ std::string wrap(const std::string& text, size_t at, size_t indent) {
 }  // namespace
 
 void print_command_help(const Command& c, std::FILE* out) {
-  std::fprintf(out, "usage: lwo %s%s%s [flags]\n\n", c.name, *c.operands ? " " : "", c.operands);
+  std::fprintf(out, "usage: lwo %s%s%s%s\n\n", c.name, *c.operands ? " " : "", c.operands,
+               c.flags ? " [flags]" : "");
   std::fputs(c.about, out);
+  if (!c.flags) return;
   std::fputs("\nflags:\n", out);
   for (const Flag& f : c.flags()) {
     if (f.hidden()) continue;
@@ -95,8 +121,6 @@ void print_overview(std::FILE* out) {
     std::fprintf(out, "%-18s%s\n", head.c_str(), wrap(c->summary, 18, 18).c_str());
   }
   std::fputs(
-      "  help [COMMAND]  this overview, or the flags of COMMAND (lwo COMMAND --help)\n"
-      "  version         the library version (also --version)\n"
       "\n"
       "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
       "bandwidths are in GB/s (1e9 bytes/s). Results go to stdout; progress to\n"
@@ -118,61 +142,58 @@ void print_overview(std::FILE* out) {
 
 namespace {
 
-// "probe, run, ..., help or version": the command table's names, then the
-// two the dispatcher answers itself.
+using cli::UsageError;
+const char* const kOverviewHint = "run 'lwo help' for the commands";
+
+// "probe, run, ..., help or version": the command table's names.
 std::string command_names() {
   std::string out;
-  for (const cli::Command* c : cli::commands()) out += std::string(c->name) + ", ";
-  return out + "help or version";
+  const auto& all = cli::commands();
+  for (size_t i = 0; i < all.size(); ++i)
+    out += std::string(i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i]->name;
+  return out;
 }
 
-// `lwo help help` and `lwo help version`: the two commands the table does not hold.
-bool print_builtin_help(const std::string& name) {
-  if (name == "help") {
-    std::fputs("usage: lwo help [COMMAND]\n\n"
-               "the overview of the commands, or with COMMAND its flags (the same as\n"
-               "lwo COMMAND --help)\n", stdout);
-    return true;
-  }
-  if (name == "version") {
-    std::fputs("usage: lwo version\n\n"
-               "prints the version of the lwo program and of the liblwo it runs (also\n"
-               "lwo --version)\n", stdout);
-    return true;
-  }
-  return false;
+void no_argument_after(int argc, char** argv, int n) {
+  if (argc > n)
+    throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[n]).c_str()),
+                     kOverviewHint);
 }
+
+}  // namespace
+
+namespace cli {
+namespace {
+
+int cmd_help(int argc, char** argv) {
+  no_argument_after(argc, argv, 3);
+  if (argc == 2) {
+    cli::print_overview(stdout);
+    return cli::kExitOk;
+  }
+  const cli::Command* c = cli::find_command(argv[2]);
+  if (!c)
+    throw UsageError(cli::strf("unknown command %s", cli::quoted(argv[2]).c_str()), kOverviewHint);
+  cli::print_command_help(*c, stdout);
+  return cli::kExitOk;
+}
+
+int cmd_version(int argc, char** argv) {
+  no_argument_after(argc, argv, 2);
+  std::printf("lwo %s\n", cli::version_text().c_str());
+  return cli::kExitOk;
+}
+
+}  // namespace
+}  // namespace cli
+
+namespace {
 
 int dispatch(int argc, char** argv) {
-  using cli::UsageError;
-  const std::string kOverviewHint = "run 'lwo help' for the commands";
   if (argc < 2) throw UsageError("a command is needed: " + command_names(), kOverviewHint);
-  const std::string cmd = argv[1];
-  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-    cli::g_command = "help";
-    if (argc == 2) {
-      cli::print_overview(stdout);
-      return cli::kExitOk;
-    }
-    if (argc > 3)
-      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[3]).c_str()),
-                       kOverviewHint);
-    if (print_builtin_help(argv[2])) return cli::kExitOk;
-    const cli::Command* c = cli::find_command(argv[2]);
-    if (!c)
-      throw UsageError(cli::strf("unknown command %s", cli::quoted(argv[2]).c_str()),
-                       kOverviewHint);
-    cli::print_command_help(*c, stdout);
-    return cli::kExitOk;
-  }
-  if (cmd == "version" || cmd == "--version") {
-    cli::g_command = "version";
-    if (argc > 2)
-      throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[2]).c_str()),
-                       kOverviewHint);
-    std::printf("lwo %s\n", cli::version_text().c_str());
-    return cli::kExitOk;
-  }
+  std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h") cmd = "help";
+  if (cmd == "--version") cmd = "version";
   const cli::Command* c = cli::find_command(cmd);
   if (!c) throw UsageError(cli::strf("unknown command %s", cli::quoted(cmd).c_str()), kOverviewHint);
   cli::g_command = c->name;

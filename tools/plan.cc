@@ -132,37 +132,28 @@ void print_plan(const PlanReport& r) {
   }
 }
 
-std::string json_plan(const PlanReport& r) {
+Json json_plan(const PlanReport& r) {
   const lwo_plan_info& i = r.info;
-  std::string s = strf(
-      "{\"budget_bytes\": %llu, \"depth\": %u, \"n_resident\": %u, \"device_bytes\": %llu, "
-      "\"train\": %s, \"predicted_ms\": %.5f, \"predicted_stall_ms\": %.5f, \"h2d_bytes\": %llu, "
-      "\"d2h_bytes\": %llu, \"first_k_ms\": %.5f, \"link_gbps\": {\"h2d\": %.4f, \"d2h\": %.4f, "
-      "\"duplex_h2d\": %.4f, \"duplex_d2h\": %.4f}, \"resident\": [",
-      static_cast<unsigned long long>(i.budget_bytes), i.depth, i.n_resident,
-      static_cast<unsigned long long>(i.device_bytes), i.train ? "true" : "false",
-      i.predicted_ms, i.predicted_stall_ms, static_cast<unsigned long long>(i.h2d_bytes),
-      static_cast<unsigned long long>(i.d2h_bytes), i.first_k_ms, i.h2d_gbps, i.d2h_gbps,
-      i.duplex_h2d_gbps, i.duplex_d2h_gbps);
-  for (size_t k = 0; k < r.resident.size(); ++k) s += strf("%s%u", k ? ", " : "", r.resident[k]);
-  s += "], \"groups\": [";
-  for (size_t g = 0; g < r.groups.size(); ++g)
-    s += strf("%s{\"first_layer\": %u, \"n_layers\": %u, \"bytes\": %llu, \"resident\": %s}",
-              g ? ", " : "", r.groups[g].first_layer, r.groups[g].n_layers,
-              static_cast<unsigned long long>(r.groups[g].bytes),
-              r.groups[g].resident ? "true" : "false");
-  s += strf("], \"grouped\": %s, \"ungrouped_ms\": %.5f, \"copy_overhead_ms\": %.6f",
-            r.grouped ? "true" : "false", i.ungrouped_ms, i.copy_overhead_ms);
-  s += ", \"positions\": [";
-  for (size_t k = 0; k < r.positions.size(); ++k) {
-    const lwo_plan_position& p = r.positions[k];
-    s += strf("%s{\"layer\": %u, \"backward\": %s, \"weights\": \"%s\", \"copy_ms\": %.5f, "
-              "\"start_ms\": %.5f, \"stall_ms\": %.5f}",
-              k ? ", " : "", p.layer, p.backward ? "true" : "false",
-              p.resident ? "resident" : p.hit ? "hit" : "streamed", p.copy_ms, p.start_ms,
-              p.stall_ms);
-  }
-  return s + "]}";
+  Json j = {{"budget_bytes", i.budget_bytes}, {"depth", i.depth}, {"n_resident", i.n_resident},
+            {"device_bytes", i.device_bytes}, {"train", static_cast<bool>(i.train)},
+            {"predicted_ms", i.predicted_ms}, {"predicted_stall_ms", i.predicted_stall_ms},
+            {"h2d_bytes", i.h2d_bytes}, {"d2h_bytes", i.d2h_bytes}, {"first_k_ms", i.first_k_ms},
+            {"link_gbps", {{"h2d", i.h2d_gbps}, {"d2h", i.d2h_gbps},
+                           {"duplex_h2d", i.duplex_h2d_gbps}, {"duplex_d2h", i.duplex_d2h_gbps}}},
+            {"resident", r.resident}, {"groups", Json::array()}};
+  for (const lwo_plan_group& g : r.groups)
+    j["groups"].push_back({{"first_layer", g.first_layer}, {"n_layers", g.n_layers},
+                           {"bytes", g.bytes}, {"resident", static_cast<bool>(g.resident)}});
+  j["grouped"] = r.grouped;
+  j["ungrouped_ms"] = i.ungrouped_ms;
+  j["copy_overhead_ms"] = i.copy_overhead_ms;
+  Json& positions = j["positions"] = Json::array();
+  for (const lwo_plan_position& p : r.positions)
+    positions.push_back({{"layer", p.layer}, {"backward", static_cast<bool>(p.backward)},
+                         {"weights", p.resident ? "resident" : p.hit ? "hit" : "streamed"},
+                         {"copy_ms", p.copy_ms}, {"start_ms", p.start_ms},
+                         {"stall_ms", p.stall_ms}});
+  return j;
 }
 
 double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) {
@@ -275,10 +266,7 @@ namespace {
 
 int cmd_plan(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kPlanCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   lwo_tensor_desc tensor{};
   tensor.name = "weight";
   tensor.dtype = o.dtype;
@@ -294,7 +282,7 @@ int cmd_plan(int argc, char** argv) {
   Device dev;
   open_device(o.device, dev);
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   Pool pool;
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
@@ -313,17 +301,13 @@ int cmd_plan(int argc, char** argv) {
   std::printf("%-10s forward %.4f ms per layer%s\n", "compute", f,
               o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
   print_plan(r);
-  if (json.is_open()) {
-    std::fprintf(json.get(),
-                 "{\n  \"tool\": \"lwo\",\n  \"command\": \"plan\",\n  \"version\": \"%s\",\n"
-                 "  \"device\": %s,\n  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": "
-                 "%lld, \"dtype\": \"%s\", \"budget\": %s, \"train\": %s, \"group\": %s},\n  \"plan\": %s\n}\n",
-                 version_text().c_str(), json_device(dev).c_str(), o.layers,
-                 static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-                 lwo_dtype_name(o.dtype), json_string(o.budget).c_str(),
-                 o.train ? "true" : "false", o.group ? "true" : "false", json_plan(r).c_str());
-    json.commit();
-  }
+  Json j = json_doc("plan");
+  j["device"] = json_device(dev);
+  j["config"] = {{"layers", o.layers}, {"rows", o.rows},     {"cols", o.cols},
+                 {"dtype", lwo_dtype_name(o.dtype)}, {"budget", o.budget},
+                 {"train", o.train},   {"group", o.group}};
+  j["plan"] = json_plan(r);
+  json.write(j);
   s.destroy();
   pool.destroy();
   dev.engine.destroy();

@@ -307,45 +307,38 @@ void print_tables(const Device& dev, const Options& o, const std::vector<CopyFig
   }
 }
 
-void write_json(std::FILE* j, const Device& dev, const std::vector<CopyFigure>& copies,
-                const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"probe\",\n"
-               "  \"version\": \"%s\",\n  \"device\": %s,\n  \"copy\": [",
-               version_text().c_str(), json_device(dev).c_str());
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const CopyFigure& f = copies[i];
-    std::fprintf(j, "%s\n    {\"bytes\": %llu, \"measured\": %s", i ? "," : "",
-                 static_cast<unsigned long long>(f.bytes), f.measured ? "true" : "false");
-    if (f.measured)
-      std::fprintf(j,
-                   ", \"copies_per_batch\": %llu, \"batches\": %d, "
-                   "\"h2d_gbps\": {\"best\": %.4f, \"median\": %.4f}, "
-                   "\"d2h_gbps\": {\"best\": %.4f, \"median\": %.4f}",
-                   static_cast<unsigned long long>(f.copies), kBatches, f.h2d_best, f.h2d_median,
-                   f.d2h_best, f.d2h_median);
-    std::fprintf(j, "}");
+Json to_json(const Device& dev, const std::vector<CopyFigure>& copies,
+             const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
+  Json j = json_doc("probe");
+  j["device"] = json_device(dev);
+  Json& copy = j["copy"] = Json::array();
+  for (const CopyFigure& f : copies) {
+    Json e = {{"bytes", f.bytes}, {"measured", f.measured}};
+    if (f.measured) {
+      e["copies_per_batch"] = f.copies;
+      e["batches"] = kBatches;
+      e["h2d_gbps"] = {{"best", f.h2d_best}, {"median", f.h2d_median}};
+      e["d2h_gbps"] = {{"best", f.d2h_best}, {"median", f.d2h_median}};
+    }
+    copy.push_back(e);
   }
-  std::fprintf(j,
-               "\n  ],\n  \"peak_h2d_gbps\": %.4f,\n  \"peak_h2d_bytes\": %llu,\n"
-               "  \"ring\": [",
-               peak, static_cast<unsigned long long>(peak_bytes));
-  for (size_t i = 0; i < rings.size(); ++i) {
-    const RingFigure& f = rings[i];
-    std::fprintf(j,
-                 "%s\n    {\"record_bytes\": %llu, \"depth\": %u, \"layers\": %u, "
-                 "\"passes\": %u, \"measured\": %s",
-                 i ? "," : "", static_cast<unsigned long long>(f.record_bytes), f.depth, f.layers,
-                 f.passes, f.measured ? "true" : "false");
-    if (f.measured)
-      std::fprintf(j, ", \"ms\": %.4f, \"gbps\": %.4f, \"share_of_peak\": %.5f, \"hits\": %llu",
-                   f.ms, f.gbps, peak > 0 ? f.gbps / peak : 0.0,
-                   static_cast<unsigned long long>(f.hits));
-    else
-      std::fprintf(j, ", \"skipped\": %s", json_string(f.skipped).c_str());
-    std::fprintf(j, "}");
+  j["peak_h2d_gbps"] = peak;
+  j["peak_h2d_bytes"] = peak_bytes;
+  Json& ring = j["ring"] = Json::array();
+  for (const RingFigure& f : rings) {
+    Json e = {{"record_bytes", f.record_bytes}, {"depth", f.depth}, {"layers", f.layers},
+              {"passes", f.passes}, {"measured", f.measured}};
+    if (f.measured) {
+      e["ms"] = f.ms;
+      e["gbps"] = f.gbps;
+      e["share_of_peak"] = peak > 0 ? f.gbps / peak : 0.0;
+      e["hits"] = f.hits;
+    } else {
+      e["skipped"] = f.skipped;
+    }
+    ring.push_back(e);
   }
-  std::fprintf(j, "\n  ]\n}\n");
+  return j;
 }
 
 std::vector<Flag> make_flags(Options& o) {
@@ -392,15 +385,12 @@ const Command kProbeCommand = {
 
 int cmd_probe(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kProbeCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
 
   Device dev;
   open_device(o.device, dev);
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   progress("lwo probe, %s", describe(dev).c_str());
 
   double t0 = now_seconds();
@@ -421,10 +411,7 @@ int cmd_probe(int argc, char** argv) {
   progress("probe took %.1f s", seconds_since(t0));
 
   print_tables(dev, o, copies, rings, peak, peak_bytes);
-  if (json.is_open()) {
-    write_json(json.get(), dev, copies, rings, peak, peak_bytes);
-    json.commit();
-  }
+  json.write(to_json(dev, copies, rings, peak, peak_bytes));
   dev.engine.destroy();
   return 0;
 }

@@ -173,65 +173,35 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   }
 }
 
-void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"run\",\n  \"version\": \"%s\",\n"
-               "  \"device\": %s,\n",
-               version_text().c_str(), json_device(dev).c_str());
-  std::fprintf(j,
-               "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": "
-               "\"%s\", \"depth\": %u, \"passes\": %u, \"seed\": %llu, \"timing\": %s, "
-               "\"quant\": \"%s\"},\n",
-               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-               lwo_dtype_name(o.dtype), o.depth, o.passes, static_cast<unsigned long long>(o.seed),
-               o.timing ? "true" : "false", quant_flag_name(o.quant));
-  std::fprintf(j,
-               "  \"record_bytes\": %llu,\n  \"bytes_per_pass\": %llu,\n"
-               "  \"host_seconds\": {\"pool_create\": %.4f, \"fill\": %.4f, \"checksum\": %.4f},\n"
-               "  \"peak\": {\"gbps\": %.4f, \"ms\": %.4f, \"repeats\": %d},\n"
-               "  \"pass_ms\": [",
-               static_cast<unsigned long long>(r.record_bytes),
-               static_cast<unsigned long long>(r.pass_bytes), r.host.pool_s, r.host.fill_s,
-               r.host.checksum_s, r.peak_gbps, r.peak_ms, kPeakRepeats);
-  for (size_t i = 0; i < r.pass_ms.size(); ++i)
-    std::fprintf(j, "%s%.4f", i ? ", " : "", r.pass_ms[i]);
-  std::fprintf(j,
-               "],\n  \"median_ms\": %.4f,\n  \"best_ms\": %.4f,\n"
-               "  \"gbps\": {\"median\": %.4f, \"best\": %.4f, \"all_passes\": %.4f},\n"
-               "  \"share_of_peak\": {\"median\": %.5f, \"best\": %.5f, \"all_passes\": %.5f},\n",
-               r.median_ms, r.best_ms, r.gbps(r.median_ms), r.gbps(r.best_ms),
-               r.gbps(r.total_ms / o.passes), r.share(r.median_ms), r.share(r.best_ms),
-               r.share(r.total_ms / o.passes));
+Json to_json(const Device& dev, const Options& o, const Results& r) {
+  Json j = json_doc("run");
+  j["device"] = json_device(dev);
+  j["config"] = {{"layers", o.layers},  {"rows", o.rows},     {"cols", o.cols},
+                 {"dtype", lwo_dtype_name(o.dtype)}, {"depth", o.depth}, {"passes", o.passes},
+                 {"seed", o.seed},      {"timing", o.timing}, {"quant", quant_flag_name(o.quant)}};
+  j["record_bytes"] = r.record_bytes;
+  j["bytes_per_pass"] = r.pass_bytes;
+  j["host_seconds"] = {
+      {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
+  json_passes(j, r, o.passes);
   const lwo_ring_stats& s = r.stats;
-  std::fprintf(
-      j,
-      "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu, \"stages\": %llu, "
-      "\"hits\": %llu, \"copies\": %llu, \"bytes_copied\": %llu",
-      r.ring.depth, static_cast<unsigned long long>(r.ring.slot_bytes),
-      static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
-      static_cast<unsigned long long>(s.n_copies), static_cast<unsigned long long>(s.bytes_copied));
-  if (o.timing)
-    std::fprintf(j, ", \"copy_ms\": %.4f, \"wait_ms\": %.4f, \"copy_gbps\": %.4f", s.copy_ms,
-                 s.wait_ms, s.bandwidth_gbps);
-  std::fprintf(j, "}");
-  if (r.planned) {  // Since 0.4.0: --budget
+  j["ring"] = json_ring(r.ring, s, o.timing);
+  if (r.planned) {  // --budget
     const lwo_ring_stats& ps = r.plan_stats;
-    std::fprintf(j, ",\n  \"compute_ms_per_layer\": %.5f,\n  \"plan\": %s,\n  \"planned\": "
-                 "{\"depth\": %u, \"n_resident\": %u, \"resident_bytes\": %llu, \"pass_ms\": [",
-                 r.compute_ms, json_plan(r.plan).c_str(), r.plan_ring.depth,
-                 r.plan_ring.n_resident, static_cast<unsigned long long>(r.plan_ring.resident_bytes));
-    for (size_t i = 0; i < r.plan_pass_ms.size(); ++i)
-      std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_pass_ms[i]);
-    std::fprintf(j, "], \"median_ms\": %.4f, \"best_ms\": %.4f, \"predicted_ms\": %.5f, "
-                 "\"bytes_copied\": %llu, \"wait_ms\": %.4f, \"resident_hits\": %llu, "
-                 "\"bytes_ratio\": %.5f, \"time_ratio\": %.5f}",
-                 r.plan_median_ms, r.plan_best_ms, r.plan.info.predicted_ms,
-                 static_cast<unsigned long long>(ps.bytes_copied), ps.wait_ms,
-                 static_cast<unsigned long long>(ps.n_resident_hits),
-                 static_cast<double>(ps.bytes_copied) / std::max<double>(1, static_cast<double>(s.bytes_copied)),
-                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0);
+    j["compute_ms_per_layer"] = r.compute_ms;
+    j["plan"] = json_plan(r.plan);
+    j["planned"] = {
+        {"depth", r.plan_ring.depth}, {"n_resident", r.plan_ring.n_resident},
+        {"resident_bytes", r.plan_ring.resident_bytes}, {"pass_ms", r.plan_pass_ms},
+        {"median_ms", r.plan_median_ms}, {"best_ms", r.plan_best_ms},
+        {"predicted_ms", r.plan.info.predicted_ms}, {"bytes_copied", ps.bytes_copied},
+        {"wait_ms", ps.wait_ms}, {"resident_hits", ps.n_resident_hits},
+        {"bytes_ratio", static_cast<double>(ps.bytes_copied) /
+                            std::max<double>(1, static_cast<double>(s.bytes_copied))},
+        {"time_ratio", r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0}};
   }
-  std::fprintf(j, ",\n  \"verified\": true\n}\n");
+  j["verified"] = true;
+  return j;
 }
 
 }  // namespace
@@ -254,10 +224,7 @@ const Command kRunCommand = {
 
 int cmd_run(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kRunCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   lwo_tensor_desc tensor{};
   tensor.name = "weight";
   tensor.dtype = o.dtype;
@@ -286,7 +253,7 @@ int cmd_run(int argc, char** argv) {
   Device dev;
   open_device(o.device, dev);
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
            fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
   if (o.depth >= o.layers)
@@ -432,10 +399,7 @@ int cmd_run(int argc, char** argv) {
              100 * r.share(r.median_ms));
 
   print_results(dev, o, r);
-  if (json.is_open()) {
-    write_json(json.get(), dev, o, r);
-    json.commit();
-  }
+  json.write(to_json(dev, o, r));
   sums_mem.destroy();
   consumer.destroy();
   pool.destroy();

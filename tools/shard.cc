@@ -846,79 +846,57 @@ uint64_t host_available_bytes() {
   return static_cast<uint64_t>(kib) * 1024;
 }
 
-std::string jnum(double v, bool valid = true) {
-  return valid && std::isfinite(v) ? strf("%.4f", v) : "null";
-}
+// A figure, or null where it was not measured (or is not finite).
+Json num(double v, bool valid = true) { return valid ? Json(v) : Json(); }
 
-std::string json_ms_list(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += strf("%s%.4f", i ? ", " : "", v[i]);
-  return s + "]";
-}
-
-// One result on one line (scripts/scale merges files by these lines).
-std::string json_result(const Model& m, const Result& r) {
+// One result: a line of the file (scripts/scale merges files by these lines).
+Json json_result(const Model& m, const Result& r) {
   const bool t = m.o.train, ag = r.ranks > 1;
-  std::string s = strf(
-      "{\"ranks\": %u, \"layers\": %u, \"record_bytes\": %llu, \"shard_bytes\": %llu, "
-      "\"peak_h2d_gbps_per_gpu\": %s, \"peak_h2d_together_gbps_per_gpu\": %s, "
-      "\"allgather_ms\": %s, \"allgather_gbps\": %s, \"allgather_busbw_gbps\": %s, "
-      "\"forward_pass_ms\": %s, \"forward_gbps_per_gpu\": %s, \"forward_aggregate_gbps\": %s, "
-      "\"forward_ratio_to_peak\": %s, \"forward_bound_gbps_per_gpu\": %s, "
-      "\"forward_share_of_bound\": %s, \"checksums_verified\": true, ",
-      r.ranks, m.o.layers, static_cast<unsigned long long>(r.record_bytes),
-      static_cast<unsigned long long>(r.shard_bytes), jnum(r.peak).c_str(),
-      jnum(r.peak_together).c_str(), jnum(r.allgather_ms, ag).c_str(),
-      jnum(r.allgather_gbps(), ag).c_str(),
-      jnum(r.allgather_gbps() * (r.ranks - 1) / r.ranks, ag).c_str(), jnum(r.pass_ms).c_str(),
-      jnum(r.fwd_gbps).c_str(), jnum(r.fwd_aggregate).c_str(), jnum(r.fwd_ratio).c_str(),
-      jnum(r.fwd_bound_gbps).c_str(),
-      jnum(r.fwd_bound_gbps > 0 ? r.fwd_gbps / r.fwd_bound_gbps : 0).c_str());
-  s += strf(
-      "\"train\": %s, \"tokens\": %lld, \"resident_ms\": %s, \"train_step_ms\": %s, "
-      "\"train_gbps_per_gpu\": %s, \"train_bound_ms\": %s, \"train_bound_term\": %s, "
-      "\"train_ratio_to_bound\": %s, \"train_h2d_ms\": %s, \"train_d2h_ms\": %s, "
-      "\"train_collectives_ms\": %s, \"train_stages_per_step\": %s, \"train_hits_per_step\": %s, "
-      "\"peak_d2h_together_gbps_per_gpu\": %s, \"reduce_scatter_ms\": %s, "
-      "\"gradients_verified\": %s, \"per_rank\": [",
-      t ? "true" : "false", static_cast<long long>(m.o.tokens), jnum(r.resident_ms, t).c_str(),
-      jnum(r.step_ms, t).c_str(), jnum(r.train_gbps, t).c_str(), jnum(r.bound_ms, t).c_str(),
-      t ? json_string(r.bound_term).c_str() : "null", jnum(r.train_ratio, t).c_str(),
-      jnum(r.h2d_term, t).c_str(), jnum(r.d2h_term, t).c_str(), jnum(r.comm_term, t).c_str(),
-      t ? std::to_string(r.stages).c_str() : "null", t ? std::to_string(r.hits).c_str() : "null",
-      jnum(r.d2h_together, t).c_str(), jnum(r.reduce_scatter_ms, t && ag).c_str(),
-      t ? "true" : "false");
+  Json j = {{"ranks", r.ranks}, {"layers", m.o.layers}, {"record_bytes", r.record_bytes},
+            {"shard_bytes", r.shard_bytes}, {"peak_h2d_gbps_per_gpu", num(r.peak)},
+            {"peak_h2d_together_gbps_per_gpu", num(r.peak_together)},
+            {"allgather_ms", num(r.allgather_ms, ag)}, {"allgather_gbps", num(r.allgather_gbps(), ag)},
+            {"allgather_busbw_gbps", num(r.allgather_gbps() * (r.ranks - 1) / r.ranks, ag)},
+            {"forward_pass_ms", num(r.pass_ms)}, {"forward_gbps_per_gpu", num(r.fwd_gbps)},
+            {"forward_aggregate_gbps", num(r.fwd_aggregate)},
+            {"forward_ratio_to_peak", num(r.fwd_ratio)},
+            {"forward_bound_gbps_per_gpu", num(r.fwd_bound_gbps)},
+            {"forward_share_of_bound", num(r.fwd_bound_gbps > 0 ? r.fwd_gbps / r.fwd_bound_gbps : 0)},
+            {"checksums_verified", true}, {"train", t}, {"tokens", m.o.tokens},
+            {"resident_ms", num(r.resident_ms, t)}, {"train_step_ms", num(r.step_ms, t)},
+            {"train_gbps_per_gpu", num(r.train_gbps, t)}, {"train_bound_ms", num(r.bound_ms, t)},
+            {"train_bound_term", t ? Json(r.bound_term) : Json()},
+            {"train_ratio_to_bound", num(r.train_ratio, t)}, {"train_h2d_ms", num(r.h2d_term, t)},
+            {"train_d2h_ms", num(r.d2h_term, t)}, {"train_collectives_ms", num(r.comm_term, t)},
+            {"train_stages_per_step", t ? Json(r.stages) : Json()},
+            {"train_hits_per_step", t ? Json(r.hits) : Json()},
+            {"peak_d2h_together_gbps_per_gpu", num(r.d2h_together, t)},
+            {"reduce_scatter_ms", num(r.reduce_scatter_ms, t && ag)}, {"gradients_verified", t},
+            {"per_rank", Json::array()}};
   for (size_t i = 0; i < r.per_rank.size(); ++i) {
     const RankResult& q = r.per_rank[i];
-    s += strf(
-        "%s{\"rank\": %zu, \"device\": %zu, \"name\": %s, \"pci_bus\": %d, \"shard_offset\": "
-        "%llu, \"pool_seconds\": %.4f, \"fill_seconds\": %.4f, \"peak_h2d_gbps\": %s, "
-        "\"peak_h2d_together_gbps\": %s, \"allgather_ms\": %s, \"forward_ms\": %.4f, "
-        "\"forward_gbps\": %s, \"pass_ms\": %s, \"ring_stages\": %llu, \"ring_hits\": %llu, "
-        "\"ring_bytes_copied\": %llu",
-        i ? ", " : "", i, i, json_string(q.device).c_str(), q.pci_bus,
-        static_cast<unsigned long long>(q.shard_offset), q.pool_s, q.fill_s,
-        jnum(q.h2d_alone).c_str(), jnum(q.h2d_together).c_str(), jnum(q.allgather_ms, ag).c_str(),
-        q.forward_ms,
-        jnum(gbps(static_cast<double>(r.record_bytes) * m.o.layers * m.o.passes, q.forward_ms))
-            .c_str(),
-        json_ms_list(q.pass_ms).c_str(), static_cast<unsigned long long>(q.fwd_stats.n_stages),
-        static_cast<unsigned long long>(q.fwd_stats.n_hits),
-        static_cast<unsigned long long>(q.fwd_stats.bytes_copied));
-    if (t)
-      s += strf(
-          ", \"peak_d2h_together_gbps\": %s, \"reduce_scatter_ms\": %s, \"resident_ms\": %s, "
-          "\"step_ms\": %s, \"step_h2d_bytes\": %llu, \"step_d2h_bytes\": %llu, "
-          "\"grad_first_element\": %llu, \"grad_n_elements\": %llu",
-          jnum(q.d2h_together).c_str(), jnum(q.reduce_scatter_ms, ag).c_str(),
-          json_ms_list(q.resident_ms).c_str(), json_ms_list(q.step_ms).c_str(),
-          static_cast<unsigned long long>(q.step_h2d_bytes),
-          static_cast<unsigned long long>(q.step_d2h_bytes),
-          static_cast<unsigned long long>(q.grad_first[0]),
-          static_cast<unsigned long long>(q.grad_n[0]));
-    s += "}";
+    Json e = {{"rank", i}, {"device", i}, {"name", q.device}, {"pci_bus", q.pci_bus},
+              {"shard_offset", q.shard_offset}, {"pool_seconds", q.pool_s},
+              {"fill_seconds", q.fill_s}, {"peak_h2d_gbps", num(q.h2d_alone)},
+              {"peak_h2d_together_gbps", num(q.h2d_together)},
+              {"allgather_ms", num(q.allgather_ms, ag)}, {"forward_ms", q.forward_ms},
+              {"forward_gbps",
+               num(gbps(static_cast<double>(r.record_bytes) * m.o.layers * m.o.passes, q.forward_ms))},
+              {"pass_ms", q.pass_ms}, {"ring_stages", q.fwd_stats.n_stages},
+              {"ring_hits", q.fwd_stats.n_hits}, {"ring_bytes_copied", q.fwd_stats.bytes_copied}};
+    if (t) {
+      e["peak_d2h_together_gbps"] = num(q.d2h_together);
+      e["reduce_scatter_ms"] = num(q.reduce_scatter_ms, ag);
+      e["resident_ms"] = q.resident_ms;
+      e["step_ms"] = q.step_ms;
+      e["step_h2d_bytes"] = q.step_h2d_bytes;
+      e["step_d2h_bytes"] = q.step_d2h_bytes;
+      e["grad_first_element"] = q.grad_first[0];
+      e["grad_n_elements"] = q.grad_n[0];
+    }
+    j["per_rank"].push_back(e);
   }
-  return s + "]}";
+  return j;
 }
 
 void print_result(const Model& m, const Result& r) {
@@ -1030,10 +1008,7 @@ const Command kShardCommand = {
 int cmd_shard(int argc, char** argv) {
   Options o;
   bool ranks = false, list = false;
-  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) {
-    print_command_help(kShardCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) return 0;  // --help: printed
   if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
   m.tensor.name = "weight";
@@ -1084,7 +1059,7 @@ int cmd_shard(int argc, char** argv) {
         "passes hit and move nothing",
         o.depth, o.layers);
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   m.o = o;
 
   double t = now_seconds();
@@ -1108,35 +1083,21 @@ int cmd_shard(int argc, char** argv) {
   }
   if (results.size() > 1) print_table(m, results);
 
-  if (json.is_open()) {
-    std::FILE* j = json.get();
-    std::fprintf(j,
-                 "{\n  \"tool\": \"lwo\",\n  \"command\": \"shard\",\n  \"version\": \"%s\",\n"
-                 "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": "
-                 "\"bf16\", \"depth\": %u, \"passes\": %u, \"tokens\": %lld, \"grad_depth\": %u, "
-                 "\"seed\": %llu, \"train\": %s, \"check_collectives\": %s},\n"
-                 "  \"gpus\": %d,\n  \"devices\": [",
-                 version_text().c_str(), o.layers, static_cast<long long>(o.rows),
-                 static_cast<long long>(o.cols), o.depth, o.passes,
-                 static_cast<long long>(o.tokens), o.grad_depth,
-                 static_cast<unsigned long long>(o.seed), o.train ? "true" : "false",
-                 o.check_collectives ? "true" : "false", n_gpus);
-    for (uint32_t d = 0; d < max_ranks; ++d) {
-      cudaDeviceProp prop{};
-      TK_CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(d)));
-      std::fprintf(j,
-                   "%s{\"ordinal\": %u, \"name\": %s, \"sms\": %d, \"memory_bytes\": %zu, "
-                   "\"pci_bus\": %d}",
-                   d ? ", " : "", d, json_string(prop.name).c_str(), prop.multiProcessorCount,
-                   prop.totalGlobalMem, prop.pciBusID);
-    }
-    std::fprintf(j, "],\n  \"results\": [\n");
-    for (size_t i = 0; i < results.size(); ++i)
-      std::fprintf(j, "%s\n",
-                   (json_result(m, results[i]) + (i + 1 < results.size() ? "," : "")).c_str());
-    std::fprintf(j, "  ]\n}\n");
-    json.commit();
+  Json j = json_doc("shard");
+  j["config"] = {{"layers", o.layers}, {"rows", o.rows},     {"cols", o.cols},
+                 {"dtype", "bf16"},    {"depth", o.depth},   {"passes", o.passes},
+                 {"tokens", o.tokens}, {"grad_depth", o.grad_depth}, {"seed", o.seed},
+                 {"train", o.train},   {"check_collectives", o.check_collectives}};
+  j["gpus"] = n_gpus;
+  Json& devices = j["devices"] = Json::array();
+  for (uint32_t d = 0; d < max_ranks && json.is_open(); ++d) {
+    cudaDeviceProp prop{};
+    TK_CHECK(cudaGetDeviceProperties(&prop, static_cast<int>(d)));
+    devices.push_back(json_device(static_cast<int>(d), prop));
   }
+  Json& out = j["results"] = Json::array();
+  for (const Result& r : results) out.push_back(json_result(m, r));
+  json.write(j);
   return 0;
 }
 

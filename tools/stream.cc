@@ -238,86 +238,47 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   print_ring_stats(r.stats, o.timing);
 }
 
-// One checkpoint's results, a JSON object (indented for the "checkpoints"
-// list).
-std::string json_checkpoint(const Options& o, const Results& r) {
-  std::string j = "    {\n";
-  j += "      \"path\": " + json_string(r.path) + ",\n      \"files\": [";
-  for (size_t f = 0; f < r.files.size(); ++f)
-    j += strf("%s{\"path\": %s, \"bytes\": %llu, \"tensors\": %u}", f ? ", " : "",
-              json_string(r.files[f].path).c_str(),
-              static_cast<unsigned long long>(r.files[f].bytes), r.files[f].n_tensors);
-  j += "],\n      \"metadata\": [";
-  for (size_t m = 0; m < r.metadata.size(); ++m)
-    j += strf("%s{\"file\": %u, \"key\": %s, \"value\": %s}", m ? ", " : "", r.metadata[m].file,
-              json_string(r.metadata[m].key).c_str(), json_string(r.metadata[m].value).c_str());
-  j += "],\n      \"mapping\": " + json_mapping(r.map) + ",\n";
-  if (r.quantized)  // --quant (since 0.4.0)
-    j += strf("      \"quant\": {\"tensors\": %u, \"kept\": %u, \"file_bytes\": %llu, "
-              "\"quantized_bytes\": %llu, \"seconds\": %.4f},\n",
-              r.quant_tensors, r.dense_tensors, static_cast<unsigned long long>(r.quant_file_bytes),
-              static_cast<unsigned long long>(r.quant_pool_bytes), r.quant_s);
-  j += strf(
-      "      \"path_kind\": \"%s\",\n      \"is_staged\": %s,\n      \"layers\": %u,\n"
-      "      \"tensors\": %zu,\n      \"unmatched\": %zu,\n      \"max_record_bytes\": %llu,\n"
-      "      \"records_bytes\": %llu,\n      \"bytes_per_pass\": %llu,\n",
-      r.quantized ? "pinned" : r.staged() ? "staged" : "registered",
-      r.staged() ? "true" : "false", r.pool.n_layers,
-      r.n_matched(), r.map.unmatched.size(),
-      static_cast<unsigned long long>(r.pool.max_record_bytes),
-      static_cast<unsigned long long>(r.pool.total_bytes),
-      static_cast<unsigned long long>(r.pass_bytes));
-  j += strf(
-      "      \"host_seconds\": {\"open\": %.4f, \"pool_create\": %.4f, \"checksum\": %.4f},\n"
-      "      \"peak\": {\"gbps\": %.4f, \"ms\": %.4f, \"repeats\": %d},\n      \"pass_ms\": [",
-      r.open_s, r.pool_s, r.checksum_s, r.peak_gbps, r.peak_ms, kPeakRepeats);
-  for (size_t i = 0; i < r.pass_ms.size(); ++i) j += strf("%s%.4f", i ? ", " : "", r.pass_ms[i]);
-  j += strf(
-      "],\n      \"median_ms\": %.4f,\n      \"best_ms\": %.4f,\n"
-      "      \"gbps\": {\"median\": %.4f, \"best\": %.4f, \"all_passes\": %.4f},\n"
-      "      \"share_of_peak\": {\"median\": %.5f, \"best\": %.5f, \"all_passes\": %.5f},\n",
-      r.median_ms, r.best_ms, r.gbps(r.median_ms), r.gbps(r.best_ms),
-      r.gbps(r.total_ms / o.passes), r.share(r.median_ms), r.share(r.best_ms),
-      r.share(r.total_ms / o.passes));
-  if (r.staged() || o.depth < 2)
-    j += strf("      \"target\": {\"share\": %.2f, \"applies\": false},\n", kTargetShare);
-  else
-    j += strf("      \"target\": {\"share\": %.2f, \"applies\": true, \"met\": %s},\n",
-              kTargetShare, r.share(r.median_ms) >= kTargetShare ? "true" : "false");
-  const lwo_ring_stats& s = r.stats;
-  j += strf(
-      "      \"ring\": {\"depth\": %u, \"slot_bytes\": %llu, \"stages\": %llu, "
-      "\"hits\": %llu, \"copies\": %llu, \"bytes_copied\": %llu",
-      r.ring.depth, static_cast<unsigned long long>(r.ring.slot_bytes),
-      static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
-      static_cast<unsigned long long>(s.n_copies), static_cast<unsigned long long>(s.bytes_copied));
-  if (o.timing)
-    j += strf(", \"copy_ms\": %.4f, \"wait_ms\": %.4f, \"copy_gbps\": %.4f", s.copy_ms, s.wait_ms,
-              s.bandwidth_gbps);
-  j += strf(
-      "},\n      \"checks\": {\"whole_layers\": %u, \"tensors\": %u, \"skipped_tensors\": %u},\n"
-      "      \"verified\": true\n    }",
-      r.whole_layers, r.checked_tensors, r.skipped_tensors);
+// One checkpoint's results, an element of "checkpoints".
+Json json_checkpoint(const Options& o, const Results& r) {
+  Json j = {{"path", r.path}, {"files", Json::array()}, {"metadata", Json::array()}};
+  for (const CkptFile& f : r.files)
+    j["files"].push_back({{"path", f.path}, {"bytes", f.bytes}, {"tensors", f.n_tensors}});
+  for (const CkptMeta& m : r.metadata)
+    j["metadata"].push_back({{"file", m.file}, {"key", m.key}, {"value", m.value}});
+  j["mapping"] = json_mapping(r.map);
+  if (r.quantized)  // --quant
+    j["quant"] = {{"tensors", r.quant_tensors}, {"kept", r.dense_tensors},
+                  {"file_bytes", r.quant_file_bytes}, {"quantized_bytes", r.quant_pool_bytes},
+                  {"seconds", r.quant_s}};
+  j["path_kind"] = r.quantized ? "pinned" : r.staged() ? "staged" : "registered";
+  j["is_staged"] = r.staged();
+  j["layers"] = r.pool.n_layers;
+  j["tensors"] = r.n_matched();
+  j["unmatched"] = r.map.unmatched.size();
+  j["max_record_bytes"] = r.pool.max_record_bytes;
+  j["records_bytes"] = r.pool.total_bytes;
+  j["bytes_per_pass"] = r.pass_bytes;
+  j["host_seconds"] = {{"open", r.open_s}, {"pool_create", r.pool_s}, {"checksum", r.checksum_s}};
+  json_passes(j, r, o.passes);
+  j["target"] = {{"share", kTargetShare}, {"applies", !(r.staged() || o.depth < 2)}};
+  if (!(r.staged() || o.depth < 2)) j["target"]["met"] = r.share(r.median_ms) >= kTargetShare;
+  j["ring"] = json_ring(r.ring, r.stats, o.timing);
+  j["checks"] = {{"whole_layers", r.whole_layers}, {"tensors", r.checked_tensors},
+                 {"skipped_tensors", r.skipped_tensors}};
+  j["verified"] = true;
   return j;
 }
 
-void write_json(std::FILE* j, const Device& dev, const Options& o,
-                const std::vector<std::unique_ptr<Results>>& all) {
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"stream\",\n  \"version\": \"%s\",\n"
-               "  \"device\": %s,\n",
-               version_text().c_str(), json_device(dev).c_str());
-  std::string paths;
-  for (size_t i = 0; i < o.paths.size(); ++i) paths += (i ? ", " : "") + json_string(o.paths[i]);
-  std::fprintf(j,
-               "  \"config\": {\"paths\": [%s], \"mapping\": %s, \"staged\": %s, \"depth\": %u, "
-               "\"passes\": %u, \"timing\": %s, \"quant\": \"%s\"},\n  \"checkpoints\": [\n",
-               paths.c_str(), json_mapping(all.front()->map).c_str(),
-               o.staged ? "true" : "false", o.depth, o.passes, o.timing ? "true" : "false",
-               quant_flag_name(o.quant));
-  for (size_t i = 0; i < all.size(); ++i)
-    std::fprintf(j, "%s%s\n", json_checkpoint(o, *all[i]).c_str(), i + 1 < all.size() ? "," : "");
-  std::fprintf(j, "  ]\n}\n");
+Json to_json(const Device& dev, const Options& o, const std::vector<std::unique_ptr<Results>>& all) {
+  Json j = json_doc("stream");
+  j["device"] = json_device(dev);
+  j["config"] = {{"paths", o.paths},   {"mapping", json_mapping(all.front()->map)},
+                 {"staged", o.staged}, {"depth", o.depth},
+                 {"passes", o.passes}, {"timing", o.timing},
+                 {"quant", quant_flag_name(o.quant)}};
+  Json& checkpoints = j["checkpoints"] = Json::array();
+  for (const auto& r : all) checkpoints.push_back(json_checkpoint(o, *r));
+  return j;
 }
 
 // What each layer's slot is checked by: the whole copied span where the pool
@@ -589,10 +550,7 @@ const Command kStreamCommand = {
 
 int cmd_stream(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) {
-    print_command_help(kStreamCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.empty())
     throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
   for (const std::string& p : o.paths) parse_path("FILE", p);
@@ -607,7 +565,7 @@ int cmd_stream(int argc, char** argv) {
   Device dev;
   open_device(o.device, dev);
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
            all.size() == 1 ? "" : "s");
   for (size_t i = 0; i < all.size(); ++i) {
@@ -616,10 +574,7 @@ int cmd_stream(int argc, char** argv) {
     print_results(dev, o, *all[i]);
     std::fflush(stdout);
   }
-  if (json.is_open()) {
-    write_json(json.get(), dev, o, all);
-    json.commit();
-  }
+  json.write(to_json(dev, o, all));
   dev.engine.destroy();
   return 0;
 }

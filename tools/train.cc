@@ -9,7 +9,7 @@
 // (one pass, gradients summed in the slot). The first timed step is checked bit for
 // bit against the same library calls with the weights resident on the device.
 // The chain, its resident reference, the streamed step and the bound are
-// testkit's training workload (tests/testkit/workload.h), as bench_workloads
+// testkit's training workload (testkit/workload.h), as bench_workloads
 // runs it: a chain of square linear layers, one op per record.
 #include <algorithm>
 #include <memory>
@@ -508,165 +508,109 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("%-10s %s\n", "check", r.check.c_str());
 }
 
-void json_step(std::FILE* j, const testkit::StepStats& s) {
-  std::fprintf(
-      j,
-      "{\"ms\": %.4f, \"h2d_bytes\": %llu, \"h2d_forward_bytes\": %llu, \"copies\": %llu, "
-      "\"hits\": %llu, \"stages\": %llu, \"d2h_bytes\": %llu, \"d2h_layers\": %llu",
-      s.ms, static_cast<unsigned long long>(s.h2d_bytes),
-      static_cast<unsigned long long>(s.h2d_fwd_bytes), static_cast<unsigned long long>(s.copies),
-      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.stages),
-      static_cast<unsigned long long>(s.d2h_bytes),
-      static_cast<unsigned long long>(s.d2h_transfers));
-  std::fprintf(j, ", \"copy_ms\": %.4f, \"wait_ms\": %.4f}", s.copy_ms, s.wait_ms);
+Json json_step(const testkit::StepStats& s) {
+  return {{"ms", s.ms},           {"h2d_bytes", s.h2d_bytes}, {"h2d_forward_bytes", s.h2d_fwd_bytes},
+          {"copies", s.copies},   {"hits", s.hits},           {"stages", s.stages},
+          {"d2h_bytes", s.d2h_bytes}, {"d2h_layers", s.d2h_transfers},
+          {"copy_ms", s.copy_ms}, {"wait_ms", s.wait_ms}};
 }
 
-void json_list(std::FILE* j, const std::vector<double>& v) {
-  std::fputc('[', j);
-  for (size_t i = 0; i < v.size(); ++i) std::fprintf(j, "%s%.4f", i ? ", " : "", v[i]);
-  std::fputc(']', j);
-}
-
-void write_json(std::FILE* j, const Device& dev, const Options& o, const Results& r) {
+Json to_json(const Device& dev, const Options& o, const Results& r) {
   const Sizes& sz = r.sz;
-  std::fprintf(j,
-               "{\n  \"tool\": \"lwo\",\n  \"command\": \"train\",\n  \"mode\": \"%s\",\n"
-               "  \"version\": \"%s\",\n  \"device\": %s,\n",
-               o.frozen ? "frozen" : "train", version_text().c_str(), json_device(dev).c_str());
-  std::fprintf(j,
-               "  \"config\": {\"layers\": %u, \"rows\": %lld, \"cols\": %lld, \"dtype\": \"%s\", "
-               "\"bias\": %s, \"tokens\": %lld, \"depth\": %u, \"grad_depth\": %u, "
-               "\"native_wire\": %s, \"wire_dtype\": %s, \"steps\": %u, \"seed\": %llu, "
-               "\"timing\": %s, \"grads\": %s, \"host_dtype\": %s, \"micro_batches\": %u, "
-               "\"order\": \"%s\", \"quant\": \"%s\"},\n",
-               o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-               lwo_dtype_name(o.dtype), o.bias ? "true" : "false", static_cast<long long>(o.tokens),
-               o.depth, o.trainable() ? o.grad_depth : 0, o.grads == "native-wire" ? "true" : "false",
-               o.trainable() ? json_string(lwo_dtype_name(sz.wire)).c_str() : "null", o.steps,
-               static_cast<unsigned long long>(o.seed), o.timing ? "true" : "false",
-               o.trainable() ? json_string(o.grads).c_str() : "null",
-               o.trainable() ? json_string(lwo_dtype_name(sz.host)).c_str() : "null",
-               o.micro_batches, testkit::micro_order_name(o.order), quant_flag_name(o.quant));
-  std::fprintf(
-      j,
-      "  \"record_bytes\": %llu,\n  \"pool_bytes\": %llu,\n  \"activation_bytes\": %llu,\n"
-      "  \"grad_bytes_per_layer\": %llu,\n"
-      "  \"device_memory\": {\"free_bytes\": %llu, \"total_bytes\": %llu, "
-      "\"needed_bytes\": %llu},\n"
-      "  \"host_seconds\": {\"pool_create\": %.4f, \"fill\": %.4f, \"grads_create\": "
-      "%.4f, \"resident_copy\": %.4f},\n",
-      static_cast<unsigned long long>(sz.record_bytes),
-      static_cast<unsigned long long>(sz.pool_bytes), static_cast<unsigned long long>(sz.act_bytes),
-      static_cast<unsigned long long>(sz.grad_bytes), static_cast<unsigned long long>(r.free_bytes),
-      static_cast<unsigned long long>(r.total_bytes), static_cast<unsigned long long>(r.need_bytes),
-      r.pool_s, r.fill_s, r.grads_s, r.resident_copy_s);
-  std::fprintf(j, "  \"peak\": {\"h2d_gbps\": %.4f, \"h2d_ms\": %.4f, \"h2d_bytes\": %llu, ",
-               r.h2d_peak, r.h2d_peak_ms, static_cast<unsigned long long>(sz.pool_bytes));
-  if (o.trainable())
-    std::fprintf(j, "\"d2h_gbps\": %.4f, \"d2h_ms\": %.4f, \"d2h_bytes\": %llu, ", r.d2h_peak,
-                 r.d2h_peak_ms, static_cast<unsigned long long>(sz.grad_bytes) * o.layers);
-  else
-    std::fprintf(j, "\"d2h_gbps\": null, ");
-  if (o.trainable())
-    std::fprintf(j, "\"duplex_h2d_gbps\": %.4f, \"duplex_d2h_gbps\": %.4f, \"duplex_ms\": %.4f, ",
-                 r.duplex_h2d, r.duplex_d2h, r.duplex_ms);
-  std::fprintf(j, "\"repeats\": %d},\n", kPeakRepeats);
-  if (r.resident) {
-    std::fprintf(j,
-                 "  \"resident\": {\"measured\": true, \"median_ms\": %.4f, \"forward_ms\": %.4f, "
-                 "\"backward_ms\": %.4f, \"step_ms\": ",
-                 r.res_median, r.res_fwd, r.res_bwd);
-    json_list(j, r.res_ms);
-    std::fprintf(j, "},\n");
-  } else {
-    std::fprintf(j, "  \"resident\": {\"measured\": false, \"skipped\": %s},\n",
-                 json_string(r.resident_note).c_str());
+  const bool t = o.trainable();
+  Json j = json_doc("train");
+  j["mode"] = o.frozen ? "frozen" : "train";
+  j["device"] = json_device(dev);
+  j["config"] = {{"layers", o.layers}, {"rows", o.rows}, {"cols", o.cols},
+                 {"dtype", lwo_dtype_name(o.dtype)}, {"bias", o.bias}, {"tokens", o.tokens},
+                 {"depth", o.depth}, {"grad_depth", t ? o.grad_depth : 0},
+                 {"native_wire", o.grads == "native-wire"},
+                 {"wire_dtype", t ? Json(lwo_dtype_name(sz.wire)) : Json()}, {"steps", o.steps},
+                 {"seed", o.seed}, {"timing", o.timing}, {"grads", t ? Json(o.grads) : Json()},
+                 {"host_dtype", t ? Json(lwo_dtype_name(sz.host)) : Json()},
+                 {"micro_batches", o.micro_batches},
+                 {"order", testkit::micro_order_name(o.order)}, {"quant", quant_flag_name(o.quant)}};
+  j["record_bytes"] = sz.record_bytes;
+  j["pool_bytes"] = sz.pool_bytes;
+  j["activation_bytes"] = sz.act_bytes;
+  j["grad_bytes_per_layer"] = sz.grad_bytes;
+  j["device_memory"] = {
+      {"free_bytes", r.free_bytes}, {"total_bytes", r.total_bytes}, {"needed_bytes", r.need_bytes}};
+  j["host_seconds"] = {{"pool_create", r.pool_s}, {"fill", r.fill_s}, {"grads_create", r.grads_s},
+                       {"resident_copy", r.resident_copy_s}};
+  Json& peak = j["peak"] = {{"h2d_gbps", r.h2d_peak}, {"h2d_ms", r.h2d_peak_ms},
+                            {"h2d_bytes", sz.pool_bytes}, {"d2h_gbps", nullptr}};
+  if (t) {
+    peak["d2h_gbps"] = r.d2h_peak;
+    peak["d2h_ms"] = r.d2h_peak_ms;
+    peak["d2h_bytes"] = sz.grad_bytes * o.layers;
+    peak["duplex_h2d_gbps"] = r.duplex_h2d;
+    peak["duplex_d2h_gbps"] = r.duplex_d2h;
+    peak["duplex_ms"] = r.duplex_ms;
   }
-  std::fprintf(j, "  \"warmup_step\": ");
-  json_step(j, r.warm);
-  std::fprintf(j, ",\n  \"steps\": [");
-  for (size_t i = 0; i < r.steps.size(); ++i) {
-    std::fprintf(j, "%s\n    ", i ? "," : "");
-    json_step(j, r.steps[i]);
-  }
-  std::fprintf(j,
-               "\n  ],\n  \"median_ms\": %.4f,\n  \"best_ms\": %.4f,\n"
-               "  \"h2d_bytes_per_step\": %llu,\n  \"d2h_bytes_per_step\": %llu,\n"
-               "  \"hits_per_step\": %llu,\n"
-               "  \"achieved_gbps\": {\"h2d\": %.4f, \"d2h\": %.4f},\n",
-               r.median_ms, r.best_ms, static_cast<unsigned long long>(r.h2d_bytes),
-               static_cast<unsigned long long>(r.d2h_bytes),
-               static_cast<unsigned long long>(r.hits), r.gbps(r.h2d_bytes, r.median_ms),
-               r.gbps(r.d2h_bytes, r.median_ms));
-  std::fprintf(j, "  \"bound\": {\"ms\": %.4f, \"binding\": %s, \"resident_ms\": ", r.bound,
-               json_string(r.binding).c_str());
+  peak["repeats"] = kPeakRepeats;
   if (r.resident)
-    std::fprintf(j, "%.4f", r.res_median);
+    j["resident"] = {{"measured", true}, {"median_ms", r.res_median}, {"forward_ms", r.res_fwd},
+                     {"backward_ms", r.res_bwd}, {"step_ms", r.res_ms}};
   else
-    std::fprintf(j, "null");
-  std::fprintf(j, ", \"h2d_ms\": %.4f, \"d2h_ms\": %.4f},\n", r.h2d_term, r.d2h_term);
+    j["resident"] = {{"measured", false}, {"skipped", r.resident_note}};
+  j["warmup_step"] = json_step(r.warm);
+  Json& steps = j["steps"] = Json::array();
+  for (const testkit::StepStats& s : r.steps) steps.push_back(json_step(s));
+  j["median_ms"] = r.median_ms;
+  j["best_ms"] = r.best_ms;
+  j["h2d_bytes_per_step"] = r.h2d_bytes;
+  j["d2h_bytes_per_step"] = r.d2h_bytes;
+  j["hits_per_step"] = r.hits;
+  j["achieved_gbps"] = {{"h2d", r.gbps(r.h2d_bytes, r.median_ms)},
+                        {"d2h", r.gbps(r.d2h_bytes, r.median_ms)}};
+  j["bound"] = {{"ms", r.bound}, {"binding", r.binding},
+                {"resident_ms", r.resident ? Json(r.res_median) : Json()},
+                {"h2d_ms", r.h2d_term}, {"d2h_ms", r.d2h_term}};
   if (r.phases) {
-    std::fprintf(j,
-                 "  \"halves_bound_ms\": {\"forward\": %.4f, \"backward\": %.4f, \"sum\": %.4f},\n",
-                 r.phase_fwd, r.phase_bwd, r.phase_fwd + r.phase_bwd);
-    std::fprintf(j,
-                 "  \"split_floor\": {\"ms\": %.4f, \"passes\": %u, \"forward_ms\": %.4f, "
-                 "\"backward_ms\": %.4f, \"forward_compute_ms\": %.4f, \"forward_h2d_ms\": %.4f, "
-                 "\"backward_compute_ms\": %.4f, \"backward_link_ms\": %.4f, "
-                 "\"forward_binding\": \"%s\", \"backward_binding\": \"%s\", "
-                 "\"ratio_median\": %.5f, \"ratio_best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
-                 r.floor.ms, r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_ms,
-                 r.floor.bwd_ms, r.floor.fwd_compute_ms, r.floor.fwd_h2d_ms,
-                 r.floor.bwd_compute_ms, r.floor.bwd_link_ms, r.floor.fwd_binding,
-                 r.floor.bwd_binding, r.median_ms / r.floor.ms, r.best_ms / r.floor.ms,
-                 kTargetFloor, r.median_ms / r.floor.ms <= kTargetFloor ? "true" : "false");
+    const testkit::SplitFloor& f = r.floor;
+    j["halves_bound_ms"] = {
+        {"forward", r.phase_fwd}, {"backward", r.phase_bwd}, {"sum", r.phase_fwd + r.phase_bwd}};
+    j["split_floor"] = {{"ms", f.ms}, {"passes", r.steps.empty() ? 1u : r.steps[0].passes},
+                        {"forward_ms", f.fwd_ms}, {"backward_ms", f.bwd_ms},
+                        {"forward_compute_ms", f.fwd_compute_ms}, {"forward_h2d_ms", f.fwd_h2d_ms},
+                        {"backward_compute_ms", f.bwd_compute_ms},
+                        {"backward_link_ms", f.bwd_link_ms}, {"forward_binding", f.fwd_binding},
+                        {"backward_binding", f.bwd_binding},
+                        {"ratio_median", r.median_ms / f.ms}, {"ratio_best", r.best_ms / f.ms},
+                        {"target", kTargetFloor}, {"met", r.median_ms / f.ms <= kTargetFloor}};
   }
-  std::fprintf(j,
-               "  \"edges_ms\": {\"start\": %.4f, \"turn\": %.4f, \"end\": %.4f},\n"
-               "  \"host_add\": {\"bytes_per_step\": %llu, \"gbps\": %.4f, \"alone_bytes\": %llu, "
-               "\"alone_gbps\": %.4f},\n",
-               r.start_ms, r.turn_ms, r.end_ms, static_cast<unsigned long long>(r.add_bytes),
-               r.add_gbps, static_cast<unsigned long long>(r.add_alone_bytes), r.add_alone_gbps);
-  std::fprintf(j,
-               "  \"ratio\": {\"median\": %.5f, \"best\": %.5f, \"target\": %.2f, \"met\": %s},\n",
-               r.ratio(r.median_ms), r.ratio(r.best_ms), r.target, r.met() ? "true" : "false");
-  const lwo_ring_info& ri = r.ring;
-  std::fprintf(j, "  \"ring\": {\"depth\": %u, \"slot_bytes\": %llu},\n", ri.depth,
-               static_cast<unsigned long long>(ri.slot_bytes));
-  if (r.planned) {  // Since 0.4.0: --budget
-    std::fprintf(j, "  \"plan\": %s,\n  \"planned\": {\"depth\": %u, \"n_resident\": %u, "
-                 "\"step_ms\": [", json_plan(r.plan).c_str(), r.plan_ring.depth,
-                 r.plan_ring.n_resident);
-    for (size_t i = 0; i < r.plan_ms.size(); ++i)
-      std::fprintf(j, "%s%.4f", i ? ", " : "", r.plan_ms[i]);
-    std::fprintf(j, "], \"median_ms\": %.4f, \"predicted_ms\": %.5f, \"h2d_bytes\": %llu, "
-                 "\"time_ratio\": %.5f, \"check\": %s},\n", r.plan_median_ms,
-                 r.plan.info.predicted_ms, static_cast<unsigned long long>(r.plan_h2d_bytes),
-                 r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
-                 json_string(r.plan_check).c_str());
+  j["edges_ms"] = {{"start", r.start_ms}, {"turn", r.turn_ms}, {"end", r.end_ms}};
+  j["host_add"] = {{"bytes_per_step", r.add_bytes}, {"gbps", r.add_gbps},
+                   {"alone_bytes", r.add_alone_bytes}, {"alone_gbps", r.add_alone_gbps}};
+  j["ratio"] = {{"median", r.ratio(r.median_ms)}, {"best", r.ratio(r.best_ms)},
+                {"target", r.target}, {"met", r.met()}};
+  j["ring"] = {{"depth", r.ring.depth}, {"slot_bytes", r.ring.slot_bytes}};
+  if (r.planned) {  // --budget
+    j["plan"] = json_plan(r.plan);
+    j["planned"] = {{"depth", r.plan_ring.depth}, {"n_resident", r.plan_ring.n_resident},
+                    {"step_ms", r.plan_ms}, {"median_ms", r.plan_median_ms},
+                    {"predicted_ms", r.plan.info.predicted_ms}, {"h2d_bytes", r.plan_h2d_bytes},
+                    {"time_ratio", r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0},
+                    {"check", r.plan_check}};
   }
-  if (r.optimized) {  // Since 0.4.0: --optimizer
-    std::fprintf(j,
-                 "  \"optimizer\": {\"kind\": %s, \"state_dtype\": \"%s\", \"max_norm\": %g, "
-                 "\"delayed\": %s, \"params_per_step\": %llu, \"update_alone_ms\": %.4f, "
-                 "\"params_per_s\": %.6g, \"full_step_ms\": %.4f, \"gpu_step_ms\": %.4f, "
-                 "\"overlap\": %.5f, \"ratio_to_bound\": %.5f, \"target\": 1.1, \"met\": %s, "
-                 "\"tail_ms\": %.4f, \"host_update_bytes\": %.6g, \"host_copy_bytes\": %.6g, "
-                 "\"update_GBps\": %.5g, \"host_memory_floor_ms\": %.4f, "
-                 "\"ratio_to_host_memory_floor\": %.5f, \"pairs\": %zu, \"pair_ratios\": [",
-                 json_string(o.optimizer).c_str(), lwo_dtype_name(o.optim_state), o.max_norm,
-                 o.delayed ? "true" : "false", static_cast<unsigned long long>(r.opt_params),
-                 r.opt_alone_ms,
-                 r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0,
-                 r.opt_full_ms, r.opt_gpu_ms, r.opt_overlap, r.opt_ratio,
-                 r.opt_ratio <= 1.1 ? "true" : "false", r.opt_tail_ms, r.opt_update_bytes,
-                 r.opt_copy_bytes, r.opt_update_gbps, r.opt_memory_floor_ms, r.opt_memory_ratio,
-                 r.opt_pair_ratios.size());
-    for (size_t i = 0; i < r.opt_pair_ratios.size(); ++i)
-      std::fprintf(j, "%s%.5f", i ? ", " : "", r.opt_pair_ratios[i]);
-    std::fprintf(j, "]},\n");
-  }
-  std::fprintf(j, "  \"verified\": true,\n  \"check\": %s\n}\n", json_string(r.check).c_str());
+  if (r.optimized)  // --optimizer
+    j["optimizer"] = {
+        {"kind", o.optimizer}, {"state_dtype", lwo_dtype_name(o.optim_state)},
+        {"max_norm", o.max_norm}, {"delayed", o.delayed}, {"params_per_step", r.opt_params},
+        {"update_alone_ms", r.opt_alone_ms},
+        {"params_per_s",
+         r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0},
+        {"full_step_ms", r.opt_full_ms}, {"gpu_step_ms", r.opt_gpu_ms},
+        {"overlap", r.opt_overlap}, {"ratio_to_bound", r.opt_ratio}, {"target", 1.1},
+        {"met", r.opt_ratio <= 1.1}, {"tail_ms", r.opt_tail_ms},
+        {"host_update_bytes", r.opt_update_bytes}, {"host_copy_bytes", r.opt_copy_bytes},
+        {"update_GBps", r.opt_update_gbps}, {"host_memory_floor_ms", r.opt_memory_floor_ms},
+        {"ratio_to_host_memory_floor", r.opt_memory_ratio},
+        {"pairs", r.opt_pair_ratios.size()}, {"pair_ratios", r.opt_pair_ratios}};
+  j["verified"] = true;
+  j["check"] = r.check;
+  return j;
 }
 
 // --- the check -------------------------------------------------------------------
@@ -861,12 +805,333 @@ const Command kTrainCommand = {
     cmd_train,
 };
 
+// One run of lwo train, phase by phase: what each phase makes (the pool, the
+// chain's buffers, the ring, the schedule, the gradients) lives here until
+// the run ends, released in the reverse order.
+struct Trainer {
+  const Options& o;
+  Results& r;
+  lwo_engine* engine;
+  const uint32_t L;
+  const uint32_t n_check;  // layers the check recomputes: the first and the last
+  std::unique_ptr<testkit::ChainWeights> weights;
+  Stream compute;
+  std::unique_ptr<testkit::ChainRun> run;
+  Ring ring;
+  Schedule schedule;
+  Grads grads;
+  std::vector<uint32_t> order;
+  testkit::StepOptions step_options;
+
+  Trainer(const Options& options, Results& results, lwo_engine* e)
+      : o(options), r(results), engine(e), L(o.layers), n_check(L > 1 ? 2 : 1) {}
+
+  // Device memory for the streamed steps, checked before anything is made.
+  void check_memory() {
+    const Sizes& sz = r.sz;
+    // The streamed steps need (the resident records come later,
+    // where they fit): activations, gradient buffers, ring slots, gradient
+    // staging, the check's buffers and records of the first and last layer.
+    {
+      size_t free_b = 0, total_b = 0;
+      TK_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      r.free_bytes = free_b;
+      r.total_bytes = total_b;
+      const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes) *
+                         static_cast<double>(o.micro_batches);
+      const double ring_b = static_cast<double>(o.depth) * static_cast<double>(sz.record_bytes);
+      const double grads_b = static_cast<double>(o.grad_depth + n_check + (L > 2 ? 1 : 0)) *
+                           static_cast<double>(sz.grad_bytes);
+      const double checks = static_cast<double>(n_check) * static_cast<double>(sz.record_bytes);
+      const double need = act + ring_b + grads_b + checks + static_cast<double>(kMarginBytes);
+      r.need_bytes = need < 1.8e19 ? static_cast<uint64_t>(need) : UINT64_MAX;
+      if (need > static_cast<double>(free_b))
+        fail(
+            strf("lwo train needs about %s of device memory (activations and gradients %s, ring "
+                 "%s, gradient buffers %s, check records %s, margin %s) but %s of %s is free: "
+                 "lower --tokens, --layers or --depth",
+                 fmt_bytes(r.need_bytes).c_str(), fmt_bytes(static_cast<uint64_t>(act)).c_str(),
+                 fmt_bytes(static_cast<uint64_t>(ring_b)).c_str(),
+                 fmt_bytes(static_cast<uint64_t>(grads_b)).c_str(),
+                 fmt_bytes(static_cast<uint64_t>(checks)).c_str(), fmt_bytes(kMarginBytes).c_str(),
+                 fmt_bytes(free_b).c_str(), fmt_bytes(total_b).c_str()));
+    }
+
+
+  }
+
+  void load() {
+    const Sizes& sz = r.sz;
+    // The pool: a chain of square layers (testkit::ChainWeights, one layer a
+    // record), weights uniform within +-sqrt(3 / cols) (variance 1 / cols:
+    // activations and gradients keep their scale through any number of layers,
+    // so f16 neither overflows nor underflows), biases within +-1 / sqrt(cols).
+    testkit::ChainSpec spec = testkit::linear_chain("lwo train", o.cols, L, 1);
+    spec.dtype = o.dtype;
+    spec.bias = o.bias;
+    spec.seed = o.seed;
+    spec.quant = o.quant;  // --quant: quantized on load (fill)
+    {
+      Phase phase("pool");
+      weights = std::make_unique<testkit::ChainWeights>(engine, spec, /*fill_now=*/false);
+      r.pool_s = weights->pool_seconds();
+      phase.done("pinned, %s in %.2f s", fmt_bytes(sz.pool_bytes).c_str(), r.pool_s);
+    }
+    r.weight_bound = spec.weight_bound(0);
+    {
+      const uint64_t fill_bytes = weights->fill_bytes();
+      Phase phase("fill", fill_bytes, true);
+      weights->fill(phase.counter());
+      r.fill_s = weights->fill_seconds();
+      phase.done("%s uniform within +-%.4g in %.2f s (%.1f GB/s, seed %llu)",
+                 fmt_bytes(fill_bytes).c_str(), r.weight_bound, r.fill_s,
+                 static_cast<double>(fill_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
+                 static_cast<unsigned long long>(o.seed));
+    }
+
+  }
+
+  void peaks() {
+    const Sizes& sz = r.sz;
+    // Peaks, before anything else runs on the GPU.
+    {
+      Phase phase("peak");
+      const testkit::CopyResult h2d = measure_h2d_peak(weights->record_hosts(), sz.record_bytes);
+      r.h2d_peak = h2d.best_gbps();
+      r.h2d_peak_ms = h2d.best_ms();
+      std::string d2h;
+      if (o.trainable()) {
+        // L gradients' worth of copies into pinned memory.
+        testkit::PeakKnobs knobs;
+        knobs.copy_bytes = sz.grad_bytes;
+        knobs.copies = L;
+        knobs.warmup = 1;
+        knobs.repeats = kPeakRepeats;
+        knobs.direction = testkit::Direction::kD2H;
+        const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
+        r.d2h_peak = peak.best_gbps();
+        r.d2h_peak_ms = peak.best_ms();
+        // Both directions at once, as the backward half moves them.
+        knobs.direction = testkit::Direction::kBoth;
+        const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
+        r.duplex_h2d = both.h2d_best_gbps();
+        r.duplex_d2h = both.d2h_best_gbps();
+        r.duplex_ms = both.best_ms();
+        d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms; at once %.2f + %.2f GB/s",
+                   r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms, r.duplex_h2d,
+                   r.duplex_d2h);
+      }
+      phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
+                 fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
+    }
+
+  }
+
+  void prepare() {
+    const Sizes& sz = r.sz;
+    // The chain's buffers and inputs (testkit::ChainRun): x_0 .. x_L, dy_L and
+    // two ping-pong gradient buffers; x_0 uniform in [-1, 1), dy_L uniform
+    // within +-1/sqrt(tokens) (so each weight gradient, a sum over the tokens,
+    // stays near 1 in size).
+    compute = make_stream();
+    run = std::make_unique<testkit::ChainRun>(*weights, o.tokens, compute.get(), o.trainable(),
+                                                   sz.wire, o.micro_batches, o.order);
+    r.dy_bound = run->dy_bound();
+
+    // The ring, the schedule (forward 0..L-1, backward L-1..0) and the gradients.
+    lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
+    ring_config.depth = o.depth;
+    ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
+    TK_CHECK(lwo_ring_create(weights->pool(), &ring_config, ring.out()));
+    r.ring.size = sizeof r.ring;
+    TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+    order = testkit::step_order(L, /*backward=*/true);
+    TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+    if (o.trainable()) {
+      lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
+      grads_config.depth = o.grad_depth;
+      grads_config.flags = o.grads == "f32"           ? LWO_GRADS_F32
+                           : o.grads == "native-wire" ? LWO_GRADS_NATIVE_WIRE
+                                                      : 0u;  // the layer dtype throughout
+      Phase phase("grads");
+      TK_CHECK(lwo_grads_create(weights->pool(), nullptr, &grads_config, grads.out()));
+      r.grads_s = phase.seconds();
+      phase.done("%s host buffers for %u layers in %.2f s, %s on the wire",
+                 lwo_dtype_name(sz.host), L, r.grads_s, lwo_dtype_name(sz.wire));
+    }
+
+  }
+
+  void resident() {
+    const Sizes& sz = r.sz;
+    // The resident reference: every record on the device where they fit, else
+    // only the first and the last (for the check). The margin also keeps room
+    // for the gradient buffers of the resident passes (the first and the last
+    // layer's, and a scratch for the others'), which they allocate on first use.
+    const uint64_t resident_grad_bytes =
+        o.trainable() ? (n_check + (L > 2 ? 1 : 0)) * sz.grad_bytes : 0;
+    weights->make_resident(/*allow_partial=*/true, kMarginBytes + resident_grad_bytes);
+    r.resident_copy_s = weights->resident_seconds();
+    r.resident = weights->all_resident();
+    r.resident_note = weights->resident_note();
+
+    if (r.resident) {
+      Phase phase("resident", o.steps + 1);
+      for (uint32_t s = 0; s <= o.steps; ++s) {
+        // The same calls as a streamed step; forward and backward timed by events.
+        const testkit::PassTimes t = run->resident_pass(/*backward=*/true, /*events=*/true);
+        TK_CHECK(lwo_engine_check(engine));
+        if (s == 0) {  // warm-up: algorithm choice, workspace
+          phase.set(1, "warm-up step done");
+          continue;
+        }
+        r.res_fwd_ms.push_back(t.fwd_ms);
+        r.res_bwd_ms.push_back(t.bwd_ms);
+        r.res_ms.push_back(t.fwd_ms + t.bwd_ms);
+        phase.set(s + 1, strf("step %u/%u: %.3f ms (forward %.3f, backward %.3f)", s, o.steps,
+                              t.fwd_ms + t.bwd_ms, t.fwd_ms, t.bwd_ms));
+      }
+      r.res_median = median(r.res_ms);
+      r.res_fwd = median(r.res_fwd_ms);
+      r.res_bwd = median(r.res_bwd_ms);
+      phase.done("1 warm-up + %u timed steps with every record on the device: median %.3f ms "
+                 "(forward %.3f, backward %.3f)",
+                 o.steps, r.res_median, r.res_fwd, r.res_bwd);
+    } else {
+      progress("resident: skipped: %s; the bound has no compute term", r.resident_note.c_str());
+    }
+
+  }
+
+  testkit::StepStats step() {
+    return run->streamed_pass(schedule.get(), ring.get(), grads.get(), step_options);
+  }
+
+  std::string report(const char* name, const testkit::StepStats& s) const {
+    return strf("%s: %.3f ms; H2D %s %.2f GB/s, %llu hits%s", name, s.ms,
+                fmt_bytes(s.h2d_bytes).c_str(), r.gbps(s.h2d_bytes, s.ms),
+                static_cast<unsigned long long>(s.hits),
+                o.trainable() ? strf("; D2H %s %.2f GB/s", fmt_bytes(s.d2h_bytes).c_str(),
+                                     r.gbps(s.d2h_bytes, s.ms))
+                                    .c_str()
+                              : "");
+  }
+
+  // The streamed steps (testkit::ChainRun::streamed_pass): one warm-up, then
+  // the timed ones. Each zeroes the gradients (untimed), then is timed from
+  // the start of the enqueue to the return of lwo_grads_wait and the compute
+  // stream's sync. Without --timing the ring's statistics are host counters,
+  // read after the forward half without waiting for the GPU.
+  void streamed(Phase& steps_phase) {
+    const Sizes& sz = r.sz;
+    step_options.half_stats = !o.timing;
+    step_options.timing = o.timing;
+    step_options.check_engine = engine;
+    step_options.edges = true;
+    r.warm = step();
+    steps_phase.set(1, report("warm-up step", r.warm));
+    for (uint32_t s = 1; s <= o.steps; ++s) {
+      r.steps.push_back(step());
+      steps_phase.set(s + 1, report(strf("step %u/%u", s, o.steps).c_str(), r.steps.back()));
+      if (s == 1) {
+        r.check = check_step(o, sz, *run, *weights, grads.get());
+        progress("check: %s", r.check.c_str());
+      }
+    }
+    TK_CHECK(cudaStreamSynchronize(compute.get()));
+    TK_CHECK(lwo_engine_synchronize(engine));
+  }
+
+  void host_add() {
+    const Sizes& sz = r.sz;
+    // The host addition by itself: every layer's gradient ended twice after a
+    // zero (the first lands in place, the second is added on the host), each
+    // addition waited for before the next layer's copy starts, so nothing runs
+    // beside it (no copy, no compute); the library's own counters time the
+    // additions. The buffers' contents do not matter here.
+    if (o.trainable() && sz.wire == sz.host) {
+      Phase phase("host add");
+      TK_CHECK(lwo_grads_zero(grads.get()));
+      auto end_layer = [&](uint32_t l) {
+        lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+        TK_CHECK(lwo_grads_begin(grads.get(), l, compute.get(), &gv));
+        TK_CHECK(lwo_grads_end(grads.get(), l, compute.get()));
+      };
+      for (uint32_t l = 0; l < L; ++l) end_layer(l);  // in place
+      TK_CHECK(lwo_grads_wait(grads.get()));
+      const lwo_grads_stats g0 = testkit::grads_stats(grads.get());
+      for (uint32_t l = 0; l < L; ++l) {
+        end_layer(l);  // added on the host
+        TK_CHECK(lwo_grads_wait(grads.get()));
+      }
+      const lwo_grads_stats g1 = testkit::grads_stats(grads.get());
+      r.add_alone_bytes = g1.accumulated_bytes - g0.accumulated_bytes;
+      const uint64_t ns = g1.accumulate_ns - g0.accumulate_ns;
+      r.add_alone_gbps = ns ? static_cast<double>(r.add_alone_bytes) / static_cast<double>(ns) : 0;
+      phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
+                 static_cast<double>(ns) / 1e6, r.add_alone_gbps);
+    }
+  }
+
+  void planned() {
+    const Sizes& sz = r.sz;
+    if (!o.budget.empty()) {
+      // Since 0.4.0: --budget. The plan from the link measured now and the
+      // resident steps' compute per layer (0 where they could not be measured),
+      // then its ring's steps with the same gradients, the engine held to the
+      // budget (the gradient staging already held counts against it).
+      r.planned = true;
+      const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
+      const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
+      std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
+      r.plan = make_plan(weights->pool(), plan_budget(engine, budget), std::vector<double>(L, f),
+                         std::vector<double>(L, b), mask.data(), o.grad_depth);
+      schedule.destroy();
+      ring.destroy();
+      TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
+      lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
+      TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
+      r.plan_ring.size = sizeof r.plan_ring;
+      TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
+      TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+      Phase plan_phase("planned", o.steps + 1);
+      step();  // warm-up
+      std::vector<testkit::StepStats> ps;
+      for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
+        ps.push_back(step());
+        r.plan_ms.push_back(ps.back().ms);
+        plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
+        if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
+          r.plan_check = check_step(o, sz, *run, *weights, grads.get());
+          progress("planned check: %s", r.plan_check.c_str());
+        }
+      }
+      r.plan_median_ms = median(r.plan_ms);
+      for (const testkit::StepStats& st : ps)
+        if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
+      if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
+      plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
+                      r.plan_ring.depth, r.plan_ring.n_resident, r.plan_median_ms,
+                      r.plan.info.predicted_ms);
+    }
+  }
+};
+
+void print_planned(const Results& r) {
+  std::printf("\n");
+  print_plan(r.plan);
+  std::printf("%-10s predicted %.3f ms, measured %.3f ms per step (%+.1f%%); %.3fx the "
+              "unbudgeted step (target <= 0.6x); H2D %s per step\n", "planned",
+              r.plan.info.predicted_ms, r.plan_median_ms,
+              100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
+              r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
+              fmt_bytes(r.plan_h2d_bytes).c_str());
+  std::printf("%-10s %s\n", "check", r.plan_check.c_str());
+}
+
 int cmd_train(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o))) {
-    print_command_help(kTrainCommand, stdout);
-    return 0;
-  }
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
   check_options(o);
   const uint32_t L = o.layers;
   Results r;
@@ -877,7 +1142,7 @@ int cmd_train(int argc, char** argv) {
   open_device(o.device, dev);
   lwo_engine* engine = dev.engine.get();
   JsonFile json;
-  if (!o.json.empty()) json.open(o.json);
+  json.open(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
            describe(dev).c_str(), L, fmt_bytes(sz.record_bytes).c_str(),
            fmt_bytes(sz.pool_bytes).c_str(), static_cast<long long>(o.tokens));
@@ -887,296 +1152,27 @@ int cmd_train(int argc, char** argv) {
         "steps hit and copy nothing",
         o.depth, L);
 
-  // Device memory for the streamed steps (the resident records come later,
-  // where they fit): activations, gradient buffers, ring slots, gradient
-  // staging, the check's buffers and records of the first and last layer.
-  const uint32_t n_check = L > 1 ? 2 : 1;
   {
-    size_t free_b = 0, total_b = 0;
-    TK_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    r.free_bytes = free_b;
-    r.total_bytes = total_b;
-    const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes) *
-                       static_cast<double>(o.micro_batches);
-    const double ring = static_cast<double>(o.depth) * static_cast<double>(sz.record_bytes);
-    const double grads = static_cast<double>(o.grad_depth + n_check + (L > 2 ? 1 : 0)) *
-                         static_cast<double>(sz.grad_bytes);
-    const double checks = static_cast<double>(n_check) * static_cast<double>(sz.record_bytes);
-    const double need = act + ring + grads + checks + static_cast<double>(kMarginBytes);
-    r.need_bytes = need < 1.8e19 ? static_cast<uint64_t>(need) : UINT64_MAX;
-    if (need > static_cast<double>(free_b))
-      fail(
-          strf("lwo train needs about %s of device memory (activations and gradients %s, ring "
-               "%s, gradient buffers %s, check records %s, margin %s) but %s of %s is free: "
-               "lower --tokens, --layers or --depth",
-               fmt_bytes(r.need_bytes).c_str(), fmt_bytes(static_cast<uint64_t>(act)).c_str(),
-               fmt_bytes(static_cast<uint64_t>(ring)).c_str(),
-               fmt_bytes(static_cast<uint64_t>(grads)).c_str(),
-               fmt_bytes(static_cast<uint64_t>(checks)).c_str(), fmt_bytes(kMarginBytes).c_str(),
-               fmt_bytes(free_b).c_str(), fmt_bytes(total_b).c_str()));
+    Trainer t(o, r, engine);
+    t.check_memory();
+    t.load();
+    t.peaks();
+    t.prepare();
+    t.resident();
+    Phase steps_phase("steps", o.steps + 1);
+    t.streamed(steps_phase);
+    t.host_add();
+    t.planned();
+    summarise(o, r);
+    if (!o.optimizer.empty())
+      optimizer_steps(o, r.sz, r, t.grads.get(), [&t] { return t.step(); }, t.step_options);
+    steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
+                     "bound (%s)",
+                     o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);
+    print_results(dev, o, r);
+    if (r.planned) print_planned(r);  // --budget
+    json.write(to_json(dev, o, r));
   }
-
-
-  // The pool: a chain of square layers (testkit::ChainWeights, one layer a
-  // record), weights uniform within +-sqrt(3 / cols) (variance 1 / cols:
-  // activations and gradients keep their scale through any number of layers,
-  // so f16 neither overflows nor underflows), biases within +-1 / sqrt(cols).
-  testkit::ChainSpec spec = testkit::linear_chain("lwo train", o.cols, L, 1);
-  spec.dtype = o.dtype;
-  spec.bias = o.bias;
-  spec.seed = o.seed;
-  spec.quant = o.quant;  // --quant: quantized on load (fill)
-  std::unique_ptr<testkit::ChainWeights> weights;
-  {
-    Phase phase("pool");
-    weights = std::make_unique<testkit::ChainWeights>(engine, spec, /*fill_now=*/false);
-    r.pool_s = weights->pool_seconds();
-    phase.done("pinned, %s in %.2f s", fmt_bytes(sz.pool_bytes).c_str(), r.pool_s);
-  }
-  r.weight_bound = spec.weight_bound(0);
-  {
-    const uint64_t fill_bytes = weights->fill_bytes();
-    Phase phase("fill", fill_bytes, true);
-    weights->fill(phase.counter());
-    r.fill_s = weights->fill_seconds();
-    phase.done("%s uniform within +-%.4g in %.2f s (%.1f GB/s, seed %llu)",
-               fmt_bytes(fill_bytes).c_str(), r.weight_bound, r.fill_s,
-               static_cast<double>(fill_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
-               static_cast<unsigned long long>(o.seed));
-  }
-
-  // Peaks, before anything else runs on the GPU.
-  {
-    Phase phase("peak");
-    const testkit::CopyResult h2d = measure_h2d_peak(weights->record_hosts(), sz.record_bytes);
-    r.h2d_peak = h2d.best_gbps();
-    r.h2d_peak_ms = h2d.best_ms();
-    std::string d2h;
-    if (o.trainable()) {
-      // L gradients' worth of copies into pinned memory.
-      testkit::PeakKnobs knobs;
-      knobs.copy_bytes = sz.grad_bytes;
-      knobs.copies = L;
-      knobs.warmup = 1;
-      knobs.repeats = kPeakRepeats;
-      knobs.direction = testkit::Direction::kD2H;
-      const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
-      r.d2h_peak = peak.best_gbps();
-      r.d2h_peak_ms = peak.best_ms();
-      // Both directions at once, as the backward half moves them.
-      knobs.direction = testkit::Direction::kBoth;
-      const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
-      r.duplex_h2d = both.h2d_best_gbps();
-      r.duplex_d2h = both.d2h_best_gbps();
-      r.duplex_ms = both.best_ms();
-      d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms; at once %.2f + %.2f GB/s",
-                 r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms, r.duplex_h2d,
-                 r.duplex_d2h);
-    }
-    phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
-               fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
-  }
-
-  // The chain's buffers and inputs (testkit::ChainRun): x_0 .. x_L, dy_L and
-  // two ping-pong gradient buffers; x_0 uniform in [-1, 1), dy_L uniform
-  // within +-1/sqrt(tokens) (so each weight gradient, a sum over the tokens,
-  // stays near 1 in size).
-  Stream compute = make_stream();
-  auto run = std::make_unique<testkit::ChainRun>(*weights, o.tokens, compute.get(), o.trainable(),
-                                                 sz.wire, o.micro_batches, o.order);
-  r.dy_bound = run->dy_bound();
-
-  // The ring, the schedule (forward 0..L-1, backward L-1..0) and the gradients.
-  lwo_ring_config ring_config = LWO_RING_CONFIG_INIT;
-  ring_config.depth = o.depth;
-  ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
-  Ring ring;
-  TK_CHECK(lwo_ring_create(weights->pool(), &ring_config, ring.out()));
-  r.ring.size = sizeof r.ring;
-  TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
-  const std::vector<uint32_t> order = testkit::step_order(L, /*backward=*/true);
-  Schedule schedule;
-  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
-  Grads grads;
-  if (o.trainable()) {
-    lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
-    grads_config.depth = o.grad_depth;
-    grads_config.flags = o.grads == "f32"           ? LWO_GRADS_F32
-                         : o.grads == "native-wire" ? LWO_GRADS_NATIVE_WIRE
-                                                    : 0u;  // the layer dtype throughout
-    Phase phase("grads");
-    TK_CHECK(lwo_grads_create(weights->pool(), nullptr, &grads_config, grads.out()));
-    r.grads_s = phase.seconds();
-    phase.done("%s host buffers for %u layers in %.2f s, %s on the wire",
-               lwo_dtype_name(sz.host), L, r.grads_s, lwo_dtype_name(sz.wire));
-  }
-
-  // The resident reference: every record on the device where they fit, else
-  // only the first and the last (for the check). The margin also keeps room
-  // for the gradient buffers of the resident passes (the first and the last
-  // layer's, and a scratch for the others'), which they allocate on first use.
-  const uint64_t resident_grad_bytes =
-      o.trainable() ? (n_check + (L > 2 ? 1 : 0)) * sz.grad_bytes : 0;
-  weights->make_resident(/*allow_partial=*/true, kMarginBytes + resident_grad_bytes);
-  r.resident_copy_s = weights->resident_seconds();
-  r.resident = weights->all_resident();
-  r.resident_note = weights->resident_note();
-
-  if (r.resident) {
-    Phase phase("resident", o.steps + 1);
-    for (uint32_t s = 0; s <= o.steps; ++s) {
-      // The same calls as a streamed step; forward and backward timed by events.
-      const testkit::PassTimes t = run->resident_pass(/*backward=*/true, /*events=*/true);
-      TK_CHECK(lwo_engine_check(engine));
-      if (s == 0) {  // warm-up: algorithm choice, workspace
-        phase.set(1, "warm-up step done");
-        continue;
-      }
-      r.res_fwd_ms.push_back(t.fwd_ms);
-      r.res_bwd_ms.push_back(t.bwd_ms);
-      r.res_ms.push_back(t.fwd_ms + t.bwd_ms);
-      phase.set(s + 1, strf("step %u/%u: %.3f ms (forward %.3f, backward %.3f)", s, o.steps,
-                            t.fwd_ms + t.bwd_ms, t.fwd_ms, t.bwd_ms));
-    }
-    r.res_median = median(r.res_ms);
-    r.res_fwd = median(r.res_fwd_ms);
-    r.res_bwd = median(r.res_bwd_ms);
-    phase.done("1 warm-up + %u timed steps with every record on the device: median %.3f ms "
-               "(forward %.3f, backward %.3f)",
-               o.steps, r.res_median, r.res_fwd, r.res_bwd);
-  } else {
-    progress("resident: skipped: %s; the bound has no compute term", r.resident_note.c_str());
-  }
-
-  // The streamed steps (testkit::ChainRun::streamed_pass): one warm-up, then
-  // the timed ones. Each zeroes the gradients (untimed), then is timed from
-  // the start of the enqueue to the return of lwo_grads_wait and the compute
-  // stream's sync. Without --timing the ring's statistics are host counters,
-  // read after the forward half without waiting for the GPU.
-  testkit::StepOptions step_options;
-  step_options.half_stats = !o.timing;
-  step_options.timing = o.timing;
-  step_options.check_engine = engine;
-  step_options.edges = true;
-  auto step = [&] {
-    return run->streamed_pass(schedule.get(), ring.get(), grads.get(), step_options);
-  };
-  Phase steps_phase("steps", o.steps + 1);
-  auto report = [&](const char* name, const testkit::StepStats& s) {
-    return strf("%s: %.3f ms; H2D %s %.2f GB/s, %llu hits%s", name, s.ms,
-                fmt_bytes(s.h2d_bytes).c_str(), r.gbps(s.h2d_bytes, s.ms),
-                static_cast<unsigned long long>(s.hits),
-                o.trainable() ? strf("; D2H %s %.2f GB/s", fmt_bytes(s.d2h_bytes).c_str(),
-                                     r.gbps(s.d2h_bytes, s.ms))
-                                    .c_str()
-                              : "");
-  };
-  r.warm = step();
-  steps_phase.set(1, report("warm-up step", r.warm));
-  for (uint32_t s = 1; s <= o.steps; ++s) {
-    r.steps.push_back(step());
-    steps_phase.set(s + 1, report(strf("step %u/%u", s, o.steps).c_str(), r.steps.back()));
-    if (s == 1) {
-      r.check = check_step(o, sz, *run, *weights, grads.get());
-      progress("check: %s", r.check.c_str());
-    }
-  }
-  TK_CHECK(cudaStreamSynchronize(compute.get()));
-  TK_CHECK(lwo_engine_synchronize(engine));
-  // The host addition by itself: every layer's gradient ended twice after a
-  // zero (the first lands in place, the second is added on the host), each
-  // addition waited for before the next layer's copy starts, so nothing runs
-  // beside it (no copy, no compute); the library's own counters time the
-  // additions. The buffers' contents do not matter here.
-  if (o.trainable() && sz.wire == sz.host) {
-    Phase phase("host add");
-    TK_CHECK(lwo_grads_zero(grads.get()));
-    auto end_layer = [&](uint32_t l) {
-      lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
-      TK_CHECK(lwo_grads_begin(grads.get(), l, compute.get(), &gv));
-      TK_CHECK(lwo_grads_end(grads.get(), l, compute.get()));
-    };
-    for (uint32_t l = 0; l < L; ++l) end_layer(l);  // in place
-    TK_CHECK(lwo_grads_wait(grads.get()));
-    const lwo_grads_stats g0 = testkit::grads_stats(grads.get());
-    for (uint32_t l = 0; l < L; ++l) {
-      end_layer(l);  // added on the host
-      TK_CHECK(lwo_grads_wait(grads.get()));
-    }
-    const lwo_grads_stats g1 = testkit::grads_stats(grads.get());
-    r.add_alone_bytes = g1.accumulated_bytes - g0.accumulated_bytes;
-    const uint64_t ns = g1.accumulate_ns - g0.accumulate_ns;
-    r.add_alone_gbps = ns ? static_cast<double>(r.add_alone_bytes) / static_cast<double>(ns) : 0;
-    phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
-               static_cast<double>(ns) / 1e6, r.add_alone_gbps);
-  }
-  if (!o.budget.empty()) {
-    // Since 0.4.0: --budget. The plan from the link measured now and the
-    // resident steps' compute per layer (0 where they could not be measured),
-    // then its ring's steps with the same gradients, the engine held to the
-    // budget (the gradient staging already held counts against it).
-    r.planned = true;
-    const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
-    const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
-    std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
-    r.plan = make_plan(weights->pool(), plan_budget(engine, budget), std::vector<double>(L, f),
-                       std::vector<double>(L, b), mask.data(), o.grad_depth);
-    schedule.destroy();
-    ring.destroy();
-    TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
-    lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
-    TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
-    r.plan_ring.size = sizeof r.plan_ring;
-    TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
-    TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
-    Phase plan_phase("planned", o.steps + 1);
-    step();  // warm-up
-    std::vector<testkit::StepStats> ps;
-    for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
-      ps.push_back(step());
-      r.plan_ms.push_back(ps.back().ms);
-      plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
-      if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
-        r.plan_check = check_step(o, sz, *run, *weights, grads.get());
-        progress("planned check: %s", r.plan_check.c_str());
-      }
-    }
-    r.plan_median_ms = median(r.plan_ms);
-    for (const testkit::StepStats& st : ps)
-      if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
-    if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
-    plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
-                    r.plan_ring.depth, r.plan_ring.n_resident, r.plan_median_ms,
-                    r.plan.info.predicted_ms);
-  }
-  summarise(o, r);
-  if (!o.optimizer.empty()) optimizer_steps(o, sz, r, grads.get(), step, step_options);
-  steps_phase.done("1 warm-up + %u timed streamed steps in %.2f s: median %.3f ms, %.4f x the "
-                   "bound (%s)",
-                   o.steps, steps_phase.seconds(), r.median_ms, r.ratio(r.median_ms), r.binding);
-
-  print_results(dev, o, r);
-  if (r.planned) {  // Since 0.4.0: --budget
-    std::printf("\n");
-    print_plan(r.plan);
-    std::printf("%-10s predicted %.3f ms, measured %.3f ms per step (%+.1f%%); %.3fx the "
-                "unbudgeted step (target <= 0.6x); H2D %s per step\n", "planned",
-                r.plan.info.predicted_ms, r.plan_median_ms,
-                100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
-                r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
-                fmt_bytes(r.plan_h2d_bytes).c_str());
-    std::printf("%-10s %s\n", "check", r.plan_check.c_str());
-  }
-  if (json.is_open()) {
-    write_json(json.get(), dev, o, r);
-    json.commit();
-  }
-  grads.destroy();
-  schedule.destroy();
-  ring.destroy();
-  run.reset();
-  compute.destroy();
-  weights.reset();  // the pool
   dev.engine.destroy();
   return 0;
 }

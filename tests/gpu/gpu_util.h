@@ -1,5 +1,5 @@
 // Shared helpers of the GPU tests (tests/gpu) on top of the testkit
-// (tests/testkit: device detection, owners, the generator, the checksum
+// (testkit/: device detection, owners, the generator, the checksum
 // kernel): skipping, gtest check macros, random layer descriptions, test
 // pools (pinned and registered) that remember the checksums of their host
 // bytes, and a collector of device-side checksum results.

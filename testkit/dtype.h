@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../../src/common/dtype.h"
+#include "src/common/dtype.h"
 #include "lwo.h"
 
 namespace testkit {

@@ -1,4 +1,4 @@
-// testkit: the harness shared by tools/, bench/ and tests/gpu (tests/testkit).
+// testkit: the harness shared by tools/, bench/ and tests/gpu (testkit/).
 //
 // Checks: a failed lwo or CUDA call becomes a testkit::Error that names the
 // call, the status and the library's message; owners (testkit/owner.h) report
