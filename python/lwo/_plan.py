@@ -58,7 +58,8 @@ class Planner:
         self.saw_backward = False  # the current step has had a backward access
         self.last_kind = None      # the kind of the step that ended last
         self._current = ()         # the plan of the current step (() between steps)
-        self._upcoming = {}        # (id(plan), pos, limit, exclude) -> upcoming()
+        self._upcoming = {}        # (id(plan), run start, limit, exclude) -> upcoming()
+        self._run_starts = {}      # id(plan) -> (plan, the start of each entry's run)
 
     # ----------------------------------------------------------------
     @property
@@ -184,6 +185,7 @@ class Planner:
             self.candidates[kind] = [[mapping[r] for r in c] for c in cands]
         self._between_steps()
         self._upcoming = {}
+        self._run_starts = {}
 
     def _between_steps(self):
         self.kind = None
@@ -205,7 +207,17 @@ class Planner:
         pairs: next_step is True for records past the end of this step's plan,
         which belong to the next step of the same kind."""
         plan = self.plan
-        key = (id(plan), self.pos, limit, exclude)
+        # Every position inside one run of equal entries has the same answer:
+        # keyed by the run's start, a step of 32 accesses to one record
+        # computes it once.
+        pos = self.pos
+        starts = self._run_starts.get(id(plan))
+        if starts is None or starts[0] is not plan:
+            starts = (plan, _run_starts(plan))
+            if len(self._run_starts) > 64:
+                self._run_starts = {}
+            self._run_starts[id(plan)] = starts
+        key = (id(plan), starts[1][pos] if pos < len(plan) else pos, limit, exclude)
         got = self._upcoming.get(key)
         if got is not None and got[0] is plan:
             return got[1]
@@ -237,6 +249,18 @@ class Planner:
                 "mispredictions": self.mispredictions,
                 "plan_length": {k: len(v[0]) for k, v in self.candidates.items()},
                 "plans_kept": {k: len(v) for k, v in self.candidates.items()}}
+
+
+def _run_starts(plan):
+    """For each entry of `plan`, the index where its run of equal entries
+    begins."""
+    out = [0] * len(plan)
+    start = 0
+    for i in range(1, len(plan)):
+        if plan[i] != plan[i - 1]:
+            start = i
+        out[i] = start
+    return out
 
 
 def _index(seq, value, start, stop=None):

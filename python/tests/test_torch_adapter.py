@@ -1029,3 +1029,41 @@ def test_sums_survive_a_module_made_trainable_between_micro_batches():
     ref(x3).sum().backward()
     close(m[0].weight.grad, ref[0].weight.grad, torch.float32)
     close(m[2].weight.grad, ref[2].weight.grad, torch.float32)
+
+
+def test_the_next_record_is_staged_ahead_at_every_module_of_a_record():
+    # records of three linears each (the plan's grouping), depth 2: while a
+    # record's modules run, the next record of the plan is already staged
+    # (prefetched), in forward and in backward, at every module, step after step
+    m = nn.Sequential(*[nn.Linear(12, 12) for _ in range(12)])
+    be = fake_lwo.Backend()
+    h = lt.offload(m, _backend=be, depth=2, plan=False, group=lambda n, mod: int(n) // 3)
+    x = torch.randn(4, 12, requires_grad=True)
+    for _ in range(4):  # warm-up and the plan
+        m(x).sum().backward()
+    assert len(h.records) == 4 and h.depth == 2 and not h.resident
+    seen, cur = [], [None]
+    fwd, bwd, acquire = be.linear_forward, be.linear_backward, h._acquire
+
+    def acquired(rec, stream):
+        cur[0] = rec.index
+        return acquire(rec, stream)
+
+    def ahead(order):
+        i = order.index(cur[0])
+        if i + 1 < len(order):
+            seen.append(order[i + 1] in h._prefetched)
+
+    def lin_fwd(*a):
+        ahead([0, 1, 2, 3])
+        return fwd(*a)
+
+    def lin_bwd(*a):
+        ahead([3, 2, 1, 0])
+        return bwd(*a)
+
+    be.linear_forward, be.linear_backward = lin_fwd, lin_bwd
+    h._lin_fwd, h._acquire = lin_fwd, acquired
+    for _ in range(2):
+        m(x).sum().backward()
+    assert len(seen) >= 2 * (9 + 9) and all(seen), seen

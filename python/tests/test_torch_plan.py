@@ -164,3 +164,35 @@ def test_a_training_step_that_begins_without_gradients_follows_its_plan():
     # was a training step: one access mispredicted, then the training plan
     assert hits[:2] == [True, True] and hits[3:] == [True, True, True]
     assert p.mispredictions - before == 1 and p.replans == 1
+
+
+def _upcoming_by_scan(plan, pos, limit, exclude=None):
+    """upcoming() computed afresh: the reference for its cache."""
+    out, seen = [], set() if exclude is None else {exclude}
+    for k in range(len(plan)):
+        idx = pos + k
+        r = plan[idx % len(plan)]
+        if r not in seen:
+            seen.add(r)
+            out.append((r, idx >= len(plan)))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def test_upcoming_is_the_same_at_every_position_of_a_run():
+    # records of several accesses in a row (one record holds several
+    # modules), in forward and in backward; the cache is keyed by the run
+    order = [0, 0, 0, 1, 1, 2, 3, 3, 3, 3]
+    p = Planner(order)
+    plan = p.plans[TRAIN]
+    for pos, r in enumerate(plan):
+        for limit in (1, 2, 3, 5):
+            for exclude in (None, r, (r + 1) % 4):
+                assert p.upcoming(limit, exclude=exclude) == \
+                    _upcoming_by_scan(plan, pos, limit, exclude), (pos, limit, exclude)
+        p.observe(r, in_backward=pos >= len(order))
+    p.end()
+    assert p.steps == 1 and p.mispredictions == 0
+    # past the end of the step: the next step's records
+    assert p.upcoming(2) == _upcoming_by_scan(p.plans[TRAIN], 0, 2)
