@@ -1140,9 +1140,12 @@ class Offload:
     def _after(self, rec, stream):
         """After a call of `rec`'s module: release it unless the plan says it
         comes again next, then stage what the plan says comes next."""
-        planner = self.planner
         held = self._held
-        if held is not None and not planner.next_is(rec.index):
+        if held is not None:
+            if self.planner.next_is(rec.index):
+                # kept for the next access: nothing was released since the
+                # acquire that prefetched at this run of accesses
+                return
             self._held = None
             self._release(held[0], held[1], held[2])
         if self._live < self.depth:
