@@ -299,6 +299,18 @@ class _Backend:
         return e
 
     @staticmethod
+    def make_events(n):
+        """n timing events, not yet recorded (made ahead of a measured step,
+        so that the step's host time has no event creation in it)."""
+        return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+
+    @staticmethod
+    def record(e):
+        """Records an event of make_events() now on torch's current stream."""
+        e.record()
+        return e
+
+    @staticmethod
     def elapsed_ms(a, b):
         return a.elapsed_time(b)
 
@@ -877,6 +889,7 @@ class Offload:
         self._held = None          # (record, ticket, stream, base) acquired and kept
         self._prefetched = {}      # record index -> (ticket, version), staged ahead
         self._prefetch_key = None  # the state _prefetch last left (see there)
+        self._cal_pool = []        # timing events made ahead for the measured steps
         self._live = 0             # tickets staged or held
         self._span = None          # the gradient slot being written
         self._cb_tasks = set()     # graph tasks whose end callback is queued
@@ -1124,7 +1137,7 @@ class Offload:
         else:
             t = ent[0]
         if self._cal is not None:
-            w0 = self.backend.event()
+            w0 = self._cal_event()
             base = self._acquire_measured(rec, t, stream) if self._stats_on else \
                 self.ring.acquire(t, stream)
             self._cal_wait(w0)
@@ -1240,7 +1253,7 @@ class Offload:
         tuner.saw_train |= planner.last_kind == _TRAIN
         if tuner.phase == "warmup" and planner.steps >= tuner.warmup:
             tuner.phase = "measure"
-            self._cal = []
+            self._cal_begin()
         elif tuner.phase == "measure":
             # a step measured ends here; an evaluation step between training
             # steps is measured again (a few times at most)
@@ -1251,9 +1264,10 @@ class Offload:
                 tuner.tries += 1
             if len(tuner.measured) >= tuner.n_measure:
                 self._cal = None
+                self._cal_pool = []
                 tuner.phase = "pending"
             else:
-                self._cal = []
+                self._cal_begin()
         if tuner.phase == "pending" and not any(
                 p.grad is t for p, t in self._exposed.items()):
             # applied where no gradient sum runs on (a new gradient set
@@ -1300,18 +1314,30 @@ class Offload:
         self._tuner = tuner
         return tuner
 
+    def _cal_event(self):
+        pool = self._cal_pool
+        return self.backend.record(pool.pop()) if pool else self.backend.event()
+
+    def _cal_begin(self):
+        """A measured step begins: its access list, and its events made now."""
+        self._cal = []
+        plan = self.planner.plans[self.planner.last_kind or _TRAIN]
+        need = min(5 * len(plan) + 16, 1 << 16)
+        if len(self._cal_pool) < need:
+            self._cal_pool = self._cal_pool + self.backend.make_events(need - len(self._cal_pool))
+
     def _cal_start(self, rec, backward):
-        a = _Access(rec.index, backward, self.backend.event())
+        a = _Access(rec.index, backward, self._cal_event())
         self._cal.append(a)
 
     def _cal_wait(self, w0):
         a = self._cal[-1] if self._cal else None
         if a is not None and a.end is None:
-            a.waits.append((w0, self.backend.event()))
+            a.waits.append((w0, self._cal_event()))
 
     def _cal_end(self):
         if self._cal:
-            self._cal[-1].end = self.backend.event()
+            self._cal[-1].end = self._cal_event()
 
     def _measured_times(self, steps):
         """Per record, its forward and backward time: in each measured step
@@ -1689,7 +1715,7 @@ class Offload:
                 return sp
             self._end_span()
         if self._cal is not None:
-            w0 = self.backend.event()
+            w0 = self._cal_event()
             sp = _Span(rec, stream, self.grads.begin(rec.index, stream))
             self._cal_wait(w0)
         else:
