@@ -883,6 +883,7 @@ class Offload:
         self._steps_seen = 0       # the planner's step count at the last step start
         self._step_events = collections.deque(maxlen=64)  # [kind, start, end] per step
         self.plan_info = None      # the plan applied (a dict), see offload()
+        self.plans = []            # every plan applied, in order (plan_info the last)
         self._watch = None         # the applied plan's prediction, watched each step
         self._plan_args = None     # (budget given, default budget, depths) of the plan
         self.planner = Planner(order)
@@ -1442,6 +1443,7 @@ class Offload:
         info["groups"] = groups
         info["replans"] = tuner.replans
         self.plan_info = info
+        self.plans.append(info)
         if got.get("predicted_ms") and kind == _TRAIN:
             # (a forward-only step's time runs to the next step's start, host
             # work between steps included: only training steps are watched)

@@ -971,6 +971,9 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
     assert be.plan_calls[0]["group"] and not be.plan_calls[1]["group"]
     assert be.plan_calls[1]["n"] == be.plan_calls[2]["n"] == len(h.records) == 4
     assert h.plan_info["replans"] == 2
+    assert [p["replans"] for p in h.plans] == [0, 1, 2] and h.plans[-1] is h.plan_info
+    assert h.plans[0]["applied_at_step"] < h.plans[1]["applied_at_step"] < \
+        h.plans[2]["applied_at_step"]
     # a prediction the steps meet is kept
     m2 = deep_mlp()
     be2 = fake_lwo.PlanningBackend(group_size=2, predicted_ms=None)
