@@ -47,6 +47,7 @@ The contract (docs/PYTHON.md says more):
 import collections
 import ctypes
 import math
+import statistics
 import sys
 import time
 import warnings
@@ -600,6 +601,7 @@ except AttributeError:  # pragma: no cover
 _LIVE_HANDLES = weakref.WeakSet()
 
 _MAX_REPLANS = 2  # plans made again when the steps stop matching the prediction
+_SETTLE = 3       # steps after a plan that set the baseline its later steps are held to
 
 
 class _Progress:
@@ -1292,11 +1294,16 @@ class Offload:
         return s.record
 
     def _drifted(self):
-        """After a plan: the step that just ended against the prediction. Three
-        steps of the planned kind in a row off by more than a quarter (the
-        shapes or the order changed) make a new plan: measured again, then
-        depth and resident records chosen anew for the records as they are
-        (at most _MAX_REPLANS times). Returns the new tuner, or None."""
+        """After a plan: the step that just ended against what the plan
+        delivers. The first _SETTLE steps of the planned kind set the
+        baseline (their median); if all of them are more than a quarter
+        slower than the prediction, the plan underdelivers (its measured
+        steps were disturbed) and is made again. After that, three steps in a
+        row off the baseline by more than a quarter (the shapes or the order
+        changed) make a new plan. A plan faster than its prediction is kept.
+        Each new plan measures again, then chooses depth and resident records
+        anew for the records as they are (at most _MAX_REPLANS times).
+        Returns the new tuner, or None."""
         w = self._watch
         ev = self._step_events
         if len(ev) < 2:
@@ -1304,9 +1311,19 @@ class Offload:
         kind, e0, e1 = ev[-2]
         if kind != w["kind"] or e1 is None or not self.backend.query(e1):
             return None
-        ratio = self.backend.elapsed_ms(e0, e1) / w["predicted_ms"]
-        w["bad"] = w["bad"] + 1 if not 0.75 <= ratio <= 1.25 else 0
-        if w["bad"] < 3 or w["replans"] >= _MAX_REPLANS:
+        ms = self.backend.elapsed_ms(e0, e1)
+        settle = w["settle"]
+        if w["baseline_ms"] is None:
+            settle.append(ms)
+            if len(settle) < _SETTLE:
+                return None
+            w["baseline_ms"] = statistics.median(settle)
+            replan = min(settle) > 1.25 * w["predicted_ms"]
+        else:
+            ratio = ms / w["baseline_ms"]
+            w["bad"] = w["bad"] + 1 if not 0.75 <= ratio <= 1.25 else 0
+            replan = w["bad"] >= 3
+        if not replan or w["replans"] >= _MAX_REPLANS:
             return None
         given, default, depths = self._plan_args
         tuner = _Tuner(given, default, depths, False, warmup=self.planner.steps)
@@ -1448,7 +1465,7 @@ class Offload:
             # (a forward-only step's time runs to the next step's start, host
             # work between steps included: only training steps are watched)
             self._watch = {"kind": kind, "predicted_ms": got["predicted_ms"], "bad": 0,
-                           "replans": tuner.replans}
+                           "replans": tuner.replans, "settle": [], "baseline_ms": None}
         t0 = time.perf_counter()
         self._apply(groups, got["depth"])
         info["apply_seconds"] = time.perf_counter() - t0

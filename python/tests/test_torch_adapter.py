@@ -6,6 +6,7 @@ a device. Skipped when torch is not installed."""
 
 import copy
 import os
+import time
 
 import pytest
 
@@ -982,6 +983,39 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
         m2(torch.randn(3, 12)).sum().backward()
         m2.zero_grad()
     assert len(be2.plan_calls) == 1
+
+
+class _Slow(nn.Module):
+    """Host time in a step (the fake's events are the host's clock)."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        if self.seconds[0]:
+            time.sleep(self.seconds[0])
+        return x
+
+
+def test_a_plan_faster_than_predicted_is_kept_and_a_step_that_changes_replans():
+    delay = [0.02]
+    m = nn.Sequential(deep_mlp(), _Slow(delay))
+    # a prediction far above what the steps take: the plan delivers more
+    # than it promised, and is kept
+    be = fake_lwo.PlanningBackend(group_size=2, predicted_ms=1e6)
+    h = lt.offload(m, _backend=be)
+    for _ in range(14):
+        m(torch.randn(3, 12)).sum().backward()
+        m.zero_grad()
+    assert len(be.plan_calls) == 1 and h.plan_info["replans"] == 0
+    # the steps then take three times as long as the plan's first ones (the
+    # shapes changed): measured again and planned anew
+    delay[0] = 0.06
+    for _ in range(10):
+        m(torch.randn(3, 12)).sum().backward()
+        m.zero_grad()
+    assert len(be.plan_calls) == 2 and h.plan_info["replans"] == 1
 
 
 def test_the_loads_progress_on_stderr(capsys):
