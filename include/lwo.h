@@ -1697,18 +1697,23 @@ LWO_API lwo_status_t lwo_nccl_get_unique_id(lwo_nccl_unique_id* id);
 
 /* ncclCommInitRank on the engine's device. Blocks until all n_ranks ranks
  * have called it (from their own threads or processes). The caller owns the
- * communicator and destroys it with lwo_nccl_comm_destroy (or ncclCommDestroy)
- * after every pool and ring that uses it. */
+ * communicator and destroys it with lwo_nccl_comm_destroy after every pool
+ * and ring that uses it. */
 LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_unique_id* id,
                                           int32_t n_ranks, int32_t rank,
                                           lwo_nccl_comm_t* comm);
+/* ncclCommDestroy of a communicator that lwo_nccl_comm_create made. Any other
+ * pointer (a communicator of the caller's own, one already destroyed, or no
+ * communicator at all) is LWO_ERR_INVALID_HANDLE and is left alone: the
+ * caller destroys its own communicators with ncclCommDestroy. NULL does
+ * nothing. */
 LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm);
 
 /* Creates a pinned pool that holds this rank's shard of every layer: with N
  * ranks and a record of R bytes, S = R / N rounded up to a multiple of
  * LWO_RECORD_ALIGN, and rank r keeps bytes [r*S, (r+1)*S) of the record (zero
- * beyond R). `comm` is the caller's communicator (its device must be the
- * engine's); every rank must create its pool with the same layers, in the
+ * beyond R). `comm` is the caller's communicator, one lwo_nccl_comm_create
+ * made or a ncclComm_t of its own (its device must be the engine's); every rank must create its pool with the same layers, in the
  * same order of calls: the call checks, collectively, that all ranks describe
  * the same layer count and record sizes (LWO_ERR_COLLECTIVE_MISMATCH on every
  * rank otherwise) and blocks until all ranks have called it. Rings of a
