@@ -21,4 +21,8 @@ struct LinkRates {  // 1e9 bytes per second
 // LWO_ERR_OUT_OF_MEMORY, LWO_ERR_CUDA.
 LinkRates measure_link(Engine& engine, uint64_t bytes, uint32_t reps);
 
+// The device bytes a plan may take: what the engine's budget has left, or,
+// without a limit, the device's free memory now.
+uint64_t plan_room(Engine& engine);
+
 }  // namespace lwo
