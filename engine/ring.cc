@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kSlotBits = 12;
 constexpr int kSeqBits = 16;
+static_assert(kMaxDepth <= (uint32_t(1) << kSlotBits), "a ticket numbers every slot");
 constexpr int kSerialBits = 64 - kSlotBits - kSeqBits;  // 36
 constexpr uint64_t kSeqMask = (uint64_t(1) << kSeqBits) - 1;
 constexpr uint64_t kMaxSerial = (uint64_t(1) << kSerialBits) - 1;

@@ -55,7 +55,7 @@ constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
 // The deepest ring lwo_ring_create accepts (lwo_ring_config.depth, lwo.h).
-constexpr uint32_t kMaxDepth = 4096;
+constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
