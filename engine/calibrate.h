@@ -1,4 +1,4 @@
-// Link calibration for the planner (Since 0.4.0): timed host-to-device,
+// Link calibration for the planner: timed host-to-device,
 // device-to-host and both-at-once copies between pinned host memory and
 // device memory on the engine's own transfer and gradient streams. The
 // buffers count against the engine's budget while they exist.

@@ -8,7 +8,7 @@
 //                  every earlier reader)
 //   release:       consumer stream records slot.free
 //
-// Resident layers (Since 0.4.0): the ring also holds one slot of its own per
+// Resident layers: the ring also holds one slot of its own per
 // resident layer, sized to its record, filled once at creation through the
 // pool's source and never a victim. Staging a resident layer is a hit; after
 // lwo_pool_layer_changed (or lwo_pool_write) the next stage fills the same

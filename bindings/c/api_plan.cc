@@ -1,4 +1,4 @@
-// lwo.h: The planner (Since 0.4.0). The choice and the prediction are
+// lwo.h: The planner. The choice and the prediction are
 // src/plan's; this file gathers their inputs from the pool, the engine's
 // budget and (when asked) a calibration of the engine's link, and keeps the
 // result.
