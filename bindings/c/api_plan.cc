@@ -1,6 +1,7 @@
-// lwo.h: The planner. The choice and the prediction are
-// src/plan's; this file gathers their inputs from the pool, the engine's
-// budget and (when asked) a calibration of the engine's link, and keeps the
+// lwo.h: The planner. The search, the calibration's fit and the prediction
+// are src/plan's (plan::best_fit, plan::calibrate); this file checks the
+// arguments, gathers the inputs from the pool, the engine's budget and (when
+// asked) the engine's link measurements, makes the one call and keeps the
 // result.
 #include <cmath>
 

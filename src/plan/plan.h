@@ -1,9 +1,10 @@
-// The planner's model (issue 16, first part): given each layer's bytes and
-// compute times, the link's rates, a ring depth and which layers stay
-// resident on the device, predict a pass (forward, or a training step) layer
-// by layer; and choose, for a device memory budget, the resident layers and
-// the depth that minimise the prediction. Host code only; the measurements it
-// needs (link rates, per-layer compute) come from the caller.
+// The planner: given each layer's bytes and compute times, the link's rates,
+// a ring depth and which layers stay resident on the device, predict a pass
+// (forward, or a training step) layer by layer; and choose, for a device
+// memory budget, the resident layers, the depth and the groups of records
+// that minimise the prediction, with the allocations rounded as the device
+// charges them (best_fit). Host code only; the measurements it needs (link
+// rates, per-layer compute) and the device's rounding come from the caller.
 //
 // The model follows the ring's protocol (docs/ARCHITECTURE.md): positions in
 // schedule order (0..L-1, then L-1..0 for a step); a streamed layer takes the
@@ -104,9 +105,9 @@ Plan choose(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const L
 Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
                   const Pass& pass, uint32_t depth);
 
-// Grouping small records (issue 16, third part). A group is a run of
-// consecutive layers stored as one record: one copy instead of several (each
-// copy costs link.copy_overhead_ms), computed one after the other once the
+// Grouping small records. A group is a run of consecutive layers stored as
+// one record: one copy instead of several (each copy costs
+// link.copy_overhead_ms), computed one after the other once the
 // record is in place, its gradients leaving together after its backward. A
 // grouped record needs a slot as large as itself, so grouping trades slot
 // memory for fewer copies.
