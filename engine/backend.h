@@ -28,7 +28,7 @@ class Backend {
 
   virtual void* device_alloc(size_t bytes) = 0;
   virtual void device_free(void* ptr) noexcept = 0;
-  // Free and total bytes of the current device's memory (Since 0.4.0).
+  // Free and total bytes of the current device's memory.
   virtual void mem_get_info(size_t* free_bytes, size_t* total_bytes) = 0;
 
   // Page-locked host memory owned by the backend (fallback for arenas).

@@ -97,4 +97,15 @@ LinkRates measure_link(Engine& e, uint64_t bytes, uint32_t reps) {
   return out;
 }
 
+uint64_t plan_room(Engine& e) {
+  uint64_t used = 0;
+  e.memory_use(nullptr, &used);
+  const uint64_t limit = e.budget();
+  if (limit) return limit - std::min(limit, used);
+  size_t free_b = 0, total_b = 0;
+  DeviceScope scope(e);
+  e.gpu().mem_get_info(&free_b, &total_b);
+  return free_b;
+}
+
 }  // namespace lwo

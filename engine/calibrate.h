@@ -1,4 +1,4 @@
-// Link calibration for the planner (Since 0.4.0): timed host-to-device,
+// Link calibration for the planner: timed host-to-device,
 // device-to-host and both-at-once copies between pinned host memory and
 // device memory on the engine's own transfer and gradient streams. The
 // buffers count against the engine's budget while they exist.
@@ -20,5 +20,9 @@ struct LinkRates {  // 1e9 bytes per second
 // Blocks the host until the copies are done. Throws LWO_ERR_OVER_BUDGET,
 // LWO_ERR_OUT_OF_MEMORY, LWO_ERR_CUDA.
 LinkRates measure_link(Engine& engine, uint64_t bytes, uint32_t reps);
+
+// The device bytes a plan may take: what the engine's budget has left, or,
+// without a limit, the device's free memory now.
+uint64_t plan_room(Engine& engine);
 
 }  // namespace lwo

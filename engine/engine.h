@@ -14,7 +14,7 @@ namespace lwo {
 
 class Compute;
 
-// ---- The device memory budget (Since 0.4.0) ----
+// ---- The device memory budget ----
 // What lwo holds on the device, by use. Every device allocation of the
 // library is charged before it is made (Engine::charge) and uncharged when
 // freed, so the sum never passes the engine's limit.
@@ -88,7 +88,7 @@ class Engine {
   // Layer compute (cuBLASLt, cuDNN), made on first use and destroyed first.
   Compute& compute();
 
-  // ---- device memory budget (Since 0.4.0) ----
+  // ---- device memory budget ----
   // `limit` bytes in all (0: no limit). Throws LWO_ERR_OVER_BUDGET when what
   // is already held exceeds it.
   void set_budget(uint64_t limit);

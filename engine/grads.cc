@@ -369,7 +369,7 @@ void Grads::wait() {
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
   }
   wait_worker();
-  // Since 0.4.0: a reader (the optimizer) may still read the old sums of a
+  // A reader (the optimizer) may still read the old sums of a
   // layer zeroed lazily: wait for it before the memset below. (It starts no
   // new read of a stale layer: its steps skip them.)
   if (Reader* r = reader_.load()) {

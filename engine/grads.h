@@ -59,7 +59,7 @@ class Grads {
   void check_destroyable();
   Pool& pool() { return pool_; }
 
-  // ---- Since 0.4.0: the hook of an optimizer (engine/optimizer.h) ----
+  // ---- The hook of an optimizer (engine/optimizer.h) ----
   // A reader of the host gradients outside the fence: begin() waits (before
   // anything else) until it has done reading the layer, so no new gradient
   // lands under it, and wait() until it has done reading a layer it is about
@@ -110,7 +110,7 @@ class Grads {
     // hi = wire_bytes.
     std::vector<uint64_t> bounds;
     uint64_t lo = 0, hi = 0;
-    // Since 0.4.0: the last end's serial, whether it landed by DMA alone,
+    // The last end's serial, whether it landed by DMA alone,
     // and an event recorded on the gradient stream after its copy.
     uint64_t end_serial = 0;
     bool end_direct = false;
@@ -144,7 +144,7 @@ class Grads {
   Mode mode_;
   uint32_t n_threads_;
   uint64_t max_wire_ = 0;
-  Charge slot_charge_;              // the engine's budget (Since 0.4.0), before slots_
+  Charge slot_charge_;              // the engine's budget, before slots_
   SlotSet slots_;                   // device staging, max_wire_ bytes each
   std::vector<int32_t> slot_layer_;  // the layer begun in each slot, or -1
   std::mutex mu_;
@@ -165,7 +165,7 @@ class Grads {
   std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
   std::mutex err_mu_;
   std::string async_error_;
-  // Since 0.4.0 (the optimizer's hook).
+  // The optimizer's hook.
   std::atomic<Reader*> reader_{nullptr};
   uint64_t end_counter_ = 0;            // under mu_
   std::vector<uint64_t> added_serial_;  // per layer, under q_mu_: the last end added

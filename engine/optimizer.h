@@ -1,4 +1,4 @@
-// The optimizer over a pool and its gradient set (lwo_optim, since 0.4.0):
+// The optimizer over a pool and its gradient set (lwo_optim):
 // f32 master weights and state (f32 or bf16) for every trainable tensor, in
 // host memory first touched by the threads that update it; each step updates
 // each layer as soon as its gradients have landed, on the optimizer's host

@@ -230,7 +230,7 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
     Layer& L = pool->layers_[l];
     uint64_t sum = 0, lo = UINT64_MAX, hi = 0;
     bool one_file = true;
-    // Quantized fp8 weights (since 0.4.0): an F8_E4M3 [rows, cols] tensor
+    // Quantized fp8 weights: an F8_E4M3 [rows, cols] tensor
     // with its f32 scales beside it in the layer, named "<weight>_scale_inv"
     // ([ceil(rows/128), ceil(cols/128)], code x scale = the weight, as fp8
     // checkpoints ship them), becomes one LWO_QUANT_FP8_E4M3_BLOCK128 tensor

@@ -99,7 +99,7 @@ class Pool {
   std::atomic<int> n_rings{0};
   std::atomic<int> n_grads{0};
 
-  // Since 0.4.0: a writer of the host bytes outside the caller's calls (the
+  // A writer of the host bytes outside the caller's calls (the
   // optimizer, engine/optimizer.h). Ring stages of a layer first wait until
   // it is done writing that layer (it marks the layer changed before it
   // starts, so the stage copies the new bytes).

@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kSlotBits = 12;
 constexpr int kSeqBits = 16;
+static_assert(kMaxDepth <= (uint32_t(1) << kSlotBits), "a ticket numbers every slot");
 constexpr int kSerialBits = 64 - kSlotBits - kSeqBits;  // 36
 constexpr uint64_t kSeqMask = (uint64_t(1) << kSeqBits) - 1;
 constexpr uint64_t kMaxSerial = (uint64_t(1) << kSerialBits) - 1;
@@ -273,7 +274,7 @@ int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
 }
 
 lwo_ticket Ring::stage(uint32_t layer) {
-  // Since 0.4.0: an optimizer's update of the layer lands first (pool.h).
+  // An optimizer's update of the layer lands first (pool.h).
   if (Pool::Writer* w = pool_.writer.load()) w->wait_layer(layer);
   std::lock_guard<std::mutex> lock(mu_);
   Engine& e = pool_.engine();

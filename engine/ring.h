@@ -8,7 +8,7 @@
 //                  every earlier reader)
 //   release:       consumer stream records slot.free
 //
-// Resident layers (Since 0.4.0): the ring also holds one slot of its own per
+// Resident layers: the ring also holds one slot of its own per
 // resident layer, sized to its record, filled once at creation through the
 // pool's source and never a victim. Staging a resident layer is a hit; after
 // lwo_pool_layer_changed (or lwo_pool_write) the next stage fills the same
@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "lwo.h"
 #include "pool.h"
 #include "slots.h"
 
@@ -143,6 +144,7 @@ class Ring {
 // Ticket ids: ring serial (36 bits) | slot (12 bits) | sequence (16 bits). A
 // serial is drawn from a process-wide counter that never wraps, at creation
 // and after every 65535 tickets of a ring: no ticket repeats in a process.
-constexpr uint32_t kMaxDepth = 4096;
+// The 12 slot bits number LWO_MAX_RING_DEPTH slots.
+constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 
 }  // namespace lwo

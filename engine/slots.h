@@ -26,7 +26,7 @@ class SlotSet {
   // leaving nothing allocated.
   SlotSet(Backend& gpu, uint32_t n, uint64_t bytes);
   // One slot per entry of `sizes`, each of its own size (resident layers);
-  // bytes() is the largest. Since 0.4.0.
+  // bytes() is the largest.
   SlotSet(Backend& gpu, const std::vector<uint64_t>& sizes);
   // Frees memory and events; the owner waits for the GPU to be done first.
   ~SlotSet();

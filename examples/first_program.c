@@ -13,23 +13,8 @@
 
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "first_program: %s: %s: %s\n", #call,               \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "first_program: check failed: %s\n", #cond);        \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "first_program"
+#include "common.h"
 
 enum { N_LAYERS = 16, ROWS = 2048, COLS = 2048 };
 

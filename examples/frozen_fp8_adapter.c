@@ -32,62 +32,14 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "frozen_fp8_adapter: %s: %s: %s\n", #call,          \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "frozen_fp8_adapter: %s: %s\n", #call,              \
-              cudaGetErrorString(e_));                                    \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "frozen_fp8_adapter: check failed: %s\n", #cond);   \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "frozen_fp8_adapter"
+#include "common.h"
 
 enum { N_LAYERS = 4, DIM = 320, RANK = 16, TOKENS = 96, DEPTH = 2 };
 /* Relative L2 error accepted against the CPU reference: the GPU rounds each
  * activation to bf16 and sums in another order. */
 static const double TOLERANCE = 2e-2;
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static float uniform(uint64_t* state, float bound) {
-  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-  return ((float)(*state >> 40) / 16777216.0f * 2.0f - 1.0f) * bound;
-}
-static double root(double v) {
-  double r = v > 1.0 ? v : 1.0;
-  int i;
-  if (v <= 0.0) return 0.0;
-  for (i = 0; i < 200 && r * r - v > 1e-15 * v; ++i) r = 0.5 * (r + v / r);
-  return r;
-}
 /* ||got - want|| / ||want||, got in bf16 (or f32 when f32 is set). */
 static double error_of(const void* got, int f32, const double* want, size_t n) {
   double d = 0.0, r = 0.0;

@@ -22,51 +22,11 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "optim_step: %s: %s: %s\n", #call,                  \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "optim_step: %s: %s\n", #call, cudaGetErrorString(e_)); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "optim_step: check failed: %s\n", #cond);           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "optim_step"
+#include "common.h"
 
 enum { N_LAYERS = 4, ROWS = 128, COLS = 64, N = ROWS * COLS, N_STEPS = 5 };
 
-static uint16_t to_bf16(float f) { /* round to nearest even; finite values */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static float uniform(uint64_t* state) { /* in [-1, 1) */
-  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)(*state >> 40) / 16777216.0f * 2.0f - 1.0f;
-}
 
 int main(void) {
   static double p[N_LAYERS][N], m[N_LAYERS][N], v[N_LAYERS][N];
@@ -102,7 +62,7 @@ int main(void) {
   LWO_CHECK(lwo_pool_create_pinned(engine, layers, N_LAYERS, NULL, &pool));
   for (l = 0; l < N_LAYERS; ++l) {
     for (i = 0; i < N; ++i) {
-      w[i] = to_bf16(uniform(&rng));
+      w[i] = to_bf16(uniform(&rng, 1.0f));
       p[l][i] = from_bf16(w[i]);
       m[l][i] = v[l][i] = 0.0;
     }
@@ -131,7 +91,7 @@ int main(void) {
     /* Backward, last layer first: gradients into the slots, then to host. */
     LWO_CHECK(lwo_grads_zero(grads));
     for (l = N_LAYERS - 1; l >= 0; --l) {
-      for (i = 0; i < N; ++i) grad[l][i] = to_bf16(0.1f * uniform(&rng));
+      for (i = 0; i < N; ++i) grad[l][i] = to_bf16(0.1f * uniform(&rng, 1.0f));
       LWO_CHECK(lwo_ring_stage(ring, (uint32_t)l, &tk));
       LWO_CHECK(lwo_ring_acquire(ring, tk, stream, &view));
       LWO_CHECK(lwo_grads_begin(grads, (uint32_t)l, stream, &gview));

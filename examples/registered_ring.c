@@ -17,41 +17,11 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "registered_ring: %s: %s: %s\n", #call,             \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "registered_ring: %s: %s\n", #call,                 \
-              cudaGetErrorString(e_));                                    \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "registered_ring: check failed: %s\n", #cond);      \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "registered_ring"
+#include "common.h"
 
 enum { N_LAYERS = 24, DIM = 1024, DEPTH = 3 };
 
-/* A value uniform in [-1, 1). */
-static float uniform(uint64_t* state) {
-  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)(*state >> 40) / 16777216.0f * 2.0f - 1.0f;
-}
 
 int main(void) {
   lwo_engine* engine = NULL;
@@ -109,11 +79,11 @@ int main(void) {
     float f;
     uint32_t u;
     for (k = 0; k < (uint64_t)DIM * DIM; ++k) { /* bf16: the top half of an f32 */
-      f = uniform(&rng);
+      f = uniform(&rng, 1.0f);
       memcpy(&u, &f, 4);
       w[k] = (uint16_t)(u >> 16);
     }
-    for (k = 0; k < DIM; ++k) b[k] = uniform(&rng);
+    for (k = 0; k < DIM; ++k) b[k] = uniform(&rng, 1.0f);
     tensors[layer][0].host_data = record + offsets[0];
     tensors[layer][1].host_data = record + offsets[1];
   }

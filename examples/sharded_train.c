@@ -25,25 +25,9 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "sharded_train: rank %d: %s: %s: %s\n", rank, #call, \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "sharded_train: rank %d: %s: %s\n", rank, #call,     \
-              cudaGetErrorString(e_));                                    \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "sharded_train: rank %d"
+#define EXAMPLE_PREFIX_ARGS rank,
+#include "common.h"
 
 enum { N_RANKS = 2, N_LAYERS = 8, DIM = 1024, TOKENS = 512, DEPTH = 2, N_STEPS = 3 };
 static const float LEARNING_RATE = 1e-3f;
@@ -53,18 +37,6 @@ static float* g_dy_last[N_RANKS];
 static float* g_x_last[N_RANKS];
 static pthread_barrier_t g_barrier;
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 /* A value uniform in [-bound, bound) from a counter: the same on every rank. */
 static float uniform_at(uint64_t i, float bound) {
   uint64_t z = i + 0x9e3779b97f4a7c15ull;

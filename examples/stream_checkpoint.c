@@ -22,33 +22,8 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "stream_checkpoint: %s: %s: %s\n", #call,           \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "stream_checkpoint: %s: %s\n", #call,               \
-              cudaGetErrorString(e_));                                    \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "stream_checkpoint: check failed: %s\n", #cond);    \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "stream_checkpoint"
+#include "common.h"
 
 enum { N_LAYERS = 4, HIDDEN = 256, VOCAB = 64, DEPTH = 2, N_PASSES = 2 };
 

@@ -26,32 +26,8 @@
 #include <cuda_runtime_api.h>
 #include <lwo.h>
 
-#define LWO_CHECK(call)                                                   \
-  do {                                                                    \
-    lwo_status_t s_ = (call);                                             \
-    if (s_ != LWO_OK) {                                                   \
-      fprintf(stderr, "train_step: %s: %s: %s\n", #call,                  \
-              lwo_status_string(s_), lwo_last_error_message());           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      fprintf(stderr, "train_step: %s: %s\n", #call, cudaGetErrorString(e_)); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "train_step: check failed: %s\n", #cond);           \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#define EXAMPLE_PREFIX "train_step"
+#include "common.h"
 
 enum { N_LAYERS = 8, DIM = 256, TOKENS = 128, DEPTH = 2, N_STEPS = 3 };
 /* Large enough that every update moves the bf16 weights by several units in
@@ -62,25 +38,7 @@ static const float LEARNING_RATE = 0.1f;
  * order. */
 static const double TOLERANCE = 1e-2;
 
-/* bf16 <-> f32 on the host (round to nearest even; finite values only). */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 static float round_bf16(float f) { return from_bf16(to_bf16(f)); }
-/* A value uniform in [-bound, bound). */
-static float uniform(uint64_t* state, float bound) {
-  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-  return ((float)(*state >> 40) / 16777216.0f * 2.0f - 1.0f) * bound;
-}
 
 /* The CPU reference of one step, from the pool's current weights: the same
  * forward and backward passes as the GPU's, rounding activations and input
@@ -128,14 +86,6 @@ static void reference_step(lwo_pool* pool, float* x[N_LAYERS + 1], const float* 
   }
 }
 
-/* The square root of v >= 0 (Newton's method; no libm needed). */
-static double root(double v) {
-  double r = v > 1.0 ? v : 1.0;
-  int i;
-  if (v <= 0.0) return 0.0;
-  for (i = 0; i < 200 && r * r - v > 1e-15 * v; ++i) r = 0.5 * (r + v / r);
-  return r;
-}
 
 /* ||a - b|| / ||b|| over n elements. */
 static double relative_error(const float* a, const float* b, uint64_t n) {

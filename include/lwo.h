@@ -648,11 +648,14 @@ typedef struct lwo_ticket {
 
 /* Record copy and wait timings with CUDA events (see lwo_ring_stats). */
 #define LWO_RING_TIMING 0x1u
+/* The most slots a ring can number: its depth, and its depth plus its
+ * resident layers, are at most this. */
+#define LWO_MAX_RING_DEPTH 4096u /* since 0.6.0 */
 
 typedef struct lwo_ring_config {
   size_t size;      /* sizeof(lwo_ring_config) */
-  uint32_t depth;   /* number of slots, 1..4096; default 2 (enough to saturate
-                       one PCIe link when compute per layer is even) */
+  uint32_t depth;   /* number of slots, 1..LWO_MAX_RING_DEPTH; default 2 (enough
+                       to saturate one PCIe link when compute per layer is even) */
   uint32_t flags;   /* LWO_RING_TIMING or 0 */
   /* Since 0.4.0: resident layers. `resident_layers` lists n_resident
    * distinct layer ids of the pool (copied; NULL when n_resident is 0) that
@@ -664,10 +667,11 @@ typedef struct lwo_ring_config {
    * the old bytes. Any other stage of a resident layer is a hit that moves
    * nothing. Tickets, acquire, release, schedules and gradients work on them
    * as on any layer. The `depth` slots then hold the largest streamed
-   * record. depth + n_resident is at most 4096. Errors: a NULL list with
-   * n_resident > 0 or a repeated id (LWO_ERR_INVALID_ARGUMENT), an id
-   * outside the pool (LWO_ERR_OUT_OF_RANGE), a sharded pool
-   * (LWO_ERR_UNSUPPORTED), the engine's budget (LWO_ERR_OVER_BUDGET). */
+   * record. depth + n_resident is at most LWO_MAX_RING_DEPTH. Errors: a
+   * NULL list with n_resident > 0 or a repeated id
+   * (LWO_ERR_INVALID_ARGUMENT), an id outside the pool
+   * (LWO_ERR_OUT_OF_RANGE), a sharded pool (LWO_ERR_UNSUPPORTED), the
+   * engine's budget (LWO_ERR_OVER_BUDGET). */
   const uint32_t* resident_layers;
   uint32_t n_resident;
 } lwo_ring_config;
@@ -913,7 +917,8 @@ typedef struct lwo_plan_config {
    * alone). Ignored with LWO_PLAN_CALIBRATE_LINK. */
   double h2d_gbps, d2h_gbps, duplex_h2d_gbps, duplex_d2h_gbps;
   uint64_t calibrate_bytes;  /* per copy when calibrating; default 256 MiB */
-  const uint32_t* depths;    /* ring depths to try (1..4096); NULL: 1, 2, 3, 4, 6, 8 */
+  const uint32_t* depths;    /* ring depths to try (1..LWO_MAX_RING_DEPTH);
+                                NULL: 1, 2, 3, 4, 6, 8 */
   uint32_t n_depths;
   /* Since 0.4.0 (grouping): the fixed cost of one host-to-device copy on top
    * of bytes / h2d rate, ms (finite, >= 0; 0: none). Used by the prediction
@@ -929,11 +934,10 @@ LWO_API void lwo_plan_config_init(lwo_plan_config* config);
 
 /* Chooses and predicts. Errors: a NULL config, fwd_ms (or bwd_ms for a
  * step), a negative or non-finite time or copy_overhead_ms, a rate <= 0
- * without calibration,
- * a depth outside 1..4096 (LWO_ERR_INVALID_ARGUMENT); a sharded pool
- * (LWO_ERR_UNSUPPORTED: resident layers are refused there); a budget that
- * not even a ring of the smallest depth fits (LWO_ERR_OVER_BUDGET, with the
- * bytes it needs). */
+ * without calibration, a depth outside 1..LWO_MAX_RING_DEPTH
+ * (LWO_ERR_INVALID_ARGUMENT); a sharded pool (LWO_ERR_UNSUPPORTED: resident
+ * layers are refused there); a budget that not even a ring of the smallest
+ * depth fits (LWO_ERR_OVER_BUDGET, with the bytes it needs). */
 LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* config,
                                      lwo_plan** plan);
 LWO_API lwo_status_t lwo_plan_destroy(lwo_plan* plan);

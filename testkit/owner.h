@@ -84,7 +84,7 @@ TESTKIT_OWNER(Ring, lwo_ring*, lwo_ring_destroy);
 TESTKIT_OWNER(Schedule, lwo_schedule*, lwo_schedule_destroy);
 TESTKIT_OWNER(Grads, lwo_grads*, lwo_grads_destroy);
 TESTKIT_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_destroy);
-TESTKIT_OWNER(Plan, lwo_plan*, lwo_plan_destroy);  // since 0.5.0
+TESTKIT_OWNER(Plan, lwo_plan*, lwo_plan_destroy);
 TESTKIT_OWNER(Comm, lwo_nccl_comm_t, lwo_nccl_comm_destroy);
 TESTKIT_OWNER(Stream, cudaStream_t, sync_and_destroy_stream);
 TESTKIT_OWNER(Event, cudaEvent_t, cudaEventDestroy);

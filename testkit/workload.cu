@@ -505,7 +505,7 @@ ChainRun::ChainRun(const ChainWeights& weights, int64_t rows, cudaStream_t strea
     l.flags = spec_.bias ? LWO_LINEAR_BIAS : 0u;
     l.in_features = op.first;
     l.out_features = op.second;
-    l.weight_format = spec_.quant;  // since 0.4.0
+    l.weight_format = spec_.quant;
     lin_.push_back(l);
     l.flags |= LWO_LINEAR_ACCUMULATE;
     lin_acc_.push_back(l);

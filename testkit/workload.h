@@ -53,7 +53,7 @@ struct ChainSpec {
   std::vector<std::vector<uint32_t>> records;    // consecutive op indices per record, in order
   int32_t h = 1, w = 1;                          // convolutions: image size
   uint64_t seed = 1;
-  // Since 0.4.0: linear weights stored quantized in this format
+  // Linear weights stored quantized in this format
   // (LWO_EXT_TENSOR_QUANT, quantized on load from their uniform values in
   // `dtype`; the layers compute with lwo_linear_desc.weight_format). Frozen
   // only: lwo_grads_create refuses such a pool.
@@ -166,7 +166,7 @@ struct StepStats {
   // return of lwo_grads_wait (the gradients still on their way).
   double start_ms = 0, turn_ms = 0, end_ms = 0;
   uint64_t accumulated_bytes = 0, accumulate_ns = 0;  // lwo_grads: the host additions
-  // Since 0.5.0 (StepOptions::stalls): per schedule position, how long the
+  // With StepOptions::stalls: per schedule position, how long the
   // stream stood between the previous position's compute (the pass's start
   // for the first) and this one's, waiting for its record to land in its
   // slot (and, in a backward, for its gradient slot), summed over the passes.
@@ -240,14 +240,14 @@ struct StepOptions {
   lwo_engine* check_engine = nullptr;  // lwo_engine_check after the timed part
   uint32_t passes = 1;      // schedule passes per step (reset and run each), one zero and one wait
   bool edges = false;       // time the start, the turn and the end (StepStats::start_ms...)
-  // Since 0.5.0: an event before and after each position's calls, for
+  // An event before and after each position's calls, for
   // StepStats::stall_ms (two cudaEventRecord per position).
   bool stalls = false;
   // Called after the untimed part (the zeroing, the counters read), just
   // before the timing starts: e.g. a barrier of ranks that step together.
   std::function<void()> before_start;
   // Called once every record's work (and every lwo_grads_end) is enqueued,
-  // before the step waits for anything: e.g. lwo_optim_step (since 0.4.0).
+  // before the step waits for anything: e.g. lwo_optim_step.
   std::function<void()> after_enqueue;
 };
 
@@ -312,7 +312,7 @@ class ChainRun {
   // runs after pass p's backward is enqueued.
   PassTimes resident_pass(bool backward, bool events = false,
                           const std::function<void(uint32_t pass)>& after_pass = {});
-  // Since 0.5.0. Each record's compute, every record resident: `repeats`
+  // Each record's compute, every record resident: `repeats`
   // resident passes (the same calls as resident_pass, weight gradients into
   // device buffers) with an event between every two records; per record the
   // median over the passes of its forward and (backward) its backward, in

@@ -55,7 +55,7 @@ constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
 // The deepest ring lwo_ring_create accepts (lwo_ring_config.depth, lwo.h).
-constexpr uint32_t kMaxDepth = 4096;
+constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
@@ -166,7 +166,7 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
-// --quant fp8|fp8-block|int8|int4 (since 0.4.0): the weights quantized on
+// --quant fp8|fp8-block|int8|int4: the weights quantized on
 // load (LWO_EXT_TENSOR_QUANT) in that format; LWO_QUANT_NONE without it.
 Flag quant_flag(lwo_quant_format_t& format);
 // The flag's spelling of a format ("fp8-block"), "none" for LWO_QUANT_NONE.
@@ -190,7 +190,7 @@ struct Command {
 extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
     kShardCommand;
 
-// ---- the planner (Since 0.4.0; tools/plan.cc) ----
+// ---- the planner (tools/plan.cc) ----
 extern const Command kPlanCommand;
 // --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
 Flag budget_flag(std::string& budget);
@@ -387,7 +387,7 @@ struct CkptTensor {
   uint64_t bytes = 0;
   uint64_t offset = 0;  // of the first byte, in its file
   uint32_t file = 0;    // index of the shard
-  // Since 0.4.0: an fp8 weight with its block scales (LWO_QUANT_FP8_E4M3_BLOCK128),
+  // An fp8 weight with its block scales (LWO_QUANT_FP8_E4M3_BLOCK128),
   // and the index of the partner (the scales, or for scales their weight).
   int32_t quant_format = LWO_QUANT_NONE;
   uint32_t quant_partner = LWO_NO_LAYER;

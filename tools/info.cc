@@ -116,7 +116,7 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
   // The tensor table, its columns as wide as their longest entry.
   std::vector<std::string> names, shapes, dtypes, files, formats;
   size_t wname = 4, wshape = 5, wdtype = 5, wfile = 4, wformat = 6;
-  // Quantized fp8 weights (since 0.4.0): the weight's format, the scales'
+  // Quantized fp8 weights: the weight's format, the scales'
   // "scales"; the bytes they take against the same weights in bf16.
   uint32_t n_quant = 0;
   uint64_t quant_bytes = 0, bf16_bytes = 0;

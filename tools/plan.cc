@@ -1,4 +1,4 @@
-// lwo plan (Since 0.4.0): chooses, for a device memory budget, which layers of
+// lwo plan: chooses, for a device memory budget, which layers of
 // a synthetic model stay resident and the ring depth, from the link measured
 // on the device and each layer's compute, and prints the plan layer by layer
 // (resident or streamed, predicted copy and stall) with the predicted pass

@@ -26,8 +26,8 @@ struct Options {
   uint64_t seed = 1;
   bool timing = false;
   std::string json;
-  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0)
-  std::string budget;  // Since 0.4.0: --budget (plan, then run the plan too)
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant
+  std::string budget;  // --budget (plan, then run the plan too)
 };
 
 struct HostTimes {
@@ -42,7 +42,7 @@ struct Results {
   std::vector<double> pass_ms;
   double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
-  // Since 0.4.0: with --budget, the planned ring's passes in the same run.
+  // With --budget, the planned ring's passes in the same run.
   bool planned = false;
   PlanReport plan;
   double compute_ms = 0;  // the checksum consumer per layer, measured
@@ -60,7 +60,7 @@ std::vector<Flag> make_flags(Options& o) {
       rows_flag(o.rows),
       cols_flag(o.cols),
       dtype_flag(o.dtype, all_dtypes()),
-      quant_flag(o.quant),  // since 0.4.0
+      quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
       seed_flag(o.seed),
@@ -68,7 +68,7 @@ std::vector<Flag> make_flags(Options& o) {
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
-      budget_flag(o.budget),  // Since 0.4.0
+      budget_flag(o.budget),
       // Spellings of lwo 0.1, which made lwo run front three programs.
       moved_flag("--train",
                  [](const std::string&) {
@@ -155,7 +155,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("\n%-10s %u layers x %u passes match the host\n", "checksums", o.layers,
               o.passes + 1);
   print_ring_stats(r.stats, o.timing);
-  if (r.planned) {  // Since 0.4.0: --budget
+  if (r.planned) {  // --budget
     std::printf("\n");
     print_plan(r.plan);
     const double t = r.plan_median_ms, b = r.median_ms;
@@ -355,7 +355,7 @@ int cmd_run(int argc, char** argv) {
 
   verify(sums + o.layers, expect, o.passes, "warm-up and later timed passes, summed");
   if (!o.budget.empty()) {
-    // Since 0.4.0: --budget. The plan for the budget (the link measured now,
+    // --budget. The plan for the budget (the link measured now,
     // the checksum consumer as each layer's compute), then its ring's passes,
     // every byte checked again, with the engine held to the budget.
     r.planned = true;

@@ -32,7 +32,7 @@ struct Options {
   uint32_t passes = 5;
   bool timing = false;
   std::string json;
-  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0)
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant
 };
 
 // One range of a slot the consumer checksums: a layer's whole copied span
@@ -85,7 +85,7 @@ std::vector<Flag> make_flags(Options& o) {
                   "stream through pinned staging buffers, not the registered file "
                   "(LWO_CHECKPOINT_STAGED)",
                   [&o] { o.staged = true; }),
-      quant_flag(o.quant),  // since 0.4.0
+      quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
       timing_flag(o.timing),

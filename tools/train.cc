@@ -48,15 +48,15 @@ struct Options {
   bool frozen = false, bias = false, timing = false;
   bool grad_depth_set = false;
   std::string json;
-  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant (since 0.4.0): frozen only
-  std::string budget;  // Since 0.4.0: --budget (plan, then run the plan too)
-  // Since 0.4.0: the host optimizer (lwo_optim): "" (none), "adamw" or
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant: frozen only
+  std::string budget;  // --budget (plan, then run the plan too)
+  // The host optimizer (lwo_optim): "" (none), "adamw" or
   // "sgd", its state dtype, and the global-norm clip (0: none).
   std::string optimizer;
   lwo_dtype_t optim_state = LWO_DTYPE_F32;
   double max_norm = 0;
   bool delayed = false;
-  uint32_t optim_threads = 0;  // Since 0.5.2: --optimizer-threads (0: one per CPU)
+  uint32_t optim_threads = 0;  // --optimizer-threads (0: one per CPU)
   bool trainable() const { return !frozen; }
 };
 
@@ -76,7 +76,7 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--frozen",
                   "every layer frozen: input gradients only, no weight gradients",
                   [&o] { o.frozen = true; }),
-      quant_flag(o.quant),  // since 0.4.0
+      quant_flag(o.quant),
       layers_flag(o.layers),
       rows_flag(o.rows),
       cols_flag(o.cols),
@@ -150,7 +150,7 @@ std::vector<Flag> make_flags(Options& o) {
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
-      budget_flag(o.budget),  // Since 0.4.0
+      budget_flag(o.budget),
       moved_flag("--train",
                  [](const std::string&) {
                    throw UsageError("--train is not needed: lwo train trains");
@@ -272,19 +272,19 @@ struct Results {
   uint64_t add_alone_bytes = 0;
   double target = 0;
   std::string check;
-  // Since 0.4.0: with --optimizer, what optimizer_steps measured.
+  // With --optimizer, what optimizer_steps measured.
   bool optimized = false;
   uint64_t opt_params = 0;  // updated per step
   double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
-  // Since 0.5.2: the three are timed in alternating pairs (each pair a plain
+  // The three are timed in alternating pairs (each pair a plain
   // step, the update alone, a full step); medians, and the ratio the median
   // of the pairs' ratios.
   double opt_gpu_ms = 0, opt_memory_ratio = 0;
   std::vector<double> opt_pair_ratios;
-  // Host memory a step (since 0.5.1): the update's traffic, the copies'
+  // Host memory a step: the update's traffic, the copies'
   // bytes, the update's own bandwidth and the floor they give.
   double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
-  // Since 0.4.0: with --budget, the planned ring's steps in the same run.
+  // With --budget, the planned ring's steps in the same run.
   bool planned = false;
   PlanReport plan;
   lwo_ring_info plan_ring{};
@@ -642,8 +642,8 @@ std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run
 
 }  // namespace
 
-// --optimizer (since 0.4.0): the host optimizer over the same gradient set,
-// timed in --steps alternating pairs (since 0.5.2; the host's memory
+// --optimizer: the host optimizer over the same gradient set,
+// timed in --steps alternating pairs (the host's memory
 // bandwidth drifts within minutes, so figures taken in separate phases
 // measure the drift as much as the step). Each pair: a plain step (its time
 // the GPU step; its gradients landed and fenced), lwo_optim_step and
@@ -1076,7 +1076,7 @@ struct Trainer {
   void planned() {
     const Sizes& sz = r.sz;
     if (!o.budget.empty()) {
-      // Since 0.4.0: --budget. The plan from the link measured now and the
+      // --budget. The plan from the link measured now and the
       // resident steps' compute per layer (0 where they could not be measured),
       // then its ring's steps with the same gradients, the engine held to the
       // budget (the gradient staging already held counts against it).

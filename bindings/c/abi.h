@@ -45,7 +45,7 @@ struct lwo_schedule {
   std::unique_ptr<lwo::Schedule> impl;
   uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
-// Since 0.4.0: a plan (bindings/c/api_plan.cc defines what it holds).
+// A plan (bindings/c/api_plan.cc defines what it holds).
 namespace lwo {
 struct PlanHandle;
 }
@@ -53,7 +53,7 @@ struct lwo_plan {
   std::unique_ptr<lwo::PlanHandle> impl;
   uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };
-struct lwo_optim {  // since 0.4.0
+struct lwo_optim {
   std::unique_ptr<lwo::Optimizer> impl;
   uint64_t handle = 0;  // the value the caller holds (abi::publish)
 };

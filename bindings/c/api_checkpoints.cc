@@ -96,7 +96,7 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
     v.bytes = e.end - e.begin;
     v.file_offset = e.begin;
     v.file = e.file;
-    // Since 0.4.0: an fp8 weight and its block scales, by name and shape.
+    // An fp8 weight and its block scales, by name and shape.
     v.quant_format = LWO_QUANT_NONE;
     v.quant_partner = LWO_NO_LAYER;
     const std::string suffix = lwo::st::kScaleSuffix;

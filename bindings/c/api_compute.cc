@@ -59,7 +59,7 @@ static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t token
   lwo::Compute::Linear l{d.dtype, (d.flags & LWO_LINEAR_BIAS) != 0,
                          (d.flags & LWO_LINEAR_TF32) != 0, d.in_features, d.out_features,
                          (d.flags & LWO_LINEAR_ACCUMULATE) != 0};
-  // Since 0.4.0: a quantized weight [out_features x in_features].
+  // A quantized weight [out_features x in_features].
   l.weight_format = static_cast<lwo_quant_format_t>(d.weight_format);
   if (l.weight_format != LWO_QUANT_NONE) {
     if (!lwo::quant::format_name(l.weight_format))
@@ -143,7 +143,7 @@ static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
                         d.layout == LWO_LAYOUT_NHWC, d.in_channels, d.out_channels, d.kernel_h,
                         d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h,
                         d.dilation_w, d.groups, (d.flags & LWO_CONV_ACCUMULATE) != 0};
-  // Since 0.5.0: a quantized weight [out_channels x in_channels / groups *
+  // A quantized weight [out_channels x in_channels / groups *
   // kernel_h * kernel_w] (a caller's 0.4 struct, without the field, reads
   // as LWO_QUANT_NONE from the defaults).
   cv.weight_format = static_cast<lwo_quant_format_t>(d.weight_format);

@@ -28,7 +28,7 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
     const Mode mode = (cfg.flags & LWO_GRADS_F32)           ? Mode::kF32
                       : (cfg.flags & LWO_GRADS_NATIVE_WIRE) ? Mode::kNativeWire
                                                             : Mode::kNative;
-    // Quantized tensors are frozen (since 0.4.0): no trainable layer holds one.
+    // Quantized tensors are frozen: no trainable layer holds one.
     for (uint32_t l = 0; l < p->impl->n_layers(); ++l) {
       if (trainable && !trainable[l]) continue;
       const int qi = p->impl->first_quantized(l);

@@ -1,4 +1,4 @@
-// lwo.h: The optimizer step on the host (since 0.4.0).
+// lwo.h: The optimizer step on the host.
 #include <cstddef>
 #include <vector>
 

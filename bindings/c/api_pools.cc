@@ -94,7 +94,7 @@ LWO_API lwo_status_t lwo_pool_tensor_info(const lwo_pool* pool, uint32_t layer, 
     for (int d = 0; d < LWO_MAX_DIMS; ++d) v.shape[d] = d < t.n_dims ? t.shape[d] : 0;
     v.offset = t.offset;
     v.bytes = t.bytes;
-    v.quant_format = t.quant;  // since 0.4.0
+    v.quant_format = t.quant;
     write_out(info, v, "info");
   });
 }
@@ -173,7 +173,7 @@ LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const
   });
 }
 
-// -- Quantized records (since 0.4.0) --
+// -- Quantized records --
 
 LWO_API lwo_status_t lwo_pool_write_quantized(lwo_pool* pool, uint32_t layer, const char* name,
                                               const void* src, lwo_dtype_t src_dtype,

@@ -1,4 +1,4 @@
-// lwo.h: Quantized weights (since 0.3.0): the descriptor is checked and
+// lwo.h: Quantized weights: the descriptor is checked and
 // turned into a layout here (src/quant), host quantization and the CPU
 // reference run in src/quant, the GPU dequantization in src/compute's
 // launcher of kernels/quant_kernels.cu.

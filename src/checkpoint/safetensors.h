@@ -140,7 +140,7 @@ LayerMap map_by_names(const std::vector<Entry>& entries,
 // read from a file cannot put an escape sequence or a line on a terminal.
 std::string printable(const std::string& s, char quote = '"');
 
-// Quantized fp8 weights (since 0.4.0): among one layer's entries (`layer`:
+// Quantized fp8 weights: among one layer's entries (`layer`:
 // indices into `entries`), each F8_E4M3 entry W with an entry named
 // W.name + "_scale_inv" in the same layer, as fp8 checkpoints ship their
 // 128 x 128 block scales. `scale_shape(rows, cols)` gives the scales' shape

@@ -23,7 +23,7 @@ class Compute {
   Compute(const Compute&) = delete;
   Compute& operator=(const Compute&) = delete;
 
-  // ---- device memory budget (Since 0.4.0) ----
+  // ---- device memory budget ----
   // Workspaces are charged to the engine's budget through these: `charge`
   // returns the bytes charged for one allocation of its argument (or throws
   // LWO_ERR_OVER_BUDGET), `uncharge` gives them back. Set once, before use.
@@ -39,7 +39,7 @@ class Compute {
     bool tf32;
     int64_t in, out;
     bool accumulate = false;  // backward adds into dw and db
-    // Since 0.4.0: W is a quantized tensor of this format ([out, in] as
+    // W is a quantized tensor of this format ([out, in] as
     // src/quant lays it out), dequantized into the stream's weight workspace
     // before the GEMM. Backward then computes dx only.
     lwo_quant_format_t weight_format = LWO_QUANT_NONE;
@@ -59,7 +59,7 @@ class Compute {
     bool bias, tf32, nhwc;
     int32_t c, k, kh, kw, sh, sw, ph, pw, dh, dw, groups;
     bool accumulate = false;  // backward adds into dwt and db
-    // Since 0.5.0: W is a quantized tensor of this format, [k, c/groups *
+    // W is a quantized tensor of this format, [k, c/groups *
     // kh * kw] (rows x cols, the layout's weight with its inner dimensions
     // flattened, as src/quant lays it out), dequantized into the stream's
     // weight workspace before the cuDNN call. Backward then computes dx only.
@@ -136,8 +136,7 @@ class Compute {
   // waited for, the old one freed) and charged to the budget; `what` names it.
   void* grow(std::unordered_map<void*, Workspace>& m, void* stream, size_t bytes, const char* what);
   std::unordered_map<void*, Workspace> workspaces_;  // per stream
-  // Dequantized weights of quantized linears (since 0.4.0) and
-  // convolutions (since 0.5.0), per stream.
+  // Dequantized weights of quantized linears and convolutions, per stream.
   std::unordered_map<void*, Workspace> weight_workspaces_;
   void* cudnn_ = nullptr;                            // cudnnHandle_t
   // Convolution algorithms by (direction, shape...): algorithm, workspace bytes.

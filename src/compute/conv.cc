@@ -2,7 +2,7 @@
 // algorithms chosen once per shape by cuDNN's heuristics (deterministic ones,
 // within the workspace limit) and cached; bias add and bias gradient by our
 // own kernels; weight gradients converted to f32 where asked; quantized
-// weights (since 0.5.0) dequantized into the stream's weight workspace first.
+// weights dequantized into the stream's weight workspace first.
 #include <cudnn.h>
 
 #include <algorithm>

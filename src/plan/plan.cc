@@ -390,5 +390,97 @@ Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget,
   return best;
 }
 
+uint64_t charged_bytes(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                       uint32_t depth, const Pass& pass, Footprint footprint) {
+  if (resident.size() != layers.size())
+    fail(LWO_ERR_INVALID_ARGUMENT, "%zu resident flags for %zu layers", resident.size(),
+         layers.size());
+  auto take = [footprint](uint64_t b) { return footprint ? footprint(b) : b; };
+  uint64_t res = 0, slot = 0, grad = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (resident[l])
+      res += take(layers[l].bytes);
+    else
+      slot = std::max(slot, layers[l].bytes);
+    if (pass.backward) grad = std::max(grad, layers[l].grad_bytes);
+  }
+  return res + depth * take(slot ? slot : LWO_RECORD_ALIGN) +
+         (pass.backward && grad ? pass.grad_depth * take(grad) : 0);
+}
+
+Link calibrate(const MeasureLink& measure, uint64_t bytes, bool fit_overhead,
+               double copy_overhead_ms) {
+  const uint64_t big = bytes ? bytes : (uint64_t(256) << 20);
+  Link link = measure(big);
+  link.copy_overhead_ms = copy_overhead_ms;
+  if (fit_overhead) {  // a second, smaller size: t = overhead + bytes / rate
+    const uint64_t small = std::max<uint64_t>(big / 64, 4096);
+    if (small < big) {
+      const Link s = measure(small);
+      auto ms = [](uint64_t b, double gbps) { return static_cast<double>(b) / (gbps * 1e6); };
+      try {
+        const CopyFit f = fit_copy(small, ms(small, s.h2d_gbps), big, ms(big, link.h2d_gbps));
+        link.copy_overhead_ms = f.overhead_ms;
+        link.h2d_gbps = f.gbps;
+      } catch (const Error&) {
+        link.copy_overhead_ms = 0;  // the small copy was not faster: no overhead seen
+      }
+    }
+  }
+  return link;
+}
+
+Choice best_fit(const Request& r) {
+  const std::vector<LayerCost>& layers = r.layers;
+  const uint64_t budget = r.budget_bytes;
+  auto charged = [&](const std::vector<LayerCost>& costs, const std::vector<bool>& resident,
+                     uint32_t depth) {
+    return charged_bytes(costs, resident, depth, r.pass, r.footprint);
+  };
+  Choice c;
+  uint64_t room = budget;
+  for (int tries = 0;; ++tries) {
+    c.plan = choose(layers, room, r.link, r.pass, r.depths);
+    const uint64_t need = charged(layers, c.plan.resident, c.plan.depth);
+    if (need <= budget) break;
+    if (tries == 8 || need - budget >= room)
+      fail(LWO_ERR_OVER_BUDGET, "no plan's allocations fit a budget of %llu bytes (the "
+           "smallest found needs %llu)", static_cast<unsigned long long>(budget),
+           static_cast<unsigned long long>(need));
+    room -= need - budget;
+  }
+  c.room_bytes = room;
+  try {
+    c.first_k = first_layers(layers, room, r.link, r.pass, c.plan.depth);
+  } catch (const Error&) {
+    c.first_k = c.plan;
+  }
+  const uint32_t L = static_cast<uint32_t>(layers.size());
+  for (uint32_t l = 0; l < L; ++l) c.groups.push_back(Group{l, 1, c.plan.resident[l]});
+  c.prediction = c.plan.prediction;
+  c.depth = c.plan.depth;
+  c.device_bytes = c.plan.device_bytes;
+  if (r.grouping && L > 1) {
+    // Groups and residents together; taken only if it predicts less and its
+    // charge fits the budget too.
+    Grouping g = choose_grouped(layers, room, r.link, r.pass, r.depths);
+    if (g.prediction.ms < c.prediction.ms &&
+        charged(grouped_costs(layers, g.groups), grouped_resident(g.groups), g.depth) <= budget) {
+      c.groups = std::move(g.groups);
+      c.prediction = std::move(g.prediction);
+      c.depth = g.depth;
+      c.device_bytes = g.device_bytes;
+    }
+  }
+  for (uint32_t i = 0; i < c.groups.size(); ++i) {
+    uint64_t b = 0;
+    for (uint32_t l = c.groups[i].first; l < c.groups[i].first + c.groups[i].count; ++l)
+      b += layers[l].bytes;
+    c.group_bytes.push_back(b);
+    if (c.groups[i].resident) c.resident.push_back(i);
+  }
+  return c;
+}
+
 }  // namespace plan
 }  // namespace lwo

@@ -1,9 +1,10 @@
-// The planner's model (issue 16, first part): given each layer's bytes and
-// compute times, the link's rates, a ring depth and which layers stay
-// resident on the device, predict a pass (forward, or a training step) layer
-// by layer; and choose, for a device memory budget, the resident layers and
-// the depth that minimise the prediction. Host code only; the measurements it
-// needs (link rates, per-layer compute) come from the caller.
+// The planner: given each layer's bytes and compute times, the link's rates,
+// a ring depth and which layers stay resident on the device, predict a pass
+// (forward, or a training step) layer by layer; and choose, for a device
+// memory budget, the resident layers, the depth and the groups of records
+// that minimise the prediction, with the allocations rounded as the device
+// charges them (best_fit). Host code only; the measurements it needs (link
+// rates, per-layer compute) and the device's rounding come from the caller.
 //
 // The model follows the ring's protocol (docs/ARCHITECTURE.md): positions in
 // schedule order (0..L-1, then L-1..0 for a step); a streamed layer takes the
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace lwo {
@@ -103,9 +105,9 @@ Plan choose(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const L
 Plan first_layers(const std::vector<LayerCost>& layers, uint64_t budget_bytes, const Link& link,
                   const Pass& pass, uint32_t depth);
 
-// Grouping small records (issue 16, third part). A group is a run of
-// consecutive layers stored as one record: one copy instead of several (each
-// copy costs link.copy_overhead_ms), computed one after the other once the
+// Grouping small records. A group is a run of consecutive layers stored as
+// one record: one copy instead of several (each copy costs
+// link.copy_overhead_ms), computed one after the other once the
 // record is in place, its gradients leaving together after its backward. A
 // grouped record needs a slot as large as itself, so grouping trades slot
 // memory for fewer copies.
@@ -152,6 +154,66 @@ Grouping group(const std::vector<LayerCost>& layers, const std::vector<bool>& re
 Grouping choose_grouped(const std::vector<LayerCost>& layers, uint64_t budget_bytes,
                         const Link& link, const Pass& pass,
                         const std::vector<uint32_t>& depths = {1, 2, 3, 4, 6, 8});
+
+// ---- The plan for a device budget, in one call ----
+//
+// The model counts bytes as asked; a device allocator rounds each allocation
+// up. `Footprint` is that rounding, the bytes one allocation of `bytes` takes
+// (the engine's is device_footprint, engine/engine.h); null: bytes as asked.
+using Footprint = uint64_t (*)(uint64_t bytes);
+
+// The bytes a configuration takes when every allocation is rounded by
+// `footprint`: each resident record on its own, `depth` slots of the largest
+// streamed record (LWO_RECORD_ALIGN bytes when every layer is resident), and
+// in a step `grad_depth` staging slots of the largest gradients.
+uint64_t charged_bytes(const std::vector<LayerCost>& layers, const std::vector<bool>& resident,
+                       uint32_t depth, const Pass& pass, Footprint footprint);
+
+// The link from measurements: `measure(bytes)` times copies of `bytes` each
+// way, alone and at once, and returns their rates (copy_overhead_ms unused).
+// One size, `bytes` (0: 256 MiB); with `fit_overhead`, a second one 64 times
+// smaller (at least 4096 bytes) and fit_copy through the two H2D times give
+// the copy overhead and the H2D rate (overhead 0 when the smaller copy was
+// not faster). Otherwise, or when the second size would not be smaller, the
+// overhead is `copy_overhead_ms`. Throws what `measure` throws.
+using MeasureLink = std::function<Link(uint64_t bytes)>;
+Link calibrate(const MeasureLink& measure, uint64_t bytes, bool fit_overhead,
+               double copy_overhead_ms);
+
+struct Request {
+  std::vector<LayerCost> layers;
+  uint64_t budget_bytes = 0;  // as the device charges it (footprint)
+  Link link;
+  Pass pass;
+  std::vector<uint32_t> depths = {1, 2, 3, 4, 6, 8};
+  bool grouping = false;      // also consider groups of layers (choose_grouped)
+  Footprint footprint = nullptr;
+};
+
+struct Choice {
+  Plan plan;     // one record per layer: choose() within the room that fits
+  Plan first_k;  // first_layers() at plan's depth in that room (plan itself if none fits)
+  uint64_t room_bytes = 0;  // the budget the model searched within
+  // The records recommended (one per layer without grouping) with their
+  // bytes, their prediction, depth and model bytes, and the resident ones
+  // (ascending record indices).
+  std::vector<Group> groups;
+  std::vector<uint64_t> group_bytes;
+  Prediction prediction;
+  uint32_t depth = 0;
+  uint64_t device_bytes = 0;
+  std::vector<uint32_t> resident;
+};
+
+// The plan with the smallest prediction whose charged bytes fit the budget.
+// choose() searches the whole budget first; while the chosen plan's charge
+// exceeds the budget, it searches again with the excess taken off the room
+// (at most 8 times more, and only while the excess is less than the room).
+// With `grouping` and more than one layer, choose_grouped() within that same
+// room is taken instead when it predicts less and its charge fits too.
+// Throws LWO_ERR_OVER_BUDGET (naming the smallest charge found) when no
+// search fits, and what choose() and choose_grouped() throw.
+Choice best_fit(const Request& request);
 
 }  // namespace plan
 }  // namespace lwo

@@ -1,4 +1,4 @@
-// The planned pass as bench_plan runs it (Since 0.5.0), on a small uneven
+// The planned pass as bench_plan runs it, on a small uneven
 // chain: each record's resident compute time (testkit's
 // ChainRun::resident_record_times) is one positive figure per record and
 // half; a plan made from those times gives a ring of its depth and resident

@@ -1,4 +1,4 @@
-// 2-D convolutions on quantized weights (since 0.5.0): a conv layer whose
+// 2-D convolutions on quantized weights: a conv layer whose
 // weight is a quantized record tensor (LWO_EXT_TENSOR_QUANT, declared 2-D
 // [out_channels, in_channels / groups * kh * kw] and filled by
 // lwo_pool_write_quantized) computes forward and backward-data from its ring

@@ -1,4 +1,4 @@
-// Linear layers on quantized ring slots (since 0.4.0): a layer whose weight
+// Linear layers on quantized ring slots: a layer whose weight
 // is a quantized record tensor (LWO_EXT_TENSOR_QUANT, filled by
 // lwo_pool_write_quantized) computes forward and backward-data from its
 // slot (lwo_linear_desc.weight_format), against an fp64 CPU reference on the

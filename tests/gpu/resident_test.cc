@@ -1,4 +1,4 @@
-// Resident layers and the device memory budget on the GPU (Since 0.4.0):
+// Resident layers and the device memory budget on the GPU:
 // resident and streamed layers hold exactly the host bytes; a changed
 // resident layer is uploaded again, and only after a slow reader of its old
 // bytes is done; a trainable resident layer's gradients equal a streamed

@@ -255,7 +255,7 @@ TEST_F(Abi02Structs, ViewsAreWrittenOnlyUpToTheirSize) {
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
-// Conventions: the size rule for lwo_tensor_info (size-first since 0.2.0)
+// Conventions: the size rule for lwo_tensor_info (size-first)
 // and lwo_pool_info: too small is refused; a smaller struct gets its fields
 // and nothing past them.
 TEST_F(Abi02Structs, TensorInfoAndPoolInfoAreWrittenOnlyUpToTheirSize) {

@@ -1,4 +1,4 @@
-// The planner's C calls (Since 0.4.0) against the recording backend: the plan
+// The planner's C calls against the recording backend: the plan
 // is src/plan's choice for the pool's records, the caller's compute times
 // and the budget; its ring config creates a ring that fits that budget as
 // the engine charges it; calibration times the engine's own streams; every

@@ -190,6 +190,137 @@ TEST(Plan, RandomModelsFitTheirBudgetAndNeverLoseToStreamingAll) {
   }
 }
 
+// An allocator that hands out 16 MiB units: the charge of a plan is then
+// well above what the model counts.
+uint64_t round16m(uint64_t b) {
+  const uint64_t g = uint64_t(16) << 20;
+  return (b + g - 1) / g * g;
+}
+
+TEST(Plan, ChargedBytesRoundEveryAllocation) {
+  const auto layers = uniform(4, 10 * MB, 1.0, 2.0, 5 * MB);
+  Pass step;
+  step.backward = true;
+  step.grad_depth = 3;
+  const std::vector<bool> res = {true, false, true, false};
+  // Two resident records, two ring slots, three staging slots: 16 MiB each.
+  EXPECT_EQ(charged_bytes(layers, res, 2, step, round16m), 7 * (uint64_t(16) << 20));
+  EXPECT_EQ(charged_bytes(layers, res, 2, step, nullptr), device_bytes(layers, res, 2, step));
+  // Every layer resident: the slots still hold LWO_RECORD_ALIGN bytes each.
+  EXPECT_EQ(charged_bytes(layers, std::vector<bool>(4, true), 2, Pass{}, nullptr),
+            40 * MB + 2 * LWO_RECORD_ALIGN);
+}
+
+// best_fit's plan is charged within the budget (rounded); one byte less and
+// that plan no longer fits, so another (or none) is returned.
+TEST(Plan, BestFitIsChargedWithinTheBudgetAndABytesLessRefusesIt) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> mb(3, 90), n(3, 14);
+  std::uniform_real_distribution<double> ms(0.05, 6.0), share(0.0, 1.2);
+  int planned = 0, refused = 0, other = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    Request r;
+    r.layers.resize(n(rng));
+    uint64_t total = 0;
+    for (LayerCost& c : r.layers) {
+      c.bytes = static_cast<uint64_t>(mb(rng)) * MB + 17;
+      c.grad_bytes = trial % 2 ? c.bytes : 0;
+      c.fwd_ms = ms(rng);
+      c.bwd_ms = 2 * c.fwd_ms;
+      total += c.bytes;
+    }
+    r.pass.backward = trial % 2 == 1;
+    r.link = link50();
+    r.link.copy_overhead_ms = trial % 3 ? 0.0 : 0.05;
+    r.grouping = trial % 4 >= 2;
+    r.footprint = round16m;
+    const std::vector<bool> none(r.layers.size(), false);
+    r.budget_bytes = charged_bytes(r.layers, none, 1, r.pass, round16m) +
+                     static_cast<uint64_t>(share(rng) * static_cast<double>(total));
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    Choice c;
+    try {
+      c = best_fit(r);
+    } catch (const Error& e) {  // the searches within less room found none that fits
+      EXPECT_EQ(e.status(), LWO_ERR_OVER_BUDGET) << e.what();
+      continue;
+    }
+    ++planned;
+    const uint64_t charged = charged_bytes(grouped_costs(r.layers, c.groups),
+                                           grouped_resident(c.groups), c.depth, r.pass, round16m);
+    EXPECT_LE(charged, r.budget_bytes);
+    EXPECT_LE(charged_bytes(r.layers, c.plan.resident, c.plan.depth, r.pass, round16m),
+              r.budget_bytes);
+    EXPECT_LE(c.room_bytes, r.budget_bytes);
+    // The records cover every layer once; their bytes and resident indices.
+    uint32_t next = 0;
+    std::vector<uint32_t> resident;
+    for (uint32_t i = 0; i < c.groups.size(); ++i) {
+      EXPECT_EQ(c.groups[i].first, next);
+      next += c.groups[i].count;
+      EXPECT_EQ(c.group_bytes[i], grouped_costs(r.layers, {c.groups[i]})[0].bytes);
+      if (c.groups[i].resident) resident.push_back(i);
+    }
+    EXPECT_EQ(next, r.layers.size());
+    EXPECT_EQ(c.resident, resident);
+
+    Request less = r;
+    less.budget_bytes = charged - 1;
+    try {
+      const Choice d = best_fit(less);
+      const uint64_t d_charged = charged_bytes(grouped_costs(r.layers, d.groups),
+                                               grouped_resident(d.groups), d.depth, r.pass,
+                                               round16m);
+      EXPECT_LE(d_charged, less.budget_bytes);
+      EXPECT_FALSE(d.groups.size() == c.groups.size() && d.depth == c.depth &&
+                   grouped_resident(d.groups) == grouped_resident(c.groups) &&
+                   std::equal(d.groups.begin(), d.groups.end(), c.groups.begin(),
+                              [](const Group& a, const Group& b) {
+                                return a.first == b.first && a.count == b.count;
+                              }));
+      ++other;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), LWO_ERR_OVER_BUDGET) << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_GE(planned, 30);
+  EXPECT_GT(other, 0);  // the sweep reaches both outcomes
+  EXPECT_GT(refused, 0);
+}
+
+// Calibration through the caller's measurement: one size, or two and the
+// fitted overhead.
+TEST(PlanGroup, CalibrateFitsTheOverheadThroughTwoSizes) {
+  std::vector<uint64_t> sizes;
+  auto measure = [&sizes](uint64_t bytes) {  // t = 0.02 ms + bytes / 10 GB/s
+    sizes.push_back(bytes);
+    const double ms = 0.02 + static_cast<double>(bytes) / 10e6;
+    Link k;
+    k.h2d_gbps = static_cast<double>(bytes) / (ms * 1e6);
+    k.d2h_gbps = 7;
+    k.duplex_h2d_gbps = 6;
+    k.duplex_d2h_gbps = 5;
+    return k;
+  };
+  const Link one = calibrate(measure, 64 * MB, false, 0.5);
+  EXPECT_EQ(sizes, std::vector<uint64_t>{64 * MB});
+  EXPECT_EQ(one.copy_overhead_ms, 0.5);
+  EXPECT_EQ(one.d2h_gbps, 7);
+  EXPECT_EQ(one.duplex_h2d_gbps, 6);
+  EXPECT_EQ(one.duplex_d2h_gbps, 5);
+  sizes.clear();
+  const Link two = calibrate(measure, 0, true, 0.5);
+  EXPECT_EQ(sizes, (std::vector<uint64_t>{uint64_t(256) << 20, uint64_t(4) << 20}));
+  EXPECT_NEAR(two.copy_overhead_ms, 0.02, 1e-9);
+  EXPECT_NEAR(two.h2d_gbps, 10, 1e-6);
+  EXPECT_EQ(two.d2h_gbps, 7);
+  sizes.clear();
+  // Too small for a second size: the overhead as given.
+  EXPECT_EQ(calibrate(measure, 4096, true, 0.5).copy_overhead_ms, 0.5);
+  EXPECT_EQ(sizes, std::vector<uint64_t>{4096});
+}
+
 // The per-copy overhead: each streamed copy costs it on top of bytes / rate.
 TEST(PlanGroup, CopyOverheadAddsToEveryCopy) {
   const auto layers = uniform(8, 100 * MB, 0.1);

@@ -1,4 +1,4 @@
-// Checkpoints already quantized (since 0.4.0): an F8_E4M3 [rows, cols]
+// Checkpoints already quantized: an F8_E4M3 [rows, cols]
 // weight with its f32 "<weight>_scale_inv" [ceil(rows/128), ceil(cols/128)]
 // beside it maps, in place, to one LWO_QUANT_FP8_E4M3_BLOCK128 record tensor
 // (two copy runs from the file); on the recording backend, registered and

@@ -1,4 +1,4 @@
-// Quantized tensors in records (since 0.4.0): the LWO_EXT_TENSOR_QUANT
+// Quantized tensors in records: the LWO_EXT_TENSOR_QUANT
 // extension through lwo_record_layout, pinned and registered pools, the
 // tensor info, lwo_pool_write / lwo_pool_write_quantized against
 // lwo_quantize, and the refusals (chain errors, shapes, gradients).
@@ -388,7 +388,7 @@ lwo_conv2d_desc quant_conv(lwo_quant_format_t f) {
   return d;
 }
 
-// Since 0.5.0: the weight_format a 0.4 caller's smaller struct lacks reads as
+// The weight_format a 0.4 caller's smaller struct lacks reads as
 // LWO_QUANT_NONE; what lies past its size is never read.
 TEST_F(QuantConvArgs, WeightFormatIsAppendedToTheStruct) {
   EXPECT_EQ(offsetof(lwo_conv2d_desc, weight_format), offsetof(lwo_conv2d_desc, groups) + 4);

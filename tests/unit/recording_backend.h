@@ -105,7 +105,7 @@ class RecordingBackend final : public Backend {
     allocs_.erase(it);
     delete[] static_cast<uint8_t*>(p);
   }
-  // Device memory (Since 0.4.0): `device_total` bytes, of which what this
+  // Device memory: `device_total` bytes, of which what this
   // backend has allocated is taken.
   uint64_t device_total = uint64_t(80) << 30;
   uint64_t device_allocated() const {
