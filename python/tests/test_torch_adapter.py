@@ -6,7 +6,6 @@ a device. Skipped when torch is not installed."""
 
 import copy
 import os
-import time
 
 import pytest
 
@@ -985,25 +984,27 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
     assert len(be2.plan_calls) == 1
 
 
-class _Slow(nn.Module):
-    """Host time in a step (the fake's events are the host's clock)."""
+class _Clock(nn.Module):
+    """Moves the fake's clock (its events read it) by `seconds[0]` at each
+    call: steps of a known length, whatever the host's load."""
 
-    def __init__(self, seconds):
+    def __init__(self, seconds, now):
         super().__init__()
-        self.seconds = seconds
+        self.seconds, self.now = seconds, now
 
     def forward(self, x):
-        if self.seconds[0]:
-            time.sleep(self.seconds[0])
+        self.now[0] += self.seconds[0]
         return x
 
 
 def test_a_plan_faster_than_predicted_is_kept_and_a_step_that_changes_replans():
-    delay = [0.02]
-    m = nn.Sequential(deep_mlp(), _Slow(delay))
+    delay, now = [0.02], [0.0]
+    m = nn.Sequential(deep_mlp(), _Clock(delay, now))
     # a prediction far above what the steps take: the plan delivers more
     # than it promised, and is kept
     be = fake_lwo.PlanningBackend(group_size=2, predicted_ms=1e6)
+    be.event = lambda: now[0]
+    be.record = lambda e: now[0]
     h = lt.offload(m, _backend=be)
     for _ in range(14):
         m(torch.randn(3, 12)).sum().backward()
