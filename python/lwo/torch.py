@@ -32,8 +32,10 @@ The contract (docs/PYTHON.md says more):
   load_state_dict) is noticed through the tensor's version counter and
   makes the ring copy the record again at its next stage. Writes that
   bypass it (``param.data``, raw pointers) need ``handle.mark_changed()``.
-- The streamed modules' forwards are excluded from torch.compile
-  (torch.compiler.disable): a compiled model breaks its graph at each one.
+- The streamed modules' forwards are excluded from torch.compile (Dynamo
+  skips them and runs them as torch.compiler.disable would; outside
+  compile they run without that wrapper): a compiled model breaks its
+  graph at each one.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -89,6 +91,12 @@ try:
 except AttributeError:  # pragma: no cover - torch < 2.1
     def _compiler_disable(fn=None, recursive=True):
         return fn
+
+try:  # a streamed forward without torch.compiler.disable's wrapper outside compile
+    _eval_frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
+    from torch._dynamo.decorators import skip as _dynamo_skip
+except (AttributeError, ImportError):  # pragma: no cover - older torch: the wrapper always
+    _eval_frame_callback = _dynamo_skip = None
 
 
 def _host_tensor(address, nbytes, dtype, shape, owner):
@@ -568,7 +576,6 @@ def _module_forward(fn, apply, forward):
     `fn` (`apply`: its apply without the Python layer, when functorch is not
     active) where a gradient is needed, else straight through lwo."""
 
-    @_compiler_disable
     def module_forward(self, input):
         s = self._lwo_state
         w = self._parameters.get("weight")
@@ -588,7 +595,20 @@ def _module_forward(fn, apply, forward):
         # counts it into a forward-only step)
         return forward(s.handle, s, input, False)
 
-    return module_forward
+    disabled = _compiler_disable(module_forward)
+    if _dynamo_skip is None or _eval_frame_callback is None:
+        return disabled
+
+    def module_forward_outside_compile(self, input):
+        # Without torch.compile's frame evaluation (its callback unset) the
+        # forward runs straight, without the disabled wrapper's host time;
+        # under it, through the wrapper, so that no frame below is traced.
+        if _eval_frame_callback() is None:
+            return module_forward(self, input)
+        return disabled(self, input)
+
+    # Dynamo neither traces nor inlines it (it breaks the graph there).
+    return _dynamo_skip(module_forward_outside_compile)
 
 try:
     _functorch_active = torch._C._are_functorch_transforms_active

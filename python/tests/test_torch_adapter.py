@@ -550,6 +550,32 @@ def test_compile_breaks_the_graph_at_streamed_modules():
         close(p.grad, q.grad, torch.float32)
 
 
+def test_no_frame_of_lwo_is_traced_under_compile():
+    # under torch.compile each streamed module's call runs with the frame
+    # evaluation off (nothing of lwo.torch traced); outside it, the same
+    # forward runs with no callback to turn off
+    cb = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    if cb is None or not hasattr(cb, "get_eval_frame_callback"):
+        pytest.skip("this torch has no eval_frame.get_eval_frame_callback")
+    m = mlp()
+    h, be = offload(m)
+    seen = []
+    fwd = be.linear_forward
+
+    def lin_fwd(*a):
+        seen.append(cb.get_eval_frame_callback())
+        return fwd(*a)
+
+    be.linear_forward = h._lin_fwd = lin_fwd
+    cm = torch.compile(m, backend="eager")
+    x = torch.randn(3, 12)
+    for _ in range(2):
+        cm(x)
+    assert len(seen) == 6 and all(c is None for c in seen), seen
+    m(x)
+    assert len(seen) == 9 and all(c is None for c in seen)
+
+
 def test_to_leaves_the_pool_and_state_dict_round_trips():
     m = mlp()
     h, be = offload(m)
