@@ -1,5 +1,5 @@
-// The host optimizer against the host's memory bandwidth, in one run (issue
-// 17): a multithreaded copy and triad loop on the optimizer's own threads
+// The host optimizer against the host's memory bandwidth, in one run: a
+// multithreaded copy and triad loop on the optimizer's own threads
 // (optim::Workers, the same fixed parts) measure the bandwidth; AdamW with
 // f32 and bf16 state (and SGD) on 2^28 parameters report parameters per
 // second, the bytes each parameter must move, the floor those give at the

@@ -1,5 +1,5 @@
-// bench_plan: the planner's prediction against the measurement (issue 16,
-// "predicted against measured"), on five workloads, each in one run:
+// bench_plan: the planner's prediction against the measurement
+// ("predicted against measured"), on five workloads, each in one run:
 //
 //   1. the model's records in a pinned pool (random bf16 weights, testkit's
 //      training-step chain), and a copy of them in device memory;

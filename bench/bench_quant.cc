@@ -1,4 +1,4 @@
-// bench_quant: quantized weights on the bus (issue 15). In ONE run, for the
+// bench_quant: quantized weights on the bus. In ONE run, for the
 // frozen 32 x Linear(8192x8192) model (one record per linear) and the
 // 144-linear model (24 blocks of 4 x Linear(2048x2048), Linear(2048->8192),
 // Linear(8192->2048)), each a chain x_{i+1} = y_i in bf16 without bias. The

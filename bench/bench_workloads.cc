@@ -1,5 +1,5 @@
 // bench_workloads: streamed against resident, forward and forward+backward
-// (a training step), on the workloads. Each benchmark measures, in the
+// (a training step), on the reference workloads (below). Each benchmark measures, in the
 // same process:
 //   resident   the same library calls with every weight in device memory
 //              (weight gradients into device scratch: compute only)
@@ -285,7 +285,7 @@ void register_benchmarks() {
 int main(int argc, char** argv) {
   lwob::MainSpec spec;
   spec.program = "bench_workloads";
-  spec.about = "streamed against resident, forward and training step, on the issue's workloads";
+  spec.about = "streamed against resident, forward and training step, on the reference workloads";
   spec.flags = {
       {"--depth", "ring depths, comma-separated (default 2)",
        [](const std::string& v) { lwob::g_depths = lwob::parse_uint_list("--depth", v, 1, 64); }},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time against the device memory budget, predicted and measured (issue 16).
+"""Time against the device memory budget, predicted and measured.
 
     scripts/plot_plan.py SWEEP_DIR OUT_JSON [OUT_PNG]
 

@@ -1,4 +1,4 @@
-// The host optimizer in a streamed training loop on the GPU (issue 17): each
+// The host optimizer in a streamed training loop on the GPU: each
 // step stages every layer for the forward (the device bytes must be the
 // rounding of the masters after the previous step: the stage waited for the
 // layer's update), then a backward in reverse layer order whose gradients

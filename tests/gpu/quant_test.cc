@@ -251,9 +251,9 @@ TEST_F(Quant, FromARingSlot) {
 }
 
 TEST_F(Quant, ThroughputIsReported) {
-  // Not a speed target (issue 15's come with the GEMM integration): the
-  // bytes read and written per second of each format into bf16, for the
-  // record, on 8192 x 8192 (64 Mi weights, quantized from random bf16
+  // Not a speed target (the quantized speed targets come with the GEMM
+  // integration): the bytes read and written per second of each format into
+  // bf16, for the record, on 8192 x 8192 (64 Mi weights, quantized from random bf16
   // weights: no NaN code, finite scales, as a model's), the best of 5 runs.
   std::mt19937_64 rng(fresh_seed() + 3);
   const int64_t rows = 8192, cols = 8192;
