@@ -118,14 +118,15 @@ EOF
 mkdir "$DIR/folder.safetensors"
 mkfifo "$DIR/pipe.safetensors" 2>/dev/null || true
 
-# run OUT_VAR ERR_VAR RC_VAR -- ARGS...: lwo ARGS with no GPU visible, its
-# stdout and stderr kept.
+# run_lwo ARGS...: lwo ARGS with no GPU visible, its stdout and stderr kept
+# in $DIR/.out and $DIR/.err.
 run_lwo() {
   CUDA_VISIBLE_DEVICES="" timeout 60 "$LWO" "$@" >"$DIR/.out" 2>"$DIR/.err"
 }
-# check CMD WANT_RC FILE WORD [EXTRA ARGS...]: lwo CMD --quiet FILE EXTRA...
-# must exit WANT_RC; on failure (WANT_RC != 0) stderr must begin with
-# "lwo CMD: ", name FILE (its last component) and say WORD.
+# check CMD WANT_RC FILE WORD [EXTRA ARGS...]: lwo CMD --quiet EXTRA... FILE
+# must exit WANT_RC, with no signal and no sanitizer report, and its output
+# say WORD; on failure (WANT_RC != 0) stderr must begin with "lwo CMD: " and
+# name FILE (an index by its folder).
 check() {
   local cmd="$1" want_rc="$2" file="$3" word="$4"
   shift 4
