@@ -4,6 +4,10 @@
 # message on stderr that says what is wrong, never a usage error (exit 2).
 set -u
 LWO="$1"
+# In a sanitized build a report aborts the program (a signal, not an exit
+# status a case expects).
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}abort_on_error=1"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}halt_on_error=1:abort_on_error=1"
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 fails=0

@@ -5,6 +5,10 @@
 # nothing on stdout.
 set -u
 LWO="$1"
+# In a sanitized build a report aborts the program (a signal, not an exit
+# status a case expects).
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}abort_on_error=1"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}halt_on_error=1:abort_on_error=1"
 ERR=$(mktemp)
 trap 'rm -f "$ERR"' EXIT
 fails=0
