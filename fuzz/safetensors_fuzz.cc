@@ -1,7 +1,8 @@
 // libFuzzer target for safetensors checkpoints (src/safetensors.h): the input
 // is a whole file. It is parsed as a checkpoint; its header text (when the
 // length field fits) is parsed as an index file too; what parses is mapped to
-// layers by a pattern and by names. lwo::Error with a checkpoint status is the
+// layers by a pattern and by names; what parses must be the whole header (or
+// index) text. lwo::Error with a checkpoint status is the
 // only allowed failure; any other exception, a crash, a sanitizer report, a
 // hang, or a broken promise about the result (checked below) is a bug.
 //
@@ -14,6 +15,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "src/common/error.h"
 #include "src/common/dtype.h"
@@ -178,6 +181,9 @@ void parse_index_text(const char* text, size_t n) {
   const char* const name = "fuzz.safetensors.index.json";
   try {
     std::map<std::string, std::string> m = lwo::st::parse_index(std::string(text, n), name);
+    // what parses is the whole text: one JSON value, no NUL, nothing after
+    FUZZ_CHECK(std::memchr(text, 0, n) == nullptr);
+    FUZZ_CHECK(nlohmann::json::accept(text, text + n));
     for (const auto& kv : m) {
       FUZZ_CHECK(!kv.second.empty() && kv.second[0] != '/');
       FUZZ_CHECK(kv.second.find('\0') == std::string::npos);
@@ -209,6 +215,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   kName);
     return 0;
   }
+  // The whole header was consumed: its n bytes are one JSON value with no
+  // NUL and nothing after it (padding is JSON whitespace).
+  FUZZ_CHECK(size >= 8 && n <= size - 8);
+  FUZZ_CHECK(std::memchr(data + 8, 0, n) == nullptr);
+  FUZZ_CHECK(nlohmann::json::accept(data + 8, data + 8 + n));
   check_entries(es, data, size);
   map_layers(es, data, size);
   return 0;
