@@ -303,9 +303,7 @@ class _Backend:
     # the automatic plan
     def event(self):
         """A timing event recorded now on torch's current stream."""
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
+        return self.record(torch.cuda.Event(enable_timing=True))
 
     @staticmethod
     def make_events(n):
@@ -911,7 +909,6 @@ class Offload:
         self.planner = Planner(order)
         self._held = None          # (record, ticket, stream, base) acquired and kept
         self._prefetched = {}      # record index -> (ticket, version), staged ahead
-        self._prefetch_key = None  # the state _prefetch last left (see there)
         self._cal_pool = []        # timing events made ahead for the measured steps
         self._live = 0             # tickets staged or held
         self._span = None          # the gradient slot being written
@@ -1193,15 +1190,8 @@ class Offload:
         held = self._held
         room = self.depth - self._live
         pre = self._prefetched
-        upcoming = planner.upcoming(self.depth + len(self.resident),
-                                    exclude=held[0].index if held else None)
-        # The same upcoming records (one list per run of accesses to a record)
-        # with the ring as the last call left it: nothing new to stage.
-        state = (self._live, len(pre), planner.kind, self.depth, id(self.ring))
-        last = self._prefetch_key
-        if last is not None and last[0] is upcoming and last[1] == state:
-            return
-        for idx, next_step in upcoming:
+        for idx, next_step in planner.upcoming(self.depth + len(self.resident),
+                                               exclude=held[0].index if held else None):
             if idx in pre:
                 continue
             r = self.records[idx]
@@ -1224,8 +1214,6 @@ class Offload:
             room -= 1
             if room <= 0:
                 break
-        self._prefetch_key = (upcoming, (self._live, len(pre), planner.kind, self.depth,
-                                         id(self.ring)))
 
     def _unstage_trainable(self):
         """Releases what is staged of trainable records (lwo.torch.optim
