@@ -500,13 +500,14 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, s, anchor=None):
-        if s.quant and s.needs_dw():
+        need_dw = s.needs_dw()
+        if need_dw and s.quant:
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
         ctx.s = s
-        ctx.need_dw = s.needs_dw()
+        ctx.need_dw = need_dw
         ctx.x_dtype = x.dtype
-        if ctx.need_dw:
+        if need_dw:
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
@@ -1826,14 +1827,15 @@ class Offload:
             x = x.contiguous()
         shape = x.shape
         in_f = s.in_f
+        # x has the layer's dtype and device by now: y is made like it
         if len(shape) == 2 and shape[1] == in_f:
             tokens = shape[0]
-            y = torch.empty((tokens, s.out_f), dtype=s.dtype, device=self.device)
+            y = x.new_empty((tokens, s.out_f))
         else:
             if not shape or shape[-1] != in_f:
                 raise RuntimeError("lwo.torch: linear %r takes %d input features, got shape "
                                    "%s" % (s.name, in_f, tuple(shape)))
-            y = torch.empty(shape[:-1] + (s.out_f,), dtype=s.dtype, device=self.device)
+            y = x.new_empty(shape[:-1] + (s.out_f,))
             tokens = x.numel() // in_f
         if tokens == 0:
             return y
@@ -1847,7 +1849,10 @@ class Offload:
             self._lin_fwd(s.desc, tokens, x.data_ptr(), base + s.w_off,
                           base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
         finally:
-            self._after(rec, stream)
+            # _after's common case inline: the record is held for its next access
+            held = self._held
+            if held is None or not self.planner.next_is(rec.index):
+                self._after(rec, stream)
         if cal is not None:
             self._cal_end()
         return y
