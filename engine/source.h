@@ -104,11 +104,11 @@ class StagedSource : public Source {
 class ShardedSource : public Source {
  public:
   ShardedSource(Engine& engine, void* comm, int rank)
-      : Source(engine, nullptr), comm_(comm), rank_(rank) {}
+      : Source(engine, nullptr), communicator_(comm), rank_(rank) {}
   Moved fill(const HostLayer& l, DeviceSlot& slot) override;
 
  private:
-  void* comm_;
+  void* communicator_;
   int rank_;
 };
 
