@@ -15,7 +15,7 @@ namespace lwo {
 
 Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
              uint32_t n_threads)
-    : pool_(pool), engine_(pool.engine()), mode_(mode), n_threads_(n_threads),
+    : pool_(pool), engine_(pool.engine()), n_threads_(n_threads),
       sink_(Sink::make(pool, mode)),
       layers_(make_layers(pool, trainable, *sink_)),
       max_wire_(max_wire_bytes(layers_)),
@@ -141,7 +141,9 @@ void Grads::end(uint32_t layer, StreamH stream) {
   // reduction): under the check every rank says what it will do, or that it
   // fails here, first.
   engine_.collective_step(sink_->communicator(), Engine::Step::GradsEnd, layer,
-                          [&](Engine::Step& step) { step.bytes = begun_layer(layer).layout.wire_bytes; });
+                          [&](Engine::Step& step) {
+                            step.bytes = begun_layer(layer).layout.wire_bytes;
+                          });
   end_locked(layer, stream);
 }
 

@@ -41,7 +41,7 @@ namespace lwo {
 
 class Grads {
  public:
-  using Mode = GradsMode;
+  using Mode = GradsMode;  // the dtypes of the wire and the host buffers
   Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads);
   ~Grads();  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
@@ -141,7 +141,6 @@ class Grads {
 
   Pool& pool_;
   Engine& engine_;
-  Mode mode_;
   uint32_t n_threads_;
   std::unique_ptr<Sink> sink_;      // chosen once, before anything is made
   std::vector<Layer> layers_;       // under mu_; the layouts fixed once made

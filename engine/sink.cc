@@ -95,8 +95,8 @@ void ShardedSink::keep(const HostLayer& l, uint64_t, GradLayout& g) const {
     for (size_t i = 0; i < rl.tensors.size(); ++i) {
       const TensorLayout& t = rl.tensors[i];
       if (b < t.offset + t.bytes) {
-        g.bounds[q] = b <= t.offset ? g.tensors[i].wire_off
-                                    : g.tensors[i].wire_off + (b - t.offset) / dtype_size(t.dtype) * 4;
+        const uint64_t w = g.tensors[i].wire_off;
+        g.bounds[q] = b <= t.offset ? w : w + (b - t.offset) / dtype_size(t.dtype) * 4;
         break;
       }
     }

@@ -8,7 +8,7 @@
 //   StagedSource   runs packed by host threads into two pinned staging
 //                  buffers on a fill stream, then one copy each
 //   ShardedSource  this rank's shard up its own link, then an all-gather of
-//                  the record into the slot on the communication stream
+//                  the record into the slot on the collective stream
 #pragma once
 
 #include <cstdint>
