@@ -10,14 +10,14 @@
 // Ordering, per staging slot (like the weight ring, mirrored):
 //   begin:  caller stream waits slot.free (the slot's previous copy to host)
 //   end:    caller stream records slot.ready; the sink makes the gradient
-//           stream wait for it (and for the sum over the ranks), which then
-//           copies the sink's part of the slot to host, records slot.free, and where the bytes
-//           need converting or adding hands the accumulation to the set's
-//           worker thread by a host function in stream order: the worker
-//           adds while the stream copies the next layer. A host function
-//           before each copy into a staging buffer waits until the worker is
-//           done with that buffer's previous contents; wait() waits for the
-//           stream and then for the worker.
+//           stream wait for it (and for the sum over the ranks); the stream
+//           copies the sink's part of the slot to host, records slot.free,
+//           and where the bytes need converting or adding hands the
+//           accumulation to the set's worker thread by a host function in
+//           stream order: the worker adds while the stream copies the next
+//           layer. A host function before each copy into a staging buffer
+//           waits until the worker is done with that buffer's previous
+//           contents; wait() waits for the stream and then for the worker.
 // Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
 // and the layer is freshly zeroed, the copy lands straight in the host
 // buffer: no host work at all.
