@@ -18,7 +18,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, int device)
   try {
     h2d_ = gpu_->stream_create();
     d2h_ = gpu_->stream_create();
-    comm_ = gpu_->stream_create();
+    collective_stream_ = gpu_->stream_create();
   } catch (...) {
     gpu_->stream_destroy(h2d_);
     gpu_->stream_destroy(d2h_);
@@ -38,7 +38,7 @@ Engine::~Engine() {
     DeviceScope scope(*this);
     gpu_->stream_sync(h2d_);
     gpu_->stream_sync(d2h_);
-    gpu_->stream_sync(comm_);
+    gpu_->stream_sync(collective_stream_);
     for (auto& kv : checks_) {
       gpu_->device_free(kv.second.dev);
       gpu_->host_free_pinned(kv.second.host);
@@ -47,14 +47,14 @@ Engine::~Engine() {
   }
   gpu_->stream_destroy(h2d_);
   gpu_->stream_destroy(d2h_);
-  gpu_->stream_destroy(comm_);
+  gpu_->stream_destroy(collective_stream_);
 }
 
 void Engine::check() {
   DeviceScope scope(*this);
   gpu_->stream_check(h2d_);
   gpu_->stream_check(d2h_);
-  gpu_->stream_check(comm_);
+  gpu_->stream_check(collective_stream_);
 }
 
 Compute& Engine::compute() {
@@ -184,7 +184,7 @@ void Engine::synchronize() {
   DeviceScope scope(*this);
   gpu_->stream_sync(h2d_);
   gpu_->stream_sync(d2h_);
-  gpu_->stream_sync(comm_);
+  gpu_->stream_sync(collective_stream_);
 }
 
 }  // namespace lwo
@@ -255,10 +255,10 @@ void Engine::exchange(void* comm, const Step& step) {
   mine.hit = step.failing ? 2 : step.hit ? 1 : 0;
   size_t at = sizeof(Tag) * static_cast<size_t>(c.rank);
   std::memcpy(c.host + at, &mine, sizeof(Tag));
-  gpu_->copy_h2d(c.dev + at, c.host + at, sizeof(Tag), comm_);
-  gpu_->all_gather(c.dev + at, c.dev, sizeof(Tag), comm, comm_);
-  gpu_->copy_d2h(c.host, c.dev, sizeof(Tag) * static_cast<size_t>(c.n_ranks), comm_);
-  gpu_->stream_sync(comm_);
+  gpu_->copy_h2d(c.dev + at, c.host + at, sizeof(Tag), collective_stream_);
+  gpu_->all_gather(c.dev + at, c.dev, sizeof(Tag), comm, collective_stream_);
+  gpu_->copy_d2h(c.host, c.dev, sizeof(Tag) * static_cast<size_t>(c.n_ranks), collective_stream_);
+  gpu_->stream_sync(collective_stream_);
   ++c.seq;
   std::string diff;
   for (int r = 0; r < c.n_ranks; ++r) {

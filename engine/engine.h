@@ -40,7 +40,7 @@ class Engine {
   int device() const { return device_; }
   StreamH h2d() const { return h2d_; }
   StreamH d2h() const { return d2h_; }
-  StreamH comm() const { return comm_; }  // collectives of sharded pools
+  StreamH collective_stream() const { return collective_stream_; }  // collectives of sharded pools
 
   // One collective step of a sharded pool, as the debug check compares it.
   struct Step {
@@ -116,7 +116,7 @@ class Engine {
   int device_;
   StreamH h2d_ = nullptr;
   StreamH d2h_ = nullptr;
-  StreamH comm_ = nullptr;
+  StreamH collective_stream_ = nullptr;
   bool check_collectives_ = false;
   bool tune_gemms_ = true;
   void exchange(void* comm, const Step& step);

@@ -12,108 +12,25 @@
 #include "src/common/parallel.h"
 
 namespace lwo {
-namespace {
-// The wire record of a pool's trainable layers: what Grads needs to size its
-// slots before it can make them.
-// The dtypes of a tensor's gradient on the wire and in its host buffer.
-lwo_dtype_t wire_dtype(Grads::Mode mode, bool sharded, lwo_dtype_t t) {
-  return (mode == Grads::Mode::kF32 || sharded) ? LWO_DTYPE_F32 : t;
-}
-lwo_dtype_t host_dtype(Grads::Mode mode, bool sharded, lwo_dtype_t t) {
-  return (mode == Grads::Mode::kNative && !sharded) ? t : LWO_DTYPE_F32;
-}
-
-uint64_t max_wire_bytes(Pool& pool, const uint8_t* trainable, Grads::Mode mode) {
-  uint64_t m = 0;
-  for (uint32_t li = 0; li < pool.n_layers(); ++li) {
-    if (trainable && !trainable[li]) continue;
-    uint64_t woff = 0;
-    for (const TensorLayout& t : pool.layer(li).layout.tensors) {
-      size_t es = dtype_size(t.dtype);
-      if (t.dtype != LWO_DTYPE_F32 && t.dtype != LWO_DTYPE_BF16 && t.dtype != LWO_DTYPE_F16)
-        fail(LWO_ERR_INVALID_ARGUMENT,
-             "layer %u tensor '%s' is %s; trainable tensors must be f32, bf16 or f16 "
-             "(mark the layer frozen)", li, t.name.c_str(), dtype_name(t.dtype));
-      woff = align_up(woff + t.bytes / es * dtype_size(wire_dtype(mode, pool.comm(), t.dtype)),
-                      LWO_RECORD_ALIGN);
-    }
-    m = std::max(m, woff);
-  }
-  return m;
-}
-}  // namespace
 
 Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
              uint32_t n_threads)
-    : pool_(pool), engine_(pool.engine()), mode_(mode), n_threads_(n_threads),
-      max_wire_((pool.comm() && mode == Mode::kNativeWire) ? 0
-                                                            : max_wire_bytes(pool, trainable, mode)),
+    : pool_(pool), engine_(pool.engine()), n_threads_(n_threads),
+      sink_(Sink::make(pool, mode)),
+      layers_(make_layers(pool, trainable, *sink_)),
+      max_wire_(max_wire_bytes(layers_)),
       slot_charge_(max_wire_ ? Charge(pool.engine(), MemUse::Grads, max_wire_, depth,
                                       strf("%u x %llu-byte gradient staging slots", depth,
                                            static_cast<unsigned long long>(max_wire_)).c_str())
                              : Charge()),
       slots_(make_slots(pool, depth, max_wire_)) {
-  if (pool.comm() && mode_ == Mode::kNativeWire)
-    fail(LWO_ERR_UNSUPPORTED,
-         "the pool is sharded over %d ranks: its gradients are summed over the ranks in "
-         "f32, so LWO_GRADS_NATIVE_WIRE is not supported", pool.n_ranks());
-  layers_.resize(pool.n_layers());
   uint64_t host_total = 0;
   bool any = false;
-  for (uint32_t li = 0; li < pool.n_layers(); ++li) {
-    Layer& g = layers_[li];
-    g.trainable = !trainable || trainable[li];
+  for (Layer& g : layers_) {
     if (!g.trainable) continue;
     any = true;
-    const RecordLayout& rl = pool.layer(li).layout;
-    uint64_t woff = 0, hoff = 0;
-    g.direct = true;
-    for (const TensorLayout& t : rl.tensors) {
-      Tensor gt;
-      gt.wire = wire_dtype(mode_, pool.comm() != nullptr, t.dtype);
-      gt.host = host_dtype(mode_, pool.comm() != nullptr, t.dtype);
-      gt.n = t.bytes / dtype_size(t.dtype);
-      gt.wire_off = woff;
-      gt.host_off = hoff;
-      woff = align_up(woff + gt.n * dtype_size(gt.wire), LWO_RECORD_ALIGN);
-      hoff = align_up(hoff + gt.n * dtype_size(gt.host), LWO_RECORD_ALIGN);
-      g.direct = g.direct && gt.wire == gt.host;
-      g.tensors.push_back(gt);
-      g.names.push_back(t.name);
-      g.view_bytes.push_back(gt.n * dtype_size(gt.wire));
-      g.view_dtypes.push_back(gt.wire);
-    }
-    g.wire_bytes = woff;
-    g.lo = 0;
-    g.hi = woff;
-    if (pool.comm()) {
-      // Rank q owns the gradients of the weight bytes [q*S, (q+1)*S): map
-      // each boundary q*S of the weight record into the f32 wire record.
-      // Offsets and S are multiples of LWO_RECORD_ALIGN, so every boundary
-      // falls between elements, and the mapped one on a multiple of 4.
-      const uint64_t S = pool.layer(li).shard_bytes;
-      const int n = pool.n_ranks();
-      g.bounds.assign(static_cast<size_t>(n) + 1, woff);
-      for (int q = 0; q <= n; ++q) {
-        uint64_t b = S * static_cast<uint64_t>(q);
-        for (size_t i = 0; i < rl.tensors.size(); ++i) {
-          const TensorLayout& t = rl.tensors[i];
-          if (b < t.offset + t.bytes) {
-            g.bounds[q] = b <= t.offset ? g.tensors[i].wire_off
-                                        : g.tensors[i].wire_off + (b - t.offset) / dtype_size(t.dtype) * 4;
-            break;
-          }
-        }
-      }
-      g.bounds[0] = 0;
-      g.bounds[static_cast<size_t>(n)] = woff;
-      g.lo = g.bounds[static_cast<size_t>(pool.rank())];
-      g.hi = g.bounds[static_cast<size_t>(pool.rank()) + 1];
-      hoff = g.hi - g.lo;
-    }
-    g.host_bytes = hoff;
     g.host_base = host_total;
-    host_total = align_up(host_total + hoff, LWO_RECORD_ALIGN);
+    host_total = align_up(host_total + g.layout.host_bytes, LWO_RECORD_ALIGN);
   }
   if (!any || max_wire_ == 0)
     fail(LWO_ERR_INVALID_ARGUMENT, "no trainable layer has any gradient bytes");
@@ -124,6 +41,31 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
   added_serial_.assign(layers_.size(), 0);
   worker_ = std::thread([this] { work(); });
   pool_.n_grads.fetch_add(1);
+}
+
+std::vector<Grads::Layer> Grads::make_layers(Pool& pool, const uint8_t* trainable,
+                                             const Sink& sink) {
+  std::vector<Layer> layers(pool.n_layers());
+  for (uint32_t li = 0; li < pool.n_layers(); ++li) {
+    Layer& g = layers[li];
+    g.trainable = !trainable || trainable[li];
+    if (!g.trainable) continue;
+    g.layout = sink.lay_out(li, pool.layer(li));
+    for (size_t i = 0; i < g.layout.tensors.size(); ++i) {
+      const GradTensor& t = g.layout.tensors[i];
+      g.names.push_back(pool.layer(li).layout.tensors[i].name);
+      g.view_bytes.push_back(t.n * dtype_size(t.wire));
+      g.view_dtypes.push_back(t.wire);
+    }
+  }
+  return layers;
+}
+
+uint64_t Grads::max_wire_bytes(const std::vector<Layer>& layers) {
+  uint64_t m = 0;
+  for (const Layer& g : layers)
+    if (g.trainable) m = std::max(m, g.layout.wire_bytes);
+  return m;
 }
 
 SlotSet Grads::make_slots(Pool& pool, uint32_t depth, uint64_t bytes) {
@@ -178,14 +120,15 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
   if (s.ever_freed) engine_.gpu().stream_wait(stream, s.free);
   slot_layer_[si] = static_cast<int32_t>(layer);
   g.slot = si;
-  g.ptrs.resize(g.tensors.size());
-  for (size_t i = 0; i < g.tensors.size(); ++i) g.ptrs[i] = s.dev + g.tensors[i].wire_off;
+  const std::vector<GradTensor>& ts = g.layout.tensors;
+  g.ptrs.resize(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) g.ptrs[i] = s.dev + ts[i].wire_off;
   lwo_layer_view v{};
   v.size = sizeof v;
   v.layer = layer;
-  v.n_tensors = static_cast<uint32_t>(g.tensors.size());
+  v.n_tensors = static_cast<uint32_t>(ts.size());
   v.base = s.dev;
-  v.record_bytes = g.wire_bytes;
+  v.record_bytes = g.layout.wire_bytes;
   v.tensors = g.ptrs.data();
   v.tensor_bytes = g.view_bytes.data();
   v.tensor_dtypes = g.view_dtypes.data();
@@ -194,10 +137,13 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
 
 void Grads::end(uint32_t layer, StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  // A sharded pool's gradient end is a collective step (the reduction): under
-  // the check every rank says what it will do, or that it fails here, first.
-  engine_.collective_step(pool_.comm(), Engine::Step::GradsEnd, layer,
-                          [&](Engine::Step& step) { step.bytes = begun_layer(layer).wire_bytes; });
+  // Where the sink sums over ranks, a gradient end is a collective step (the
+  // reduction): under the check every rank says what it will do, or that it
+  // fails here, first.
+  engine_.collective_step(sink_->communicator(), Engine::Step::GradsEnd, layer,
+                          [&](Engine::Step& step) {
+                            step.bytes = begun_layer(layer).layout.wire_bytes;
+                          });
   end_locked(layer, stream);
 }
 
@@ -214,26 +160,17 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   Backend& gpu = engine_.gpu();
   DeviceScope scope(engine_);
   StreamH d2h = engine_.d2h();
+  const GradLayout& gl = g.layout;
   gpu.event_record(s.ready, stream);
-  if (pool_.comm()) {
-    // Sum the layer over the ranks on the communication stream; this rank's
-    // part then goes down its own link.
-    StreamH cs = engine_.comm();
-    gpu.stream_wait(cs, s.ready);
-    gpu.reduce_owned(s.dev, g.bounds.data(), pool_.comm(), cs);
-    gpu.event_record(s.aux, cs);
-    gpu.stream_wait(d2h, s.aux);
-  } else {
-    gpu.stream_wait(d2h, s.ready);
-  }
-  const uint64_t bytes = g.hi - g.lo;
-  // The offsets of the wire record and the host region are the same when
-  // every tensor keeps its dtype (both align each tensor alike).
-  bool direct = g.direct && g.fresh;
+  sink_->reduce(gl, s, d2h);
+  const uint64_t bytes = gl.hi - gl.lo;
+  // The copied bytes are laid out as the host region when every tensor keeps
+  // its dtype (both align each tensor alike).
+  bool direct = gl.direct && g.fresh;
   if (!g.landed) g.landed = gpu.event_create(false);
   const uint64_t serial = end_counter_ + 1;
   if (direct) {
-    if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + g.lo, bytes, d2h);
+    if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + gl.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
   } else {
     if (staging_.size() < slots_.size()) {
@@ -249,13 +186,13 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     auto wait = std::make_unique<StagingWait>(StagingWait{this, k});
     gpu.host_func(d2h, &Grads::wait_staging, wait.get(), {});
     wait.release();  // wait_staging owns it now
-    if (bytes) gpu.copy_d2h(st.data(), s.dev + g.lo, bytes, d2h);
+    if (bytes) gpu.copy_d2h(st.data(), s.dev + gl.lo, bytes, d2h);
     gpu.event_record(s.free, d2h);
     // The worker reads the buffer and writes the layer's host region before
     // the buffer's next copy (above) and before the fence (wait()).
     auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k, serial});
     gpu.host_func(d2h, &Grads::post_job, job.get(),
-                  {{st.data(), bytes, false}, {host_.data() + g.host_base, g.host_bytes, true}});
+                  {{st.data(), bytes, false}, {host_.data() + g.host_base, gl.host_bytes, true}});
     job.release();  // post_job owns it now
   }
   if (!done_) done_ = gpu.event_create(false);
@@ -332,16 +269,13 @@ void Grads::accumulate(const Job& job) {
   uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : hw, 32);
   constexpr uint64_t kPerThread = uint64_t(1) << 18;  // elements
   uint64_t bytes = 0;
-  for (const Tensor& t : g.tensors) {
-    // This rank's elements of the tensor: all of them, or (sharded pools,
-    // f32 wire and host) those whose wire bytes lie in [lo, hi); the staging
-    // copy and the host region both start at wire byte lo.
-    uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
-    if (pool_.comm() && wb >= we) continue;
-    uint8_t* dst = pool_.comm() ? host_.data() + g.host_base + (wb - g.lo)
-                                : host_.data() + g.host_base + t.host_off;
-    const uint8_t* src = pool_.comm() ? job.src + (wb - g.lo) : job.src + t.wire_off;
-    const uint64_t count = pool_.comm() ? (we - wb) / 4 : t.n;
+  for (const GradTensor& t : g.layout.tensors) {
+    // This rank's elements of the tensor (the sink's part): at copy_at in the
+    // staging copy, host_at in the layer's host region.
+    const uint64_t count = t.count;
+    if (count == 0) continue;
+    uint8_t* dst = host_.data() + g.host_base + t.host_at;
+    const uint8_t* src = job.src + t.copy_at;
     const size_t ds = dtype_size(t.host), ss = dtype_size(t.wire);
     // Chunks start on 64-element boundaries (whole cache lines), eight per
     // thread taken in turn: the caller's host thread usually spins in a CUDA
@@ -393,7 +327,7 @@ void Grads::wait() {
   // Layers zeroed since their last gradient and not written again: zero now.
   for (Layer& g : layers_)
     if (g.stale) {
-      std::memset(host_.data() + g.host_base, 0, g.host_bytes);
+      std::memset(host_.data() + g.host_base, 0, g.layout.host_bytes);
       g.stale = false;
     }
   for (size_t i = 0; i < layers_.size(); ++i)
@@ -424,23 +358,26 @@ void* Grads::tensor(uint32_t layer, const char* name, lwo_dtype_t* dtype, uint64
                     uint64_t* n) {
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
-  const Tensor& t = g.tensors[tensor_of(g, layer, name)];
+  const GradTensor& t = g.layout.tensors[tensor_of(g, layer, name)];
   *dtype = t.host;
-  if (!pool_.comm()) {
-    *first = 0;
-    *n = t.n;
-    return t.n ? host_.data() + g.host_base + t.host_off : nullptr;
+  *first = t.first;
+  *n = t.count;
+  return t.count ? host_.data() + g.host_base + t.host_at : nullptr;
+}
+
+std::vector<Grads::HostTensor> Grads::whole_layer(uint32_t layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& g = trainable_layer(layer);
+  std::vector<HostTensor> out;
+  for (size_t i = 0; i < g.layout.tensors.size(); ++i) {
+    const GradTensor& t = g.layout.tensors[i];
+    if (t.first != 0 || t.count != t.n)
+      fail(LWO_ERR_INTERNAL, "layer %u tensor '%s': the gradient holds %llu of %llu elements",
+           layer, g.names[i].c_str(), static_cast<unsigned long long>(t.count),
+           static_cast<unsigned long long>(t.n));
+    out.push_back({t.count ? host_.data() + g.host_base + t.host_at : nullptr, t.host, t.n});
   }
-  // Sharded: f32 on the wire and in the host region.
-  uint64_t wb = std::max(t.wire_off, g.lo), we = std::min(t.wire_off + t.n * 4, g.hi);
-  if (wb >= we) {
-    *first = 0;
-    *n = 0;
-    return nullptr;
-  }
-  *first = (wb - t.wire_off) / 4;
-  *n = (we - wb) / 4;
-  return host_.data() + g.host_base + (wb - g.lo);
+  return out;
 }
 
 bool Grads::done() {

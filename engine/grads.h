@@ -2,18 +2,22 @@
 // writes into, device-to-host copies on the engine's gradient stream, and
 // host buffers (one per tensor of every trainable layer, in the tensor's
 // dtype or f32) that accumulate across micro-batches until zeroed. The host
-// may read them only after wait(), the fence.
+// may read them only after wait(), the fence. The set's sink (engine/sink.h),
+// chosen once when the set is made, lays out each layer's gradient (dtypes,
+// offsets, the part this rank keeps) and sums the slot before its copy; the
+// set itself is the same for every pool.
 //
 // Ordering, per staging slot (like the weight ring, mirrored):
 //   begin:  caller stream waits slot.free (the slot's previous copy to host)
-//   end:    caller stream records slot.ready; the gradient stream waits for it,
-//           copies the slot to host, records slot.free, and where the bytes
-//           need converting or adding hands the accumulation to the set's
-//           worker thread by a host function in stream order: the worker
-//           adds while the stream copies the next layer. A host function
-//           before each copy into a staging buffer waits until the worker is
-//           done with that buffer's previous contents; wait() waits for the
-//           stream and then for the worker.
+//   end:    caller stream records slot.ready; the sink makes the gradient
+//           stream wait for it (and for the sum over the ranks); the stream
+//           copies the sink's part of the slot to host, records slot.free,
+//           and where the bytes need converting or adding hands the
+//           accumulation to the set's worker thread by a host function in
+//           stream order: the worker adds while the stream copies the next
+//           layer. A host function before each copy into a staging buffer
+//           waits until the worker is done with that buffer's previous
+//           contents; wait() waits for the stream and then for the worker.
 // Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
 // and the layer is freshly zeroed, the copy lands straight in the host
 // buffer: no host work at all.
@@ -30,14 +34,14 @@
 
 #include "arena.h"
 #include "pool.h"
+#include "sink.h"
 #include "slots.h"
 
 namespace lwo {
 
 class Grads {
  public:
-  // The dtypes of the wire and the host buffers (lwo.h, LWO_GRADS_*).
-  enum class Mode { kNative, kF32, kNativeWire };
+  using Mode = GradsMode;  // the dtypes of the wire and the host buffers
   Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads);
   ~Grads();  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
@@ -55,6 +59,15 @@ class Grads {
   // returned address.
   void* tensor(uint32_t layer, const char* name, lwo_dtype_t* dtype, uint64_t* first,
                uint64_t* n);
+  // The host gradients of a trainable layer, one entry per tensor, each the
+  // whole tensor (an optimizer's view). Throws LWO_ERR_INVALID_ARGUMENT for a
+  // frozen layer, LWO_ERR_INTERNAL where the set keeps only part of a tensor.
+  struct HostTensor {
+    const void* data;
+    lwo_dtype_t dtype;
+    uint64_t n;
+  };
+  std::vector<HostTensor> whole_layer(uint32_t layer);
   void stats(lwo_grads_stats* out);
   void check_destroyable();
   Pool& pool() { return pool_; }
@@ -83,33 +96,17 @@ class Grads {
   bool landed(uint32_t layer, uint64_t serial);
 
  private:
-  struct Tensor {
-    lwo_dtype_t wire;
-    lwo_dtype_t host;    // the host buffer's dtype
-    uint64_t n;          // elements
-    uint64_t wire_off;   // in the slot (and host staging) record
-    uint64_t host_off;   // in the layer's host region
-  };
   struct Layer {
     bool trainable = false;
     bool fresh = true;      // the next gradient assigns instead of adding
     bool stale = false;     // zeroed lazily: host region still holds old sums
     int32_t slot = -1;      // staging slot while begun
-    std::vector<Tensor> tensors;
+    GradLayout layout;      // the sink's: dtypes, offsets, this rank's part
     std::vector<std::string> names;
     std::vector<uint64_t> view_bytes;       // per tensor, on the wire
     std::vector<lwo_dtype_t> view_dtypes;   // per tensor, the wire dtype
     std::vector<void*> ptrs;                // device addresses while begun
-    uint64_t wire_bytes = 0;
     uint64_t host_base = 0;
-    uint64_t host_bytes = 0;
-    bool direct = false;    // every tensor's wire dtype is its host dtype
-    // Sharded pools: bounds[q] .. bounds[q+1] is rank q's part of the f32
-    // wire record (the gradients of the elements in rank q's weight shard);
-    // this rank's host region holds wire bytes [lo, hi). Else lo = 0 and
-    // hi = wire_bytes.
-    std::vector<uint64_t> bounds;
-    uint64_t lo = 0, hi = 0;
     // The last end's serial, whether it landed by DMA alone,
     // and an event recorded on the gradient stream after its copy.
     uint64_t end_serial = 0;
@@ -128,6 +125,9 @@ class Grads {
     Grads* grads;
     size_t staging;
   };
+  // Every layer of the pool, the trainable ones laid out by the sink.
+  static std::vector<Layer> make_layers(Pool& pool, const uint8_t* trainable, const Sink& sink);
+  static uint64_t max_wire_bytes(const std::vector<Layer>& layers);
   static SlotSet make_slots(Pool& pool, uint32_t depth, uint64_t bytes);
   static void post_job(void* job);       // host function: to the worker
   static void wait_staging(void* wait);  // host function: until the buffer is free
@@ -141,14 +141,14 @@ class Grads {
 
   Pool& pool_;
   Engine& engine_;
-  Mode mode_;
   uint32_t n_threads_;
+  std::unique_ptr<Sink> sink_;      // chosen once, before anything is made
+  std::vector<Layer> layers_;       // under mu_; the layouts fixed once made
   uint64_t max_wire_ = 0;
   Charge slot_charge_;              // the engine's budget, before slots_
   SlotSet slots_;                   // device staging, max_wire_ bytes each
   std::vector<int32_t> slot_layer_;  // the layer begun in each slot, or -1
   std::mutex mu_;
-  std::vector<Layer> layers_;
   PinnedArena host_;                 // the host gradients
   std::vector<PinnedArena> staging_;  // host staging for converted / added copies
   size_t next_staging_ = 0;

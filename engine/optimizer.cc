@@ -36,7 +36,7 @@ const char* state_name(lwo_optim_state_t w) {
 
 Optimizer::Optimizer(Grads& grads, const Config& config)
     : grads_(grads), pool_(grads.pool()), cfg_(config), workers_(config.n_threads) {
-  if (pool_.comm() || pool_.kind() == LWO_POOL_SHARDED)
+  if (pool_.communicator() || pool_.kind() == LWO_POOL_SHARDED)
     fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: the optimizer needs the whole of every "
          "trainable layer on this host");
   if (pool_.kind() != LWO_POOL_PINNED && pool_.kind() != LWO_POOL_REGISTERED)
@@ -52,6 +52,7 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
       l.trainable = grads_.trainable(li);
       if (!l.trainable) continue;
       const RecordLayout& rl = pool_.layer(li).layout;
+      const std::vector<Grads::HostTensor> g = grads_.whole_layer(li);
       uint64_t bytes = 0;
       for (uint32_t ti = 0; ti < rl.tensors.size(); ++ti) {
         const TensorLayout& tl = rl.tensors[ti];
@@ -60,12 +61,8 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
         t.weight_dtype = tl.dtype;
         t.n = tl.bytes / dtype_size(tl.dtype);
         pool_.tensor_host(li, ti, &t.weights, nullptr);
-        uint64_t first = 0, n = 0;
-        t.grad = grads_.tensor(li, tl.name.c_str(), &t.grad_dtype, &first, &n);
-        if (first != 0 || n != t.n)
-          fail(LWO_ERR_INTERNAL, "layer %u tensor '%s': the gradient holds %llu of %llu elements",
-               li, tl.name.c_str(), static_cast<unsigned long long>(n),
-               static_cast<unsigned long long>(t.n));
+        t.grad = g[ti].data;
+        t.grad_dtype = g[ti].dtype;
         t.key = optim::tensor_key(cfg_.seed, li, ti);
         bytes += sets * (align_up(t.n * 4, kPage) + align_up(t.n * ss, kPage) * (adam ? 2 : 1));
         if (cfg_.delayed) bytes += align_up(t.n * dtype_size(t.weight_dtype), kPage);

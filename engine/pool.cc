@@ -36,7 +36,7 @@ void Pool::finish_layers() {
   versions_.reset(new std::atomic<uint64_t>[layers_.size()]);
   for (size_t i = 0; i < layers_.size(); ++i) versions_[i].store(0);
   for (Layer& l : layers_) {
-    if (!comm_) l.shard_bytes = l.layout.record_bytes;  // one shard: the record
+    if (!communicator_) l.shard_bytes = l.layout.record_bytes;  // one shard: the record
     l.tensor_bytes.clear();
     l.tensor_dtypes.clear();
     for (const TensorLayout& t : l.layout.tensors) {
@@ -80,7 +80,7 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
   Backend& gpu = engine.gpu();
   int n = 1, r = 0;
   gpu.comm_info(comm, &n, &r);
-  pool->comm_ = comm;
+  pool->communicator_ = comm;
   pool->rank_ = r;
   pool->n_ranks_ = n;
   uint64_t total = 0, max_slot = 0;
@@ -107,7 +107,7 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
     std::memcpy(host.data() + 16 * r, mine, 16);
     uint8_t* dev = static_cast<uint8_t*>(gpu.device_alloc(16 * static_cast<size_t>(n)));
     try {
-      StreamH st = engine.comm();
+      StreamH st = engine.collective_stream();
       gpu.copy_h2d(dev + 16 * r, host.data() + 16 * r, 16, st);
       gpu.all_gather(dev + 16 * r, dev, 16, comm, st);
       gpu.copy_d2h(host.data(), dev, 16 * static_cast<size_t>(n), st);

@@ -49,7 +49,7 @@ class Pool {
   uint32_t n_layers() const { return static_cast<uint32_t>(layers_.size()); }
   // Sharded pools: the communicator (else null), this rank and the number of
   // ranks (0 and 1 otherwise: an unsharded pool is one shard).
-  void* comm() const { return comm_; }
+  void* communicator() const { return communicator_; }
   int rank() const { return rank_; }
   int n_ranks() const { return n_ranks_; }
   bool holds_whole() const { return n_ranks_ == 1; }
@@ -131,7 +131,7 @@ class Pool {
   PinnedArena arena_;            // pinned and sharded pools
   std::vector<Region> regions_;  // registered caller memory or checkpoint files
   std::shared_ptr<Checkpoint> ckpt_;
-  void* comm_ = nullptr;
+  void* communicator_ = nullptr;
   int rank_ = 0, n_ranks_ = 1;
   std::unique_ptr<Source> source_;  // destroyed first
 };

@@ -42,7 +42,7 @@ std::vector<int32_t> check_resident(Pool& pool, uint32_t depth,
                                     const std::vector<uint32_t>& resident) {
   std::vector<int32_t> index(pool.n_layers(), -1);
   if (resident.empty()) return index;
-  if (pool.comm())
+  if (pool.communicator())
     fail(LWO_ERR_UNSUPPORTED, "resident layers are not supported for sharded pools (rank %d "
          "of %d): a resident layer of a sharded pool would need its all-gather at creation on "
          "every rank; stream every layer", pool.rank(), pool.n_ranks());
@@ -281,7 +281,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
   // A sharded pool's stage is a collective step: under the check every rank
   // says what it will do (a copy, a hit, or an error of its own) first.
   int32_t hit_slot = -1, victim = -1;
-  e.collective_step(pool_.comm(), Engine::Step::Stage, layer, [&](Engine::Step& step) {
+  e.collective_step(pool_.communicator(), Engine::Step::Stage, layer, [&](Engine::Step& step) {
     victim = choose_slot(layer, &hit_slot);
     step.bytes = pool_.layer(layer).layout.record_bytes;
     step.hit = hit_slot >= 0;

@@ -149,14 +149,14 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
 Source::Moved ShardedSource::fill(const HostLayer& l, DeviceSlot& slot) {
   // The local shard goes up this rank's link; the other ranks' shards come
   // over the GPUs' links: all-gather the record into the slot on the
-  // communication stream, which then holds the slot's ready event.
+  // collective stream, which then holds the slot's ready event.
   Backend& gpu = engine_.gpu();
-  StreamH h2d = engine_.h2d(), cs = engine_.comm();
+  StreamH h2d = engine_.h2d(), cs = engine_.collective_stream();
   Moved m = copy_runs_h2d(gpu, l, slot.dev, h2d);
   gpu.event_record(slot.aux, h2d);
   gpu.stream_wait(cs, slot.aux);
   gpu.all_gather(slot.dev + l.shard_bytes * static_cast<uint64_t>(rank_), slot.dev,
-                 l.shard_bytes, comm_, cs);
+                 l.shard_bytes, communicator_, cs);
   gpu.event_record(slot.ready, cs);
   m.ready_elsewhere = true;
   return m;

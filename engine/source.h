@@ -8,7 +8,7 @@
 //   StagedSource   runs packed by host threads into two pinned staging
 //                  buffers on a fill stream, then one copy each
 //   ShardedSource  this rank's shard up its own link, then an all-gather of
-//                  the record into the slot on the communication stream
+//                  the record into the slot on the collective stream
 #pragma once
 
 #include <cstdint>
@@ -104,11 +104,11 @@ class StagedSource : public Source {
 class ShardedSource : public Source {
  public:
   ShardedSource(Engine& engine, void* comm, int rank)
-      : Source(engine, nullptr), comm_(comm), rank_(rank) {}
+      : Source(engine, nullptr), communicator_(comm), rank_(rank) {}
   Moved fill(const HostLayer& l, DeviceSlot& slot) override;
 
  private:
-  void* comm_;
+  void* communicator_;
   int rank_;
 };
 

@@ -1121,7 +1121,7 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  *
  * Gradients of a sharded pool (lwo_pool_create_sharded) are summed over the
  * ranks: lwo_grads_end reduces the layer's f32 gradients across the
- * communicator on the engine's communication stream, so that each rank holds
+ * communicator on the engine's collective stream, so that each rank holds
  * the sum of every rank's gradient for the elements of its own weight shard,
  * and copies only that part to host memory (about 1/N of the layer). Read it
  * with lwo_grads_tensor. The wire and the buffers are always f32 (flags 0
@@ -1722,7 +1722,7 @@ LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm);
  * the same layer count and record sizes (LWO_ERR_COLLECTIVE_MISMATCH on every
  * rank otherwise) and blocks until all ranks have called it. Rings of a
  * sharded pool copy the local shard up this rank's link and all-gather the
- * whole record into the slot on the engine's communication stream.
+ * whole record into the slot on the engine's collective stream.
  *
  * The rule for collectives: the ranks' rings of the pool must be created
  * with the same depth, and every rank must make the same collective calls in

@@ -107,7 +107,7 @@ LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* conf
         !(cfg.h2d_gbps > 0 && (!train || cfg.d2h_gbps > 0)))
       fail(LWO_ERR_INVALID_ARGUMENT, "the link's rates (h2d_gbps %g, d2h_gbps %g) must be > 0, "
            "or set LWO_PLAN_CALIBRATE_LINK", cfg.h2d_gbps, cfg.d2h_gbps);
-    if (po.comm())
+    if (po.communicator())
       fail(LWO_ERR_UNSUPPORTED, "the pool is sharded over %d ranks: resident layers are not "
            "supported there, so there is nothing to plan", po.n_ranks());
 

@@ -172,7 +172,7 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
 }
 
 // A slot released without being acquired: its next copy must still wait for
-// the all-gather that filled it, which ran on the communication stream.
+// the all-gather that filled it, which ran on the collective stream.
 TEST_F(ShardedTest, ReusedSlotWaitsForItsGather) {
   ModelDesc m(3);
   int fake_comm = 0;
