@@ -21,7 +21,7 @@ nn = torch.nn
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
-import fake_lwo  # noqa: E402
+import host_lwo  # noqa: E402
 from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
                                 dequantized, dequantized_conv, resident_reference)
 
@@ -32,7 +32,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 def offload(model, **kw):
-    be = fake_lwo.Backend()
+    be = host_lwo.Backend()
     return lt.offload(model, _backend=be, **kw), be
 
 
