@@ -1,7 +1,8 @@
 """lwo.torch without a GPU: the adapter's logic (records, planning, tickets,
 gradients and their fence, hooks, checkpointing, LoRA, compile, restore)
-over fake_lwo, a CPU stand-in for the C calls the adapter makes, against
-the same model resident in PyTorch; and the messages of a machine without
+over the real library on its host backend (host_lwo: the adapter's own C
+calls, host memory for device memory, CPU compute), against the same model
+resident in PyTorch; and the messages of a machine without
 a device. Skipped when torch is not installed."""
 
 import copy
@@ -1011,7 +1012,7 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
 
 
 class _Clock(nn.Module):
-    """Moves the fake's clock (its events read it) by `seconds[0]` at each
+    """Moves the test's clock (the backend's events read it) by `seconds[0]` at each
     call: steps of a known length, whatever the host's load."""
 
     def __init__(self, seconds, now):

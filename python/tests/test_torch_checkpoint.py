@@ -1,6 +1,6 @@
-"""lwo.torch.offload(checkpoint=) without a GPU, over fake_lwo (whose
-checkpoint pools keep lwo_pool_create_from_checkpoint's layout rules over
-the real lwo.Checkpoint's mapping checks): models built on the meta device
+"""lwo.torch.offload(checkpoint=) without a GPU, over the real library
+on its host backend (host_lwo; its checkpoint pools are the library's own,
+mapping the files): models built on the meta device
 read from safetensors files (one file, the shards of an index, fp8 weights
 with block scales) against the same models loaded resident with
 load_state_dict; the parameters over the mapped file bytes (no copy, host
@@ -120,14 +120,26 @@ def test_the_pool_reads_the_file_in_place_and_keeps_its_layout(tiny):
     pool = be.pools[0]
     with lwo.Checkpoint(path) as ck:
         by_name = {t.name: t for t in ck.tensors()}
-    base = pool.bases[0]
+    bases = set()
+    probe = lwo.Ring(pool, depth=1)  # what a stage of each record copies
     for rec in h.records:
         infos = pool.tensors(rec.index)
         assert rec.names == [i.name for i in infos]
         lo = min(by_name[n].file_offset for n in rec.names)
+        hi = max(by_name[n].file_offset + by_name[n].bytes for n in rec.names)
         for i in infos:  # the tensors lie together in the file: the file's layout, one run
             assert i.offset == by_name[i.name].file_offset - lo
-        assert pool.runs[rec.index] == [(0, base + lo, pool.runs[rec.index][0][2])]
+            bases.add(pool.tensor_host(rec.index, i.name).address - by_name[i.name].file_offset)
+        before = probe.stats()
+        probe.release(probe.stage(rec.index))
+        after = probe.stats()
+        assert after.n_copies - before.n_copies == 1
+        assert after.bytes_copied - before.bytes_copied == hi - lo
+    probe.close()
+    # in place: every tensor at its offset in one mapping of the file
+    assert len(bases) == 1
+    if os.path.exists("/proc/self/maps"):
+        assert file_mapping_of(bases.pop() + 8) == os.path.realpath(path)
     assert len(h.records) == 3  # two blocks and lm_head
     ref = resident(lambda: llama(cfg), tensors)
     compare_logits(m, ref)
@@ -283,7 +295,7 @@ def test_tied_weights_are_read_once_and_left_resident(tmp_path):
     h, _be = offload(m, checkpoint=path)
     assert "lm_head" in h.skipped and "shared" in h.skipped["lm_head"]
     assert m.lm_head.weight is m.model.embed_tokens.weight
-    assert m.lm_head.weight.device.type == "cpu"  # the fake's device: loaded, not meta
+    assert m.lm_head.weight.device.type == "cpu"  # the host backend: loaded, not meta
     assert "model.embed_tokens.weight" in h.checkpoint_info["resident"]
     compare_logits(m, resident(lambda: llama(cfg), tensors))
     # an untied model wants both: the error says why the file may hold one

@@ -1,5 +1,5 @@
-"""lwo.torch.optim without a GPU: AdamW and SGD over fake_lwo's stand-in for
-lwo's host optimizer, against the same model trained resident by PyTorch's
+"""lwo.torch.optim without a GPU: AdamW and SGD over lwo's host optimizer
+(the real library on its host backend, host_lwo), against the same model trained resident by PyTorch's
 optimizers: parameter groups, schedulers, clipping (streamed and resident
 gradients in one norm), state_dict round trips (its own and PyTorch's), the
 step begun in the backward pass, the delayed update, the plan's regrouping
