@@ -103,7 +103,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // host memory, every stream runs its work at once on the calling thread (so
 // stream order is program order), events are host clock stamps, and layer
 // compute runs on the CPU. With `poison`, a released ring slot reads as
-// 0xff bytes until it is acquired again or filled anew.
+// 0xff bytes until it is acquired again or filled anew, and a gradient slot
+// is 0xff when handed out.
 std::unique_ptr<Backend> make_host_backend(bool poison);
 
 }  // namespace lwo
