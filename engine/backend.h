@@ -80,10 +80,31 @@ class Backend {
   // and touches no pinned or registered memory beyond `spans`.
   virtual void host_func(StreamH stream, void (*fn)(void*), void* arg,
                          const std::vector<HostSpan>& spans) = 0;
+
+  // What a checking backend may use and the others ignore (these defaults):
+  // a ring slot's bytes [ptr, ptr + bytes) are released on `stream`, so no
+  // reader may touch them until the slot is acquired again (reclaimed).
+  virtual void slot_released(void* ptr, size_t bytes, StreamH stream) {}
+  virtual void slot_reclaimed(void* ptr, size_t bytes, StreamH stream) {}
+  // A gradient staging slot's bytes are handed out on `stream` to be written
+  // whole: a checking backend may fill them so that bytes left unwritten show.
+  virtual void slot_handed_out(void* ptr, size_t bytes, StreamH stream) {}
+  // True for a backend whose device memory is host memory: the engine's
+  // layer compute then runs on the CPU (src/compute/host_compute.h).
+  virtual bool compute_on_host() const { return false; }
 };
 
 // The CUDA runtime implementation. Throws LWO_ERR_NO_DEVICE if `device` does
 // not exist.
 std::unique_ptr<Backend> make_cuda_backend(int device);
+
+// A backend with no GPU, for tests of the library's users (the test export
+// lwo_test_engine_create_host, bindings/c/lwo_test.h): "device" memory is
+// host memory, every stream runs its work at once on the calling thread (so
+// stream order is program order), events are host clock stamps, and layer
+// compute runs on the CPU. With `poison`, a released ring slot reads as
+// 0xff bytes until it is acquired again or filled anew, and a gradient slot
+// is 0xff when handed out.
+std::unique_ptr<Backend> make_host_backend(bool poison);
 
 }  // namespace lwo

@@ -430,6 +430,7 @@ void Ring::acquire(lwo_ticket t, StreamH stream, lwo_layer_view* view) {
     gpu.event_record(t1, stream);
     pending_.push_back({Timed::Wait, t0, t1});
   }
+  gpu.slot_reclaimed(slot(si).dev, pool_.layer(o.layer).layout.record_bytes, stream);
   o.merge_free = false;
   o.state = State::Acquired;
   if (view) fill_view(si, view);
@@ -463,6 +464,7 @@ void Ring::release_locked(uint32_t si, StreamH stream) {
   // A hit that was never acquired has not joined the previous readers yet.
   if (o.merge_free) gpu.stream_wait(stream, slot(si).free);
   gpu.event_record(slot(si).free, stream);
+  gpu.slot_released(slot(si).dev, pool_.layer(o.layer).layout.record_bytes, stream);
   o.merge_free = false;
   o.state = State::Released;
   slot_freed(si);

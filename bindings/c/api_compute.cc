@@ -4,6 +4,7 @@
 #include "abi.h"
 #include "src/common/dtype.h"
 #include "src/compute/compute.h"
+#include "src/compute/host_compute.h"
 #include "src/quant/quant.h"
 
 using namespace lwo::abi;
@@ -87,6 +88,8 @@ LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_des
     need(y, "y");
     if (l.bias) need(bias, "bias (the layer has LWO_LINEAR_BIAS)");
     lwo::DeviceScope scope(*e->impl);
+    if (e->impl->gpu().compute_on_host())
+      return lwo::host_compute::linear_forward(l, tokens, x, weight, bias, y);
     e->impl->compute().linear_forward(l, tokens, x, weight, bias, y, stream);
   });
 }
@@ -106,6 +109,9 @@ LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_de
     check_backward_outputs("LWO_LINEAR_BIAS", l.bias, l.dtype, l.weight_format, dx, dweight, dbias,
                            grad_dtype);
     lwo::DeviceScope scope(*e->impl);
+    if (e->impl->gpu().compute_on_host())
+      return lwo::host_compute::linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias,
+                                                grad_dtype);
     e->impl->compute().linear_backward(l, tokens, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });
 }
@@ -210,6 +216,8 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
     need(y, "y");
     if (cv.bias) need(bias, "bias (the layer has LWO_CONV_BIAS)");
     lwo::DeviceScope scope(*e->impl);
+    if (e->impl->gpu().compute_on_host())
+      return lwo::host_compute::conv_forward(cv, n, h, w, x, weight, bias, y);
     e->impl->compute().conv_forward(cv, n, h, w, x, weight, bias, y, stream);
   });
 }
@@ -229,6 +237,9 @@ LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_de
     check_backward_outputs("LWO_CONV_BIAS", cv.bias, cv.dtype, cv.weight_format, dx, dweight,
                            dbias, grad_dtype);
     lwo::DeviceScope scope(*e->impl);
+    if (e->impl->gpu().compute_on_host())
+      return lwo::host_compute::conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias,
+                                              grad_dtype);
     e->impl->compute().conv_backward(cv, n, h, w, x, dy, weight, dx, dweight, dbias, grad_dtype, stream);
   });
 }

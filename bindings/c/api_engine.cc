@@ -1,5 +1,6 @@
 // lwo.h: Engine.
 #include "abi.h"
+#include "lwo_test.h"
 #include "testing.h"
 
 using namespace lwo::abi;
@@ -44,6 +45,19 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
   });
   if (s != LWO_OK) return s;
   return make_engine(call, std::move(backend), cfg.device, cfg, engine);
+}
+
+// bindings/c/lwo_test.h: the engine on the host backend, for tests only.
+LWO_API lwo_status_t lwo_test_engine_create_host(uint32_t flags, lwo_engine** engine) {
+  static const char* call = "lwo_test_engine_create_host";
+  lwo_status_t s = guard(call, [&] {
+    need(engine, "engine (output)");
+    *engine = nullptr;
+    check_flags(flags, LWO_TEST_HOST_POISON);
+  });
+  if (s != LWO_OK) return s;
+  return make_engine(call, lwo::make_host_backend((flags & LWO_TEST_HOST_POISON) != 0), 0,
+                     lwo_engine_config LWO_ENGINE_CONFIG_INIT, engine);
 }
 
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {

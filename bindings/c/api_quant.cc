@@ -114,6 +114,8 @@ LWO_API lwo_status_t lwo_dequantize(lwo_engine* engine, const lwo_quant_desc* de
            dst, es, lwo::dtype_name(d.dtype));
     lwo::quant::Layout l = layout_of(d);
     lwo::DeviceScope scope(*e->impl);
+    if (e->impl->gpu().compute_on_host())  // the host backend: device memory is host memory
+      return lwo::quant::dequantize(l, src, dst, d.dtype, 1);
     lwo::dequantize_on_device(l, src, dst, d.dtype, stream);
   });
 }

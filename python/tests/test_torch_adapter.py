@@ -1,7 +1,8 @@
 """lwo.torch without a GPU: the adapter's logic (records, planning, tickets,
 gradients and their fence, hooks, checkpointing, LoRA, compile, restore)
-over fake_lwo, a CPU stand-in for the C calls the adapter makes, against
-the same model resident in PyTorch; and the messages of a machine without
+over the real library on its host backend (host_lwo: the adapter's own C
+calls, host memory for device memory, CPU compute), against the same model
+resident in PyTorch; and the messages of a machine without
 a device. Skipped when torch is not installed."""
 
 import copy
@@ -18,13 +19,13 @@ nn = torch.nn
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
-import fake_lwo  # noqa: E402
+import host_lwo  # noqa: E402
 
 torch.manual_seed(0)
 
 
 def offload(model, **kw):
-    be = fake_lwo.Backend()
+    be = host_lwo.Backend()
     return lt.offload(model, _backend=be, **kw), be
 
 
@@ -642,7 +643,7 @@ def test_layer_stats():
     assert all(l["accesses"] >= 1 for l in layers)
     assert sum(l["stages"] for l in layers) == h.stats()["ring"]["n_stages"]
     with pytest.raises(ValueError, match="cannot be combined"):
-        lt.offload(mlp(), stats=True, timing=True, _backend=fake_lwo.Backend())
+        lt.offload(mlp(), stats=True, timing=True, _backend=host_lwo.Backend())
 
 
 def test_import_lwo_does_not_import_torch():
@@ -821,7 +822,7 @@ def test_a_transformers_llama_trained_whole_with_gradient_checkpointing(reentran
 
 
 # --------------------------------------------------------------------------
-# The automatic plan (offload(plan=True)): over fake_lwo.PlanningBackend
+# The automatic plan (offload(plan=True)): over host_lwo.PlanningBackend
 def deep_mlp(dtype=torch.float32):
     layers = []
     for i in range(6):
@@ -832,7 +833,7 @@ def deep_mlp(dtype=torch.float32):
 def test_the_plan_is_made_after_a_measured_step_and_training_stays_exact():
     m = deep_mlp()
     ref = copy.deepcopy(m)
-    be = fake_lwo.PlanningBackend(group_size=3)
+    be = host_lwo.PlanningBackend(group_size=3)
     h = lt.offload(m, _backend=be)
     ids = {k: id(p) for k, p in m.named_parameters()}
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -877,7 +878,7 @@ def test_the_plan_keeps_gradients_that_are_still_summing():
     # waits for a step that starts with no sum running (after zero_grad)
     m = deep_mlp()
     ref = copy.deepcopy(m)
-    be = fake_lwo.PlanningBackend(group_size=2, resident_first=False)
+    be = host_lwo.PlanningBackend(group_size=2, resident_first=False)
     h = lt.offload(m, _backend=be)
     for step in range(7):
         assert len(be.plan_calls) == (1 if step >= 5 else 0)
@@ -896,7 +897,7 @@ def test_the_plan_keeps_gradients_that_are_still_summing():
 
 def test_a_given_group_and_depth_are_kept_by_the_plan():
     m = deep_mlp()
-    be = fake_lwo.PlanningBackend(group_size=3)
+    be = host_lwo.PlanningBackend(group_size=3)
     h = lt.offload(m, _backend=be, depth=2, group=lambda n, mod: int(n) // 4)
     for _ in range(4):
         m(torch.randn(2, 12)).sum().backward()
@@ -908,21 +909,21 @@ def test_a_given_group_and_depth_are_kept_by_the_plan():
 
 def test_plan_false_measures_nothing_and_a_budget_needs_the_plan():
     m = deep_mlp()
-    be = fake_lwo.PlanningBackend()
+    be = host_lwo.PlanningBackend()
     h = lt.offload(m, _backend=be, plan=False)
     for _ in range(4):
         m(torch.randn(2, 12)).sum().backward()
         m.zero_grad()
     assert be.plan_calls == [] and h.depth == 2 and len(h.records) == 7
     with pytest.raises(ValueError, match="needs plan=True"):
-        lt.offload(deep_mlp(), _backend=fake_lwo.PlanningBackend(), plan=False, budget="1GiB")
+        lt.offload(deep_mlp(), _backend=host_lwo.PlanningBackend(), plan=False, budget="1GiB")
 
 
 def test_a_budget_below_the_smallest_ring_names_the_bytes():
     m = deep_mlp()
     ref = copy.deepcopy(m)
     with pytest.raises(lwo.ResourceError, match=r"cannot hold a plan: it needs at least"):
-        lt.offload(m, _backend=fake_lwo.PlanningBackend(), budget=100)
+        lt.offload(m, _backend=host_lwo.PlanningBackend(), budget=100)
     # the model is whole again
     x = torch.randn(2, 12)
     close(m(x), ref(x), torch.float32)
@@ -958,7 +959,7 @@ def test_small_records_are_merged_before_the_plan():
     # 12 x 12 f32 linears: 768-byte records (with their bias, 1 KiB)
     m = deep_mlp()
     ref = copy.deepcopy(m)
-    be = fake_lwo.PlanningBackend(group_size=1, resident_first=False,
+    be = host_lwo.PlanningBackend(group_size=1, resident_first=False,
                                   small_record=2048, small_run=3072)
     h = lt.offload(m, _backend=be)
     for _ in range(5):
@@ -988,7 +989,7 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
     # a prediction no step meets (a microsecond): after three such steps the
     # handle measures again and plans depth and residents for its records
     m = deep_mlp()
-    be = fake_lwo.PlanningBackend(group_size=2, predicted_ms=1e-3)
+    be = host_lwo.PlanningBackend(group_size=2, predicted_ms=1e-3)
     h = lt.offload(m, _backend=be)
     for _ in range(30):
         m(torch.randn(3, 12)).sum().backward()
@@ -1002,7 +1003,7 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
         h.plans[2]["applied_at_step"]
     # a prediction the steps meet is kept
     m2 = deep_mlp()
-    be2 = fake_lwo.PlanningBackend(group_size=2, predicted_ms=None)
+    be2 = host_lwo.PlanningBackend(group_size=2, predicted_ms=None)
     lt.offload(m2, _backend=be2)
     for _ in range(12):
         m2(torch.randn(3, 12)).sum().backward()
@@ -1011,7 +1012,7 @@ def test_steps_far_from_the_prediction_make_a_new_plan():
 
 
 class _Clock(nn.Module):
-    """Moves the fake's clock (its events read it) by `seconds[0]` at each
+    """Moves the test's clock (the backend's events read it) by `seconds[0]` at each
     call: steps of a known length, whatever the host's load."""
 
     def __init__(self, seconds, now):
@@ -1028,7 +1029,7 @@ def test_a_plan_faster_than_predicted_is_kept_and_a_step_that_changes_replans():
     m = nn.Sequential(deep_mlp(), _Clock(delay, now))
     # a prediction far above what the steps take: the plan delivers more
     # than it promised, and is kept
-    be = fake_lwo.PlanningBackend(group_size=2, predicted_ms=1e6)
+    be = host_lwo.PlanningBackend(group_size=2, predicted_ms=1e6)
     be.event = lambda: now[0]
     be.record = lambda e: now[0]
     h = lt.offload(m, _backend=be)
@@ -1046,14 +1047,14 @@ def test_a_plan_faster_than_predicted_is_kept_and_a_step_that_changes_replans():
 
 
 def test_the_loads_progress_on_stderr(capsys):
-    lt.offload(mlp(), _backend=fake_lwo.Backend(), progress=True)
+    lt.offload(mlp(), _backend=host_lwo.Backend(), progress=True)
     err = capsys.readouterr().err
     assert "lwo.torch.offload: copying weights into the pool" in err and "100%" in err
     m = mlp().requires_grad_(False)
-    lt.offload(m, _backend=fake_lwo.Backend(), quant="int8", progress=True)
+    lt.offload(m, _backend=host_lwo.Backend(), quant="int8", progress=True)
     assert "quantizing and copying" in capsys.readouterr().err
     for progress in (None, False):  # a load this short says nothing by default
-        lt.offload(mlp(), _backend=fake_lwo.Backend(), progress=progress)
+        lt.offload(mlp(), _backend=host_lwo.Backend(), progress=progress)
         assert capsys.readouterr().err == ""
     # by time: a bar once the load has run `after` seconds
     import io
@@ -1100,7 +1101,7 @@ def test_the_next_record_is_staged_ahead_at_every_module_of_a_record():
     # record's modules run, the next record of the plan is already staged
     # (prefetched), in forward and in backward, at every module, step after step
     m = nn.Sequential(*[nn.Linear(12, 12) for _ in range(12)])
-    be = fake_lwo.Backend()
+    be = host_lwo.Backend()
     h = lt.offload(m, _backend=be, depth=2, plan=False, group=lambda n, mod: int(n) // 3)
     x = torch.randn(4, 12, requires_grad=True)
     for _ in range(4):  # warm-up and the plan

@@ -1,6 +1,6 @@
-"""lwo.torch.offload(checkpoint=) without a GPU, over fake_lwo (whose
-checkpoint pools keep lwo_pool_create_from_checkpoint's layout rules over
-the real lwo.Checkpoint's mapping checks): models built on the meta device
+"""lwo.torch.offload(checkpoint=) without a GPU, over the real library
+on its host backend (host_lwo; its checkpoint pools are the library's own,
+mapping the files): models built on the meta device
 read from safetensors files (one file, the shards of an index, fp8 weights
 with block scales) against the same models loaded resident with
 load_state_dict; the parameters over the mapped file bytes (no copy, host
@@ -8,6 +8,7 @@ memory); what the file and the model disagree on (missing, extra, dtypes,
 shapes, tied weights); quant= and checkpoint_copy= (the pinned pool); LoRA on
 the mapped base; the plan's regrouping of a mapped pool; writes refused."""
 
+import ctypes
 import gc
 import json
 import os
@@ -25,7 +26,7 @@ nn = torch.nn
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
-import fake_lwo  # noqa: E402
+import host_lwo  # noqa: E402
 from checkpoint_models import (SCALE, fp8_tensors, llama, llama_config, resident,  # noqa: E402
                                rss_anon, save, tensors_of, trim_heap)
 
@@ -40,7 +41,7 @@ def close(a, b, dtype, what=""):
 
 
 def offload(model, backend=None, **kw):
-    be = backend or fake_lwo.Backend()
+    be = backend or host_lwo.Backend()
     return lt.offload(model, _backend=be, **kw), be
 
 
@@ -95,7 +96,7 @@ def test_a_meta_llama_streams_its_mapped_checkpoint(tmp_path, shards):
     assert info["initialized"] == ["model.rotary_emb.inv_freq",
                                    "model.rotary_emb.original_inv_freq"]
     assert info["seconds"] > 0
-    assert isinstance(be.pools[0], fake_lwo.CheckpointPool)
+    assert host_lwo.is_checkpoint_pool(be.pools[0])
     # no tensor is left on the meta device; the rotary buffers were made by the
     # model's own _init_weights, equal to the reference's
     assert all(t.device.type != "meta" for t in list(m.parameters()) + list(m.buffers()))
@@ -119,14 +120,26 @@ def test_the_pool_reads_the_file_in_place_and_keeps_its_layout(tiny):
     pool = be.pools[0]
     with lwo.Checkpoint(path) as ck:
         by_name = {t.name: t for t in ck.tensors()}
-    base = pool.bases[0]
+    bases = set()
+    probe = lwo.Ring(pool, depth=1)  # what a stage of each record copies
     for rec in h.records:
         infos = pool.tensors(rec.index)
         assert rec.names == [i.name for i in infos]
         lo = min(by_name[n].file_offset for n in rec.names)
+        hi = max(by_name[n].file_offset + by_name[n].bytes for n in rec.names)
         for i in infos:  # the tensors lie together in the file: the file's layout, one run
             assert i.offset == by_name[i.name].file_offset - lo
-        assert pool.runs[rec.index] == [(0, base + lo, pool.runs[rec.index][0][2])]
+            bases.add(pool.tensor_host(rec.index, i.name).address - by_name[i.name].file_offset)
+        before = probe.stats()
+        probe.release(probe.stage(rec.index))
+        after = probe.stats()
+        assert after.n_copies - before.n_copies == 1
+        assert after.bytes_copied - before.bytes_copied == hi - lo
+    probe.close()
+    # in place: every tensor at its offset in one mapping of the file
+    assert len(bases) == 1
+    if os.path.exists("/proc/self/maps"):
+        assert file_mapping_of(bases.pop() + 8) == os.path.realpath(path)
     assert len(h.records) == 3  # two blocks and lm_head
     ref = resident(lambda: llama(cfg), tensors)
     compare_logits(m, ref)
@@ -154,7 +167,7 @@ def test_offload_adds_no_copy_of_the_streamed_weights_to_host_memory(tmp_path):
     h, be = offload(m, checkpoint=path, plan=False)
     gc.collect()
     grew = rss_anon() - before
-    ring = 2 * be.pools[0].max_record  # the fake's "device" slots are host memory
+    ring = 2 * host_lwo.max_record(be.pools[0])  # the host backend's "device" slots are host memory
     resident_bytes = 2 * 1024 * 4      # the LayerNorm
     assert streamed == 16 * (1024 * 1024 + 1024) * 4
     # a copy of the streamed weights would be 64 MiB; lwo's tables and the
@@ -237,7 +250,7 @@ def test_checkpoint_copy_casts_into_the_pinned_pool_and_trains(tiny):
     ref = resident(lambda: llama(cfg, dtype=torch.float32), tensors)
     h, be = offload(m, checkpoint=path, checkpoint_copy=True, plan=False)
     info = h.checkpoint_info
-    assert info["pool"] == "pinned" and not isinstance(be.pools[0], fake_lwo.CheckpointPool)
+    assert info["pool"] == "pinned" and not host_lwo.is_checkpoint_pool(be.pools[0])
     assert set(info["cast"]) == set(tensors) - set(info["streamed"])
     assert info["cast"]["model.norm.weight"] == "BF16 -> torch.float32"
     w = m.model.layers[0].self_attn.q_proj.weight
@@ -282,7 +295,7 @@ def test_tied_weights_are_read_once_and_left_resident(tmp_path):
     h, _be = offload(m, checkpoint=path)
     assert "lm_head" in h.skipped and "shared" in h.skipped["lm_head"]
     assert m.lm_head.weight is m.model.embed_tokens.weight
-    assert m.lm_head.weight.device.type == "cpu"  # the fake's device: loaded, not meta
+    assert m.lm_head.weight.device.type == "cpu"  # the host backend: loaded, not meta
     assert "model.embed_tokens.weight" in h.checkpoint_info["resident"]
     compare_logits(m, resident(lambda: llama(cfg), tensors))
     # an untied model wants both: the error says why the file may hold one
@@ -542,7 +555,7 @@ def test_an_fp8_checkpoint_into_the_pinned_pool(tmp_path, copy_):
     mod = h.modules["model.layers.0.mlp.up_proj"]
     dst = pool.tensor_host(mod._lwo_state.record.index, "m0.weight")
     lay = lwo.quant_layout("fp8-block", (128, 64), "bf16")
-    raw = fake_lwo._bytes_at(dst.address, dst.bytes)
+    raw = torch.frombuffer((ctypes.c_char * dst.bytes).from_address(dst.address), dtype=torch.uint8)
     assert torch.equal(raw[:lay.data_bytes],
                        fp8["model.layers.0.mlp.up_proj.weight"].view(torch.uint8).reshape(-1))
     assert be.calls["write_quantized"] == (0 if copy_ else 1)
@@ -591,7 +604,7 @@ def test_a_mapped_weight_cannot_be_made_trainable(tiny):
 def test_the_plan_regroups_a_mapped_pool_without_copying(tiny):
     cfg, tensors, path = tiny
     m = llama(cfg, meta=True)
-    be = fake_lwo.PlanningBackend(group_size=3)
+    be = host_lwo.PlanningBackend(group_size=3)
     h, _be = offload(m, backend=be, checkpoint=path)
     ptrs = {n: mod.weight.data_ptr() for n, mod in h.modules.items()}
     ref = resident(lambda: llama(cfg), tensors)
@@ -603,7 +616,7 @@ def test_the_plan_regroups_a_mapped_pool_without_copying(tiny):
             close(m(input_ids=ids).logits, ref(input_ids=ids).logits, torch.bfloat16)
     assert h.plan_info is not None and "error" not in h.plan_info
     assert len(h.records) == (n_before + 2) // 3
-    assert len(be.pools) == 2 and all(isinstance(p, fake_lwo.CheckpointPool) for p in be.pools)
+    assert len(be.pools) == 2 and all(host_lwo.is_checkpoint_pool(p) for p in be.pools)
     assert h.pool is be.pools[1] and h.pool._lwo_first is be.pools[0]
     for rec in h.records:  # each record the same file tensors, grouped
         assert rec.names == [n for s in rec.modules for n in (s.name + ".weight",)]
@@ -764,7 +777,7 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
     for mod in (m, ref):
         for n, p in mod.named_parameters():
             p.requires_grad_("lm_head" in n)
-    be = fake_lwo.PlanningBackend(group_size=3)
+    be = host_lwo.PlanningBackend(group_size=3)
     h, _be = offload(m, backend=be, checkpoint=path, checkpoint_copy=True)
     n_before = len(h.records)
     saved = h.stats()["quant"]["saved_bytes"]
@@ -781,7 +794,7 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
         opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
     assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
     assert len(h.records) < n_before and len(be.pools) == 2
-    assert not isinstance(be.pools[1], fake_lwo.CheckpointPool)
+    assert not host_lwo.is_checkpoint_pool(be.pools[1])
     w = m.model.layers[0].mlp.up_proj.weight  # still the file's codes
     assert w.dtype == torch.float8_e4m3fn
     assert h.stats()["quant"]["saved_bytes"] == saved

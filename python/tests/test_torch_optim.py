@@ -1,5 +1,5 @@
-"""lwo.torch.optim without a GPU: AdamW and SGD over fake_lwo's stand-in for
-lwo's host optimizer, against the same model trained resident by PyTorch's
+"""lwo.torch.optim without a GPU: AdamW and SGD over lwo's host optimizer
+(the real library on its host backend, host_lwo), against the same model trained resident by PyTorch's
 optimizers: parameter groups, schedulers, clipping (streamed and resident
 gradients in one norm), state_dict round trips (its own and PyTorch's), the
 step begun in the backward pass, the delayed update, the plan's regrouping
@@ -21,7 +21,7 @@ import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 from lwo.torch import optim as lopt  # noqa: E402
 
-import fake_lwo  # noqa: E402
+import host_lwo  # noqa: E402
 
 
 class Net(nn.Module):
@@ -44,7 +44,7 @@ def pair(seed=0, dtype=torch.float32, backend=None, **kw):
     torch.manual_seed(seed)
     m = Net(dtype)
     ref = copy.deepcopy(m)
-    be = backend or fake_lwo.Backend()
+    be = backend or host_lwo.Backend()
     h = lt.offload(m, _backend=be, **kw)
     return m, ref, h, be
 
@@ -180,12 +180,12 @@ def test_state_dict_round_trip_and_pytorchs_own():
 
     # Into a fresh handle and optimizer: both go on as one.
     m2 = copy.deepcopy(ref)
-    h2 = lt.offload(m2, _backend=fake_lwo.Backend())
+    h2 = lt.offload(m2, _backend=host_lwo.Backend())
     opt2 = lopt.AdamW(m2.parameters(), lr=1e-2)
     opt2.load_state_dict(sd)
     # PyTorch's own state_dict into lwo's optimizer, and lwo's into PyTorch's.
     m3 = copy.deepcopy(ref)
-    h3 = lt.offload(m3, _backend=fake_lwo.Backend())
+    h3 = lt.offload(m3, _backend=host_lwo.Backend())
     opt3 = lopt.AdamW(m3.parameters(), lr=1e-2)
     opt3.load_state_dict(saved(opt_r.state_dict()))
     ref4 = copy.deepcopy(ref)
@@ -254,7 +254,7 @@ def test_delayed_update_lags_one_step():
 
 
 def test_the_plans_regrouping_carries_the_state():
-    be = fake_lwo.PlanningBackend(group_size=2)
+    be = host_lwo.PlanningBackend(group_size=2)
     m, ref, h, _ = pair(seed=15, backend=be)
     opt = lopt.AdamW(m.parameters(), lr=1e-2)
     opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -293,7 +293,7 @@ def test_a_group_added_later_takes_its_hyperparameters():
     m.b.requires_grad_(False)
     m.norm.requires_grad_(False)
     ref = copy.deepcopy(m)
-    lt.offload(m, _backend=fake_lwo.Backend())
+    lt.offload(m, _backend=host_lwo.Backend())
     opt = lopt.AdamW([m.a.weight, m.a.bias, m.c.weight], lr=1e-2)
     opt_r = torch.optim.AdamW([ref.a.weight, ref.a.bias, ref.c.weight], lr=1e-2)
     xs, gs = data(4, seed=24)
@@ -338,7 +338,7 @@ def test_bf16_model_keeps_f32_masters():
     torch.manual_seed(21)
     ref = Net(torch.float32)
     m = copy.deepcopy(ref).to(torch.bfloat16)
-    h = lt.offload(m, _backend=fake_lwo.Backend())
+    h = lt.offload(m, _backend=host_lwo.Backend())
     opt = lopt.AdamW(m.parameters(), lr=1e-3, state="bf16")
     xs, gs = data(3, seed=22)
     for x, g in zip(xs, gs):

@@ -1,6 +1,6 @@
-"""lwo.torch's quant= option without a GPU, over fake_lwo (whose quantized
-tensors are sized, written and dequantized by liblwo's own host calls:
-lwo_quant_layout, lwo_quantize, lwo_dequantize_host): which linears are
+"""lwo.torch's quant= option without a GPU, over the real library on
+its host backend (host_lwo: quantized records laid out and written by the
+library, dequantized by its CPU compute): which linears are
 quantized and why the others are not, the records and their bytes, outputs,
 dx and the trainable adapter's gradients against the same model resident in
 PyTorch with the dequantized weights, re-quantization after an in-place
@@ -21,18 +21,18 @@ nn = torch.nn
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
-import fake_lwo  # noqa: E402
+import host_lwo  # noqa: E402
 from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
                                 dequantized, dequantized_conv, resident_reference)
 
-# fake_lwo computes products in f32 rounded once to the layer's dtype, as the
+# The host backend computes products in f32 rounded once to the layer's dtype, as the
 # reference does on the same (dequantized) weights: only the order of the sums
 # differs. Relative error ||a - b|| / ||b||.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
 def offload(model, **kw):
-    be = fake_lwo.Backend()
+    be = host_lwo.Backend()
     return lt.offload(model, _backend=be, **kw), be
 
 

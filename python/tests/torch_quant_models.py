@@ -1,5 +1,5 @@
 """What the quantized lwo.torch tests share, on the CPU (test_torch_quant.py,
-over fake_lwo) and on the GPU (test_torch_gpu.py): the frozen-base model
+over the host backend) and on the GPU (test_torch_gpu.py): the frozen-base model
 with a trainable adapter, a weight quantized and dequantized by liblwo on
 the host, and the model's resident reference on those weights. Imported
 only by test files that have found torch."""

@@ -1,0 +1,29 @@
+/* Test-only exports of liblwo: not part of the API (include/lwo.h), not
+ * installed, and not for programs. They let the tests of the library's users
+ * (python/tests) run the real library on a machine with no GPU. */
+#ifndef LWO_TEST_H
+#define LWO_TEST_H
+
+#include "lwo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A released ring slot reads as 0xff bytes (NaN in every float dtype) until
+ * it is acquired again or filled anew. */
+#define LWO_TEST_HOST_POISON 1u
+
+/* An engine on the host backend (engine/backend.h, make_host_backend):
+ * "device" memory is host memory (pointers are host addresses), every stream
+ * runs its work when it is enqueued, and layer compute (lwo_linear_*,
+ * lwo_conv2d_*, lwo_dequantize) runs on the CPU in f32, each output rounded
+ * once to its dtype. Everything else is the library as it is. Destroyed with
+ * lwo_engine_destroy. LWO_ERR_INVALID_ARGUMENT for unknown flags. */
+LWO_API lwo_status_t lwo_test_engine_create_host(uint32_t flags, lwo_engine** engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LWO_TEST_H */
