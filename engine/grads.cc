@@ -118,7 +118,7 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
   DeviceSlot& s = slots_[si];
   DeviceScope scope(engine_);
   if (s.ever_freed) engine_.gpu().stream_wait(stream, s.free);
-  engine_.gpu().slot_handed_out(s.dev, g.wire_bytes, stream);
+  engine_.gpu().slot_handed_out(s.dev, g.layout.wire_bytes, stream);
   slot_layer_[si] = static_cast<int32_t>(layer);
   g.slot = si;
   const std::vector<GradTensor>& ts = g.layout.tensors;
