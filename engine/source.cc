@@ -45,6 +45,7 @@ namespace {
 struct FillJob {
   const std::vector<CopyRun>* runs;
   uint8_t* dst;
+  ThreadPool* threads;  // the engine's
 };
 
 void run_fill(void* p) {
@@ -54,7 +55,7 @@ void run_fill(void* p) {
   for (const CopyRun& r : runs) total += r.bytes;
   const uint64_t n = std::min<uint64_t>(8, std::max<uint64_t>(1, total >> 24));
   // Part k of n copies the k-th n-th of every run.
-  parallel_for(n, static_cast<uint32_t>(n), 1, 1, [&](uint64_t pb, uint64_t pe) {
+  parallel_for(*job->threads, n, static_cast<uint32_t>(n), 1, 1, [&](uint64_t pb, uint64_t pe) {
     for (uint64_t part = pb; part < pe; ++part)
       for (const CopyRun& r : runs) {
         uint64_t chunk = (r.bytes + n - 1) / n;
@@ -129,7 +130,7 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
     extent = std::max(extent, r.dst_offset + r.bytes);
     m.bytes += r.bytes;
   }
-  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
+  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data(), &engine_.threads()});
   gpu.host_func(fill_stream_, run_fill, job.get(), {{st.buf.data(), extent, true}});
   job.release();
   gpu.event_record(st.ready, fill_stream_);
