@@ -112,6 +112,26 @@ TEST(ThreadPool, MorePartsThanSlotsAndEveryItemOnce) {
   }
 }
 
+// As a staged pack cuts a layer (engine/source.cc): n parts, taken in turn,
+// each its own chunk [k, k + 1).
+TEST(ThreadPool, PartsTakenInTurnAreTheStaticParts) {
+  ThreadPool pool(3);
+  for (uint64_t n = 1; n <= 8; ++n) {
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<int> wide{0};
+    parallel_for(
+        pool, n, static_cast<uint32_t>(n), 1, 1,
+        [&](uint64_t b, uint64_t e) {
+          if (e != b + 1) wide.fetch_add(1);
+          pause_ms(1);
+          hits[b].fetch_add(1);
+        },
+        2);
+    EXPECT_EQ(wide.load(), 0) << n;
+    for (uint64_t k = 0; k < n; ++k) ASSERT_EQ(hits[k].load(), 1) << "n " << n << " part " << k;
+  }
+}
+
 TEST(ThreadPool, NestedCallsRunInlineWithoutDeadlock) {
   Watchdog dog("nested parallel_for");
   ThreadPool pool(3);
