@@ -4,8 +4,7 @@
 // on: pinned pool fills, the staged sources' packing, gradient addition,
 // host quantization and the optimizer's updates (parallel_for, parallel.h;
 // optim::Workers). Long-lived threads that wait for work of their own (the
-// optimizer's dispatcher) are started here too (HostThread): no other file
-// of the library constructs a std::thread.
+// optimizer's dispatcher) are started here too (HostThread).
 //
 // The pool has size() slots: slot 0 is whichever thread calls in (it always
 // works on its own call), slots 1.. are the pool's threads. Each call is
