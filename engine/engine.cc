@@ -12,7 +12,7 @@
 namespace lwo {
 
 Engine::Engine(std::unique_ptr<Backend> backend, int device)
-    : gpu_(std::move(backend)), device_(device) {
+    : gpu_(std::move(backend)), device_(device), threads_(ThreadPool::process()) {
   int prev = gpu_->get_device();
   gpu_->set_device(device_);
   try {

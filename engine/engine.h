@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "src/common/error.h"
+#include "src/common/thread_pool.h"
 
 namespace lwo {
 
@@ -41,6 +42,10 @@ class Engine {
   StreamH h2d() const { return h2d_; }
   StreamH d2h() const { return d2h_; }
   StreamH collective_stream() const { return collective_stream_; }  // collectives of sharded pools
+  // The host threads every piece of host work of the engine runs on (pool
+  // fills, staged packing, gradient addition, quantization, the optimizer):
+  // the process's pool, shared by every engine (ThreadPool::process).
+  ThreadPool& threads() const { return threads_; }
 
   // One collective step of a sharded pool, as the debug check compares it.
   struct Step {
@@ -114,6 +119,7 @@ class Engine {
  private:
   std::unique_ptr<Backend> gpu_;
   int device_;
+  ThreadPool& threads_;
   StreamH h2d_ = nullptr;
   StreamH d2h_ = nullptr;
   StreamH collective_stream_ = nullptr;

@@ -35,7 +35,10 @@ const char* state_name(lwo_optim_state_t w) {
 }  // namespace
 
 Optimizer::Optimizer(Grads& grads, const Config& config)
-    : grads_(grads), pool_(grads.pool()), cfg_(config), workers_(config.n_threads) {
+    : grads_(grads),
+      pool_(grads.pool()),
+      cfg_(config),
+      workers_(pool_.engine().threads(), config.n_threads) {
   if (pool_.communicator() || pool_.kind() == LWO_POOL_SHARDED)
     fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: the optimizer needs the whole of every "
          "trainable layer on this host");
@@ -105,7 +108,7 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
   }
   grads_.attach(this);  // throws LWO_ERR_BUSY if the set has an optimizer
   pool_.writer.store(this);
-  dispatcher_ = std::thread([this] { dispatch(); });
+  dispatcher_ = pool_.engine().threads().start([this] { dispatch(); });
 }
 
 Optimizer::~Optimizer() {
@@ -115,7 +118,7 @@ Optimizer::~Optimizer() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (dispatcher_.joinable()) dispatcher_.join();
+  dispatcher_.join();
   pool_.writer.store(nullptr);
   grads_.attach(nullptr);
   for (Layer& l : layers_)

@@ -46,11 +46,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "grads.h"
 #include "pool.h"
+#include "src/common/thread_pool.h"
 #include "src/optim/optim.h"
 #include "src/optim/workers.h"
 
@@ -128,7 +128,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     uint32_t layer;
     uint64_t serial;
   };
-  void dispatch();                    // the dispatcher thread
+  void dispatch();                    // the dispatcher thread's loop
   using Groups = std::vector<lwo_optim_step_params>;
   void run_step(const std::vector<Job>& jobs, const Groups& g);
   void update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to);
@@ -158,7 +158,9 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   uint64_t update_ns_ = 0, landing_wait_ns_ = 0, last_step_ns_ = 0, last_tail_ns_ = 0;
   double last_norm_ = 0;
   std::vector<uint32_t> order_;  // the running or last step's update order
-  std::thread dispatcher_;  // last: started once everything else is built
+  // Last: started (a thread of the engine's pool, ThreadPool::start) once
+  // everything else is built.
+  HostThread dispatcher_;
 };
 
 }  // namespace lwo

@@ -45,6 +45,7 @@ namespace {
 struct FillJob {
   const std::vector<CopyRun>* runs;
   uint8_t* dst;
+  ThreadPool* threads;  // the engine's
 };
 
 void run_fill(void* p) {
@@ -53,15 +54,20 @@ void run_fill(void* p) {
   uint64_t total = 0;
   for (const CopyRun& r : runs) total += r.bytes;
   const uint64_t n = std::min<uint64_t>(8, std::max<uint64_t>(1, total >> 24));
-  // Part k of n copies the k-th n-th of every run.
-  parallel_for(n, static_cast<uint32_t>(n), 1, 1, [&](uint64_t pb, uint64_t pe) {
-    for (uint64_t part = pb; part < pe; ++part)
-      for (const CopyRun& r : runs) {
-        uint64_t chunk = (r.bytes + n - 1) / n;
-        uint64_t b = std::min(r.bytes, chunk * part), e = std::min(r.bytes, chunk * (part + 1));
-        if (b < e) std::memcpy(job->dst + r.dst_offset + b, r.src + b, e - b);
-      }
-  });
+  // Part k of n copies the k-th n-th of every run. The parts are taken in
+  // turn (chunks of one part), so that a thread of the pool busy with other
+  // work holds up no pack.
+  parallel_for(
+      *job->threads, n, static_cast<uint32_t>(n), 1, 1,
+      [&](uint64_t pb, uint64_t pe) {
+        for (uint64_t part = pb; part < pe; ++part)
+          for (const CopyRun& r : runs) {
+            uint64_t chunk = (r.bytes + n - 1) / n;
+            uint64_t b = std::min(r.bytes, chunk * part), e = std::min(r.bytes, chunk * (part + 1));
+            if (b < e) std::memcpy(job->dst + r.dst_offset + b, r.src + b, e - b);
+          }
+      },
+      2);
 }
 
 }  // namespace
@@ -129,7 +135,7 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
     extent = std::max(extent, r.dst_offset + r.bytes);
     m.bytes += r.bytes;
   }
-  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data()});
+  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data(), &engine_.threads()});
   gpu.host_func(fill_stream_, run_fill, job.get(), {{st.buf.data(), extent, true}});
   job.release();
   gpu.event_record(st.ready, fill_stream_);

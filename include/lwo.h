@@ -1282,7 +1282,9 @@ typedef struct lwo_optim_config {
   lwo_dtype_t state_dtype;  /* of the moments: LWO_DTYPE_F32 (default) or LWO_DTYPE_BF16 */
   uint32_t flags;           /* LWO_OPTIM_STOCHASTIC_ROUNDING, LWO_OPTIM_CLIPPING,
                                LWO_OPTIM_DELAYED */
-  uint32_t n_threads;       /* host threads for the updates, at most 64; 0 = one per CPU */
+  uint32_t n_threads;       /* parts of each update, each on a fixed host thread of the
+                               library's pool (one thread per CPU), at most 64; 0 = one
+                               per CPU */
   uint64_t seed;            /* the stochastic rounding's stream */
 } lwo_optim_config;
 
@@ -1390,7 +1392,7 @@ typedef struct lwo_optim_info {
   lwo_optim_kind_t kind;
   lwo_dtype_t state_dtype;
   uint32_t flags;
-  uint32_t n_threads;         /* the update threads */
+  uint32_t n_threads;         /* the update parts (lwo_optim_config.n_threads) */
   uint32_t n_numa_nodes;      /* the nodes they are spread over */
   uint64_t n_params;          /* trainable elements */
   uint64_t state_bytes;       /* host bytes of masters and state */

@@ -1,71 +1,45 @@
-// The optimizer's host threads: a fixed set of threads that live as long as
-// their owner, placed on the machine's NUMA nodes where it has more than one
-// (read from /sys/devices/system/node; no library), each of which always
-// takes the same part of every range it is given. The part a thread first
-// touches (the masters and state, filled by the same partition) is then the
-// part it updates on every step: its pages lie on the thread's node.
+// The optimizer's share of the host thread pool (src/common/thread_pool.h):
+// a fixed number of parts, part t of every range it is given always run on
+// the same slot of the pool, so on the same thread and NUMA node. The part a
+// thread first touches (the masters and state, filled by the same
+// partition) is then the part it updates on every step: its pages lie on the
+// thread's node.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
+
+#include "src/common/thread_pool.h"
 
 namespace lwo {
 namespace optim {
 
-// The NUMA nodes of this machine with their CPUs (one node holding every
-// CPU where /sys says nothing, or there is no such file).
-struct NumaNode {
-  int id = 0;
-  std::vector<int> cpus;
-};
-std::vector<NumaNode> numa_nodes();
-// Parses a /sys cpulist ("0-3,8,10-11"); an unreadable list is empty.
-std::vector<int> parse_cpulist(const std::string& text);
-
 class Workers {
  public:
-  // n_threads 0: one per CPU (at most 64). Where there is more than one node
-  // the threads are spread over the nodes in proportion to their CPUs and
-  // each is bound to its node's CPUs; on one node they are left to the
-  // scheduler.
-  explicit Workers(uint32_t n_threads);
-  ~Workers();
-  Workers(const Workers&) = delete;
-  Workers& operator=(const Workers&) = delete;
+  // n_threads parts (0: one per slot of the pool; at most 64), placed on the
+  // pool's slots by ThreadPool::slot_of(t, n_threads): where there are fewer
+  // slots than parts, a slot runs several of them in turn.
+  Workers(ThreadPool& pool, uint32_t n_threads);
+  // On the process's pool.
+  explicit Workers(uint32_t n_threads) : Workers(ThreadPool::process(), n_threads) {}
 
-  uint32_t size() const { return static_cast<uint32_t>(threads_.size()) + 1; }
-  uint32_t n_nodes() const { return n_nodes_; }
-  // The node of thread t (0 = the calling thread's share).
-  int node_of(uint32_t t) const { return node_of_[t]; }
+  uint32_t size() const { return n_; }
+  uint32_t n_nodes() const { return pool_->n_nodes(); }
+  // The node of part t's thread (part 0 is the calling thread's).
+  int node_of(uint32_t t) const { return pool_->node_of(pool_->slot_of(t, n_)); }
+  ThreadPool& pool() const { return *pool_; }
 
-  // fn(b, e) over [0, n): thread t (the caller is thread 0) takes part t, the
+  // fn(b, e) over [0, n): part t (the caller's is part 0) is the t-th, the
   // parts contiguous and every boundary a multiple of `align` items; ranges
-  // below `min_part` items per thread use fewer threads (the first ones).
-  // Returns when all is done. One run at a time (callers serialise). fn must
-  // not throw.
+  // below `min_part` items per part use fewer parts (the first ones).
+  // Returns when all is done; runs from several threads may be in flight at
+  // once. Where fn throws, the first exception is rethrown once all is done.
   void run(uint64_t n, uint64_t align, uint64_t min_part,
-           const std::function<void(uint64_t, uint64_t)>& fn);
+           const std::function<void(uint64_t, uint64_t)>& fn) const;
 
  private:
-  void loop(uint32_t t);
-
-  std::vector<std::thread> threads_;
-  std::vector<int> node_of_;
-  uint32_t n_nodes_ = 1;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  uint64_t gen_ = 0;
-  uint32_t remaining_ = 0;
-  bool stop_ = false;
-  // The current run.
-  const std::function<void(uint64_t, uint64_t)>* fn_ = nullptr;
-  uint64_t n_ = 0, part_ = 0;
-  uint32_t active_ = 0;
+  ThreadPool* pool_;
+  uint32_t n_;
 };
 
 }  // namespace optim

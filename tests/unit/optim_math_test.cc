@@ -416,16 +416,6 @@ TEST(OptimMath, RoundedStoresEqualStoreF32AtEveryLevel) {
   EXPECT_EQ(a, b);
 }
 
-TEST(OptimMath, CpulistParser) {
-  EXPECT_EQ(parse_cpulist("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
-  EXPECT_EQ(parse_cpulist("5"), (std::vector<int>{5}));
-  EXPECT_TRUE(parse_cpulist("3-1").empty());
-  EXPECT_TRUE(parse_cpulist("x").empty());
-  const auto nodes = numa_nodes();
-  ASSERT_FALSE(nodes.empty());
-  for (const auto& nd : nodes) EXPECT_FALSE(nd.cpus.empty());
-}
-
 }  // namespace
 }  // namespace optim
 }  // namespace lwo
