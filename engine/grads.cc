@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "src/common/dtype.h"
 #include "src/common/error.h"
@@ -39,7 +38,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
                       n_threads_);
   slot_layer_.assign(slots_.size(), -1);
   added_serial_.assign(layers_.size(), 0);
-  worker_ = std::thread([this] { work(); });
+  worker_ = engine_.threads().start([this] { work(); });
   pool_.n_grads.fetch_add(1);
 }
 
@@ -89,7 +88,7 @@ Grads::~Grads() {
     stop_ = true;
   }
   q_cv_.notify_all();
-  if (worker_.joinable()) worker_.join();  // it finishes the queue first
+  worker_.join();  // it finishes the queue first
 }
 
 Grads::Layer& Grads::trainable_layer(uint32_t layer) {
@@ -266,8 +265,8 @@ void Grads::accumulate(const Job& job) {
   // construction.
   const auto t0 = std::chrono::steady_clock::now();
   const Layer& g = layers_[job.layer];
-  uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
-  uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : hw, 32);
+  ThreadPool& threads = engine_.threads();
+  uint32_t nt = std::min<uint32_t>(n_threads_ ? n_threads_ : threads.size(), 32);
   constexpr uint64_t kPerThread = uint64_t(1) << 18;  // elements
   uint64_t bytes = 0;
   for (const GradTensor& t : g.layout.tensors) {
@@ -284,7 +283,7 @@ void Grads::accumulate(const Job& job) {
     // 16 cores: 15-25 GB/s with one fixed part per thread, against 32-34 GB/s
     // for the same loop with every core free).
     parallel_for(
-        count, nt, kPerThread, 64,
+        threads, count, nt, kPerThread, 64,
         [&](uint64_t b, uint64_t e) {
           lwo::accumulate(dst + b * ds, t.host, src + b * ss, t.wire, e - b, job.assign);
         },

@@ -29,7 +29,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "arena.h"
@@ -159,7 +158,7 @@ class Grads {
   std::vector<uint8_t> staging_busy_;  // a posted job reads the buffer
   uint64_t pending_ = 0;               // posted, not finished
   bool stop_ = false;
-  std::thread worker_;
+  HostThread worker_;  // started by the engine's thread pool
   EventH done_ = nullptr;            // recorded on the gradient stream after each end
   uint64_t n_transfers_ = 0, bytes_ = 0;
   std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
