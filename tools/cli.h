@@ -59,6 +59,14 @@ constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
+// The tensor "weight" [rows, cols]: each layer of lwo run, plan, train and shard.
+lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols);
+// The record bytes of `layer` (lwo_record_layout); a layout the library
+// refuses is a usage error with its message.
+uint64_t record_bytes(const lwo_layer_desc& layer);
+// The bytes of `layers` records of `record` bytes; a usage error past 64 bits.
+uint64_t model_bytes(uint64_t record, uint32_t layers);
+
 // The command being run ("run"), for messages: "lwo run: ...". Empty before
 // a command is chosen.
 extern std::string g_command;
@@ -187,6 +195,12 @@ struct Command {
   std::vector<Flag> (*flags)();
   int (*main)(int argc, char** argv);  // argv[1] is the command's name
 };
+// A command's `flags`: make(o) bound to a throwaway O (a command's Options).
+template <class O, std::vector<Flag> (*make)(O&)>
+std::vector<Flag> throwaway_flags() {
+  static O o;
+  return make(o);
+}
 extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
     kShardCommand;
 
@@ -320,19 +334,27 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing);
 // {"depth", "slot_bytes", "stages", "hits", "copies", "bytes_copied"} and with
 // timing "copy_ms", "wait_ms", "copy_gbps": the ring of lwo run and lwo stream.
 Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
-// "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak" of
-// the timed passes of lwo run and lwo stream (their results `r` alike).
-template <class R>
-void json_passes(Json& j, const R& r, uint32_t passes) {
-  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = r.pass_ms;
-  j["median_ms"] = r.median_ms;
-  j["best_ms"] = r.best_ms;
-  const double all = r.total_ms / passes;
-  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
-  j["share_of_peak"] = {
-      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
-}
+// The timed passes of lwo run and lwo stream (their results derive from it):
+// `pass_bytes` a pass through the ring, against the pinned H2D peak.
+struct PassResults {
+  uint64_t pass_bytes = 0;
+  double peak_gbps = 0, peak_ms = 0;
+  lwo_ring_info ring{};
+  std::vector<double> pass_ms;
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+  lwo_ring_stats stats{};
+  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
+  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+  // The times of time_passes and the ring's statistics after them.
+  void take(const PassTimes& t, lwo_ring* r);
+  // "pass 2/5: 1.234 ms, 50.00 GB/s, 99.00% of the peak": the phase's detail.
+  std::string pass_line(uint32_t p, uint32_t passes, double ms) const;
+  // The "ring", "passes", "time" and "bandwidth" lines, then "share" up to
+  // "of the peak" (the caller ends the line).
+  void print(uint32_t passes, bool timing) const;
+  // "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak".
+  void to_json(Json& j, uint32_t passes) const;
+};
 double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the

@@ -236,47 +236,16 @@ std::vector<Flag> make_flags(Options& o) {
   };
 }
 
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
-}
-
-int cmd_plan(int argc, char** argv);
-
 }  // namespace
-
-const Command kPlanCommand = {
-    "plan",
-    "",
-    "choose resident layers and the ring depth for a device memory budget",
-    "Makes the synthetic model of lwo run (every layer one tensor \"weight\" [rows x\n"
-    "cols] in a pinned pool), measures the link on the device (H2D, D2H, both at\n"
-    "once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the\n"
-    "plan lwo_plan_create chooses for --budget: per position resident or streamed,\n"
-    "the predicted copy, start and stall, and the predicted pass (or step) time\n"
-    "against the rule \"the first k layers resident\". lwo run --budget applies it.\n"
-    "With --group it also measures the per-copy overhead and prints the runs of\n"
-    "layers it recommends storing as one record each (positions are then groups);\n"
-    "the plan only recommends them: lwo run keeps one record per layer.\n",
-    help_flags,
-    cmd_plan,
-};
 
 namespace {
 
 int cmd_plan(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor{};
-  tensor.name = "weight";
-  tensor.dtype = o.dtype;
-  tensor.n_dims = 2;
-  tensor.shape[0] = o.rows;
-  tensor.shape[1] = o.cols;
+  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
   const lwo_layer_desc layer{&tensor, 1, nullptr};
-  uint64_t record = 0;
-  if (lwo_record_layout(&layer, nullptr, &record) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  const uint64_t record = record_bytes(layer);
   const uint64_t model = record * o.layers;
   const uint64_t budget = parse_budget(o.budget, model);
   Device dev;
@@ -315,4 +284,19 @@ int cmd_plan(int argc, char** argv) {
 }
 
 }  // namespace
+
+const Command kPlanCommand = {"plan", "",
+    "choose resident layers and the ring depth for a device memory budget",
+    R"(Makes the synthetic model of lwo run (every layer one tensor "weight" [rows x
+cols] in a pinned pool), measures the link on the device (H2D, D2H, both at
+once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the
+plan lwo_plan_create chooses for --budget: per position resident or streamed,
+the predicted copy, start and stall, and the predicted pass (or step) time
+against the rule "the first k layers resident". lwo run --budget applies it.
+With --group it also measures the per-copy overhead and prints the runs of
+layers it recommends storing as one record each (positions are then groups);
+the plan only recommends them: lwo run keeps one record per layer.
+)",
+    throwaway_flags<Options, make_flags>, cmd_plan};
+
 }  // namespace cli

@@ -34,14 +34,9 @@ struct HostTimes {
   double pool_s = 0, fill_s = 0, checksum_s = 0;
 };
 
-struct Results {
-  uint64_t record_bytes = 0, pass_bytes = 0;
+struct Results : PassResults {
+  uint64_t record_bytes = 0;
   HostTimes host;
-  double peak_gbps = 0, peak_ms = 0;
-  lwo_ring_info ring{};
-  std::vector<double> pass_ms;
-  double median_ms = 0, best_ms = 0, total_ms = 0;
-  lwo_ring_stats stats{};
   // With --budget, the planned ring's passes in the same run.
   bool planned = false;
   PlanReport plan;
@@ -50,8 +45,6 @@ struct Results {
   std::vector<double> plan_pass_ms;
   double plan_median_ms = 0, plan_best_ms = 0;
   lwo_ring_stats plan_stats{};
-  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
-  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
 };
 
 std::vector<Flag> make_flags(Options& o) {
@@ -89,11 +82,6 @@ std::vector<Flag> make_flags(Options& o) {
                        "run 'lwo stream --help' for its flags");
                  }),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
 }
 
 // Compares the device sums with `times` the host checksum of each layer
@@ -138,17 +126,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
       "%-10s %.2f GB/s pinned H2D (every record back-to-back on one stream, best of "
       "%d: %.2f ms)\n",
       "peak", r.peak_gbps, kPeakRepeats, r.peak_ms);
-  std::printf(
-      "%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer "
-      "stream\n",
-      "ring", r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
-      o.timing ? ", timing on" : "");
-  std::printf("%-10s %u timed after 1 warm-up\n", "passes", o.passes);
-  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", r.median_ms, r.best_ms);
-  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
-              r.gbps(r.median_ms), r.gbps(r.best_ms), r.gbps(r.total_ms / o.passes));
-  std::printf("%-10s median %.2f%%, best %.2f%% of the peak", "share", 100 * r.share(r.median_ms),
-              100 * r.share(r.best_ms));
+  r.print(o.passes, o.timing);
   if (o.depth >= 2)
     std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
                 r.share(r.median_ms) >= kTargetShare ? "met" : "NOT met");
@@ -183,7 +161,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
   j["bytes_per_pass"] = r.pass_bytes;
   j["host_seconds"] = {
       {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
-  json_passes(j, r, o.passes);
+  r.to_json(j, o.passes);
   const lwo_ring_stats& s = r.stats;
   j["ring"] = json_ring(r.ring, s, o.timing);
   if (r.planned) {  // --budget
@@ -206,31 +184,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
 
 }  // namespace
 
-int cmd_run(int argc, char** argv);
-
-const Command kRunCommand = {
-    "run",
-    "",
-    "stream a synthetic model through a ring, timed, every byte checked",
-    "Streams a synthetic model (every layer one tensor \"weight\" [rows x cols] of\n"
-    "random bytes in a pinned pool) through a ring of device slots, pass after\n"
-    "pass. Each pass is timed against the pinned H2D peak measured in the same run\n"
-    "(target >= 99% at depth >= 2), and a checksum kernel reads every slot: every\n"
-    "layer of every pass is checked against the host bytes.\n"
-    "Training steps are lwo train; checkpoints are lwo stream.\n",
-    help_flags,
-    cmd_run,
-};
-
 int cmd_run(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor{};
-  tensor.name = "weight";
-  tensor.dtype = o.dtype;
-  tensor.n_dims = 2;
-  tensor.shape[0] = o.rows;
-  tensor.shape[1] = o.cols;
+  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
   lwo_tensor_quant_ext qx{};
@@ -244,11 +201,8 @@ int cmd_run(int argc, char** argv) {
   }
   const lwo_layer_desc layer{&tensor, 1, nullptr};
   Results r;
-  if (lwo_record_layout(&layer, nullptr, &r.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
-  if (__builtin_mul_overflow(r.record_bytes, o.layers, &r.pass_bytes))
-    throw UsageError(
-        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(r.record_bytes).c_str()));
+  r.record_bytes = record_bytes(layer);
+  r.pass_bytes = model_bytes(r.record_bytes, o.layers);
 
   Device dev;
   open_device(o.device, dev);
@@ -340,16 +294,11 @@ int cmd_run(int argc, char** argv) {
         testkit::checksum_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
       },
       [&](uint32_t p, double ms) {
-        phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes,
-                              ms, r.gbps(ms), 100 * r.share(ms)));
+        phase.set(p + 1, r.pass_line(p, o.passes, ms));
         if (p == 1) verify(sums, expect, 1, "first timed pass");
       });
   TK_CHECK(lwo_engine_check(dev.engine.get()));
-  r.pass_ms = times.ms;
-  r.total_ms = times.total_ms;
-  r.median_ms = times.median_ms;
-  r.best_ms = times.best_ms;
-  r.stats = testkit::ring_stats(ring.get());
+  r.take(times, ring.get());
   schedule.destroy();
   ring.destroy();
 
@@ -406,5 +355,16 @@ int cmd_run(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kRunCommand = {"run", "",
+    "stream a synthetic model through a ring, timed, every byte checked",
+    R"(Streams a synthetic model (every layer one tensor "weight" [rows x cols] of
+random bytes in a pinned pool) through a ring of device slots, pass after
+pass. Each pass is timed against the pinned H2D peak measured in the same run
+(target >= 99% at depth >= 2), and a checksum kernel reads every slot: every
+layer of every pass is checked against the host bytes.
+Training steps are lwo train; checkpoints are lwo stream.
+)",
+    throwaway_flags<Options, make_flags>, cmd_run};
 
 }  // namespace cli

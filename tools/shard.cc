@@ -83,6 +83,7 @@ struct Options {
   uint32_t depth = 2, grad_depth = 2, passes = 5;
   uint64_t seed = 1;
   bool train = true, check_collectives = false;
+  bool ranks_given = false, list_given = false;  // --ranks, --ranks-list
   std::string json;
 };
 
@@ -783,19 +784,19 @@ std::vector<uint32_t> parse_ranks_list(const std::string& text) {
   return out;
 }
 
-std::vector<Flag> make_flags(Options& o, bool& ranks, bool& list) {
+std::vector<Flag> make_flags(Options& o) {
   return {
       value_flag("--ranks", "N", "ranks, 1..the GPUs of this machine (default: every GPU)",
-                 [&o, &ranks](const std::string& v) {
+                 [&o](const std::string& v) {
                    o.ranks = {static_cast<uint32_t>(parse_uint("--ranks", v, 1, 1024))};
-                   ranks = true;
+                   o.ranks_given = true;
                  }),
       value_flag("--ranks-list", "L",
                  "several rank counts in turn, e.g. 1,2,4 (each with its own threads, engines "
                  "and communicators)",
-                 [&o, &list](const std::string& v) {
+                 [&o](const std::string& v) {
                    o.ranks = parse_ranks_list(v);
-                   list = true;
+                   o.list_given = true;
                  }),
       layers_flag(o.layers),
       rows_flag(o.rows),
@@ -826,12 +827,6 @@ std::vector<Flag> make_flags(Options& o, bool& ranks, bool& list) {
                                     "training steps as --passes");
                  }),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  static bool ranks, list;
-  return make_flags(o, ranks, list);
 }
 
 // MemAvailable from /proc/meminfo, or 0 if it cannot be read.
@@ -983,47 +978,17 @@ void print_table(const Model& m, const std::vector<Result>& results) {
 
 }  // namespace
 
-int cmd_shard(int argc, char** argv);
-
-const Command kShardCommand = {
-    "shard",
-    "",
-    "host weights sharded across this machine's GPUs, one NCCL rank each",
-    "Runs N ranks as threads of this process, rank r on GPU r, each with its own\n"
-    "engine, NCCL communicator and a sharded pool holding 1/N of every layer (a\n"
-    "chain of layers \"weight\" [rows x cols] bf16; rank r fills only its shard,\n"
-    "the same bytes as lwo run --seed S). Measures, in one run and per rank\n"
-    "count: each GPU's pinned H2D peak of shard-sized copies, alone and with all\n"
-    "GPUs at once; the in-place NCCL all-gather of one record; forward streaming\n"
-    "through a ring (every slot checksummed; bandwidth per GPU of the slowest\n"
-    "rank, and its ratio to the link peak); and a training step (as many as\n"
-    "--passes; weight gradients summed over the ranks into host shards, checked)\n"
-    "against max(resident compute, H2D, D2H, collectives), each term measured in\n"
-    "the same run. The JSON holds one result per rank count. Sets\n"
-    "NCCL_NVLS_ENABLE=0 unless it is set.\n",
-    help_flags,
-    cmd_shard,
-};
-
 int cmd_shard(int argc, char** argv) {
   Options o;
-  bool ranks = false, list = false;
-  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) return 0;  // --help: printed
-  if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
+  if (o.ranks_given && o.list_given)
+    throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
-  m.tensor.name = "weight";
-  m.tensor.dtype = LWO_DTYPE_BF16;
-  m.tensor.n_dims = 2;
-  m.tensor.shape[0] = o.rows;
-  m.tensor.shape[1] = o.cols;
+  m.tensor = weight_tensor(LWO_DTYPE_BF16, o.rows, o.cols);
   const lwo_layer_desc layer{&m.tensor, 1, nullptr};
-  if (lwo_record_layout(&layer, nullptr, &m.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  m.record_bytes = record_bytes(layer);
   m.layers.assign(o.layers, layer);
-  uint64_t model_bytes = 0;
-  if (__builtin_mul_overflow(m.record_bytes, o.layers, &model_bytes))
-    throw UsageError(
-        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(m.record_bytes).c_str()));
+  (void)model_bytes(m.record_bytes, o.layers);  // a usage error past 64 bits
 
   // NCCL reads its environment once, at its first call.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
@@ -1100,5 +1065,22 @@ int cmd_shard(int argc, char** argv) {
   json.write(j);
   return 0;
 }
+
+const Command kShardCommand = {"shard", "",
+    "host weights sharded across this machine's GPUs, one NCCL rank each",
+    R"(Runs N ranks as threads of this process, rank r on GPU r, each with its own
+engine, NCCL communicator and a sharded pool holding 1/N of every layer (a
+chain of layers "weight" [rows x cols] bf16; rank r fills only its shard,
+the same bytes as lwo run --seed S). Measures, in one run and per rank
+count: each GPU's pinned H2D peak of shard-sized copies, alone and with all
+GPUs at once; the in-place NCCL all-gather of one record; forward streaming
+through a ring (every slot checksummed; bandwidth per GPU of the slowest
+rank, and its ratio to the link peak); and a training step (as many as
+--passes; weight gradients summed over the ranks into host shards, checked)
+against max(resident compute, H2D, D2H, collectives), each term measured in
+the same run. The JSON holds one result per rank count. Sets
+NCCL_NVLS_ENABLE=0 unless it is set.
+)",
+    throwaway_flags<Options, make_flags>, cmd_shard};
 
 }  // namespace cli

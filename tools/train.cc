@@ -163,11 +163,6 @@ std::vector<Flag> make_flags(Options& o) {
   };
 }
 
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
-}
-
 void check_options(const Options& o) {
   if (o.rows != o.cols)
     throw UsageError(
@@ -203,12 +198,7 @@ Sizes compute_sizes(const Options& o) {
   s.act_bytes =
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
           s.elem, "the activations");
-  lwo_tensor_desc t[2] = {};
-  t[0].name = "weight";
-  t[0].dtype = o.dtype;
-  t[0].n_dims = 2;
-  t[0].shape[0] = o.rows;
-  t[0].shape[1] = o.cols;
+  lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
   lwo_tensor_quant_ext qx{};  // --quant: the weight's record bytes are quantized
   qx.header.type = LWO_EXT_TENSOR_QUANT;
   qx.format = o.quant;
@@ -218,8 +208,7 @@ Sizes compute_sizes(const Options& o) {
   t[1].n_dims = 1;
   t[1].shape[0] = o.rows;
   const lwo_layer_desc layer{t, o.bias ? 2u : 1u, nullptr};
-  if (lwo_record_layout(&layer, nullptr, &s.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  s.record_bytes = record_bytes(layer);
   s.pool_bytes = mul(s.record_bytes, o.layers, "the layers' records");
   if (o.trainable()) {
     s.wire = o.grads == "f32" ? LWO_DTYPE_F32 : o.dtype;
@@ -783,28 +772,6 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
   TK_CHECK(lwo_optim_destroy(optim));
 }
 
-int cmd_train(int argc, char** argv);
-
-const Command kTrainCommand = {
-    "train",
-    "",
-    "training steps through a ring, timed against their bound",
-    "Trains a chain of square linear layers y = x W^T on random data: one schedule\n"
-    "streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to\n"
-    "host buffers in the layer dtype (lwo_grads; --grads f32 or native-wire for f32\n"
-    "buffers). Each step is timed against its split floor, forward max(resident\n"
-    "compute, H2D bytes / H2D peak) + backward max(resident compute, H2D and D2H\n"
-    "bytes at once), and against the older bound max(resident compute, H2D bytes /\n"
-    "H2D peak, D2H bytes / D2H peak), every term measured in the same run\n"
-    "(targets: step <= 1.04 x floor; <= 1.10 x bound, frozen <= 1.03 x). The\n"
-    "start, the turn and the end of each step are timed. --micro-batches K runs K\n"
-    "micro-batches per step in --order batch or layer. The first timed step is\n"
-    "checked bit for bit against the same computation with every weight resident\n"
-    "on the device. --rows must equal --cols.\n",
-    help_flags,
-    cmd_train,
-};
-
 // One run of lwo train, phase by phase: what each phase makes (the pool, the
 // chain's buffers, the ring, the schedule, the gradients) lives here until
 // the run ends, released in the reverse order.
@@ -1176,5 +1143,22 @@ int cmd_train(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kTrainCommand = {"train", "",
+    "training steps through a ring, timed against their bound",
+    R"(Trains a chain of square linear layers y = x W^T on random data: one schedule
+streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to
+host buffers in the layer dtype (lwo_grads; --grads f32 or native-wire for f32
+buffers). Each step is timed against its split floor, forward max(resident
+compute, H2D bytes / H2D peak) + backward max(resident compute, H2D and D2H
+bytes at once), and against the older bound max(resident compute, H2D bytes /
+H2D peak, D2H bytes / D2H peak), every term measured in the same run
+(targets: step <= 1.04 x floor; <= 1.10 x bound, frozen <= 1.03 x). The
+start, the turn and the end of each step are timed. --micro-batches K runs K
+micro-batches per step in --order batch or layer. The first timed step is
+checked bit for bit against the same computation with every weight resident
+on the device. --rows must equal --cols.
+)",
+    throwaway_flags<Options, make_flags>, cmd_train};
 
 }  // namespace cli
