@@ -170,10 +170,16 @@ Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
   return f;
 }
 
-Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved) {
+Flag moved_flag(const char* name, std::string message, std::string hint) {
   Flag f;
   f.name = name;
-  f.moved = std::move(moved);
+  f.moved = [message, hint](const std::string& next) {
+    std::string m = message;
+    const size_t at = m.find("{FILE}");
+    if (at != std::string::npos)
+      m.replace(at, 6, next.empty() || next[0] == '-' ? "FILE" : escape(next));
+    throw UsageError(m, hint);
+  };
   return f;
 }
 
@@ -329,6 +335,14 @@ std::vector<lwo_dtype_t> all_dtypes() {
     out.push_back(dtype);
   }
   return out;
+}
+
+std::vector<Flag> model_flags(uint32_t& layers, int64_t& rows, int64_t& cols, lwo_dtype_t& dtype,
+                              std::vector<Flag> more) {
+  std::vector<Flag> f = {layers_flag(layers), rows_flag(rows), cols_flag(cols),
+                         dtype_flag(dtype, all_dtypes())};
+  for (Flag& m : more) f.push_back(std::move(m));
+  return f;
 }
 
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed) {

@@ -139,7 +139,10 @@ struct Flag {
 Flag value_flag(const char* name, const char* value, std::string help,
                 std::function<void(const std::string&)> set);
 Flag switch_flag(const char* name, std::string help, std::function<void()> on);
-Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved);
+// A flag this command does not have, not listed: throws UsageError(message,
+// hint); "{FILE}" in the message becomes the next argument (escaped), or FILE
+// when there is none or it is a flag.
+Flag moved_flag(const char* name, std::string message, std::string hint = {});
 
 // A whole number in [min, max]: "--depth -1 is not in 1..4096".
 uint64_t parse_uint(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
@@ -174,6 +177,10 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
+// The synthetic model of lwo run and lwo plan (--layers, --rows, --cols,
+// --dtype of any dtype), then `more`.
+std::vector<Flag> model_flags(uint32_t& layers, int64_t& rows, int64_t& cols, lwo_dtype_t& dtype,
+                              std::vector<Flag> more);
 // --quant fp8|fp8-block|int8|int4: the weights quantized on
 // load (LWO_EXT_TENSOR_QUANT) in that format; LWO_QUANT_NONE without it.
 Flag quant_flag(lwo_quant_format_t& format);

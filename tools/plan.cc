@@ -205,11 +205,7 @@ double parse_ms(const std::string& flag, const std::string& v) {
 }
 
 std::vector<Flag> make_flags(Options& o) {
-  return {
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
-      dtype_flag(o.dtype, all_dtypes()),
+  return model_flags(o.layers, o.rows, o.cols, o.dtype, {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
@@ -233,7 +229,7 @@ std::vector<Flag> make_flags(Options& o) {
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
-  };
+  });
 }
 
 }  // namespace

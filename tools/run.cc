@@ -48,11 +48,7 @@ struct Results : PassResults {
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  return {
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
-      dtype_flag(o.dtype, all_dtypes()),
+  return model_flags(o.layers, o.rows, o.cols, o.dtype, {
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
@@ -63,25 +59,13 @@ std::vector<Flag> make_flags(Options& o) {
       quiet_flag(),
       budget_flag(o.budget),
       // Spellings of lwo 0.1, which made lwo run front three programs.
-      moved_flag("--train",
-                 [](const std::string&) {
-                   throw UsageError("--train moved: training steps are the command lwo train",
-                                    "run 'lwo train --help' for its flags");
-                 }),
-      moved_flag("--frozen",
-                 [](const std::string&) {
-                   throw UsageError(
-                       "--frozen moved: lwo train --frozen trains with input gradients only",
-                       "run 'lwo train --help' for its flags");
-                 }),
-      moved_flag("--weights",
-                 [](const std::string& next) {
-                   throw UsageError(
-                       strf("--weights moved: stream a checkpoint with lwo stream %s",
-                            next.empty() || next[0] == '-' ? "FILE" : escape(next).c_str()),
-                       "run 'lwo stream --help' for its flags");
-                 }),
-  };
+      moved_flag("--train", "--train moved: training steps are the command lwo train",
+                 "run 'lwo train --help' for its flags"),
+      moved_flag("--frozen", "--frozen moved: lwo train --frozen trains with input gradients only",
+                 "run 'lwo train --help' for its flags"),
+      moved_flag("--weights", "--weights moved: stream a checkpoint with lwo stream {FILE}",
+                 "run 'lwo stream --help' for its flags"),
+  });
 }
 
 // Compares the device sums with `times` the host checksum of each layer

@@ -817,15 +817,11 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--device",
-                 [](const std::string&) {
-                   throw UsageError("--device does not apply to lwo shard: rank r runs on GPU r "
-                                    "(CUDA_VISIBLE_DEVICES picks the GPUs)");
-                 }),
+                 "--device does not apply to lwo shard: rank r runs on GPU r "
+                 "(CUDA_VISIBLE_DEVICES picks the GPUs)"),
       moved_flag("--steps",
-                 [](const std::string&) {
-                   throw UsageError("--steps does not apply to lwo shard: it times as many "
-                                    "training steps as --passes");
-                 }),
+                 "--steps does not apply to lwo shard: it times as many training steps as "
+                 "--passes"),
   };
 }
 

@@ -85,12 +85,7 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--weights",
-                 [](const std::string& next) {
-                   throw UsageError(strf("--weights is not needed: the checkpoints are the "
-                                         "operands, lwo stream %s",
-                                         next.empty() || next[0] == '-' ? "FILE"
-                                                                        : escape(next).c_str()));
-                 }),
+                 "--weights is not needed: the checkpoints are the operands, lwo stream {FILE}"),
   };
 }
 

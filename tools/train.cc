@@ -151,15 +151,8 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       budget_flag(o.budget),
-      moved_flag("--train",
-                 [](const std::string&) {
-                   throw UsageError("--train is not needed: lwo train trains");
-                 }),
-      moved_flag("--passes",
-                 [](const std::string&) {
-                   throw UsageError("--passes counts the passes of lwo run; lwo train counts "
-                                    "--steps");
-                 }),
+      moved_flag("--train", "--train is not needed: lwo train trains"),
+      moved_flag("--passes", "--passes counts the passes of lwo run; lwo train counts --steps"),
   };
 }
 
