@@ -90,10 +90,10 @@ struct Shared {
   DeviceMem dev[2];
   std::unique_ptr<testkit::CopyLoop> loop;
 };
-Shared* g_shared = nullptr;
+std::unique_ptr<Shared> g_shared;
 
 Shared& shared(Memory kind) {
-  if (!g_shared) g_shared = new Shared;
+  if (!g_shared) g_shared = std::make_unique<Shared>();
   Shared& s = *g_shared;
   if (!s.loop) {
     s.dev[0] = device_alloc(kMaxBytes);
@@ -110,10 +110,7 @@ Shared& shared(Memory kind) {
   return s;
 }
 
-void cleanup() {
-  delete g_shared;
-  g_shared = nullptr;
-}
+void cleanup() { g_shared.reset(); }
 
 void bm_copy(benchmark::State& state, Memory kind, Direction dir) {
   run_guarded(state, [&] {
@@ -159,14 +156,10 @@ void register_benchmarks() {
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_copy";
-  spec.about = "host<->device copy bandwidth by size: pinned, registered, pageable; H2D, D2H, both";
-  spec.needs_engine = false;
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_copy",
+    "host<->device copy bandwidth by size: pinned, registered, pageable; H2D, D2H, both",
+    register_benchmarks, cleanup, {}, /*needs_engine=*/false};
+
+}  // namespace lwob
