@@ -34,14 +34,8 @@ enum class Memory { kPinned, kRegistered, kPageable };
 using testkit::Direction;
 
 const char* memory_name(Memory m) {
-  switch (m) {
-    case Memory::kPinned:
-      return "pinned";
-    case Memory::kRegistered:
-      return "registered";
-    default:
-      return "pageable";
-  }
+  static const char* const kNames[] = {"pinned", "registered", "pageable"};
+  return kNames[static_cast<int>(m)];
 }
 
 // Two host buffers of kMaxBytes of one kind (the H2D source and the D2H
@@ -151,7 +145,7 @@ void register_benchmarks() {
                                              [m, d](benchmark::State& st) { bm_copy(st, m, d); });
       for (uint64_t bytes = 256 * KiB; bytes <= kMaxBytes; bytes *= 4)
         b->Arg(static_cast<int64_t>(bytes));
-      b->ArgName("bytes")->UseManualTime()->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+      timed_ms(b->ArgName("bytes"), kIterations);
     }
 }
 

@@ -362,11 +362,9 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
 void register_benchmarks() {
   static const std::vector<Workload> all = workloads();
   for (const Workload& wl : all)
-    benchmark::RegisterBenchmark(bench_name(wl).c_str(),
-                                 [&wl](benchmark::State& st) { bm_plan(st, wl); })
-        ->UseManualTime()
-        ->Iterations(g_iterations)
-        ->Unit(benchmark::kMillisecond);
+    timed_ms(benchmark::RegisterBenchmark(bench_name(wl).c_str(),
+                                          [&wl](benchmark::State& st) { bm_plan(st, wl); }),
+             g_iterations);
 }
 
 void print_table() {

@@ -494,22 +494,19 @@ void register_benchmarks() {
   for (const QModel& m : all) {
     for (bool bwd : {false, true}) {
       const std::string name = "quant/" + m.name + (bwd ? "/fwd_bwd_data" : "/fwd");
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [&m, bwd](benchmark::State& st) { bm_speed(st, m, bwd); })
-          ->Args({1024, 2})
-          ->ArgNames({"T", "depth"})
-          ->UseManualTime()
-          ->Iterations(1)
-          ->Unit(benchmark::kMillisecond);
+      timed_ms(benchmark::RegisterBenchmark(
+                   name.c_str(), [&m, bwd](benchmark::State& st) { bm_speed(st, m, bwd); })
+                   ->Args({1024, 2})
+                   ->ArgNames({"T", "depth"}),
+               1);
     }
     if (!m.share) continue;
     const std::string name = "quant/" + m.name + "/dequant_share";
-    benchmark::RegisterBenchmark(name.c_str(), [&m](benchmark::State& st) { bm_share(st, m); })
-        ->Args({16384})
-        ->ArgNames({"T"})
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+    timed_ms(benchmark::RegisterBenchmark(name.c_str(),
+                                          [&m](benchmark::State& st) { bm_share(st, m); })
+                 ->Args({16384})
+                 ->ArgNames({"T"}),
+             1);
   }
 }
 

@@ -154,12 +154,10 @@ void bm_ring(benchmark::State& state) {
 void register_benchmarks() {
   for (uint64_t r : kRecordsMiB)
     for (uint32_t d = 1; d <= kMaxDepth; ++d)
-      benchmark::RegisterBenchmark("ring", bm_ring)
-          ->Args({static_cast<int64_t>(r), static_cast<int64_t>(d)})
-          ->ArgNames({"record_MiB", "depth"})
-          ->UseManualTime()
-          ->Iterations(kIterations)
-          ->Unit(benchmark::kMillisecond);
+      timed_ms(benchmark::RegisterBenchmark("ring", bm_ring)
+                   ->Args({static_cast<int64_t>(r), static_cast<int64_t>(d)})
+                   ->ArgNames({"record_MiB", "depth"}),
+               kIterations);
 }
 
 }  // namespace

@@ -269,10 +269,7 @@ void register_benchmarks() {
         auto* b = benchmark::RegisterBenchmark(
             name.c_str(), [&m, step](benchmark::State& st) { bm_workload(st, m, step); });
         for (uint64_t d : g_depths) b->Args({rows, static_cast<int64_t>(d)});
-        b->ArgNames({m.rows_name, "depth"})
-            ->UseManualTime()
-            ->Iterations(g_iterations)
-            ->Unit(benchmark::kMillisecond);
+        timed_ms(b->ArgNames({m.rows_name, "depth"}), g_iterations);
       }
 }
 

@@ -103,6 +103,10 @@ void print_help(const MainSpec& spec) {
 
 }  // namespace
 
+benchmark::internal::Benchmark* timed_ms(benchmark::internal::Benchmark* b, int iterations) {
+  return b->UseManualTime()->Iterations(iterations)->Unit(benchmark::kMillisecond);
+}
+
 Flag int_flag(const char* name, const char* help, int& target, int min, int max) {
   return {name, help, [name, &target, min, max](const std::string& v) {
             target = static_cast<int>(parse_uint(name, v, static_cast<uint64_t>(min),

@@ -80,6 +80,9 @@ uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uin
 std::vector<uint64_t> parse_uint_list(const char* flag, const std::string& text, uint64_t min,
                                       uint64_t max);
 
+// `b` timed by the benchmark itself (manual time), `iterations` times, in ms.
+benchmark::internal::Benchmark* timed_ms(benchmark::internal::Benchmark* b, int iterations);
+
 // A flag whose value is a whole number in [min, max], stored into `target`.
 Flag int_flag(const char* name, const char* help, int& target, int min, int max);
 

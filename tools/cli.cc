@@ -170,6 +170,10 @@ Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
   return f;
 }
 
+Flag switch_flag(const char* name, std::string help, bool& target, bool value) {
+  return switch_flag(name, std::move(help), [&target, value] { target = value; });
+}
+
 Flag moved_flag(const char* name, std::string message, std::string hint) {
   Flag f;
   f.name = name;
@@ -316,7 +320,7 @@ Flag seed_flag(uint64_t& seed) {
 }
 Flag timing_flag(bool& timing) {
   return switch_flag("--timing", "create the ring with LWO_RING_TIMING (copy and wait times)",
-                     [&timing] { timing = true; });
+                     timing);
 }
 Flag json_flag(std::string& path) {
   return value_flag("--json", "FILE", "also write the results as JSON to FILE",
@@ -337,11 +341,10 @@ std::vector<lwo_dtype_t> all_dtypes() {
   return out;
 }
 
-std::vector<Flag> model_flags(uint32_t& layers, int64_t& rows, int64_t& cols, lwo_dtype_t& dtype,
-                              std::vector<Flag> more) {
-  std::vector<Flag> f = {layers_flag(layers), rows_flag(rows), cols_flag(cols),
-                         dtype_flag(dtype, all_dtypes())};
-  for (Flag& m : more) f.push_back(std::move(m));
+std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more) {
+  std::vector<Flag> f = {layers_flag(m.layers), rows_flag(m.rows), cols_flag(m.cols),
+                         dtype_flag(m.dtype, all_dtypes())};
+  for (Flag& flag : more) f.push_back(std::move(flag));
   return f;
 }
 

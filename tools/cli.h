@@ -139,6 +139,8 @@ struct Flag {
 Flag value_flag(const char* name, const char* value, std::string help,
                 std::function<void(const std::string&)> set);
 Flag switch_flag(const char* name, std::string help, std::function<void()> on);
+// A switch that sets `target` to `value`.
+Flag switch_flag(const char* name, std::string help, bool& target, bool value = true);
 // A flag this command does not have, not listed: throws UsageError(message,
 // hint); "{FILE}" in the message becomes the next argument (escaped), or FILE
 // when there is none or it is a flag.
@@ -177,10 +179,17 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
-// The synthetic model of lwo run and lwo plan (--layers, --rows, --cols,
-// --dtype of any dtype), then `more`.
-std::vector<Flag> model_flags(uint32_t& layers, int64_t& rows, int64_t& cols, lwo_dtype_t& dtype,
-                              std::vector<Flag> more);
+// The synthetic model of lwo run, plan and train on one device: every layer
+// one tensor "weight" [rows x cols] (weight_tensor).
+struct ModelOptions {
+  int device = 0;
+  uint32_t layers = 32;
+  int64_t rows = 8192, cols = 8192;
+  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+};
+// --layers, --rows, --cols and --dtype (any dtype) of lwo run and lwo plan,
+// then `more`.
+std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more);
 // --quant fp8|fp8-block|int8|int4: the weights quantized on
 // load (LWO_EXT_TENSOR_QUANT) in that format; LWO_QUANT_NONE without it.
 Flag quant_flag(lwo_quant_format_t& format);
@@ -471,6 +480,10 @@ void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
 std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
 std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint);
 std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
+// parse_flags for lwo info and lwo stream: the operands are checkpoint FILEs,
+// at least one (else a usage error). False after --help.
+bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,
+                           std::vector<std::string>* paths);
 // Reads --names FILE: one layer per line, its tensors' full names separated
 // by blanks; blank lines and lines whose first non-blank is '#' are skipped.
 // Refuses anything that is not a regular file without blocking.

@@ -37,7 +37,7 @@ std::vector<Flag> make_flags(Options& o) {
       names_flag(o.spec),
       depth,
       switch_flag("--estimate", "estimate the ring's memory even when a CUDA device is present",
-                  [&o] { o.estimate = true; }),
+                  o.estimate),
       device,
       json_flag(o.json),
       quiet_flag(),
@@ -284,9 +284,7 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
 
 int cmd_info(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
-  if (o.paths.empty())
-    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.size() > 1)
     throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
                           quoted(o.paths[1]).c_str()));

@@ -183,11 +183,7 @@ double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) 
 
 namespace {
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   std::string budget = "50%";
   std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
   bool train = false;
@@ -205,7 +201,7 @@ double parse_ms(const std::string& flag, const std::string& v) {
 }
 
 std::vector<Flag> make_flags(Options& o) {
-  return model_flags(o.layers, o.rows, o.cols, o.dtype, {
+  return model_flags(o, {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
@@ -219,12 +215,11 @@ std::vector<Flag> make_flags(Options& o) {
                    parse_ms("--bwd-ms", v);
                    o.bwd_ms = v;
                  }),
-      switch_flag("--train", "plan a training step (every layer trainable)",
-                  [&o] { o.train = true; }),
+      switch_flag("--train", "plan a training step (every layer trainable)", o.train),
       switch_flag("--group",
                   "also choose runs of streamed layers to store as one record each (the "
                   "per-copy overhead measured); the plan prints the groups it recommends",
-                  [&o] { o.group = true; }),
+                  o.group),
       grad_depth_flag(o.grad_depth),
       device_flag(o.device),
       json_flag(o.json),

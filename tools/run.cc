@@ -16,11 +16,7 @@ namespace {
 constexpr double kTargetShare = 0.99;  // at depth >= 2
 constexpr uint32_t kMaxMismatchLines = 8;
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   uint32_t depth = 2;
   uint32_t passes = 5;
   uint64_t seed = 1;
@@ -48,7 +44,7 @@ struct Results : PassResults {
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  return model_flags(o.layers, o.rows, o.cols, o.dtype, {
+  return model_flags(o, {
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),

@@ -808,11 +808,11 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--no-train",
                   "skip the training step (it needs f32 gradient shards on the host: twice the "
                   "weights' host memory)",
-                  [&o] { o.train = false; }),
+                  o.train, false),
       switch_flag("--check-collectives",
                   "engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds ranks whose "
                   "collective calls differ)",
-                  [&o] { o.check_collectives = true; }),
+                  o.check_collectives),
       seed_flag(o.seed),
       json_flag(o.json),
       quiet_flag(),

@@ -76,7 +76,7 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--staged",
                   "stream through pinned staging buffers, not the registered file "
                   "(LWO_CHECKPOINT_STAGED)",
-                  [&o] { o.staged = true; }),
+                  o.staged),
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
@@ -499,9 +499,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
 
 int cmd_stream(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
-  if (o.paths.empty())
-    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   for (const std::string& p : o.paths) parse_path("FILE", p);
 
   // Every checkpoint opened and mapped first: usage errors need no device.

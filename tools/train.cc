@@ -31,11 +31,7 @@ constexpr double kTargetFloor = 1.04;                // step / split floor
 // (32 MiB per stream), its handle, and slack for the allocator.
 constexpr uint64_t kMarginBytes = uint64_t(512) << 20;
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   int64_t tokens = 8192;
   uint32_t depth = 2, grad_depth = 2, steps = 5;
   uint32_t micro_batches = 1;
@@ -73,9 +69,8 @@ struct Sizes {
 
 std::vector<Flag> make_flags(Options& o) {
   return {
-      switch_flag("--frozen",
-                  "every layer frozen: input gradients only, no weight gradients",
-                  [&o] { o.frozen = true; }),
+      switch_flag("--frozen", "every layer frozen: input gradients only, no weight gradients",
+                  o.frozen),
       quant_flag(o.quant),
       layers_flag(o.layers),
       rows_flag(o.rows),
@@ -115,8 +110,7 @@ std::vector<Flag> make_flags(Options& o) {
                    else
                      throw UsageError(strf("--order %s is neither batch nor layer", v.c_str()));
                  }),
-      switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]",
-                  [&o] { o.bias = true; }),
+      switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]", o.bias),
       value_flag("--optimizer", "O",
                  "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
                  "update runs as the layers' gradients land",
@@ -135,7 +129,7 @@ std::vector<Flag> make_flags(Options& o) {
                      throw UsageError(strf("--optimizer-state %s is neither f32 nor bf16", v.c_str()));
                  }),
       switch_flag("--delayed", "with --optimizer: the one-step-delayed update (LWO_OPTIM_DELAYED)",
-                  [&o] { o.delayed = true; }),
+                  o.delayed),
       value_flag("--max-norm", "X", "with --optimizer: clip the gradients' global norm to X",
                  [&o](const std::string& v) {
                    char* end = nullptr;
