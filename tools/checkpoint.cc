@@ -113,10 +113,8 @@ std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
       [&](uint32_t i, CkptFile& f) {
         lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
         TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
-        f.path = info.path ? info.path : "";
-        f.name = base_name(f.path);
-        f.bytes = info.bytes;
-        f.n_tensors = info.n_tensors;
+        const std::string path = info.path ? info.path : "";
+        f = CkptFile{path, base_name(path), info.bytes, info.n_tensors};
       });
 }
 

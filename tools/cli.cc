@@ -124,6 +124,16 @@ testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint6
   return testkit::time_copies(plan, {1, kPeakRepeats});
 }
 
+std::vector<testkit::SumMismatch> check_sums(
+    const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+    const std::function<std::string(const testkit::SumMismatch&)>& line) {
+  constexpr size_t kMaxMismatchLines = 8;
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) print_stderr(line(bad[i]));
+  return bad;
+}
+
 PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
                       const std::function<void(uint32_t p)>& enqueue,
                       const std::function<void(uint32_t p, double ms)>& timed) {
@@ -168,6 +178,17 @@ Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
   f.help = std::move(help);
   f.on = std::move(on);
   return f;
+}
+
+Flag choice_flag(const char* name, const char* value, std::string help,
+                 std::vector<std::string> choices, std::string refusal,
+                 std::function<void(const std::string&)> set) {
+  return value_flag(name, value, std::move(help),
+                    [name, choices, refusal, set](const std::string& v) {
+                      if (std::find(choices.begin(), choices.end(), v) == choices.end())
+                        throw UsageError(strf("%s %s %s", name, v.c_str(), refusal.c_str()));
+                      set(v);
+                    });
 }
 
 Flag switch_flag(const char* name, std::string help, bool& target, bool value) {

@@ -20,6 +20,7 @@
 
 #include "lwo.h"
 #include "testkit/check.h"
+#include "testkit/checksum.h"
 #include "testkit/copy.h"
 #include "testkit/owner.h"
 #include "testkit/random.h"
@@ -139,6 +140,11 @@ struct Flag {
 Flag value_flag(const char* name, const char* value, std::string help,
                 std::function<void(const std::string&)> set);
 Flag switch_flag(const char* name, std::string help, std::function<void()> on);
+// A flag whose value is one of `choices`, handed to set(); any other value V
+// is a usage error "NAME V <refusal>" ("--order x is neither batch nor layer").
+Flag choice_flag(const char* name, const char* value, std::string help,
+                 std::vector<std::string> choices, std::string refusal,
+                 std::function<void(const std::string&)> set);
 // A switch that sets `target` to `value`.
 Flag switch_flag(const char* name, std::string help, bool& target, bool value = true);
 // A flag this command does not have, not listed: throws UsageError(message,
@@ -324,6 +330,17 @@ constexpr int kPeakRepeats = 3;
 // H2D: each of `copies` in turn, back-to-back on one stream into one device
 // buffer of device_bytes (every record of a pool, or its copy sizes).
 testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes);
+
+// --- checksums -----------------------------------------------------------------
+
+// The per-layer sums on the device against `times` x `expect`
+// (testkit::verify_sums), copied back on the legacy default stream (every
+// stream in flight is non-blocking, so the copy waits for none of them; the
+// caller has waited for the sums). line(m) goes to stderr for each of the
+// first 8 mismatches; returns them all.
+std::vector<testkit::SumMismatch> check_sums(
+    const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+    const std::function<std::string(const testkit::SumMismatch&)>& line);
 
 // --- timed passes -------------------------------------------------------------
 

@@ -14,7 +14,6 @@ namespace cli {
 namespace {
 
 constexpr double kTargetShare = 0.99;  // at depth >= 2
-constexpr uint32_t kMaxMismatchLines = 8;
 
 struct Options : ModelOptions {
   uint32_t depth = 2;
@@ -68,13 +67,10 @@ std::vector<Flag> make_flags(Options& o) {
 // (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  // On the legacy default stream: every stream in flight is non-blocking, so
-  // the copy back waits for none of them; the caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
-    std::fprintf(stderr, "lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                 bad[i].layer, what, bad[i].got, bad[i].want);
+  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+    return strf("lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n", m.layer, what,
+                m.got, m.want);
+  });
   if (!bad.empty())
     fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the ring delivered bytes that "

@@ -73,7 +73,6 @@ namespace {
 
 constexpr uint64_t kPeakBytes = uint64_t(2) << 30;  // bytes per round of a peak measurement
 constexpr int kGraceSeconds = 30;  // after a rank fails, how long the others may take to stop
-constexpr uint32_t kMaxMismatchLines = 8;
 constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item (fill_bf16)
 
 struct Options {
@@ -261,14 +260,10 @@ double copy_peak(const std::vector<void*>& host, uint64_t bytes, testkit::Direct
 // checksums (testkit::verify_sums); a mismatch stops the rank.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  // On the legacy default stream: the streams in flight are non-blocking, so
-  // the copy back waits for none of them. The caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
-    print_stderr(strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected "
-                      "0x%016llx\n",
-                      t_rank, bad[i].layer, what, bad[i].got, bad[i].want));
+  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+    return strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                t_rank, m.layer, what, m.got, m.want);
+  });
   if (!bad.empty())
     rank_fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the slots hold bytes that differ "

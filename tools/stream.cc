@@ -19,7 +19,6 @@ namespace cli {
 namespace {
 
 constexpr double kTargetShare = 0.97;  // registered path, depth >= 2
-constexpr uint32_t kMaxMismatchLines = 8;
 // checksum_async needs this alignment.
 constexpr uint64_t kChecksumAlign = 16;
 
@@ -93,17 +92,13 @@ std::vector<Flag> make_flags(Options& o) {
 // range (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
             uint64_t times, const char* what) {
-  // On the legacy default stream: every stream in flight is non-blocking, so
-  // the copy back waits for none of them; the caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) {
-    const Check& c = r.checks[bad[i].layer];  // the index of the checked range
-    print_stderr(strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                      prefix().c_str(), c.layer,
-                      c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what,
-                      bad[i].got, bad[i].want));
-  }
+  const auto bad = check_sums(sums, expect, times, [&](const testkit::SumMismatch& m) {
+    const Check& c = r.checks[m.layer];  // the index of the checked range
+    return strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                prefix().c_str(), c.layer,
+                c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what, m.got,
+                m.want);
+  });
   if (!bad.empty())
     fail(
         strf("%s: checksum mismatch in %zu of %zu checked ranges (%s): the ring delivered bytes "

@@ -84,50 +84,35 @@ std::vector<Flag> make_flags(Options& o) {
                    o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
                    o.grad_depth_set = true;
                  }),
-      value_flag("--grads", "G",
-                 "weight gradients: native (the layer dtype on the wire and in host memory, "
-                 "the default), f32 (LWO_GRADS_F32) or native-wire (the layer dtype on the "
-                 "wire, f32 host buffers: LWO_GRADS_NATIVE_WIRE)",
-                 [&o](const std::string& v) {
-                   if (v != "native" && v != "f32" && v != "native-wire")
-                     throw UsageError(strf("--grads %s is not native, f32 or native-wire",
-                                           v.c_str()));
-                   o.grads = v;
-                 }),
+      choice_flag("--grads", "G",
+                  "weight gradients: native (the layer dtype on the wire and in host memory, "
+                  "the default), f32 (LWO_GRADS_F32) or native-wire (the layer dtype on the "
+                  "wire, f32 host buffers: LWO_GRADS_NATIVE_WIRE)",
+                  {"native", "f32", "native-wire"}, "is not native, f32 or native-wire",
+                  [&o](const std::string& v) { o.grads = v; }),
       switch_flag("--native-wire", "the same as --grads native-wire",
                   [&o] { o.grads = "native-wire"; }),
       uint_flag("--micro-batches", "K", o.micro_batches, 1, 64,
                 "micro-batches per step, each of --tokens tokens"),
-      value_flag("--order", "O",
-                 "with --micro-batches: batch (each micro-batch a whole forward and backward "
-                 "pass, gradients summed on the host; the default) or layer (each layer runs "
-                 "every micro-batch while in its slot, gradients summed in the slot)",
-                 [&o](const std::string& v) {
-                   if (v == "batch")
-                     o.order = testkit::MicroOrder::kBatch;
-                   else if (v == "layer")
-                     o.order = testkit::MicroOrder::kLayer;
-                   else
-                     throw UsageError(strf("--order %s is neither batch nor layer", v.c_str()));
-                 }),
+      choice_flag("--order", "O",
+                  "with --micro-batches: batch (each micro-batch a whole forward and backward "
+                  "pass, gradients summed on the host; the default) or layer (each layer runs "
+                  "every micro-batch while in its slot, gradients summed in the slot)",
+                  {"batch", "layer"}, "is neither batch nor layer", [&o](const std::string& v) {
+                    o.order =
+                        v == "batch" ? testkit::MicroOrder::kBatch : testkit::MicroOrder::kLayer;
+                  }),
       switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]", o.bias),
-      value_flag("--optimizer", "O",
-                 "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
-                 "update runs as the layers' gradients land",
-                 [&o](const std::string& v) {
-                   if (v != "adamw" && v != "sgd")
-                     throw UsageError(strf("--optimizer %s is neither adamw nor sgd", v.c_str()));
-                   o.optimizer = v;
-                 }),
-      value_flag("--optimizer-state", "D", "with --optimizer: the moments in f32 (the default) or bf16",
-                 [&o](const std::string& v) {
-                   if (v == "f32")
-                     o.optim_state = LWO_DTYPE_F32;
-                   else if (v == "bf16")
-                     o.optim_state = LWO_DTYPE_BF16;
-                   else
-                     throw UsageError(strf("--optimizer-state %s is neither f32 nor bf16", v.c_str()));
-                 }),
+      choice_flag("--optimizer", "O",
+                  "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
+                  "update runs as the layers' gradients land",
+                  {"adamw", "sgd"}, "is neither adamw nor sgd",
+                  [&o](const std::string& v) { o.optimizer = v; }),
+      choice_flag("--optimizer-state", "D",
+                  "with --optimizer: the moments in f32 (the default) or bf16", {"f32", "bf16"},
+                  "is neither f32 nor bf16", [&o](const std::string& v) {
+                    o.optim_state = v == "f32" ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;
+                  }),
       switch_flag("--delayed", "with --optimizer: the one-step-delayed update (LWO_OPTIM_DELAYED)",
                   o.delayed),
       value_flag("--max-norm", "X", "with --optimizer: clip the gradients' global norm to X",
