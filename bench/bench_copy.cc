@@ -34,14 +34,8 @@ enum class Memory { kPinned, kRegistered, kPageable };
 using testkit::Direction;
 
 const char* memory_name(Memory m) {
-  switch (m) {
-    case Memory::kPinned:
-      return "pinned";
-    case Memory::kRegistered:
-      return "registered";
-    default:
-      return "pageable";
-  }
+  static const char* const kNames[] = {"pinned", "registered", "pageable"};
+  return kNames[static_cast<int>(m)];
 }
 
 // Two host buffers of kMaxBytes of one kind (the H2D source and the D2H
@@ -90,10 +84,10 @@ struct Shared {
   DeviceMem dev[2];
   std::unique_ptr<testkit::CopyLoop> loop;
 };
-Shared* g_shared = nullptr;
+std::unique_ptr<Shared> g_shared;
 
 Shared& shared(Memory kind) {
-  if (!g_shared) g_shared = new Shared;
+  if (!g_shared) g_shared = std::make_unique<Shared>();
   Shared& s = *g_shared;
   if (!s.loop) {
     s.dev[0] = device_alloc(kMaxBytes);
@@ -110,10 +104,7 @@ Shared& shared(Memory kind) {
   return s;
 }
 
-void cleanup() {
-  delete g_shared;
-  g_shared = nullptr;
-}
+void cleanup() { g_shared.reset(); }
 
 void bm_copy(benchmark::State& state, Memory kind, Direction dir) {
   run_guarded(state, [&] {
@@ -154,19 +145,15 @@ void register_benchmarks() {
                                              [m, d](benchmark::State& st) { bm_copy(st, m, d); });
       for (uint64_t bytes = 256 * KiB; bytes <= kMaxBytes; bytes *= 4)
         b->Arg(static_cast<int64_t>(bytes));
-      b->ArgName("bytes")->UseManualTime()->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+      timed_ms(b->ArgName("bytes"), kIterations);
     }
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_copy";
-  spec.about = "host<->device copy bandwidth by size: pinned, registered, pageable; H2D, D2H, both";
-  spec.needs_engine = false;
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_copy",
+    "host<->device copy bandwidth by size: pinned, registered, pageable; H2D, D2H, both",
+    register_benchmarks, cleanup, {}, /*needs_engine=*/false};
+
+}  // namespace lwob

@@ -41,7 +41,7 @@ struct Shared {
   Pool pool;
   Stream stream;
 };
-Shared* g_shared = nullptr;
+std::unique_ptr<Shared> g_shared;
 
 Shared& shared() {
   if (g_shared) return *g_shared;
@@ -55,14 +55,11 @@ Shared& shared() {
   check(lwo_pool_create_pinned(engine(), descs.data(), kLayers, nullptr, s->pool.out()),
         "lwo_pool_create_pinned");
   s->stream = make_stream();
-  g_shared = s.release();
+  g_shared = std::move(s);
   return *g_shared;
 }
 
-void cleanup() {
-  delete g_shared;
-  g_shared = nullptr;
-}
+void cleanup() { g_shared.reset(); }
 
 // Times `per_iter` layers per iteration: `step(i)` does the calls of layer i
 // (a running index) and is timed; `sync()` runs untimed after each batch.
@@ -252,14 +249,10 @@ void register_benchmarks() {
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_host_overhead";
-  spec.about = "host CPU time per layer of stage+acquire+release and schedule_next (4 KiB records)";
-  spec.needs_peaks = false;
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_host_overhead",
+    "host CPU time per layer of stage+acquire+release and schedule_next (4 KiB records)",
+    register_benchmarks, cleanup, {}, /*needs_engine=*/true, /*needs_peaks=*/false};
+
+}  // namespace lwob

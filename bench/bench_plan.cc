@@ -362,11 +362,9 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
 void register_benchmarks() {
   static const std::vector<Workload> all = workloads();
   for (const Workload& wl : all)
-    benchmark::RegisterBenchmark(bench_name(wl).c_str(),
-                                 [&wl](benchmark::State& st) { bm_plan(st, wl); })
-        ->UseManualTime()
-        ->Iterations(g_iterations)
-        ->Unit(benchmark::kMillisecond);
+    timed_ms(benchmark::RegisterBenchmark(bench_name(wl).c_str(),
+                                          [&wl](benchmark::State& st) { bm_plan(st, wl); }),
+             g_iterations);
 }
 
 void print_table() {
@@ -424,51 +422,35 @@ bool parse_bool(const char* flag, const std::string& v) {
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_plan";
-  spec.about = "the planner's predicted pass against the measured one, on five workloads";
-  spec.flags = {
-      {"--budget", "device memory budget, percent of each model's bytes (default 50)",
-       [](const std::string& v) { lwob::g_budget_pct = lwob::parse_percent(v); }},
-      {"--copy_overhead_ms",
-       "the fixed cost of one host-to-device copy the plan assumes, ms (default 0: none, "
-       "lwo_plan_config's default)",
-       [](const std::string& v) {
-         char* end = nullptr;
-         const double x = std::strtod(v.c_str(), &end);
-         if (v.empty() || *end || !(x >= 0 && std::isfinite(x)))
-           throw std::invalid_argument(
-               lwob::strf("--copy_overhead_ms: '%s' is not a finite number >= 0", v.c_str()));
-         lwob::g_copy_overhead_ms = x;
-       }},
-      {"--iterations", "timed planned passes (default 5)",
-       [](const std::string& v) {
-         lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
-       }},
-      {"--warmup", "untimed planned passes first, at least 1: the plan is the steady state "
-                   "(default 1)",
-       [](const std::string& v) {
-         lwob::g_warmup = static_cast<int>(lwob::parse_uint("--warmup", v, 1, 1000));
-       }},
-      {"--compute_repeats", "resident passes timing each record's compute (default 5)",
-       [](const std::string& v) {
-         lwob::g_compute_repeats =
-             static_cast<int>(lwob::parse_uint("--compute_repeats", v, 1, 1000));
-       }},
-      {"--stall_passes", "passes with an event per position, for the measured stalls; 0: none "
-                         "(default 3)",
-       [](const std::string& v) {
-         lwob::g_stall_passes = static_cast<int>(lwob::parse_uint("--stall_passes", v, 0, 1000));
-       }},
-      {"--table", "1: print a summary of the workloads on stdout after the run (default 0)",
-       [](const std::string& v) { lwob::g_table = lwob::parse_bool("--table", v); }},
-      {"--per_layer", "1: with --table, each position's predicted and measured stall too",
-       [](const std::string& v) { lwob::g_per_layer = lwob::parse_bool("--per_layer", v); }},
-  };
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_plan", "the planner's predicted pass against the measured one, on five workloads",
+    register_benchmarks, cleanup,
+    {{"--budget", "device memory budget, percent of each model's bytes (default 50)",
+      [](const std::string& v) { g_budget_pct = parse_percent(v); }},
+     {"--copy_overhead_ms",
+      "the fixed cost of one host-to-device copy the plan assumes, ms (default 0: none, "
+      "lwo_plan_config's default)",
+      [](const std::string& v) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end || !(x >= 0 && std::isfinite(x)))
+          throw std::invalid_argument(
+              strf("--copy_overhead_ms: '%s' is not a finite number >= 0", v.c_str()));
+        g_copy_overhead_ms = x;
+      }},
+     int_flag("--iterations", "timed planned passes (default 5)", g_iterations, 1, 1000),
+     int_flag("--warmup",
+              "untimed planned passes first, at least 1: the plan is the steady state (default 1)",
+              g_warmup, 1, 1000),
+     int_flag("--compute_repeats", "resident passes timing each record's compute (default 5)",
+              g_compute_repeats, 1, 1000),
+     int_flag("--stall_passes",
+              "passes with an event per position, for the measured stalls; 0: none (default 3)",
+              g_stall_passes, 0, 1000),
+     {"--table", "1: print a summary of the workloads on stdout after the run (default 0)",
+      [](const std::string& v) { g_table = parse_bool("--table", v); }},
+     {"--per_layer", "1: with --table, each position's predicted and measured stall too",
+      [](const std::string& v) { g_per_layer = parse_bool("--per_layer", v); }}}};
+
+}  // namespace lwob

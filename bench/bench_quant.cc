@@ -494,48 +494,31 @@ void register_benchmarks() {
   for (const QModel& m : all) {
     for (bool bwd : {false, true}) {
       const std::string name = "quant/" + m.name + (bwd ? "/fwd_bwd_data" : "/fwd");
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [&m, bwd](benchmark::State& st) { bm_speed(st, m, bwd); })
-          ->Args({1024, 2})
-          ->ArgNames({"T", "depth"})
-          ->UseManualTime()
-          ->Iterations(1)
-          ->Unit(benchmark::kMillisecond);
+      timed_ms(benchmark::RegisterBenchmark(
+                   name.c_str(), [&m, bwd](benchmark::State& st) { bm_speed(st, m, bwd); })
+                   ->Args({1024, 2})
+                   ->ArgNames({"T", "depth"}),
+               1);
     }
     if (!m.share) continue;
     const std::string name = "quant/" + m.name + "/dequant_share";
-    benchmark::RegisterBenchmark(name.c_str(), [&m](benchmark::State& st) { bm_share(st, m); })
-        ->Args({16384})
-        ->ArgNames({"T"})
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+    timed_ms(benchmark::RegisterBenchmark(name.c_str(),
+                                          [&m](benchmark::State& st) { bm_share(st, m); })
+                 ->Args({16384})
+                 ->ArgNames({"T"}),
+             1);
   }
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_quant";
-  spec.about = "quantized weights on the bus: speed against bf16, dequantization's share";
-  spec.flags = {
-      {"--iterations", "timed passes of each kind (default 5)",
-       [](const std::string& v) {
-         lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
-       }},
-      {"--share-pairs", "dequant_share: timed pairs of resident steps (default 21)",
-       [](const std::string& v) {
-         lwob::g_share_pairs = static_cast<int>(lwob::parse_uint("--share-pairs", v, 1, 1000));
-       }},
-      {"--warmup", "untimed passes of each kind first (default 1)",
-       [](const std::string& v) {
-         lwob::g_warmup = static_cast<int>(lwob::parse_uint("--warmup", v, 0, 1000));
-       }},
-  };
-  spec.needs_d2h_peak = false;
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_quant", "quantized weights on the bus: speed against bf16, dequantization's share",
+    register_benchmarks, cleanup,
+    {int_flag("--iterations", "timed passes of each kind (default 5)", g_iterations, 1, 1000),
+     int_flag("--share-pairs", "dequant_share: timed pairs of resident steps (default 21)",
+              g_share_pairs, 1, 1000),
+     int_flag("--warmup", "untimed passes of each kind first (default 1)", g_warmup, 0, 1000)},
+    /*needs_engine=*/true, /*needs_peaks=*/true, /*needs_d2h_peak=*/false};
+
+}  // namespace lwob

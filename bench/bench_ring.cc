@@ -44,12 +44,11 @@ struct RingPool {
   Stream consumer;
   Event a, b;
 };
-RingPool* g_pool = nullptr;
+std::unique_ptr<RingPool> g_pool;
 
 RingPool& pool_for(uint64_t record) {
   if (g_pool && g_pool->record == record) return *g_pool;
-  delete g_pool;
-  g_pool = nullptr;
+  g_pool.reset();
   auto p = std::make_unique<RingPool>();
   p->record = record;
   p->layers =
@@ -76,14 +75,11 @@ RingPool& pool_for(uint64_t record) {
   p->consumer = make_stream();
   p->a = make_event();
   p->b = make_event();
-  g_pool = p.release();
+  g_pool = std::move(p);
   return *g_pool;
 }
 
-void cleanup() {
-  delete g_pool;
-  g_pool = nullptr;
-}
+void cleanup() { g_pool.reset(); }
 
 using testkit::checksum_pass;
 using testkit::ring_stats;
@@ -158,24 +154,18 @@ void bm_ring(benchmark::State& state) {
 void register_benchmarks() {
   for (uint64_t r : kRecordsMiB)
     for (uint32_t d = 1; d <= kMaxDepth; ++d)
-      benchmark::RegisterBenchmark("ring", bm_ring)
-          ->Args({static_cast<int64_t>(r), static_cast<int64_t>(d)})
-          ->ArgNames({"record_MiB", "depth"})
-          ->UseManualTime()
-          ->Iterations(kIterations)
-          ->Unit(benchmark::kMillisecond);
+      timed_ms(benchmark::RegisterBenchmark("ring", bm_ring)
+                   ->Args({static_cast<int64_t>(r), static_cast<int64_t>(d)})
+                   ->ArgNames({"record_MiB", "depth"}),
+               kIterations);
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_ring";
-  spec.about =
-      "ring streaming bandwidth by depth 1..8 and record size 1..256 MiB, checksum consumer";
-  spec.needs_d2h_peak = false;
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_ring",
+    "ring streaming bandwidth by depth 1..8 and record size 1..256 MiB, checksum consumer",
+    register_benchmarks, cleanup, {}, /*needs_engine=*/true, /*needs_peaks=*/true,
+    /*needs_d2h_peak=*/false};
+
+}  // namespace lwob

@@ -113,12 +113,9 @@ struct Loaded {
 
   ~Loaded() { grads.reset(); }  // before the pool
 };
-Loaded* g_loaded = nullptr;
+std::unique_ptr<Loaded> g_loaded;
 
-void cleanup() {
-  delete g_loaded;
-  g_loaded = nullptr;
-}
+void cleanup() { g_loaded.reset(); }
 
 Loaded& load(const Model& m) {
   if (g_loaded && g_loaded->weights->spec().name == m.chain.name) return *g_loaded;
@@ -126,7 +123,7 @@ Loaded& load(const Model& m) {
   auto L = std::make_unique<Loaded>();
   L->weights = std::make_unique<testkit::ChainWeights>(engine(), m.chain);
   L->weights->make_resident();
-  g_loaded = L.release();
+  g_loaded = std::move(L);
   return *g_loaded;
 }
 
@@ -272,33 +269,20 @@ void register_benchmarks() {
         auto* b = benchmark::RegisterBenchmark(
             name.c_str(), [&m, step](benchmark::State& st) { bm_workload(st, m, step); });
         for (uint64_t d : g_depths) b->Args({rows, static_cast<int64_t>(d)});
-        b->ArgNames({m.rows_name, "depth"})
-            ->UseManualTime()
-            ->Iterations(g_iterations)
-            ->Unit(benchmark::kMillisecond);
+        timed_ms(b->ArgNames({m.rows_name, "depth"}), g_iterations);
       }
 }
 
 }  // namespace
-}  // namespace lwob
 
-int main(int argc, char** argv) {
-  lwob::MainSpec spec;
-  spec.program = "bench_workloads";
-  spec.about = "streamed against resident, forward and training step, on the reference workloads";
-  spec.flags = {
-      {"--depth", "ring depths, comma-separated (default 2)",
-       [](const std::string& v) { lwob::g_depths = lwob::parse_uint_list("--depth", v, 1, 64); }},
-      {"--iterations", "timed iterations of each kind (default 5)",
-       [](const std::string& v) {
-         lwob::g_iterations = static_cast<int>(lwob::parse_uint("--iterations", v, 1, 1000));
-       }},
-      {"--warmup", "untimed iterations of each kind first (default 1)",
-       [](const std::string& v) {
-         lwob::g_warmup = static_cast<int>(lwob::parse_uint("--warmup", v, 0, 1000));
-       }},
-  };
-  spec.register_benchmarks = lwob::register_benchmarks;
-  spec.cleanup = lwob::cleanup;
-  return lwob::bench_main(argc, argv, spec);
-}
+const MainSpec kMain = {
+    "bench_workloads",
+    "streamed against resident, forward and training step, on the reference workloads",
+    register_benchmarks, cleanup,
+    {{"--depth", "ring depths, comma-separated (default 2)",
+      [](const std::string& v) { g_depths = parse_uint_list("--depth", v, 1, 64); }},
+     int_flag("--iterations", "timed iterations of each kind (default 5)", g_iterations, 1, 1000),
+     int_flag("--warmup", "untimed iterations of each kind first (default 1)", g_warmup, 0,
+              1000)}};
+
+}  // namespace lwob

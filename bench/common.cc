@@ -103,8 +103,21 @@ void print_help(const MainSpec& spec) {
 
 }  // namespace
 
-int bench_main(int argc, char** argv, const MainSpec& spec_in) {
-  MainSpec spec = spec_in;
+benchmark::internal::Benchmark* timed_ms(benchmark::internal::Benchmark* b, int iterations) {
+  return b->UseManualTime()->Iterations(iterations)->Unit(benchmark::kMillisecond);
+}
+
+Flag int_flag(const char* name, const char* help, int& target, int min, int max) {
+  return {name, help, [name, &target, min, max](const std::string& v) {
+            target = static_cast<int>(parse_uint(name, v, static_cast<uint64_t>(min),
+                                                 static_cast<uint64_t>(max)));
+          }};
+}
+
+namespace {
+
+int bench_main(int argc, char** argv) {
+  MainSpec spec = kMain;
   int dev = 0;
   spec.flags.insert(spec.flags.begin(),
                     Flag{"--device", "CUDA device ordinal (default 0)", [&](const std::string& v) {
@@ -242,4 +255,7 @@ int bench_main(int argc, char** argv, const MainSpec& spec_in) {
   return rc;
 }
 
+}  // namespace
 }  // namespace lwob
+
+int main(int argc, char** argv) { return lwob::bench_main(argc, argv); }

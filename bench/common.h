@@ -80,20 +80,27 @@ uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uin
 std::vector<uint64_t> parse_uint_list(const char* flag, const std::string& text, uint64_t min,
                                       uint64_t max);
 
+// `b` timed by the benchmark itself (manual time), `iterations` times, in ms.
+benchmark::internal::Benchmark* timed_ms(benchmark::internal::Benchmark* b, int iterations);
+
+// A flag whose value is a whole number in [min, max], stored into `target`.
+Flag int_flag(const char* name, const char* help, int& target, int min, int max);
+
 struct MainSpec {
   const char* program;
   const char* about;                          // one line for --help
+  std::function<void()> register_benchmarks;  // after the flags are parsed
+  std::function<void()> cleanup;              // before the engine is destroyed
   std::vector<Flag> flags;                    // the program's own flags
   bool needs_engine = true;                   // create the lwo engine on the device
   bool needs_peaks = true;                    // measure the H2D peak
   bool needs_d2h_peak = true;                 // ... and the D2H peak
-  std::function<void()> register_benchmarks;  // after the flags are parsed
-  std::function<void()> cleanup;              // before the engine is destroyed
 };
 
-// The whole main(): flags, registration, then, unless only listing, the
-// device check (one line "PROGRAM: no CUDA device ..." and exit 1 without
-// one), the engine, the peaks and the run.
-int bench_main(int argc, char** argv, const MainSpec& spec);
+// Each program's, defined in its own file: main() (common.cc) runs it. The
+// whole main: flags, registration, then, unless only listing, the device
+// check (one line "PROGRAM: no CUDA device ..." and exit 1 without one), the
+// engine, the peaks and the run.
+extern const MainSpec kMain;
 
 }  // namespace lwob

@@ -62,56 +62,72 @@ void open_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   if (s != LWO_OK) fail(strf("%s (%s)", lwo_last_error_message(), lwo_status_string(s)));
 }
 
-std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
+bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,
+                           std::vector<std::string>* paths) {
+  if (!parse_flags(argc, argv, flags, paths)) return false;
+  if (paths->empty())
+    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  return true;
+}
+
+namespace {
+
+// The items of a checkpoint listing: `count` (checked as `count_call`) says
+// how many; read(i, item) fills each.
+template <class T, class Read>
+std::vector<T> listing(lwo_checkpoint* checkpoint,
+                       lwo_status_t (*count)(const lwo_checkpoint*, uint32_t*),
+                       const char* count_call, Read read) {
   uint32_t n = 0;
-  TK_CHECK(lwo_checkpoint_tensor_count(checkpoint, &n));
-  std::vector<CkptTensor> out(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
-    TK_CHECK(lwo_checkpoint_tensor_info(checkpoint, i, &info));
-    CkptTensor& t = out[i];
-    t.name = info.name ? info.name : "";
-    t.dtype_name = info.dtype_name ? info.dtype_name : "?";
-    t.dtype = info.dtype;
-    t.n_dims = info.n_dims;
-    t.shape.assign(info.shape,
-                   info.shape + std::min<int32_t>(std::max(info.n_dims, 0), LWO_MAX_DIMS));
-    t.bytes = info.bytes;
-    t.offset = info.file_offset;
-    t.file = info.file;
-    t.quant_format = info.quant_format;
-    t.quant_partner = info.quant_partner;
-  }
+  check(count(checkpoint, &n), count_call);
+  std::vector<T> out(n);
+  for (uint32_t i = 0; i < n; ++i) read(i, out[i]);
   return out;
+}
+
+}  // namespace
+
+std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
+  return listing<CkptTensor>(
+      checkpoint, lwo_checkpoint_tensor_count, "lwo_checkpoint_tensor_count(checkpoint, &n)",
+      [&](uint32_t i, CkptTensor& t) {
+        lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
+        TK_CHECK(lwo_checkpoint_tensor_info(checkpoint, i, &info));
+        t.name = info.name ? info.name : "";
+        t.dtype_name = info.dtype_name ? info.dtype_name : "?";
+        t.dtype = info.dtype;
+        t.n_dims = info.n_dims;
+        t.shape.assign(info.shape,
+                       info.shape + std::min<int32_t>(std::max(info.n_dims, 0), LWO_MAX_DIMS));
+        t.bytes = info.bytes;
+        t.offset = info.file_offset;
+        t.file = info.file;
+        t.quant_format = info.quant_format;
+        t.quant_partner = info.quant_partner;
+      });
 }
 
 std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
-  uint32_t n = 0;
-  TK_CHECK(lwo_checkpoint_file_count(checkpoint, &n));
-  std::vector<CkptFile> out(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
-    TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
-    out[i].path = info.path ? info.path : "";
-    out[i].name = base_name(out[i].path);
-    out[i].bytes = info.bytes;
-    out[i].n_tensors = info.n_tensors;
-  }
-  return out;
+  return listing<CkptFile>(
+      checkpoint, lwo_checkpoint_file_count, "lwo_checkpoint_file_count(checkpoint, &n)",
+      [&](uint32_t i, CkptFile& f) {
+        lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
+        TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
+        const std::string path = info.path ? info.path : "";
+        f = CkptFile{path, base_name(path), info.bytes, info.n_tensors};
+      });
 }
 
 std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint) {
-  uint32_t n = 0;
-  TK_CHECK(lwo_checkpoint_metadata_count(checkpoint, &n));
-  std::vector<CkptMeta> out(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    const char* key = nullptr;
-    const char* value = nullptr;
-    TK_CHECK(lwo_checkpoint_metadata(checkpoint, i, &out[i].file, &key, &value));
-    out[i].key = key ? key : "";
-    out[i].value = value ? value : "";
-  }
-  return out;
+  return listing<CkptMeta>(
+      checkpoint, lwo_checkpoint_metadata_count, "lwo_checkpoint_metadata_count(checkpoint, &n)",
+      [&](uint32_t i, CkptMeta& m) {
+        const char* key = nullptr;
+        const char* value = nullptr;
+        TK_CHECK(lwo_checkpoint_metadata(checkpoint, i, &m.file, &key, &value));
+        m.key = key ? key : "";
+        m.value = value ? value : "";
+      });
 }
 
 std::string shape_text(const CkptTensor& t) {

@@ -74,6 +74,31 @@ int device_count() {
   fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
 }
 
+lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols) {
+  lwo_tensor_desc t{};
+  t.name = "weight";
+  t.dtype = dtype;
+  t.n_dims = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  return t;
+}
+
+uint64_t record_bytes(const lwo_layer_desc& layer) {
+  uint64_t bytes = 0;
+  if (lwo_record_layout(&layer, nullptr, &bytes) != LWO_OK)
+    throw UsageError(lwo_last_error_message());
+  return bytes;
+}
+
+uint64_t model_bytes(uint64_t record, uint32_t layers) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(record, layers, &bytes))
+    throw UsageError(
+        strf("%u layers of %s do not fit in 64 bits", layers, fmt_bytes(record).c_str()));
+  return bytes;
+}
+
 std::string describe(const Device& device) {
   return strf("device %d: %s (%d SMs, %s)", device.ordinal, device.prop.name,
               device.prop.multiProcessorCount, fmt_bytes(device.prop.totalGlobalMem).c_str());
@@ -97,6 +122,16 @@ testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint6
   plan.h2d = copies;
   plan.device_dst = buffer.get();
   return testkit::time_copies(plan, {1, kPeakRepeats});
+}
+
+std::vector<testkit::SumMismatch> check_sums(
+    const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+    const std::function<std::string(const testkit::SumMismatch&)>& line) {
+  constexpr size_t kMaxMismatchLines = 8;
+  const std::vector<testkit::SumMismatch> bad =
+      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) print_stderr(line(bad[i]));
+  return bad;
 }
 
 PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
@@ -145,10 +180,31 @@ Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
   return f;
 }
 
-Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved) {
+Flag choice_flag(const char* name, const char* value, std::string help,
+                 std::vector<std::string> choices, std::string refusal,
+                 std::function<void(const std::string&)> set) {
+  return value_flag(name, value, std::move(help),
+                    [name, choices, refusal, set](const std::string& v) {
+                      if (std::find(choices.begin(), choices.end(), v) == choices.end())
+                        throw UsageError(strf("%s %s %s", name, v.c_str(), refusal.c_str()));
+                      set(v);
+                    });
+}
+
+Flag switch_flag(const char* name, std::string help, bool& target, bool value) {
+  return switch_flag(name, std::move(help), [&target, value] { target = value; });
+}
+
+Flag moved_flag(const char* name, std::string message, std::string hint) {
   Flag f;
   f.name = name;
-  f.moved = std::move(moved);
+  f.moved = [message, hint](const std::string& next) {
+    std::string m = message;
+    const size_t at = m.find("{FILE}");
+    if (at != std::string::npos)
+      m.replace(at, 6, next.empty() || next[0] == '-' ? "FILE" : escape(next));
+    throw UsageError(m, hint);
+  };
   return f;
 }
 
@@ -285,7 +341,7 @@ Flag seed_flag(uint64_t& seed) {
 }
 Flag timing_flag(bool& timing) {
   return switch_flag("--timing", "create the ring with LWO_RING_TIMING (copy and wait times)",
-                     [&timing] { timing = true; });
+                     timing);
 }
 Flag json_flag(std::string& path) {
   return value_flag("--json", "FILE", "also write the results as JSON to FILE",
@@ -304,6 +360,13 @@ std::vector<lwo_dtype_t> all_dtypes() {
     out.push_back(dtype);
   }
   return out;
+}
+
+std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more) {
+  std::vector<Flag> f = {layers_flag(m.layers), rows_flag(m.rows), cols_flag(m.cols),
+                         dtype_flag(m.dtype, all_dtypes())};
+  for (Flag& flag : more) f.push_back(std::move(flag));
+  return f;
 }
 
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed) {
@@ -581,6 +644,42 @@ Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) 
     j["copy_gbps"] = s.bandwidth_gbps;
   }
   return j;
+}
+
+void PassResults::take(const PassTimes& t, lwo_ring* r) {
+  pass_ms = t.ms;
+  total_ms = t.total_ms;
+  median_ms = t.median_ms;
+  best_ms = t.best_ms;
+  stats = testkit::ring_stats(r);
+}
+
+std::string PassResults::pass_line(uint32_t p, uint32_t passes, double ms) const {
+  return strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, passes, ms, gbps(ms),
+              100 * share(ms));
+}
+
+void PassResults::print(uint32_t passes, bool timing) const {
+  std::printf("%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream\n",
+              "ring", ring.depth, ring.depth, fmt_bytes(ring.slot_bytes).c_str(),
+              timing ? ", timing on" : "");
+  std::printf("%-10s %u timed after 1 warm-up\n", "passes", passes);
+  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", median_ms, best_ms);
+  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
+              gbps(median_ms), gbps(best_ms), gbps(total_ms / passes));
+  std::printf("%-10s median %.2f%%, best %.2f%% of the peak", "share", 100 * share(median_ms),
+              100 * share(best_ms));
+}
+
+void PassResults::to_json(Json& j, uint32_t passes) const {
+  j["peak"] = {{"gbps", peak_gbps}, {"ms", peak_ms}, {"repeats", kPeakRepeats}};
+  j["pass_ms"] = pass_ms;
+  j["median_ms"] = median_ms;
+  j["best_ms"] = best_ms;
+  const double all = total_ms / passes;
+  j["gbps"] = {{"median", gbps(median_ms)}, {"best", gbps(best_ms)}, {"all_passes", gbps(all)}};
+  j["share_of_peak"] = {
+      {"median", share(median_ms)}, {"best", share(best_ms)}, {"all_passes", share(all)}};
 }
 
 void print_ring_stats(const lwo_ring_stats& s, bool timing) {

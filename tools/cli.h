@@ -20,6 +20,7 @@
 
 #include "lwo.h"
 #include "testkit/check.h"
+#include "testkit/checksum.h"
 #include "testkit/copy.h"
 #include "testkit/owner.h"
 #include "testkit/random.h"
@@ -58,6 +59,14 @@ constexpr int kExitUsage = 2;
 constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
+
+// The tensor "weight" [rows, cols]: each layer of lwo run, plan, train and shard.
+lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols);
+// The record bytes of `layer` (lwo_record_layout); a layout the library
+// refuses is a usage error with its message.
+uint64_t record_bytes(const lwo_layer_desc& layer);
+// The bytes of `layers` records of `record` bytes; a usage error past 64 bits.
+uint64_t model_bytes(uint64_t record, uint32_t layers);
 
 // The command being run ("run"), for messages: "lwo run: ...". Empty before
 // a command is chosen.
@@ -131,7 +140,17 @@ struct Flag {
 Flag value_flag(const char* name, const char* value, std::string help,
                 std::function<void(const std::string&)> set);
 Flag switch_flag(const char* name, std::string help, std::function<void()> on);
-Flag moved_flag(const char* name, std::function<void(const std::string& next)> moved);
+// A flag whose value is one of `choices`, handed to set(); any other value V
+// is a usage error "NAME V <refusal>" ("--order x is neither batch nor layer").
+Flag choice_flag(const char* name, const char* value, std::string help,
+                 std::vector<std::string> choices, std::string refusal,
+                 std::function<void(const std::string&)> set);
+// A switch that sets `target` to `value`.
+Flag switch_flag(const char* name, std::string help, bool& target, bool value = true);
+// A flag this command does not have, not listed: throws UsageError(message,
+// hint); "{FILE}" in the message becomes the next argument (escaped), or FILE
+// when there is none or it is a flag.
+Flag moved_flag(const char* name, std::string message, std::string hint = {});
 
 // A whole number in [min, max]: "--depth -1 is not in 1..4096".
 uint64_t parse_uint(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
@@ -166,6 +185,17 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
+// The synthetic model of lwo run, plan and train on one device: every layer
+// one tensor "weight" [rows x cols] (weight_tensor).
+struct ModelOptions {
+  int device = 0;
+  uint32_t layers = 32;
+  int64_t rows = 8192, cols = 8192;
+  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+};
+// --layers, --rows, --cols and --dtype (any dtype) of lwo run and lwo plan,
+// then `more`.
+std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more);
 // --quant fp8|fp8-block|int8|int4: the weights quantized on
 // load (LWO_EXT_TENSOR_QUANT) in that format; LWO_QUANT_NONE without it.
 Flag quant_flag(lwo_quant_format_t& format);
@@ -187,6 +217,12 @@ struct Command {
   std::vector<Flag> (*flags)();
   int (*main)(int argc, char** argv);  // argv[1] is the command's name
 };
+// A command's `flags`: make(o) bound to a throwaway O (a command's Options).
+template <class O, std::vector<Flag> (*make)(O&)>
+std::vector<Flag> throwaway_flags() {
+  static O o;
+  return make(o);
+}
 extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
     kShardCommand;
 
@@ -295,6 +331,17 @@ constexpr int kPeakRepeats = 3;
 // buffer of device_bytes (every record of a pool, or its copy sizes).
 testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes);
 
+// --- checksums -----------------------------------------------------------------
+
+// The per-layer sums on the device against `times` x `expect`
+// (testkit::verify_sums), copied back on the legacy default stream (every
+// stream in flight is non-blocking, so the copy waits for none of them; the
+// caller has waited for the sums). line(m) goes to stderr for each of the
+// first 8 mismatches; returns them all.
+std::vector<testkit::SumMismatch> check_sums(
+    const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
+    const std::function<std::string(const testkit::SumMismatch&)>& line);
+
 // --- timed passes -------------------------------------------------------------
 
 // The timed passes of lwo run and lwo stream on `consumer`: pass 0 warms up,
@@ -320,19 +367,27 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing);
 // {"depth", "slot_bytes", "stages", "hits", "copies", "bytes_copied"} and with
 // timing "copy_ms", "wait_ms", "copy_gbps": the ring of lwo run and lwo stream.
 Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
-// "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak" of
-// the timed passes of lwo run and lwo stream (their results `r` alike).
-template <class R>
-void json_passes(Json& j, const R& r, uint32_t passes) {
-  j["peak"] = {{"gbps", r.peak_gbps}, {"ms", r.peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = r.pass_ms;
-  j["median_ms"] = r.median_ms;
-  j["best_ms"] = r.best_ms;
-  const double all = r.total_ms / passes;
-  j["gbps"] = {{"median", r.gbps(r.median_ms)}, {"best", r.gbps(r.best_ms)}, {"all_passes", r.gbps(all)}};
-  j["share_of_peak"] = {
-      {"median", r.share(r.median_ms)}, {"best", r.share(r.best_ms)}, {"all_passes", r.share(all)}};
-}
+// The timed passes of lwo run and lwo stream (their results derive from it):
+// `pass_bytes` a pass through the ring, against the pinned H2D peak.
+struct PassResults {
+  uint64_t pass_bytes = 0;
+  double peak_gbps = 0, peak_ms = 0;
+  lwo_ring_info ring{};
+  std::vector<double> pass_ms;
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+  lwo_ring_stats stats{};
+  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
+  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+  // The times of time_passes and the ring's statistics after them.
+  void take(const PassTimes& t, lwo_ring* r);
+  // "pass 2/5: 1.234 ms, 50.00 GB/s, 99.00% of the peak": the phase's detail.
+  std::string pass_line(uint32_t p, uint32_t passes, double ms) const;
+  // The "ring", "passes", "time" and "bandwidth" lines, then "share" up to
+  // "of the peak" (the caller ends the line).
+  void print(uint32_t passes, bool timing) const;
+  // "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak".
+  void to_json(Json& j, uint32_t passes) const;
+};
 double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the
@@ -442,6 +497,10 @@ void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
 std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
 std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint);
 std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
+// parse_flags for lwo info and lwo stream: the operands are checkpoint FILEs,
+// at least one (else a usage error). False after --help.
+bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,
+                           std::vector<std::string>* paths);
 // Reads --names FILE: one layer per line, its tensors' full names separated
 // by blanks; blank lines and lines whose first non-blank is '#' are skipped.
 // Refuses anything that is not a regular file without blocking.

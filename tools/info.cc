@@ -37,16 +37,11 @@ std::vector<Flag> make_flags(Options& o) {
       names_flag(o.spec),
       depth,
       switch_flag("--estimate", "estimate the ring's memory even when a CUDA device is present",
-                  [&o] { o.estimate = true; }),
+                  o.estimate),
       device,
       json_flag(o.json),
       quiet_flag(),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
 }
 
 struct LayerRow {
@@ -287,29 +282,9 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
 
 }  // namespace
 
-int cmd_info(int argc, char** argv);
-
-const Command kInfoCommand = {
-    "info",
-    "FILE",
-    "a checkpoint's files, metadata, tensors, layers and gaps (no GPU needed)",
-    "Prints a safetensors checkpoint (a .safetensors file, or the shards of a\n"
-    "*.safetensors.index.json): its files, their __metadata__, every tensor (name,\n"
-    "lwo dtype, shape, bytes, file, offset), the layers the patterns or names map\n"
-    "the tensors to (tensors and bytes per layer), the layer indices no tensor has\n"
-    "(gaps: listed, not refused), the unmatched tensors, and the device memory a\n"
-    "ring of depth D needs: D x the largest record, from a pool on the device when\n"
-    "one is present, else estimated (each tensor rounded up to 256 bytes). Names\n"
-    "and metadata are shown with control characters escaped.\n",
-    help_flags,
-    cmd_info,
-};
-
 int cmd_info(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
-  if (o.paths.empty())
-    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   if (o.paths.size() > 1)
     throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
                           quoted(o.paths[1]).c_str()));
@@ -403,5 +378,18 @@ int cmd_info(int argc, char** argv) {
   if (on_device) dev.engine.destroy();
   return 0;
 }
+
+const Command kInfoCommand = {"info", "FILE",
+    "a checkpoint's files, metadata, tensors, layers and gaps (no GPU needed)",
+    R"(Prints a safetensors checkpoint (a .safetensors file, or the shards of a
+*.safetensors.index.json): its files, their __metadata__, every tensor (name,
+lwo dtype, shape, bytes, file, offset), the layers the patterns or names map
+the tensors to (tensors and bytes per layer), the layer indices no tensor has
+(gaps: listed, not refused), the unmatched tensors, and the device memory a
+ring of depth D needs: D x the largest record, from a pool on the device when
+one is present, else estimated (each tensor rounded up to 256 bytes). Names
+and metadata are shown with control characters escaped.
+)",
+    throwaway_flags<Options, make_flags>, cmd_info};
 
 }  // namespace cli

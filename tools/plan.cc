@@ -183,11 +183,7 @@ double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) 
 
 namespace {
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   std::string budget = "50%";
   std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
   bool train = false;
@@ -205,11 +201,7 @@ double parse_ms(const std::string& flag, const std::string& v) {
 }
 
 std::vector<Flag> make_flags(Options& o) {
-  return {
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
-      dtype_flag(o.dtype, all_dtypes()),
+  return model_flags(o, {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
@@ -223,60 +215,28 @@ std::vector<Flag> make_flags(Options& o) {
                    parse_ms("--bwd-ms", v);
                    o.bwd_ms = v;
                  }),
-      switch_flag("--train", "plan a training step (every layer trainable)",
-                  [&o] { o.train = true; }),
+      switch_flag("--train", "plan a training step (every layer trainable)", o.train),
       switch_flag("--group",
                   "also choose runs of streamed layers to store as one record each (the "
                   "per-copy overhead measured); the plan prints the groups it recommends",
-                  [&o] { o.group = true; }),
+                  o.group),
       grad_depth_flag(o.grad_depth),
       device_flag(o.device),
       json_flag(o.json),
       quiet_flag(),
-  };
+  });
 }
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
-}
-
-int cmd_plan(int argc, char** argv);
 
 }  // namespace
-
-const Command kPlanCommand = {
-    "plan",
-    "",
-    "choose resident layers and the ring depth for a device memory budget",
-    "Makes the synthetic model of lwo run (every layer one tensor \"weight\" [rows x\n"
-    "cols] in a pinned pool), measures the link on the device (H2D, D2H, both at\n"
-    "once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the\n"
-    "plan lwo_plan_create chooses for --budget: per position resident or streamed,\n"
-    "the predicted copy, start and stall, and the predicted pass (or step) time\n"
-    "against the rule \"the first k layers resident\". lwo run --budget applies it.\n"
-    "With --group it also measures the per-copy overhead and prints the runs of\n"
-    "layers it recommends storing as one record each (positions are then groups);\n"
-    "the plan only recommends them: lwo run keeps one record per layer.\n",
-    help_flags,
-    cmd_plan,
-};
 
 namespace {
 
 int cmd_plan(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor{};
-  tensor.name = "weight";
-  tensor.dtype = o.dtype;
-  tensor.n_dims = 2;
-  tensor.shape[0] = o.rows;
-  tensor.shape[1] = o.cols;
+  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
   const lwo_layer_desc layer{&tensor, 1, nullptr};
-  uint64_t record = 0;
-  if (lwo_record_layout(&layer, nullptr, &record) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  const uint64_t record = record_bytes(layer);
   const uint64_t model = record * o.layers;
   const uint64_t budget = parse_budget(o.budget, model);
   Device dev;
@@ -315,4 +275,19 @@ int cmd_plan(int argc, char** argv) {
 }
 
 }  // namespace
+
+const Command kPlanCommand = {"plan", "",
+    "choose resident layers and the ring depth for a device memory budget",
+    R"(Makes the synthetic model of lwo run (every layer one tensor "weight" [rows x
+cols] in a pinned pool), measures the link on the device (H2D, D2H, both at
+once) and the compute per layer (or takes --fwd-ms / --bwd-ms), and prints the
+plan lwo_plan_create chooses for --budget: per position resident or streamed,
+the predicted copy, start and stall, and the predicted pass (or step) time
+against the rule "the first k layers resident". lwo run --budget applies it.
+With --group it also measures the per-copy overhead and prints the runs of
+layers it recommends storing as one record each (positions are then groups);
+the plan only recommends them: lwo run keeps one record per layer.
+)",
+    throwaway_flags<Options, make_flags>, cmd_plan};
+
 }  // namespace cli

@@ -361,27 +361,7 @@ std::vector<Flag> make_flags(Options& o) {
   };
 }
 
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
-}
-
 }  // namespace
-
-int cmd_probe(int argc, char** argv);
-
-const Command kProbeCommand = {
-    "probe",
-    "",
-    "pinned copy bandwidth by size; ring bandwidth by depth and record size",
-    "Measures (1) pinned copy bandwidth by copy size, both directions, best and\n"
-    "median of 5 batches; (2) ring streaming bandwidth by ring depth (1 to\n"
-    "--max-depth) and record size, as a share of (1)'s H2D peak: a pinned pool of\n"
-    "random records streamed through a ring, a checksum kernel reading every\n"
-    "slot, every sum checked.\n",
-    help_flags,
-    cmd_probe,
-};
 
 int cmd_probe(int argc, char** argv) {
   Options o;
@@ -415,5 +395,15 @@ int cmd_probe(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kProbeCommand = {"probe", "",
+    "pinned copy bandwidth by size; ring bandwidth by depth and record size",
+    R"(Measures (1) pinned copy bandwidth by copy size, both directions, best and
+median of 5 batches; (2) ring streaming bandwidth by ring depth (1 to
+--max-depth) and record size, as a share of (1)'s H2D peak: a pinned pool of
+random records streamed through a ring, a checksum kernel reading every
+slot, every sum checked.
+)",
+    throwaway_flags<Options, make_flags>, cmd_probe};
 
 }  // namespace cli

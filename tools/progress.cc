@@ -112,18 +112,21 @@ void print_stderr(const std::string& text) {
   std::fflush(stderr);
 }
 
-void progress(const char* fmt, ...) {
+namespace {
+// "<head><the text of fmt>\n", whole, the bar cleared first; nothing with --quiet.
+void print_line(const std::string& head, const char* fmt, va_list ap) {
   if (g_quiet) return;
-  va_list ap;
-  va_start(ap, fmt);
   char buf[2048];
   std::vsnprintf(buf, sizeof buf, fmt, ap);
+  print_stderr(head + buf + "\n");
+}
+}  // namespace
+
+void progress(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  print_line("", fmt, ap);
   va_end(ap);
-  std::lock_guard<std::mutex> lock(g_mu);
-  clear_locked();
-  std::fputs(buf, stderr);
-  std::fputc('\n', stderr);
-  std::fflush(stderr);
 }
 
 Phase::Phase(std::string label, uint64_t total, bool bytes) : s_(new State) {
@@ -182,16 +185,10 @@ void Phase::end() {
 
 void Phase::done(const char* fmt, ...) {
   end();
-  if (g_quiet) return;
   va_list ap;
   va_start(ap, fmt);
-  char buf[2048];
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  print_line(s_->label + ": ", fmt, ap);
   va_end(ap);
-  std::lock_guard<std::mutex> lock(g_mu);
-  clear_locked();
-  std::fprintf(stderr, "%s: %s\n", s_->label.c_str(), buf);
-  std::fflush(stderr);
 }
 
 Phase::~Phase() {

@@ -14,13 +14,8 @@ namespace cli {
 namespace {
 
 constexpr double kTargetShare = 0.99;  // at depth >= 2
-constexpr uint32_t kMaxMismatchLines = 8;
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   uint32_t depth = 2;
   uint32_t passes = 5;
   uint64_t seed = 1;
@@ -34,14 +29,9 @@ struct HostTimes {
   double pool_s = 0, fill_s = 0, checksum_s = 0;
 };
 
-struct Results {
-  uint64_t record_bytes = 0, pass_bytes = 0;
+struct Results : PassResults {
+  uint64_t record_bytes = 0;
   HostTimes host;
-  double peak_gbps = 0, peak_ms = 0;
-  lwo_ring_info ring{};
-  std::vector<double> pass_ms;
-  double median_ms = 0, best_ms = 0, total_ms = 0;
-  lwo_ring_stats stats{};
   // With --budget, the planned ring's passes in the same run.
   bool planned = false;
   PlanReport plan;
@@ -50,16 +40,10 @@ struct Results {
   std::vector<double> plan_pass_ms;
   double plan_median_ms = 0, plan_best_ms = 0;
   lwo_ring_stats plan_stats{};
-  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
-  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  return {
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
-      dtype_flag(o.dtype, all_dtypes()),
+  return model_flags(o, {
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
@@ -70,43 +54,23 @@ std::vector<Flag> make_flags(Options& o) {
       quiet_flag(),
       budget_flag(o.budget),
       // Spellings of lwo 0.1, which made lwo run front three programs.
-      moved_flag("--train",
-                 [](const std::string&) {
-                   throw UsageError("--train moved: training steps are the command lwo train",
-                                    "run 'lwo train --help' for its flags");
-                 }),
-      moved_flag("--frozen",
-                 [](const std::string&) {
-                   throw UsageError(
-                       "--frozen moved: lwo train --frozen trains with input gradients only",
-                       "run 'lwo train --help' for its flags");
-                 }),
-      moved_flag("--weights",
-                 [](const std::string& next) {
-                   throw UsageError(
-                       strf("--weights moved: stream a checkpoint with lwo stream %s",
-                            next.empty() || next[0] == '-' ? "FILE" : escape(next).c_str()),
-                       "run 'lwo stream --help' for its flags");
-                 }),
-  };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
+      moved_flag("--train", "--train moved: training steps are the command lwo train",
+                 "run 'lwo train --help' for its flags"),
+      moved_flag("--frozen", "--frozen moved: lwo train --frozen trains with input gradients only",
+                 "run 'lwo train --help' for its flags"),
+      moved_flag("--weights", "--weights moved: stream a checkpoint with lwo stream {FILE}",
+                 "run 'lwo stream --help' for its flags"),
+  });
 }
 
 // Compares the device sums with `times` the host checksum of each layer
 // (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  // On the legacy default stream: every stream in flight is non-blocking, so
-  // the copy back waits for none of them; the caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
-    std::fprintf(stderr, "lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                 bad[i].layer, what, bad[i].got, bad[i].want);
+  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+    return strf("lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n", m.layer, what,
+                m.got, m.want);
+  });
   if (!bad.empty())
     fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the ring delivered bytes that "
@@ -138,17 +102,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
       "%-10s %.2f GB/s pinned H2D (every record back-to-back on one stream, best of "
       "%d: %.2f ms)\n",
       "peak", r.peak_gbps, kPeakRepeats, r.peak_ms);
-  std::printf(
-      "%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer "
-      "stream\n",
-      "ring", r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
-      o.timing ? ", timing on" : "");
-  std::printf("%-10s %u timed after 1 warm-up\n", "passes", o.passes);
-  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", r.median_ms, r.best_ms);
-  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
-              r.gbps(r.median_ms), r.gbps(r.best_ms), r.gbps(r.total_ms / o.passes));
-  std::printf("%-10s median %.2f%%, best %.2f%% of the peak", "share", 100 * r.share(r.median_ms),
-              100 * r.share(r.best_ms));
+  r.print(o.passes, o.timing);
   if (o.depth >= 2)
     std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
                 r.share(r.median_ms) >= kTargetShare ? "met" : "NOT met");
@@ -183,7 +137,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
   j["bytes_per_pass"] = r.pass_bytes;
   j["host_seconds"] = {
       {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
-  json_passes(j, r, o.passes);
+  r.to_json(j, o.passes);
   const lwo_ring_stats& s = r.stats;
   j["ring"] = json_ring(r.ring, s, o.timing);
   if (r.planned) {  // --budget
@@ -206,31 +160,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
 
 }  // namespace
 
-int cmd_run(int argc, char** argv);
-
-const Command kRunCommand = {
-    "run",
-    "",
-    "stream a synthetic model through a ring, timed, every byte checked",
-    "Streams a synthetic model (every layer one tensor \"weight\" [rows x cols] of\n"
-    "random bytes in a pinned pool) through a ring of device slots, pass after\n"
-    "pass. Each pass is timed against the pinned H2D peak measured in the same run\n"
-    "(target >= 99% at depth >= 2), and a checksum kernel reads every slot: every\n"
-    "layer of every pass is checked against the host bytes.\n"
-    "Training steps are lwo train; checkpoints are lwo stream.\n",
-    help_flags,
-    cmd_run,
-};
-
 int cmd_run(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor{};
-  tensor.name = "weight";
-  tensor.dtype = o.dtype;
-  tensor.n_dims = 2;
-  tensor.shape[0] = o.rows;
-  tensor.shape[1] = o.cols;
+  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
   lwo_tensor_quant_ext qx{};
@@ -244,11 +177,8 @@ int cmd_run(int argc, char** argv) {
   }
   const lwo_layer_desc layer{&tensor, 1, nullptr};
   Results r;
-  if (lwo_record_layout(&layer, nullptr, &r.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
-  if (__builtin_mul_overflow(r.record_bytes, o.layers, &r.pass_bytes))
-    throw UsageError(
-        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(r.record_bytes).c_str()));
+  r.record_bytes = record_bytes(layer);
+  r.pass_bytes = model_bytes(r.record_bytes, o.layers);
 
   Device dev;
   open_device(o.device, dev);
@@ -340,16 +270,11 @@ int cmd_run(int argc, char** argv) {
         testkit::checksum_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
       },
       [&](uint32_t p, double ms) {
-        phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes,
-                              ms, r.gbps(ms), 100 * r.share(ms)));
+        phase.set(p + 1, r.pass_line(p, o.passes, ms));
         if (p == 1) verify(sums, expect, 1, "first timed pass");
       });
   TK_CHECK(lwo_engine_check(dev.engine.get()));
-  r.pass_ms = times.ms;
-  r.total_ms = times.total_ms;
-  r.median_ms = times.median_ms;
-  r.best_ms = times.best_ms;
-  r.stats = testkit::ring_stats(ring.get());
+  r.take(times, ring.get());
   schedule.destroy();
   ring.destroy();
 
@@ -406,5 +331,16 @@ int cmd_run(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kRunCommand = {"run", "",
+    "stream a synthetic model through a ring, timed, every byte checked",
+    R"(Streams a synthetic model (every layer one tensor "weight" [rows x cols] of
+random bytes in a pinned pool) through a ring of device slots, pass after
+pass. Each pass is timed against the pinned H2D peak measured in the same run
+(target >= 99% at depth >= 2), and a checksum kernel reads every slot: every
+layer of every pass is checked against the host bytes.
+Training steps are lwo train; checkpoints are lwo stream.
+)",
+    throwaway_flags<Options, make_flags>, cmd_run};
 
 }  // namespace cli

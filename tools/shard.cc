@@ -73,7 +73,6 @@ namespace {
 
 constexpr uint64_t kPeakBytes = uint64_t(2) << 30;  // bytes per round of a peak measurement
 constexpr int kGraceSeconds = 30;  // after a rank fails, how long the others may take to stop
-constexpr uint32_t kMaxMismatchLines = 8;
 constexpr uint64_t kChunk = uint64_t(4) << 20;       // bytes per host work item (fill_bf16)
 
 struct Options {
@@ -83,6 +82,7 @@ struct Options {
   uint32_t depth = 2, grad_depth = 2, passes = 5;
   uint64_t seed = 1;
   bool train = true, check_collectives = false;
+  bool ranks_given = false, list_given = false;  // --ranks, --ranks-list
   std::string json;
 };
 
@@ -260,14 +260,10 @@ double copy_peak(const std::vector<void*>& host, uint64_t bytes, testkit::Direct
 // checksums (testkit::verify_sums); a mismatch stops the rank.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  // On the legacy default stream: the streams in flight are non-blocking, so
-  // the copy back waits for none of them. The caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i)
-    print_stderr(strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected "
-                      "0x%016llx\n",
-                      t_rank, bad[i].layer, what, bad[i].got, bad[i].want));
+  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+    return strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                t_rank, m.layer, what, m.got, m.want);
+  });
   if (!bad.empty())
     rank_fail(
         strf("checksum mismatch in %zu of %zu layers (%s): the slots hold bytes that differ "
@@ -783,19 +779,19 @@ std::vector<uint32_t> parse_ranks_list(const std::string& text) {
   return out;
 }
 
-std::vector<Flag> make_flags(Options& o, bool& ranks, bool& list) {
+std::vector<Flag> make_flags(Options& o) {
   return {
       value_flag("--ranks", "N", "ranks, 1..the GPUs of this machine (default: every GPU)",
-                 [&o, &ranks](const std::string& v) {
+                 [&o](const std::string& v) {
                    o.ranks = {static_cast<uint32_t>(parse_uint("--ranks", v, 1, 1024))};
-                   ranks = true;
+                   o.ranks_given = true;
                  }),
       value_flag("--ranks-list", "L",
                  "several rank counts in turn, e.g. 1,2,4 (each with its own threads, engines "
                  "and communicators)",
-                 [&o, &list](const std::string& v) {
+                 [&o](const std::string& v) {
                    o.ranks = parse_ranks_list(v);
-                   list = true;
+                   o.list_given = true;
                  }),
       layers_flag(o.layers),
       rows_flag(o.rows),
@@ -807,31 +803,21 @@ std::vector<Flag> make_flags(Options& o, bool& ranks, bool& list) {
       switch_flag("--no-train",
                   "skip the training step (it needs f32 gradient shards on the host: twice the "
                   "weights' host memory)",
-                  [&o] { o.train = false; }),
+                  o.train, false),
       switch_flag("--check-collectives",
                   "engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds ranks whose "
                   "collective calls differ)",
-                  [&o] { o.check_collectives = true; }),
+                  o.check_collectives),
       seed_flag(o.seed),
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--device",
-                 [](const std::string&) {
-                   throw UsageError("--device does not apply to lwo shard: rank r runs on GPU r "
-                                    "(CUDA_VISIBLE_DEVICES picks the GPUs)");
-                 }),
+                 "--device does not apply to lwo shard: rank r runs on GPU r "
+                 "(CUDA_VISIBLE_DEVICES picks the GPUs)"),
       moved_flag("--steps",
-                 [](const std::string&) {
-                   throw UsageError("--steps does not apply to lwo shard: it times as many "
-                                    "training steps as --passes");
-                 }),
+                 "--steps does not apply to lwo shard: it times as many training steps as "
+                 "--passes"),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  static bool ranks, list;
-  return make_flags(o, ranks, list);
 }
 
 // MemAvailable from /proc/meminfo, or 0 if it cannot be read.
@@ -983,47 +969,17 @@ void print_table(const Model& m, const std::vector<Result>& results) {
 
 }  // namespace
 
-int cmd_shard(int argc, char** argv);
-
-const Command kShardCommand = {
-    "shard",
-    "",
-    "host weights sharded across this machine's GPUs, one NCCL rank each",
-    "Runs N ranks as threads of this process, rank r on GPU r, each with its own\n"
-    "engine, NCCL communicator and a sharded pool holding 1/N of every layer (a\n"
-    "chain of layers \"weight\" [rows x cols] bf16; rank r fills only its shard,\n"
-    "the same bytes as lwo run --seed S). Measures, in one run and per rank\n"
-    "count: each GPU's pinned H2D peak of shard-sized copies, alone and with all\n"
-    "GPUs at once; the in-place NCCL all-gather of one record; forward streaming\n"
-    "through a ring (every slot checksummed; bandwidth per GPU of the slowest\n"
-    "rank, and its ratio to the link peak); and a training step (as many as\n"
-    "--passes; weight gradients summed over the ranks into host shards, checked)\n"
-    "against max(resident compute, H2D, D2H, collectives), each term measured in\n"
-    "the same run. The JSON holds one result per rank count. Sets\n"
-    "NCCL_NVLS_ENABLE=0 unless it is set.\n",
-    help_flags,
-    cmd_shard,
-};
-
 int cmd_shard(int argc, char** argv) {
   Options o;
-  bool ranks = false, list = false;
-  if (!parse_flags(argc, argv, make_flags(o, ranks, list))) return 0;  // --help: printed
-  if (ranks && list) throw UsageError("--ranks and --ranks-list exclude each other");
+  if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
+  if (o.ranks_given && o.list_given)
+    throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
-  m.tensor.name = "weight";
-  m.tensor.dtype = LWO_DTYPE_BF16;
-  m.tensor.n_dims = 2;
-  m.tensor.shape[0] = o.rows;
-  m.tensor.shape[1] = o.cols;
+  m.tensor = weight_tensor(LWO_DTYPE_BF16, o.rows, o.cols);
   const lwo_layer_desc layer{&m.tensor, 1, nullptr};
-  if (lwo_record_layout(&layer, nullptr, &m.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  m.record_bytes = record_bytes(layer);
   m.layers.assign(o.layers, layer);
-  uint64_t model_bytes = 0;
-  if (__builtin_mul_overflow(m.record_bytes, o.layers, &model_bytes))
-    throw UsageError(
-        strf("%u layers of %s do not fit in 64 bits", o.layers, fmt_bytes(m.record_bytes).c_str()));
+  (void)model_bytes(m.record_bytes, o.layers);  // a usage error past 64 bits
 
   // NCCL reads its environment once, at its first call.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
@@ -1100,5 +1056,22 @@ int cmd_shard(int argc, char** argv) {
   json.write(j);
   return 0;
 }
+
+const Command kShardCommand = {"shard", "",
+    "host weights sharded across this machine's GPUs, one NCCL rank each",
+    R"(Runs N ranks as threads of this process, rank r on GPU r, each with its own
+engine, NCCL communicator and a sharded pool holding 1/N of every layer (a
+chain of layers "weight" [rows x cols] bf16; rank r fills only its shard,
+the same bytes as lwo run --seed S). Measures, in one run and per rank
+count: each GPU's pinned H2D peak of shard-sized copies, alone and with all
+GPUs at once; the in-place NCCL all-gather of one record; forward streaming
+through a ring (every slot checksummed; bandwidth per GPU of the slowest
+rank, and its ratio to the link peak); and a training step (as many as
+--passes; weight gradients summed over the ranks into host shards, checked)
+against max(resident compute, H2D, D2H, collectives), each term measured in
+the same run. The JSON holds one result per rank count. Sets
+NCCL_NVLS_ENABLE=0 unless it is set.
+)",
+    throwaway_flags<Options, make_flags>, cmd_shard};
 
 }  // namespace cli

@@ -19,7 +19,6 @@ namespace cli {
 namespace {
 
 constexpr double kTargetShare = 0.97;  // registered path, depth >= 2
-constexpr uint32_t kMaxMismatchLines = 8;
 // checksum_async needs this alignment.
 constexpr uint64_t kChecksumAlign = 16;
 
@@ -46,7 +45,7 @@ struct Check {
 };
 
 // One checkpoint: opened and mapped before the device, streamed after.
-struct Results {
+struct Results : PassResults {
   std::string path;
   Checkpoint ck;
   std::vector<CkptTensor> tensors;
@@ -55,7 +54,6 @@ struct Results {
   CkptMap map;
   lwo_pool_info pool{};
   std::vector<uint64_t> copy_bytes;  // per layer: what the ring moves from the file
-  uint64_t pass_bytes = 0;
   std::vector<Check> checks;
   std::vector<std::vector<uint32_t>> layer_checks;  // indices into checks, per layer
   uint32_t whole_layers = 0, checked_tensors = 0, skipped_tensors = 0;
@@ -66,13 +64,6 @@ struct Results {
   uint64_t quant_file_bytes = 0, quant_pool_bytes = 0;
   double quant_s = 0;
   double open_s = 0, pool_s = 0, checksum_s = 0;
-  double peak_gbps = 0, peak_ms = 0;
-  lwo_ring_info ring{};
-  std::vector<double> pass_ms;
-  double median_ms = 0, best_ms = 0, total_ms = 0;
-  lwo_ring_stats stats{};
-  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
-  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
   bool staged() const { return pool.kind == LWO_POOL_CHECKPOINT_STAGED; }
   size_t n_matched() const { return tensors.size() - map.unmatched.size(); }
 };
@@ -84,7 +75,7 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--staged",
                   "stream through pinned staging buffers, not the registered file "
                   "(LWO_CHECKPOINT_STAGED)",
-                  [&o] { o.staged = true; }),
+                  o.staged),
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
@@ -93,35 +84,21 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--weights",
-                 [](const std::string& next) {
-                   throw UsageError(strf("--weights is not needed: the checkpoints are the "
-                                         "operands, lwo stream %s",
-                                         next.empty() || next[0] == '-' ? "FILE"
-                                                                        : escape(next).c_str()));
-                 }),
+                 "--weights is not needed: the checkpoints are the operands, lwo stream {FILE}"),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
 }
 
 // Compares the device sums with `times` the host checksum of each checked
 // range (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
             uint64_t times, const char* what) {
-  // On the legacy default stream: every stream in flight is non-blocking, so
-  // the copy back waits for none of them; the caller has waited for the sums.
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
-  for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) {
-    const Check& c = r.checks[bad[i].layer];  // the index of the checked range
-    print_stderr(strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
-                      prefix().c_str(), c.layer,
-                      c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what,
-                      bad[i].got, bad[i].want));
-  }
+  const auto bad = check_sums(sums, expect, times, [&](const testkit::SumMismatch& m) {
+    const Check& c = r.checks[m.layer];  // the index of the checked range
+    return strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
+                prefix().c_str(), c.layer,
+                c.tensor < 0 ? "whole span" : ("tensor " + quoted(c.name)).c_str(), what, m.got,
+                m.want);
+  });
   if (!bad.empty())
     fail(
         strf("%s: checksum mismatch in %zu of %zu checked ranges (%s): the ring delivered bytes "
@@ -212,17 +189,8 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
       "%-10s %.2f GB/s pinned H2D (each layer's copy size back-to-back from one pinned buffer "
       "of %s on one stream, best of %d: %.2f ms)\n",
       "peak", r.peak_gbps, fmt_bytes(r.pool.max_record_bytes).c_str(), kPeakRepeats, r.peak_ms);
-  std::printf(
-      "%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream\n",
-      "ring", r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
-      o.timing ? ", timing on" : "");
-  std::printf("%-10s %u timed after 1 warm-up\n", "passes", o.passes);
-  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", r.median_ms, r.best_ms);
-  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
-              r.gbps(r.median_ms), r.gbps(r.best_ms), r.gbps(r.total_ms / o.passes));
-  std::printf("%-10s median %.2f%%, best %.2f%% of the peak, %s path", "share",
-              100 * r.share(r.median_ms), 100 * r.share(r.best_ms),
-              r.staged() ? "staged" : "registered");
+  r.print(o.passes, o.timing);
+  std::printf(", %s path", r.staged() ? "staged" : "registered");
   if (r.staged() || r.quantized)
     std::printf(" (reported; the target is for the registered path)");
   else if (o.depth >= 2)
@@ -259,7 +227,7 @@ Json json_checkpoint(const Options& o, const Results& r) {
   j["records_bytes"] = r.pool.total_bytes;
   j["bytes_per_pass"] = r.pass_bytes;
   j["host_seconds"] = {{"open", r.open_s}, {"pool_create", r.pool_s}, {"checksum", r.checksum_s}};
-  json_passes(j, r, o.passes);
+  r.to_json(j, o.passes);
   j["target"] = {{"share", kTargetShare}, {"applies", !(r.staged() || o.depth < 2)}};
   if (!(r.staged() || o.depth < 2)) j["target"]["met"] = r.share(r.median_ms) >= kTargetShare;
   j["ring"] = json_ring(r.ring, r.stats, o.timing);
@@ -503,16 +471,11 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
         weights_pass(r, schedule.get(), consumer.get(), p == 1 ? sums : sums + n_checks);
       },
       [&](uint32_t p, double ms) {
-        phase.set(p + 1, strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, o.passes,
-                              ms, r.gbps(ms), 100 * r.share(ms)));
+        phase.set(p + 1, r.pass_line(p, o.passes, ms));
         if (p == 1) verify(sums, r, expect, 1, "first timed pass");
       });
   TK_CHECK(lwo_engine_check(dev.engine.get()));
-  r.pass_ms = times.ms;
-  r.total_ms = times.total_ms;
-  r.median_ms = times.median_ms;
-  r.best_ms = times.best_ms;
-  r.stats = testkit::ring_stats(ring.get());
+  r.take(times, ring.get());
   schedule.destroy();
   ring.destroy();
 
@@ -529,30 +492,9 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
 
 }  // namespace
 
-int cmd_stream(int argc, char** argv);
-
-const Command kStreamCommand = {
-    "stream",
-    "FILE...",
-    "stream safetensors checkpoints through a ring, timed, every byte checked",
-    "Streams the layers of each checkpoint FILE (a .safetensors file, or the shards\n"
-    "of a *.safetensors.index.json) through a ring, in turn, as lwo run does:\n"
-    "checksums of every layer against the file's bytes, bandwidth against the\n"
-    "pinned-copy peak of the same copy sizes. Tensors of every dtype stream as\n"
-    "bytes. The files are mapped and registered for DMA in place (\"registered\"\n"
-    "path; target >= 97% of the peak at depth >= 2); where that is refused, or\n"
-    "with --staged, layers go through pinned staging buffers (\"staged\" path).\n"
-    "Processes that stream the same file share its pages. A layer index that no\n"
-    "tensor has (a gap) is refused: lwo info FILE lists the gaps.\n",
-    help_flags,
-    cmd_stream,
-};
-
 int cmd_stream(int argc, char** argv) {
   Options o;
-  if (!parse_flags(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
-  if (o.paths.empty())
-    throw UsageError("a checkpoint FILE is needed (a .safetensors or .safetensors.index.json file)");
+  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
   for (const std::string& p : o.paths) parse_path("FILE", p);
 
   // Every checkpoint opened and mapped first: usage errors need no device.
@@ -578,5 +520,19 @@ int cmd_stream(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kStreamCommand = {"stream", "FILE...",
+    "stream safetensors checkpoints through a ring, timed, every byte checked",
+    R"(Streams the layers of each checkpoint FILE (a .safetensors file, or the shards
+of a *.safetensors.index.json) through a ring, in turn, as lwo run does:
+checksums of every layer against the file's bytes, bandwidth against the
+pinned-copy peak of the same copy sizes. Tensors of every dtype stream as
+bytes. The files are mapped and registered for DMA in place ("registered"
+path; target >= 97% of the peak at depth >= 2); where that is refused, or
+with --staged, layers go through pinned staging buffers ("staged" path).
+Processes that stream the same file share its pages. A layer index that no
+tensor has (a gap) is refused: lwo info FILE lists the gaps.
+)",
+    throwaway_flags<Options, make_flags>, cmd_stream};
 
 }  // namespace cli

@@ -31,11 +31,7 @@ constexpr double kTargetFloor = 1.04;                // step / split floor
 // (32 MiB per stream), its handle, and slack for the allocator.
 constexpr uint64_t kMarginBytes = uint64_t(512) << 20;
 
-struct Options {
-  int device = 0;
-  uint32_t layers = 32;
-  int64_t rows = 8192, cols = 8192;
-  lwo_dtype_t dtype = LWO_DTYPE_BF16;
+struct Options : ModelOptions {
   int64_t tokens = 8192;
   uint32_t depth = 2, grad_depth = 2, steps = 5;
   uint32_t micro_batches = 1;
@@ -73,9 +69,8 @@ struct Sizes {
 
 std::vector<Flag> make_flags(Options& o) {
   return {
-      switch_flag("--frozen",
-                  "every layer frozen: input gradients only, no weight gradients",
-                  [&o] { o.frozen = true; }),
+      switch_flag("--frozen", "every layer frozen: input gradients only, no weight gradients",
+                  o.frozen),
       quant_flag(o.quant),
       layers_flag(o.layers),
       rows_flag(o.rows),
@@ -89,53 +84,37 @@ std::vector<Flag> make_flags(Options& o) {
                    o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
                    o.grad_depth_set = true;
                  }),
-      value_flag("--grads", "G",
-                 "weight gradients: native (the layer dtype on the wire and in host memory, "
-                 "the default), f32 (LWO_GRADS_F32) or native-wire (the layer dtype on the "
-                 "wire, f32 host buffers: LWO_GRADS_NATIVE_WIRE)",
-                 [&o](const std::string& v) {
-                   if (v != "native" && v != "f32" && v != "native-wire")
-                     throw UsageError(strf("--grads %s is not native, f32 or native-wire",
-                                           v.c_str()));
-                   o.grads = v;
-                 }),
+      choice_flag("--grads", "G",
+                  "weight gradients: native (the layer dtype on the wire and in host memory, "
+                  "the default), f32 (LWO_GRADS_F32) or native-wire (the layer dtype on the "
+                  "wire, f32 host buffers: LWO_GRADS_NATIVE_WIRE)",
+                  {"native", "f32", "native-wire"}, "is not native, f32 or native-wire",
+                  [&o](const std::string& v) { o.grads = v; }),
       switch_flag("--native-wire", "the same as --grads native-wire",
                   [&o] { o.grads = "native-wire"; }),
       uint_flag("--micro-batches", "K", o.micro_batches, 1, 64,
                 "micro-batches per step, each of --tokens tokens"),
-      value_flag("--order", "O",
-                 "with --micro-batches: batch (each micro-batch a whole forward and backward "
-                 "pass, gradients summed on the host; the default) or layer (each layer runs "
-                 "every micro-batch while in its slot, gradients summed in the slot)",
-                 [&o](const std::string& v) {
-                   if (v == "batch")
-                     o.order = testkit::MicroOrder::kBatch;
-                   else if (v == "layer")
-                     o.order = testkit::MicroOrder::kLayer;
-                   else
-                     throw UsageError(strf("--order %s is neither batch nor layer", v.c_str()));
-                 }),
-      switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]",
-                  [&o] { o.bias = true; }),
-      value_flag("--optimizer", "O",
-                 "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
-                 "update runs as the layers' gradients land",
-                 [&o](const std::string& v) {
-                   if (v != "adamw" && v != "sgd")
-                     throw UsageError(strf("--optimizer %s is neither adamw nor sgd", v.c_str()));
-                   o.optimizer = v;
-                 }),
-      value_flag("--optimizer-state", "D", "with --optimizer: the moments in f32 (the default) or bf16",
-                 [&o](const std::string& v) {
-                   if (v == "f32")
-                     o.optim_state = LWO_DTYPE_F32;
-                   else if (v == "bf16")
-                     o.optim_state = LWO_DTYPE_BF16;
-                   else
-                     throw UsageError(strf("--optimizer-state %s is neither f32 nor bf16", v.c_str()));
-                 }),
+      choice_flag("--order", "O",
+                  "with --micro-batches: batch (each micro-batch a whole forward and backward "
+                  "pass, gradients summed on the host; the default) or layer (each layer runs "
+                  "every micro-batch while in its slot, gradients summed in the slot)",
+                  {"batch", "layer"}, "is neither batch nor layer", [&o](const std::string& v) {
+                    o.order =
+                        v == "batch" ? testkit::MicroOrder::kBatch : testkit::MicroOrder::kLayer;
+                  }),
+      switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]", o.bias),
+      choice_flag("--optimizer", "O",
+                  "full steps with the host optimizer (lwo_optim): adamw or sgd; each step's "
+                  "update runs as the layers' gradients land",
+                  {"adamw", "sgd"}, "is neither adamw nor sgd",
+                  [&o](const std::string& v) { o.optimizer = v; }),
+      choice_flag("--optimizer-state", "D",
+                  "with --optimizer: the moments in f32 (the default) or bf16", {"f32", "bf16"},
+                  "is neither f32 nor bf16", [&o](const std::string& v) {
+                    o.optim_state = v == "f32" ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;
+                  }),
       switch_flag("--delayed", "with --optimizer: the one-step-delayed update (LWO_OPTIM_DELAYED)",
-                  [&o] { o.delayed = true; }),
+                  o.delayed),
       value_flag("--max-norm", "X", "with --optimizer: clip the gradients' global norm to X",
                  [&o](const std::string& v) {
                    char* end = nullptr;
@@ -151,21 +130,9 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       budget_flag(o.budget),
-      moved_flag("--train",
-                 [](const std::string&) {
-                   throw UsageError("--train is not needed: lwo train trains");
-                 }),
-      moved_flag("--passes",
-                 [](const std::string&) {
-                   throw UsageError("--passes counts the passes of lwo run; lwo train counts "
-                                    "--steps");
-                 }),
+      moved_flag("--train", "--train is not needed: lwo train trains"),
+      moved_flag("--passes", "--passes counts the passes of lwo run; lwo train counts --steps"),
   };
-}
-
-std::vector<Flag> help_flags() {
-  static Options o;
-  return make_flags(o);
 }
 
 void check_options(const Options& o) {
@@ -203,12 +170,7 @@ Sizes compute_sizes(const Options& o) {
   s.act_bytes =
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
           s.elem, "the activations");
-  lwo_tensor_desc t[2] = {};
-  t[0].name = "weight";
-  t[0].dtype = o.dtype;
-  t[0].n_dims = 2;
-  t[0].shape[0] = o.rows;
-  t[0].shape[1] = o.cols;
+  lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
   lwo_tensor_quant_ext qx{};  // --quant: the weight's record bytes are quantized
   qx.header.type = LWO_EXT_TENSOR_QUANT;
   qx.format = o.quant;
@@ -218,8 +180,7 @@ Sizes compute_sizes(const Options& o) {
   t[1].n_dims = 1;
   t[1].shape[0] = o.rows;
   const lwo_layer_desc layer{t, o.bias ? 2u : 1u, nullptr};
-  if (lwo_record_layout(&layer, nullptr, &s.record_bytes) != LWO_OK)
-    throw UsageError(lwo_last_error_message());
+  s.record_bytes = record_bytes(layer);
   s.pool_bytes = mul(s.record_bytes, o.layers, "the layers' records");
   if (o.trainable()) {
     s.wire = o.grads == "f32" ? LWO_DTYPE_F32 : o.dtype;
@@ -783,28 +744,6 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
   TK_CHECK(lwo_optim_destroy(optim));
 }
 
-int cmd_train(int argc, char** argv);
-
-const Command kTrainCommand = {
-    "train",
-    "",
-    "training steps through a ring, timed against their bound",
-    "Trains a chain of square linear layers y = x W^T on random data: one schedule\n"
-    "streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to\n"
-    "host buffers in the layer dtype (lwo_grads; --grads f32 or native-wire for f32\n"
-    "buffers). Each step is timed against its split floor, forward max(resident\n"
-    "compute, H2D bytes / H2D peak) + backward max(resident compute, H2D and D2H\n"
-    "bytes at once), and against the older bound max(resident compute, H2D bytes /\n"
-    "H2D peak, D2H bytes / D2H peak), every term measured in the same run\n"
-    "(targets: step <= 1.04 x floor; <= 1.10 x bound, frozen <= 1.03 x). The\n"
-    "start, the turn and the end of each step are timed. --micro-batches K runs K\n"
-    "micro-batches per step in --order batch or layer. The first timed step is\n"
-    "checked bit for bit against the same computation with every weight resident\n"
-    "on the device. --rows must equal --cols.\n",
-    help_flags,
-    cmd_train,
-};
-
 // One run of lwo train, phase by phase: what each phase makes (the pool, the
 // chain's buffers, the ring, the schedule, the gradients) lives here until
 // the run ends, released in the reverse order.
@@ -1176,5 +1115,22 @@ int cmd_train(int argc, char** argv) {
   dev.engine.destroy();
   return 0;
 }
+
+const Command kTrainCommand = {"train", "",
+    "training steps through a ring, timed against their bound",
+    R"(Trains a chain of square linear layers y = x W^T on random data: one schedule
+streams layers 0..L-1 forward, then L-1..0 backward; weight gradients go to
+host buffers in the layer dtype (lwo_grads; --grads f32 or native-wire for f32
+buffers). Each step is timed against its split floor, forward max(resident
+compute, H2D bytes / H2D peak) + backward max(resident compute, H2D and D2H
+bytes at once), and against the older bound max(resident compute, H2D bytes /
+H2D peak, D2H bytes / D2H peak), every term measured in the same run
+(targets: step <= 1.04 x floor; <= 1.10 x bound, frozen <= 1.03 x). The
+start, the turn and the end of each step are timed. --micro-batches K runs K
+micro-batches per step in --order batch or layer. The first timed step is
+checked bit for bit against the same computation with every weight resident
+on the device. --rows must equal --cols.
+)",
+    throwaway_flags<Options, make_flags>, cmd_train};
 
 }  // namespace cli
