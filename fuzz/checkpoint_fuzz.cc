@@ -63,9 +63,10 @@ bool in(const lwo_status_t (&set)[N], lwo_status_t s) {
 
 const char* const kShards[] = {"a.safetensors", "b.safetensors", "c.safetensors", "d.safetensors"};
 
-// The folder, made once per process.
+// The folder, made once per process (never freed: the exit handler that
+// removes it runs after static objects are gone).
 const std::string& folder() {
-  static const std::string dir = [] {
+  static const std::string* const dir = new std::string([] {
     char tmpl[] = "/tmp/lwo-checkpoint-fuzz-XXXXXX";
     FUZZ_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp");
     std::string d = tmpl;
@@ -87,8 +88,8 @@ const std::string& folder() {
       ::rmdir(root.c_str());
     });
     return d + "/in";
-  }();
-  return dir;
+  }());
+  return *dir;
 }
 
 void write_file(const std::string& path, const uint8_t* p, size_t n) {
