@@ -411,7 +411,9 @@ void Grads::attach(Reader* reader) {
 uint64_t Grads::last_end(uint32_t layer, bool* stale) {
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
-  if (stale) *stale = g.stale;
+  // Zeroed with no gradient since: fresh (its buffers may already have been
+  // cleared by a later wait, which ends `stale` but not that).
+  if (stale) *stale = g.stale || g.fresh;
   return g.end_serial;
 }
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of safetensors_fuzz into fuzz/corpus/ (committed;
-rerun after changing the seeds). Each seed is a tiny whole file: the 8-byte
-little-endian header length, the header text, then the data section."""
+"""Writes the seed corpus of safetensors_fuzz into fuzz/corpus/ and that of
+checkpoint_fuzz into fuzz/corpus_checkpoint/ (both committed; rerun after
+changing the seeds). Each safetensors seed is a tiny whole file: the 8-byte
+little-endian header length, the header text, then the data section. Each
+checkpoint seed is an index folder: the index text, then each shard
+(a.safetensors, b.safetensors, ...), cut by "@@@@" (checkpoint_fuzz.cc)."""
 import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus")
+OUT_CHECKPOINT = os.path.join(HERE, "corpus_checkpoint")
 
 
 def st(header, data=b"", length=None):
@@ -81,6 +85,33 @@ SEEDS = {
 }
 
 
+def folder(weight_map, *shards):
+    idx = '{"metadata":{"total_size":0},"weight_map":{%s}}' % ",".join(
+        '"%s":"%s"' % kv for kv in weight_map)
+    return b"@@@@".join([idx.encode()] + list(shards))
+
+
+SHARD_A = st('{"layers.0.w":' + t("BF16", [2, 2], 0, 8) + ',"layers.0.b":' + t("F32", [2], 8, 16) +
+             '}', bytes(16))
+SHARD_B = st('{"__metadata__":{"format":"pt"},"layers.1.w":' + t("BF16", [2, 2], 0, 8) + '}', bytes(8))
+CHECKPOINT_SEEDS = {
+    "two_shards": folder([("layers.0.w", "a.safetensors"), ("layers.0.b", "a.safetensors"),
+                          ("layers.1.w", "b.safetensors")], SHARD_A, SHARD_B),
+    "one_of_two_tensors": folder([("layers.0.w", "a.safetensors")], SHARD_A),
+    "symlink_inside": folder([("layers.0.w", "in.safetensors")], SHARD_A),
+    "symlink_outside": folder([("x", "out.safetensors")], SHARD_A),
+    "shard_missing": folder([("layers.0.w", "c.safetensors")], SHARD_A),
+    "tensor_not_in_shard": folder([("layers.9.w", "a.safetensors")], SHARD_A),
+    "shard_in_subfolder": folder([("layers.0.w", "sub/a.safetensors")], SHARD_A),
+    "shard_dotdot": folder([("layers.0.w", "..")], SHARD_A),
+    "no_tensor": folder([], SHARD_A),
+    "bad_shard": folder([("layers.0.w", "a.safetensors")], b"\x05\x00"),
+    "four_shards": folder([("w%d" % k, "abcd"[k] + ".safetensors") for k in range(4)],
+                          *[st('{"w%d":' % k + t("U8", [1], 0, 1) + '}', b"x") for k in range(4)]),
+    "single_file": SHARD_A,
+}
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     for name in os.listdir(OUT):
@@ -89,6 +120,13 @@ def main():
         with open(os.path.join(OUT, name), "wb") as f:
             f.write(data)
     print("wrote %d seeds to %s" % (len(SEEDS), OUT))
+    os.makedirs(OUT_CHECKPOINT, exist_ok=True)
+    for name in os.listdir(OUT_CHECKPOINT):
+        os.remove(os.path.join(OUT_CHECKPOINT, name))
+    for name, data in sorted(CHECKPOINT_SEEDS.items()):
+        with open(os.path.join(OUT_CHECKPOINT, name), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(CHECKPOINT_SEEDS), OUT_CHECKPOINT))
 
 
 if __name__ == "__main__":

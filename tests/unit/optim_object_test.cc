@@ -478,6 +478,34 @@ TEST_F(OptimTest, SkippedLayersAndDeterministicBf16State) {
   EXPECT_EQ(bytes[0], bytes[1]);
 }
 
+// A layer zeroed twice after its last gradient has had no gradient since
+// the zero: the step leaves it alone (the second zero finds its buffers
+// already cleared, which must not make the old gradient count again).
+TEST_F(OptimTest, ZeroTwiceLeavesTheLayerOutOfTheStep) {
+  lwo_pool* pool = make_model(2, 4);
+  lwo_grads* g = make_grads(pool);
+  lwo_optim* o = make_optim(g, LWO_DTYPE_F32, 0, 1);
+  StreamH s = gpu->new_stream();
+  std::mt19937 rng(6);
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  backward(g, pool, 1, s, rng, 1.f);
+  ASSERT_LWO(lwo_optim_step(o, &p));
+  ASSERT_LWO(lwo_optim_wait(o));
+  backward(g, pool, 1, s, rng, 1.f);
+  ASSERT_LWO(lwo_grads_zero(g));
+  ASSERT_LWO(lwo_grads_zero(g));
+  p.step = 2;
+  ASSERT_LWO(lwo_optim_step(o, &p));
+  ASSERT_LWO(lwo_optim_wait(o));
+  lwo_optim_stats st{};
+  st.size = sizeof st;
+  ASSERT_LWO(lwo_optim_get_stats(o, &st));
+  EXPECT_EQ(st.n_layer_updates, 1u);
+  ASSERT_LWO(lwo_optim_destroy(o));
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
 // SGD with momentum through the object against its definition; the state
 // written for a checkpoint and read back; masters written reach the pool.
 TEST_F(OptimTest, SgdAndCheckpointState) {

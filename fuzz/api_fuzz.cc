@@ -1,0 +1,821 @@
+// API sequence fuzzer: the input is decoded as 2-4 threads' sequences of C ABI
+// calls (lwo.h) over one engine on the recording backend
+// (tests/unit/recording_backend.h, injected through bindings/c/testing.h, so
+// every call goes through the ABI's checking layer into the real engine).
+// Each thread drives pools, rings, schedules, gradient sets, optimizers and
+// plans of its own, and stages, acquires and releases layers on a ring and a
+// pool that all threads share (engine, pool and ring: "any thread"). Tickets
+// passed include live, ended and never-issued ones; layers, depths, names,
+// byte counts and step parameters include out-of-range ones.
+//
+// The oracle, on every call:
+//   - the status is one that docs/API.md's status table lists for that call
+//     (kAllowed below, the one table of it here);
+//   - a refused call leaves its object usable: a query of the object that
+//     follows it succeeds;
+//   - a device read of an acquired slot (or a write of a gradient slot) is
+//     declared to the backend on the consumer's stream, and the backend's
+//     happens-before model reports nothing: no slot read before its copy,
+//     none overwritten while a read may run, no copy from memory not pinned;
+//   - when every thread is done, tearing everything down succeeds.
+// A crash, a sanitizer report or a hang is a bug too.
+//
+// Two builds: with LWO_LIBFUZZER, a libFuzzer target (scripts/fuzz, clang
+// -fsanitize=fuzzer); without it, a plain program that runs random inputs
+// from a seed (the property mode: `lwo_api_fuzz [--seed S] [--runs N]`, in
+// the unit tests), or replays the files it is given.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bindings/c/testing.h"
+#include "lwo.h"
+#include "recording_backend.h"
+
+namespace {
+
+using lwo::Backend;
+using lwo::EventH;
+using HostSpan = lwo::Backend::HostSpan;
+using lwo::StreamH;
+using lwo::testing::RecordingBackend;
+
+[[noreturn]] void broken(const char* file, int line, const std::string& what) {
+  std::fprintf(stderr, "%s:%d: broken promise: %s\n", file, line, what.c_str());
+  std::abort();
+}
+#define FUZZ_CHECK(cond, ...)                                                   \
+  do {                                                                          \
+    if (!(cond)) broken(__FILE__, __LINE__, std::string(#cond) + " " + __VA_ARGS__); \
+  } while (0)
+
+// ---- which statuses each call may return (docs/API.md, the status table) ----
+enum Call {
+  kPoolCreate, kPoolDestroy, kPoolWrite, kPoolLayerChanged, kPoolInfo,
+  kRingCreate, kRingDestroy, kRingStage, kRingAcquire, kRingRelease, kRingReleaseAll,
+  kRingQuery, kRingTicketState, kRingTensor, kRingInfo,
+  kScheduleCreate, kScheduleDestroy, kScheduleNext, kScheduleReset, kSchedulePosition,
+  kGradsCreate, kGradsDestroy, kGradsBegin, kGradsEnd, kGradsWait, kGradsZero, kGradsQuery,
+  kOptimCreate, kOptimDestroy, kOptimStep, kOptimWait, kOptimQuery, kOptimInfo,
+  kPlanCreate, kPlanDestroy, kPlanInfo, kPlanRingConfig,
+  kEngineMemory, kEngineDestroy,
+  kNCalls
+};
+
+struct Allowed {
+  const char* name;
+  std::vector<lwo_status_t> statuses;  // LWO_OK is always allowed
+};
+
+const Allowed kAllowed[kNCalls] = {
+    {"lwo_pool_create_pinned", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY}},
+    {"lwo_pool_destroy", {LWO_ERR_BUSY}},
+    {"lwo_pool_write", {LWO_ERR_OUT_OF_RANGE, LWO_ERR_NOT_FOUND, LWO_ERR_SIZE_MISMATCH}},
+    {"lwo_pool_layer_changed", {LWO_ERR_OUT_OF_RANGE}},
+    {"lwo_pool_get_info", {}},
+    {"lwo_ring_create",
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET}},
+    {"lwo_ring_destroy", {LWO_ERR_BUSY}},
+    {"lwo_ring_stage", {LWO_ERR_OUT_OF_RANGE, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL}},
+    {"lwo_ring_acquire", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_TICKET_STATE}},
+    {"lwo_ring_release", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET}},
+    {"lwo_ring_release_all", {LWO_ERR_BUSY}},
+    {"lwo_ring_query", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET}},
+    {"lwo_ring_ticket_state", {LWO_ERR_FOREIGN_TICKET}},
+    {"lwo_ring_tensor", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_NOT_FOUND}},
+    {"lwo_ring_get_info", {}},
+    {"lwo_schedule_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE}},
+    {"lwo_schedule_destroy", {}},
+    {"lwo_schedule_next", {LWO_END, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL}},
+    {"lwo_schedule_reset", {}},
+    {"lwo_schedule_position", {}},
+    {"lwo_grads_create",
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET}},
+    {"lwo_grads_destroy", {LWO_ERR_BUSY}},
+    {"lwo_grads_begin",
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_RING_FULL, LWO_ERR_LAYER_BUSY}},
+    {"lwo_grads_end",
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_TICKET_STATE}},
+    {"lwo_grads_wait", {LWO_ERR_BUSY}},
+    {"lwo_grads_zero", {LWO_ERR_BUSY}},
+    {"lwo_grads_query", {}},
+    {"lwo_optim_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_BUSY}},
+    {"lwo_optim_destroy", {}},
+    {"lwo_optim_step", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_BUSY}},
+    {"lwo_optim_wait", {}},
+    {"lwo_optim_query", {}},
+    {"lwo_optim_get_info", {}},
+    {"lwo_plan_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OVER_BUDGET}},
+    {"lwo_plan_destroy", {}},
+    {"lwo_plan_get_info", {}},
+    {"lwo_plan_ring_config", {}},
+    {"lwo_engine_get_memory", {}},
+    {"lwo_engine_destroy", {}},
+};
+
+std::atomic<uint64_t> g_calls{0}, g_refused{0};
+
+// Checks `s` against the table; returns true for LWO_OK (and LWO_END).
+// LWO_API_FUZZ_TRACE=1: every call and its status on stderr.
+const bool g_trace = std::getenv("LWO_API_FUZZ_TRACE") != nullptr;
+thread_local uint32_t t_thread = 0;
+void trace(Call c, lwo_status_t s, long arg) {
+  if (g_trace)
+    std::fprintf(stderr, "[%u] %s(%ld): %s\n", t_thread, kAllowed[c].name, arg, lwo_status_string(s));
+}
+
+bool check(Call c, lwo_status_t s, long arg = -1) {
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  trace(c, s, arg);
+  if (s == LWO_OK) return true;
+  const Allowed& a = kAllowed[c];
+  const bool ok = std::find(a.statuses.begin(), a.statuses.end(), s) != a.statuses.end();
+  const std::string m = lwo_last_error_message();
+  FUZZ_CHECK(ok, std::string(a.name) + " returned " + lwo_status_string(s) + ": " + m);
+  if (s == LWO_END) return true;
+  g_refused.fetch_add(1, std::memory_order_relaxed);
+  // The message names the call.
+  FUZZ_CHECK(m.compare(0, std::strlen(a.name), a.name) == 0, std::string(a.name) + ": " + m);
+  return false;
+}
+#define MUST_OK(c, call)                                                             \
+  do {                                                                               \
+    lwo_status_t s_ = (call);                                                        \
+    trace(c, s_, -1);                                                                \
+    FUZZ_CHECK(s_ == LWO_OK, std::string(kAllowed[c].name) + ": " + lwo_status_string(s_) + \
+                                 ": " + lwo_last_error_message());                   \
+    g_calls.fetch_add(1, std::memory_order_relaxed);                                 \
+  } while (0)
+
+// ---- the recording backend, serialised for several threads ----
+// The engine calls its backend from any thread, as CUDA allows; the
+// recording backend is single-threaded, so every call takes one lock. A host
+// function runs after the lock is let go (its stream's work is done by then,
+// the recording backend doing everything at once), so that it may call back.
+class LockedBackend final : public Backend {
+ public:
+  LockedBackend() : in_(std::make_unique<RecordingBackend>()) {}
+  using L = std::lock_guard<std::recursive_mutex>;
+  // The test's side: a kernel's read or write on `stream`.
+  void read(StreamH s, const void* p, size_t n) { L l(m_); in_->read(s, p, n); }
+  void write(StreamH s, void* p, size_t n) { L l(m_); in_->write(s, p, n); }
+  StreamH new_stream() { L l(m_); return in_->stream_create(); }
+  std::vector<std::string> violations() { L l(m_); return in_->violations; }
+
+  int get_device() override { L l(m_); return in_->get_device(); }
+  void set_device(int d) override { L l(m_); in_->set_device(d); }
+  void* device_alloc(size_t b) override { L l(m_); return in_->device_alloc(b); }
+  void device_free(void* p) noexcept override { L l(m_); in_->device_free(p); }
+  void mem_get_info(size_t* f, size_t* t) override { L l(m_); in_->mem_get_info(f, t); }
+  void* host_alloc_pinned(size_t b) override { L l(m_); return in_->host_alloc_pinned(b); }
+  void host_free_pinned(void* p) noexcept override { L l(m_); in_->host_free_pinned(p); }
+  bool host_register(void* p, size_t b, bool ro) override { L l(m_); return in_->host_register(p, b, ro); }
+  void host_unregister(void* p) noexcept override { L l(m_); in_->host_unregister(p); }
+  StreamH stream_create() override { L l(m_); return in_->stream_create(); }
+  void stream_destroy(StreamH s) noexcept override { L l(m_); in_->stream_destroy(s); }
+  void stream_sync(StreamH s) override { L l(m_); in_->stream_sync(s); }
+  void stream_check(StreamH s) override { L l(m_); in_->stream_check(s); }
+  EventH event_create(bool t) override { L l(m_); return in_->event_create(t); }
+  void event_destroy(EventH e) noexcept override { L l(m_); in_->event_destroy(e); }
+  void event_record(EventH e, StreamH s) override { L l(m_); in_->event_record(e, s); }
+  void stream_wait(StreamH s, EventH e) override { L l(m_); in_->stream_wait(s, e); }
+  bool event_done(EventH e) override { L l(m_); return in_->event_done(e); }
+  void event_sync(EventH e) override { L l(m_); in_->event_sync(e); }
+  float event_elapsed_ms(EventH a, EventH b) override { L l(m_); return in_->event_elapsed_ms(a, b); }
+  void copy_h2d(void* d, const void* s, size_t b, StreamH st) override { L l(m_); in_->copy_h2d(d, s, b, st); }
+  void copy_d2h(void* d, const void* s, size_t b, StreamH st) override { L l(m_); in_->copy_d2h(d, s, b, st); }
+  void comm_info(void* c, int* n, int* r) override { L l(m_); in_->comm_info(c, n, r); }
+  void all_gather(const void* s, void* r, size_t b, void* c, StreamH st) override {
+    L l(m_);
+    in_->all_gather(s, r, b, c, st);
+  }
+  void reduce_owned(void* b, const uint64_t* bo, void* c, StreamH st) override {
+    L l(m_);
+    in_->reduce_owned(b, bo, c, st);
+  }
+  void host_func(StreamH st, void (*fn)(void*), void* arg, const std::vector<HostSpan>& spans) override {
+    {
+      L l(m_);
+      in_->host_func(st, [](void*) {}, nullptr, spans);
+    }
+    fn(arg);
+  }
+
+ private:
+  std::recursive_mutex m_;
+  std::unique_ptr<RecordingBackend> in_;
+};
+
+// ---- input decoding ----
+class Bytes {
+ public:
+  Bytes(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  bool empty() const { return i_ >= n_; }
+  uint8_t u8() { return i_ < n_ ? p_[i_++] : 0; }
+  uint32_t u32(uint32_t below) { return below ? (u8() | uint32_t(u8()) << 8) % below : 0; }
+  bool coin() { return u8() & 1; }
+
+ private:
+  const uint8_t* p_;
+  size_t n_, i_ = 0;
+};
+
+// Layers of a pool: layer i has "weight" (rows x 8) and, when i is odd, "bias".
+struct ModelDesc {
+  std::vector<std::vector<lwo_tensor_desc>> tensors;
+  std::vector<lwo_layer_desc> layers;
+  ModelDesc(uint32_t n, uint32_t seed) : tensors(n), layers(n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      lwo_tensor_desc w{};
+      w.name = "weight";
+      w.dtype = (seed + i) % 3 == 0 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;
+      w.n_dims = 2;
+      w.shape[0] = 1 + (seed * 7 + i * 13) % 40;
+      w.shape[1] = 8;
+      tensors[i].push_back(w);
+      if (i % 2) {
+        lwo_tensor_desc b{};
+        b.name = "bias";
+        b.dtype = LWO_DTYPE_F32;
+        b.n_dims = 1;
+        b.shape[0] = w.shape[0];
+        tensors[i].push_back(b);
+      }
+      layers[i] = lwo_layer_desc{tensors[i].data(), static_cast<uint32_t>(tensors[i].size()), nullptr};
+    }
+  }
+};
+
+constexpr uint32_t kPoolLayers = 6;
+const char* const kNames[] = {"weight", "bias", "nothing", ""};
+
+struct Held {
+  lwo_ticket t;
+  bool acquired;
+  StreamH stream;
+};
+
+struct Shared {
+  LockedBackend* gpu = nullptr;
+  lwo_engine* engine = nullptr;
+  lwo_pool* pool = nullptr;
+  lwo_ring* ring = nullptr;
+};
+
+// One thread's objects and its sequence of calls.
+class Driver {
+ public:
+  Driver(Shared& sh, Bytes in, uint32_t id) : sh_(sh), in_(in), id_(id) {
+    for (auto& s : streams_) s = sh_.gpu->new_stream();
+  }
+
+  void run() {
+    t_thread = id_;
+    int ops = 0;
+    while (!in_.empty() && ops++ < 400) step();
+    teardown();
+  }
+
+ private:
+  struct RingObj {
+    lwo_ring* ring = nullptr;
+    std::vector<Held> held;   // live tickets this thread holds
+    std::vector<lwo_ticket> ended;
+    lwo_schedule* sched = nullptr;
+    bool sched_holds = false;  // the last next returned a view
+    StreamH sched_stream = nullptr;
+  };
+
+  StreamH stream() { return streams_[in_.u8() % 2]; }
+  lwo_stream_t as(StreamH s) { return lwo::testing::as_stream(s); }
+
+  void pool_query() {
+    if (!pool_) return;
+    lwo_pool_info pi = LWO_POOL_INFO_INIT;
+    MUST_OK(kPoolInfo, lwo_pool_get_info(pool_, &pi));
+  }
+  void ring_query(lwo_ring* r) {
+    lwo_ring_info info{};
+    info.size = sizeof info;
+    MUST_OK(kRingInfo, lwo_ring_get_info(r, &info));
+  }
+  RingObj* pick_ring() {
+    if (own_.ring && in_.coin()) return &own_;
+    return &shared_;
+  }
+  uint32_t layers_of(RingObj* r) { return r == &own_ ? n_layers_ : kPoolLayers; }
+  lwo_pool* pool_of(RingObj* r) { return r == &own_ ? pool_ : sh_.pool; }
+
+  // A ticket to pass: a live one, an ended one, or one never issued.
+  lwo_ticket pick_ticket(RingObj* r, size_t* live) {
+    *live = SIZE_MAX;
+    uint8_t k = in_.u8() % 8;
+    if (k < 5 && !r->held.empty()) {
+      *live = in_.u32(static_cast<uint32_t>(r->held.size()));
+      return r->held[*live].t;
+    }
+    if (k < 7 && !r->ended.empty()) return r->ended[in_.u32(static_cast<uint32_t>(r->ended.size()))];
+    if (k == 7 && in_.coin()) return lwo_ticket{0};
+    return lwo_ticket{(uint64_t(1) << 62) | in_.u32(65536)};  // never issued
+  }
+
+  void create_pool() {
+    n_layers_ = 1 + in_.u8() % kPoolLayers;
+    ModelDesc m(n_layers_, id_ * 31 + in_.u8());
+    lwo_pool* p = nullptr;
+    if (in_.u8() % 16 == 0) {  // a bad description: a tensor of no name
+      m.tensors[0][0].name = nullptr;
+      check(kPoolCreate, lwo_pool_create_pinned(sh_.engine, m.layers.data(), n_layers_, nullptr, &p));
+      FUZZ_CHECK(p == nullptr, "");
+      return;
+    }
+    if (!check(kPoolCreate, lwo_pool_create_pinned(sh_.engine, m.layers.data(), n_layers_, nullptr, &p)))
+      return;
+    pool_ = p;
+  }
+
+  void create_ring() {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    uint8_t k = in_.u8();
+    c.depth = k % 32 == 0 ? (k & 32 ? 0u : 5000u) : 1 + k % 4;
+    if (in_.u8() % 32 == 0) c.flags = 0x100;  // unknown flag
+    uint32_t res[2];
+    if (in_.u8() % 4 == 0) {
+      res[0] = in_.u32(n_layers_ + 1);  // may be out of range
+      res[1] = in_.u32(n_layers_ + 1);
+      c.resident_layers = res;
+      c.n_resident = 1 + in_.u8() % 2;
+    }
+    lwo_ring* r = nullptr;
+    if (!check(kRingCreate, lwo_ring_create(pool_, &c, &r))) {
+      FUZZ_CHECK(r == nullptr, "");
+      pool_query();
+      return;
+    }
+    own_.ring = r;
+  }
+
+  void stage(RingObj* r) {
+    lwo_ticket t{1};
+    uint32_t layer = in_.u32(layers_of(r) + 1);
+    if (!check(kRingStage, lwo_ring_stage(r->ring, layer, &t))) {
+      FUZZ_CHECK(t.id == 0, "a refused stage leaves a ticket");
+      ring_query(r->ring);
+      return;
+    }
+    FUZZ_CHECK(t.id != 0, "");
+    r->held.push_back({t, false, nullptr});
+  }
+
+  void acquire(RingObj* r) {
+    size_t live;
+    lwo_ticket t = pick_ticket(r, &live);
+    StreamH s = stream();
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    if (!check(kRingAcquire, lwo_ring_acquire(r->ring, t, as(s), &v))) {
+      FUZZ_CHECK(live == SIZE_MAX || r->held[live].acquired, "a staged ticket of ours was refused");
+      ring_query(r->ring);
+      return;
+    }
+    FUZZ_CHECK(live != SIZE_MAX && !r->held[live].acquired, "acquired a ticket not staged");
+    r->held[live].acquired = true;
+    r->held[live].stream = s;
+    sh_.gpu->read(s, v.base, v.record_bytes);  // the consumer kernel
+    ++reads_;
+  }
+
+  void release(RingObj* r) {
+    size_t live;
+    lwo_ticket t = pick_ticket(r, &live);
+    // An acquired ticket is released on the stream that read it (a staged
+    // one on either).
+    StreamH s = live != SIZE_MAX && r->held[live].acquired ? r->held[live].stream : stream();
+    if (!check(kRingRelease, lwo_ring_release(r->ring, t, as(s)))) {
+      FUZZ_CHECK(live == SIZE_MAX, "a live ticket of ours was refused");
+      ring_query(r->ring);
+      return;
+    }
+    FUZZ_CHECK(live != SIZE_MAX, "released a ticket not live");
+    r->ended.push_back(t);
+    r->held.erase(r->held.begin() + static_cast<long>(live));
+  }
+
+  void release_all() {
+    if (!own_.ring) return;
+    // Every read of our acquired tickets ran on one of two streams: join them.
+    StreamH s = join_streams();
+    uint32_t n = 0;
+    if (!check(kRingReleaseAll, lwo_ring_release_all(own_.ring, as(s), &n))) {
+      FUZZ_CHECK(own_.sched != nullptr, "release_all refused with no schedule");
+      ring_query(own_.ring);
+      return;
+    }
+    FUZZ_CHECK(n == own_.held.size(), "release_all released " + std::to_string(n));
+    for (const Held& h : own_.held) own_.ended.push_back(h.t);
+    own_.held.clear();
+  }
+
+  // Makes streams_[0] wait for streams_[1]'s work (an event, as a caller
+  // joins streams) and returns it.
+  StreamH join_streams() {
+    // The C ABI has no event call; the backend's own records do the join.
+    lwo::Backend* be = sh_.gpu;
+    EventH e = be->event_create(false);
+    be->event_record(e, streams_[1]);
+    be->stream_wait(streams_[0], e);
+    be->event_destroy(e);
+    return streams_[0];
+  }
+
+  void ticket_queries(RingObj* r) {
+    size_t live;
+    lwo_ticket t = pick_ticket(r, &live);
+    lwo_ticket_state_t st = LWO_TICKET_STATE_FORCE_32;
+    if (check(kRingTicketState, lwo_ring_ticket_state(r->ring, t, &st)) && live != SIZE_MAX)
+      FUZZ_CHECK(st == (r->held[live].acquired ? LWO_TICKET_ACQUIRED : LWO_TICKET_STAGED), "");
+    uint32_t landed = 7;
+    if (check(kRingQuery, lwo_ring_query(r->ring, t, &landed))) FUZZ_CHECK(landed <= 1, "");
+    void* p = nullptr;
+    check(kRingTensor, lwo_ring_tensor(r->ring, t, kNames[in_.u8() % 4], &p));
+    ring_query(r->ring);
+  }
+
+  void schedule_op() {
+    if (!own_.ring) return;
+    uint8_t k = in_.u8() % 8;
+    if (!own_.sched) {
+      uint32_t n = in_.u8() % 9;  // 0 is refused
+      std::vector<uint32_t> ls(n);
+      for (auto& l : ls) l = in_.u32(n_layers_ + (in_.u8() % 16 == 0));
+      lwo_schedule* s = nullptr;
+      if (check(kScheduleCreate, lwo_schedule_create(own_.ring, n ? ls.data() : nullptr, n, &s)))
+        own_.sched = s;
+      else
+        ring_query(own_.ring);
+      return;
+    }
+    if (k < 5) {
+      StreamH s = own_.sched_holds ? own_.sched_stream : stream();
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      lwo_status_t st = lwo_schedule_next(own_.sched, as(s), &v);
+      own_.sched_holds = false;
+      if (check(kScheduleNext, st) && st == LWO_OK) {
+        sh_.gpu->read(s, v.base, v.record_bytes);
+        ++reads_;
+        own_.sched_holds = true;
+        own_.sched_stream = s;
+      }
+      uint32_t pos = 0;
+      MUST_OK(kSchedulePosition, lwo_schedule_position(own_.sched, &pos));
+    } else if (k < 7) {
+      StreamH s = own_.sched_holds ? own_.sched_stream : stream();
+      MUST_OK(kScheduleReset, lwo_schedule_reset(own_.sched, as(s)));
+      own_.sched_holds = false;
+    } else {
+      destroy_schedule();
+    }
+  }
+  void destroy_schedule() {
+    if (!own_.sched) return;
+    // It releases on the stream of its last call: where the last read ran.
+    MUST_OK(kScheduleDestroy, lwo_schedule_destroy(own_.sched));
+    own_.sched = nullptr;
+    own_.sched_holds = false;
+  }
+
+  void destroy_ring() {
+    if (!own_.ring) return;
+    if (!check(kRingDestroy, lwo_ring_destroy(own_.ring))) {
+      bool acquired = std::any_of(own_.held.begin(), own_.held.end(),
+                                  [](const Held& h) { return h.acquired; });
+      FUZZ_CHECK(acquired || own_.sched, "ring_destroy refused with nothing held");
+      ring_query(own_.ring);
+      return;
+    }
+    own_ = RingObj{};
+  }
+
+  void grads_op() {
+    if (!pool_) return;
+    uint8_t k = in_.u8() % 8;
+    if (!grads_) {
+      lwo_grads_config c = LWO_GRADS_CONFIG_INIT;
+      uint8_t d = in_.u8();
+      c.depth = d % 16 == 0 ? 0u : 1 + d % 3;
+      c.flags = in_.coin() ? LWO_GRADS_F32 : 0u;
+      uint8_t tr[kPoolLayers];
+      for (uint32_t i = 0; i < n_layers_; ++i) tr[i] = in_.u8() % 4 != 0;
+      const bool all = in_.coin();
+      lwo_grads* g = nullptr;
+      if (check(kGradsCreate, lwo_grads_create(pool_, all ? nullptr : tr, &c, &g))) {
+        grads_ = g;
+        std::copy(tr, tr + n_layers_, trainable_);
+        if (all) std::fill(trainable_, trainable_ + kPoolLayers, 1);
+      } else {
+        FUZZ_CHECK(g == nullptr, "");
+        pool_query();
+      }
+      return;
+    }
+    uint32_t done = 0;
+    if (k < 3) {  // begin, the backward kernel's writes, end
+      uint32_t layer = in_.u32(n_layers_ + 1);
+      StreamH s = stream();
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      if (check(kGradsBegin, lwo_grads_begin(grads_, layer, as(s), &v), layer)) {
+        for (uint32_t t = 0; t < v.n_tensors; ++t)
+          if (v.tensor_bytes[t]) sh_.gpu->write(s, v.tensors[t], v.tensor_bytes[t]);
+        begun_.push_back({layer, s});
+      } else {
+        MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+      }
+    } else if (k < 5) {
+      size_t i = begun_.empty() || in_.u8() % 8 == 0 ? SIZE_MAX : in_.u32(uint32_t(begun_.size()));
+      uint32_t layer = i == SIZE_MAX ? in_.u32(n_layers_ + 1) : begun_[i].first;
+      for (size_t j = 0; j < begun_.size(); ++j)
+        if (begun_[j].first == layer) i = j;
+      // Ended on the stream its gradient was written on.
+      StreamH s = i == SIZE_MAX ? stream() : begun_[i].second;
+      if (check(kGradsEnd, lwo_grads_end(grads_, layer, as(s)), layer)) {
+        FUZZ_CHECK(i != SIZE_MAX || std::any_of(begun_.begin(), begun_.end(),
+                                                [&](auto& b) { return b.first == layer; }),
+                   "ended a layer not begun");
+        auto it = std::find_if(begun_.begin(), begun_.end(), [&](auto& b) { return b.first == layer; });
+        begun_.erase(it);
+      } else {
+        FUZZ_CHECK(i == SIZE_MAX, "ending a begun layer was refused");
+        MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+      }
+    } else if (k == 5) {
+      if (!check(kGradsWait, lwo_grads_wait(grads_))) FUZZ_CHECK(!begun_.empty(), "");
+    } else if (k == 6) {
+      if (!check(kGradsZero, lwo_grads_zero(grads_))) FUZZ_CHECK(!begun_.empty(), "");
+    } else {
+      destroy_grads();
+    }
+  }
+  void destroy_grads() {
+    if (!grads_) return;
+    if (!check(kGradsDestroy, lwo_grads_destroy(grads_))) {
+      FUZZ_CHECK(!begun_.empty() || optim_, "grads_destroy refused with nothing begun");
+      uint32_t done = 0;
+      MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+      return;
+    }
+    grads_ = nullptr;
+  }
+
+  void optim_op() {
+    if (!grads_) return;
+    uint8_t k = in_.u8() % 8;
+    if (!optim_ || k == 0) {
+      lwo_optim_config c = LWO_OPTIM_CONFIG_INIT;
+      c.kind = in_.coin() ? LWO_OPTIM_SGD : LWO_OPTIM_ADAMW;
+      c.n_threads = 1 + in_.u8() % 2;
+      if (in_.u8() % 16 == 0) c.n_threads = 100;  // over 64
+      if (in_.coin()) c.flags |= LWO_OPTIM_DELAYED;
+      lwo_optim* o = nullptr;
+      if (check(kOptimCreate, lwo_optim_create(grads_, &c, &o))) {
+        FUZZ_CHECK(!optim_, "a second optimizer over one gradient set");
+        optim_ = o;
+      } else {
+        FUZZ_CHECK(o == nullptr, "");
+      }
+      return;
+    }
+    if (k < 4) {
+      lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+      p.step = ++steps_;
+      if (in_.u8() % 8 == 0) p.lr = -1;  // refused
+      if (!check(kOptimStep, lwo_optim_step(optim_, &p))) {
+        lwo_optim_info info{};
+        info.size = sizeof info;
+        MUST_OK(kOptimInfo, lwo_optim_get_info(optim_, &info));
+      }
+    } else if (k < 6) {
+      MUST_OK(kOptimWait, lwo_optim_wait(optim_));
+    } else if (k == 6) {
+      uint32_t done = 0;
+      MUST_OK(kOptimQuery, lwo_optim_query(optim_, &done));
+    } else {
+      MUST_OK(kOptimDestroy, lwo_optim_destroy(optim_));
+      optim_ = nullptr;
+    }
+  }
+
+  void plan_op() {
+    if (!pool_) return;
+    if (plan_) {
+      lwo_plan_info info{};
+      info.size = sizeof info;
+      MUST_OK(kPlanInfo, lwo_plan_get_info(plan_, &info));
+      lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+      MUST_OK(kPlanRingConfig, lwo_plan_ring_config(plan_, &rc));
+      if (!own_.ring && in_.coin()) {  // a ring of the plan's choice
+        lwo_ring* r = nullptr;
+        if (check(kRingCreate, lwo_ring_create(pool_, &rc, &r))) own_.ring = r;
+      }
+      MUST_OK(kPlanDestroy, lwo_plan_destroy(plan_));
+      plan_ = nullptr;
+      return;
+    }
+    double fwd[kPoolLayers], bwd[kPoolLayers];
+    for (uint32_t i = 0; i < kPoolLayers; ++i) fwd[i] = bwd[i] = 0.01 * (1 + in_.u8() % 4);
+    lwo_plan_config c = LWO_PLAN_CONFIG_INIT;
+    c.flags = in_.coin() ? LWO_PLAN_TRAIN : 0u;
+    c.budget_bytes = uint64_t(in_.u8()) << (6 + in_.u8() % 8);  // may be too small
+    c.fwd_ms = in_.u8() % 16 ? fwd : nullptr;                 // required
+    c.bwd_ms = bwd;
+    c.h2d_gbps = c.d2h_gbps = 0.02;
+    lwo_plan* p = nullptr;
+    if (check(kPlanCreate, lwo_plan_create(pool_, &c, &p)))
+      plan_ = p;
+    else
+      pool_query();
+  }
+
+  void pool_op() {
+    if (!pool_) return;
+    uint8_t k = in_.u8() % 4;
+    uint32_t layer = in_.u32(n_layers_ + 1);
+    if (k < 2) {
+      // Writing bytes a ring may be copying is the caller's race: the
+      // recording backend copies at once, so no copy is in flight here.
+      uint8_t buf[40 * 8 * 4];
+      std::memset(buf, in_.u8(), sizeof buf);
+      uint64_t bytes = in_.u32(sizeof buf + 1);
+      if (in_.coin() && layer < n_layers_) bytes = 40 * 8 * 4;  // often the wrong size
+      if (!check(kPoolWrite, lwo_pool_write(pool_, layer, kNames[in_.u8() % 4], buf, bytes)))
+        pool_query();
+    } else {
+      if (!check(kPoolLayerChanged, lwo_pool_layer_changed(pool_, layer))) pool_query();
+    }
+  }
+
+  void destroy_pool() {
+    if (!pool_) return;
+    if (!check(kPoolDestroy, lwo_pool_destroy(pool_))) {
+      FUZZ_CHECK(own_.ring || grads_, "pool_destroy refused with nothing on it");
+      pool_query();
+      return;
+    }
+    pool_ = nullptr;
+  }
+
+  void step() {
+    switch (in_.u8() % 20) {
+      case 0: if (!pool_) create_pool(); else if (in_.u8() % 4 == 0) destroy_pool(); break;
+      case 1: if (pool_ && !own_.ring) create_ring(); else if (in_.u8() % 4 == 0) destroy_ring(); break;
+      case 2: case 3: stage(pick_ring()); break;
+      case 4: case 5: acquire(pick_ring()); break;
+      case 6: case 7: release(pick_ring()); break;
+      case 8: release_all(); break;
+      case 9: ticket_queries(pick_ring()); break;
+      case 10: case 11: schedule_op(); break;
+      case 12: case 13: grads_op(); break;
+      case 14: case 15: optim_op(); break;
+      case 16: plan_op(); break;
+      case 17: pool_op(); break;
+      case 18: {
+        lwo_engine_memory m{};
+        m.size = sizeof m;
+        MUST_OK(kEngineMemory, lwo_engine_get_memory(sh_.engine, &m));
+        break;
+      }
+      default: destroy_schedule(); break;
+    }
+  }
+
+  // Everything this thread made, torn down in the documented order: each
+  // call must succeed.
+  void teardown() {
+    destroy_schedule();
+    StreamH s = join_streams();
+    for (const Held& h : shared_.held) MUST_OK(kRingRelease, lwo_ring_release(shared_.ring, h.t, as(s)));
+    if (own_.ring) {
+      uint32_t n = 0;
+      MUST_OK(kRingReleaseAll, lwo_ring_release_all(own_.ring, as(s), &n));
+      MUST_OK(kRingDestroy, lwo_ring_destroy(own_.ring));
+    }
+    if (optim_) MUST_OK(kOptimDestroy, lwo_optim_destroy(optim_));
+    if (grads_) {
+      for (auto& b : begun_) MUST_OK(kGradsEnd, lwo_grads_end(grads_, b.first, as(b.second)));
+      MUST_OK(kGradsWait, lwo_grads_wait(grads_));
+      MUST_OK(kGradsDestroy, lwo_grads_destroy(grads_));
+    }
+    if (plan_) MUST_OK(kPlanDestroy, lwo_plan_destroy(plan_));
+    if (pool_) MUST_OK(kPoolDestroy, lwo_pool_destroy(pool_));
+  }
+
+ public:
+  uint64_t reads_ = 0;
+
+ private:
+  Shared& sh_;
+  Bytes in_;
+  uint32_t id_;
+  StreamH streams_[2];
+  lwo_pool* pool_ = nullptr;
+  uint32_t n_layers_ = 0;
+  RingObj own_;
+  RingObj shared_{};
+  lwo_grads* grads_ = nullptr;
+  uint8_t trainable_[kPoolLayers] = {};
+  std::vector<std::pair<uint32_t, StreamH>> begun_;
+  lwo_optim* optim_ = nullptr;
+  uint64_t steps_ = 0;
+  lwo_plan* plan_ = nullptr;
+
+  friend void run_input(const uint8_t*, size_t);
+  void set_shared_ring(lwo_ring* r) { shared_.ring = r; }
+};
+
+std::atomic<uint64_t> g_sequences{0};
+uint32_t g_threads = 0;  // the property mode's --threads: this many, not the input's 2-4
+
+void run_input(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  const uint32_t n_threads = g_threads ? g_threads : 2 + data[0] % 3;
+  Shared sh;
+  auto be = std::make_unique<LockedBackend>();
+  sh.gpu = be.get();
+  MUST_OK(kEngineDestroy, lwo::testing::engine_create(std::move(be), 0, &sh.engine));
+  ModelDesc m(kPoolLayers, data[1]);
+  MUST_OK(kPoolCreate, lwo_pool_create_pinned(sh.engine, m.layers.data(), kPoolLayers, nullptr, &sh.pool));
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = 1 + data[1] % 4;
+  MUST_OK(kRingCreate, lwo_ring_create(sh.pool, &c, &sh.ring));
+
+  // The rest of the input, split evenly: one part per thread.
+  const size_t body = size - 2, part = body / n_threads;
+  std::vector<std::unique_ptr<Driver>> drivers;
+  for (uint32_t t = 0; t < n_threads; ++t) {
+    drivers.push_back(std::make_unique<Driver>(sh, Bytes(data + 2 + t * part, part), t));
+    drivers.back()->set_shared_ring(sh.ring);
+  }
+  std::vector<std::thread> threads;
+  for (auto& d : drivers) threads.emplace_back([&d] { d->run(); });
+  for (auto& t : threads) t.join();
+
+  const std::vector<std::string> v = sh.gpu->violations();
+  FUZZ_CHECK(v.empty(), "the recording backend reports: " + v.front());
+  MUST_OK(kRingDestroy, lwo_ring_destroy(sh.ring));
+  MUST_OK(kPoolDestroy, lwo_pool_destroy(sh.pool));
+  MUST_OK(kEngineDestroy, lwo_engine_destroy(sh.engine));
+  g_sequences.fetch_add(n_threads, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  run_input(data, size);
+  return 0;
+}
+
+#ifndef LWO_LIBFUZZER
+// The property mode: `--runs N` random inputs (lengths 2..2048) from
+// `--seed S`; or the inputs in the files named (a libFuzzer artifact, say).
+int main(int argc, char** argv) {
+  uint64_t seed = 1, runs = 200;
+  std::vector<std::string> files;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 0);
+    else if (a == "--runs" && i + 1 < argc) runs = std::strtoull(argv[++i], nullptr, 0);
+    else if (a == "--threads" && i + 1 < argc) g_threads = static_cast<uint32_t>(std::atoi(argv[++i]));
+    else files.push_back(a);
+  }
+  if (!files.empty()) {
+    for (const std::string& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      run_input(b.data(), b.size());
+    }
+  } else {
+    std::mt19937_64 rng(seed);
+    for (uint64_t r = 0; r < runs; ++r) {
+      std::vector<uint8_t> b(2 + rng() % 2047);
+      for (auto& x : b) x = static_cast<uint8_t>(rng() >> 23);
+      run_input(b.data(), b.size());
+    }
+  }
+  std::printf("lwo_api_fuzz: %llu inputs, %llu thread sequences, %llu calls (%llu refused), no failure\n",
+              static_cast<unsigned long long>(files.empty() ? runs : files.size()),
+              static_cast<unsigned long long>(g_sequences.load()),
+              static_cast<unsigned long long>(g_calls.load()),
+              static_cast<unsigned long long>(g_refused.load()));
+  return 0;
+}
+#endif
