@@ -53,16 +53,6 @@ struct WithEmpty {
   }
 };
 
-// Memory for registered pools, page-aligned.
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
-  ~Aligned() { std::free(p); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  uint8_t* p;
-};
-
 // A registered pool of ModelDesc layers laid out exactly as their records, in
 // one region: every layer moves in one copy and has a host address.
 struct RegisteredModel {

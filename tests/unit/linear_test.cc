@@ -6,15 +6,23 @@ namespace lwo {
 namespace testing {
 namespace {
 
-using LinearArgs = EngineTest;
-
-TEST_F(LinearArgs, ForwardRejectsBadArguments) {
-  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
-  d.in_features = 16;
-  d.out_features = 8;
+class LinearArgs : public EngineTest {
+ protected:
+  // A valid descriptor: 16 in, 8 out, bf16.
+  static lwo_linear_desc linear() {
+    lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+    d.in_features = 16;
+    d.out_features = 8;
+    return d;
+  }
+  // Memory that is never touched: every case fails before any device work.
   int buf[4] = {1, 2, 3, 4};
   const void* p = buf;
   void* q = buf;
+};
+
+TEST_F(LinearArgs, ForwardRejectsBadArguments) {
+  const lwo_linear_desc d = linear();
   struct Case {
     const char* what;
     lwo_linear_desc desc;
@@ -60,12 +68,7 @@ TEST_F(LinearArgs, ForwardRejectsBadArguments) {
 }
 
 TEST_F(LinearArgs, BackwardRejectsBadArguments) {
-  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
-  d.in_features = 16;
-  d.out_features = 8;
-  int buf[4] = {1, 2, 3, 4};
-  const void* p = buf;
-  void* q = buf;
+  const lwo_linear_desc d = linear();
   auto bwd = [&](const lwo_linear_desc& desc, const void* x, const void* dy, const void* w,
                  void* dx, void* dw, void* db, lwo_dtype_t gd) {
     return lwo_linear_backward(engine, &desc, 4, x, dy, w, dx, dw, db, gd, nullptr);
@@ -122,9 +125,6 @@ TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
   ASSERT_LWO(lwo_conv2d_output_size(&huge, 10, 7, &oh, &ow));
   EXPECT_EQ(oh, INT32_MAX - 1);
   EXPECT_EQ(ow, 5);
-  int buf[4] = {1, 2, 3, 4};
-  const void* p = buf;
-  void* q = buf;
   struct Case {
     const char* what;
     lwo_conv2d_desc desc;

@@ -103,15 +103,6 @@ TEST_F(PoolTest, PinnedPoolRejectsBadInput) {
   EXPECT_EQ(gpu->n_registered(), 0u);
 }
 
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
-  ~Aligned() { std::free(p); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  uint8_t* p;
-};
-
 TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   // Lay caller memory out exactly as the records, one region for all.
   const uint32_t L = 4;

@@ -39,17 +39,6 @@ class ResidentTest : public EngineTest {
     EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, &b), LWO_OK);
     return b;
   }
-  // Stage, acquire on `s`, check the bytes, read them on `s`, release on `s`.
-  void use(lwo_ring* ring, lwo_pool* pool, uint32_t layer, StreamH s) {
-    lwo_ticket t{};
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, layer, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
-    ASSERT_EQ(v.layer, layer);
-    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << layer;
-    gpu->read(s, v.base, v.record_bytes);
-    ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
-  }
   lwo_ring_stats stats(lwo_ring* ring) {
     lwo_ring_stats st{};
     st.size = sizeof st;

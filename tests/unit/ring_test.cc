@@ -199,32 +199,23 @@ TEST_F(RingTest, ChangedLayersAreCopiedAgain) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
-  auto use = [&](uint32_t l) {
-    lwo_ticket t{};
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
-    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << l;
-    gpu->read(c, v.base, v.record_bytes);
-    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  };
-  use(0);
-  use(1);
+  use(ring, pool, 0, c);
+  use(ring, pool, 1, c);
   uint64_t copies = gpu->stats.copies;
-  use(0);  // hit
+  use(ring, pool, 0, c);  // hit
   EXPECT_EQ(gpu->stats.copies, copies);
   void* host = nullptr;
   uint64_t bytes = 0;
   ASSERT_LWO(lwo_pool_layer_host(pool, 0, &host, &bytes));
   fill_random(host, bytes, 777);  // an optimizer step, say
   ASSERT_LWO(lwo_pool_layer_changed(pool, 0));
-  use(0);  // copied again, and holds the new bytes
+  use(ring, pool, 0, c);  // copied again, and holds the new bytes
   EXPECT_EQ(gpu->stats.copies, copies + 1);
   std::vector<uint8_t> w(74 * 19 * 2, 3);
   ASSERT_LWO(lwo_pool_write(pool, 1, "weight", w.data(), w.size()));  // changes it too
-  use(1);
+  use(ring, pool, 1, c);
   EXPECT_EQ(gpu->stats.copies, copies + 2);
-  use(1);
+  use(ring, pool, 1, c);
   EXPECT_EQ(gpu->stats.copies, copies + 2);  // unchanged since: a hit
   EXPECT_EQ(lwo_pool_layer_changed(pool, 3), LWO_ERR_OUT_OF_RANGE);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
