@@ -221,9 +221,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
       for (int64_t i = 0; i < OUT * IN; ++i) rdw[l][i] += reinterpret_cast<float*>(gw.data())[i];
       for (int64_t i = 0; i < OUT; ++i) rdb[l][i] += reinterpret_cast<float*>(gb.data())[i];
     }
-  std::vector<uint32_t> order;
-  for (uint32_t l = 0; l < L; ++l) order.push_back(l);
-  for (uint32_t l = L; l-- > 0;) order.push_back(l);
+  const std::vector<uint32_t> order = forward_backward(L);
   for (uint32_t depth = 1; depth <= 8; ++depth) {
     SCOPED_TRACE("depth " + std::to_string(depth));
     Ring ring;

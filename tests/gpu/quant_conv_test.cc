@@ -201,9 +201,7 @@ TEST_F(QuantConv, StreamedEqualsResidentBitForBit) {
       Ring ring;
       create_ring(m.pool.get(), depth, 0, &ring);
       if (HasFatalFailure()) return;
-      std::vector<uint32_t> order;
-      for (uint32_t l = 0; l < L; ++l) order.push_back(l);
-      for (uint32_t l = L; l-- > 0;) order.push_back(l);
+      const std::vector<uint32_t> order = forward_backward(L);
       Schedule sched;
       CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
                                     sched.out()));

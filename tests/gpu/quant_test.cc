@@ -19,15 +19,6 @@ namespace {
 
 constexpr lwo_dtype_t kOut[] = {LWO_DTYPE_F32, LWO_DTYPE_BF16, LWO_DTYPE_F16};
 
-lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dtype_t dt) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
-  return d;
-}
-
 // The shapes of a format: one element, cols not a multiple of 8 (scalar
 // path), of 8 but not 16 (units: 200, 1000), of 16 but not 128 (units, with
 // partial fp8 blocks: 400), of 128, partial blocks in both dimensions. int4

@@ -14,11 +14,12 @@
 #include "gpu_util.h"
 #include "lwo.h"
 #include "testkit/dtype.h"
+#include "unit/quant_formats.h"
 
 namespace lwo_test {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 // A seed that differs from run to run (printed once, so that a failure can
 // be replayed with LWO_QUANT_SEED); each test adds its own offset.

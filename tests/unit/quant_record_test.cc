@@ -11,13 +11,14 @@
 
 #include "src/common/dtype.h"
 #include "test_util.h"
+#include "unit/quant_formats.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 std::string msg() { return lwo_last_error_message(); }
 bool contains(const std::string& s, const std::string& part) {
@@ -42,11 +43,7 @@ lwo_tensor_quant_ext quant_ext(lwo_quant_format_t f) {
 }
 
 uint64_t quant_bytes(lwo_quant_format_t f, lwo_dtype_t dt, int64_t rows, int64_t cols) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
+  const lwo_quant_desc d = desc_of(f, rows, cols, dt);
   lwo_quant_layout_info info = LWO_QUANT_LAYOUT_INFO_INIT;
   EXPECT_EQ(lwo_quant_layout(&d, &info), LWO_OK) << msg();
   return info.total_bytes;

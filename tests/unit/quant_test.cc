@@ -16,23 +16,14 @@
 #include "src/quant/codec.h"
 #include "src/quant/quant.h"
 #include "test_util.h"
+#include "unit/quant_formats.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
-
-lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols,
-                       lwo_dtype_t dt = LWO_DTYPE_BF16) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
-  return d;
-}
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 lwo_quant_layout_info layout(const lwo_quant_desc& d) {
   lwo_quant_layout_info info = LWO_QUANT_LAYOUT_INFO_INIT;
