@@ -136,6 +136,20 @@ lwo_status_t guard(const char* call, F&& f) noexcept {
 inline void need(const void* p, const char* what) {
   if (!p) fail(LWO_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
+// The output handle of a create call: not NULL, and NULL until the call
+// succeeds (a failed call leaves it NULL).
+template <class H>
+void clear_output(H** out, const char* what) {
+  need(out, what);
+  *out = nullptr;
+}
+
+// Writes how many elements `v` has to a count output (not NULL).
+template <class V>
+void count_out(const V& v, uint32_t* n, const char* what) {
+  need(n, what);
+  *n = static_cast<uint32_t>(v.size());
+}
 
 // Throws unless every byte of [from, to) of `p` is zero: a newer caller's
 // larger struct whose options this version does not know.
