@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
@@ -718,6 +719,18 @@ inline void round_trip(lwo_ring* ring, const TestPool& tp, uint32_t layer, cudaS
   CHECK_LWO(lwo_ring_release(ring, t, stream));
 }
 
+// The description of a tensor `name` of `dtype` and `shape` (no host data,
+// no extensions).
+inline lwo_tensor_desc tensor_desc(const char* name, lwo_dtype_t dtype,
+                                   std::initializer_list<int64_t> shape) {
+  lwo_tensor_desc t{};
+  t.name = name;
+  t.dtype = dtype;
+  t.n_dims = static_cast<int32_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), t.shape);
+  return t;
+}
+
 // A size-first struct the library writes through get(object, &out), the
 // call checked.
 template <class Out, class Obj, class Arg>
@@ -747,6 +760,15 @@ inline void create_ring(lwo_pool* pool, uint32_t depth, uint32_t flags, Ring* ou
   cfg.flags = flags;
   CHECK_LWO(lwo_ring_create(pool, &cfg, out->out()));
   ASSERT_NE(nullptr, out->get());
+}
+
+// A ring of `depth` slots over `pool` and a schedule of it over `order`.
+inline void create_schedule(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& order,
+                            Ring* ring, Schedule* sched) {
+  create_ring(pool, depth, 0, ring);
+  if (::testing::Test::HasFatalFailure()) return;
+  CHECK_LWO(lwo_schedule_create(ring->get(), order.data(), static_cast<uint32_t>(order.size()),
+                                sched->out()));
 }
 
 }  // namespace lwo_test

@@ -211,14 +211,8 @@ TEST_F(Quant, FromARingSlot) {
     std::vector<uint8_t> q = make_quantized(d, false, rng, &info);
     std::vector<uint8_t> want = reference(d, q);
     lwo_tensor_desc t[2] = {};
-    t[0].name = "weight.q";
-    t[0].dtype = LWO_DTYPE_U8;
-    t[0].n_dims = 1;
-    t[0].shape[0] = static_cast<int64_t>(info.total_bytes);
-    t[1].name = "bias";
-    t[1].dtype = LWO_DTYPE_BF16;
-    t[1].n_dims = 1;
-    t[1].shape[0] = 384;
+    t[0] = tensor_desc("weight.q", LWO_DTYPE_U8, {static_cast<int64_t>(info.total_bytes)});
+    t[1] = tensor_desc("bias", LWO_DTYPE_BF16, {384});
     lwo_layer_desc layer = {t, 2, nullptr};
     testkit::Pool pool;
     CHECK_LWO(lwo_pool_create_pinned(engine_, &layer, 1, nullptr, pool.out()));

@@ -38,11 +38,7 @@ void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<l
   td.assign(m.rows.size(), lwo_tensor_desc{});
   ld.resize(m.rows.size());
   for (size_t l = 0; l < m.rows.size(); ++l) {
-    td[l].name = "w";
-    td[l].dtype = LWO_DTYPE_BF16;
-    td[l].n_dims = 2;
-    td[l].shape[0] = m.rows[l];
-    td[l].shape[1] = 1000;
+    td[l] = tensor_desc("w", LWO_DTYPE_BF16, {m.rows[l], 1000});
     ld[l] = lwo_layer_desc{&td[l], 1, nullptr};
   }
 }
@@ -101,12 +97,20 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
   EXPECT_LWO_OK(lwo_engine_synchronize(eng.get()));
 }
 
-TEST(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
+// Tests of two ranks in this process, one per GPU: skipped unless there are
+// two devices; NVLink multicast off; id the ranks' NCCL unique id.
+class Sharded : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LWO_REQUIRE_GPU();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    CHECK_LWO(lwo_nccl_get_unique_id(&id));
+  }
   lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+};
+
+TEST_F(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
   Model m = make_model(7, test_seed(61));
   std::mt19937_64 rng(test_seed(62));
   std::vector<uint32_t> order(60);
@@ -116,12 +120,7 @@ TEST(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
   r1.join();
 }
 
-TEST(Sharded, RanksThatDisagreeAreRefused) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, RanksThatDisagreeAreRefused) {
   Model m = make_model(5, test_seed(63));
   std::vector<uint32_t> order = {0, 1};
   std::thread r1(run_rank, 1, std::cref(id), std::cref(m), 4u, LWO_ERR_COLLECTIVE_MISMATCH,
@@ -145,17 +144,9 @@ struct GradModel {
   explicit GradModel(uint32_t L) : td(L), ld(L), n(L) {
     for (uint32_t l = 0; l < L; ++l) {
       int64_t rows = 64 + 97 * l, cols = 320 + 13 * l;
-      lwo_tensor_desc w{};
-      w.name = "weight";
-      w.dtype = LWO_DTYPE_BF16;
-      w.n_dims = 2;
-      w.shape[0] = rows;
-      w.shape[1] = cols;
-      lwo_tensor_desc b{};
-      b.name = "bias";
-      b.dtype = l % 2 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;  // odd layers: mixed dtypes
-      b.n_dims = 1;
-      b.shape[0] = rows;
+      lwo_tensor_desc w = tensor_desc("weight", LWO_DTYPE_BF16, {rows, cols});
+      // Odd layers: mixed dtypes.
+      lwo_tensor_desc b = tensor_desc("bias", l % 2 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16, {rows});
       td[l] = {w, b};
       ld[l] = lwo_layer_desc{td[l].data(), 2, nullptr};
       n[l] = {static_cast<uint64_t>(rows * cols), static_cast<uint64_t>(rows)};
@@ -243,12 +234,7 @@ void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, Rank
   out->d2h_bytes = gs.bytes;
 }
 
-TEST(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
   GradModel m(5);
   RankResult r0, r1;
   std::thread t1(grads_rank, 1, std::cref(id), std::cref(m), &r1);
@@ -317,12 +303,7 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   checks.verify();
 }
 
-TEST(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
   Model m = make_model(4, test_seed(64));
   std::thread t1(check_rank, 1, std::cref(id), std::cref(m));
   check_rank(0, id, m);
