@@ -75,8 +75,7 @@ TEST_F(CheckpointCalls, DestroyKeepsPoolsWorking) {
     EXPECT_EQ(std::memcmp(w, ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_checkpoint_file_count / file_info for one file: its path as opened,
@@ -288,8 +287,7 @@ TEST_F(CheckpointCalls, MapTensorsByPatternAgreesWithThePool) {
       EXPECT_EQ(std::string(ti.name), by_layer[l][k]) << "layer " << l << " tensor " << k;
     }
   }
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // lwo_checkpoint_map_tensors with explicit names: full names, the caller's

@@ -170,8 +170,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
     EXPECT_EQ(std::memcmp(v.tensors[1], ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
   // A name the checkpoint does not have.
   names[3] = "blocks.1.nope";
   EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_NOT_FOUND);
@@ -204,9 +203,7 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
   EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(ring, pool, ck);
 }
 
 // Not only the size: a file rewritten in place at the same size (its
@@ -254,9 +251,7 @@ TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
       std::string m = lwo_last_error_message();
       EXPECT_NE(m.find("modified since it was opened"), std::string::npos) << m;
     }
-    ASSERT_LWO(lwo_ring_destroy(ring));
-    ASSERT_LWO(lwo_pool_destroy(pool));
-    ASSERT_LWO(lwo_checkpoint_destroy(ck));
+    destroy(ring, pool, ck);
   }
 }
 
@@ -417,8 +412,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   info.size = sizeof info;
   EXPECT_EQ(lwo_checkpoint_tensor_info(ck, 99, &info), LWO_ERR_OUT_OF_RANGE);
   ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
   EXPECT_EQ(lwo_checkpoint_destroy(ck), LWO_ERR_INVALID_HANDLE);
 }
 
@@ -504,8 +498,7 @@ TEST_F(CheckpointTest, GapsBecomeEmptyLayersOnRequest) {
   uint64_t rb = 9;
   ASSERT_LWO(lwo_pool_record_bytes(pool, 2, &rb));
   EXPECT_EQ(rb, 0u);
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // Every safetensors dtype is an lwo dtype, so a layer holding integer,
@@ -532,8 +525,7 @@ TEST_F(CheckpointTest, EveryDtypeStreamsAsBytes) {
   ASSERT_LWO(lwo_pool_tensor_info(pool, 0, 0, &ti));
   EXPECT_EQ(ti.dtype, LWO_DTYPE_I64);
   stream_and_check(pool, ts, 2);
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // Anything but a regular file is refused at once, without blocking: a named

@@ -176,8 +176,7 @@ TEST_F(PoolAccess, GradsShardOnUnshardedPoolIsTheWholeTensor) {
     ASSERT_LWO(lwo_grads_shard(g, 1, name, &again, nullptr, nullptr));  // counts may be NULL
     EXPECT_EQ(again, d);
   }
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 
   WithEmpty we;
   ASSERT_LWO(lwo_pool_create_pinned(engine, &we.layer, 1, nullptr, &pool));
@@ -188,8 +187,7 @@ TEST_F(PoolAccess, GradsShardOnUnshardedPoolIsTheWholeTensor) {
   EXPECT_EQ(first, 0u);
   EXPECT_EQ(ne, 0u);
   EXPECT_EQ(d, nullptr) << "lwo.h: *n_elements may be 0 (then *data is NULL)";
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 }
 
 // lwo_pool_write_range writes exactly bytes [offset, offset + bytes) of the
@@ -241,8 +239,7 @@ TEST_F(PoolAccess, WriteRangeWritesExactlyTheRangeAndMarksTheLayerChanged) {
   use(ring, pool, 1, c);
   EXPECT_EQ(ring_stats(ring).n_copies, 4u);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_pool_write_range: LWO_ERR_OUT_OF_RANGE past the tensor's end (also

@@ -81,8 +81,7 @@ TEST_F(PoolTest, PinnedArenaFallsBackWhenRegistrationIsRefused) {
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];  // source was pinned
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(PoolTest, PinnedPoolRejectsBadInput) {
@@ -155,8 +154,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   EXPECT_EQ(st.n_copies, L);  // one copy per layer
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   EXPECT_EQ(lwo_pool_write(pool, 0, "weight", mem.p, 1), LWO_ERR_UNSUPPORTED);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
   EXPECT_EQ(gpu->n_registered(), 0u);
 }
 
@@ -207,8 +205,7 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
   ASSERT_LWO(lwo_ring_get_stats(ring, &st));
   EXPECT_EQ(st.n_copies, expect_copies);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(PoolTest, RegisteredPoolRejectsBadRegions) {

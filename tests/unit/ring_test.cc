@@ -161,8 +161,7 @@ TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
   ASSERT_LWO(lwo_ring_reset_stats(ring));
   ASSERT_LWO(lwo_ring_get_stats(ring, &st));
   EXPECT_EQ(st.n_stages, 0u);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // A hit acquired on stream B while stream A may still read the previous
@@ -189,8 +188,7 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // After the host bytes of a layer change, a slot holding the old bytes is
@@ -219,8 +217,7 @@ TEST_F(RingTest, ChangedLayersAreCopiedAgain) {
   EXPECT_EQ(gpu->stats.copies, copies + 2);  // unchanged since: a hit
   EXPECT_EQ(lwo_pool_layer_changed(pool, 3), LWO_ERR_OUT_OF_RANGE);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
@@ -267,9 +264,7 @@ TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
   ASSERT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // Ticket serials never wrap: 65,536 more rings (depth 1) are created and
@@ -296,8 +291,7 @@ TEST_F(RingTest, TicketsOfRingsCreatedLaterNeverRepeat) {
   }
   // The first ring still knows its own (ended) ticket.
   EXPECT_EQ(lwo_ring_release(first, t1, stream(c)), LWO_ERR_STALE_TICKET);
-  ASSERT_LWO(lwo_ring_destroy(first));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(first, pool);
 }
 
 // A ring draws a new serial after 65,535 tickets: its tickets stay distinct,
@@ -326,9 +320,7 @@ TEST_F(RingTest, ManyTicketsOfOneRingNeverRepeat) {
   ASSERT_LWO(lwo_ring_ticket_state(ring, first, &st));
   EXPECT_EQ(st, LWO_TICKET_ENDED);
   EXPECT_EQ(lwo_ring_ticket_state(other, first, &st), LWO_ERR_FOREIGN_TICKET);
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // A copy that fails half-way leaves the slot empty: the old layer must not be
@@ -350,8 +342,7 @@ TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(RingTest, CreateFailureLeavesNothingBehind) {
@@ -386,8 +377,7 @@ TEST_F(RingTest, TimingStatsAccumulate) {
   EXPECT_DOUBLE_EQ(st.copy_ms, 4.0);  // the recording backend's 1 ms per interval
   EXPECT_DOUBLE_EQ(st.wait_ms, 4.0);
   EXPECT_NEAR(st.bandwidth_gbps, st.bytes_copied / 4e6, 1e-9);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 }  // namespace

@@ -79,9 +79,7 @@ TEST_F(RingTickets, TicketStateAndQuery) {
   ASSERT_LWO(lwo_ring_release(other, ot, stream(c)));
   ASSERT_LWO(lwo_ring_release(ring, t2, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // lwo_ring_release_all releases every staged and acquired ticket, as
@@ -138,8 +136,7 @@ TEST_F(RingTickets, ReleaseAllReleasesEveryLiveTicketInStreamOrder) {
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release_all(ring, stream(a), &n));
   EXPECT_EQ(n, 3u);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // A depth-1 ring: a hit released by lwo_ring_release_all on a stream other
@@ -162,8 +159,7 @@ TEST_F(RingTickets, ReleaseAllOfAHitCoversEarlierReaders) {
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));  // overwrites the slot
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release(ring, t, stream(b)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_ring_release_all is LWO_ERR_BUSY while a schedule of the ring exists,
@@ -190,8 +186,7 @@ TEST_F(RingTickets, ReleaseAllIsBusyWhileAScheduleExists) {
   ASSERT_LWO(lwo_ring_release_all(ring, stream(c), &n));
   EXPECT_EQ(n, 1u);
   EXPECT_EQ(state(ring, mine), LWO_TICKET_ENDED);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -228,8 +223,7 @@ TEST_F(GradsQuery, QueryReportsDone) {
   EXPECT_EQ(lwo_grads_query(g, nullptr), LWO_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(starts_with(msg(), "lwo_grads_query: ")) << msg();
   EXPECT_EQ(lwo_grads_query(nullptr, &done), LWO_ERR_INVALID_HANDLE);
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 }
 
 }  // namespace

@@ -111,6 +111,19 @@ class EngineTest : public ::testing::Test {
     return bytes == v.record_bytes && std::memcmp(host, v.base, bytes) == 0;
   }
   lwo_stream_t stream(StreamH s) { return static_cast<lwo_stream_t>(s); }
+  // Destroys each handle in the order given (dependents first), each call
+  // checked; stops at the first that fails.
+  void destroy(lwo_schedule* s) { ASSERT_LWO(lwo_schedule_destroy(s)); }
+  void destroy(lwo_grads* g) { ASSERT_LWO(lwo_grads_destroy(g)); }
+  void destroy(lwo_ring* r) { ASSERT_LWO(lwo_ring_destroy(r)); }
+  void destroy(lwo_pool* p) { ASSERT_LWO(lwo_pool_destroy(p)); }
+  void destroy(lwo_checkpoint* c) { ASSERT_LWO(lwo_checkpoint_destroy(c)); }
+  template <class A, class B, class... Rest>
+  void destroy(A* a, B* b, Rest*... rest) {
+    destroy(a);
+    if (::testing::Test::HasFatalFailure()) return;
+    destroy(b, rest...);
+  }
   // Stage, acquire on `s`, check the bytes, read them on `s`, release on `s`.
   void use(lwo_ring* ring, lwo_pool* pool, uint32_t layer, StreamH s) {
     lwo_ticket t{};
