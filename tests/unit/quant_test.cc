@@ -31,16 +31,6 @@ lwo_quant_layout_info layout(const lwo_quant_desc& d) {
   return info;
 }
 
-// Expects `status` and a message holding the call's name and `part`.
-#define EXPECT_QERR(status, call, part, expr)                                            \
-  do {                                                                                   \
-    lwo_status_t s_ = (expr);                                                            \
-    std::string m_ = lwo_last_error_message();                                           \
-    EXPECT_STREQ(lwo_status_string(status), lwo_status_string(s_)) << #expr << ": " << m_; \
-    EXPECT_EQ(m_.rfind(call, 0), 0u) << #expr << ": " << m_;                            \
-    EXPECT_NE(m_.find(part), std::string::npos) << #expr << ": \"" << m_ << "\" lacks \"" \
-                                                 << (part) << "\"";                      \
-  } while (0)
 
 // ---- independent references ----
 
