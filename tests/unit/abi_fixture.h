@@ -1,8 +1,8 @@
 // What the C ABI tests share (abi_structs_test.cc, abi_errors_test.cc,
 // pool_access_test.cc, ring_tickets_test.cc, checkpoint_calls_test.cc), on the
 // recording backend: a sentinel for untouched output bytes, message checks, a
-// layer with an empty tensor, page-aligned memory, a registered model, and the
-// fixture with its pool, ring and ticket queries.
+// layer with an empty tensor, a registered model, and the fixture with its
+// pool, ring and ticket queries.
 #pragma once
 
 #include <sys/mman.h>
