@@ -24,6 +24,20 @@ class CheckpointTest : public EngineTest {
   }
   std::string file(const std::string& name) { return tmp.file(name); }
   std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
+  // Writes `ts` as model.safetensors; returns its path.
+  std::string write_model(const std::vector<FileTensor>& ts) {
+    const std::string path = file("model.safetensors");
+    write_safetensors(path, ts);
+    return path;
+  }
+  // Opens the checkpoint at `path` into *ck and makes a pool of its layers
+  // "blocks.{i}." into *pool.
+  void open_blocks(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool) {
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), ck));
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "blocks.{i}.";
+    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, *ck, &cfg, pool));
+  }
   // Streams every layer twice through a ring of depth 2 and checks every
   // tensor's slot bytes against the file's.
   void stream_and_check(lwo_pool* pool, const std::vector<FileTensor>& ts, uint32_t L) {
@@ -57,8 +71,7 @@ class CheckpointTest : public EngineTest {
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
   const uint32_t L = 5;
   auto ts = model(L, 10);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   uint32_t n = 0;
@@ -99,8 +112,7 @@ TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
 TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
   const uint32_t L = 4;
   auto ts = model(L, 20);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   for (int how = 0; how < 2; ++how) {  // asked for, and registration refused
@@ -183,14 +195,10 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
 
 TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   auto ts = model(3, 40);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-  cfg.pattern = "blocks.{i}.";
   lwo_pool* pool = nullptr;
-  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ticket t{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
@@ -211,16 +219,12 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
 // replaced by a rename is still no change (the mapping keeps the old one).
 TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
   auto ts = model(3, 41);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   for (int replaced = 0; replaced < 2; ++replaced) {
     SCOPED_TRACE(replaced ? "replaced" : "modified");
     lwo_checkpoint* ck = nullptr;
-    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-    cfg.pattern = "blocks.{i}.";
     lwo_pool* pool = nullptr;
-    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+    ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
     lwo_ring* ring = make_ring(pool, 2);
     lwo_ticket t{};
     ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
@@ -395,8 +399,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   EXPECT_EQ(lwo_checkpoint_open(tiny.c_str(), &ck), LWO_ERR_TRUNCATED);
   EXPECT_EQ(ck, nullptr);
   auto ts = model(2, 50);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   lwo_pool* pool = nullptr;
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
