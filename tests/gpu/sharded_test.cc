@@ -43,17 +43,26 @@ void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<l
   }
 }
 
-// One rank: engine, communicator, sharded pool, ring, a random schedule.
-void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n_layers_given,
-              lwo_status_t want_pool, const std::vector<uint32_t>& order) {
+// Rank `rank` of two: its engine on GPU `rank` (engine flags `flags`) and its
+// communicator.
+void open_rank(int rank, const lwo_nccl_unique_id& id, uint32_t flags, Engine* eng,
+               lwo_nccl_comm_t* comm) {
   CUDA_OK(cudaSetDevice(rank));
   lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
   ec.device = rank;
+  ec.flags = flags;
+  CHECK_LWO(lwo_engine_create(&ec, eng->out()));
+  CHECK_LWO(lwo_nccl_comm_create(eng->get(), &id, 2, rank, comm));
+}
+
+// One rank: engine, communicator, sharded pool, ring, a random schedule.
+void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n_layers_given,
+              lwo_status_t want_pool, const std::vector<uint32_t>& order) {
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, 0u, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
   model_descs(m, td, ld);
@@ -167,15 +176,12 @@ struct RankResult {
 };
 
 void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, RankResult* out) {
-  CUDA_OK(cudaSetDevice(rank));
   const uint32_t L = static_cast<uint32_t>(m.ld.size());
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = rank;
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, 0u, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_sharded(eng.get(), m.ld.data(), L, comm, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -262,15 +268,11 @@ TEST_F(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
 // With LWO_ENGINE_CHECK_COLLECTIVES, ranks that stage different layers get a
 // status on both GPUs instead of a hang, and then go on.
 void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
-  CUDA_OK(cudaSetDevice(rank));
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = rank;
-  ec.flags = LWO_ENGINE_CHECK_COLLECTIVES;
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, LWO_ENGINE_CHECK_COLLECTIVES, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   const uint32_t L = static_cast<uint32_t>(m.rows.size());
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
