@@ -68,8 +68,7 @@ TEST_F(CheckpointCalls, DestroyKeepsPoolsWorking) {
   for (uint32_t l = 0; l < 2; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     void* w = nullptr;
     ASSERT_LWO(lwo_ring_tensor(ring, t, "weight", &w));
     EXPECT_EQ(std::memcmp(w, ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);

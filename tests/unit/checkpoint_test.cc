@@ -47,8 +47,7 @@ class CheckpointTest : public EngineTest {
       for (uint32_t l = 0; l < L; ++l) {
         lwo_ticket t{};
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-        ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+        ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
         ASSERT_EQ(v.n_tensors, 2u);
         void* w = nullptr;
         void* b = nullptr;
@@ -172,8 +171,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     // In the caller's order: bias, then weight; full names.
     void* p = nullptr;
     ASSERT_LWO(lwo_ring_tensor(ring, t, ts[2 + 2 * l].name.c_str(), &p));

@@ -76,8 +76,7 @@ TEST_F(PoolTest, PinnedArenaFallsBackWhenRegistrationIsRefused) {
   StreamH c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 2, c, &t, &v));
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];  // source was pinned
@@ -138,8 +137,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, i, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, i, c, &t, &v));
     for (uint32_t k = 0; k < v.n_tensors; ++k) {  // padding after the last tensor is not copied
       lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, i, k, &ti));
@@ -185,8 +183,7 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, i, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, i, c, &t, &v));
     ASSERT_EQ(v.n_tensors, m.layers[i].n_tensors);
     for (uint32_t k = 0; k < v.n_tensors; ++k) {
       lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;

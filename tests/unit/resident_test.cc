@@ -108,8 +108,7 @@ TEST_F(ResidentTest, ChangedResidentLayerIsUploadedAfterEveryReader) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   void* old_base = v.base;
   gpu->read(a, v.base, v.record_bytes);
   lwo_ticket t2{};

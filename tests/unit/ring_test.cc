@@ -135,8 +135,7 @@ TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
     for (uint32_t l : layers) {
       lwo_ticket t{};
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+      ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
       ASSERT_TRUE(holds_layer(pool, v));
       gpu->read(c, v.base, v.record_bytes);
       ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
@@ -172,13 +171,11 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(a)));
   // Hit, acquired and released on b.
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(b), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, b, &t, &v));
   gpu->read(b, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(b)));
   // Hit, released on c without acquiring.
@@ -259,8 +256,7 @@ TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
   gpu->read(c, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t2, stream(c)));
   ASSERT_LWO(lwo_ring_release(ring, t1, stream(c)));
-  ASSERT_LWO(lwo_ring_stage(ring, 3, &t0));
-  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 3, c, &t0, &v));
   ASSERT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
@@ -366,8 +362,7 @@ TEST_F(RingTest, TimingStatsAccumulate) {
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
   lwo_ring_stats st{};

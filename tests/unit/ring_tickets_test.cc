@@ -99,13 +99,11 @@ TEST_F(RingTickets, ReleaseAllReleasesEveryLiveTicketInStreamOrder) {
   // acquired). Layer 1: acquired and read on b. Layer 2: staged only.
   lwo_ticket t0{}, t1{}, t2{}, old{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &old));
-  ASSERT_LWO(lwo_ring_acquire(ring, old, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &old, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, old, stream(a)));
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
-  ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
-  ASSERT_LWO(lwo_ring_acquire(ring, t1, stream(b), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 1, b, &t1, &v));
   gpu->read(b, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_stage(ring, 2, &t2));
   EXPECT_EQ(n_free(ring), 0u);
@@ -148,8 +146,7 @@ TEST_F(RingTickets, ReleaseAllOfAHitCoversEarlierReaders) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(a)));
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));  // hit

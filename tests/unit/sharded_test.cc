@@ -45,8 +45,7 @@ TEST_F(ShardedTest, ShardCopyThenGatherThenReady) {
     for (uint32_t l = 0; l < 4; ++l) {
       lwo_ticket t{};
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+      ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
       EXPECT_EQ(std::memcmp(v.tensors[0], w[l].data(), w[l].size()), 0) << "layer " << l;
       gpu->read(c, v.base, v.record_bytes);  // must follow the gather, not only the copy
       ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
@@ -251,8 +250,7 @@ TEST_F(ShardedTest, CollectiveCheckFindsRanksThatDiffer) {
   EXPECT_EQ(lwo_ring_stage(ring, 9, &t), LWO_ERR_OUT_OF_RANGE);
   EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
   // Still usable: a copy, agreed, lands the record.
-  ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 2, c, &t, &v));
   void* shard = nullptr;
   uint64_t off = 0, bytes = 0;
   ASSERT_LWO(lwo_pool_shard_host(pool, 2, &shard, &off, &bytes));

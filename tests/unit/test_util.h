@@ -124,12 +124,16 @@ class EngineTest : public ::testing::Test {
     if (::testing::Test::HasFatalFailure()) return;
     destroy(b, rest...);
   }
+  // Stages `layer` and acquires it on `s`: its ticket in *t, its view in *v.
+  void acquire(lwo_ring* ring, uint32_t layer, StreamH s, lwo_ticket* t, lwo_layer_view* v) {
+    ASSERT_LWO(lwo_ring_stage(ring, layer, t));
+    ASSERT_LWO(lwo_ring_acquire(ring, *t, stream(s), v));
+  }
   // Stage, acquire on `s`, check the bytes, read them on `s`, release on `s`.
   void use(lwo_ring* ring, lwo_pool* pool, uint32_t layer, StreamH s) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, layer, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, layer, s, &t, &v));
     ASSERT_EQ(v.layer, layer);
     ASSERT_TRUE(holds_layer(pool, v)) << "layer " << layer;
     gpu->read(s, v.base, v.record_bytes);
