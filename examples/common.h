@@ -1,6 +1,7 @@
 /* What the examples share: checks that end the program with a message
  * naming the call and what lwo (or CUDA) reported, the host's bf16
- * conversions, a small random generator and a square root without libm.
+ * conversions, a tensor description, a small random generator and a square
+ * root without libm.
  *
  * An example defines, before including this file, EXAMPLE_PREFIX: the start
  * of its messages, a format string ("train_step"); and when that format
@@ -51,6 +52,20 @@
       exit(1);                                                            \
     }                                                                     \
   } while (0)
+
+/* The description of a tensor `name` of `dtype` and shape [rows] (cols 0) or
+ * [rows, cols]: no host data, no extensions. */
+static inline lwo_tensor_desc tensor_desc(const char* name, lwo_dtype_t dtype, int64_t rows,
+                                          int64_t cols) {
+  lwo_tensor_desc t;
+  memset(&t, 0, sizeof t);
+  t.name = name;
+  t.dtype = dtype;
+  t.n_dims = cols ? 2 : 1;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  return t;
+}
 
 /* bf16 <-> f32 on the host (round to nearest even; finite values only). */
 static inline uint16_t to_bf16(float f) {

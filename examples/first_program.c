@@ -37,13 +37,8 @@ int main(void) {
   LWO_CHECK(lwo_engine_create(NULL, &engine)); /* NULL config: device 0 */
 
   /* One bf16 tensor "weight" of ROWS x COLS per layer. */
-  memset(weight, 0, sizeof weight);
   for (i = 0; i < N_LAYERS; ++i) {
-    weight[i].name = "weight";
-    weight[i].dtype = LWO_DTYPE_BF16;
-    weight[i].n_dims = 2;
-    weight[i].shape[0] = ROWS;
-    weight[i].shape[1] = COLS;
+    weight[i] = tensor_desc("weight", LWO_DTYPE_BF16, ROWS, COLS);
     layers[i].tensors = &weight[i];
     layers[i].n_tensors = 1;
     layers[i].next = NULL; /* no extensions */

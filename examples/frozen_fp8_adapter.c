@@ -72,35 +72,29 @@ static void* fetch(const void* dev, size_t bytes) {
   CUDA_CHECK(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
   return h;
 }
-/* out[t, o] = sum_i a[t, i] w[o, i] (the layers' x W^T), in double. */
-static void matmul_t(const double* a, const double* w, double* out, int t_n, int in, int out_n) {
-  int t, o, i;
-  for (t = 0; t < t_n; ++t)
-    for (o = 0; o < out_n; ++o) {
+/* out[r, c] = sum_k a[r * a_r + k * a_k] b[k * b_k + c * b_c], r < rows,
+ * c < cols, k < n_k, in double: the three products below, by their strides. */
+static void product(const double* a, int a_r, int a_k, const double* b, int b_k, int b_c,
+                    double* out, int rows, int cols, int n_k) {
+  int r, c, k;
+  for (r = 0; r < rows; ++r)
+    for (c = 0; c < cols; ++c) {
       double acc = 0.0;
-      for (i = 0; i < in; ++i) acc += a[t * in + i] * w[o * in + i];
-      out[t * out_n + o] = acc;
+      for (k = 0; k < n_k; ++k) acc += a[r * a_r + k * a_k] * b[k * b_k + c * b_c];
+      out[r * cols + c] = acc;
     }
+}
+/* out[t, o] = sum_i a[t, i] w[o, i] (the layers' x W^T). */
+static void matmul_t(const double* a, const double* w, double* out, int t_n, int in, int out_n) {
+  product(a, in, 1, w, 1, in, out, t_n, out_n, in);
 }
 /* out[t, i] = sum_o g[t, o] w[o, i] (dx = dy W). */
 static void matmul(const double* g, const double* w, double* out, int t_n, int in, int out_n) {
-  int t, o, i;
-  for (t = 0; t < t_n; ++t)
-    for (i = 0; i < in; ++i) {
-      double acc = 0.0;
-      for (o = 0; o < out_n; ++o) acc += g[t * out_n + o] * w[o * in + i];
-      out[t * in + i] = acc;
-    }
+  product(g, out_n, 1, w, in, 1, out, t_n, in, out_n);
 }
 /* dw[o, i] = sum_t g[t, o] a[t, i] (dW = dy^T x). */
 static void grad_w(const double* g, const double* a, double* dw, int t_n, int in, int out_n) {
-  int t, o, i;
-  for (o = 0; o < out_n; ++o)
-    for (i = 0; i < in; ++i) {
-      double acc = 0.0;
-      for (t = 0; t < t_n; ++t) acc += g[t * out_n + o] * a[t * in + i];
-      dw[o * in + i] = acc;
-    }
+  product(g, 1, out_n, a, in, 1, dw, out_n, in, t_n);
 }
 static double* doubles(size_t n) {
   double* p = (double*)calloc(n, sizeof(double));
@@ -145,12 +139,7 @@ int main(void) {
   memset(&fp8, 0, sizeof fp8);
   fp8.header.type = LWO_EXT_TENSOR_QUANT;
   fp8.format = LWO_QUANT_FP8_E4M3_BLOCK128;
-  memset(&weight, 0, sizeof weight);
-  weight.name = "weight";
-  weight.dtype = LWO_DTYPE_BF16;
-  weight.n_dims = 2;
-  weight.shape[0] = DIM;
-  weight.shape[1] = DIM;
+  weight = tensor_desc("weight", LWO_DTYPE_BF16, DIM, DIM);
   weight.next = &fp8;
   for (l = 0; l < N_LAYERS; ++l) {
     layers[l].tensors = &weight;

@@ -49,12 +49,7 @@ int main(void) {
 
   LWO_CHECK(lwo_engine_create(NULL, &engine));
   for (l = 0; l < N_LAYERS; ++l) {
-    memset(&t[l], 0, sizeof t[l]);
-    t[l].name = "weight";
-    t[l].dtype = LWO_DTYPE_BF16;
-    t[l].n_dims = 2;
-    t[l].shape[0] = ROWS;
-    t[l].shape[1] = COLS;
+    t[l] = tensor_desc("weight", LWO_DTYPE_BF16, ROWS, COLS);
     layers[l].tensors = &t[l];
     layers[l].n_tensors = 1;
     layers[l].next = NULL;

@@ -47,18 +47,10 @@ int main(void) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   /* Every layer: "weight" [DIM x DIM] bf16 and "bias" [DIM] f32. */
-  memset(tensors, 0, sizeof tensors);
   for (layer = 0; layer < N_LAYERS; ++layer) {
     lwo_tensor_desc* t = tensors[layer];
-    t[0].name = "weight";
-    t[0].dtype = LWO_DTYPE_BF16;
-    t[0].n_dims = 2;
-    t[0].shape[0] = DIM;
-    t[0].shape[1] = DIM;
-    t[1].name = "bias";
-    t[1].dtype = LWO_DTYPE_F32;
-    t[1].n_dims = 1;
-    t[1].shape[0] = DIM;
+    t[0] = tensor_desc("weight", LWO_DTYPE_BF16, DIM, DIM);
+    t[1] = tensor_desc("bias", LWO_DTYPE_F32, DIM, 0);
     layers[layer].tensors = t;
     layers[layer].n_tensors = 2;
     layers[layer].next = NULL; /* no extensions */

@@ -109,16 +109,8 @@ static void* run_rank(void* arg) {
   CUDA_CHECK(cudaSetDevice(rank));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  memset(tensors, 0, sizeof tensors);
-  tensors[0].name = "weight";
-  tensors[0].dtype = LWO_DTYPE_BF16;
-  tensors[0].n_dims = 2;
-  tensors[0].shape[0] = DIM;
-  tensors[0].shape[1] = DIM;
-  tensors[1].name = "bias";
-  tensors[1].dtype = LWO_DTYPE_BF16;
-  tensors[1].n_dims = 1;
-  tensors[1].shape[0] = DIM;
+  tensors[0] = tensor_desc("weight", LWO_DTYPE_BF16, DIM, DIM);
+  tensors[1] = tensor_desc("bias", LWO_DTYPE_BF16, DIM, 0);
   for (l = 0; l < N_LAYERS; ++l) {
     layers[l].tensors = tensors;
     layers[l].n_tensors = 2;

@@ -21,42 +21,27 @@
 #include "src/checkpoint/checkpoint.h"
 #include "src/common/error.h"
 
-struct lwo_engine {
-  std::unique_ptr<lwo::Engine> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-struct lwo_pool {
-  std::unique_ptr<lwo::Pool> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-struct lwo_ring {
-  std::unique_ptr<lwo::Ring> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-struct lwo_grads {
-  std::unique_ptr<lwo::Grads> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-struct lwo_checkpoint {
-  std::shared_ptr<lwo::Checkpoint> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-struct lwo_schedule {
-  std::unique_ptr<lwo::Schedule> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
-// A plan (bindings/c/api_plan.cc defines what it holds).
 namespace lwo {
-struct PlanHandle;
-}
-struct lwo_plan {
-  std::unique_ptr<lwo::PlanHandle> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
+struct PlanHandle;  // a plan (bindings/c/api_plan.cc defines what it holds)
+namespace abi {
+// What every handle struct holds: its object, and the value the caller holds
+// (abi::publish).
+template <class Impl, template <class...> class Owner = std::unique_ptr>
+struct Handle {
+  Owner<Impl> impl;
+  uint64_t handle = 0;
 };
-struct lwo_optim {
-  std::unique_ptr<lwo::Optimizer> impl;
-  uint64_t handle = 0;  // the value the caller holds (abi::publish)
-};
+}  // namespace abi
+}  // namespace lwo
+
+struct lwo_engine : lwo::abi::Handle<lwo::Engine> {};
+struct lwo_pool : lwo::abi::Handle<lwo::Pool> {};
+struct lwo_ring : lwo::abi::Handle<lwo::Ring> {};
+struct lwo_grads : lwo::abi::Handle<lwo::Grads> {};
+struct lwo_checkpoint : lwo::abi::Handle<lwo::Checkpoint, std::shared_ptr> {};
+struct lwo_schedule : lwo::abi::Handle<lwo::Schedule> {};
+struct lwo_plan : lwo::abi::Handle<lwo::PlanHandle> {};
+struct lwo_optim : lwo::abi::Handle<lwo::Optimizer> {};
 
 namespace lwo {
 namespace abi {
@@ -150,6 +135,20 @@ lwo_status_t guard(const char* call, F&& f) noexcept {
 
 inline void need(const void* p, const char* what) {
   if (!p) fail(LWO_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+// The output handle of a create call: not NULL, and NULL until the call
+// succeeds (a failed call leaves it NULL).
+template <class H>
+void clear_output(H** out, const char* what) {
+  need(out, what);
+  *out = nullptr;
+}
+
+// Writes how many elements `v` has to a count output (not NULL).
+template <class V>
+void count_out(const V& v, uint32_t* n, const char* what) {
+  need(n, what);
+  *n = static_cast<uint32_t>(v.size());
 }
 
 // Throws unless every byte of [from, to) of `p` is zero: a newer caller's

@@ -59,8 +59,7 @@ extern "C" {
 
 LWO_API lwo_status_t lwo_checkpoint_open(const char* path, lwo_checkpoint** checkpoint) {
   return guard("lwo_checkpoint_open", [&] {
-    need(checkpoint, "checkpoint (output)");
-    *checkpoint = nullptr;
+    clear_output(checkpoint, "checkpoint (output)");
     need(path, "path");
     *checkpoint = publish(std::make_unique<lwo_checkpoint>(lwo_checkpoint{lwo::Checkpoint::open(path)}));
   });
@@ -75,9 +74,7 @@ LWO_API lwo_status_t lwo_checkpoint_destroy(lwo_checkpoint* checkpoint) {
 LWO_API lwo_status_t lwo_checkpoint_tensor_count(const lwo_checkpoint* checkpoint,
                                                  uint32_t* n_tensors) {
   return guard("lwo_checkpoint_tensor_count", [&] {
-    lwo_checkpoint* c = check_handle(checkpoint);
-    need(n_tensors, "n_tensors");
-    *n_tensors = static_cast<uint32_t>(c->impl->entries().size());
+    count_out(check_handle(checkpoint)->impl->entries(), n_tensors, "n_tensors");
   });
 }
 
@@ -129,9 +126,7 @@ LWO_API lwo_status_t lwo_checkpoint_tensor_info(const lwo_checkpoint* checkpoint
 LWO_API lwo_status_t lwo_checkpoint_file_count(const lwo_checkpoint* checkpoint,
                                                uint32_t* n_files) {
   return guard("lwo_checkpoint_file_count", [&] {
-    lwo_checkpoint* c = check_handle(checkpoint);
-    need(n_files, "n_files");
-    *n_files = static_cast<uint32_t>(c->impl->files().size());
+    count_out(check_handle(checkpoint)->impl->files(), n_files, "n_files");
   });
 }
 
@@ -152,9 +147,7 @@ LWO_API lwo_status_t lwo_checkpoint_file_info(const lwo_checkpoint* checkpoint, 
 LWO_API lwo_status_t lwo_checkpoint_metadata_count(const lwo_checkpoint* checkpoint,
                                                    uint32_t* n_entries) {
   return guard("lwo_checkpoint_metadata_count", [&] {
-    lwo_checkpoint* c = check_handle(checkpoint);
-    need(n_entries, "n_entries");
-    *n_entries = static_cast<uint32_t>(c->impl->metadata().size());
+    count_out(check_handle(checkpoint)->impl->metadata(), n_entries, "n_entries");
   });
 }
 
@@ -182,8 +175,7 @@ LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      const lwo_checkpoint_pool_config* config,
                                                      lwo_pool** pool) {
   return guard("lwo_pool_create_from_checkpoint", [&] {
-    need(pool, "pool (output)");
-    *pool = nullptr;
+    clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
     lwo_checkpoint* c = check_handle(checkpoint);
     Mapped m = map_layers(*c->impl, config);

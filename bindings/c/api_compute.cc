@@ -10,6 +10,24 @@
 using namespace lwo::abi;
 using lwo::fail;
 
+namespace {
+
+// A caller's layer descriptor (read_config over `defaults`): a compute dtype
+// of bf16, f16 or f32 and no flags but `known`.
+template <class Desc>
+Desc read_desc(const Desc* desc, const Desc& defaults, uint32_t known) {
+  need(desc, "desc");
+  Desc d = read_config(desc, defaults);
+  lwo::check_dtype_value(d.dtype, "dtype");
+  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
+    fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
+         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
+  if (d.flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", d.flags & ~known);
+  return d;
+}
+
+}  // namespace
+
 extern "C" {
 
 LWO_API void lwo_linear_desc_init(lwo_linear_desc* d) {
@@ -40,14 +58,9 @@ static void check_backward_outputs(const char* bias_flag, bool has_bias, lwo_dty
 }
 
 static lwo::Compute::Linear linear_of(const lwo_linear_desc* desc, int64_t tokens) {
-  need(desc, "desc");
-  lwo_linear_desc d = read_config(desc, lwo_linear_desc LWO_LINEAR_DESC_INIT);
-  lwo::check_dtype_value(d.dtype, "dtype");
-  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
-    fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
-         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
-  const uint32_t known = LWO_LINEAR_BIAS | LWO_LINEAR_TF32 | LWO_LINEAR_ACCUMULATE;
-  if (d.flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", d.flags & ~known);
+  const lwo_linear_desc d = read_desc(
+      desc, lwo_linear_desc LWO_LINEAR_DESC_INIT,
+      LWO_LINEAR_BIAS | LWO_LINEAR_TF32 | LWO_LINEAR_ACCUMULATE);
   if (d.in_features < 1 || d.out_features < 1)
     fail(LWO_ERR_INVALID_ARGUMENT, "in_features %lld and out_features %lld must be >= 1", static_cast<long long>(d.in_features), static_cast<long long>(d.out_features));
   if (tokens < 1)
@@ -123,14 +136,8 @@ LWO_API void lwo_conv2d_desc_init(lwo_conv2d_desc* d) {
 }
 
 static lwo::Compute::Conv conv_of(const lwo_conv2d_desc* desc) {
-  need(desc, "desc");
-  lwo_conv2d_desc d = read_config(desc, lwo_conv2d_desc LWO_CONV2D_DESC_INIT);
-  lwo::check_dtype_value(d.dtype, "dtype");
-  if (d.dtype != LWO_DTYPE_BF16 && d.dtype != LWO_DTYPE_F16 && d.dtype != LWO_DTYPE_F32)
-    fail(LWO_ERR_INVALID_ARGUMENT, "dtype %s (%d) is not bf16, f16 or f32",
-         lwo::dtype_name(d.dtype), static_cast<int>(d.dtype));
-  const uint32_t known = LWO_CONV_BIAS | LWO_CONV_TF32 | LWO_CONV_ACCUMULATE;
-  if (d.flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", d.flags & ~known);
+  const lwo_conv2d_desc d = read_desc(desc, lwo_conv2d_desc LWO_CONV2D_DESC_INIT,
+                                      LWO_CONV_BIAS | LWO_CONV_TF32 | LWO_CONV_ACCUMULATE);
   if (d.layout != LWO_LAYOUT_NCHW && d.layout != LWO_LAYOUT_NHWC)
     fail(LWO_ERR_INVALID_ARGUMENT, "layout %d is neither NCHW (0) nor NHWC (1)",
          static_cast<int>(d.layout));

@@ -34,8 +34,7 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
   lwo_engine_config cfg{};
   std::unique_ptr<lwo::Backend> backend;
   lwo_status_t s = guard(call, [&] {
-    need(engine, "engine (output)");
-    *engine = nullptr;
+    clear_output(engine, "engine (output)");
     cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT);
     check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM);
     if (cfg.device < 0) fail(LWO_ERR_INVALID_ARGUMENT, "device %d is negative", cfg.device);

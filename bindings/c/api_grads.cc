@@ -14,8 +14,7 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* c) {
 LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
                                       const lwo_grads_config* config, lwo_grads** grads) {
   return guard("lwo_grads_create", [&] {
-    need(grads, "grads (output)");
-    *grads = nullptr;
+    clear_output(grads, "grads (output)");
     lwo_pool* p = check_handle(pool);
     lwo_grads_config cfg = read_config(config, lwo_grads_config LWO_GRADS_CONFIG_INIT);
     check_flags(cfg.flags, LWO_GRADS_NATIVE_WIRE | LWO_GRADS_F32);

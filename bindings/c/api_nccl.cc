@@ -21,8 +21,7 @@ LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_uni
   return guard("lwo_nccl_comm_create", [&] {
     lwo_engine* e = check_handle(engine);
     need(id, "id");
-    need(comm, "comm (output)");
-    *comm = nullptr;
+    clear_output(comm, "comm (output)");
     *comm = static_cast<lwo_nccl_comm_t>(lwo::nccl_comm_create(*e->impl, id->internal, n_ranks, rank));
   });
 }
@@ -35,8 +34,7 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
                                              uint32_t n_layers, lwo_nccl_comm_t comm,
                                              const lwo_pool_config* config, lwo_pool** pool) {
   return guard("lwo_pool_create_sharded", [&] {
-    need(pool, "pool (output)");
-    *pool = nullptr;
+    clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);

@@ -21,8 +21,7 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* p) {
 LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* config,
                                       lwo_optim** optim) {
   return guard("lwo_optim_create", [&] {
-    need(optim, "optim (output)");
-    *optim = nullptr;
+    clear_output(optim, "optim (output)");
     lwo_grads* g = check_handle(grads);
     lwo_optim_config cfg = read_config(config, lwo_optim_config LWO_OPTIM_CONFIG_INIT);
     lwo::check_dtype_value(cfg.state_dtype, "state_dtype");

@@ -76,8 +76,7 @@ LWO_API void lwo_plan_config_init(lwo_plan_config* c) {
 LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* config,
                                      lwo_plan** plan) {
   return guard("lwo_plan_create", [&] {
-    need(plan, "plan (output)");
-    *plan = nullptr;
+    clear_output(plan, "plan (output)");
     lwo_pool* p = check_handle(pool);
     need(config, "config");
     lwo_plan_config cfg = read_config(config, lwo_plan_config LWO_PLAN_CONFIG_INIT);

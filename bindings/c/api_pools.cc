@@ -31,8 +31,7 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_
                                             uint32_t n_layers, const lwo_pool_config* config,
                                             lwo_pool** pool) {
   return guard("lwo_pool_create_pinned", [&] {
-    need(pool, "pool (output)");
-    *pool = nullptr;
+    clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
@@ -44,8 +43,7 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
                                                 uint32_t n_regions, const lwo_pool_config* config,
                                                 lwo_pool** pool) {
   return guard("lwo_pool_create_registered", [&] {
-    need(pool, "pool (output)");
-    *pool = nullptr;
+    clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
     pool_threads(config);  // checked; registering touches no memory
     add_pool(lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),

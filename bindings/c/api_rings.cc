@@ -13,8 +13,7 @@ LWO_API void lwo_ring_config_init(lwo_ring_config* c) {
 LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* config,
                                      lwo_ring** ring) {
   return guard("lwo_ring_create", [&] {
-    need(ring, "ring (output)");
-    *ring = nullptr;
+    clear_output(ring, "ring (output)");
     lwo_pool* p = check_handle(pool);
     lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT);
     check_flags(cfg.flags, LWO_RING_TIMING);
@@ -120,8 +119,7 @@ LWO_API lwo_status_t lwo_ring_reset_stats(lwo_ring* ring) {
 LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
                                          uint32_t n_layers, lwo_schedule** schedule) {
   return guard("lwo_schedule_create", [&] {
-    need(schedule, "schedule (output)");
-    *schedule = nullptr;
+    clear_output(schedule, "schedule (output)");
     lwo_ring* r = check_handle(ring);
     auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
     *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl)}));

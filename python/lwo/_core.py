@@ -123,18 +123,30 @@ def version():
 # --------------------------------------------------------------------------
 # Pointers and streams
 # --------------------------------------------------------------------------
+_NOT_RAW = object()
+
+
+def _raw_address(obj, what):
+    """The address that None, an int (0 is None) or a ctypes.c_void_p stands
+    for; _NOT_RAW for any other object. A bool is refused (TypeError)."""
+    if obj is None:
+        return None
+    if isinstance(obj, bool):
+        raise TypeError("lwo: a %s cannot be a bool" % what)
+    if isinstance(obj, int):
+        return obj or None
+    if isinstance(obj, ctypes.c_void_p):
+        return obj.value
+    return _NOT_RAW
+
+
 def stream_handle(stream):
     """The cudaStream_t (an int, or None for the legacy default stream) of a
     torch.cuda.Stream (.cuda_stream), an object with __cuda_stream__ (returns
     (version, handle)), a raw integer, a ctypes.c_void_p, or None."""
-    if stream is None:
-        return None
-    if isinstance(stream, bool):
-        raise TypeError("lwo: a stream cannot be a bool")
-    if isinstance(stream, int):
-        return stream or None
-    if isinstance(stream, ctypes.c_void_p):
-        return stream.value
+    raw = _raw_address(stream, "stream")
+    if raw is not _NOT_RAW:
+        return raw
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         got = proto() if callable(proto) else proto
@@ -154,14 +166,9 @@ def stream_handle(stream):
 def device_pointer(obj):
     """A device address from an int, an object with __cuda_array_interface__,
     a torch tensor (data_ptr()), a TensorView, or None."""
-    if obj is None:
-        return None
-    if isinstance(obj, bool):
-        raise TypeError("lwo: a device pointer cannot be a bool")
-    if isinstance(obj, int):
-        return obj or None
-    if isinstance(obj, ctypes.c_void_p):
-        return obj.value
+    raw = _raw_address(obj, "device pointer")
+    if raw is not _NOT_RAW:
+        return raw
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0]) or None

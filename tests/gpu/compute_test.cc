@@ -165,15 +165,8 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
   const lwo_dtype_t DT = LWO_DTYPE_BF16;
   std::mt19937_64 rng(test_seed(77));
   lwo_tensor_desc td[2] = {};
-  td[0].name = "weight";
-  td[0].dtype = DT;
-  td[0].n_dims = 2;
-  td[0].shape[0] = OUT;
-  td[0].shape[1] = IN;
-  td[1].name = "bias";
-  td[1].dtype = DT;
-  td[1].n_dims = 1;
-  td[1].shape[0] = OUT;
+  td[0] = tensor_desc("weight", DT, {OUT, IN});
+  td[1] = tensor_desc("bias", DT, {OUT});
   std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2, nullptr});
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
@@ -221,9 +214,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
       for (int64_t i = 0; i < OUT * IN; ++i) rdw[l][i] += reinterpret_cast<float*>(gw.data())[i];
       for (int64_t i = 0; i < OUT; ++i) rdb[l][i] += reinterpret_cast<float*>(gb.data())[i];
     }
-  std::vector<uint32_t> order;
-  for (uint32_t l = 0; l < L; ++l) order.push_back(l);
-  for (uint32_t l = L; l-- > 0;) order.push_back(l);
+  const std::vector<uint32_t> order = forward_backward(L);
   for (uint32_t depth = 1; depth <= 8; ++depth) {
     SCOPED_TRACE("depth " + std::to_string(depth));
     Ring ring;
@@ -285,12 +276,7 @@ TEST_F(Compute, StreamedEqualsResidentBitForBit) {
 TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
   const int64_t T = 64, IN = 96, OUT = 80;
   std::mt19937_64 rng(test_seed(5));
-  lwo_tensor_desc td{};
-  td.name = "weight";
-  td.dtype = LWO_DTYPE_F32;
-  td.n_dims = 2;
-  td.shape[0] = OUT;
-  td.shape[1] = IN;
+  lwo_tensor_desc td = tensor_desc("weight", LWO_DTYPE_F32, {OUT, IN});
   lwo_layer_desc ld{&td, 1, nullptr};
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
@@ -355,12 +341,7 @@ TEST_F(Compute, GradientsAppearOnlyThroughTheFence) {
 
 TEST_F(Compute, FrozenLayersMoveNoGradient) {
   const uint32_t L = 4;
-  lwo_tensor_desc td{};
-  td.name = "weight";
-  td.dtype = LWO_DTYPE_BF16;
-  td.n_dims = 2;
-  td.shape[0] = 64;
-  td.shape[1] = 48;
+  lwo_tensor_desc td = tensor_desc("weight", LWO_DTYPE_BF16, {64, 48});
   std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{&td, 1, nullptr});
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), L, nullptr, &pool));
@@ -420,15 +401,8 @@ TEST_F(Compute, GradientOrdersAndWiresMatchResidentAndFp64) {
                      (layer_major ? "layer-major" : "batch-major"));
         std::mt19937_64 rng(test_seed(900 + dt * 10 + mode.flags * 2 + layer_major));
         lwo_tensor_desc td[2] = {};
-        td[0].name = "weight";
-        td[0].dtype = dt;
-        td[0].n_dims = 2;
-        td[0].shape[0] = OUT;
-        td[0].shape[1] = IN;
-        td[1].name = "bias";
-        td[1].dtype = dt;
-        td[1].n_dims = 1;
-        td[1].shape[0] = OUT;
+        td[0] = tensor_desc("weight", dt, {OUT, IN});
+        td[1] = tensor_desc("bias", dt, {OUT});
         lwo_layer_desc ld{td, 2, nullptr};
         lwo_pool* pool = nullptr;
         CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
@@ -529,12 +503,7 @@ TEST_F(Compute, GradientOrdersAndWiresMatchResidentAndFp64) {
 TEST_F(Compute, NativeGradientsAppearOnlyThroughTheFence) {
   const int64_t T = 64, IN = 96, OUT = 80;
   std::mt19937_64 rng(test_seed(6));
-  lwo_tensor_desc td{};
-  td.name = "weight";
-  td.dtype = LWO_DTYPE_BF16;
-  td.n_dims = 2;
-  td.shape[0] = OUT;
-  td.shape[1] = IN;
+  lwo_tensor_desc td = tensor_desc("weight", LWO_DTYPE_BF16, {OUT, IN});
   lwo_layer_desc ld{&td, 1, nullptr};
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, &ld, 1, nullptr, &pool));
@@ -685,17 +654,8 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
   d.kernel_h = d.kernel_w = 3;
   d.pad_h = d.pad_w = 1;
   lwo_tensor_desc td[2] = {};
-  td[0].name = "weight";
-  td[0].dtype = LWO_DTYPE_BF16;
-  td[0].n_dims = 4;
-  td[0].shape[0] = K;
-  td[0].shape[1] = 3;
-  td[0].shape[2] = 3;
-  td[0].shape[3] = C;
-  td[1].name = "bias";
-  td[1].dtype = LWO_DTYPE_BF16;
-  td[1].n_dims = 1;
-  td[1].shape[0] = K;
+  td[0] = tensor_desc("weight", LWO_DTYPE_BF16, {K, 3, 3, C});
+  td[1] = tensor_desc("bias", LWO_DTYPE_BF16, {K});
   const uint32_t L = 3;
   std::vector<lwo_layer_desc> layers(L, lwo_layer_desc{td, 2, nullptr});
   lwo_pool* pool = nullptr;

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
@@ -718,22 +719,38 @@ inline void round_trip(lwo_ring* ring, const TestPool& tp, uint32_t layer, cudaS
   CHECK_LWO(lwo_ring_release(ring, t, stream));
 }
 
-inline lwo_ring_stats ring_stats(lwo_ring* ring) {
-  lwo_ring_stats st;
-  std::memset(&st, 0, sizeof st);
-  st.size = sizeof st;
-  lwo_status_t s = lwo_ring_get_stats(ring, &st);
-  EXPECT_EQ(LWO_OK, s) << lwo_last_error_message();
-  return st;
+// The description of a tensor `name` of `dtype` and `shape` (no host data,
+// no extensions).
+inline lwo_tensor_desc tensor_desc(const char* name, lwo_dtype_t dtype,
+                                   std::initializer_list<int64_t> shape) {
+  lwo_tensor_desc t{};
+  t.name = name;
+  t.dtype = dtype;
+  t.n_dims = static_cast<int32_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), t.shape);
+  return t;
 }
 
-inline lwo_ring_info ring_info(lwo_ring* ring) {
-  lwo_ring_info in;
-  std::memset(&in, 0, sizeof in);
-  in.size = sizeof in;
-  lwo_status_t s = lwo_ring_get_info(ring, &in);
+// A size-first struct the library writes through get(object, &out), the
+// call checked.
+template <class Out, class Obj, class Arg>
+Out written_by(lwo_status_t (*get)(Obj*, Out*), Arg* object) {
+  Out out;
+  std::memset(&out, 0, sizeof out);
+  out.size = sizeof out;
+  lwo_status_t s = get(object, &out);
   EXPECT_EQ(LWO_OK, s) << lwo_last_error_message();
-  return in;
+  return out;
+}
+inline lwo_ring_stats ring_stats(lwo_ring* ring) { return written_by(lwo_ring_get_stats, ring); }
+inline lwo_ring_info ring_info(lwo_ring* ring) { return written_by(lwo_ring_get_info, ring); }
+
+// Layers 0 .. n-1, then n-1 .. 0: a forward and a backward pass.
+inline std::vector<uint32_t> forward_backward(uint32_t n) {
+  std::vector<uint32_t> order;
+  for (uint32_t l = 0; l < n; ++l) order.push_back(l);
+  for (uint32_t l = n; l-- > 0;) order.push_back(l);
+  return order;
 }
 
 inline void create_ring(lwo_pool* pool, uint32_t depth, uint32_t flags, Ring* out) {
@@ -743,6 +760,15 @@ inline void create_ring(lwo_pool* pool, uint32_t depth, uint32_t flags, Ring* ou
   cfg.flags = flags;
   CHECK_LWO(lwo_ring_create(pool, &cfg, out->out()));
   ASSERT_NE(nullptr, out->get());
+}
+
+// A ring of `depth` slots over `pool` and a schedule of it over `order`.
+inline void create_schedule(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& order,
+                            Ring* ring, Schedule* sched) {
+  create_ring(pool, depth, 0, ring);
+  if (::testing::Test::HasFatalFailure()) return;
+  CHECK_LWO(lwo_schedule_create(ring->get(), order.data(), static_cast<uint32_t>(order.size()),
+                                sched->out()));
 }
 
 }  // namespace lwo_test

@@ -39,16 +39,8 @@ void run_loop(bool clip) {
   std::vector<std::vector<lwo_tensor_desc>> td(L);
   std::vector<lwo_layer_desc> ld(L);
   for (uint32_t l = 0; l < L; ++l) {
-    lwo_tensor_desc w{}, b{};
-    w.name = "weight";
-    w.dtype = LWO_DTYPE_BF16;
-    w.n_dims = 2;
-    w.shape[0] = R;
-    w.shape[1] = C;
-    b.name = "bias";
-    b.dtype = LWO_DTYPE_F32;
-    b.n_dims = 1;
-    b.shape[0] = R;
+    const lwo_tensor_desc w = tensor_desc("weight", LWO_DTYPE_BF16, {R, C});
+    const lwo_tensor_desc b = tensor_desc("bias", LWO_DTYPE_F32, {R});
     td[l] = {w, b};
     ld[l] = lwo_layer_desc{td[l].data(), 2, nullptr};
   }

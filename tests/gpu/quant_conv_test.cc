@@ -198,26 +198,13 @@ TEST_F(QuantConv, StreamedEqualsResidentBitForBit) {
       want.push_back(run_conv(engine_, d, s, xd.get(), dyd.get(), rw[l].get(), rb[l].get(), DT, st));
     for (uint32_t depth : {1u, 2u}) {
       SCOPED_TRACE("depth " + std::to_string(depth));
-      Ring ring;
-      create_ring(m.pool.get(), depth, 0, &ring);
-      if (HasFatalFailure()) return;
-      std::vector<uint32_t> order;
-      for (uint32_t l = 0; l < L; ++l) order.push_back(l);
-      for (uint32_t l = L; l-- > 0;) order.push_back(l);
-      Schedule sched;
-      CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
-                                    sched.out()));
-      for (uint32_t layer : order) {
-        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_schedule_next(sched.get(), st, &v));
-        ASSERT_EQ(layer, v.layer);
+      schedule_pass(m.pool.get(), depth, L, st, [&](uint32_t layer, const lwo_layer_view& v) {
         const Result got =
             run_conv(engine_, d, s, xd.get(), dyd.get(), v.tensors[0], v.tensors[1], DT, st);
         EXPECT_TRUE(got.y == want[layer].y) << "y of layer " << layer;
         EXPECT_TRUE(got.dx == want[layer].dx) << "dx of layer " << layer;
-      }
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      EXPECT_EQ(LWO_END, lwo_schedule_next(sched.get(), st, &v));
+      });
+      if (HasFatalFailure()) return;
     }
   }
 }

@@ -144,18 +144,7 @@ TEST_F(QuantLinear, StreamedEqualsResidentBitForBit) {
     }
     for (uint32_t depth : {1u, 2u, 3u}) {
       SCOPED_TRACE("depth " + std::to_string(depth));
-      Ring ring;
-      create_ring(m.pool.get(), depth, 0, &ring);
-      std::vector<uint32_t> order;
-      for (uint32_t l = 0; l < L; ++l) order.push_back(l);
-      for (uint32_t l = L; l-- > 0;) order.push_back(l);
-      Schedule sched;
-      CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),
-                                    sched.out()));
-      for (uint32_t layer : order) {
-        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_schedule_next(sched.get(), st, &v));
-        ASSERT_EQ(layer, v.layer);
+      schedule_pass(m.pool.get(), depth, L, st, [&](uint32_t layer, const lwo_layer_view& v) {
         testkit::DeviceMem yd = poisoned(T * OUT * es), dxd = poisoned(T * IN * es);
         CHECK_LWO(lwo_linear_forward(engine_, &d, T, xd.get(), v.tensors[0], v.tensors[1],
                                      yd.get(), st));
@@ -164,9 +153,8 @@ TEST_F(QuantLinear, StreamedEqualsResidentBitForBit) {
         CUDA_OK(cudaStreamSynchronize(st));
         EXPECT_TRUE(fetch(yd, T * OUT * es) == ry[layer]) << "y of layer " << layer;
         EXPECT_TRUE(fetch(dxd, T * IN * es) == rdx[layer]) << "dx of layer " << layer;
-      }
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      EXPECT_EQ(LWO_END, lwo_schedule_next(sched.get(), st, &v));
+      });
+      if (HasFatalFailure()) return;
     }
   }
 }

@@ -19,15 +19,6 @@ namespace {
 
 constexpr lwo_dtype_t kOut[] = {LWO_DTYPE_F32, LWO_DTYPE_BF16, LWO_DTYPE_F16};
 
-lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols, lwo_dtype_t dt) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
-  return d;
-}
-
 // The shapes of a format: one element, cols not a multiple of 8 (scalar
 // path), of 8 but not 16 (units: 200, 1000), of 16 but not 128 (units, with
 // partial fp8 blocks: 400), of 128, partial blocks in both dimensions. int4
@@ -220,14 +211,8 @@ TEST_F(Quant, FromARingSlot) {
     std::vector<uint8_t> q = make_quantized(d, false, rng, &info);
     std::vector<uint8_t> want = reference(d, q);
     lwo_tensor_desc t[2] = {};
-    t[0].name = "weight.q";
-    t[0].dtype = LWO_DTYPE_U8;
-    t[0].n_dims = 1;
-    t[0].shape[0] = static_cast<int64_t>(info.total_bytes);
-    t[1].name = "bias";
-    t[1].dtype = LWO_DTYPE_BF16;
-    t[1].n_dims = 1;
-    t[1].shape[0] = 384;
+    t[0] = tensor_desc("weight.q", LWO_DTYPE_U8, {static_cast<int64_t>(info.total_bytes)});
+    t[1] = tensor_desc("bias", LWO_DTYPE_BF16, {384});
     lwo_layer_desc layer = {t, 2, nullptr};
     testkit::Pool pool;
     CHECK_LWO(lwo_pool_create_pinned(engine_, &layer, 1, nullptr, pool.out()));

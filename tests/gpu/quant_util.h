@@ -14,11 +14,12 @@
 #include "gpu_util.h"
 #include "lwo.h"
 #include "testkit/dtype.h"
+#include "unit/quant_formats.h"
 
 namespace lwo_test {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 // A seed that differs from run to run (printed once, so that a failure can
 // be replayed with LWO_QUANT_SEED); each test adds its own offset.
@@ -113,16 +114,9 @@ struct QuantWeightPool {
                   uint32_t n) {
     q.header.type = LWO_EXT_TENSOR_QUANT;
     q.format = f;
-    t[0].name = "weight";
-    t[0].dtype = dt;
-    t[0].n_dims = 2;
-    t[0].shape[0] = rows;
-    t[0].shape[1] = cols;
+    t[0] = tensor_desc("weight", dt, {rows, cols});
     t[0].next = &q;
-    t[1].name = "bias";
-    t[1].dtype = dt;
-    t[1].n_dims = 1;
-    t[1].shape[0] = rows;
+    t[1] = tensor_desc("bias", dt, {rows});
     std::vector<lwo_layer_desc> layers(n, lwo_layer_desc{t, 2, nullptr});
     EXPECT_EQ(LWO_OK, lwo_pool_create_pinned(e, layers.data(), n, nullptr, pool.out()))
         << lwo_last_error_message();
@@ -130,5 +124,26 @@ struct QuantWeightPool {
   QuantWeightPool(const QuantWeightPool&) = delete;
   QuantWeightPool& operator=(const QuantWeightPool&) = delete;
 };
+
+// A forward and a backward pass over the `n` layers of `pool` through a
+// schedule on a ring of `depth` slots: at(layer, view) at each position (the
+// view checked to be of that layer), the schedule's LWO_END after the last.
+template <class F>
+void schedule_pass(lwo_pool* pool, uint32_t depth, uint32_t n, cudaStream_t st, F&& at) {
+  const std::vector<uint32_t> order = forward_backward(n);
+  Ring ring;
+  Schedule sched;
+  create_schedule(pool, depth, order, &ring, &sched);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (uint32_t layer : order) {
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    CHECK_LWO(lwo_schedule_next(sched.get(), st, &v));
+    ASSERT_EQ(layer, v.layer);
+    at(layer, v);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(LWO_END, lwo_schedule_next(sched.get(), st, &v));
+}
 
 }  // namespace lwo_test

@@ -18,16 +18,8 @@ class Resident : public GpuTest {
     descs_.assign(n, {});
     layers_.assign(n, {});
     for (uint32_t i = 0; i < n; ++i) {
-      lwo_tensor_desc w{}, b{};
-      w.name = "weight";
-      w.dtype = LWO_DTYPE_BF16;
-      w.n_dims = 2;
-      w.shape[0] = (i % 4 + 1) * 64;
-      w.shape[1] = 96;
-      b.name = "bias";
-      b.dtype = LWO_DTYPE_F32;
-      b.n_dims = 1;
-      b.shape[0] = w.shape[0];
+      const lwo_tensor_desc w = tensor_desc("weight", LWO_DTYPE_BF16, {(i % 4 + 1) * 64, 96});
+      const lwo_tensor_desc b = tensor_desc("bias", LWO_DTYPE_F32, {w.shape[0]});
       descs_[i] = {w, b};
       layers_[i] = lwo_layer_desc{descs_[i].data(), 2, nullptr};
     }
@@ -169,14 +161,7 @@ TEST_F(Resident, TrainableResidentLayerGradientsMatchStreamed) {
   std::mt19937_64 rng(test_seed(51));
   // Two layers of the same shape; layer 0 is the one checked.
   std::vector<lwo_tensor_desc> td(2);
-  for (auto& t : td) {
-    t = lwo_tensor_desc{};
-    t.name = "weight";
-    t.dtype = LWO_DTYPE_F32;
-    t.n_dims = 2;
-    t.shape[0] = OUT;
-    t.shape[1] = IN;
-  }
+  for (auto& t : td) t = tensor_desc("weight", LWO_DTYPE_F32, {OUT, IN});
   lwo_layer_desc ld[2] = {{&td[0], 1, nullptr}, {&td[1], 1, nullptr}};
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_pinned(engine_, ld, 2, nullptr, &pool));

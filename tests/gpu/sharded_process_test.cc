@@ -318,28 +318,28 @@ void expect_grad_ranges_are_pool_ranges(const std::vector<RankRun>& runs) {
   GTEST_SKIP() << "built without LWO_SHARD_RANK_PATH (the lwo_shard_rank program)"
 #endif
 
-TEST(ShardedProcesses, TwoRanksHoldTheRecordsAndSumTheGradients) {
-  LWO_REQUIRE_TWO_GPUS();
-  LWO_REQUIRE_RANK_PROGRAM();
-  std::vector<RankRun> runs = run_ranks(test_seed(81), {});
+// Both ranks run with `extra` and succeed; the ranges of the records and of
+// the gradients they report cover every tensor, and agree.
+void expect_ranks_hold_the_records(uint64_t seed, const std::vector<std::string>& extra) {
+  std::vector<RankRun> runs = run_ranks(seed, extra);
   LWO_REPORT_RANKS_ON_FAILURE(runs);
   ASSERT_NO_FATAL_FAILURE(expect_success(runs));
-  if (HasFailure()) return;
+  if (::testing::Test::HasFailure()) return;
   expect_ranges_cover(runs, "POOLRANGE");
   expect_ranges_cover(runs, "GRADRANGE");
   expect_grad_ranges_are_pool_ranges(runs);
 }
 
+TEST(ShardedProcesses, TwoRanksHoldTheRecordsAndSumTheGradients) {
+  LWO_REQUIRE_TWO_GPUS();
+  LWO_REQUIRE_RANK_PROGRAM();
+  expect_ranks_hold_the_records(test_seed(81), {});
+}
+
 TEST(ShardedProcesses, TwoRanksWithCheckedCollectives) {
   LWO_REQUIRE_TWO_GPUS();
   LWO_REQUIRE_RANK_PROGRAM();
-  std::vector<RankRun> runs = run_ranks(test_seed(82), {"--check"});
-  LWO_REPORT_RANKS_ON_FAILURE(runs);
-  ASSERT_NO_FATAL_FAILURE(expect_success(runs));
-  if (HasFailure()) return;
-  expect_ranges_cover(runs, "POOLRANGE");
-  expect_ranges_cover(runs, "GRADRANGE");
-  expect_grad_ranges_are_pool_ranges(runs);
+  expect_ranks_hold_the_records(test_seed(82), {"--check"});
 }
 
 // Rank 1 describes a layer with a different record size: both ranks are

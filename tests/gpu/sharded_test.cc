@@ -38,26 +38,31 @@ void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<l
   td.assign(m.rows.size(), lwo_tensor_desc{});
   ld.resize(m.rows.size());
   for (size_t l = 0; l < m.rows.size(); ++l) {
-    td[l].name = "w";
-    td[l].dtype = LWO_DTYPE_BF16;
-    td[l].n_dims = 2;
-    td[l].shape[0] = m.rows[l];
-    td[l].shape[1] = 1000;
+    td[l] = tensor_desc("w", LWO_DTYPE_BF16, {m.rows[l], 1000});
     ld[l] = lwo_layer_desc{&td[l], 1, nullptr};
   }
+}
+
+// Rank `rank` of two: its engine on GPU `rank` (engine flags `flags`) and its
+// communicator.
+void open_rank(int rank, const lwo_nccl_unique_id& id, uint32_t flags, Engine* eng,
+               lwo_nccl_comm_t* comm) {
+  CUDA_OK(cudaSetDevice(rank));
+  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
+  ec.device = rank;
+  ec.flags = flags;
+  CHECK_LWO(lwo_engine_create(&ec, eng->out()));
+  CHECK_LWO(lwo_nccl_comm_create(eng->get(), &id, 2, rank, comm));
 }
 
 // One rank: engine, communicator, sharded pool, ring, a random schedule.
 void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n_layers_given,
               lwo_status_t want_pool, const std::vector<uint32_t>& order) {
-  CUDA_OK(cudaSetDevice(rank));
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = rank;
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, 0u, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
   model_descs(m, td, ld);
@@ -101,12 +106,20 @@ void run_rank(int rank, const lwo_nccl_unique_id& id, const Model& m, uint32_t n
   EXPECT_LWO_OK(lwo_engine_synchronize(eng.get()));
 }
 
-TEST(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
+// Tests of two ranks in this process, one per GPU: skipped unless there are
+// two devices; NVLink multicast off; id the ranks' NCCL unique id.
+class Sharded : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LWO_REQUIRE_GPU();
+    if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    CHECK_LWO(lwo_nccl_get_unique_id(&id));
+  }
   lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+};
+
+TEST_F(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
   Model m = make_model(7, test_seed(61));
   std::mt19937_64 rng(test_seed(62));
   std::vector<uint32_t> order(60);
@@ -116,12 +129,7 @@ TEST(Sharded, TwoGpusOneProcessHoldTheUnshardedRecords) {
   r1.join();
 }
 
-TEST(Sharded, RanksThatDisagreeAreRefused) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, RanksThatDisagreeAreRefused) {
   Model m = make_model(5, test_seed(63));
   std::vector<uint32_t> order = {0, 1};
   std::thread r1(run_rank, 1, std::cref(id), std::cref(m), 4u, LWO_ERR_COLLECTIVE_MISMATCH,
@@ -145,17 +153,9 @@ struct GradModel {
   explicit GradModel(uint32_t L) : td(L), ld(L), n(L) {
     for (uint32_t l = 0; l < L; ++l) {
       int64_t rows = 64 + 97 * l, cols = 320 + 13 * l;
-      lwo_tensor_desc w{};
-      w.name = "weight";
-      w.dtype = LWO_DTYPE_BF16;
-      w.n_dims = 2;
-      w.shape[0] = rows;
-      w.shape[1] = cols;
-      lwo_tensor_desc b{};
-      b.name = "bias";
-      b.dtype = l % 2 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16;  // odd layers: mixed dtypes
-      b.n_dims = 1;
-      b.shape[0] = rows;
+      lwo_tensor_desc w = tensor_desc("weight", LWO_DTYPE_BF16, {rows, cols});
+      // Odd layers: mixed dtypes.
+      lwo_tensor_desc b = tensor_desc("bias", l % 2 ? LWO_DTYPE_F32 : LWO_DTYPE_BF16, {rows});
       td[l] = {w, b};
       ld[l] = lwo_layer_desc{td[l].data(), 2, nullptr};
       n[l] = {static_cast<uint64_t>(rows * cols), static_cast<uint64_t>(rows)};
@@ -176,15 +176,12 @@ struct RankResult {
 };
 
 void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, RankResult* out) {
-  CUDA_OK(cudaSetDevice(rank));
   const uint32_t L = static_cast<uint32_t>(m.ld.size());
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = rank;
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, 0u, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   lwo_pool* pool = nullptr;
   CHECK_LWO(lwo_pool_create_sharded(eng.get(), m.ld.data(), L, comm, nullptr, &pool));
   auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
@@ -243,12 +240,7 @@ void grads_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m, Rank
   out->d2h_bytes = gs.bytes;
 }
 
-TEST(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
   GradModel m(5);
   RankResult r0, r1;
   std::thread t1(grads_rank, 1, std::cref(id), std::cref(m), &r1);
@@ -276,15 +268,11 @@ TEST(Sharded, TwoGpusSumGradientsAndKeepTheirShards) {
 // With LWO_ENGINE_CHECK_COLLECTIVES, ranks that stage different layers get a
 // status on both GPUs instead of a hang, and then go on.
 void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
-  CUDA_OK(cudaSetDevice(rank));
-  lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
-  ec.device = rank;
-  ec.flags = LWO_ENGINE_CHECK_COLLECTIVES;
   Engine eng;
-  CHECK_LWO(lwo_engine_create(&ec, eng.out()));
   lwo_nccl_comm_t comm = nullptr;
-  CHECK_LWO(lwo_nccl_comm_create(eng.get(), &id, 2, rank, &comm));
+  open_rank(rank, id, LWO_ENGINE_CHECK_COLLECTIVES, &eng, &comm);
   auto comm_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(comm)); });
+  if (::testing::Test::HasFatalFailure()) return;
   const uint32_t L = static_cast<uint32_t>(m.rows.size());
   std::vector<lwo_tensor_desc> td;
   std::vector<lwo_layer_desc> ld;
@@ -317,12 +305,7 @@ void check_rank(int rank, const lwo_nccl_unique_id& id, const Model& m) {
   checks.verify();
 }
 
-TEST(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
-  LWO_REQUIRE_GPU();
-  if (device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << device_count();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
-  lwo_nccl_unique_id id;
-  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+TEST_F(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
   Model m = make_model(4, test_seed(64));
   std::thread t1(check_rank, 1, std::cref(id), std::cref(m));
   check_rank(0, id, m);

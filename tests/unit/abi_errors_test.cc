@@ -58,9 +58,7 @@ TEST_F(AbiErrors, MessagesStartWithTheCallersCall) {
   ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
   EXPECT_EQ(lwo_grads_end(g, 0, stream(c)), LWO_ERR_TICKET_STATE);
   EXPECT_TRUE(starts_with(msg(), "lwo_grads_end: ")) << msg();
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, ring, pool);
 }
 
 // Conventions: a failed call sets an output handle to NULL, also when the
@@ -110,8 +108,7 @@ TEST_F(AbiErrors, FailedCreatesSetTheirHandleToNull) {
   ck = bogus<lwo_checkpoint>();
   EXPECT_EQ(lwo_checkpoint_open(nullptr, &ck), LWO_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ck, nullptr);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // Conventions: a failed lwo_ring_stage sets the output ticket to {0}, for
@@ -138,8 +135,7 @@ TEST_F(AbiErrors, FailedStageSetsTheTicketToZero) {
   EXPECT_EQ(lwo_ring_stage(reinterpret_cast<lwo_ring*>(pool), 1, &t), LWO_ERR_INVALID_HANDLE);
   EXPECT_EQ(t.id, 0u);
   ASSERT_LWO(lwo_ring_release(ring, held, nullptr));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // Conventions: checks run in order: handles, then NULL pointers, structs and
@@ -167,9 +163,7 @@ TEST_F(AbiErrors, ArgumentErrorsComeBeforeRangeErrors) {
       << "an info struct of size 0 is an argument error, checked before the layer: " << msg();
   EXPECT_EQ(lwo_pool_write_range(pool, 99, "weight", 0, nullptr, 4), LWO_ERR_INVALID_ARGUMENT)
       << "src NULL with 4 bytes is an argument error, checked before the layer: " << msg();
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, ring, pool);
 }
 
 // Conventions: every output other than handles and tickets is left as it
@@ -196,8 +190,7 @@ TEST_F(AbiErrors, OtherOutputsOfFailedCallsAreLeftAlone) {
   EXPECT_EQ(gd, reinterpret_cast<float*>(uintptr_t{0x1234}));
   EXPECT_EQ(first, 99u);
   EXPECT_EQ(n, 99u);
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // What the C ABI tests share (abi_structs_test.cc, abi_errors_test.cc,
 // pool_access_test.cc, ring_tickets_test.cc, checkpoint_calls_test.cc), on the
 // recording backend: a sentinel for untouched output bytes, message checks, a
-// layer with an empty tensor, page-aligned memory, a registered model, and the
-// fixture with its pool, ring and ticket queries.
+// layer with an empty tensor, a registered model, and the fixture with its
+// pool, ring and ticket queries.
 #pragma once
 
 #include <sys/mman.h>
@@ -51,16 +51,6 @@ struct WithEmpty {
     t[1] = tensor("empty", LWO_DTYPE_F32, {0, 3});
     layer = lwo_layer_desc{t, 2, nullptr};
   }
-};
-
-// Memory for registered pools, page-aligned.
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
-  ~Aligned() { std::free(p); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  uint8_t* p;
 };
 
 // A registered pool of ModelDesc layers laid out exactly as their records, in

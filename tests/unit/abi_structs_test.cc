@@ -52,9 +52,7 @@ TEST_F(AbiStructs, ViewSizeBelowSizeTIsRefused) {
   ASSERT_LWO(lwo_grads_wait(g));
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, ring, pool);
 }
 
 // Conventions: the library writes min(size, its sizeof) bytes of a view and
@@ -145,9 +143,7 @@ TEST_F(AbiStructs, ViewsAreWrittenOnlyUpToTheirSize) {
   }
   ASSERT_LWO(lwo_grads_wait(g));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, ring, pool);
 }
 
 // Conventions: the size rule for lwo_tensor_info (size-first)
@@ -279,8 +275,7 @@ TEST_F(AbiConfigs, ConfigSizeIsBoundedBeforeTheTailIsRead) {
   *max = lwo_ring_config LWO_RING_CONFIG_INIT;
   max->size = LWO_MAX_STRUCT_SIZE;
   ASSERT_LWO(lwo_ring_create(pool, max, &ring));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // The same rule for lwo_pool_config (pinned and registered pools) and

@@ -176,9 +176,7 @@ TEST_F(ApiTest, DestroyOrderIsEnforced) {
   EXPECT_NE(msg().find("1 ring"), std::string::npos);
   EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
   EXPECT_NE(msg().find("schedule"), std::string::npos);
-  ASSERT_LWO(lwo_schedule_destroy(s));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(s, ring, pool);
 }
 
 TEST_F(ApiTest, ConfigsAreCheckedAndDefaulted) {

@@ -68,15 +68,13 @@ TEST_F(CheckpointCalls, DestroyKeepsPoolsWorking) {
   for (uint32_t l = 0; l < 2; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     void* w = nullptr;
     ASSERT_LWO(lwo_ring_tensor(ring, t, "weight", &w));
     EXPECT_EQ(std::memcmp(w, ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_checkpoint_file_count / file_info for one file: its path as opened,
@@ -288,8 +286,7 @@ TEST_F(CheckpointCalls, MapTensorsByPatternAgreesWithThePool) {
       EXPECT_EQ(std::string(ti.name), by_layer[l][k]) << "layer " << l << " tensor " << k;
     }
   }
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // lwo_checkpoint_map_tensors with explicit names: full names, the caller's

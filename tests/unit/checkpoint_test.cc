@@ -24,6 +24,20 @@ class CheckpointTest : public EngineTest {
   }
   std::string file(const std::string& name) { return tmp.file(name); }
   std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
+  // Writes `ts` as model.safetensors; returns its path.
+  std::string write_model(const std::vector<FileTensor>& ts) {
+    const std::string path = file("model.safetensors");
+    write_safetensors(path, ts);
+    return path;
+  }
+  // Opens the checkpoint at `path` into *ck and makes a pool of its layers
+  // "blocks.{i}." into *pool.
+  void open_blocks(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool) {
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), ck));
+    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+    cfg.pattern = "blocks.{i}.";
+    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, *ck, &cfg, pool));
+  }
   // Streams every layer twice through a ring of depth 2 and checks every
   // tensor's slot bytes against the file's.
   void stream_and_check(lwo_pool* pool, const std::vector<FileTensor>& ts, uint32_t L) {
@@ -33,8 +47,7 @@ class CheckpointTest : public EngineTest {
       for (uint32_t l = 0; l < L; ++l) {
         lwo_ticket t{};
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-        ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+        ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
         ASSERT_EQ(v.n_tensors, 2u);
         void* w = nullptr;
         void* b = nullptr;
@@ -57,8 +70,7 @@ class CheckpointTest : public EngineTest {
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
   const uint32_t L = 5;
   auto ts = model(L, 10);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   uint32_t n = 0;
@@ -99,8 +111,7 @@ TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
 TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
   const uint32_t L = 4;
   auto ts = model(L, 20);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   for (int how = 0; how < 2; ++how) {  // asked for, and registration refused
@@ -160,8 +171,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     // In the caller's order: bias, then weight; full names.
     void* p = nullptr;
     ASSERT_LWO(lwo_ring_tensor(ring, t, ts[2 + 2 * l].name.c_str(), &p));
@@ -170,8 +180,7 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
     EXPECT_EQ(std::memcmp(v.tensors[1], ts[1 + 2 * l].bytes.data(), ts[1 + 2 * l].bytes.size()), 0);
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
   // A name the checkpoint does not have.
   names[3] = "blocks.1.nope";
   EXPECT_EQ(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool), LWO_ERR_NOT_FOUND);
@@ -184,14 +193,10 @@ TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
 
 TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   auto ts = model(3, 40);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-  cfg.pattern = "blocks.{i}.";
   lwo_pool* pool = nullptr;
-  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ticket t{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
@@ -204,9 +209,7 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
   EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(ring, pool, ck);
 }
 
 // Not only the size: a file rewritten in place at the same size (its
@@ -214,16 +217,12 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
 // replaced by a rename is still no change (the mapping keeps the old one).
 TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
   auto ts = model(3, 41);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   for (int replaced = 0; replaced < 2; ++replaced) {
     SCOPED_TRACE(replaced ? "replaced" : "modified");
     lwo_checkpoint* ck = nullptr;
-    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-    lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-    cfg.pattern = "blocks.{i}.";
     lwo_pool* pool = nullptr;
-    ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+    ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
     lwo_ring* ring = make_ring(pool, 2);
     lwo_ticket t{};
     ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
@@ -254,9 +253,7 @@ TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
       std::string m = lwo_last_error_message();
       EXPECT_NE(m.find("modified since it was opened"), std::string::npos) << m;
     }
-    ASSERT_LWO(lwo_ring_destroy(ring));
-    ASSERT_LWO(lwo_pool_destroy(pool));
-    ASSERT_LWO(lwo_checkpoint_destroy(ck));
+    destroy(ring, pool, ck);
   }
 }
 
@@ -400,8 +397,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   EXPECT_EQ(lwo_checkpoint_open(tiny.c_str(), &ck), LWO_ERR_TRUNCATED);
   EXPECT_EQ(ck, nullptr);
   auto ts = model(2, 50);
-  std::string path = file("model.safetensors");
-  write_safetensors(path, ts);
+  const std::string path = write_model(ts);
   ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
   lwo_pool* pool = nullptr;
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
@@ -417,8 +413,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   info.size = sizeof info;
   EXPECT_EQ(lwo_checkpoint_tensor_info(ck, 99, &info), LWO_ERR_OUT_OF_RANGE);
   ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
   EXPECT_EQ(lwo_checkpoint_destroy(ck), LWO_ERR_INVALID_HANDLE);
 }
 
@@ -504,8 +499,7 @@ TEST_F(CheckpointTest, GapsBecomeEmptyLayersOnRequest) {
   uint64_t rb = 9;
   ASSERT_LWO(lwo_pool_record_bytes(pool, 2, &rb));
   EXPECT_EQ(rb, 0u);
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // Every safetensors dtype is an lwo dtype, so a layer holding integer,
@@ -532,8 +526,7 @@ TEST_F(CheckpointTest, EveryDtypeStreamsAsBytes) {
   ASSERT_LWO(lwo_pool_tensor_info(pool, 0, 0, &ti));
   EXPECT_EQ(ti.dtype, LWO_DTYPE_I64);
   stream_and_check(pool, ts, 2);
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 // Anything but a regular file is refused at once, without blocking: a named

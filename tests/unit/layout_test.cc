@@ -1,6 +1,7 @@
 #include "engine/layout.h"
 
 #include <cstring>
+#include <utility>
 
 #include "test_util.h"
 
@@ -27,19 +28,13 @@ TEST(Layout, PacksTensorsAt256ByteBoundaries) {
 }
 
 TEST(Layout, DtypeSizesAndNames) {
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F32), 4u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_BF16), 2u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F16), 2u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F8_E4M3), 1u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F8_E5M2), 1u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I8), 1u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_U8), 1u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_BOOL), 1u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I16), 2u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_U32), 4u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_I64), 8u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_F64), 8u);
-  EXPECT_EQ(lwo_dtype_size(LWO_DTYPE_C64), 8u);
+  const std::pair<lwo_dtype_t, size_t> sizes[] = {
+      {LWO_DTYPE_F32, 4}, {LWO_DTYPE_BF16, 2}, {LWO_DTYPE_F16, 2}, {LWO_DTYPE_F8_E4M3, 1},
+      {LWO_DTYPE_F8_E5M2, 1}, {LWO_DTYPE_I8, 1}, {LWO_DTYPE_U8, 1}, {LWO_DTYPE_BOOL, 1},
+      {LWO_DTYPE_I16, 2}, {LWO_DTYPE_U32, 4}, {LWO_DTYPE_I64, 8}, {LWO_DTYPE_F64, 8},
+      {LWO_DTYPE_C64, 8},
+  };
+  for (const auto& [dt, bytes] : sizes) EXPECT_EQ(lwo_dtype_size(dt), bytes) << lwo_dtype_name(dt);
   EXPECT_STREQ(lwo_dtype_name(LWO_DTYPE_F8_E8M0), "f8_e8m0");
   EXPECT_EQ(lwo_dtype_size(static_cast<lwo_dtype_t>(17)), 0u);  // past the last
   EXPECT_STREQ(lwo_dtype_name(LWO_DTYPE_F8_E5M2), "f8_e5m2");

@@ -6,15 +6,23 @@ namespace lwo {
 namespace testing {
 namespace {
 
-using LinearArgs = EngineTest;
-
-TEST_F(LinearArgs, ForwardRejectsBadArguments) {
-  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
-  d.in_features = 16;
-  d.out_features = 8;
+class LinearArgs : public EngineTest {
+ protected:
+  // A valid descriptor: 16 in, 8 out, bf16.
+  static lwo_linear_desc linear() {
+    lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
+    d.in_features = 16;
+    d.out_features = 8;
+    return d;
+  }
+  // Memory that is never touched: every case fails before any device work.
   int buf[4] = {1, 2, 3, 4};
   const void* p = buf;
   void* q = buf;
+};
+
+TEST_F(LinearArgs, ForwardRejectsBadArguments) {
+  const lwo_linear_desc d = linear();
   struct Case {
     const char* what;
     lwo_linear_desc desc;
@@ -60,28 +68,29 @@ TEST_F(LinearArgs, ForwardRejectsBadArguments) {
 }
 
 TEST_F(LinearArgs, BackwardRejectsBadArguments) {
-  lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
-  d.in_features = 16;
-  d.out_features = 8;
-  int buf[4] = {1, 2, 3, 4};
-  const void* p = buf;
-  void* q = buf;
-  auto bwd = [&](const lwo_linear_desc& desc, const void* x, const void* dy, const void* w,
-                 void* dx, void* dw, void* db, lwo_dtype_t gd) {
-    return lwo_linear_backward(engine, &desc, 4, x, dy, w, dx, dw, db, gd, nullptr);
+  const lwo_linear_desc d = linear();
+  struct Case {
+    const void *x, *dy, *w;
+    void *dx, *dw, *db;
+    lwo_dtype_t grad_dtype;
+    const char* in_msg;
   };
-  EXPECT_EQ(bwd(d, p, nullptr, p, q, q, nullptr, LWO_DTYPE_F32), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("dy is NULL"), std::string::npos);
-  EXPECT_EQ(bwd(d, p, p, nullptr, q, nullptr, nullptr, LWO_DTYPE_F32), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("weight"), std::string::npos);
-  EXPECT_EQ(bwd(d, nullptr, p, p, nullptr, q, nullptr, LWO_DTYPE_F32), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("x (needed for dweight)"), std::string::npos);
-  EXPECT_EQ(bwd(d, p, p, p, nullptr, q, q, LWO_DTYPE_F32), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("no LWO_LINEAR_BIAS"), std::string::npos);
-  EXPECT_EQ(bwd(d, p, p, p, nullptr, q, nullptr, LWO_DTYPE_F16), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("grad_dtype f16"), std::string::npos);
-  EXPECT_EQ(bwd(d, p, p, p, nullptr, nullptr, nullptr, LWO_DTYPE_F32), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(lwo_last_error_message()).find("nothing to do"), std::string::npos);
+  const Case cases[] = {
+      {p, nullptr, p, q, q, nullptr, LWO_DTYPE_F32, "dy is NULL"},
+      {p, p, nullptr, q, nullptr, nullptr, LWO_DTYPE_F32, "weight"},
+      {nullptr, p, p, nullptr, q, nullptr, LWO_DTYPE_F32, "x (needed for dweight)"},
+      {p, p, p, nullptr, q, q, LWO_DTYPE_F32, "no LWO_LINEAR_BIAS"},
+      {p, p, p, nullptr, q, nullptr, LWO_DTYPE_F16, "grad_dtype f16"},
+      {p, p, p, nullptr, nullptr, nullptr, LWO_DTYPE_F32, "nothing to do"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(lwo_linear_backward(engine, &d, 4, c.x, c.dy, c.w, c.dx, c.dw, c.db, c.grad_dtype,
+                                  nullptr),
+              LWO_ERR_INVALID_ARGUMENT)
+        << c.in_msg;
+    EXPECT_NE(std::string(lwo_last_error_message()).find(c.in_msg), std::string::npos)
+        << c.in_msg;
+  }
 }
 
 TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
@@ -122,9 +131,6 @@ TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
   ASSERT_LWO(lwo_conv2d_output_size(&huge, 10, 7, &oh, &ow));
   EXPECT_EQ(oh, INT32_MAX - 1);
   EXPECT_EQ(ow, 5);
-  int buf[4] = {1, 2, 3, 4};
-  const void* p = buf;
-  void* q = buf;
   struct Case {
     const char* what;
     lwo_conv2d_desc desc;

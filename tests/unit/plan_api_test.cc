@@ -113,8 +113,7 @@ TEST_F(PlanApiTest, PlanIsTheModelsChoiceAndItsRingFitsTheBudget) {
     ri.size = sizeof ri;
     ASSERT_LWO(lwo_ring_get_info(ring, &ri));
     EXPECT_EQ(ri.n_resident, info.n_resident);
-    ASSERT_LWO(lwo_grads_destroy(grads));
-    ASSERT_LWO(lwo_ring_destroy(ring));
+    destroy(grads, ring);
     ASSERT_LWO(lwo_engine_set_budget(engine, 0, 0.0, 0));
     ASSERT_LWO(lwo_plan_destroy(plan));
   }

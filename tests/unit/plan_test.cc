@@ -33,6 +33,17 @@ Link link50() {  // 50 GB/s alone, 40 at once: 100 MB in 2 ms alone, 2.5 ms at o
 }
 
 // Link-bound forward: every layer copied back to back, the last one computed.
+// The status of the Error f throws (LWO_OK when it returns).
+template <class F>
+lwo_status_t status_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return LWO_OK;
+}
+
 TEST(Plan, LinkBoundForwardIsTheCopiesThenTheLastCompute) {
   const auto layers = uniform(8, 100 * MB, 0.1);
   const Prediction p = predict(layers, std::vector<bool>(8, false), 2, link50(), Pass{});
@@ -354,19 +365,11 @@ TEST(PlanGroup, FitCopyRecoversOverheadAndRate) {
 }
 
 TEST(PlanGroup, FitCopyRefusesWhatFitsNoLine) {
-  auto status = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.status();
-    }
-    return LWO_OK;
-  };
-  EXPECT_EQ(status([] { fit_copy(MB, 0.1, MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([] { fit_copy(MB, 0.0, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([] { fit_copy(MB, 0.1, 2 * MB, -1.0); }), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([] { fit_copy(MB, 0.3, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([] { fit_copy(MB, 0.1, 2 * MB, std::nan("")); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { fit_copy(MB, 0.1, MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { fit_copy(MB, 0.0, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { fit_copy(MB, 0.1, 2 * MB, -1.0); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { fit_copy(MB, 0.3, 2 * MB, 0.2); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([] { fit_copy(MB, 0.1, 2 * MB, std::nan("")); }), LWO_ERR_INVALID_ARGUMENT);
 }
 
 // Every partition of the layers into runs (resident layers alone), at every
@@ -549,25 +552,17 @@ TEST(PlanGroup, ChooseGroupedIsNeverSlowerThanChoose) {
 }
 
 TEST(PlanGroup, ValidationErrors) {
-  auto status = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.status();
-    }
-    return LWO_OK;
-  };
   const auto layers = uniform(4, 10 * MB, 0.1);
-  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(3, false), 100 * MB, link50(), Pass{}); }),
+  EXPECT_EQ(status_of([&] { group(layers, std::vector<bool>(3, false), 100 * MB, link50(), Pass{}); }),
             LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {}); }),
+  EXPECT_EQ(status_of([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {}); }),
             LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {0}); }),
+  EXPECT_EQ(status_of([&] { group(layers, std::vector<bool>(4, false), 100 * MB, link50(), Pass{}, {0}); }),
             LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([&] { group(layers, std::vector<bool>(4, false), 5 * MB, link50(), Pass{}); }),
+  EXPECT_EQ(status_of([&] { group(layers, std::vector<bool>(4, false), 5 * MB, link50(), Pass{}); }),
             LWO_ERR_OVER_BUDGET);
-  EXPECT_EQ(status([&] { grouped_costs(layers, {Group{3, 2, false}}); }), LWO_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status([&] { grouped_costs(layers, {Group{0, 0, false}}); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { grouped_costs(layers, {Group{3, 2, false}}); }), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { grouped_costs(layers, {Group{0, 0, false}}); }), LWO_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -10,7 +10,35 @@ namespace {
 /* Pools: kinds, whole / shard access, write_range                        */
 /* ---------------------------------------------------------------------- */
 
-using PoolAccess = AbiTest;
+class PoolAccess : public AbiTest {
+ protected:
+  // Layer l of a pool that is not sharded: its shard is the whole record
+  // (lwo_pool_layer_host's address and bytes) at offset 0, at *shard.
+  void shard_is_whole(lwo_pool* pool, uint32_t l, void** shard) {
+    void* whole = nullptr;
+    uint64_t wb = 0;
+    ASSERT_LWO(lwo_pool_layer_host(pool, l, &whole, &wb));
+    uint64_t off = 99, sb = 0;
+    ASSERT_LWO(lwo_pool_shard_host(pool, l, shard, &off, &sb));
+    EXPECT_EQ(*shard, whole);
+    EXPECT_EQ(off, 0u);
+    EXPECT_EQ(sb, wb);
+  }
+  // The tensor shards of a pool of one WithEmpty layer, not sharded: "empty"
+  // is n 0 and NULL, "w" all its 32 elements from 0, at *w.
+  void with_empty_shards(lwo_pool* pool, void** w) {
+    void* d = bogus<void>();
+    uint64_t first = 99, ne = 99;
+    ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "empty", &d, &first, &ne));
+    EXPECT_EQ(d, nullptr);
+    EXPECT_EQ(first, 0u);
+    EXPECT_EQ(ne, 0u);
+    ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "w", &d, &first, &ne));
+    EXPECT_EQ(first, 0u);
+    EXPECT_EQ(ne, 32u);
+    *w = d;
+  }
+};
 
 // lwo_pool_get_info: kind, rank and n_ranks of pinned, registered and
 // sharded pools (checkpoint kinds: CheckpointCalls).
@@ -51,15 +79,8 @@ TEST_F(PoolAccess, KindRankAndRanks) {
 TEST_F(PoolAccess, ShardAccessOnPinnedPoolIsTheWholeRecord) {
   lwo_pool* pool = make_pool(3);
   for (uint32_t l = 0; l < 3; ++l) {
-    void* whole = nullptr;
-    uint64_t wb = 0;
-    ASSERT_LWO(lwo_pool_layer_host(pool, l, &whole, &wb));
     void* shard = nullptr;
-    uint64_t off = 99, sb = 0;
-    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &sb));
-    EXPECT_EQ(shard, whole);
-    EXPECT_EQ(off, 0u);
-    EXPECT_EQ(sb, wb);
+    shard_is_whole(pool, l, &shard);
     uint32_t n = 0;
     ASSERT_LWO(lwo_pool_layer_tensor_count(pool, l, &n));
     for (uint32_t k = 0; k < n; ++k) {
@@ -79,15 +100,9 @@ TEST_F(PoolAccess, ShardAccessOnPinnedPoolIsTheWholeRecord) {
 
   WithEmpty we;
   ASSERT_LWO(lwo_pool_create_pinned(engine, &we.layer, 1, nullptr, &pool));
-  void* d = bogus<void>();
-  uint64_t first = 99, ne = 99;
-  ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "empty", &d, &first, &ne));
-  EXPECT_EQ(d, nullptr);
-  EXPECT_EQ(first, 0u);
-  EXPECT_EQ(ne, 0u);
-  ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "w", &d, &first, &ne));
-  EXPECT_NE(d, nullptr);
-  EXPECT_EQ(ne, 32u);
+  void* w = nullptr;
+  with_empty_shards(pool, &w);
+  EXPECT_NE(w, nullptr);
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
@@ -100,16 +115,9 @@ TEST_F(PoolAccess, ShardAccessOnRegisteredPools) {
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_registered(engine, rm.m.layers.data(), 3, &r, 1, nullptr, &pool));
   for (uint32_t l = 0; l < 3; ++l) {
-    void* whole = nullptr;
-    uint64_t wb = 0;
-    ASSERT_LWO(lwo_pool_layer_host(pool, l, &whole, &wb));
     void* shard = nullptr;
-    uint64_t off = 99, sb = 0;
-    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &sb));
-    EXPECT_EQ(shard, whole);
+    shard_is_whole(pool, l, &shard);
     EXPECT_EQ(shard, rm.mem->p + rm.base[l]);
-    EXPECT_EQ(off, 0u);
-    EXPECT_EQ(sb, wb);
     for (uint32_t k = 0; k < rm.m.layers[l].n_tensors; ++k) {
       const lwo_tensor_desc& t = rm.m.tensors[l][k];
       void* d = nullptr;
@@ -130,15 +138,9 @@ TEST_F(PoolAccess, ShardAccessOnRegisteredPools) {
   we.t[0].host_data = buf.p + 512;  // not where the record would put it
   lwo_host_region r2{buf.p, 4096, nullptr};
   ASSERT_LWO(lwo_pool_create_registered(engine, &we.layer, 1, &r2, 1, nullptr, &pool));
-  void* d = bogus<void>();
-  uint64_t first = 99, ne = 99;
-  ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "empty", &d, &first, &ne));
-  EXPECT_EQ(d, nullptr);
-  EXPECT_EQ(first, 0u);
-  EXPECT_EQ(ne, 0u);
-  ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "w", &d, &first, &ne));
-  EXPECT_EQ(d, buf.p + 512);
-  EXPECT_EQ(ne, 32u);
+  void* w = nullptr;
+  with_empty_shards(pool, &w);
+  EXPECT_EQ(w, buf.p + 512);
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
@@ -174,8 +176,7 @@ TEST_F(PoolAccess, GradsShardOnUnshardedPoolIsTheWholeTensor) {
     ASSERT_LWO(lwo_grads_shard(g, 1, name, &again, nullptr, nullptr));  // counts may be NULL
     EXPECT_EQ(again, d);
   }
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 
   WithEmpty we;
   ASSERT_LWO(lwo_pool_create_pinned(engine, &we.layer, 1, nullptr, &pool));
@@ -186,8 +187,7 @@ TEST_F(PoolAccess, GradsShardOnUnshardedPoolIsTheWholeTensor) {
   EXPECT_EQ(first, 0u);
   EXPECT_EQ(ne, 0u);
   EXPECT_EQ(d, nullptr) << "lwo.h: *n_elements may be 0 (then *data is NULL)";
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 }
 
 // lwo_pool_write_range writes exactly bytes [offset, offset + bytes) of the
@@ -197,18 +197,9 @@ TEST_F(PoolAccess, WriteRangeWritesExactlyTheRangeAndMarksTheLayerChanged) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 3);
   StreamH c = gpu->new_stream();
-  auto use = [&](uint32_t l) {
-    lwo_ticket t{};
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
-    EXPECT_TRUE(holds_layer(pool, v)) << "layer " << l;
-    gpu->read(c, v.base, v.record_bytes);
-    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  };
-  use(0);
-  use(1);
-  use(1);
+  use(ring, pool, 0, c);
+  use(ring, pool, 1, c);
+  use(ring, pool, 1, c);
   lwo_ring_stats st = ring_stats(ring);
   EXPECT_EQ(st.n_hits, 1u);
   EXPECT_EQ(st.n_copies, 2u);
@@ -229,13 +220,13 @@ TEST_F(PoolAccess, WriteRangeWritesExactlyTheRangeAndMarksTheLayerChanged) {
                        : before[i];
     ASSERT_EQ(now[i], want) << "record byte " << i;
   }
-  use(1);  // copied again, with the new bytes
+  use(ring, pool, 1, c);  // copied again, with the new bytes
   st = ring_stats(ring);
   EXPECT_EQ(st.n_hits, 1u);
   EXPECT_EQ(st.n_copies, 3u);
-  use(1);  // unchanged since: a hit
+  use(ring, pool, 1, c);  // unchanged since: a hit
   EXPECT_EQ(ring_stats(ring).n_hits, 2u);
-  use(0);  // another layer was not marked
+  use(ring, pool, 0, c);  // another layer was not marked
   EXPECT_EQ(ring_stats(ring).n_hits, 3u);
 
   // The last bytes of the last tensor, up to its end.
@@ -245,11 +236,10 @@ TEST_F(PoolAccess, WriteRangeWritesExactlyTheRangeAndMarksTheLayerChanged) {
   ASSERT_LWO(lwo_pool_write_range(pool, 1, "bias", bi.bytes - 4, &tail, 4));
   EXPECT_EQ(std::memcmp(now + bi.offset + bi.bytes - 4, &tail, 4), 0);
   EXPECT_EQ(now[bi.offset + bi.bytes - 5], before[bi.offset + bi.bytes - 5]);
-  use(1);
+  use(ring, pool, 1, c);
   EXPECT_EQ(ring_stats(ring).n_copies, 4u);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_pool_write_range: LWO_ERR_OUT_OF_RANGE past the tensor's end (also

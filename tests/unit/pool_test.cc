@@ -76,13 +76,11 @@ TEST_F(PoolTest, PinnedArenaFallsBackWhenRegistrationIsRefused) {
   StreamH c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 2, c, &t, &v));
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];  // source was pinned
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(PoolTest, PinnedPoolRejectsBadInput) {
@@ -102,15 +100,6 @@ TEST_F(PoolTest, PinnedPoolRejectsBadInput) {
   EXPECT_EQ(pool, nullptr);
   EXPECT_EQ(gpu->n_registered(), 0u);
 }
-
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
-  ~Aligned() { std::free(p); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  uint8_t* p;
-};
 
 TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   // Lay caller memory out exactly as the records, one region for all.
@@ -148,8 +137,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, i, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, i, c, &t, &v));
     for (uint32_t k = 0; k < v.n_tensors; ++k) {  // padding after the last tensor is not copied
       lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
       ASSERT_LWO(lwo_pool_tensor_info(pool, i, k, &ti));
@@ -164,8 +152,7 @@ TEST_F(PoolTest, RegisteredContiguousLayersMoveInOneCopy) {
   EXPECT_EQ(st.n_copies, L);  // one copy per layer
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   EXPECT_EQ(lwo_pool_write(pool, 0, "weight", mem.p, 1), LWO_ERR_UNSUPPORTED);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
   EXPECT_EQ(gpu->n_registered(), 0u);
 }
 
@@ -196,8 +183,7 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
   for (uint32_t i = 0; i < L; ++i) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, i, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, i, c, &t, &v));
     ASSERT_EQ(v.n_tensors, m.layers[i].n_tensors);
     for (uint32_t k = 0; k < v.n_tensors; ++k) {
       lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
@@ -216,8 +202,7 @@ TEST_F(PoolTest, RegisteredScatteredTensorsArePackedIntoTheRecord) {
   ASSERT_LWO(lwo_ring_get_stats(ring, &st));
   EXPECT_EQ(st.n_copies, expect_copies);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(PoolTest, RegisteredPoolRejectsBadRegions) {

@@ -214,8 +214,7 @@ TEST_F(QuantCheckpoint, AnFp8TensorWithoutScalesStaysBytes) {
   void* p = nullptr;
   uint64_t b = 0;
   ASSERT_LWO(lwo_pool_layer_host(pool, 0, &p, &b));  // the file's layout: one copy
-  ASSERT_LWO(lwo_pool_destroy(pool));
-  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  destroy(pool, ck);
 }
 
 TEST_F(QuantCheckpoint, BadScalesAreRefusedNamingBothTensors) {

@@ -11,28 +11,19 @@
 
 #include "src/common/dtype.h"
 #include "test_util.h"
+#include "unit/quant_formats.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 std::string msg() { return lwo_last_error_message(); }
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
-
-#define EXPECT_ERR(status, call, part, expr)                                              \
-  do {                                                                                    \
-    lwo_status_t s_ = (expr);                                                             \
-    std::string m_ = msg();                                                               \
-    EXPECT_STREQ(lwo_status_string(status), lwo_status_string(s_)) << #expr << ": " << m_; \
-    EXPECT_EQ(m_.rfind(call, 0), 0u) << #expr << ": " << m_;                             \
-    EXPECT_TRUE(contains(m_, part)) << #expr << ": \"" << m_ << "\" lacks \"" << (part)   \
-                                    << "\"";                                              \
-  } while (0)
 
 lwo_tensor_quant_ext quant_ext(lwo_quant_format_t f) {
   lwo_tensor_quant_ext q{};
@@ -42,11 +33,7 @@ lwo_tensor_quant_ext quant_ext(lwo_quant_format_t f) {
 }
 
 uint64_t quant_bytes(lwo_quant_format_t f, lwo_dtype_t dt, int64_t rows, int64_t cols) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
+  const lwo_quant_desc d = desc_of(f, rows, cols, dt);
   lwo_quant_layout_info info = LWO_QUANT_LAYOUT_INFO_INIT;
   EXPECT_EQ(lwo_quant_layout(&d, &info), LWO_OK) << msg();
   return info.total_bytes;
@@ -110,59 +97,59 @@ TEST(QuantRecord, ChainAndShapeValidation) {
     QuantLayer L(LWO_QUANT_INT8_CHANNEL, 64, 128);
     lwo_ext other{4711, 0u, nullptr};
     L.q.header.next = &other;
-    EXPECT_ERR(LWO_ERR_UNSUPPORTED, call, "type 4711", lwo_record_layout(&L.layer, nullptr, &rb));
+    EXPECT_QERR(LWO_ERR_UNSUPPORTED, call, "type 4711", lwo_record_layout(&L.layer, nullptr, &rb));
   }
   {  // the quant extension on a layer's chain: unsupported there
     QuantLayer L(LWO_QUANT_INT8_CHANNEL, 64, 128);
     lwo_tensor_quant_ext q = quant_ext(LWO_QUANT_INT8_CHANNEL);
     L.layer.next = &q;
-    EXPECT_ERR(LWO_ERR_UNSUPPORTED, call, "type 1", lwo_record_layout(&L.layer, nullptr, &rb));
+    EXPECT_QERR(LWO_ERR_UNSUPPORTED, call, "type 1", lwo_record_layout(&L.layer, nullptr, &rb));
   }
   {  // the same type twice (also what a loop of the chain meets)
     QuantLayer L(LWO_QUANT_INT8_CHANNEL, 64, 128);
     lwo_tensor_quant_ext q2 = quant_ext(LWO_QUANT_INT8_CHANNEL);
     L.q.header.next = &q2;
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "appears twice",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "appears twice",
                lwo_record_layout(&L.layer, nullptr, &rb));
     L.q.header.next = &L.q;  // a loop
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "appears twice",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "appears twice",
                lwo_record_layout(&L.layer, nullptr, &rb));
   }
   {  // reserved words
     QuantLayer L(LWO_QUANT_INT8_CHANNEL, 64, 128);
     L.q.header.reserved = 3;
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "reserved 3",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "reserved 3",
                lwo_record_layout(&L.layer, nullptr, &rb));
     L.q.header.reserved = 0;
     L.q.reserved = 5;
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "reserved 5",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "reserved 5",
                lwo_record_layout(&L.layer, nullptr, &rb));
   }
   {  // formats
     QuantLayer L(LWO_QUANT_NONE, 64, 128);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "format 0", lwo_record_layout(&L.layer, nullptr, &rb));
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "format 0", lwo_record_layout(&L.layer, nullptr, &rb));
     L.q.format = static_cast<lwo_quant_format_t>(99);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "format 99",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "format 99",
                lwo_record_layout(&L.layer, nullptr, &rb));
   }
   {  // shapes and dtypes, each naming the tensor
     QuantLayer L(LWO_QUANT_INT4_GROUP128, 64, 100);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "multiple of the group size",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "multiple of the group size",
                lwo_record_layout(&L.layer, nullptr, &rb));
     EXPECT_TRUE(contains(msg(), "tensor 'weight'")) << msg();
     QuantLayer z(LWO_QUANT_FP8_E4M3_CHANNEL, 0, 128);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "must be >= 1",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "must be >= 1",
                lwo_record_layout(&z.layer, nullptr, &rb));
     QuantLayer i8(LWO_QUANT_FP8_E4M3_CHANNEL, 64, 128, LWO_DTYPE_I8);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "is not f32, bf16 or f16",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "is not f32, bf16 or f16",
                lwo_record_layout(&i8.layer, nullptr, &rb));
     QuantLayer d3(LWO_QUANT_FP8_E4M3_CHANNEL, 64, 128);
     d3.t[1].n_dims = 3;
     d3.t[1].shape[2] = 2;
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "has 3 dimensions",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "has 3 dimensions",
                lwo_record_layout(&d3.layer, nullptr, &rb));
     QuantLayer big(LWO_QUANT_FP8_E4M3_CHANNEL, int64_t(1) << 31, 1);
-    EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, call, "below 2^31",
+    EXPECT_QERR(LWO_ERR_OUT_OF_RANGE, call, "below 2^31",
                lwo_record_layout(&big.layer, nullptr, &rb));
   }
 }
@@ -213,26 +200,26 @@ TEST_F(QuantPool, PinnedRoundTripAgainstLwoQuantize) {
       uint64_t b = 0;
       ASSERT_LWO(lwo_pool_tensor_host(pool, 1, "weight", &p, &b));
       EXPECT_EQ(std::memcmp(p, junk.data(), b), 0);
-      EXPECT_ERR(LWO_ERR_SIZE_MISMATCH, "lwo_pool_write", "given",
+      EXPECT_QERR(LWO_ERR_SIZE_MISMATCH, "lwo_pool_write", "given",
                  lwo_pool_write(pool, 1, "weight", junk.data(), rows * cols * 2));
     }
     // The checks, in the documented order.
     const std::vector<uint8_t> src = convert(w, LWO_DTYPE_BF16);
     const char* call = "lwo_pool_write_quantized";
-    EXPECT_ERR(LWO_ERR_INVALID_HANDLE, call, "",
+    EXPECT_QERR(LWO_ERR_INVALID_HANDLE, call, "",
                lwo_pool_write_quantized(nullptr, 0, "weight", src.data(), LWO_DTYPE_BF16,
                                         src.size(), 1));
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "src is NULL",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "src is NULL",
                lwo_pool_write_quantized(pool, 0, "weight", nullptr, LWO_DTYPE_BF16, src.size(), 1));
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "src_dtype i8",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "src_dtype i8",
                lwo_pool_write_quantized(pool, 0, "weight", src.data(), LWO_DTYPE_I8, src.size(), 1));
-    EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, call, "layer 2",
+    EXPECT_QERR(LWO_ERR_OUT_OF_RANGE, call, "layer 2",
                lwo_pool_write_quantized(pool, 2, "weight", src.data(), LWO_DTYPE_BF16, src.size(), 1));
-    EXPECT_ERR(LWO_ERR_NOT_FOUND, call, "'wieght'",
+    EXPECT_QERR(LWO_ERR_NOT_FOUND, call, "'wieght'",
                lwo_pool_write_quantized(pool, 0, "wieght", src.data(), LWO_DTYPE_BF16, src.size(), 1));
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "tensor 'bias' is not quantized",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "tensor 'bias' is not quantized",
                lwo_pool_write_quantized(pool, 0, "bias", src.data(), LWO_DTYPE_BF16, src.size(), 1));
-    EXPECT_ERR(LWO_ERR_SIZE_MISMATCH, call, "holds 102400 bytes, given 102398",
+    EXPECT_QERR(LWO_ERR_SIZE_MISMATCH, call, "holds 102400 bytes, given 102398",
                lwo_pool_write_quantized(pool, 0, "weight", src.data(), LWO_DTYPE_BF16,
                                         src.size() - 2, 1));
     // A NaN leaves the tensor as it was.
@@ -243,14 +230,14 @@ TEST_F(QuantPool, PinnedRoundTripAgainstLwoQuantize) {
     std::vector<float> bad = w;
     bad[static_cast<size_t>(7 * cols + 9)] = NAN;
     const std::vector<uint8_t> bad_src = convert(bad, LWO_DTYPE_F32);
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, call, "element [7, 9]",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, call, "element [7, 9]",
                lwo_pool_write_quantized(pool, 0, "weight", bad_src.data(), LWO_DTYPE_F32,
                                         bad_src.size(), 2));
     EXPECT_TRUE(contains(msg(), "tensor 'weight'")) << msg();
     EXPECT_EQ(std::memcmp(p, before.data(), b), 0);
     // Element views of a quantized tensor are refused.
     uint64_t first = 0, n = 0;
-    EXPECT_ERR(LWO_ERR_UNSUPPORTED, "lwo_pool_shard_tensor", "is quantized",
+    EXPECT_QERR(LWO_ERR_UNSUPPORTED, "lwo_pool_shard_tensor", "is quantized",
                lwo_pool_shard_tensor(pool, 0, "weight", &p, &first, &n));
     ASSERT_LWO(lwo_pool_shard_tensor(pool, 0, "bias", &p, &first, &n));
     EXPECT_EQ(n, static_cast<uint64_t>(rows));
@@ -299,7 +286,7 @@ TEST_F(QuantPool, RegisteredPoolMovesQuantizedBytesInOneCopy) {
   ASSERT_LWO(lwo_pool_tensor_info(pool, 0, 1, &ti));
   EXPECT_EQ(ti.quant_format, LWO_QUANT_FP8_E4M3_BLOCK128);
   const std::vector<uint8_t> src = convert(weights(rows, cols, 5), LWO_DTYPE_BF16);
-  EXPECT_ERR(LWO_ERR_UNSUPPORTED, "lwo_pool_write_quantized", "lwo_quantize",
+  EXPECT_QERR(LWO_ERR_UNSUPPORTED, "lwo_pool_write_quantized", "lwo_quantize",
              lwo_pool_write_quantized(pool, 0, "weight", src.data(), LWO_DTYPE_BF16, src.size(), 1));
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
@@ -311,13 +298,13 @@ TEST_F(QuantPool, GradientsOfQuantizedLayersAreRefused) {
   lwo_pool* pool = nullptr;
   ASSERT_LWO(lwo_pool_create_pinned(engine, layers, 3, nullptr, &pool));
   lwo_grads* g = nullptr;
-  EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_grads_create", "layer 1",
+  EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_grads_create", "layer 1",
              lwo_grads_create(pool, nullptr, nullptr, &g));
   EXPECT_TRUE(contains(msg(), "'weight'")) << msg();
   EXPECT_TRUE(contains(msg(), "int4_group128")) << msg();
   EXPECT_EQ(g, nullptr);
   const uint8_t trainable_bad[3] = {1, 1, 0};
-  EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_grads_create", "layer 1",
+  EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_grads_create", "layer 1",
              lwo_grads_create(pool, trainable_bad, nullptr, &g));
   const uint8_t trainable[3] = {1, 0, 1};  // the quantized layer frozen: fine
   ASSERT_LWO(lwo_grads_create(pool, trainable, nullptr, &g));
@@ -331,7 +318,7 @@ TEST_F(QuantPool, ShardedPoolsRefuseQuantizedTensors) {
   QuantLayer L(LWO_QUANT_FP8_E4M3_CHANNEL, 64, 128);
   int fake_comm = 0;
   lwo_pool* pool = nullptr;
-  EXPECT_ERR(LWO_ERR_UNSUPPORTED, "lwo_pool_create_sharded", "sharded pools hold no quantized",
+  EXPECT_QERR(LWO_ERR_UNSUPPORTED, "lwo_pool_create_sharded", "sharded pools hold no quantized",
              lwo_pool_create_sharded(engine, &L.layer, 1,
                                      reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr,
                                      &pool));
@@ -350,26 +337,26 @@ TEST_F(QuantLinearArgs, QuantizedWeightsAreCheckedAndFrozen) {
   int buf[4] = {1, 2, 3, 4};
   void* p = buf;
   d.weight_format = 99;
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_forward", "weight_format 99",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_forward", "weight_format 99",
              lwo_linear_forward(engine, &d, 4, p, p, p, p, nullptr));
   d.weight_format = LWO_QUANT_INT4_GROUP128;
   d.in_features = 100;
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_forward", "multiple of the group size",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_forward", "multiple of the group size",
              lwo_linear_forward(engine, &d, 4, p, p, p, p, nullptr));
   EXPECT_TRUE(contains(msg(), "weight_format int4_group128")) << msg();
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_backward", "multiple of the group size",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_linear_backward", "multiple of the group size",
              lwo_linear_backward(engine, &d, 4, p, p, p, p, nullptr, nullptr, LWO_DTYPE_F32,
                                  nullptr));
   d.in_features = 256;
   for (lwo_quant_format_t f : kFormats) {
     d.weight_format = f;
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "(given dweight)",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "(given dweight)",
                lwo_linear_backward(engine, &d, 4, p, p, p, p, p, nullptr, LWO_DTYPE_F32, nullptr));
     EXPECT_TRUE(contains(msg(), lwo_quant_format_name(f))) << msg();
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dbias",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dbias",
                lwo_linear_backward(engine, &d, 4, p, p, p, nullptr, nullptr, p, LWO_DTYPE_F32,
                                    nullptr));
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dweight and dbias",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dweight and dbias",
                lwo_linear_backward(engine, &d, 4, p, p, p, p, p, p, LWO_DTYPE_F32, nullptr));
   }
 }
@@ -405,11 +392,11 @@ TEST_F(QuantConvArgs, WeightFormatIsAppendedToTheStruct) {
   lwo_conv2d_desc d = quant_conv(static_cast<lwo_quant_format_t>(99));
   int32_t oh = 0, ow = 0;
   // The whole struct: the format is read and refused, by every call.
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "weight_format 99",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "weight_format 99",
              lwo_conv2d_output_size(&d, 8, 8, &oh, &ow));
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "weight_format 99",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "weight_format 99",
              lwo_conv2d_forward(engine, &d, 2, 8, 8, p, p, p, p, nullptr));
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "weight_format 99",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "weight_format 99",
              lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, p, nullptr, nullptr, LWO_DTYPE_F32,
                                  nullptr));
   // The 0.4 size: the 99 past it is not read (LWO_QUANT_NONE): the call
@@ -418,9 +405,9 @@ TEST_F(QuantConvArgs, WeightFormatIsAppendedToTheStruct) {
   ASSERT_LWO(lwo_conv2d_output_size(&d, 8, 7, &oh, &ow));
   EXPECT_EQ(oh, 8);
   EXPECT_EQ(ow, 7);
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "batch 0",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "batch 0",
              lwo_conv2d_forward(engine, &d, 0, 8, 8, p, p, p, p, nullptr));
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "batch 0",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "batch 0",
              lwo_conv2d_backward(engine, &d, 0, 8, 8, p, p, p, p, p, p, LWO_DTYPE_F32, nullptr));
   // Every valid format, read in full, passes output_size (no device work).
   for (lwo_quant_format_t f : kFormats) {
@@ -441,15 +428,15 @@ TEST_F(QuantConvArgs, QuantizedWeightsAreCheckedAndFrozen) {
   lwo_conv2d_desc d = quant_conv(LWO_QUANT_INT4_GROUP128);
   d.in_channels = 8;  // 8 * 3 * 3 = 72
   d.out_channels = 16;
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "multiple of the group size",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "multiple of the group size",
              lwo_conv2d_forward(engine, &d, 2, 8, 8, p, p, p, p, nullptr));
   EXPECT_TRUE(contains(msg(), "weight_format int4_group128 with out_channels 16 and 72 cols"))
       << msg();
   EXPECT_TRUE(contains(msg(), "in_channels 8 / groups 1 x kernel 3x3")) << msg();
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "multiple of the group size",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "multiple of the group size",
              lwo_conv2d_backward(engine, &d, 2, 8, 8, p, p, p, p, nullptr, nullptr, LWO_DTYPE_F32,
                                  nullptr));
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "multiple of the group size",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "multiple of the group size",
              lwo_conv2d_output_size(&d, 8, 8, &oh, &ow));
   // The other formats hold any cols (here 72, a partial 128 x 128 block).
   for (lwo_quant_format_t f :
@@ -466,50 +453,50 @@ TEST_F(QuantConvArgs, QuantizedWeightsAreCheckedAndFrozen) {
   g.groups = 2;
   ASSERT_LWO(lwo_conv2d_output_size(&g, 8, 8, &oh, &ow));
   g.groups = 4;
-  EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "and 64 cols",
+  EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_output_size", "and 64 cols",
              lwo_conv2d_output_size(&g, 8, 8, &oh, &ow));
   // cols of 2^31 or more: out of range, named by its factors.
   lwo_conv2d_desc big = quant_conv(LWO_QUANT_INT8_CHANNEL);
   big.in_channels = 8;
   big.kernel_h = big.kernel_w = 1 << 15;  // 8 * 2^30 cols
-  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "in_channels 8 / groups 1 x kernel 32768x32768",
+  EXPECT_QERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "in_channels 8 / groups 1 x kernel 32768x32768",
              lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
   EXPECT_TRUE(contains(msg(), "below 2^31")) << msg();
   big.kernel_h = big.kernel_w = INT32_MAX;  // the product overflows no integer
-  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
+  EXPECT_QERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
              lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
   big.in_channels = 1 << 30;
   big.kernel_h = 4;
-  EXPECT_ERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
+  EXPECT_QERR(LWO_ERR_OUT_OF_RANGE, "lwo_conv2d_forward", "below 2^31",
              lwo_conv2d_forward(engine, &big, 1, 8, 8, p, p, p, p, nullptr));
   // Frozen: dweight and dbias refused, after the argument checks the linear's
   // backward makes first (as lwo_linear_backward orders them).
   for (lwo_quant_format_t f : kFormats) {
     SCOPED_TRACE(lwo_quant_format_name(f));
     lwo_conv2d_desc q = quant_conv(f);
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "(given dweight)",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "(given dweight)",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F32,
                                    nullptr));
     EXPECT_TRUE(contains(msg(), std::string("weight_format ") + lwo_quant_format_name(f))) << msg();
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dbias",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dbias",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, nullptr, nullptr, p,
                                    LWO_DTYPE_F32, nullptr));
-    EXPECT_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dweight and dbias",
+    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dweight and dbias",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, p, LWO_DTYPE_BF16,
                                    nullptr));
     // The argument class comes first.
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "grad_dtype f16",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "grad_dtype f16",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F16,
                                    nullptr));
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "x (needed for dweight)",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "x (needed for dweight)",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, nullptr, p, p, p, p, nullptr,
                                    LWO_DTYPE_F32, nullptr));
     lwo_conv2d_desc nb = q;
     nb.flags = 0;
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "no LWO_CONV_BIAS",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "no LWO_CONV_BIAS",
                lwo_conv2d_backward(engine, &nb, 2, 8, 8, p, p, p, p, nullptr, p, LWO_DTYPE_F32,
                                    nullptr));
-    EXPECT_ERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "bias",
+    EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_forward", "bias",
                lwo_conv2d_forward(engine, &q, 2, 8, 8, p, p, nullptr, p, nullptr));
     // The desc stays usable.
     ASSERT_LWO(lwo_conv2d_output_size(&q, 8, 8, &oh, &ow));

@@ -16,23 +16,14 @@
 #include "src/quant/codec.h"
 #include "src/quant/quant.h"
 #include "test_util.h"
+#include "unit/quant_formats.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-constexpr lwo_quant_format_t kFormats[] = {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128,
-                                           LWO_QUANT_INT8_CHANNEL, LWO_QUANT_INT4_GROUP128};
-
-lwo_quant_desc desc_of(lwo_quant_format_t f, int64_t rows, int64_t cols,
-                       lwo_dtype_t dt = LWO_DTYPE_BF16) {
-  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
-  d.format = f;
-  d.dtype = dt;
-  d.rows = rows;
-  d.cols = cols;
-  return d;
-}
+using lwo_quant_test::desc_of;
+using lwo_quant_test::kFormats;
 
 lwo_quant_layout_info layout(const lwo_quant_desc& d) {
   lwo_quant_layout_info info = LWO_QUANT_LAYOUT_INFO_INIT;
@@ -40,16 +31,6 @@ lwo_quant_layout_info layout(const lwo_quant_desc& d) {
   return info;
 }
 
-// Expects `status` and a message holding the call's name and `part`.
-#define EXPECT_QERR(status, call, part, expr)                                            \
-  do {                                                                                   \
-    lwo_status_t s_ = (expr);                                                            \
-    std::string m_ = lwo_last_error_message();                                           \
-    EXPECT_STREQ(lwo_status_string(status), lwo_status_string(s_)) << #expr << ": " << m_; \
-    EXPECT_EQ(m_.rfind(call, 0), 0u) << #expr << ": " << m_;                            \
-    EXPECT_NE(m_.find(part), std::string::npos) << #expr << ": \"" << m_ << "\" lacks \"" \
-                                                 << (part) << "\"";                      \
-  } while (0)
 
 // ---- independent references ----
 

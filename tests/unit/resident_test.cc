@@ -39,17 +39,6 @@ class ResidentTest : public EngineTest {
     EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, &b), LWO_OK);
     return b;
   }
-  // Stage, acquire on `s`, check the bytes, read them on `s`, release on `s`.
-  void use(lwo_ring* ring, lwo_pool* pool, uint32_t layer, StreamH s) {
-    lwo_ticket t{};
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, layer, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
-    ASSERT_EQ(v.layer, layer);
-    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << layer;
-    gpu->read(s, v.base, v.record_bytes);
-    ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
-  }
   lwo_ring_stats stats(lwo_ring* ring) {
     lwo_ring_stats st{};
     st.size = sizeof st;
@@ -106,8 +95,7 @@ TEST_F(ResidentTest, ResidentLayersAreHitsThatMoveNothing) {
     if (l != 4 && l != 1) streamed_bytes += record_bytes(pool, l);
   EXPECT_EQ(st.bytes_copied, streamed_bytes * kPasses);  // depth 2 < 6 streamed: no hits
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // A changed resident layer is uploaded again into its slot at its next stage,
@@ -120,8 +108,7 @@ TEST_F(ResidentTest, ChangedResidentLayerIsUploadedAfterEveryReader) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   void* old_base = v.base;
   gpu->read(a, v.base, v.record_bytes);
   lwo_ticket t2{};
@@ -162,8 +149,7 @@ TEST_F(ResidentTest, ChangedResidentLayerIsUploadedAfterEveryReader) {
   EXPECT_EQ(st.n_resident_uploads, 3u);  // creation and two changes
   EXPECT_EQ(st.n_resident_hits, 4u);  // the first stage, b, c, and the hit after a change
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // Random stage / acquire / read / release / change over streamed and resident
@@ -291,9 +277,7 @@ TEST_F(ResidentTest, SchedulesRunOverResidentLayers) {
   EXPECT_EQ(st.n_resident_hits, 8u);  // 4 per pass
   EXPECT_EQ(st.n_resident_uploads, 0u);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_schedule_destroy(sch));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(sch, ring, pool);
 }
 
 TEST_F(ResidentTest, BadResidentListsGiveDistinctStatuses) {
@@ -347,8 +331,7 @@ TEST_F(ResidentTest, FailedReuploadIsRetried) {
   use(ring, pool, 2, c);
   EXPECT_EQ(gpu->stats.copies, copies + 1);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(ResidentTest, ShardedPoolsRefuseResidentLayers) {
@@ -364,8 +347,7 @@ TEST_F(ResidentTest, ShardedPoolsRefuseResidentLayers) {
   EXPECT_EQ(try_ring(pool, 2, one, 1, &ring), LWO_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(lwo_last_error_message()).find("sharded"), std::string::npos);
   ASSERT_LWO(try_ring(pool, 2, nullptr, 0, &ring));  // streaming still works
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // ---- the budget ----
@@ -423,8 +405,7 @@ TEST_F(ResidentTest, BudgetCountsSlotsResidentLayersAndGradients) {
   EXPECT_GT(m.grads, 0u);
   EXPECT_EQ(m.used, slots + res + m.grads);
   EXPECT_EQ(m.budget, 0u);
-  ASSERT_LWO(lwo_grads_destroy(grads));
-  ASSERT_LWO(lwo_ring_destroy(ring));
+  destroy(grads, ring);
   ASSERT_LWO(lwo_engine_get_memory(engine, &m));
   EXPECT_EQ(m.used, 0u);  // everything given back
   ASSERT_LWO(lwo_pool_destroy(pool));

@@ -135,8 +135,7 @@ TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
     for (uint32_t l : layers) {
       lwo_ticket t{};
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+      ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
       ASSERT_TRUE(holds_layer(pool, v));
       gpu->read(c, v.base, v.record_bytes);
       ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
@@ -161,8 +160,7 @@ TEST_F(RingTest, HitsMoveNothingAndLruEvictsOldest) {
   ASSERT_LWO(lwo_ring_reset_stats(ring));
   ASSERT_LWO(lwo_ring_get_stats(ring, &st));
   EXPECT_EQ(st.n_stages, 0u);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // A hit acquired on stream B while stream A may still read the previous
@@ -173,13 +171,11 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(a)));
   // Hit, acquired and released on b.
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(b), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, b, &t, &v));
   gpu->read(b, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(b)));
   // Hit, released on c without acquiring.
@@ -189,8 +185,7 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // After the host bytes of a layer change, a slot holding the old bytes is
@@ -199,37 +194,27 @@ TEST_F(RingTest, ChangedLayersAreCopiedAgain) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
   StreamH c = gpu->new_stream();
-  auto use = [&](uint32_t l) {
-    lwo_ticket t{};
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
-    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << l;
-    gpu->read(c, v.base, v.record_bytes);
-    ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  };
-  use(0);
-  use(1);
+  use(ring, pool, 0, c);
+  use(ring, pool, 1, c);
   uint64_t copies = gpu->stats.copies;
-  use(0);  // hit
+  use(ring, pool, 0, c);  // hit
   EXPECT_EQ(gpu->stats.copies, copies);
   void* host = nullptr;
   uint64_t bytes = 0;
   ASSERT_LWO(lwo_pool_layer_host(pool, 0, &host, &bytes));
   fill_random(host, bytes, 777);  // an optimizer step, say
   ASSERT_LWO(lwo_pool_layer_changed(pool, 0));
-  use(0);  // copied again, and holds the new bytes
+  use(ring, pool, 0, c);  // copied again, and holds the new bytes
   EXPECT_EQ(gpu->stats.copies, copies + 1);
   std::vector<uint8_t> w(74 * 19 * 2, 3);
   ASSERT_LWO(lwo_pool_write(pool, 1, "weight", w.data(), w.size()));  // changes it too
-  use(1);
+  use(ring, pool, 1, c);
   EXPECT_EQ(gpu->stats.copies, copies + 2);
-  use(1);
+  use(ring, pool, 1, c);
   EXPECT_EQ(gpu->stats.copies, copies + 2);  // unchanged since: a hit
   EXPECT_EQ(lwo_pool_layer_changed(pool, 3), LWO_ERR_OUT_OF_RANGE);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
@@ -271,14 +256,11 @@ TEST_F(RingTest, TicketMisuseGivesDistinctStatusesAndRingStaysUsable) {
   gpu->read(c, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t2, stream(c)));
   ASSERT_LWO(lwo_ring_release(ring, t1, stream(c)));
-  ASSERT_LWO(lwo_ring_stage(ring, 3, &t0));
-  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 3, c, &t0, &v));
   ASSERT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // Ticket serials never wrap: 65,536 more rings (depth 1) are created and
@@ -305,8 +287,7 @@ TEST_F(RingTest, TicketsOfRingsCreatedLaterNeverRepeat) {
   }
   // The first ring still knows its own (ended) ticket.
   EXPECT_EQ(lwo_ring_release(first, t1, stream(c)), LWO_ERR_STALE_TICKET);
-  ASSERT_LWO(lwo_ring_destroy(first));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(first, pool);
 }
 
 // A ring draws a new serial after 65,535 tickets: its tickets stay distinct,
@@ -335,9 +316,7 @@ TEST_F(RingTest, ManyTicketsOfOneRingNeverRepeat) {
   ASSERT_LWO(lwo_ring_ticket_state(ring, first, &st));
   EXPECT_EQ(st, LWO_TICKET_ENDED);
   EXPECT_EQ(lwo_ring_ticket_state(other, first, &st), LWO_ERR_FOREIGN_TICKET);
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // A copy that fails half-way leaves the slot empty: the old layer must not be
@@ -359,8 +338,7 @@ TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
   ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 TEST_F(RingTest, CreateFailureLeavesNothingBehind) {
@@ -384,8 +362,7 @@ TEST_F(RingTest, TimingStatsAccumulate) {
   for (uint32_t l = 0; l < 4; ++l) {
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
   lwo_ring_stats st{};
@@ -395,8 +372,7 @@ TEST_F(RingTest, TimingStatsAccumulate) {
   EXPECT_DOUBLE_EQ(st.copy_ms, 4.0);  // the recording backend's 1 ms per interval
   EXPECT_DOUBLE_EQ(st.wait_ms, 4.0);
   EXPECT_NEAR(st.bandwidth_gbps, st.bytes_copied / 4e6, 1e-9);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 }  // namespace

@@ -79,9 +79,7 @@ TEST_F(RingTickets, TicketStateAndQuery) {
   ASSERT_LWO(lwo_ring_release(other, ot, stream(c)));
   ASSERT_LWO(lwo_ring_release(ring, t2, stream(c)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(other));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(other, ring, pool);
 }
 
 // lwo_ring_release_all releases every staged and acquired ticket, as
@@ -101,13 +99,11 @@ TEST_F(RingTickets, ReleaseAllReleasesEveryLiveTicketInStreamOrder) {
   // acquired). Layer 1: acquired and read on b. Layer 2: staged only.
   lwo_ticket t0{}, t1{}, t2{}, old{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &old));
-  ASSERT_LWO(lwo_ring_acquire(ring, old, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &old, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, old, stream(a)));
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
-  ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
-  ASSERT_LWO(lwo_ring_acquire(ring, t1, stream(b), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 1, b, &t1, &v));
   gpu->read(b, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_stage(ring, 2, &t2));
   EXPECT_EQ(n_free(ring), 0u);
@@ -138,8 +134,7 @@ TEST_F(RingTickets, ReleaseAllReleasesEveryLiveTicketInStreamOrder) {
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release_all(ring, stream(a), &n));
   EXPECT_EQ(n, 3u);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // A depth-1 ring: a hit released by lwo_ring_release_all on a stream other
@@ -151,8 +146,7 @@ TEST_F(RingTickets, ReleaseAllOfAHitCoversEarlierReaders) {
   StreamH a = gpu->new_stream(), b = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(a), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 0, a, &t, &v));
   gpu->read(a, v.base, v.record_bytes);
   ASSERT_LWO(lwo_ring_release(ring, t, stream(a)));
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));  // hit
@@ -162,8 +156,7 @@ TEST_F(RingTickets, ReleaseAllOfAHitCoversEarlierReaders) {
   ASSERT_LWO(lwo_ring_stage(ring, 1, &t));  // overwrites the slot
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
   ASSERT_LWO(lwo_ring_release(ring, t, stream(b)));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // lwo_ring_release_all is LWO_ERR_BUSY while a schedule of the ring exists,
@@ -190,8 +183,7 @@ TEST_F(RingTickets, ReleaseAllIsBusyWhileAScheduleExists) {
   ASSERT_LWO(lwo_ring_release_all(ring, stream(c), &n));
   EXPECT_EQ(n, 1u);
   EXPECT_EQ(state(ring, mine), LWO_TICKET_ENDED);
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -228,8 +220,7 @@ TEST_F(GradsQuery, QueryReportsDone) {
   EXPECT_EQ(lwo_grads_query(g, nullptr), LWO_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(starts_with(msg(), "lwo_grads_query: ")) << msg();
   EXPECT_EQ(lwo_grads_query(nullptr, &done), LWO_ERR_INVALID_HANDLE);
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, pool);
 }
 
 }  // namespace

@@ -82,9 +82,7 @@ TEST_F(ScheduleTest, StagesDepthAheadWithoutBlocking) {
   EXPECT_EQ(pos, 0u);
   std::vector<uint32_t> got = run_pass(this, gpu, pool, s, c);
   EXPECT_EQ(got, std::vector<uint32_t>(order, order + 8));
-  ASSERT_LWO(lwo_schedule_destroy(s));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(s, ring, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
 }
 
@@ -137,9 +135,7 @@ TEST_F(ScheduleTest, BadInputAndCurrentLayerHeldByCaller) {
   ASSERT_LWO(lwo_schedule_next(s, static_cast<lwo_stream_t>(c), &v));  // works afterwards
   EXPECT_EQ(v.layer, 1u);
   EXPECT_EQ(lwo_schedule_next(s, static_cast<lwo_stream_t>(c), nullptr), LWO_ERR_INVALID_ARGUMENT);
-  ASSERT_LWO(lwo_schedule_destroy(s));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(s, ring, pool);
 }
 
 }  // namespace

@@ -45,16 +45,14 @@ TEST_F(ShardedTest, ShardCopyThenGatherThenReady) {
     for (uint32_t l = 0; l < 4; ++l) {
       lwo_ticket t{};
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+      ASSERT_NO_FATAL_FAILURE(acquire(ring, l, c, &t, &v));
       EXPECT_EQ(std::memcmp(v.tensors[0], w[l].data(), w[l].size()), 0) << "layer " << l;
       gpu->read(c, v.base, v.record_bytes);  // must follow the gather, not only the copy
       ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
     }
   EXPECT_EQ(gpu->stats.gathers - gathers, 12u);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
   lwo_pool* p2 = nullptr;
   EXPECT_EQ(lwo_pool_create_sharded(engine, m.layers.data(), 4, nullptr, nullptr, &p2),
             LWO_ERR_INVALID_ARGUMENT);
@@ -157,8 +155,7 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
       ASSERT_LWO(lwo_grads_get_stats(g, &st));
       d2h_total += st.bytes;
       EXPECT_LT(st.bytes, wire_total);  // not the whole record
-      ASSERT_LWO(lwo_grads_destroy(g));
-      ASSERT_LWO(lwo_pool_destroy(pool));
+      destroy(g, pool);
     }
     // Over the ranks, every element exactly once, and the bytes moved to the
     // host add up to the gradients once (2 micro-batches).
@@ -189,8 +186,7 @@ TEST_F(ShardedTest, ReusedSlotWaitsForItsGather) {
     ASSERT_LWO(lwo_ring_release(ring, t, stream(c)));
   }
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(ring, pool);
 }
 
 // The debug check of collectives: a rank that is about to do something else
@@ -254,8 +250,7 @@ TEST_F(ShardedTest, CollectiveCheckFindsRanksThatDiffer) {
   EXPECT_EQ(lwo_ring_stage(ring, 9, &t), LWO_ERR_OUT_OF_RANGE);
   EXPECT_EQ(gpu->stats.gathers - gathers, 1u);
   // Still usable: a copy, agreed, lands the record.
-  ASSERT_LWO(lwo_ring_stage(ring, 2, &t));
-  ASSERT_LWO(lwo_ring_acquire(ring, t, stream(c), &v));
+  ASSERT_NO_FATAL_FAILURE(acquire(ring, 2, c, &t, &v));
   void* shard = nullptr;
   uint64_t off = 0, bytes = 0;
   ASSERT_LWO(lwo_pool_shard_host(pool, 2, &shard, &off, &bytes));
@@ -272,9 +267,7 @@ TEST_F(ShardedTest, CollectiveCheckFindsRanksThatDiffer) {
   ASSERT_LWO(lwo_grads_end(g, 1, stream(c)));  // the layer is still begun; now agreed
   ASSERT_LWO(lwo_grads_wait(g));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_grads_destroy(g));
-  ASSERT_LWO(lwo_ring_destroy(ring));
-  ASSERT_LWO(lwo_pool_destroy(pool));
+  destroy(g, ring, pool);
 }
 
 // Rank-local and sharded pools on one engine: each ring copies its own way.
@@ -320,10 +313,7 @@ TEST_F(ShardedTest, RankLocalAndShardedPoolsCoexist) {
       ASSERT_LWO(lwo_ring_release(rl, tl, stream(c)));
     }
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
-  ASSERT_LWO(lwo_ring_destroy(rs));
-  ASSERT_LWO(lwo_ring_destroy(rl));
-  ASSERT_LWO(lwo_pool_destroy(sharded));
-  ASSERT_LWO(lwo_pool_destroy(local));
+  destroy(rs, rl, sharded, local);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Shared pieces of the host-only unit tests: an engine over the recording
-// backend, layer descriptions and a seeded filler.
+// backend, layer descriptions, a seeded filler and page-aligned memory.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -58,6 +59,16 @@ inline void fill_random(void* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(rng() >> 17);
 }
 
+// Memory for registered pools, page-aligned.
+struct Aligned {
+  explicit Aligned(size_t bytes)
+      : p(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
+  ~Aligned() { std::free(p); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  uint8_t* p;
+};
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -100,6 +111,34 @@ class EngineTest : public ::testing::Test {
     return bytes == v.record_bytes && std::memcmp(host, v.base, bytes) == 0;
   }
   lwo_stream_t stream(StreamH s) { return static_cast<lwo_stream_t>(s); }
+  // Destroys each handle in the order given (dependents first), each call
+  // checked; stops at the first that fails.
+  void destroy(lwo_schedule* s) { ASSERT_LWO(lwo_schedule_destroy(s)); }
+  void destroy(lwo_grads* g) { ASSERT_LWO(lwo_grads_destroy(g)); }
+  void destroy(lwo_ring* r) { ASSERT_LWO(lwo_ring_destroy(r)); }
+  void destroy(lwo_pool* p) { ASSERT_LWO(lwo_pool_destroy(p)); }
+  void destroy(lwo_checkpoint* c) { ASSERT_LWO(lwo_checkpoint_destroy(c)); }
+  template <class A, class B, class... Rest>
+  void destroy(A* a, B* b, Rest*... rest) {
+    destroy(a);
+    if (::testing::Test::HasFatalFailure()) return;
+    destroy(b, rest...);
+  }
+  // Stages `layer` and acquires it on `s`: its ticket in *t, its view in *v.
+  void acquire(lwo_ring* ring, uint32_t layer, StreamH s, lwo_ticket* t, lwo_layer_view* v) {
+    ASSERT_LWO(lwo_ring_stage(ring, layer, t));
+    ASSERT_LWO(lwo_ring_acquire(ring, *t, stream(s), v));
+  }
+  // Stage, acquire on `s`, check the bytes, read them on `s`, release on `s`.
+  void use(lwo_ring* ring, lwo_pool* pool, uint32_t layer, StreamH s) {
+    lwo_ticket t{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_NO_FATAL_FAILURE(acquire(ring, layer, s, &t, &v));
+    ASSERT_EQ(v.layer, layer);
+    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << layer;
+    gpu->read(s, v.base, v.record_bytes);
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
+  }
 
   lwo_engine* engine = nullptr;
   RecordingBackend* gpu = nullptr;
