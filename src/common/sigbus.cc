@@ -39,13 +39,15 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
       g_previous.sa_sigaction(sig, info, context);
       return;
     }
-  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+  } else if (g_previous.sa_handler == SIG_IGN) {
+    if (info->si_code <= 0) return;  // sent, and ignored as before
+  } else if (g_previous.sa_handler != SIG_DFL) {
     g_previous.sa_handler(sig);
     return;
   }
-  // Default (an ignored SIGBUS from a fault kills all the same): restore it
-  // and raise again; SIGBUS is blocked in here, so it arrives on return (a
-  // faulting read faults again then, too).
+  // The default action (a fault kills even where SIGBUS was ignored):
+  // restore it and raise again; SIGBUS is blocked in here, so it arrives on
+  // return (a faulting read faults again then, too).
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
