@@ -415,6 +415,9 @@ void Ring::acquire(lwo_ticket t, StreamH stream, lwo_layer_view* view) {
     fail(LWO_ERR_TICKET_STATE,
          "ticket 0x%llx (slot %u, layer %u) is already acquired; a ticket is acquired once",
          static_cast<unsigned long long>(t.id), si, o.layer);
+  // A copy that found its file cut short: the slot's bytes are not the
+  // layer's (once that copy ran; on a GPU it may run after this call).
+  pool_.source().check_copies();
   Engine& e = pool_.engine();
   Backend& gpu = e.gpu();
   DeviceScope scope(e);

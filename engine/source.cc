@@ -6,10 +6,12 @@
 #include "src/checkpoint/checkpoint.h"
 #include "src/common/error.h"
 #include "src/common/parallel.h"
+#include "src/common/sigbus.h"
 
 namespace lwo {
 
 void Source::check_readable() const {
+  check_copies();
   if (ckpt_) ckpt_->check_unchanged();
 }
 
@@ -41,11 +43,14 @@ namespace {
 
 // A host function on the fill stream: packs a layer's copy runs from their
 // (not DMA-ready) sources into a pinned staging buffer, from several threads
-// when the record is large (one per 16 MiB, at most 8).
+// when the record is large (one per 16 MiB, at most 8). Out of a checkpoint's
+// mapping (`source` set) every chunk is a guarded copy: a file cut short
+// meanwhile is a fault the source remembers, not a SIGBUS that kills.
 struct FillJob {
   const std::vector<CopyRun>* runs;
   uint8_t* dst;
-  ThreadPool* threads;  // the engine's
+  ThreadPool* threads;    // the engine's
+  StagedSource* source;  // null: the runs are the caller's memory
 };
 
 void run_fill(void* p) {
@@ -64,7 +69,14 @@ void run_fill(void* p) {
           for (const CopyRun& r : runs) {
             uint64_t chunk = (r.bytes + n - 1) / n;
             uint64_t b = std::min(r.bytes, chunk * part), e = std::min(r.bytes, chunk * (part + 1));
-            if (b < e) std::memcpy(job->dst + r.dst_offset + b, r.src + b, e - b);
+            if (b >= e) continue;
+            if (!job->source) {
+              std::memcpy(job->dst + r.dst_offset + b, r.src + b, e - b);
+            } else if (const void* at =
+                           guarded_copy(job->dst + r.dst_offset + b, r.src + b, e - b)) {
+              job->source->copy_faulted(at);
+              return;  // the layer is lost: the rest of this part is not worth reading
+            }
           }
       },
       2);
@@ -135,7 +147,8 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
     extent = std::max(extent, r.dst_offset + r.bytes);
     m.bytes += r.bytes;
   }
-  auto job = std::make_unique<FillJob>(FillJob{&l.runs, st.buf.data(), &engine_.threads()});
+  auto job = std::make_unique<FillJob>(
+      FillJob{&l.runs, st.buf.data(), &engine_.threads(), ckpt_ ? this : nullptr});
   gpu.host_func(fill_stream_, run_fill, job.get(), {{st.buf.data(), extent, true}});
   job.release();
   gpu.event_record(st.ready, fill_stream_);
@@ -147,7 +160,40 @@ Source::Moved StagedSource::fill(const HostLayer& l, DeviceSlot& slot) {
   gpu.event_record(st.free, h2d);
   st.used = true;
   gpu.event_record(slot.ready, h2d);
+  // A backend that ran the fill already (the recording one does): its fault
+  // is this stage's status.
+  check_copies();
   return m;
+}
+
+void StagedSource::copy_faulted(const void* addr) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    if (faulted_.load()) return;  // the first fault tells
+    const uint8_t* a = static_cast<const uint8_t*>(addr);
+    std::string file = "a file of " + st::printable(ckpt_->path(), '\'');
+    uint64_t at = 0;
+    for (const Checkpoint::File& f : ckpt_->files())
+      if (a >= f.map && a < f.map + f.size) {
+        file = st::printable(f.path, '\'');
+        at = static_cast<uint64_t>(a - f.map);
+        break;
+      }
+    fault_ = strf("%s was cut short while a layer was copied out of its mapping (reading byte "
+                  "%llu faulted); reopen the checkpoint once the file is whole",
+                  file.c_str(), static_cast<unsigned long long>(at));
+  } catch (...) {
+    fault_.clear();
+  }
+  faulted_.store(true);
+}
+
+void StagedSource::check_copies() const {
+  if (!faulted_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  fail(LWO_ERR_FILE_CHANGED, "%s",
+       fault_.empty() ? "a checkpoint file was cut short while a layer was copied out of it"
+                      : fault_.c_str());
 }
 
 // ---- sharded ----

@@ -11,9 +11,11 @@
 //                  the record into the slot on the collective stream
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "arena.h"
@@ -64,8 +66,13 @@ class Source {
   // A ring of slots of `slot_bytes` is being created: get what filling them
   // needs (throws LWO_ERR_OUT_OF_MEMORY).
   virtual void attach(uint64_t slot_bytes) {}
-  // Throws LWO_ERR_FILE_CHANGED (LWO_ERR_IO) once a mapped file changed.
+  // Throws LWO_ERR_FILE_CHANGED (LWO_ERR_IO) once a mapped file changed, or
+  // once a copy out of it found it cut short (check_copies).
   void check_readable() const;
+  // Throws LWO_ERR_FILE_CHANGED once a copy out of a mapped file faulted
+  // because the file was cut short; from then on, for good (one atomic load
+  // until then).
+  virtual void check_copies() const {}
   // Enqueues the move of `l` into `slot.dev`, starting on the engine's
   // transfer stream (which already waits until the slot may be written), and
   // records slot.ready once every byte is there. May use slot.aux.
@@ -88,6 +95,10 @@ class StagedSource : public Source {
   ~StagedSource() override;
   void attach(uint64_t slot_bytes) override;
   Moved fill(const HostLayer& l, DeviceSlot& slot) override;
+  void check_copies() const override;
+  // A host thread's copy out of the checkpoint's mapping read `addr`, past
+  // the end of a file cut short: remembers which file, for check_copies.
+  void copy_faulted(const void* addr) noexcept;
 
  private:
   struct Staging {
@@ -99,6 +110,9 @@ class StagedSource : public Source {
   std::vector<Staging> staging_;
   StreamH fill_stream_ = nullptr;
   size_t next_ = 0;
+  std::atomic<bool> faulted_{false};
+  mutable std::mutex fault_mu_;  // not mu_: a fill may run inside fill()
+  std::string fault_;            // the message of the first fault
 };
 
 class ShardedSource : public Source {

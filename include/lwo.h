@@ -716,7 +716,8 @@ LWO_API lwo_status_t lwo_ring_destroy(lwo_ring* ring);
  * ordered after every release of its old bytes.
  *
  * Errors, checked in this order: LWO_ERR_OUT_OF_RANGE (layer), LWO_ERR_FILE_CHANGED
- * (a checkpoint file changed size), LWO_ERR_LAYER_BUSY (the layer is already
+ * (a checkpoint file changed size, or a staged copy out of it found it cut
+ * short: then for good), LWO_ERR_LAYER_BUSY (the layer is already
  * staged or held under another ticket: this wins over a full ring),
  * LWO_ERR_RING_FULL (every slot is staged or held).
  *
@@ -747,7 +748,9 @@ typedef struct lwo_layer_view {
 
 /* Makes `stream` wait (on the GPU) until the ticket's layer is in its slot and
  * returns the device addresses. Work enqueued on `stream` after this call may
- * read the slot. A ticket is acquired at most once (LWO_ERR_TICKET_STATE). */
+ * read the slot. A ticket is acquired at most once (LWO_ERR_TICKET_STATE).
+ * LWO_ERR_FILE_CHANGED on a staged checkpoint pool once a host copy out of a
+ * file found it cut short (docs/API.md, Files that change). */
 LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket,
                                       lwo_stream_t stream, lwo_layer_view* view);
 

@@ -565,6 +565,114 @@ TEST_F(CheckpointTest, AnIndexAboveTheLimitIsRefusedFromItsSize) {
   EXPECT_EQ(ck, nullptr);
 }
 
+// A file cut short after the stage's check and before its host threads copy
+// the layer out of the mapping (the recording backend's hook runs between
+// the two): the copy's SIGBUS is a status, the process lives, the pool then
+// refuses every stage and acquire for good (hits included, and even once the
+// file is whole again with its old modification time), every object can
+// still be destroyed, and the checkpoint reopened streams as before.
+TEST_F(CheckpointTest, AFileCutShortDuringAStagedCopyIsAStatus) {
+  const uint32_t L = 3;
+  auto ts = model(L, 60);
+  std::string path = file("model.safetensors");
+  write_safetensors(path, ts);
+  struct stat at_open {};
+  ASSERT_EQ(stat(path.c_str(), &at_open), 0);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  cfg.flags = LWO_CHECKPOINT_STAGED;
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ticket t{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+  int cuts = 0;
+  gpu->before_host_func = [&] {
+    if (cuts++ == 0) {
+      ASSERT_EQ(truncate(path.c_str(), 0), 0);
+    }
+  };
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
+  gpu->before_host_func = nullptr;
+  EXPECT_EQ(cuts, 1);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
+  EXPECT_NE(m.find("cut short while a layer was copied"), std::string::npos) << m;
+  lwo_ring_info ri{};
+  ri.size = sizeof ri;
+  ASSERT_LWO(lwo_ring_get_info(ring, &ri));
+  EXPECT_EQ(ri.n_free, 2u);  // the failed stage holds no slot
+  // The file whole again, its modification time put back: the size and time
+  // check passes, the fault still stands.
+  write_safetensors(path, ts);
+  struct timespec times[2] = {at_open.st_atim, at_open.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  for (uint32_t l : {0u, 1u, 2u}) {  // layer 0 would be a hit
+    EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_ERR_FILE_CHANGED) << "layer " << l;
+    m = lwo_last_error_message();
+    EXPECT_NE(m.find("cut short"), std::string::npos) << m;
+  }
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  // Reopened, the same file streams as before.
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  stream_and_check(pool, ts, L);
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
+// Layers large enough to be copied by several host threads (two parts of
+// 18 MiB each), the file cut in the middle of the second layer: the part
+// past the new end faults on its own thread, the stage is a status, and a
+// ticket staged before the cut cannot be acquired (its pool has a lost copy)
+// but can be released.
+TEST_F(CheckpointTest, AFileCutShortUnderSeveralCopyThreadsIsAStatus) {
+  const int64_t rows = 9 * 1024, cols = 1024;  // 36 MiB of F32 per layer
+  std::vector<FileTensor> ts;
+  for (uint32_t i = 0; i < 2; ++i)
+    ts.push_back(make_tensor("blocks." + std::to_string(i) + ".weight", "F32", 4, {rows, cols},
+                             70 + i));
+  std::string path = file("big.safetensors");
+  write_safetensors(path, ts);
+  struct stat whole {};
+  ASSERT_EQ(stat(path.c_str(), &whole), 0);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  cfg.flags = LWO_CHECKPOINT_STAGED;
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ticket t0{}, t1{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
+  // Three quarters of the way through layer 1: its first part is whole.
+  const off_t cut = whole.st_size - static_cast<off_t>(ts[1].bytes.size() / 4);
+  gpu->before_host_func = [&] { ASSERT_EQ(truncate(path.c_str(), cut), 0); };
+  EXPECT_EQ(lwo_ring_stage(ring, 1, &t1), LWO_ERR_FILE_CHANGED);
+  gpu->before_host_func = nullptr;
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("big.safetensors"), std::string::npos) << m;
+  EXPECT_NE(m.find("cut short"), std::string::npos) << m;
+  StreamH c = gpu->new_stream();
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_ring_acquire(ring, t0, stream(c), &v), LWO_ERR_FILE_CHANGED);
+  m = lwo_last_error_message();
+  EXPECT_NE(m.find("lwo_ring_acquire"), std::string::npos) << m;
+  ASSERT_LWO(lwo_ring_release(ring, t0, stream(c)));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo

@@ -39,6 +39,10 @@ class RecordingBackend final : public Backend {
     uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
   };
 
+  // Runs in host_func before the host function itself: a test's way in
+  // between the enqueue and the host work (say, to cut a mapped file short).
+  std::function<void()> before_host_func;
+
   RecordingBackend() { streams_.push_back({}); }  // stream 0: the legacy stream (NULL)
   ~RecordingBackend() override {
     for (auto& kv : allocs_) delete[] reinterpret_cast<uint8_t*>(kv.first);
@@ -256,6 +260,7 @@ class RecordingBackend final : public Backend {
     tick(s);
     ++stats.host_funcs;
     for (const HostSpan& h : spans) host_access(s, h.data, h.bytes, h.write, "host function");
+    if (before_host_func) before_host_func();
     fn(arg);  // the stream's earlier work is already done here
   }
   // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
