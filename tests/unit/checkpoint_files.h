@@ -34,6 +34,13 @@ inline FileTensor make_tensor(const std::string& name, const std::string& dt, si
   return t;
 }
 
+// Writes text to the file at path (opened with mode: std::ios::app appends).
+inline void write_text(const std::string& path, const std::string& text,
+                       std::ios::openmode mode = std::ios::out) {
+  std::ofstream out(path, mode);
+  out << text;
+}
+
 // Writes a safetensors file: an optional "__metadata__" (keys in the order
 // given), the tensors' header entries and their data, packed in the given
 // order. Returns the absolute file offset of each tensor's data.

@@ -38,6 +38,16 @@ class CheckpointTest : public EngineTest {
     cfg.pattern = "blocks.{i}.";
     ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, *ck, &cfg, pool));
   }
+  // open_blocks of path, then a ring of depth 2 over its pool with layer 0
+  // staged and released.
+  void open_and_stage_first(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool,
+                            lwo_ring** ring) {
+    ASSERT_NO_FATAL_FAILURE(open_blocks(path, ck, pool));
+    *ring = make_ring(*pool, 2);
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(*ring, 0, &t));
+    ASSERT_LWO(lwo_ring_release(*ring, t, nullptr));
+  }
   // Streams every layer twice through a ring of depth 2 and checks every
   // tensor's slot bytes against the file's.
   void stream_and_check(lwo_pool* pool, const std::vector<FileTensor>& ts, uint32_t L) {
@@ -196,15 +206,10 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   lwo_pool* pool = nullptr;
-  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
-  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* ring = nullptr;
+  ASSERT_NO_FATAL_FAILURE(open_and_stage_first(path, &ck, &pool, &ring));
   lwo_ticket t{};
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::app);
-    out << "appended";
-  }
+  write_text(path, "appended", std::ios::binary | std::ios::app);
   EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
@@ -222,11 +227,9 @@ TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
     SCOPED_TRACE(replaced ? "replaced" : "modified");
     lwo_checkpoint* ck = nullptr;
     lwo_pool* pool = nullptr;
-    ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
-    lwo_ring* ring = make_ring(pool, 2);
+    lwo_ring* ring = nullptr;
+    ASSERT_NO_FATAL_FAILURE(open_and_stage_first(path, &ck, &pool, &ring));
     lwo_ticket t{};
-    ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-    ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
     if (replaced) {
       // Another file of the same size and time renamed over the path.
       const std::string other = file("other.safetensors");
@@ -271,10 +274,7 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
   const std::string shard = file("s.safetensors");
   write_safetensors(shard, model(1, 2));
   const std::string index = file("i.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"x\\u001b[31m\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"x\\u001b[31m\": \"s.safetensors\"}}");
   EXPECT_NE(lwo_checkpoint_open(index.c_str(), &ck), LWO_OK);
   const std::string m2 = lwo_last_error_message();
   EXPECT_EQ(m2.find('\x1b'), std::string::npos) << m2;
@@ -286,34 +286,22 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
 TEST_F(CheckpointTest, FileNamesInFormatMessagesAreEscaped) {
   lwo_checkpoint* ck = nullptr;
   const std::string index = file("i\x1b[2J\nforged.json");
-  {
-    std::ofstream out(index);
-    out << "{";
-  }
+  write_text(index, "{");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   EXPECT_NE(m.find("i\\x1b[2J\\x0aforged.json'"), std::string::npos) << m;
   // A shard named with an ESC sequence, whose header is bad.
-  {
-    std::ofstream out(file("s\x1b[31m.safetensors"), std::ios::binary);
-    out << "abc";
-  }
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}";
-  }
+  write_text(file("s\x1b[31m.safetensors"), "abc", std::ios::binary);
+  write_text(index, "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_TRUNCATED);
   m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
   EXPECT_NE(m.find("s\\x1b[31m.safetensors'"), std::string::npos) << m;
   // A single file with a bad header.
   const std::string single = file("x\x1b]0;title\x07.safetensors");
-  {
-    std::ofstream out(single, std::ios::binary);
-    out << "abc";
-  }
+  write_text(single, "abc", std::ios::binary);
   EXPECT_EQ(lwo_checkpoint_open(single.c_str(), &ck), LWO_ERR_TRUNCATED);
   m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
@@ -330,10 +318,7 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
   write_safetensors(dir + "/out/secret.safetensors", model(1, 3));
   ASSERT_EQ(symlink("../out/secret.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
   const std::string index = dir + "/in/m.safetensors.index.json";
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"embed\": \"s.safetensors\"}}");
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
@@ -351,10 +336,7 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
   ASSERT_EQ(mkdir((dir + "/blobs").c_str(), 0700), 0);
   ASSERT_EQ(mkdir((dir + "/snap").c_str(), 0700), 0);
   write_safetensors(dir + "/blobs/b1", model(1, 3));
-  {
-    std::ofstream out(dir + "/blobs/b2");
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
-  }
+  write_text(dir + "/blobs/b2", "{\"weight_map\": {\"embed\": \"s.safetensors\"}}");
   ASSERT_EQ(symlink("../blobs/b1", (dir + "/snap/s.safetensors").c_str()), 0);
   ASSERT_EQ(symlink("../blobs/b2", (dir + "/snap/m.safetensors.index.json").c_str()), 0);
   ASSERT_LWO(lwo_checkpoint_open((dir + "/snap/m.safetensors.index.json").c_str(), &ck));
@@ -366,18 +348,12 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
 TEST_F(CheckpointTest, BrokenIndexesGetAFormatStatus) {
   write_safetensors(file("s.safetensors"), model(1, 4));
   const std::string index = file("m.safetensors.index.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}");
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("tensor 'nope' is not in shard"), std::string::npos) << m;
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {}}";
-  }
+  write_text(index, "{\"weight_map\": {}}");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   m = lwo_last_error_message();
   EXPECT_NE(m.find("m.safetensors.index.json': the index's weight_map names no tensor"),
@@ -390,10 +366,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
   EXPECT_NE(std::string(lwo_last_error_message()).find("missing.safetensors"), std::string::npos);
   std::string tiny = file("tiny.safetensors");
-  {
-    std::ofstream out(tiny, std::ios::binary);
-    out << "abc";
-  }
+  write_text(tiny, "abc", std::ios::binary);
   EXPECT_EQ(lwo_checkpoint_open(tiny.c_str(), &ck), LWO_ERR_TRUNCATED);
   EXPECT_EQ(ck, nullptr);
   auto ts = model(2, 50);
@@ -551,10 +524,7 @@ TEST_F(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
 // sparse file of 2 GiB costs neither the time nor the memory of reading it.
 TEST_F(CheckpointTest, AnIndexAboveTheLimitIsRefusedFromItsSize) {
   const std::string index = file("big.safetensors.index.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {}}";
-  }
+  write_text(index, "{\"weight_map\": {}}");
   ASSERT_EQ(truncate(index.c_str(), off_t(2) << 30), 0);
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_HEADER_SIZE);
