@@ -30,6 +30,13 @@ class CheckpointTest : public EngineTest {
     write_safetensors(path, ts);
     return path;
   }
+  // Writes ts to the file `name` and opens it into *ck.
+  void open_model(const std::vector<FileTensor>& ts, lwo_checkpoint** ck,
+                  const std::string& name = "model.safetensors") {
+    const std::string path = file(name);
+    write_safetensors(path, ts);
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), ck));
+  }
   // Opens the checkpoint at `path` into *ck and makes a pool of its layers
   // "blocks.{i}." into *pool.
   void open_blocks(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool) {
@@ -80,9 +87,8 @@ class CheckpointTest : public EngineTest {
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
   const uint32_t L = 5;
   auto ts = model(L, 10);
-  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck));
   uint32_t n = 0;
   ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &n));
   EXPECT_EQ(n, 2 * L + 1);
@@ -121,9 +127,8 @@ TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
 TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
   const uint32_t L = 4;
   auto ts = model(L, 20);
-  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck));
   for (int how = 0; how < 2; ++how) {  // asked for, and registration refused
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
     cfg.pattern = "blocks.{i}.";
@@ -401,10 +406,8 @@ TEST_F(CheckpointTest, SeveralPatternsStackTheirLayers) {
   ts.push_back(make_tensor("single_blocks.1.w", "F32", 4, {5}, 4));
   ts.push_back(make_tensor("single_blocks.2.w", "F32", 4, {7}, 5));
   ts.push_back(make_tensor("final.w", "F32", 4, {2}, 6));
-  std::string path = file("flux.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "flux.safetensors"));
   const char* const patterns[] = {"double_blocks.{i}.", "single_blocks.{i}."};
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
   cfg.patterns = patterns;
@@ -449,10 +452,8 @@ TEST_F(CheckpointTest, GapsBecomeEmptyLayersOnRequest) {
   std::vector<FileTensor> ts;
   ts.push_back(make_tensor("h.0.w", "F32", 4, {4}, 1));
   ts.push_back(make_tensor("h.3.w", "F32", 4, {4}, 2));
-  std::string path = file("gaps.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "gaps.safetensors"));
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
   cfg.pattern = "h.{i}.";
   uint32_t layer[2];
@@ -485,10 +486,8 @@ TEST_F(CheckpointTest, EveryDtypeStreamsAsBytes) {
   ts.push_back(make_tensor("blocks.0.bias", "BOOL", 1, {7}, 2));
   ts.push_back(make_tensor("blocks.1.weight", "F64", 8, {4, 2}, 3));
   ts.push_back(make_tensor("blocks.1.bias", "U16", 2, {9}, 4));
-  std::string path = file("ints.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "ints.safetensors"));
   lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
   ASSERT_LWO(lwo_checkpoint_tensor_info(ck, 2, &info));
   EXPECT_EQ(info.dtype, LWO_DTYPE_BOOL);
