@@ -17,15 +17,8 @@ uint64_t file_size(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-class CheckpointCalls : public AbiTest {
+class CheckpointCalls : public WithFiles<AbiTest> {
  protected:
-  void SetUp() override {
-    AbiTest::SetUp();
-    ASSERT_FALSE(tmp.dir().empty());
-    dir = tmp.dir();
-  }
-  std::string file(const std::string& name) { return tmp.file(name); }
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   // Writes ts to the temporary file `name` and opens it.
   lwo_checkpoint* write_and_open(const std::string& name, const std::vector<FileTensor>& ts) {
     const std::string path = file(name);
@@ -47,8 +40,6 @@ class CheckpointCalls : public AbiTest {
     EXPECT_EQ(lwo_checkpoint_tensor_info(ck, i, &t), LWO_OK) << msg();
     return t;
   }
-  TempFiles tmp;
-  std::string dir;
 };
 
 // lwo_checkpoint_destroy: NULL is fine, the handle is dead afterwards, and

@@ -115,5 +115,20 @@ class TempFiles {
   std::vector<std::string> written_;
 };
 
+// The fixture Base with a temporary folder (dir) for the test's files.
+template <class Base>
+class WithFiles : public Base {
+ protected:
+  void SetUp() override {
+    Base::SetUp();
+    ASSERT_FALSE(tmp.dir().empty());
+    dir = tmp.dir();
+  }
+  std::string file(const std::string& name) { return tmp.file(name); }
+  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
+  TempFiles tmp;
+  std::string dir;
+};
+
 }  // namespace testing
 }  // namespace lwo

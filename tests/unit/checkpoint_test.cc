@@ -15,15 +15,8 @@ namespace lwo {
 namespace testing {
 namespace {
 
-class CheckpointTest : public EngineTest {
+class CheckpointTest : public WithFiles<EngineTest> {
  protected:
-  void SetUp() override {
-    EngineTest::SetUp();
-    ASSERT_FALSE(tmp.dir().empty());
-    dir = tmp.dir();
-  }
-  std::string file(const std::string& name) { return tmp.file(name); }
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   // Writes `ts` as model.safetensors; returns its path.
   std::string write_model(const std::vector<FileTensor>& ts) {
     const std::string path = file("model.safetensors");
@@ -80,8 +73,6 @@ class CheckpointTest : public EngineTest {
     EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
     ASSERT_LWO(lwo_ring_destroy(ring));
   }
-  TempFiles tmp;
-  std::string dir;
 };
 
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
