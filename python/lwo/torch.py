@@ -1857,13 +1857,15 @@ class Offload:
             self._cal_end()
         return y
 
-    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
-        if not need_dx and not need_dw:
-            return None
+    @staticmethod
+    def _in_layer_dtype(s, dy):
+        """dy, contiguous, in the dtype of s's layer."""
         dy = dy.contiguous()
-        if dy.dtype != s.dtype:
-            dy = dy.to(s.dtype)
-        tokens = dy.numel() // s.out_f
+        return dy if dy.dtype == s.dtype else dy.to(s.dtype)
+
+    def _backward_begin(self, s):
+        """Starts a backward pass through s: the current stream, s's record
+        (observed) and the calibration, its timing started where one runs."""
         stream = self.backend.current_stream(self._dev_index)
         self._backward_started()
         rec = s.record
@@ -1871,6 +1873,23 @@ class Offload:
         cal = self._cal
         if cal is not None:
             self._cal_start(rec, True)
+        return stream, rec, cal
+
+    def _with_weights(self, rec, stream, run):
+        """run(base) with rec's slot acquired on stream (base: its device
+        address), released after."""
+        base = self._acquire(rec, stream)
+        try:
+            run(base)
+        finally:
+            self._after(rec, stream)
+
+    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
+        if not need_dx and not need_dw:
+            return None
+        dy = self._in_layer_dtype(s, dy)
+        tokens = dy.numel() // s.out_f
+        stream, rec, cal = self._backward_begin(s)
         try:
             be = self.backend
             if need_dw:
@@ -1882,12 +1901,9 @@ class Offload:
             dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
             if tokens == 0:
                 return dx.to(x_dtype)
-            base = self._acquire(rec, stream)
-            try:
-                be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
-                                   dx.data_ptr(), None, None, s.lwo_dtype, stream)
-            finally:
-                self._after(rec, stream)
+            self._with_weights(rec, stream, lambda base: be.linear_backward(
+                s.desc, tokens, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None, None,
+                s.lwo_dtype, stream))
             return dx if x_dtype == s.dtype else dx.to(x_dtype)
         finally:
             if cal is not None:
@@ -1942,19 +1958,11 @@ class Offload:
         unbatched = len(x_shape) == 3
         if unbatched:
             dy = dy.unsqueeze(0)
-        dy = dy.contiguous()
-        if dy.dtype != s.dtype:
-            dy = dy.to(s.dtype)
+        dy = self._in_layer_dtype(s, dy)
         n = dy.shape[0]
         shape4 = (1,) + tuple(x_shape) if unbatched else tuple(x_shape)
         h, w = shape4[2], shape4[3]
-        stream = self.backend.current_stream(self._dev_index)
-        self._backward_started()
-        rec = s.record
-        self._observe(rec, True, True)
-        cal = self._cal
-        if cal is not None:
-            self._cal_start(rec, True)
+        stream, rec, cal = self._backward_begin(s)
         try:
             be = self.backend
             if need_dw:
@@ -1966,12 +1974,9 @@ class Offload:
                 return None
             dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
             if n:
-                base = self._acquire(rec, stream)
-                try:
-                    be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
-                                     dx.data_ptr(), None, None, s.lwo_dtype, stream)
-                finally:
-                    self._after(rec, stream)
+                self._with_weights(rec, stream, lambda base: be.conv_backward(
+                    s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None,
+                    None, s.lwo_dtype, stream))
             if unbatched:
                 dx = dx.squeeze(0)
             return dx if x_dtype == s.dtype else dx.to(x_dtype)
