@@ -492,6 +492,24 @@ def _check_params(self, s):
             "handle and offload again" % s.name)
 
 
+def _keep_for_backward(ctx, s, x, need_dw):
+    """Keeps on ctx what the backward through s needs: s, need_dw, x's dtype,
+    and x itself where weight gradients are needed (s's record then gets
+    gradient slots, where it has none yet)."""
+    ctx.s = s
+    ctx.need_dw = need_dw
+    ctx.x_dtype = x.dtype
+    if need_dw:
+        if not s.record.trainable:
+            s.handle._make_grads(extra=s.record)
+        ctx.save_for_backward(x)
+
+
+def _saved_x(ctx):
+    """The input _keep_for_backward kept (None where no weight gradient)."""
+    return ctx.saved_tensors[0] if ctx.need_dw else None
+
+
 class _LinearFn(torch.autograd.Function):
     """y = x W^T + b through lwo. When x needs no gradient, a parameter that
     does is an input (`anchor`), only so that autograd knows the output needs
@@ -504,19 +522,12 @@ class _LinearFn(torch.autograd.Function):
         if need_dw and s.quant:
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
-        ctx.s = s
-        ctx.need_dw = need_dw
-        ctx.x_dtype = x.dtype
-        if need_dw:
-            if not s.record.trainable:
-                s.handle._make_grads(extra=s.record)
-            ctx.save_for_backward(x)
+        _keep_for_backward(ctx, s, x, need_dw)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s = ctx.s
-        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        s, x = ctx.s, _saved_x(ctx)
         dx = s.handle._linear_backward(s, x, dy, ctx.needs_input_grad[0], ctx.need_dw,
                                        ctx.x_dtype)
         return dx, None, None
@@ -528,20 +539,13 @@ class _ConvFn(torch.autograd.Function):
         if s.quant and s.needs_dw():
             _refuse_quantized_grad(s)
         y = s.handle._conv_forward(s, x, True)
-        ctx.s = s
-        ctx.need_dw = s.needs_dw()
-        ctx.x_dtype = x.dtype
         ctx.x_shape = x.shape
-        if ctx.need_dw:
-            if not s.record.trainable:
-                s.handle._make_grads(extra=s.record)
-            ctx.save_for_backward(x)
+        _keep_for_backward(ctx, s, x, s.needs_dw())
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s = ctx.s
-        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        s, x = ctx.s, _saved_x(ctx)
         dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
                                      ctx.need_dw, ctx.x_dtype)
         return dx, None, None
