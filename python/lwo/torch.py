@@ -124,17 +124,31 @@ def _dequantize_host(pool, layer, name, fmt, dtype, out):
 # The backend: the C calls the adapter makes, with their ctypes arguments
 # prepared once. Tests substitute a CPU stand-in with the same methods.
 # --------------------------------------------------------------------------
-class _Ring:
-    """An lwo.Ring's hot calls (obj: the lwo.Ring)."""
+class _HotCalls:
+    """What the hot calls of an lwo object (obj) share: its handle, a layer
+    view passed by reference, and stats and close of obj."""
 
     def __init__(self, obj):
         self.obj = obj
         self._h = obj.handle
+        self._v = C.lwo_layer_view()
+        self._vref = ctypes.byref(self._v)
+
+    def stats(self):
+        return self.obj.stats()
+
+    def close(self):
+        self.obj.close()
+
+
+class _Ring(_HotCalls):
+    """An lwo.Ring's hot calls (obj: the lwo.Ring)."""
+
+    def __init__(self, obj):
+        super().__init__(obj)
         self._t = C.lwo_ticket()
         self._tref = ctypes.byref(self._t)
         self._arg = C.lwo_ticket()
-        self._v = C.lwo_layer_view()
-        self._vref = ctypes.byref(self._v)
         self._stage = _lib.lwo_ring_stage
         self._acquire = _lib.lwo_ring_acquire
         self._release = _lib.lwo_ring_release
@@ -160,27 +174,18 @@ class _Ring:
         if st:
             check(st)
 
-    def stats(self):
-        return self.obj.stats()
-
     def reset_stats(self):
         self.obj.reset_stats()
 
     def info(self):
         return self.obj.info()
 
-    def close(self):
-        self.obj.close()
 
-
-class _Grads:
+class _Grads(_HotCalls):
     """An lwo.Grads's hot calls (obj: the lwo.Grads)."""
 
     def __init__(self, obj):
-        self.obj = obj
-        self._h = obj.handle
-        self._v = C.lwo_layer_view()
-        self._vref = ctypes.byref(self._v)
+        super().__init__(obj)
         self._begin = _lib.lwo_grads_begin
         self._end = _lib.lwo_grads_end
 
@@ -206,12 +211,6 @@ class _Grads:
     def tensor(self, layer, name):
         g = self.obj.tensor(layer, name)
         return g.address, g.dtype, g.n_elements
-
-    def stats(self):
-        return self.obj.stats()
-
-    def close(self):
-        self.obj.close()
 
 
 class _Optim:
