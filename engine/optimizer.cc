@@ -501,18 +501,26 @@ void check_state_access(lwo_optim_kind_t kind, lwo_optim_state_t which, uint64_t
 }
 }  // namespace
 
+// The state `which` of t (layer `layer`, tensor `name`) that `call` reads or
+// writes through buf (named buf_name), bytes long: checked against the
+// state's size, buf, and the optimizer being idle.
+void* Optimizer::state_of(Tensor& t, uint32_t layer, const char* name, lwo_optim_state_t which,
+                          uint64_t bytes, const void* buf, const char* buf_name, const char* call) {
+  const uint64_t want = t.n * (which == LWO_OPTIM_MASTER ? 4 : dtype_size(cfg_.state_dtype));
+  check_state_access(cfg_.kind, which, want, bytes, layer, name);
+  if (bytes && !buf) fail(LWO_ERR_INVALID_ARGUMENT, "%s is NULL", buf_name);
+  check_idle(call);
+  const int c = layers_[layer].cur;
+  return which == LWO_OPTIM_MASTER ? static_cast<void*>(t.master[c])
+         : which == LWO_OPTIM_M    ? t.m[c]
+                                   : t.v[c];
+}
+
 void Optimizer::read(uint32_t layer, const char* name, lwo_optim_state_t which, void* dst,
                      uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Tensor& t = tensor_of(layer, name);
-  const uint64_t want = t.n * (which == LWO_OPTIM_MASTER ? 4 : dtype_size(cfg_.state_dtype));
-  check_state_access(cfg_.kind, which, want, bytes, layer, name);
-  if (bytes && !dst) fail(LWO_ERR_INVALID_ARGUMENT, "dst is NULL");
-  check_idle("lwo_optim_read");
-  const int c = layers_[layer].cur;
-  const void* src = which == LWO_OPTIM_MASTER ? static_cast<const void*>(t.master[c])
-                    : which == LWO_OPTIM_M    ? t.m[c]
-                                              : t.v[c];
+  const void* src = state_of(t, layer, name, which, bytes, dst, "dst", "lwo_optim_read");
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
@@ -520,15 +528,9 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
                       uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Tensor& t = tensor_of(layer, name);
-  const uint64_t want = t.n * (which == LWO_OPTIM_MASTER ? 4 : dtype_size(cfg_.state_dtype));
-  check_state_access(cfg_.kind, which, want, bytes, layer, name);
-  if (bytes && !src) fail(LWO_ERR_INVALID_ARGUMENT, "src is NULL");
-  check_idle("lwo_optim_write");
-  const int c = layers_[layer].cur;
-  void* dst = which == LWO_OPTIM_MASTER ? static_cast<void*>(t.master[c])
-              : which == LWO_OPTIM_M    ? t.m[c]
-                                        : t.v[c];
+  void* dst = state_of(t, layer, name, which, bytes, src, "src", "lwo_optim_write");
   if (bytes) std::memcpy(dst, src, bytes);
+  const int c = layers_[layer].cur;
   if (which == LWO_OPTIM_MASTER) {
     store_rounded(t.weights, t.weight_dtype, 0, t.master[c], t.n, false);
     if (t.next) std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));

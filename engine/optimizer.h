@@ -134,6 +134,9 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   void update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to);
   void publish_next(Layer& l);  // delayed: next -> the pool
   Tensor& tensor_of(uint32_t layer, const char* name);
+  void* state_of(Tensor& t, uint32_t layer, const char* name, lwo_optim_state_t which,
+                 uint64_t bytes, const void* buf, const char* buf_name,
+                 const char* call);  // under mu_
   void check_idle(const char* what);  // under mu_
 
   Grads& grads_;

@@ -96,6 +96,19 @@ static void matmul(const double* g, const double* w, double* out, int t_n, int i
 static void grad_w(const double* g, const double* a, double* dw, int t_n, int in, int out_n) {
   product(g, 1, out_n, a, in, 1, dw, out_n, in, t_n);
 }
+/* Rounds each of x[0..n) to bf16, as the GPU stores it. */
+static void round_bf16(double* x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; ++i) x[i] = from_bf16(to_bf16((float)x[i]));
+}
+
+/* Swaps the buffers *a and *b. */
+static void swap_buffers(double** a, double** b) {
+  double* t = *a;
+  *a = *b;
+  *b = t;
+}
+
 static double* doubles(size_t n) {
   double* p = (double*)calloc(n, sizeof(double));
   EXPECT(p != NULL);
@@ -245,33 +258,27 @@ int main(void) {
   /* The CPU reference: forward (rounding each activation to bf16 as the GPU
    * stores it), the adapter's gradients, the base's input gradient. */
   for (l = 0; l < N_LAYERS; ++l) {
-    double* t;
     matmul_t(rx, rw[l], rnext, TOKENS, DIM, DIM);
-    for (i = 0; i < act; ++i) rnext[i] = from_bf16(to_bf16((float)rnext[i]));
-    t = rx;
-    rx = rnext;
-    rnext = t;
+    round_bf16(rnext, act);
+    swap_buffers(&rx, &rnext);
   }
   rh = doubles((size_t)TOKENS * RANK);
   rdh = doubles((size_t)TOKENS * RANK);
   rda = doubles((size_t)RANK * DIM);
   rdb = doubles((size_t)DIM * RANK);
   matmul_t(rx, ra, rh, TOKENS, DIM, RANK);
-  for (i = 0; i < (size_t)TOKENS * RANK; ++i) rh[i] = from_bf16(to_bf16((float)rh[i]));
+  round_bf16(rh, (size_t)TOKENS * RANK);
   grad_w(rdy, rh, rdb, TOKENS, RANK, DIM);
   matmul(rdy, rb, rdh, TOKENS, RANK, DIM);
-  for (i = 0; i < (size_t)TOKENS * RANK; ++i) rdh[i] = from_bf16(to_bf16((float)rdh[i]));
+  round_bf16(rdh, (size_t)TOKENS * RANK);
   grad_w(rdh, rx, rda, TOKENS, DIM, RANK);
   rg = doubles(act);
   rgn = doubles(act);
   memcpy(rg, rdy, sizeof(double) * act);
   for (l = N_LAYERS; l-- > 0;) {
-    double* t;
     matmul(rg, rw[l], rgn, TOKENS, DIM, DIM);
-    for (i = 0; i < act; ++i) rgn[i] = from_bf16(to_bf16((float)rgn[i]));
-    t = rg;
-    rg = rgn;
-    rgn = t;
+    round_bf16(rgn, act);
+    swap_buffers(&rg, &rgn);
   }
   {
     void* got_x = fetch(xn, act * 2);

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "bindings/c/testing.h"
+#include "fuzz.h"
 #include "lwo.h"
 #include "recording_backend.h"
 
@@ -51,15 +52,6 @@ using lwo::EventH;
 using HostSpan = lwo::Backend::HostSpan;
 using lwo::StreamH;
 using lwo::testing::RecordingBackend;
-
-[[noreturn]] void broken(const char* file, int line, const std::string& what) {
-  std::fprintf(stderr, "%s:%d: broken promise: %s\n", file, line, what.c_str());
-  std::abort();
-}
-#define FUZZ_CHECK(cond, ...)                                                   \
-  do {                                                                          \
-    if (!(cond)) broken(__FILE__, __LINE__, std::string(#cond) + " " + __VA_ARGS__); \
-  } while (0)
 
 // ---- which statuses each call may return (docs/API.md, the status table) ----
 enum Call {
@@ -779,10 +771,7 @@ void run_input(const uint8_t* data, size_t size) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  run_input(data, size);
-  return 0;
-}
+LWO_FUZZ_ENTRY(run_input)
 
 #ifndef LWO_LIBFUZZER
 // The property mode: `--runs N` random inputs (lengths 2..2048) from
@@ -798,11 +787,7 @@ int main(int argc, char** argv) {
     else files.push_back(a);
   }
   if (!files.empty()) {
-    for (const std::string& f : files) {
-      std::ifstream in(f, std::ios::binary);
-      std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      run_input(b.data(), b.size());
-    }
+    for (const std::string& f : files) lwo_fuzz::run_file(f, run_input);
   } else {
     std::mt19937_64 rng(seed);
     for (uint64_t r = 0; r < runs; ++r) {

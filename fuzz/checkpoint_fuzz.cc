@@ -35,21 +35,13 @@
 #include <string>
 #include <vector>
 
+#include "fuzz.h"
 #include "lwo.h"
 #include "src/checkpoint/checkpoint.h"
 #include "src/checkpoint/safetensors.h"
 #include "src/common/error.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond, what)                                                       \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "%s:%d: broken promise: %s %s\n", __FILE__, __LINE__, #cond, \
-                   std::string(what).c_str());                                        \
-      std::abort();                                                                  \
-    }                                                                                \
-  } while (0)
 
 const lwo_status_t kOpenStatuses[] = {LWO_ERR_IO,         LWO_ERR_TRUNCATED, LWO_ERR_BAD_HEADER_SIZE,
                                       LWO_ERR_BAD_JSON,   LWO_ERR_BAD_DTYPE, LWO_ERR_SHAPE_MISMATCH,
@@ -245,19 +237,14 @@ void run_input(const uint8_t* data, size_t size) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  run_input(data, size);
-  return 0;
-}
+LWO_FUZZ_ENTRY(run_input)
 
 #ifndef LWO_LIBFUZZER
 // Opens each input file given, or each file of each folder given.
 int main(int argc, char** argv) {
   size_t n = 0;
   auto one = [&](const std::string& f) {
-    std::ifstream in(f, std::ios::binary);
-    std::vector<uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    run_input(b.data(), b.size());
+    lwo_fuzz::run_file(f, run_input);
     ++n;
   };
   for (int i = 1; i < argc; ++i) {

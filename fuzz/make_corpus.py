@@ -112,21 +112,20 @@ CHECKPOINT_SEEDS = {
 }
 
 
+def write_seeds(out, seeds):
+    """Empties the folder out and writes each seed into it."""
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        os.remove(os.path.join(out, name))
+    for name, data in sorted(seeds.items()):
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(seeds), out))
+
+
 def main():
-    os.makedirs(OUT, exist_ok=True)
-    for name in os.listdir(OUT):
-        os.remove(os.path.join(OUT, name))
-    for name, data in sorted(SEEDS.items()):
-        with open(os.path.join(OUT, name), "wb") as f:
-            f.write(data)
-    print("wrote %d seeds to %s" % (len(SEEDS), OUT))
-    os.makedirs(OUT_CHECKPOINT, exist_ok=True)
-    for name in os.listdir(OUT_CHECKPOINT):
-        os.remove(os.path.join(OUT_CHECKPOINT, name))
-    for name, data in sorted(CHECKPOINT_SEEDS.items()):
-        with open(os.path.join(OUT_CHECKPOINT, name), "wb") as f:
-            f.write(data)
-    print("wrote %d seeds to %s" % (len(CHECKPOINT_SEEDS), OUT_CHECKPOINT))
+    write_seeds(OUT, SEEDS)
+    write_seeds(OUT_CHECKPOINT, CHECKPOINT_SEEDS)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,17 @@ Flag quiet_flag() {
                      [] { g_quiet = true; });
 }
 
+std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
+                             std::string& budget) {
+  return {seed_flag(seed), timing_flag(timing), device_flag(device),
+          json_flag(json), quiet_flag(),       budget_flag(budget)};
+}
+std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
+  std::vector<Flag> out;
+  for (const std::vector<Flag>& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
 std::vector<lwo_dtype_t> all_dtypes() {
   std::vector<lwo_dtype_t> out;
   for (int d = 0; d < 256; ++d) {

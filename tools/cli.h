@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -230,6 +231,12 @@ extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, 
 extern const Command kPlanCommand;
 // --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
 Flag budget_flag(std::string& budget);
+// The flags lwo run and lwo train share, in their order: --seed, --timing,
+// --device, --json, --quiet, --budget.
+std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
+                             std::string& budget);
+// The flags of each part, in order.
+std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts);
 // The budget in bytes for a model of `model_bytes` ("" is 0: none).
 uint64_t parse_budget(const std::string& text, uint64_t model_bytes);
 // A plan of lwo_plan_create and what it says, position by position.

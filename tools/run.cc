@@ -43,16 +43,11 @@ struct Results : PassResults {
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  return model_flags(o, {
+  return model_flags(o, joined({{
       quant_flag(o.quant),
       depth_flag(o.depth),
       passes_flag(o.passes),
-      seed_flag(o.seed),
-      timing_flag(o.timing),
-      device_flag(o.device),
-      json_flag(o.json),
-      quiet_flag(),
-      budget_flag(o.budget),
+    }, pass_flags(o.seed, o.timing, o.device, o.json, o.budget), {
       // Spellings of lwo 0.1, which made lwo run front three programs.
       moved_flag("--train", "--train moved: training steps are the command lwo train",
                  "run 'lwo train --help' for its flags"),
@@ -60,7 +55,7 @@ std::vector<Flag> make_flags(Options& o) {
                  "run 'lwo train --help' for its flags"),
       moved_flag("--weights", "--weights moved: stream a checkpoint with lwo stream {FILE}",
                  "run 'lwo stream --help' for its flags"),
-  });
+  }}));
 }
 
 // Compares the device sums with `times` the host checksum of each layer

@@ -68,7 +68,7 @@ struct Sizes {
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  return {
+  return joined({{
       switch_flag("--frozen", "every layer frozen: input gradients only, no weight gradients",
                   o.frozen),
       quant_flag(o.quant),
@@ -124,15 +124,10 @@ std::vector<Flag> make_flags(Options& o) {
                  }),
       uint_flag("--optimizer-threads", "N", o.optim_threads, 0, 64,
                 "with --optimizer: its update threads (0, the default: one per CPU)"),
-      seed_flag(o.seed),
-      timing_flag(o.timing),
-      device_flag(o.device),
-      json_flag(o.json),
-      quiet_flag(),
-      budget_flag(o.budget),
+    }, pass_flags(o.seed, o.timing, o.device, o.json, o.budget), {
       moved_flag("--train", "--train is not needed: lwo train trains"),
       moved_flag("--passes", "--passes counts the passes of lwo run; lwo train counts --steps"),
-  };
+  }});
 }
 
 void check_options(const Options& o) {

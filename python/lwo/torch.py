@@ -124,17 +124,31 @@ def _dequantize_host(pool, layer, name, fmt, dtype, out):
 # The backend: the C calls the adapter makes, with their ctypes arguments
 # prepared once. Tests substitute a CPU stand-in with the same methods.
 # --------------------------------------------------------------------------
-class _Ring:
-    """An lwo.Ring's hot calls (obj: the lwo.Ring)."""
+class _HotCalls:
+    """What the hot calls of an lwo object (obj) share: its handle, a layer
+    view passed by reference, and stats and close of obj."""
 
     def __init__(self, obj):
         self.obj = obj
         self._h = obj.handle
+        self._v = C.lwo_layer_view()
+        self._vref = ctypes.byref(self._v)
+
+    def stats(self):
+        return self.obj.stats()
+
+    def close(self):
+        self.obj.close()
+
+
+class _Ring(_HotCalls):
+    """An lwo.Ring's hot calls (obj: the lwo.Ring)."""
+
+    def __init__(self, obj):
+        super().__init__(obj)
         self._t = C.lwo_ticket()
         self._tref = ctypes.byref(self._t)
         self._arg = C.lwo_ticket()
-        self._v = C.lwo_layer_view()
-        self._vref = ctypes.byref(self._v)
         self._stage = _lib.lwo_ring_stage
         self._acquire = _lib.lwo_ring_acquire
         self._release = _lib.lwo_ring_release
@@ -160,27 +174,18 @@ class _Ring:
         if st:
             check(st)
 
-    def stats(self):
-        return self.obj.stats()
-
     def reset_stats(self):
         self.obj.reset_stats()
 
     def info(self):
         return self.obj.info()
 
-    def close(self):
-        self.obj.close()
 
-
-class _Grads:
+class _Grads(_HotCalls):
     """An lwo.Grads's hot calls (obj: the lwo.Grads)."""
 
     def __init__(self, obj):
-        self.obj = obj
-        self._h = obj.handle
-        self._v = C.lwo_layer_view()
-        self._vref = ctypes.byref(self._v)
+        super().__init__(obj)
         self._begin = _lib.lwo_grads_begin
         self._end = _lib.lwo_grads_end
 
@@ -206,12 +211,6 @@ class _Grads:
     def tensor(self, layer, name):
         g = self.obj.tensor(layer, name)
         return g.address, g.dtype, g.n_elements
-
-    def stats(self):
-        return self.obj.stats()
-
-    def close(self):
-        self.obj.close()
 
 
 class _Optim:
@@ -492,6 +491,24 @@ def _check_params(self, s):
             "handle and offload again" % s.name)
 
 
+def _keep_for_backward(ctx, s, x, need_dw):
+    """Keeps on ctx what the backward through s needs: s, need_dw, x's dtype,
+    and x itself where weight gradients are needed (s's record then gets
+    gradient slots, where it has none yet)."""
+    ctx.s = s
+    ctx.need_dw = need_dw
+    ctx.x_dtype = x.dtype
+    if need_dw:
+        if not s.record.trainable:
+            s.handle._make_grads(extra=s.record)
+        ctx.save_for_backward(x)
+
+
+def _saved_x(ctx):
+    """The input _keep_for_backward kept (None where no weight gradient)."""
+    return ctx.saved_tensors[0] if ctx.need_dw else None
+
+
 class _LinearFn(torch.autograd.Function):
     """y = x W^T + b through lwo. When x needs no gradient, a parameter that
     does is an input (`anchor`), only so that autograd knows the output needs
@@ -504,19 +521,12 @@ class _LinearFn(torch.autograd.Function):
         if need_dw and s.quant:
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
-        ctx.s = s
-        ctx.need_dw = need_dw
-        ctx.x_dtype = x.dtype
-        if need_dw:
-            if not s.record.trainable:
-                s.handle._make_grads(extra=s.record)
-            ctx.save_for_backward(x)
+        _keep_for_backward(ctx, s, x, need_dw)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s = ctx.s
-        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        s, x = ctx.s, _saved_x(ctx)
         dx = s.handle._linear_backward(s, x, dy, ctx.needs_input_grad[0], ctx.need_dw,
                                        ctx.x_dtype)
         return dx, None, None
@@ -528,20 +538,13 @@ class _ConvFn(torch.autograd.Function):
         if s.quant and s.needs_dw():
             _refuse_quantized_grad(s)
         y = s.handle._conv_forward(s, x, True)
-        ctx.s = s
-        ctx.need_dw = s.needs_dw()
-        ctx.x_dtype = x.dtype
         ctx.x_shape = x.shape
-        if ctx.need_dw:
-            if not s.record.trainable:
-                s.handle._make_grads(extra=s.record)
-            ctx.save_for_backward(x)
+        _keep_for_backward(ctx, s, x, s.needs_dw())
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s = ctx.s
-        x = ctx.saved_tensors[0] if ctx.need_dw else None
+        s, x = ctx.s, _saved_x(ctx)
         dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
                                      ctx.need_dw, ctx.x_dtype)
         return dx, None, None
@@ -1857,13 +1860,15 @@ class Offload:
             self._cal_end()
         return y
 
-    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
-        if not need_dx and not need_dw:
-            return None
+    @staticmethod
+    def _in_layer_dtype(s, dy):
+        """dy, contiguous, in the dtype of s's layer."""
         dy = dy.contiguous()
-        if dy.dtype != s.dtype:
-            dy = dy.to(s.dtype)
-        tokens = dy.numel() // s.out_f
+        return dy if dy.dtype == s.dtype else dy.to(s.dtype)
+
+    def _backward_begin(self, s):
+        """Starts a backward pass through s: the current stream, s's record
+        (observed) and the calibration, its timing started where one runs."""
         stream = self.backend.current_stream(self._dev_index)
         self._backward_started()
         rec = s.record
@@ -1871,6 +1876,23 @@ class Offload:
         cal = self._cal
         if cal is not None:
             self._cal_start(rec, True)
+        return stream, rec, cal
+
+    def _with_weights(self, rec, stream, run):
+        """run(base) with rec's slot acquired on stream (base: its device
+        address), released after."""
+        base = self._acquire(rec, stream)
+        try:
+            run(base)
+        finally:
+            self._after(rec, stream)
+
+    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
+        if not need_dx and not need_dw:
+            return None
+        dy = self._in_layer_dtype(s, dy)
+        tokens = dy.numel() // s.out_f
+        stream, rec, cal = self._backward_begin(s)
         try:
             be = self.backend
             if need_dw:
@@ -1882,12 +1904,9 @@ class Offload:
             dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
             if tokens == 0:
                 return dx.to(x_dtype)
-            base = self._acquire(rec, stream)
-            try:
-                be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
-                                   dx.data_ptr(), None, None, s.lwo_dtype, stream)
-            finally:
-                self._after(rec, stream)
+            self._with_weights(rec, stream, lambda base: be.linear_backward(
+                s.desc, tokens, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None, None,
+                s.lwo_dtype, stream))
             return dx if x_dtype == s.dtype else dx.to(x_dtype)
         finally:
             if cal is not None:
@@ -1942,19 +1961,11 @@ class Offload:
         unbatched = len(x_shape) == 3
         if unbatched:
             dy = dy.unsqueeze(0)
-        dy = dy.contiguous()
-        if dy.dtype != s.dtype:
-            dy = dy.to(s.dtype)
+        dy = self._in_layer_dtype(s, dy)
         n = dy.shape[0]
         shape4 = (1,) + tuple(x_shape) if unbatched else tuple(x_shape)
         h, w = shape4[2], shape4[3]
-        stream = self.backend.current_stream(self._dev_index)
-        self._backward_started()
-        rec = s.record
-        self._observe(rec, True, True)
-        cal = self._cal
-        if cal is not None:
-            self._cal_start(rec, True)
+        stream, rec, cal = self._backward_begin(s)
         try:
             be = self.backend
             if need_dw:
@@ -1966,12 +1977,9 @@ class Offload:
                 return None
             dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
             if n:
-                base = self._acquire(rec, stream)
-                try:
-                    be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
-                                     dx.data_ptr(), None, None, s.lwo_dtype, stream)
-                finally:
-                    self._after(rec, stream)
+                self._with_weights(rec, stream, lambda base: be.conv_backward(
+                    s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None,
+                    None, s.lwo_dtype, stream))
             if unbatched:
                 dx = dx.squeeze(0)
             return dx if x_dtype == s.dtype else dx.to(x_dtype)

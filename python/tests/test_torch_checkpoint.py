@@ -76,6 +76,22 @@ def compare_logits(m, ref, dtype=torch.bfloat16, steps=2):
             close(m(input_ids=ids).logits, ref(input_ids=ids).logits, dtype, "logits")
 
 
+def train_both(m, ref, opt, opt_r, seed, steps, tol, tokens=8, each_step=None):
+    """Trains m and ref side by side for steps on the same random token ids
+    (a generator seeded with seed), their losses within tol at every step;
+    each_step() runs after the backward passes, before the optimizers step."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (2, tokens), generator=gen)
+        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+        assert abs(la.item() - lb.item()) < tol, (la.item(), lb.item())
+        la.backward()
+        lb.backward()
+        if each_step is not None:
+            each_step()
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+
 # --------------------------------------------------------------------------
 @needs_proc
 @pytest.mark.parametrize("shards", [1, 3])
@@ -259,15 +275,8 @@ def test_checkpoint_copy_casts_into_the_pinned_pool_and_trains(tiny):
         w_rec(h, "model.layers.0.self_attn.q_proj"), "m0.weight").address
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        ids = torch.randint(0, 64, (2, 8), generator=gen)
-        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
-        assert abs(la.item() - lb.item()) < 1e-4
-        la.backward()
-        lb.backward()
-        close(w.grad, ref.model.layers[0].self_attn.q_proj.weight.grad, torch.float32)
-        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    train_both(m, ref, opt, opt_r, seed=1, steps=3, tol=1e-4, each_step=lambda: close(
+        w.grad, ref.model.layers[0].self_attn.q_proj.weight.grad, torch.float32))
     assert be.changed  # the optimizer's writes into the pool were noticed
 
 
@@ -396,16 +405,12 @@ def train_lora(m, ref, steps=3):
     # different adapters)
     opt = torch.optim.SGD(trained, lr=0.5)
     opt_r = torch.optim.SGD(trained_r, lr=0.5)
-    gen = torch.Generator().manual_seed(2)
-    for _ in range(steps):
-        ids = torch.randint(0, 64, (2, 10), generator=gen)
-        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
-        assert abs(la.item() - lb.item()) < 2e-2, (la.item(), lb.item())
-        la.backward()
-        lb.backward()
+
+    def grads_agree():
         for p, q in zip(trained, trained_r):
             close(p.grad, q.grad, torch.bfloat16, "lora grad")
-        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+    train_both(m, ref, opt, opt_r, seed=2, steps=steps, tol=2e-2, tokens=10, each_step=grads_agree)
 
 
 def test_lora_with_peft_after_offload_on_the_mapped_base(tiny):
@@ -784,14 +789,7 @@ def test_the_plan_regroups_a_pinned_pool_with_fp8_weights_of_the_file(tmp_path):
     assert saved > 0
     opt = torch.optim.SGD([m.lm_head.weight], lr=0.1)
     opt_r = torch.optim.SGD([ref.lm_head.weight], lr=0.1)
-    gen = torch.Generator().manual_seed(8)
-    for _ in range(6):
-        ids = torch.randint(0, 64, (2, 8), generator=gen)
-        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
-        assert abs(la.item() - lb.item()) < 2e-2, (la.item(), lb.item())
-        la.backward()
-        lb.backward()
-        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    train_both(m, ref, opt, opt_r, seed=8, steps=6, tol=2e-2)
     assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
     assert len(h.records) < n_before and len(be.pools) == 2
     assert not host_lwo.is_checkpoint_pool(be.pools[1])
@@ -811,14 +809,7 @@ def test_lwo_torch_optim_over_a_checkpoint(tiny):
     h, _be = offload(m, checkpoint=path, checkpoint_copy=True, plan=False)
     opt = lopt.AdamW(m.parameters(), lr=1e-3)
     opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(12)
-    for _ in range(3):
-        ids = torch.randint(0, 64, (2, 8), generator=gen)
-        la, lb = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
-        assert abs(la.item() - lb.item()) < 1e-3, (la.item(), lb.item())
-        la.backward()
-        lb.backward()
-        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    train_both(m, ref, opt, opt_r, seed=12, steps=3, tol=1e-3)
     close(m.model.layers[1].mlp.down_proj.weight, ref.model.layers[1].mlp.down_proj.weight,
           torch.float32)
 

@@ -17,15 +17,14 @@ uint64_t file_size(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-class CheckpointCalls : public AbiTest {
+class CheckpointCalls : public WithFiles<AbiTest> {
  protected:
-  void SetUp() override {
-    AbiTest::SetUp();
-    ASSERT_FALSE(tmp.dir().empty());
-    dir = tmp.dir();
+  // Writes ts to the temporary file `name` and opens it.
+  lwo_checkpoint* write_and_open(const std::string& name, const std::vector<FileTensor>& ts) {
+    const std::string path = file(name);
+    write_safetensors(path, ts);
+    return open(path);
   }
-  std::string file(const std::string& name) { return tmp.file(name); }
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   lwo_checkpoint* open(const std::string& path) {
     lwo_checkpoint* ck = nullptr;
     EXPECT_EQ(lwo_checkpoint_open(path.c_str(), &ck), LWO_OK) << msg();
@@ -41,8 +40,6 @@ class CheckpointCalls : public AbiTest {
     EXPECT_EQ(lwo_checkpoint_tensor_info(ck, i, &t), LWO_OK) << msg();
     return t;
   }
-  TempFiles tmp;
-  std::string dir;
 };
 
 // lwo_checkpoint_destroy: NULL is fine, the handle is dead afterwards, and
@@ -240,9 +237,7 @@ TEST_F(CheckpointCalls, MapTensorsByPatternAgreesWithThePool) {
   const uint32_t L = 3;
   auto ts = model(L, 40);
   ts.push_back(make_tensor("head.weight", "F32", 4, {7}, 99));
-  std::string path = file("map.safetensors");
-  write_safetensors(path, ts);
-  lwo_checkpoint* ck = open(path);
+  lwo_checkpoint* ck = write_and_open("map.safetensors", ts);
   uint32_t nt = 0;
   ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &nt));
   ASSERT_EQ(nt, ts.size());
@@ -294,9 +289,7 @@ TEST_F(CheckpointCalls, MapTensorsByPatternAgreesWithThePool) {
 // LWO_ERR_NOT_FOUND, with the arrays left as they were.
 TEST_F(CheckpointCalls, MapTensorsByNamesAndErrors) {
   auto ts = model(2, 50);
-  std::string path = file("names.safetensors");
-  write_safetensors(path, ts);
-  lwo_checkpoint* ck = open(path);
+  lwo_checkpoint* ck = write_and_open("names.safetensors", ts);
   const uint32_t nt = static_cast<uint32_t>(ts.size());  // embed, b0.w, b0.b, b1.w, b1.b
   // Layer 0: blocks.1.bias, embed; layer 1: blocks.0.weight.
   const char* nm[3] = {"blocks.1.bias", "embed", "blocks.0.weight"};
@@ -364,9 +357,7 @@ TEST_F(CheckpointCalls, MapTensorsByNamesAndErrors) {
 // LWO_ERR_UNSUPPORTED) and their shard calls give the whole tensor.
 TEST_F(CheckpointCalls, PoolKindsAndAccess) {
   auto ts = model(2, 60);
-  std::string path = file("kinds.safetensors");
-  write_safetensors(path, ts);
-  lwo_checkpoint* ck = open(path);
+  lwo_checkpoint* ck = write_and_open("kinds.safetensors", ts);
   for (int how = 0; how < 3; ++how) {
     SCOPED_TRACE(how);
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;

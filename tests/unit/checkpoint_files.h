@@ -34,6 +34,13 @@ inline FileTensor make_tensor(const std::string& name, const std::string& dt, si
   return t;
 }
 
+// Writes text to the file at path (opened with mode: std::ios::app appends).
+inline void write_text(const std::string& path, const std::string& text,
+                       std::ios::openmode mode = std::ios::out) {
+  std::ofstream out(path, mode);
+  out << text;
+}
+
 // Writes a safetensors file: an optional "__metadata__" (keys in the order
 // given), the tensors' header entries and their data, packed in the given
 // order. Returns the absolute file offset of each tensor's data.
@@ -106,6 +113,21 @@ class TempFiles {
  private:
   std::string dir_;
   std::vector<std::string> written_;
+};
+
+// The fixture Base with a temporary folder (dir) for the test's files.
+template <class Base>
+class WithFiles : public Base {
+ protected:
+  void SetUp() override {
+    Base::SetUp();
+    ASSERT_FALSE(tmp.dir().empty());
+    dir = tmp.dir();
+  }
+  std::string file(const std::string& name) { return tmp.file(name); }
+  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
+  TempFiles tmp;
+  std::string dir;
 };
 
 }  // namespace testing

@@ -15,20 +15,20 @@ namespace lwo {
 namespace testing {
 namespace {
 
-class CheckpointTest : public EngineTest {
+class CheckpointTest : public WithFiles<EngineTest> {
  protected:
-  void SetUp() override {
-    EngineTest::SetUp();
-    ASSERT_FALSE(tmp.dir().empty());
-    dir = tmp.dir();
-  }
-  std::string file(const std::string& name) { return tmp.file(name); }
-  std::vector<FileTensor> model(uint32_t L, uint64_t seed) { return test_model(L, seed); }
   // Writes `ts` as model.safetensors; returns its path.
   std::string write_model(const std::vector<FileTensor>& ts) {
     const std::string path = file("model.safetensors");
     write_safetensors(path, ts);
     return path;
+  }
+  // Writes ts to the file `name` and opens it into *ck.
+  void open_model(const std::vector<FileTensor>& ts, lwo_checkpoint** ck,
+                  const std::string& name = "model.safetensors") {
+    const std::string path = file(name);
+    write_safetensors(path, ts);
+    ASSERT_LWO(lwo_checkpoint_open(path.c_str(), ck));
   }
   // Opens the checkpoint at `path` into *ck and makes a pool of its layers
   // "blocks.{i}." into *pool.
@@ -37,6 +37,16 @@ class CheckpointTest : public EngineTest {
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
     cfg.pattern = "blocks.{i}.";
     ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, *ck, &cfg, pool));
+  }
+  // open_blocks of path, then a ring of depth 2 over its pool with layer 0
+  // staged and released.
+  void open_and_stage_first(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool,
+                            lwo_ring** ring) {
+    ASSERT_NO_FATAL_FAILURE(open_blocks(path, ck, pool));
+    *ring = make_ring(*pool, 2);
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(*ring, 0, &t));
+    ASSERT_LWO(lwo_ring_release(*ring, t, nullptr));
   }
   // Streams every layer twice through a ring of depth 2 and checks every
   // tensor's slot bytes against the file's.
@@ -63,16 +73,13 @@ class CheckpointTest : public EngineTest {
     EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
     ASSERT_LWO(lwo_ring_destroy(ring));
   }
-  TempFiles tmp;
-  std::string dir;
 };
 
 TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
   const uint32_t L = 5;
   auto ts = model(L, 10);
-  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck));
   uint32_t n = 0;
   ASSERT_LWO(lwo_checkpoint_tensor_count(ck, &n));
   EXPECT_EQ(n, 2 * L + 1);
@@ -111,9 +118,8 @@ TEST_F(CheckpointTest, RegisteredLayersMoveInOneCopyEach) {
 TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
   const uint32_t L = 4;
   auto ts = model(L, 20);
-  const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck));
   for (int how = 0; how < 2; ++how) {  // asked for, and registration refused
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
     cfg.pattern = "blocks.{i}.";
@@ -196,15 +202,10 @@ TEST_F(CheckpointTest, AFileThatChangesSizeIsRefused) {
   const std::string path = write_model(ts);
   lwo_checkpoint* ck = nullptr;
   lwo_pool* pool = nullptr;
-  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
-  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* ring = nullptr;
+  ASSERT_NO_FATAL_FAILURE(open_and_stage_first(path, &ck, &pool, &ring));
   lwo_ticket t{};
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-  ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::app);
-    out << "appended";
-  }
+  write_text(path, "appended", std::ios::binary | std::ios::app);
   EXPECT_EQ(lwo_ring_stage(ring, 1, &t), LWO_ERR_FILE_CHANGED);
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("lwo_ring_stage"), std::string::npos) << m;
@@ -222,11 +223,9 @@ TEST_F(CheckpointTest, AFileModifiedAtTheSameSizeIsRefused) {
     SCOPED_TRACE(replaced ? "replaced" : "modified");
     lwo_checkpoint* ck = nullptr;
     lwo_pool* pool = nullptr;
-    ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool));
-    lwo_ring* ring = make_ring(pool, 2);
+    lwo_ring* ring = nullptr;
+    ASSERT_NO_FATAL_FAILURE(open_and_stage_first(path, &ck, &pool, &ring));
     lwo_ticket t{};
-    ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-    ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
     if (replaced) {
       // Another file of the same size and time renamed over the path.
       const std::string other = file("other.safetensors");
@@ -271,10 +270,7 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
   const std::string shard = file("s.safetensors");
   write_safetensors(shard, model(1, 2));
   const std::string index = file("i.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"x\\u001b[31m\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"x\\u001b[31m\": \"s.safetensors\"}}");
   EXPECT_NE(lwo_checkpoint_open(index.c_str(), &ck), LWO_OK);
   const std::string m2 = lwo_last_error_message();
   EXPECT_EQ(m2.find('\x1b'), std::string::npos) << m2;
@@ -286,34 +282,22 @@ TEST_F(CheckpointTest, NamesInMessagesAreEscaped) {
 TEST_F(CheckpointTest, FileNamesInFormatMessagesAreEscaped) {
   lwo_checkpoint* ck = nullptr;
   const std::string index = file("i\x1b[2J\nforged.json");
-  {
-    std::ofstream out(index);
-    out << "{";
-  }
+  write_text(index, "{");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   EXPECT_NE(m.find("i\\x1b[2J\\x0aforged.json'"), std::string::npos) << m;
   // A shard named with an ESC sequence, whose header is bad.
-  {
-    std::ofstream out(file("s\x1b[31m.safetensors"), std::ios::binary);
-    out << "abc";
-  }
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}";
-  }
+  write_text(file("s\x1b[31m.safetensors"), "abc", std::ios::binary);
+  write_text(index, "{\"weight_map\": {\"a\": \"s\\u001b[31m.safetensors\"}}");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_TRUNCATED);
   m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
   EXPECT_NE(m.find("s\\x1b[31m.safetensors'"), std::string::npos) << m;
   // A single file with a bad header.
   const std::string single = file("x\x1b]0;title\x07.safetensors");
-  {
-    std::ofstream out(single, std::ios::binary);
-    out << "abc";
-  }
+  write_text(single, "abc", std::ios::binary);
   EXPECT_EQ(lwo_checkpoint_open(single.c_str(), &ck), LWO_ERR_TRUNCATED);
   m = lwo_last_error_message();
   EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
@@ -330,10 +314,7 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
   write_safetensors(dir + "/out/secret.safetensors", model(1, 3));
   ASSERT_EQ(symlink("../out/secret.safetensors", (dir + "/in/s.safetensors").c_str()), 0);
   const std::string index = dir + "/in/m.safetensors.index.json";
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"embed\": \"s.safetensors\"}}");
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
@@ -351,10 +332,7 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
   ASSERT_EQ(mkdir((dir + "/blobs").c_str(), 0700), 0);
   ASSERT_EQ(mkdir((dir + "/snap").c_str(), 0700), 0);
   write_safetensors(dir + "/blobs/b1", model(1, 3));
-  {
-    std::ofstream out(dir + "/blobs/b2");
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\"}}";
-  }
+  write_text(dir + "/blobs/b2", "{\"weight_map\": {\"embed\": \"s.safetensors\"}}");
   ASSERT_EQ(symlink("../blobs/b1", (dir + "/snap/s.safetensors").c_str()), 0);
   ASSERT_EQ(symlink("../blobs/b2", (dir + "/snap/m.safetensors.index.json").c_str()), 0);
   ASSERT_LWO(lwo_checkpoint_open((dir + "/snap/m.safetensors.index.json").c_str(), &ck));
@@ -366,18 +344,12 @@ TEST_F(CheckpointTest, ShardsCannotLeaveTheIndexFolderThroughSymlinks) {
 TEST_F(CheckpointTest, BrokenIndexesGetAFormatStatus) {
   write_safetensors(file("s.safetensors"), model(1, 4));
   const std::string index = file("m.safetensors.index.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}";
-  }
+  write_text(index, "{\"weight_map\": {\"embed\": \"s.safetensors\", \"nope\": \"s.safetensors\"}}");
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("tensor 'nope' is not in shard"), std::string::npos) << m;
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {}}";
-  }
+  write_text(index, "{\"weight_map\": {}}");
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_JSON);
   m = lwo_last_error_message();
   EXPECT_NE(m.find("m.safetensors.index.json': the index's weight_map names no tensor"),
@@ -390,10 +362,7 @@ TEST_F(CheckpointTest, BadFilesAndConfigs) {
   EXPECT_EQ(lwo_checkpoint_open((dir + "/missing.safetensors").c_str(), &ck), LWO_ERR_IO);
   EXPECT_NE(std::string(lwo_last_error_message()).find("missing.safetensors"), std::string::npos);
   std::string tiny = file("tiny.safetensors");
-  {
-    std::ofstream out(tiny, std::ios::binary);
-    out << "abc";
-  }
+  write_text(tiny, "abc", std::ios::binary);
   EXPECT_EQ(lwo_checkpoint_open(tiny.c_str(), &ck), LWO_ERR_TRUNCATED);
   EXPECT_EQ(ck, nullptr);
   auto ts = model(2, 50);
@@ -428,10 +397,8 @@ TEST_F(CheckpointTest, SeveralPatternsStackTheirLayers) {
   ts.push_back(make_tensor("single_blocks.1.w", "F32", 4, {5}, 4));
   ts.push_back(make_tensor("single_blocks.2.w", "F32", 4, {7}, 5));
   ts.push_back(make_tensor("final.w", "F32", 4, {2}, 6));
-  std::string path = file("flux.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "flux.safetensors"));
   const char* const patterns[] = {"double_blocks.{i}.", "single_blocks.{i}."};
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
   cfg.patterns = patterns;
@@ -476,10 +443,8 @@ TEST_F(CheckpointTest, GapsBecomeEmptyLayersOnRequest) {
   std::vector<FileTensor> ts;
   ts.push_back(make_tensor("h.0.w", "F32", 4, {4}, 1));
   ts.push_back(make_tensor("h.3.w", "F32", 4, {4}, 2));
-  std::string path = file("gaps.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "gaps.safetensors"));
   lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
   cfg.pattern = "h.{i}.";
   uint32_t layer[2];
@@ -512,10 +477,8 @@ TEST_F(CheckpointTest, EveryDtypeStreamsAsBytes) {
   ts.push_back(make_tensor("blocks.0.bias", "BOOL", 1, {7}, 2));
   ts.push_back(make_tensor("blocks.1.weight", "F64", 8, {4, 2}, 3));
   ts.push_back(make_tensor("blocks.1.bias", "U16", 2, {9}, 4));
-  std::string path = file("ints.safetensors");
-  write_safetensors(path, ts);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck, "ints.safetensors"));
   lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
   ASSERT_LWO(lwo_checkpoint_tensor_info(ck, 2, &info));
   EXPECT_EQ(info.dtype, LWO_DTYPE_BOOL);
@@ -551,10 +514,7 @@ TEST_F(CheckpointTest, NonRegularFilesAreRefusedWithoutBlocking) {
 // sparse file of 2 GiB costs neither the time nor the memory of reading it.
 TEST_F(CheckpointTest, AnIndexAboveTheLimitIsRefusedFromItsSize) {
   const std::string index = file("big.safetensors.index.json");
-  {
-    std::ofstream out(index);
-    out << "{\"weight_map\": {}}";
-  }
+  write_text(index, "{\"weight_map\": {}}");
   ASSERT_EQ(truncate(index.c_str(), off_t(2) << 30), 0);
   lwo_checkpoint* ck = nullptr;
   EXPECT_EQ(lwo_checkpoint_open(index.c_str(), &ck), LWO_ERR_BAD_HEADER_SIZE);

@@ -19,6 +19,7 @@
 #include "src/common/error.h"
 #include "src/optim/optim.h"
 #include "src/optim/workers.h"
+#include "test_util.h"
 
 namespace lwo {
 namespace optim {
@@ -249,13 +250,8 @@ TEST(OptimMath, StochasticRoundingIsUnbiased) {
 // bits; SGD's bf16 momentum too.
 TEST(OptimMath, StochasticStateIsDeterministicGivenTheSeed) {
   const uint64_t n = (uint64_t(1) << 17) + 3;
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> p0(n), g(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    p0[i] = u(rng);
-    g[i] = u(rng);
-  }
+  testing::fill_uniform_pairs(2, p0, g);
   auto run = [&](uint32_t threads, uint64_t seed, bool sgd) {
     Workers w(threads);
     Buf b(n, LWO_DTYPE_BF16);

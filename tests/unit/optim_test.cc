@@ -12,6 +12,7 @@
 #include "src/common/error.h"
 #include "src/optim/optim.h"
 #include "src/optim/workers.h"
+#include "test_util.h"
 
 namespace lwo {
 namespace optim {
@@ -119,13 +120,8 @@ TEST(Optim, AdamWMatchesAnF64ReferenceOver100Steps) {
 
 TEST(Optim, ThreadsChangeNoBit) {
   const uint64_t n = (uint64_t(1) << 18) + 77;
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> p0(n), g(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    p0[i] = u(rng);
-    g[i] = u(rng);
-  }
+  testing::fill_uniform_pairs(3, p0, g);
   std::vector<float> results[2];
   Workers w1(1), w7(7);
   for (int k = 0; k < 2; ++k) {

@@ -37,6 +37,13 @@ class PlanApiTest : public EngineTest {
     c.d2h_gbps = 0.02;
     return c;
   }
+  // Creates *plan of c over the pool and reads its info into *info.
+  void create(const lwo_plan_config& c, lwo_plan** plan, lwo_plan_info* info) {
+    ASSERT_LWO(lwo_plan_create(pool, &c, plan));
+    *info = lwo_plan_info{};
+    info->size = sizeof *info;
+    ASSERT_LWO(lwo_plan_get_info(*plan, info));
+  }
   uint64_t record(uint32_t l) {
     void* p = nullptr;
     uint64_t b = 0;
@@ -55,10 +62,8 @@ TEST_F(PlanApiTest, PlanIsTheModelsChoiceAndItsRingFitsTheBudget) {
     const uint64_t budget = total / 2 + (uint64_t(64) << 10);
     lwo_plan_config c = config(budget, train);
     lwo_plan* plan = nullptr;
-    ASSERT_LWO(lwo_plan_create(pool, &c, &plan));
-    lwo_plan_info info{};
-    info.size = sizeof info;
-    ASSERT_LWO(lwo_plan_get_info(plan, &info));
+    lwo_plan_info info;
+    ASSERT_NO_FATAL_FAILURE(create(c, &plan, &info));
     EXPECT_EQ(info.n_positions, train ? 2 * kLayers : kLayers);
     EXPECT_EQ(info.train, train ? 1u : 0u);
     EXPECT_EQ(info.budget_bytes, budget);
@@ -128,10 +133,8 @@ TEST_F(PlanApiTest, BudgetComesFromTheEngineAndMustHoldARing) {
   ASSERT_LWO(lwo_engine_get_memory(engine, &m));
   lwo_plan_config c = config(0, false);
   lwo_plan* plan = nullptr;
-  ASSERT_LWO(lwo_plan_create(pool, &c, &plan));
-  lwo_plan_info info{};
-  info.size = sizeof info;
-  ASSERT_LWO(lwo_plan_get_info(plan, &info));
+  lwo_plan_info info;
+  ASSERT_NO_FATAL_FAILURE(create(c, &plan, &info));
   EXPECT_EQ(info.budget_bytes, m.left);
   ASSERT_LWO(lwo_plan_destroy(plan));
   ASSERT_LWO(lwo_ring_destroy(r));
@@ -183,10 +186,8 @@ TEST_F(PlanApiTest, GroupingRecommendsRecordsAndPredictsThem) {
     c.n_depths = 1;
     c.copy_overhead_ms = 2.0;
     lwo_plan* flat = nullptr;
-    ASSERT_LWO(lwo_plan_create(pool, &c, &flat));
-    lwo_plan_info fi{};
-    fi.size = sizeof fi;
-    ASSERT_LWO(lwo_plan_get_info(flat, &fi));
+    lwo_plan_info fi;
+    ASSERT_NO_FATAL_FAILURE(create(c, &flat, &fi));
     EXPECT_EQ(fi.n_groups, kLayers);
     EXPECT_EQ(fi.ungrouped_ms, fi.predicted_ms);
     EXPECT_EQ(fi.copy_overhead_ms, 2.0);
@@ -200,10 +201,8 @@ TEST_F(PlanApiTest, GroupingRecommendsRecordsAndPredictsThem) {
     }
     c.flags |= LWO_PLAN_GROUP;
     lwo_plan* plan = nullptr;
-    ASSERT_LWO(lwo_plan_create(pool, &c, &plan));
-    lwo_plan_info info{};
-    info.size = sizeof info;
-    ASSERT_LWO(lwo_plan_get_info(plan, &info));
+    lwo_plan_info info;
+    ASSERT_NO_FATAL_FAILURE(create(c, &plan, &info));
     EXPECT_LT(info.n_groups, kLayers);
     EXPECT_NEAR(info.ungrouped_ms, fi.predicted_ms, 1e-12);
     EXPECT_LT(info.predicted_ms, info.ungrouped_ms);

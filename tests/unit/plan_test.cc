@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -409,6 +410,37 @@ uint32_t covered(const std::vector<Group>& gs) {
   return next;
 }
 
+// L layers of mb(rng) MB taking ms(rng) forward; in a backward pass also
+// 2 ms(rng) backward, with gradients of the layer's size where has_grads()
+// (drawn after the layer's times).
+std::vector<LayerCost> random_layers(uint32_t L, bool backward, std::mt19937_64& rng,
+                                     std::uniform_int_distribution<uint64_t>& mb,
+                                     std::uniform_real_distribution<double>& ms,
+                                     const std::function<bool()>& has_grads) {
+  std::vector<LayerCost> layers(L);
+  for (LayerCost& c : layers) {
+    c.bytes = mb(rng) * MB;
+    c.fwd_ms = ms(rng);
+    if (backward) {
+      c.bwd_ms = 2 * ms(rng);
+      c.grad_bytes = has_grads() ? c.bytes : 0;
+    }
+  }
+  return layers;
+}
+
+// g covers the layers within the budget, its bytes and prediction the
+// model's for its groups.
+void expect_grouping_holds(const Grouping& g, const std::vector<LayerCost>& layers, uint64_t budget,
+                           const Link& k, const Pass& pass) {
+  EXPECT_EQ(covered(g.groups), layers.size());
+  const auto c = grouped_costs(layers, g.groups);
+  const auto r = grouped_resident(g.groups);
+  EXPECT_LE(g.device_bytes, budget);
+  EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
+  EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
+}
+
 TEST(PlanGroup, GreedyAgainstEveryPartitionOnRandomModels) {
   std::mt19937_64 rng(16003);
   std::uniform_int_distribution<uint64_t> mb(1, 20);
@@ -419,17 +451,10 @@ TEST(PlanGroup, GreedyAgainstEveryPartitionOnRandomModels) {
   const int trials = 300;
   for (int trial = 0; trial < trials; ++trial) {
     const uint32_t L = 3 + trial % 5;  // 3..7 layers: up to 64 partitions
-    std::vector<LayerCost> layers(L);
     Pass pass;
     pass.backward = trial % 2 == 1;
-    for (LayerCost& c : layers) {
-      c.bytes = mb(rng) * MB;
-      c.fwd_ms = ms(rng);
-      if (pass.backward) {
-        c.bwd_ms = 2 * ms(rng);
-        c.grad_bytes = u(rng) < 0.7 ? c.bytes : 0;
-      }
-    }
+    const std::vector<LayerCost> layers =
+        random_layers(L, pass.backward, rng, mb, ms, [&] { return u(rng) < 0.7; });
     std::vector<bool> resident(L, false);
     for (uint32_t l = 0; l < L; ++l) resident[l] = u(rng) < 0.2;
     Link k = link50();
@@ -440,14 +465,9 @@ TEST(PlanGroup, GreedyAgainstEveryPartitionOnRandomModels) {
     const uint64_t budget = floor + static_cast<uint64_t>(share(rng) * static_cast<double>(total));
     SCOPED_TRACE("trial " + std::to_string(trial));
     const Grouping g = group(layers, resident, budget, k, pass, depths);
-    EXPECT_EQ(covered(g.groups), L);
+    expect_grouping_holds(g, layers, budget, k, pass);
     for (const Group& gr : g.groups)
       for (uint32_t l = gr.first; l < gr.first + gr.count; ++l) EXPECT_EQ(gr.resident, resident[l]);
-    const auto c = grouped_costs(layers, g.groups);
-    const auto r = grouped_resident(g.groups);
-    EXPECT_LE(g.device_bytes, budget);
-    EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
-    EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
     double ungrouped = 1e300;
     for (uint32_t d : depths)
       if (device_bytes(layers, resident, d, pass) <= budget)
@@ -521,17 +541,9 @@ TEST(PlanGroup, ChooseGroupedIsNeverSlowerThanChoose) {
   std::uniform_real_distribution<double> ms(0.0, 0.3), ov(0.0, 0.2), share(0.0, 1.0), u(0, 1);
   for (int trial = 0; trial < 60; ++trial) {
     const uint32_t L = 4 + trial % 12;
-    std::vector<LayerCost> layers(L);
     Pass pass;
     pass.backward = trial % 3 == 2;
-    for (LayerCost& c : layers) {
-      c.bytes = mb(rng) * MB;
-      c.fwd_ms = ms(rng);
-      if (pass.backward) {
-        c.bwd_ms = 2 * ms(rng);
-        c.grad_bytes = c.bytes;
-      }
-    }
+    const std::vector<LayerCost> layers = random_layers(L, pass.backward, rng, mb, ms, [] { return true; });
     Link k = link50();
     k.copy_overhead_ms = ov(rng);
     uint64_t total = 0;
@@ -542,12 +554,7 @@ TEST(PlanGroup, ChooseGroupedIsNeverSlowerThanChoose) {
     const Plan p = choose(layers, budget, k, pass);
     const Grouping g = choose_grouped(layers, budget, k, pass);
     EXPECT_LE(g.prediction.ms, p.prediction.ms + 1e-9);
-    EXPECT_EQ(covered(g.groups), L);
-    const auto c = grouped_costs(layers, g.groups);
-    const auto r = grouped_resident(g.groups);
-    EXPECT_LE(g.device_bytes, budget);
-    EXPECT_EQ(g.device_bytes, device_bytes(c, r, g.depth, pass));
-    EXPECT_NEAR(g.prediction.ms, predict(c, r, g.depth, k, pass).ms, 1e-9);
+    expect_grouping_holds(g, layers, budget, k, pass);
   }
 }
 

@@ -59,6 +59,17 @@ inline void fill_random(void* p, size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(rng() >> 17);
 }
 
+// Fills p and g (of one size) with values uniform in [-1, 1) drawn from
+// std::mt19937(seed) in turn: p[0], g[0], p[1], g[1], ...
+inline void fill_uniform_pairs(uint32_t seed, std::vector<float>& p, std::vector<float>& g) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] = u(rng);
+    g[i] = u(rng);
+  }
+}
+
 // Memory for registered pools, page-aligned.
 struct Aligned {
   explicit Aligned(size_t bytes)
