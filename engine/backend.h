@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -56,6 +57,8 @@ class Backend {
 
   virtual void copy_h2d(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
+  // Sets `bytes` bytes of device memory at `dst` to `value`, in stream order.
+  virtual void fill_device(void* dst, uint8_t value, size_t bytes, StreamH stream) = 0;
   // Collectives over a communicator (ncclComm_t in the CUDA implementation).
   virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.

@@ -209,6 +209,10 @@ class CudaBackend final : public Backend {
     LWO_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)),
              "cudaMemcpyAsync(device %p -> host %p, %zu bytes)", src, dst, bytes);
   }
+  void fill_device(void* dst, uint8_t value, size_t bytes, StreamH s) override {
+    LWO_CUDA(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s)),
+             "cudaMemsetAsync(device %p, 0x%02x, %zu bytes)", dst, value, bytes);
+  }
   void comm_info(void* comm, int* n_ranks, int* rank) override {
     ncclResult_t r = ncclCommCount(static_cast<ncclComm_t>(comm), n_ranks);
     if (r == ncclSuccess) r = ncclCommUserRank(static_cast<ncclComm_t>(comm), rank);

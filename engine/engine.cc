@@ -30,6 +30,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, int device)
   check_collectives_ = env && env[0] && std::strcmp(env, "0") != 0;
   const char* heuristic = std::getenv("LWO_HEURISTIC_GEMM");
   if (heuristic && heuristic[0] && std::strcmp(heuristic, "0") != 0) tune_gemms_ = false;
+  const char* checking = std::getenv("LWO_CHECKING");
+  checking_ = checking && checking[0] && std::strcmp(checking, "0") != 0;
 }
 
 Engine::~Engine() {

@@ -13,6 +13,9 @@
 
 namespace lwo {
 
+// The byte checking mode fills memory with (lwo.h, LWO_CHECKING_BYTE).
+constexpr uint8_t kCheckingByte = LWO_CHECKING_BYTE;
+
 class Compute;
 
 // ---- The device memory budget ----
@@ -80,6 +83,11 @@ class Engine {
     }
     exchange(comm, step);
   }
+  // Checking mode (LWO_ENGINE_CHECKING or the environment's LWO_CHECKING=1):
+  // released ring slots, ended gradient slots and host gradients not yet
+  // landed hold kCheckingByte. Rings and gradient sets take it at creation.
+  bool checking() const { return checking_; }
+  void set_checking(bool on) { checking_ = on; }
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
   // Time GEMM candidates on first use (LWO_ENGINE_HEURISTIC_GEMM: off). Set
@@ -124,6 +132,7 @@ class Engine {
   StreamH d2h_ = nullptr;
   StreamH collective_stream_ = nullptr;
   bool check_collectives_ = false;
+  bool checking_ = false;
   bool tune_gemms_ = true;
   void exchange(void* comm, const Step& step);
   // Tells the other ranks that this rank fails the step on its own (their

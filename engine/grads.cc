@@ -15,6 +15,7 @@ namespace lwo {
 Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
              uint32_t n_threads)
     : pool_(pool), engine_(pool.engine()), n_threads_(n_threads),
+      checking_(pool.engine().checking()),
       sink_(Sink::make(pool, mode)),
       layers_(make_layers(pool, trainable, *sink_)),
       max_wire_(max_wire_bytes(layers_)),
@@ -36,6 +37,12 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
   DeviceScope scope(engine_);
   host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
                       n_threads_);
+  if (checking_)  // every layer waits for its first gradient, as after a zero
+    for (Layer& g : layers_)
+      if (g.trainable) {
+        poison_host(g);
+        g.stale = true;
+      }
   slot_layer_.assign(slots_.size(), -1);
   added_serial_.assign(layers_.size(), 0);
   worker_ = engine_.threads().start([this] { work(); });
@@ -171,6 +178,7 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   const uint64_t serial = end_counter_ + 1;
   if (direct) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + gl.lo, bytes, d2h);
+    poison_slot(g, s, d2h);
     gpu.event_record(s.free, d2h);
   } else {
     if (staging_.size() < slots_.size()) {
@@ -187,6 +195,7 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.host_func(d2h, &Grads::wait_staging, wait.get(), {});
     wait.release();  // wait_staging owns it now
     if (bytes) gpu.copy_d2h(st.data(), s.dev + gl.lo, bytes, d2h);
+    poison_slot(g, s, d2h);
     gpu.event_record(s.free, d2h);
     // The worker reads the buffer and writes the layer's host region before
     // the buffer's next copy (above) and before the fence (wait()).
@@ -337,6 +346,10 @@ void Grads::wait() {
 
 void Grads::zero() {
   wait();
+  // Checking mode overwrites the old sums at once: a reader (the optimizer)
+  // must be done with every layer first.
+  if (checking_)
+    if (Reader* r = reader_.load()) r->wait_all();
   // No memset here: the next gradient of each layer assigns every element
   // (in place, or converted), and wait() zeroes the layers that got none.
   std::lock_guard<std::mutex> lock(mu_);
@@ -344,7 +357,22 @@ void Grads::zero() {
     if (g.trainable && !g.fresh) {
       g.fresh = true;
       g.stale = true;
+      if (checking_) poison_host(g);
     }
+}
+
+void Grads::poison_host(const Layer& g) {
+  for (const GradTensor& t : g.layout.tensors)
+    if (t.count)
+      std::memset(host_.data() + g.host_base + t.host_at, kCheckingByte,
+                  t.count * dtype_size(t.host));
+}
+
+void Grads::poison_slot(const Layer& g, DeviceSlot& s, StreamH d2h) {
+  // After the copy down, before the free event: the next begin's writer
+  // waits for it.
+  if (checking_ && g.layout.wire_bytes)
+    engine_.gpu().fill_device(s.dev, kCheckingByte, g.layout.wire_bytes, d2h);
 }
 
 int Grads::tensor_of(const Layer& g, uint32_t layer, const char* name) const {

@@ -18,6 +18,11 @@
 //           layer. A host function before each copy into a staging buffer
 //           waits until the worker is done with that buffer's previous
 //           contents; wait() waits for the stream and then for the worker.
+// Checking mode (Engine::checking, at creation): each end fills its staging
+// slot with kCheckingByte on the gradient stream after the copy down, before
+// slot.free; creation and zero() fill the host gradients of the layers they
+// leave waiting for a gradient (the stale ones), which the next gradient
+// assigns or wait() zeroes. Accumulating ends leave the running sum alone.
 // Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
 // and the layer is freshly zeroed, the copy lands straight in the host
 // buffer: no host work at all.
@@ -137,10 +142,16 @@ class Grads {
   Layer& begun_layer(uint32_t layer);  // trainable and begun
   int tensor_of(const Layer& g, uint32_t layer, const char* name) const;
   void end_locked(uint32_t layer, StreamH stream);
+  // Checking mode: the layer's host gradients (this rank's elements) and
+  // its staging slot after the copy down (on the gradient stream) hold
+  // kCheckingByte.
+  void poison_host(const Layer& g);
+  void poison_slot(const Layer& g, DeviceSlot& s, StreamH d2h);
 
   Pool& pool_;
   Engine& engine_;
   uint32_t n_threads_;
+  bool checking_;  // the engine's checking mode at creation
   std::unique_ptr<Sink> sink_;      // chosen once, before anything is made
   std::vector<Layer> layers_;       // under mu_; the layouts fixed once made
   uint64_t max_wire_ = 0;

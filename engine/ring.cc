@@ -125,6 +125,7 @@ SlotSet make_slots(Pool& pool, const std::vector<uint64_t>& sizes, const std::st
 
 Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags, const std::vector<uint32_t>& resident)
     : pool_(pool), serial_(next_serial()), timing_(flags & LWO_RING_TIMING),
+      checking_(pool.engine().checking()),
       resident_index_(check_resident(pool, depth, resident)),
       slot_charge_(charge_slots(pool, depth, streamed_slot_bytes(pool, resident_index_))),
       slots_(make_slots(pool, std::vector<uint64_t>(depth, streamed_slot_bytes(pool, resident_index_)),
@@ -466,11 +467,25 @@ void Ring::release_locked(uint32_t si, StreamH stream) {
   Backend& gpu = pool_.engine().gpu();
   // A hit that was never acquired has not joined the previous readers yet.
   if (o.merge_free) gpu.stream_wait(stream, slot(si).free);
+  if (checking_) {
+    // Checking mode: the record is overwritten with the pattern after every
+    // read ordered before the release (and after the fill, which a ticket
+    // released unacquired has not waited for); the free event covers it.
+    gpu.stream_wait(stream, slot(si).ready);
+    const uint64_t bytes = pool_.layer(o.layer).layout.record_bytes;
+    if (bytes) gpu.fill_device(slot(si).dev, kCheckingByte, bytes, stream);
+  }
   gpu.event_record(slot(si).free, stream);
   gpu.slot_released(slot(si).dev, pool_.layer(o.layer).layout.record_bytes, stream);
   o.merge_free = false;
   o.state = State::Released;
   slot_freed(si);
+  if (checking_) {
+    // The slot no longer holds the layer: the next stage fills it again.
+    if (si < slots_.size() && slot_of_layer_[o.layer] == static_cast<int32_t>(si))
+      slot_of_layer_[o.layer] = -1;
+    o.state = State::Empty;
+  }
 }
 
 void Ring::release(lwo_ticket t, StreamH stream) {
@@ -501,7 +516,7 @@ bool Ring::layer_busy(uint32_t layer) {
   if (layer >= slot_of_layer_.size()) return false;
   int32_t si = is_resident(layer) ? static_cast<int32_t>(slots_.size()) + resident_index_[layer]
                                   : slot_of_layer_[layer];
-  return si >= 0 && occ_[si].state != State::Released;
+  return si >= 0 && (occ_[si].state == State::Staged || occ_[si].state == State::Acquired);
 }
 
 void Ring::check_destroyable() {

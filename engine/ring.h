@@ -8,6 +8,11 @@
 //                  every earlier reader)
 //   release:       consumer stream records slot.free
 //
+// Checking mode (Engine::checking, at creation): release also makes the
+// consumer stream wait slot.ready and fills the record with kCheckingByte
+// before it records slot.free, and the slot is then empty (never a hit), so
+// the next stage fills it again after the fill.
+//
 // Resident layers: the ring also holds one slot of its own per
 // resident layer, sized to its record, filled once at creation through the
 // pool's source and never a victim. Staging a resident layer is a hit; after
@@ -124,6 +129,7 @@ class Ring {
   uint32_t seq_ = 0;                   // the last sequence number under serial_
   std::vector<uint64_t> old_serials_;  // the ring's earlier serials, ascending
   bool timing_;
+  bool checking_;  // the engine's checking mode at creation: releases poison
   std::mutex mu_;
   std::vector<int32_t> resident_index_;  // per layer: index into resident_, or -1
   Charge slot_charge_;  // before slots_: charged before they are allocated

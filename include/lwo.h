@@ -371,7 +371,8 @@ typedef struct lwo_engine lwo_engine;
 typedef struct lwo_engine_config {
   size_t size;        /* sizeof(lwo_engine_config) */
   int32_t device;     /* CUDA device ordinal; default 0 */
-  uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM */
+  uint32_t flags;     /* LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM |
+                         LWO_ENGINE_CHECKING */
   /* Since 0.4.0: the device memory budget, which lwo never exceeds. Every
    * device allocation lwo makes counts: ring slots, resident layers,
    * gradient staging slots and compute workspaces, each as cudaMalloc
@@ -410,6 +411,34 @@ typedef struct lwo_engine_config {
  * candidate instead, the same everywhere, and never waits. The environment
  * variable LWO_HEURISTIC_GEMM=1 sets it for every engine. Since 0.3.0. */
 #define LWO_ENGINE_HEURISTIC_GEMM 0x2u
+
+/* Checking mode, for finding a caller's ordering bugs: memory the caller
+ * must no longer (or not yet) read holds LWO_CHECKING_BYTE in every byte
+ * (NaN in f32, bf16 and f16), so such a read gives recognisable garbage
+ * instead of plausible stale numbers.
+ *  - lwo_ring_release: after the work enqueued on the release stream before
+ *    the call (and after the slot's fill), the slot's record is filled with
+ *    the pattern on that stream, before its free event. A kernel that reads
+ *    the slot after the release, or on a stream not joined into it, reads
+ *    the pattern. The layer no longer stays in the slot: staging it again
+ *    copies it again (no hit), resident layers included.
+ *  - lwo_grads_end: after the copy of the slot to host, the staging slot is
+ *    filled with the pattern on the gradient stream, so a kernel reading it
+ *    after the end, or adding into it after the next begin without writing
+ *    it first, reads the pattern.
+ *  - host gradients: from lwo_grads_create and from lwo_grads_zero, each
+ *    layer's host gradients hold the pattern (not zeros, not the old sums)
+ *    until its first gradient lands; lwo_grads_wait zeroes the layers that
+ *    got none. A host read before lwo_grads_wait sees NaN where the copy has
+ *    not landed. The sums of later micro-batches are added into the buffers
+ *    as usual (poisoning them would destroy the sum), so a read before the
+ *    fence there sees a partial sum, undetected.
+ * It costs a device fill per release and per gradient end, a host fill of
+ * the gradients per zero, and the ring's hits. Off (the default) it costs
+ * nothing. The environment variable LWO_CHECKING=1 turns it on for every
+ * engine as well. */
+#define LWO_ENGINE_CHECKING 0x4u
+#define LWO_CHECKING_BYTE 0xFFu
 
 #define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u, 0u, 0.0, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);

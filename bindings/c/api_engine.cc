@@ -15,6 +15,7 @@ lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend
     h->impl = std::make_unique<lwo::Engine>(std::move(backend), device);
     if (cfg.flags & LWO_ENGINE_CHECK_COLLECTIVES) h->impl->set_check_collectives(true);
     if (cfg.flags & LWO_ENGINE_HEURISTIC_GEMM) h->impl->set_tune_gemms(false);
+    if (cfg.flags & LWO_ENGINE_CHECKING) h->impl->set_checking(true);
     if (cfg.budget_bytes || cfg.budget_share != 0.0 || cfg.budget_headroom)
       h->impl->set_budget(cfg.budget_bytes, cfg.budget_share, cfg.budget_headroom);
     *engine = publish(std::move(h));
@@ -36,7 +37,8 @@ LWO_API lwo_status_t lwo_engine_create(const lwo_engine_config* config, lwo_engi
   lwo_status_t s = guard(call, [&] {
     clear_output(engine, "engine (output)");
     cfg = read_config(config, lwo_engine_config LWO_ENGINE_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM);
+    check_flags(cfg.flags, LWO_ENGINE_CHECK_COLLECTIVES | LWO_ENGINE_HEURISTIC_GEMM |
+                               LWO_ENGINE_CHECKING);
     if (cfg.device < 0) fail(LWO_ERR_INVALID_ARGUMENT, "device %d is negative", cfg.device);
     if (!(cfg.budget_share >= 0.0 && cfg.budget_share <= 1.0))
       fail(LWO_ERR_INVALID_ARGUMENT, "budget_share %g is outside [0, 1]", cfg.budget_share);
@@ -153,6 +155,10 @@ Backend* engine_backend(lwo_engine* engine) {
 
 void engine_set_check_collectives(lwo_engine* engine, bool on) {
   lwo::abi::check_handle(engine)->impl->set_check_collectives(on);
+}
+
+void engine_set_checking(lwo_engine* engine, bool on) {
+  lwo::abi::check_handle(engine)->impl->set_checking(on);
 }
 
 }  // namespace testing

@@ -19,6 +19,9 @@ lwo_status_t engine_create(std::unique_ptr<Backend> backend, int device, lwo_eng
 Backend* engine_backend(lwo_engine* engine);
 // Turns the collective check (LWO_ENGINE_CHECK_COLLECTIVES) on or off.
 void engine_set_check_collectives(lwo_engine* engine, bool on);
+// Turns checking mode (LWO_ENGINE_CHECKING) on or off for rings and gradient
+// sets created from now on.
+void engine_set_checking(lwo_engine* engine, bool on);
 // The layers of an optimizer's last step in the order it updated them.
 std::vector<uint32_t> optim_last_order(lwo_optim* optim);
 // The stream type of the C API as the backend's opaque stream.

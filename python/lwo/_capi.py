@@ -125,6 +125,8 @@ LWO_MAX_STRUCT_SIZE = 4096  # since 0.6.0
 # --------------------------------------------------------------------------
 LWO_ENGINE_CHECK_COLLECTIVES = 0x1
 LWO_ENGINE_HEURISTIC_GEMM = 0x2  # since 0.3.0
+LWO_ENGINE_CHECKING = 0x4
+LWO_CHECKING_BYTE = 0xFF
 
 # lwo_pool_kind_t (since 0.2.0)
 LWO_POOL_PINNED = 0

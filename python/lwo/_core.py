@@ -746,11 +746,13 @@ class Engine(_Handle):
     _destroy = "lwo_engine_destroy"
 
     def __init__(self, device=0, check_collectives=False, flags=0, budget_bytes=0,
-                 budget_share=0.0, budget_headroom=0):
+                 budget_share=0.0, budget_headroom=0, checking=False):
         cfg = C.lwo_engine_config()
         _lib.lwo_engine_config_init(cfg)
         cfg.device = _fit(device, 32, True, "device")
         cfg.flags = _fit(flags, 32, False, "flags") | (C.LWO_ENGINE_CHECK_COLLECTIVES if check_collectives else 0)
+        # checking: LWO_ENGINE_CHECKING, released slots and unlanded gradients hold NaN
+        cfg.flags |= C.LWO_ENGINE_CHECKING if checking else 0
         cfg.budget_bytes = int(budget_bytes)  # since 0.4.0: the device memory budget
         cfg.budget_share = float(budget_share)
         cfg.budget_headroom = int(budget_headroom)

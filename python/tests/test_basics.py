@@ -148,6 +148,26 @@ def test_argument_error_names_the_c_function():
     assert lwo.last_error_message().startswith("lwo_engine_create")
 
 
+def test_checking_is_an_engine_flag_the_library_accepts(monkeypatch):
+    seen = []
+    real = lwo._core._lib.lwo_engine_create
+
+    def spy(cfg, out):
+        seen.append(cfg._obj.flags)  # the config passed by reference
+        return real(cfg, out)
+
+    monkeypatch.setattr(lwo._core._lib, "lwo_engine_create", spy)
+    for checking in (False, True):
+        with pytest.raises(lwo.ArgumentError) as info:
+            lwo.Engine(device=-2, checking=checking)
+        # The flag passed the check of the flags: the device is what is refused.
+        assert "device -2" in info.value.message
+    assert seen == [0, C.LWO_ENGINE_CHECKING]
+    with pytest.raises(lwo.ArgumentError) as info:
+        lwo.Engine(device=0, flags=0x80000000)
+    assert "unknown flags" in info.value.message
+
+
 def test_no_device_is_a_device_error_that_says_why():
     try:
         engine = lwo.Engine()

@@ -4,7 +4,7 @@
 // (a stream orders its own work; an event captures its stream's position when
 // recorded; a wait orders the stream after the captured position), and every
 // access to device memory is checked:
-//   - a copy into memory must be ordered after every earlier read and write
+//   - a copy or fill into memory must be ordered after every earlier read and write
 //     of the bytes it overwrites (no slot overwritten while a reader may run);
 //   - a read (declared by the test with read()) must be ordered after the
 //     copy that wrote the bytes it reads;
@@ -37,6 +37,7 @@ class RecordingBackend final : public Backend {
   struct Stats {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
     uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
+    uint64_t fills = 0, fill_bytes = 0;
   };
 
   // Runs in host_func before the host function itself: a test's way in
@@ -218,6 +219,16 @@ class RecordingBackend final : public Backend {
     access(s, src, bytes, /*write=*/false, "d2h copy");
     host_access(s, dst, bytes, /*write=*/true, "copy to host");
     std::memcpy(dst, src, bytes);
+  }
+  // A device fill is a write of the bytes it sets, like a copy into them.
+  void fill_device(void* dst, uint8_t value, size_t bytes, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.fills;
+    stats.fill_bytes += bytes;
+    access(s, dst, bytes, /*write=*/true, "fill");
+    std::memset(dst, value, bytes);
+    if (keep_log) log.push_back(strf("fill %zu bytes on s%zu", bytes, s));
   }
   // A communicator of one rank: all-gather reads the send part and writes
   // the whole receive range (which holds it).
