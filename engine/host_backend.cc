@@ -88,6 +88,10 @@ class HostBackend final : public Backend {
     return static_cast<float>(*static_cast<double*>(end) - *static_cast<double*>(start));
   }
 
+  // Streams run their work when it is enqueued: the fill is done here.
+  void fill_device(void* dst, uint8_t value, size_t bytes, StreamH) override {
+    std::memset(dst, value, bytes);
+  }
   void copy_h2d(void* dst, const void* src, size_t bytes, StreamH) override {
     unpoison(dst, bytes);
     std::memcpy(dst, src, bytes);

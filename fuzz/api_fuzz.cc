@@ -186,6 +186,7 @@ class LockedBackend final : public Backend {
   bool event_done(EventH e) override { L l(m_); return in_->event_done(e); }
   void event_sync(EventH e) override { L l(m_); in_->event_sync(e); }
   float event_elapsed_ms(EventH a, EventH b) override { L l(m_); return in_->event_elapsed_ms(a, b); }
+  void fill_device(void* d, uint8_t v, size_t b, StreamH st) override { L l(m_); in_->fill_device(d, v, b, st); }
   void copy_h2d(void* d, const void* s, size_t b, StreamH st) override { L l(m_); in_->copy_h2d(d, s, b, st); }
   void copy_d2h(void* d, const void* s, size_t b, StreamH st) override { L l(m_); in_->copy_d2h(d, s, b, st); }
   void comm_info(void* c, int* n, int* r) override { L l(m_); in_->comm_info(c, n, r); }
