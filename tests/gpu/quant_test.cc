@@ -106,8 +106,12 @@ class Quant : public GpuTest {
     auto* s = static_cast<uint8_t*>(src.get()) + src_off;
     auto* o = static_cast<uint8_t*>(dst.get()) + dst_off;
     std::vector<uint8_t> out(out_bytes);
-    EXPECT_EQ(cudaSuccess, cudaMemcpy(s, q.data(), q.size(), cudaMemcpyHostToDevice));
-    EXPECT_EQ(cudaSuccess, cudaMemset(o, 0xff, out_bytes));  // NaN everywhere
+    // On stream(0), as the dequantization: a non-blocking stream is not
+    // ordered after the legacy stream's cudaMemset, and a pageable
+    // cudaMemcpy may return before its bytes reach the device.
+    EXPECT_EQ(cudaSuccess,
+              cudaMemcpyAsync(s, q.data(), q.size(), cudaMemcpyHostToDevice, stream(0)));
+    EXPECT_EQ(cudaSuccess, cudaMemsetAsync(o, 0xff, out_bytes, stream(0)));  // NaN everywhere
     EXPECT_LWO_OK(lwo_dequantize(engine_, &d, s, o, stream(0)));
     EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
     EXPECT_EQ(cudaSuccess, cudaMemcpy(out.data(), o, out_bytes, cudaMemcpyDeviceToHost));
