@@ -491,24 +491,11 @@ def _check_params(self, s):
             "handle and offload again" % s.name)
 
 
-def _keep_for_backward(ctx, s, x, need_dw):
-    """Keeps on ctx what the backward through s needs: s, need_dw, x's dtype,
-    and x itself where weight gradients are needed (s's record then gets
-    gradient slots, where it has none yet)."""
-    ctx.s = s
-    ctx.need_dw = need_dw
-    ctx.x_dtype = x.dtype
-    if need_dw:
-        if not s.record.trainable:
-            s.handle._make_grads(extra=s.record)
-        ctx.save_for_backward(x)
-
-
-def _saved_x(ctx):
-    """The input _keep_for_backward kept (None where no weight gradient)."""
-    return ctx.saved_tensors[0] if ctx.need_dw else None
-
-
+# The per-layer paths (these Functions, Offload._linear_* and _conv_*) are
+# written out for linear and convolution alike rather than shared through
+# helpers: they run once per streamed module per pass, and each Python call
+# a helper adds is host time per layer (the figure torch-offload-bench's
+# overhead case holds against PyTorch's own layer).
 class _LinearFn(torch.autograd.Function):
     """y = x W^T + b through lwo. When x needs no gradient, a parameter that
     does is an input (`anchor`), only so that autograd knows the output needs
@@ -521,12 +508,19 @@ class _LinearFn(torch.autograd.Function):
         if need_dw and s.quant:
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
-        _keep_for_backward(ctx, s, x, need_dw)
+        ctx.s = s
+        ctx.need_dw = need_dw
+        ctx.x_dtype = x.dtype
+        if need_dw:
+            if not s.record.trainable:
+                s.handle._make_grads(extra=s.record)
+            ctx.save_for_backward(x)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s, x = ctx.s, _saved_x(ctx)
+        s = ctx.s
+        x = ctx.saved_tensors[0] if ctx.need_dw else None
         dx = s.handle._linear_backward(s, x, dy, ctx.needs_input_grad[0], ctx.need_dw,
                                        ctx.x_dtype)
         return dx, None, None
@@ -538,13 +532,20 @@ class _ConvFn(torch.autograd.Function):
         if s.quant and s.needs_dw():
             _refuse_quantized_grad(s)
         y = s.handle._conv_forward(s, x, True)
+        ctx.s = s
+        ctx.need_dw = s.needs_dw()
+        ctx.x_dtype = x.dtype
         ctx.x_shape = x.shape
-        _keep_for_backward(ctx, s, x, s.needs_dw())
+        if ctx.need_dw:
+            if not s.record.trainable:
+                s.handle._make_grads(extra=s.record)
+            ctx.save_for_backward(x)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        s, x = ctx.s, _saved_x(ctx)
+        s = ctx.s
+        x = ctx.saved_tensors[0] if ctx.need_dw else None
         dx = s.handle._conv_backward(s, x, ctx.x_shape, dy, ctx.needs_input_grad[0],
                                      ctx.need_dw, ctx.x_dtype)
         return dx, None, None
@@ -1860,15 +1861,13 @@ class Offload:
             self._cal_end()
         return y
 
-    @staticmethod
-    def _in_layer_dtype(s, dy):
-        """dy, contiguous, in the dtype of s's layer."""
+    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
+        if not need_dx and not need_dw:
+            return None
         dy = dy.contiguous()
-        return dy if dy.dtype == s.dtype else dy.to(s.dtype)
-
-    def _backward_begin(self, s):
-        """Starts a backward pass through s: the current stream, s's record
-        (observed) and the calibration, its timing started where one runs."""
+        if dy.dtype != s.dtype:
+            dy = dy.to(s.dtype)
+        tokens = dy.numel() // s.out_f
         stream = self.backend.current_stream(self._dev_index)
         self._backward_started()
         rec = s.record
@@ -1876,23 +1875,6 @@ class Offload:
         cal = self._cal
         if cal is not None:
             self._cal_start(rec, True)
-        return stream, rec, cal
-
-    def _with_weights(self, rec, stream, run):
-        """run(base) with rec's slot acquired on stream (base: its device
-        address), released after."""
-        base = self._acquire(rec, stream)
-        try:
-            run(base)
-        finally:
-            self._after(rec, stream)
-
-    def _linear_backward(self, s, x, dy, need_dx, need_dw, x_dtype):
-        if not need_dx and not need_dw:
-            return None
-        dy = self._in_layer_dtype(s, dy)
-        tokens = dy.numel() // s.out_f
-        stream, rec, cal = self._backward_begin(s)
         try:
             be = self.backend
             if need_dw:
@@ -1904,9 +1886,12 @@ class Offload:
             dx = torch.empty(dy.shape[:-1] + (s.in_f,), dtype=s.dtype, device=dy.device)
             if tokens == 0:
                 return dx.to(x_dtype)
-            self._with_weights(rec, stream, lambda base: be.linear_backward(
-                s.desc, tokens, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None, None,
-                s.lwo_dtype, stream))
+            base = self._acquire(rec, stream)
+            try:
+                be.linear_backward(s.desc, tokens, None, dy.data_ptr(), base + s.w_off,
+                                   dx.data_ptr(), None, None, s.lwo_dtype, stream)
+            finally:
+                self._after(rec, stream)
             return dx if x_dtype == s.dtype else dx.to(x_dtype)
         finally:
             if cal is not None:
@@ -1961,11 +1946,19 @@ class Offload:
         unbatched = len(x_shape) == 3
         if unbatched:
             dy = dy.unsqueeze(0)
-        dy = self._in_layer_dtype(s, dy)
+        dy = dy.contiguous()
+        if dy.dtype != s.dtype:
+            dy = dy.to(s.dtype)
         n = dy.shape[0]
         shape4 = (1,) + tuple(x_shape) if unbatched else tuple(x_shape)
         h, w = shape4[2], shape4[3]
-        stream, rec, cal = self._backward_begin(s)
+        stream = self.backend.current_stream(self._dev_index)
+        self._backward_started()
+        rec = s.record
+        self._observe(rec, True, True)
+        cal = self._cal
+        if cal is not None:
+            self._cal_start(rec, True)
         try:
             be = self.backend
             if need_dw:
@@ -1977,9 +1970,12 @@ class Offload:
                 return None
             dx = torch.empty(shape4, dtype=s.dtype, device=dy.device)
             if n:
-                self._with_weights(rec, stream, lambda base: be.conv_backward(
-                    s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off, dx.data_ptr(), None,
-                    None, s.lwo_dtype, stream))
+                base = self._acquire(rec, stream)
+                try:
+                    be.conv_backward(s.desc, n, h, w, None, dy.data_ptr(), base + s.w_off,
+                                     dx.data_ptr(), None, None, s.lwo_dtype, stream)
+                finally:
+                    self._after(rec, stream)
             if unbatched:
                 dx = dx.squeeze(0)
             return dx if x_dtype == s.dtype else dx.to(x_dtype)
