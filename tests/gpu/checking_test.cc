@@ -8,41 +8,34 @@
 namespace lwo_test {
 namespace {
 
-class Checking : public GpuOnlyTest {
+class Checking : public GpuTest {
  protected:
+  uint32_t engine_flags() const override { return LWO_ENGINE_CHECKING; }
   void SetUp() override {
-    GpuOnlyTest::SetUp();
+    GpuTest::SetUp();
     if (!have_gpu_ || HasFatalFailure()) return;
-    CUDA_OK(cudaSetDevice(0));
-    lwo_engine_config cfg;
-    lwo_engine_config_init(&cfg);
-    cfg.flags = LWO_ENGINE_CHECKING;
-    CHECK_LWO(lwo_engine_create(&cfg, engine_.out()));
-    CUDA_OK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
     CUDA_OK(cudaMalloc(&sum_, sizeof(unsigned long long)));
     std::vector<LayerSpec> specs(3);
     for (uint32_t l = 0; l < 3; ++l) {
       specs[l].push_back(make_tensor("weight", LWO_DTYPE_BF16, {256 + 64 * l, 64}));
       specs[l].push_back(make_tensor("bias", LWO_DTYPE_F32, {64}));
     }
-    ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_.get(), std::move(specs), test_seed(28), &tp_));
+    ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, std::move(specs), test_seed(28), &tp_));
   }
   void TearDown() override {
-    if (stream_.get()) EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_.get()));
+    if (stream(0)) EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
     if (sum_) EXPECT_EQ(cudaSuccess, cudaFree(sum_));
     EXPECT_LWO_OK(tp_.destroy());
-    if (engine_.get()) EXPECT_LWO_OK(lwo_engine_check(engine_.get()));
-    if (engine_.get()) EXPECT_LWO_OK(engine_.reset());
-    GpuOnlyTest::TearDown();
+    GpuTest::TearDown();  // checks and destroys the engine
   }
   // The checksum a kernel on the stream computes of [p, p + bytes), now.
   uint64_t device_checksum(const void* p, uint64_t bytes) {
     unsigned long long got = 0;
-    EXPECT_EQ(cudaSuccess, cudaMemsetAsync(sum_, 0, sizeof got, stream_.get()));
-    EXPECT_EQ(cudaSuccess, lwo::kernels::checksum_async(p, bytes, sum_, stream_.get()));
+    EXPECT_EQ(cudaSuccess, cudaMemsetAsync(sum_, 0, sizeof got, stream(0)));
+    EXPECT_EQ(cudaSuccess, lwo::kernels::checksum_async(p, bytes, sum_, stream(0)));
     EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(&got, sum_, sizeof got, cudaMemcpyDeviceToHost,
-                                           stream_.get()));
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream_.get()));
+                                           stream(0)));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
     return got;
   }
   static uint64_t pattern_checksum(uint64_t bytes) {
@@ -50,8 +43,6 @@ class Checking : public GpuOnlyTest {
     return lwo::kernels::checksum_host(p.data(), p.size());
   }
 
-  Engine engine_;
-  Stream stream_;
   TestPool tp_;
   unsigned long long* sum_ = nullptr;
 };
@@ -64,13 +55,13 @@ TEST_F(Checking, KernelAfterAnEarlyReleaseReadsThePattern) {
     lwo_ticket t{0};
     CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream_.get(), &v));
+    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
     const LayerRef& lr = tp_.layers[l];
     // Before the release the kernel reads the layer...
     EXPECT_EQ(lr.whole_sum, device_checksum(v.base, lr.whole_bytes));
     // ...after it (the caller's bug: its kernel was enqueued too late) the
     // pattern, never the stale layer.
-    CHECK_LWO(lwo_ring_release(ring.get(), t, stream_.get()));
+    CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
     EXPECT_EQ(pattern_checksum(v.record_bytes), device_checksum(v.base, v.record_bytes));
   }
   // Staged again, each layer is copied again and arrives whole.
@@ -78,9 +69,9 @@ TEST_F(Checking, KernelAfterAnEarlyReleaseReadsThePattern) {
     lwo_ticket t{0};
     CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream_.get(), &v));
+    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
     EXPECT_EQ(tp_.layers[l].whole_sum, device_checksum(v.base, tp_.layers[l].whole_bytes));
-    CHECK_LWO(lwo_ring_release(ring.get(), t, stream_.get()));
+    CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
   }
   lwo_ring_stats st;
   std::memset(&st, 0, sizeof st);
@@ -103,10 +94,10 @@ TEST_F(Checking, HostReadBeforeTheFenceSeesNaN) {
   // The gradient of layer 1: zeros, written behind a 200 ms kernel so the
   // copy cannot have landed when the host looks.
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_grads_begin(grads, 1, stream_.get(), &v));
-  CUDA_OK(lwo::kernels::spin_async(200000, stream_.get()));
-  CUDA_OK(cudaMemsetAsync(v.base, 0, v.record_bytes, stream_.get()));
-  CHECK_LWO(lwo_grads_end(grads, 1, stream_.get()));
+  CHECK_LWO(lwo_grads_begin(grads, 1, stream(0), &v));
+  CUDA_OK(lwo::kernels::spin_async(200000, stream(0)));
+  CUDA_OK(cudaMemsetAsync(v.base, 0, v.record_bytes, stream(0)));
+  CHECK_LWO(lwo_grads_end(grads, 1, stream(0)));
   for (uint64_t i = 0; i < gt.n_elements; ++i)
     ASSERT_TRUE(std::isnan(host[i])) << "element " << i << " before the fence: " << host[i];
   CHECK_LWO(lwo_grads_wait(grads));

@@ -664,6 +664,7 @@ class GpuTest : public GpuOnlyTest {
     lwo_engine_config cfg;
     lwo_engine_config_init(&cfg);
     cfg.device = 0;
+    cfg.flags = engine_flags();
     CHECK_LWO(lwo_engine_create(&cfg, &engine_));
     ASSERT_NE(nullptr, engine_);
     CUDA_OK(cudaStreamCreateWithFlags(streams_[0].out(), cudaStreamNonBlocking));
@@ -683,6 +684,8 @@ class GpuTest : public GpuOnlyTest {
     GpuOnlyTest::TearDown();
   }
   cudaStream_t stream(int i) const { return streams_[i].get(); }
+  // The engine's flags (lwo_engine_config.flags) for a fixture that needs some.
+  virtual uint32_t engine_flags() const { return 0; }
 
   lwo_engine* engine_ = nullptr;
   Stream streams_[2];

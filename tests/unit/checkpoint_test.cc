@@ -32,10 +32,12 @@ class CheckpointTest : public WithFiles<EngineTest> {
   }
   // Opens the checkpoint at `path` into *ck and makes a pool of its layers
   // "blocks.{i}." into *pool.
-  void open_blocks(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool) {
+  void open_blocks(const std::string& path, lwo_checkpoint** ck, lwo_pool** pool,
+                   uint32_t flags = 0) {
     ASSERT_LWO(lwo_checkpoint_open(path.c_str(), ck));
     lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
     cfg.pattern = "blocks.{i}.";
+    cfg.flags = flags;
     ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, *ck, &cfg, pool));
   }
   // open_blocks of path, then a ring of depth 2 over its pool with layer 0
@@ -539,12 +541,8 @@ TEST_F(CheckpointTest, AFileCutShortDuringAStagedCopyIsAStatus) {
   struct stat at_open {};
   ASSERT_EQ(stat(path.c_str(), &at_open), 0);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-  cfg.pattern = "blocks.{i}.";
-  cfg.flags = LWO_CHECKPOINT_STAGED;
   lwo_pool* pool = nullptr;
-  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool, LWO_CHECKPOINT_STAGED));
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ticket t{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
@@ -580,8 +578,7 @@ TEST_F(CheckpointTest, AFileCutShortDuringAStagedCopyIsAStatus) {
   ASSERT_LWO(lwo_pool_destroy(pool));
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
   // Reopened, the same file streams as before.
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool, LWO_CHECKPOINT_STAGED));
   stream_and_check(pool, ts, L);
   ASSERT_LWO(lwo_pool_destroy(pool));
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
@@ -604,12 +601,8 @@ TEST_F(CheckpointTest, AFileCutShortUnderSeveralCopyThreadsIsAStatus) {
   struct stat whole {};
   ASSERT_EQ(stat(path.c_str(), &whole), 0);
   lwo_checkpoint* ck = nullptr;
-  ASSERT_LWO(lwo_checkpoint_open(path.c_str(), &ck));
-  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
-  cfg.pattern = "blocks.{i}.";
-  cfg.flags = LWO_CHECKPOINT_STAGED;
   lwo_pool* pool = nullptr;
-  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_NO_FATAL_FAILURE(open_blocks(path, &ck, &pool, LWO_CHECKPOINT_STAGED));
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ticket t0{}, t1{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
