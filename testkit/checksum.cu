@@ -1,9 +1,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "src/common/thread_pool.h"
 #include "testkit/check.h"
 #include "testkit/checksum.h"
 
@@ -88,22 +88,20 @@ cudaError_t checksum_async(const void* data, size_t bytes, unsigned long long* o
 uint64_t checksum_host(const void* data, size_t bytes, unsigned n_threads) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   size_t n_words = (bytes + 7) / 8;
-  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  unsigned n = n_threads ? n_threads : hw;
+  ThreadPool& pool = ThreadPool::process();
+  unsigned n = n_threads ? n_threads : pool.size();
   n = static_cast<unsigned>(std::min<size_t>(n, std::max<size_t>(1, n_words / (1u << 20))));
   if (n <= 1) return checksum_range(p, 0, n_words, bytes);
+  // The sum is the same however the words are cut: one contiguous part per
+  // slot of the library's host pool.
   std::vector<uint64_t> part(n, 0);
-  std::vector<std::thread> threads;
   size_t chunk = (n_words + n - 1) / n;
-  for (unsigned t = 0; t < n; ++t) {
+  pool.run(n, [&](uint32_t t) {
     size_t b = std::min(n_words, chunk * t), e = std::min(n_words, chunk * (t + 1));
-    threads.emplace_back([&, t, b, e] { part[t] = checksum_range(p, b, e - b, bytes); });
-  }
+    part[t] = checksum_range(p, b, e - b, bytes);
+  });
   uint64_t acc = 0;
-  for (unsigned t = 0; t < n; ++t) {
-    threads[t].join();
-    acc += part[t];
-  }
+  for (uint64_t v : part) acc += v;
   return acc;
 }
 
@@ -114,8 +112,7 @@ namespace testkit {
 
 std::vector<uint64_t> checksums(const std::vector<HostRange>& ranges, const Progress& progress) {
   std::vector<uint64_t> out(ranges.size());
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  if (ranges.size() >= hw) {  // one range per core at a time
+  if (ranges.size() >= lwo::ThreadPool::process().size()) {  // one range per core at a time
     parallel_for(ranges.size(), [&](size_t i) {
       out[i] = lwo::kernels::checksum_host(ranges[i].data, ranges[i].bytes, 1);
       if (progress) progress(ranges[i].bytes);

@@ -26,7 +26,8 @@ namespace kernels {
 cudaError_t checksum_async(const void* data, size_t bytes, unsigned long long* out,
                            cudaStream_t stream);
 
-// The same function on the CPU, with up to n_threads threads (0: all cores).
+// The same function on the CPU, in up to n_threads parts on the library's
+// host pool (0: one per slot).
 uint64_t checksum_host(const void* data, size_t bytes, unsigned n_threads = 1);
 
 }  // namespace kernels

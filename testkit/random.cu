@@ -2,9 +2,8 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
-#include <system_error>
-#include <thread>
 
+#include "src/common/thread_pool.h"
 #include "testkit/check.h"
 #include "testkit/dtype.h"
 #include "testkit/random.h"
@@ -12,33 +11,23 @@
 namespace testkit {
 
 void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_threads) {
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t n_workers = std::min<size_t>(n, n_threads ? n_threads : hw);
+  lwo::ThreadPool& pool = lwo::ThreadPool::process();
+  const size_t n_workers = std::min<size_t>(n, n_threads ? n_threads : pool.size());
   if (n_workers <= 1) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::atomic<size_t> next{0};
+  // After the first failure the items left are skipped; it is rethrown.
   std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  auto work = [&] {
-    for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        if (!failed.exchange(true)) error = std::current_exception();
-        return;
-      }
+  pool.share(static_cast<uint32_t>(n_workers), n, [&](uint64_t i) {
+    if (failed.load()) return;
+    try {
+      fn(static_cast<size_t>(i));
+    } catch (...) {
+      failed = true;
+      throw;
     }
-  };
-  std::vector<std::thread> threads;
-  try {
-    for (size_t t = 1; t < n_workers; ++t) threads.emplace_back(work);
-  } catch (const std::system_error&) {  // fewer threads than asked for: the others share
-  }
-  work();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  });
 }
 
 namespace {

@@ -62,9 +62,10 @@ class Rng {
 
 // --- host work over all cores ------------------------------------------------------
 
-// Calls fn(i) for i in [0, n) from up to `n_threads` threads (0: all cores).
-// An exception from fn stops the other items and is rethrown here. Where
-// fewer threads can be started, the ones running do all the items.
+// Calls fn(i) for i in [0, n) on the calling thread and up to `n_threads` - 1
+// threads of the library's host pool (lwo::ThreadPool::process(); 0: every
+// slot), the items taken in turn. An exception from fn stops the other items
+// (those not yet begun are skipped) and is rethrown here.
 void parallel_for(size_t n, const std::function<void(size_t)>& fn, unsigned n_threads = 0);
 
 // Called with the bytes just done, from any thread (a progress bar's add()).

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "src/common/thread_pool.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -55,8 +55,10 @@ struct Phase::State {
   std::atomic<uint64_t> done{0};
   std::string detail;  // under g_mu
   bool ended = false;
-  // The ticker redraws the bar (terminal only).
-  std::thread ticker;
+  // The ticker redraws the bar (terminal only): a waiting thread of the
+  // library's host pool (ThreadPool::start).
+  lwo::HostThread ticker;
+  bool ticking = false;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
   bool stop = false;
@@ -141,7 +143,8 @@ Phase::Phase(std::string label, uint64_t total, bool bytes) : s_(new State) {
   }
   if (!progress_on_terminal()) return;
   State* s = s_;
-  s_->ticker = std::thread([s] {
+  s_->ticking = true;
+  s_->ticker = lwo::ThreadPool::process().start([s] {
     std::unique_lock<std::mutex> tick(s->tick_mu);
     // The first drawing waits a little: short phases show no bar.
     while (!s->tick_cv.wait_for(tick, std::chrono::milliseconds(150), [s] { return s->stop; })) {
@@ -170,7 +173,7 @@ double Phase::seconds() const { return now_seconds() - s_->start; }
 void Phase::end() {
   if (s_->ended) return;
   s_->ended = true;
-  if (s_->ticker.joinable()) {
+  if (s_->ticking) {
     {
       std::lock_guard<std::mutex> tick(s_->tick_mu);
       s_->stop = true;

@@ -60,9 +60,10 @@
 #include <mutex>
 #include <string>
 #include <system_error>
-#include <thread>
+#include <thread>  // hardware_concurrency
 #include <vector>
 
+#include "src/common/thread_pool.h"
 #include "testkit/checksum.h"
 #include "testkit/copy.h"
 #include "testkit/workload.h"
@@ -747,10 +748,14 @@ Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
   Coord c(n);
   TK_CHECK(lwo_nccl_get_unique_id(&c.id));
   std::vector<RankResult> rr(n);
-  std::vector<std::thread> threads;
+  // Each rank a waiting thread of its own from the library's host pool
+  // (ThreadPool::start, not a slot): the collectives block until every rank
+  // joins, so the ranks must run at once.
+  std::vector<lwo::HostThread> threads;
   for (uint32_t r = 0; r < n; ++r) {
     try {
-      threads.emplace_back(rank_main, std::cref(m), std::ref(c), r, std::ref(rr[r]));
+      threads.push_back(lwo::ThreadPool::process().start(
+          [&m, &c, r, &rr] { rank_main(m, c, r, rr[r]); }));
     } catch (const std::system_error& e) {
       print_stderr(strf("lwo shard: rank %u: cannot start its thread: %s\n", r, e.what()));
       c.fail_now();
@@ -759,7 +764,7 @@ Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
     }
   }
   const bool ok = c.wait_all(json_path);
-  for (std::thread& t : threads) t.join();
+  for (lwo::HostThread& t : threads) t.join();
   if (!ok) throw Failure(strf("%u ranks: a rank failed", n));
   return summarise(m, n, std::move(rr));
 }

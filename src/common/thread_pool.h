@@ -15,6 +15,11 @@
 // wait for one another, so nested calls cannot deadlock). A part that throws
 // does not stop the others; the call rethrows the first exception once every
 // part is done.
+//
+// HostThread and ThreadPool are the only C++ names liblwo.so exports
+// (bindings/c/lwo.map): the program and testkit/ run their host work and
+// their waiting threads on the process's pool, the one the library's
+// engines use, rather than on threads of their own.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +44,7 @@ std::vector<int> parse_cpulist(const std::string& text);
 
 // A long-lived thread started by ThreadPool::start; joined by join() or when
 // destroyed (its function must have been told to return by then).
-class HostThread {
+class __attribute__((visibility("default"))) HostThread {
  public:
   HostThread() = default;
   HostThread(HostThread&&) noexcept = default;
@@ -52,7 +57,7 @@ class HostThread {
   std::thread thread_;
 };
 
-class ThreadPool {
+class __attribute__((visibility("default"))) ThreadPool {
  public:
   // n_slots 0: one per CPU; at most 64. Where there is more than one node
   // the threads are spread over the nodes in proportion to their CPUs (slot
