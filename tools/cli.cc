@@ -6,19 +6,22 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace cli {
 
+std::string g_program = "lwo";
 std::string g_command;
+const Command* g_running = nullptr;
 
-std::string prefix() { return g_command.empty() ? "lwo" : "lwo " + g_command; }
+std::string prefix() { return g_command.empty() ? g_program : g_program + " " + g_command; }
 
 std::string default_hint() {
-  if (g_command.empty()) return "run 'lwo help' for the commands";
-  return strf("run 'lwo %s --help' for the flags", g_command.c_str());
+  if (!g_running) return "run 'lwo help' for the commands";
+  return strf("run '%s --help' for the flags", prefix().c_str());
 }
 
 void fail(const std::string& message) {
@@ -465,7 +468,7 @@ namespace {
 std::string commands_with(const std::string& name) {
   std::vector<std::string> with;
   for (const Command* c : commands()) {
-    if (c->name == g_command || !c->flags) continue;
+    if (c == g_running || !c->flags) continue;
     for (const Flag& f : c->flags())
       if (f.name == name && !f.hidden()) {
         with.push_back(std::string("lwo ") + c->name);
@@ -485,7 +488,7 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--")) break;
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      print_command_help(*find_command(g_command), stdout);
+      print_command_help(*g_running, stdout);
       return false;
     }
   }
@@ -514,14 +517,14 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
     if (it == flags.end()) {
       std::string with = commands_with(name);
       if (!with.empty())
-        throw UsageError(strf("%s is not a flag of lwo %s (%s %s it)", escape(name).c_str(),
-                              g_command.c_str(), with.c_str(),
+        throw UsageError(strf("%s is not a flag of %s (%s %s it)", escape(name).c_str(),
+                              prefix().c_str(), with.c_str(),
                               with.find(" and ") != std::string::npos ? "have" : "has"));
       throw UsageError(strf("unknown flag %s", escape(name).c_str()));
     }
     if (it->moved) {
       it->moved(inline_value ? value : i + 1 < argc ? argv[i + 1] : "");
-      throw UsageError(strf("%s is not a flag of lwo %s", it->name.c_str(), g_command.c_str()));
+      throw UsageError(strf("%s is not a flag of %s", it->name.c_str(), prefix().c_str()));
     }
     if (it->on) {
       if (inline_value) throw UsageError(strf("%s takes no value", it->name.c_str()));
@@ -702,6 +705,41 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing) {
     std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
                 s.bandwidth_gbps, s.wait_ms);
   std::printf("\n");
+}
+
+// --- the program -------------------------------------------------------------
+
+int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
+  int rc = kExitFailure;
+  testkit::set_release_reporter(report_release);
+  try {
+    rc = body(argc, argv);
+  } catch (const UsageError& e) {
+    // One line and one hint line, whatever the message holds.
+    std::string message = e.what();
+    for (char& c : message)
+      if (c == '\n' || c == '\r') c = ' ';
+    print_stderr(strf("%s: %s\n%s\n", prefix().c_str(), message.c_str(),
+                      e.hint.empty() ? default_hint().c_str() : e.hint.c_str()));
+    return kExitUsage;
+  } catch (const Failure&) {
+    rc = kExitFailure;  // already printed
+  } catch (const std::exception& e) {  // testkit::Error (a failed call or check), and the like
+    print_stderr(strf("%s: %s\n", prefix().c_str(), e.what()));
+    rc = kExitFailure;
+  } catch (...) {
+    print_stderr(strf("%s: unknown error\n", prefix().c_str()));
+    rc = kExitFailure;
+  }
+  // Results that could not be written (a full disk, a closed pipe) are a
+  // failure, not a success with nothing to show.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int err = errno;
+    print_stderr(strf("%s: cannot write the results to stdout: %s\n", prefix().c_str(),
+                      std::strerror(err ? err : EIO)));
+    if (rc == kExitOk) rc = kExitFailure;
+  }
+  return testkit::release_failures() && rc == 0 ? kExitFailure : rc;
 }
 
 }  // namespace cli

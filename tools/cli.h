@@ -69,10 +69,15 @@ uint64_t record_bytes(const lwo_layer_desc& layer);
 // The bytes of `layers` records of `record` bytes; a usage error past 64 bits.
 uint64_t model_bytes(uint64_t record, uint32_t layers);
 
-// The command being run ("run"), for messages: "lwo run: ...". Empty before
-// a command is chosen.
+// The program ("lwo"; "bench_shard" for the sharded benchmark, which is
+// one command alone) and the command being run ("run"), for messages:
+// "lwo run: ...". g_command is empty before a command is chosen, and in
+// bench_shard; g_running is the command being run (its --help).
+extern std::string g_program;
 extern std::string g_command;
-std::string prefix();  // "lwo run" or "lwo"
+struct Command;
+extern const Command* g_running;
+std::string prefix();  // "lwo run", "lwo" or "bench_shard"
 
 // A reason to stop, already printed to stderr; main turns it into exit 1.
 struct Failure : std::runtime_error {
@@ -87,6 +92,14 @@ struct UsageError : std::runtime_error {
   std::string hint;
 };
 std::string default_hint();  // "run 'lwo run --help' for the flags"
+
+// main(): body(argc, argv) with its failures turned into the exit status
+// (a UsageError printed with its hint: 2; a Failure, already printed, or
+// any other exception, printed: 1), and 1 where stdout could not be written
+// or a release failed.
+int run_program(int argc, char** argv, int (*body)(int argc, char** argv));
+// The body of the lwo program: argv[1] names the command (tools/lwo.cc).
+int dispatch(int argc, char** argv);
 
 // Prints "lwo CMD: <message>" to stderr and throws Failure.
 [[noreturn]] void fail(const std::string& message);
@@ -224,8 +237,7 @@ std::vector<Flag> throwaway_flags() {
   static O o;
   return make(o);
 }
-extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand,
-    kShardCommand;
+extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, kInfoCommand;
 
 // ---- the planner (tools/plan.cc) ----
 extern const Command kPlanCommand;

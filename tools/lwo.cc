@@ -1,13 +1,11 @@
 // The lwo program: subcommands that measure how fast host weights stream
 // through a ring of device slots (probe), stream a synthetic model (run) or
 // safetensors checkpoints (stream), checking every byte, train a chain of
-// linear layers through the ring (train), stream host weights sharded across
-// the GPUs of one machine (shard), and describe a checkpoint (info). This
-// file dispatches and prints the help; docs/CLI.md is the reference.
-#include <cerrno>
+// linear layers through the ring (train), plan a budget (plan) and describe
+// a checkpoint (info). This file dispatches and prints the help;
+// docs/CLI.md is the reference. (The sharded multi-GPU benchmark is
+// bench/bench_shard.cc, built on the same pieces.)
 #include <cstdio>
-#include <cstring>
-#include <exception>
 #include <string>
 
 #include "tools/cli.h"
@@ -42,7 +40,7 @@ const Command kVersionCommand = {
 const std::vector<const Command*>& commands() {
   static const std::vector<const Command*> all = {
       &kProbeCommand, &kRunCommand,   &kTrainCommand, &kStreamCommand, &kInfoCommand,
-      &kShardCommand, &kPlanCommand,  &kHelpCommand,  &kVersionCommand};
+      &kPlanCommand,  &kHelpCommand,  &kVersionCommand};
   return all;
 }
 
@@ -93,8 +91,8 @@ std::string wrap(const std::string& text, size_t at, size_t indent) {
 }  // namespace
 
 void print_command_help(const Command& c, std::FILE* out) {
-  std::fprintf(out, "usage: lwo %s%s%s%s\n\n", c.name, *c.operands ? " " : "", c.operands,
-               c.flags ? " [flags]" : "");
+  std::fprintf(out, "usage: %s%s%s%s%s%s\n\n", g_program.c_str(), *c.name ? " " : "", c.name,
+               *c.operands ? " " : "", c.operands, c.flags ? " [flags]" : "");
   std::fputs(c.about, out);
   if (!c.flags) return;
   std::fputs("\nflags:\n", out);
@@ -185,9 +183,6 @@ int cmd_version(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace cli
-
-namespace {
 
 int dispatch(int argc, char** argv) {
   if (argc < 2) throw UsageError("a command is needed: " + command_names(), kOverviewHint);
@@ -197,40 +192,8 @@ int dispatch(int argc, char** argv) {
   const cli::Command* c = cli::find_command(cmd);
   if (!c) throw UsageError(cli::strf("unknown command %s", cli::quoted(cmd).c_str()), kOverviewHint);
   cli::g_command = c->name;
+  cli::g_running = c;
   return c->main(argc, argv);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int rc = cli::kExitFailure;
-  testkit::set_release_reporter(cli::report_release);
-  try {
-    rc = dispatch(argc, argv);
-  } catch (const cli::UsageError& e) {
-    // One line and one hint line, whatever the message holds.
-    std::string message = e.what();
-    for (char& c : message)
-      if (c == '\n' || c == '\r') c = ' ';
-    cli::print_stderr(cli::strf("%s: %s\n%s\n", cli::prefix().c_str(), message.c_str(),
-                                e.hint.empty() ? cli::default_hint().c_str() : e.hint.c_str()));
-    return cli::kExitUsage;
-  } catch (const cli::Failure&) {
-    rc = cli::kExitFailure;  // already printed
-  } catch (const std::exception& e) {  // testkit::Error (a failed call or check), and the like
-    cli::print_stderr(cli::strf("%s: %s\n", cli::prefix().c_str(), e.what()));
-    rc = cli::kExitFailure;
-  } catch (...) {
-    cli::print_stderr(cli::strf("%s: unknown error\n", cli::prefix().c_str()));
-    rc = cli::kExitFailure;
-  }
-  // Results that could not be written (a full disk, a closed pipe) are a
-  // failure, not a success with nothing to show.
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    const int err = errno;
-    cli::print_stderr(cli::strf("%s: cannot write the results to stdout: %s\n",
-                                cli::prefix().c_str(), std::strerror(err ? err : EIO)));
-    if (rc == cli::kExitOk) rc = cli::kExitFailure;
-  }
-  return testkit::release_failures() && rc == 0 ? cli::kExitFailure : rc;
-}
+}  // namespace cli

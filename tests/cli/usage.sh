@@ -46,7 +46,7 @@ check "--fwd-ms abc is not a time in ms >= 0" plan --fwd-ms abc
 check "--bwd-ms -1 is not a time in ms >= 0" plan --train --bwd-ms -1
 # the no-argument message names every command of the table, plan included
 "$LWO" 2>"$ERR" >/dev/null
-for c in probe run train stream info shard plan help version; do
+for c in probe run train stream info plan help version; do
   if ! grep -q "$c" "$ERR"; then
     echo "FAIL: lwo with no argument does not name $c: $(cat "$ERR")"; fails=$((fails + 1))
   fi

@@ -1,4 +1,4 @@
-// lwo shard: host weights sharded across N ranks of this process (N threads,
+// bench_shard: host weights sharded across N ranks of this process (N threads,
 // rank r on GPU r, each with its own engine and NCCL communicator). Every
 // rank holds 1/N of each layer's record in a sharded pool (lwo_pool_create_
 // sharded); its rings copy that shard up its own link and all-gather the
@@ -181,7 +181,7 @@ class Coord {
         for (uint32_t r = 0; r < n_; ++r)
           if (!done_[r]) which += strf("%s%u", which.empty() ? "" : ", ", r);
         std::fprintf(stderr,
-                     "lwo shard: rank %s still running %d s after the failure above (waiting in a "
+                     "bench_shard: rank %s still running %d s after the failure above (waiting in a "
                      "collective for the failed rank, most likely); exiting without cleanup\n",
                      which.c_str(), kGraceSeconds);
         if (!json_path.empty()) std::remove(json_path.c_str());
@@ -208,7 +208,7 @@ thread_local int t_rank = -1;
 thread_local Coord* t_coord = nullptr;
 
 // Tells the other ranks (their next barrier throws Aborted), prints
-// "lwo shard: rank R: <message>" and throws Failure.
+// "bench_shard: rank R: <message>" and throws Failure.
 [[noreturn]] void rank_fail(const std::string& message) {
   if (t_coord) t_coord->fail_now();
   fail(t_rank >= 0 ? strf("rank %d: %s", t_rank, message.c_str()) : message);
@@ -262,7 +262,7 @@ double copy_peak(const std::vector<void*>& host, uint64_t bytes, testkit::Direct
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
   const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
-    return strf("lwo shard: rank %d: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
+    return strf("bench_shard: rank %d: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n",
                 t_rank, m.layer, what, m.got, m.want);
   });
   if (!bad.empty())
@@ -649,10 +649,10 @@ void rank_main(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   } catch (const Failure&) {  // printed
     c.fail_now();
   } catch (const std::exception& e) {
-    print_stderr(strf("lwo shard: rank %u: %s\n", rank, e.what()));
+    print_stderr(strf("bench_shard: rank %u: %s\n", rank, e.what()));
     c.fail_now();
   } catch (...) {
-    print_stderr(strf("lwo shard: rank %u: unknown error\n", rank));
+    print_stderr(strf("bench_shard: rank %u: unknown error\n", rank));
     c.fail_now();
   }
   c.finish(rank);
@@ -743,7 +743,7 @@ Result summarise(const Model& m, uint32_t n, std::vector<RankResult> rr) {
 }
 
 Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
-  progress("lwo shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
+  progress("bench_shard: %u rank%s: %u layers of %s, %s shards", n, n == 1 ? "" : "s", m.o.layers,
       fmt_bytes(m.record_bytes).c_str(), fmt_bytes(m.shard_bytes(n)).c_str());
   Coord c(n);
   TK_CHECK(lwo_nccl_get_unique_id(&c.id));
@@ -757,7 +757,7 @@ Result run_ranks(const Model& m, uint32_t n, const std::string& json_path) {
       threads.push_back(lwo::ThreadPool::process().start(
           [&m, &c, r, &rr] { rank_main(m, c, r, rr[r]); }));
     } catch (const std::system_error& e) {
-      print_stderr(strf("lwo shard: rank %u: cannot start its thread: %s\n", r, e.what()));
+      print_stderr(strf("bench_shard: rank %u: cannot start its thread: %s\n", r, e.what()));
       c.fail_now();
       for (uint32_t q = r; q < n; ++q) c.finish(q);
       break;
@@ -817,10 +817,10 @@ std::vector<Flag> make_flags(Options& o) {
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--device",
-                 "--device does not apply to lwo shard: rank r runs on GPU r "
+                 "--device does not apply to bench_shard: rank r runs on GPU r "
                  "(CUDA_VISIBLE_DEVICES picks the GPUs)"),
       moved_flag("--steps",
-                 "--steps does not apply to lwo shard: it times as many training steps as "
+                 "--steps does not apply to bench_shard: it times as many training steps as "
                  "--passes"),
   };
 }
@@ -893,7 +893,7 @@ Json json_result(const Model& m, const Result& r) {
 void print_result(const Model& m, const Result& r) {
   const Options& o = m.o;
   const double R = static_cast<double>(r.record_bytes);
-  std::printf("\nlwo shard, %u rank%s (threads of one process, rank r on GPU r)\n", r.ranks,
+  std::printf("\nbench_shard, %u rank%s (threads of one process, rank r on GPU r)\n", r.ranks,
               r.ranks == 1 ? "" : "s");
   std::printf(
       "%-11s %u layers x \"weight\" [%lld x %lld] bf16: %s records, %s in all; %s shard "
@@ -1062,7 +1062,7 @@ int cmd_shard(int argc, char** argv) {
   return 0;
 }
 
-const Command kShardCommand = {"shard", "",
+const Command kShardCommand = {"", "",
     "host weights sharded across this machine's GPUs, one NCCL rank each",
     R"(Runs N ranks as threads of this process, rank r on GPU r, each with its own
 engine, NCCL communicator and a sharded pool holding 1/N of every layer (a
@@ -1080,3 +1080,13 @@ NCCL_NVLS_ENABLE=0 unless it is set.
     throwaway_flags<Options, make_flags>, cmd_shard};
 
 }  // namespace cli
+
+// bench_shard [flags]: one command alone, built on the lwo program's pieces
+// (tools/cli.h); its parser reads the flags from argv[2], as lwo COMMAND's.
+int main(int argc, char** argv) {
+  cli::g_program = "bench_shard";
+  cli::g_running = &cli::kShardCommand;
+  std::vector<char*> args(argv, argv + argc);
+  args.insert(args.begin() + 1, argv[0]);
+  return cli::run_program(argc + 1, args.data(), cli::cmd_shard);
+}
