@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Plots (and tabulates) the results of scripts/scale (lwo shard --json).
+"""Plots (and tabulates) the results of scripts/scale (bench_shard --json).
 
     python3 scripts/plot_scale.py SCALE_JSON OUT_PNG   # the plot (needs matplotlib)
     python3 scripts/plot_scale.py --table SCALE_JSON   # a text table (json only)
 
 SCALE_JSON holds {"results": [...]} (scripts/scale merges them) or is one
-`lwo shard --json` file. The plot has two panels against the number of ranks:
+`bench_shard --json` file. The plot has two panels against the number of ranks:
 GB/s per GPU (forward streaming, training step, the pinned H2D link peak and
 the NCCL all-gather of one record), and forward bandwidth per GPU as a
 multiple of one link, with the ideal (= ranks) as a dashed line.

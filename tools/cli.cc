@@ -464,7 +464,7 @@ Flag names_flag(CkptSpec& spec) {
 
 namespace {
 
-// "lwo train and lwo shard": the other commands that have `name`.
+// "lwo train and lwo stream": the other commands that have `name`.
 std::string commands_with(const std::string& name) {
   std::vector<std::string> with;
   for (const Command* c : commands()) {

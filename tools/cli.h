@@ -437,7 +437,7 @@ class JsonFile {
   bool is_open() const { return f_ != nullptr; }
   // The one emitter of every command's results: `doc` (an object) with a
   // key a line, each value on that line, an array of objects an element a
-  // line (lwo shard's results: scripts/scale greps them); strings always
+  // line (bench_shard's results: scripts/scale greps them); strings always
   // valid JSON (bytes that are not UTF-8 as U+FFFD). Then closes and
   // renames; fails if the write failed.
   void write(const Json& doc);

@@ -28,7 +28,7 @@ check() {
   if [ -n "$out" ]; then
     echo "FAIL: lwo $*: wrote to stdout: $out"; fails=$((fails + 1)); return
   fi
-  echo "ok: lwo $*: $want"
+  echo "ok: ${LWO##*/} $*: $want"
 }
 check "need --optimizer" train --optimizer-threads 3
 check "need --optimizer" train --optimizer-state bf16
@@ -69,6 +69,21 @@ if [ -w /dev/full ]; then
     echo "FAIL: lwo help >/dev/full exited $rc: $(cat "$ERR")"; fails=$((fails + 1))
   else
     echo "ok: lwo help >/dev/full exits 1"
+  fi
+fi
+# bench_shard (the second argument, where built): the same parser and exit
+# statuses, its messages and help under its own name.
+if [ -n "${2:-}" ]; then
+  LWO="$2"
+  check "bench_shard: --ranks 0 is not in 1..1024" --ranks 0
+  check "--ranks and --ranks-list exclude each other" --ranks 1 --ranks-list 1,2
+  check "--device does not apply to bench_shard" --device 1
+  check "run 'bench_shard --help' for the flags" --bogus
+  out=$("$LWO" --help 2>"$ERR")
+  if [ $? -ne 0 ] || [[ "$out" != "usage: bench_shard [flags]"* ]]; then
+    echo "FAIL: bench_shard --help: $out $(cat "$ERR")"; fails=$((fails + 1))
+  else
+    echo "ok: bench_shard --help"
   fi
 fi
 if [ "$fails" -ne 0 ]; then echo "$fails usage case(s) failed"; exit 1; fi
