@@ -312,7 +312,6 @@ extern bool g_quiet;
 // One line, printed whole (above the bar, if one is showing). Any thread.
 void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 bool progress_on_terminal();  // bars are drawn
-void progress_clear();         // clears the bar now
 // Writes `text` to stderr whole, the bar cleared first; not silenced by
 // --quiet (for errors). Any thread.
 void print_stderr(const std::string& text);

@@ -102,11 +102,6 @@ void draw_locked(const Phase::State& s, double now) {
 
 bool progress_on_terminal() { return terminal() && !g_quiet; }
 
-void progress_clear() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  clear_locked();
-}
-
 void print_stderr(const std::string& text) {
   std::lock_guard<std::mutex> lock(g_mu);
   clear_locked();

@@ -42,11 +42,7 @@ class CheckingTest : public EngineTest {
   // The layer's host gradients: every f32 element equals `want`, or (want
   // NaN) holds the pattern.
   void expect_host(lwo_grads* g, lwo_pool* pool, uint32_t layer, float want, const char* what) {
-    uint32_t nt = 0;
-    ASSERT_LWO(lwo_pool_layer_tensor_count(pool, layer, &nt));
-    for (uint32_t k = 0; k < nt; ++k) {
-      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
-      ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
+    for (const lwo_tensor_info& ti : layer_tensors(pool, layer)) {
       float* h = nullptr;
       uint64_t n = 0, first = 0;
       ASSERT_LWO(lwo_grads_shard(g, layer, ti.name, &h, &first, &n));

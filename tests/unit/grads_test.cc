@@ -53,11 +53,9 @@ class GradsTest : public EngineTest {
     (void)g;
   }
   void expect_host(lwo_grads* g, lwo_pool* pool, uint32_t layer, std::vector<int> micros) {
-    uint32_t nt = 0;
-    ASSERT_LWO(lwo_pool_layer_tensor_count(pool, layer, &nt));
-    for (uint32_t k = 0; k < nt; ++k) {
-      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
-      ASSERT_LWO(lwo_pool_tensor_info(pool, layer, k, &ti));
+    const std::vector<lwo_tensor_info> tensors = layer_tensors(pool, layer);
+    for (uint32_t k = 0; k < tensors.size(); ++k) {
+      const lwo_tensor_info& ti = tensors[k];
       float* h = nullptr;
       uint64_t n = 0, first = 9;
       ASSERT_LWO(lwo_grads_shard(g, layer, ti.name, &h, &first, &n));

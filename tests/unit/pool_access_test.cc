@@ -81,11 +81,7 @@ TEST_F(PoolAccess, ShardAccessOnPinnedPoolIsTheWholeRecord) {
   for (uint32_t l = 0; l < 3; ++l) {
     void* shard = nullptr;
     shard_is_whole(pool, l, &shard);
-    uint32_t n = 0;
-    ASSERT_LWO(lwo_pool_layer_tensor_count(pool, l, &n));
-    for (uint32_t k = 0; k < n; ++k) {
-      lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
-      ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+    for (const lwo_tensor_info& ti : layer_tensors(pool, l)) {
       void* th = nullptr;
       ASSERT_LWO(lwo_pool_tensor_host(pool, l, ti.name, &th, nullptr));
       void* d = nullptr;

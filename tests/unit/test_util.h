@@ -27,6 +27,22 @@
 namespace lwo {
 namespace testing {
 
+// The tensors of `pool`'s layer `layer`, in order (lwo_pool_layer_tensor_count
+// and lwo_pool_tensor_info); a failed call fails the test and ends the list.
+inline std::vector<lwo_tensor_info> layer_tensors(lwo_pool* pool, uint32_t layer) {
+  std::vector<lwo_tensor_info> out;
+  uint32_t n = 0;
+  lwo_status_t s = lwo_pool_layer_tensor_count(pool, layer, &n);
+  EXPECT_EQ(s, LWO_OK) << "lwo_pool_layer_tensor_count: " << lwo_last_error_message();
+  for (uint32_t k = 0; s == LWO_OK && k < n; ++k) {
+    lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+    s = lwo_pool_tensor_info(pool, layer, k, &ti);
+    EXPECT_EQ(s, LWO_OK) << "lwo_pool_tensor_info: " << lwo_last_error_message();
+    if (s == LWO_OK) out.push_back(ti);
+  }
+  return out;
+}
+
 // One tensor description.
 inline lwo_tensor_desc tensor(const char* name, lwo_dtype_t dt, std::vector<int64_t> shape,
                               const void* host = nullptr) {
