@@ -59,7 +59,16 @@ class Backend {
   virtual void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) = 0;
   // Sets `bytes` bytes of device memory at `dst` to `value`, in stream order.
   virtual void fill_device(void* dst, uint8_t value, size_t bytes, StreamH stream) = 0;
-  // Collectives over a communicator (ncclComm_t in the CUDA implementation).
+  // Communicators (ncclComm_t in the CUDA implementation), made on the
+  // current device and registered (engine/comm.h) with the function that
+  // destroys them. comm_create: ncclCommInitRank of rank `rank` of `n_ranks`
+  // with a unique id (comm.h's kNcclUniqueIdBytes), blocking until every rank
+  // calls. comm_split: ncclCommSplit of the caller's `parent` (color >= 0),
+  // a collective of the parent's ranks; the parent is only read. These
+  // defaults throw LWO_ERR_UNSUPPORTED.
+  virtual void* comm_create(const void* id, int n_ranks, int rank);
+  virtual void* comm_split(void* parent, int color, int key);
+  // Collectives over a communicator.
   virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.
   virtual void all_gather(const void* send, void* recv, size_t bytes, void* comm,

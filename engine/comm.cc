@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "src/common/error.h"
 
@@ -13,18 +13,13 @@ namespace {
 
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "unique id layout");
 
-void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) fail(LWO_ERR_NCCL, "%s: %s", what, ncclGetErrorString(r));
-}
-
-// The communicators nccl_comm_create made that nccl_comm_destroy has not
-// destroyed yet. A communicator is a caller-held ncclComm_t, not an lwo
-// handle, so the registry holds addresses: once NCCL reuses a destroyed
-// communicator's address for a communicator lwo makes, that address is live
-// again.
+// The communicators lwo made that nccl_comm_destroy has not destroyed yet. A
+// communicator is a caller-held ncclComm_t, not an lwo handle, so the
+// registry holds addresses: once NCCL reuses a destroyed communicator's
+// address for a communicator lwo makes, that address is live again.
 struct CommRegistry {
   std::mutex mutex;
-  std::unordered_set<void*> live;
+  std::unordered_map<void*, CommDestroy> live;
 };
 CommRegistry& comm_registry() {
   static CommRegistry* r = new CommRegistry;  // never destroyed: usable at exit
@@ -33,21 +28,33 @@ CommRegistry& comm_registry() {
 
 }  // namespace
 
-void register_comm(void* comm) {
+void register_comm(void* comm, CommDestroy destroy) {
   CommRegistry& r = comm_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.live.insert(comm);
+  r.live[comm] = destroy;
 }
 
-bool unregister_comm(void* comm) {
+CommDestroy unregister_comm(void* comm) {
   CommRegistry& r = comm_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.live.erase(comm) != 0;
+  auto it = r.live.find(comm);
+  if (it == r.live.end()) return nullptr;
+  CommDestroy d = it->second;
+  r.live.erase(it);
+  return d;
+}
+
+bool registered_with(void* comm, CommDestroy destroy) {
+  CommRegistry& r = comm_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.live.find(comm);
+  return it != r.live.end() && it->second == destroy;
 }
 
 void nccl_unique_id(void* out) {
   ncclUniqueId u;
-  check_nccl(ncclGetUniqueId(&u), "ncclGetUniqueId");
+  ncclResult_t r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) fail(LWO_ERR_NCCL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
   std::memcpy(out, &u, sizeof u);
 }
 
@@ -55,30 +62,43 @@ void* nccl_comm_create(Engine& engine, const void* id, int n_ranks, int rank) {
   if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
     fail(LWO_ERR_INVALID_ARGUMENT, "rank %d of %d ranks", rank, n_ranks);
   DeviceScope scope(engine);
-  ncclUniqueId u;
-  std::memcpy(&u, id, sizeof u);
-  ncclComm_t c = nullptr;
-  check_nccl(ncclCommInitRank(&c, n_ranks, u, rank), "ncclCommInitRank");
-  try {
-    register_comm(c);
-  } catch (...) {
-    ncclCommDestroy(c);
-    throw;
-  }
-  return c;
+  return engine.gpu().comm_create(id, n_ranks, rank);
+}
+
+void* nccl_comm_split(Engine& engine, void* parent, int color, int key) {
+  if (!parent) fail(LWO_ERR_INVALID_ARGUMENT, "parent communicator is NULL");
+  if (color < 0)
+    fail(LWO_ERR_INVALID_ARGUMENT,
+         "color %d: colors are 0 or more (every rank of the parent gets a child)", color);
+  DeviceScope scope(engine);
+  return engine.gpu().comm_split(parent, color, key);
 }
 
 void nccl_comm_destroy(void* comm) {
   if (!comm) return;
   // Taken out of the registry before NCCL sees it: of two threads destroying
   // one communicator, only one reaches ncclCommDestroy.
-  if (!unregister_comm(comm))
+  CommDestroy destroy = unregister_comm(comm);
+  if (!destroy)
     fail(LWO_ERR_INVALID_HANDLE,
-         "communicator %p is not one that lwo_nccl_comm_create made, or it is already "
-         "destroyed; it was left alone (destroy a communicator of your own with "
+         "communicator %p is not one that lwo_nccl_comm_create or lwo_nccl_comm_split made, or "
+         "it is already destroyed; it was left alone (destroy a communicator of your own with "
          "ncclCommDestroy)",
          comm);
-  check_nccl(ncclCommDestroy(static_cast<ncclComm_t>(comm)), "ncclCommDestroy");
+  destroy(comm);
+}
+
+}  // namespace lwo
+
+namespace lwo {
+
+void* Backend::comm_create(const void*, int n_ranks, int rank) {
+  fail(LWO_ERR_UNSUPPORTED, "rank %d of %d: this backend makes no communicators", rank, n_ranks);
+}
+
+void* Backend::comm_split(void* parent, int color, int) {
+  fail(LWO_ERR_UNSUPPORTED, "split of communicator %p (color %d): this backend makes no communicators",
+       parent, color);
 }
 
 }  // namespace lwo

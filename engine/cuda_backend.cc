@@ -2,7 +2,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
+
 #include "backend.h"
+#include "comm.h"
 #include "src/common/error.h"
 
 // The CUDA architectures the library's kernels were built for, as CMake's
@@ -14,6 +17,23 @@
 
 namespace lwo {
 namespace {
+
+// How the registry (comm.h) destroys a communicator this backend made.
+void destroy_nccl_comm(void* comm) {
+  ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm));
+  if (r != ncclSuccess) fail(LWO_ERR_NCCL, "ncclCommDestroy(%p): %s", comm, ncclGetErrorString(r));
+}
+
+// Registers a communicator just made; destroys it if registering throws.
+void* register_nccl_comm(ncclComm_t c) {
+  try {
+    register_comm(c, destroy_nccl_comm);
+  } catch (...) {
+    ncclCommDestroy(c);
+    throw;
+  }
+  return c;
+}
 
 lwo_status_t status_of(cudaError_t e) {
   switch (e) {
@@ -212,6 +232,48 @@ class CudaBackend final : public Backend {
   void fill_device(void* dst, uint8_t value, size_t bytes, StreamH s) override {
     LWO_CUDA(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s)),
              "cudaMemsetAsync(device %p, 0x%02x, %zu bytes)", dst, value, bytes);
+  }
+  void* comm_create(const void* id, int n_ranks, int rank) override {
+    ncclUniqueId u;
+    std::memcpy(&u, id, sizeof u);
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclCommInitRank(&c, n_ranks, u, rank);
+    if (r != ncclSuccess)
+      fail(LWO_ERR_NCCL, "ncclCommInitRank(rank %d of %d): %s", rank, n_ranks,
+           ncclGetErrorString(r));
+    return register_nccl_comm(c);
+  }
+  void* comm_split(void* parent, int color, int key) override {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    int n = 0, rank = 0;
+    comm_info(parent, &n, &rank);  // a live communicator on this device, or it throws
+    // Blocking, whatever the parent's mode (a non-blocking parent, as
+    // PyTorch may make, would hand its mode on): the split returns when the
+    // child is ready. The other settings are the parent's.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclCommSplit(static_cast<ncclComm_t>(parent), color, key, &c, &config);
+    while (r == ncclInProgress && c) {
+      ncclResult_t a = ncclCommGetAsyncError(c, &r);
+      if (a != ncclSuccess) r = a;
+    }
+    if (r != ncclSuccess) {
+      if (c) ncclCommAbort(c);
+      fail(LWO_ERR_NCCL, "ncclCommSplit(communicator %p, rank %d of %d, color %d, key %d): %s",
+           parent, rank, n, color, key, ncclGetErrorString(r));
+    }
+    if (!c)
+      fail(LWO_ERR_NCCL, "ncclCommSplit(communicator %p, color %d, key %d) gave no communicator",
+           parent, color, key);
+    return register_nccl_comm(c);
+#else
+    (void)key;
+    fail(LWO_ERR_UNSUPPORTED,
+         "split of communicator %p (color %d): lwo was built with NCCL %d.%d, ncclCommSplit "
+         "needs 2.18",
+         parent, color, NCCL_MAJOR, NCCL_MINOR);
+#endif
   }
   void comm_info(void* comm, int* n_ranks, int* rank) override {
     ncclResult_t r = ncclCommCount(static_cast<ncclComm_t>(comm), n_ranks);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "comm.h"
 #include "src/common/error.h"
 
 namespace lwo {
@@ -17,6 +18,19 @@ namespace {
 
 constexpr size_t kAlign = 256;                      // as cudaMalloc's alignment (at least)
 constexpr uint64_t kTotalBytes = uint64_t(64) << 30;  // the "device" the budget sees
+
+// A one-rank communicator of the host backend: a heap byte, never read.
+void destroy_comm(void* comm) { delete static_cast<char*>(comm); }
+void* make_comm() {
+  char* c = new char(0);
+  try {
+    register_comm(c, destroy_comm);
+  } catch (...) {
+    delete c;
+    throw;
+  }
+  return c;
+}
 
 class HostBackend final : public Backend {
  public:
@@ -100,14 +114,39 @@ class HostBackend final : public Backend {
     std::memcpy(dst, src, bytes);
   }
 
-  void comm_info(void*, int*, int*) override {
-    fail(LWO_ERR_UNSUPPORTED, "the host backend has no collectives (sharded pools need a GPU)");
+  // Communicators: one-rank stand-ins (no NCCL), registered like NCCL's
+  // (engine/comm.h) so lwo_nccl_comm_destroy destroys them. With one rank,
+  // an all-gather moves the rank's part to where it already belongs and a
+  // reduction leaves every byte as it is.
+  void* comm_create(const void*, int n_ranks, int rank) override {
+    if (n_ranks != 1)
+      fail(LWO_ERR_UNSUPPORTED,
+           "rank %d of %d ranks: the host backend's communicators have one rank", rank, n_ranks);
+    return make_comm();
   }
-  void all_gather(const void*, void*, size_t, void*, StreamH) override {
-    fail(LWO_ERR_UNSUPPORTED, "the host backend has no collectives (sharded pools need a GPU)");
+  void* comm_split(void* parent, int, int) override {
+    int n = 0, r = 0;
+    comm_info(parent, &n, &r);
+    return make_comm();
   }
-  void reduce_owned(void*, const uint64_t*, void*, StreamH) override {
-    fail(LWO_ERR_UNSUPPORTED, "the host backend has no collectives (sharded pools need a GPU)");
+  void comm_info(void* comm, int* n_ranks, int* rank) override {
+    if (!registered_with(comm, destroy_comm))
+      fail(LWO_ERR_UNSUPPORTED,
+           "communicator %p: the host backend has collectives only over the one-rank "
+           "communicators it makes (lwo_nccl_comm_create of 1 rank, lwo_nccl_comm_split)",
+           comm);
+    *n_ranks = 1;
+    *rank = 0;
+  }
+  void all_gather(const void* send, void* recv, size_t bytes, void* comm, StreamH) override {
+    int n = 0, r = 0;
+    comm_info(comm, &n, &r);
+    unpoison(recv, bytes);
+    if (send != recv) std::memmove(recv, send, bytes);
+  }
+  void reduce_owned(void*, const uint64_t*, void* comm, StreamH) override {
+    int n = 0, r = 0;
+    comm_info(comm, &n, &r);
   }
 
   void host_func(StreamH, void (*fn)(void*), void* arg, const std::vector<HostSpan>&) override {

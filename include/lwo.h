@@ -1740,11 +1740,29 @@ LWO_API lwo_status_t lwo_nccl_get_unique_id(lwo_nccl_unique_id* id);
 LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_unique_id* id,
                                           int32_t n_ranks, int32_t rank,
                                           lwo_nccl_comm_t* comm);
-/* ncclCommDestroy of a communicator that lwo_nccl_comm_create made. Any other
- * pointer (a communicator of the caller's own, one already destroyed, or no
- * communicator at all) is LWO_ERR_INVALID_HANDLE and is left alone: the
- * caller destroys its own communicators with ncclCommDestroy. NULL does
- * nothing. */
+/* Since 0.6.0. ncclCommSplit (NCCL 2.18 or later) of `parent`, a
+ * communicator the caller owns (a ncclComm_t of its own, PyTorch's
+ * ProcessGroupNCCL's, or one lwo made) on the engine's device: a private
+ * communicator for lwo's collectives, so that they never interleave with the
+ * caller's on one communicator. A collective over the parent: every rank of
+ * the parent calls it (from its own thread or process) and it blocks until
+ * they have; the ranks that give one `color` (0 or more) form one child,
+ * ranked by `key` (ties by their parent rank). The child is blocking whatever
+ * the parent's mode, and otherwise configured as the parent. lwo only reads
+ * the parent: the caller keeps it, and destroys it when it likes, after the
+ * split has returned on every rank. The caller owns the child and destroys it
+ * with lwo_nccl_comm_destroy after every pool and ring that uses it.
+ * LWO_ERR_INVALID_ARGUMENT for a NULL parent, a negative color or a parent on
+ * another device; LWO_ERR_UNSUPPORTED where lwo was built with an older NCCL;
+ * LWO_ERR_NCCL with NCCL's message. On the test host backend the parent must
+ * be one of its one-rank communicators, and so is the child. */
+LWO_API lwo_status_t lwo_nccl_comm_split(lwo_engine* engine, lwo_nccl_comm_t parent,
+                                         int32_t color, int32_t key, lwo_nccl_comm_t* comm);
+/* ncclCommDestroy of a communicator that lwo_nccl_comm_create or
+ * lwo_nccl_comm_split made. Any other pointer (a communicator of the
+ * caller's own, one already destroyed, or no communicator at all) is
+ * LWO_ERR_INVALID_HANDLE and is left alone: the caller destroys its own
+ * communicators with ncclCommDestroy. NULL does nothing. */
 LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm);
 
 /* Creates a pinned pool that holds this rank's shard of every layer: with N

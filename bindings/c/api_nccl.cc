@@ -26,6 +26,15 @@ LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_uni
   });
 }
 
+LWO_API lwo_status_t lwo_nccl_comm_split(lwo_engine* engine, lwo_nccl_comm_t parent,
+                                         int32_t color, int32_t key, lwo_nccl_comm_t* comm) {
+  return guard("lwo_nccl_comm_split", [&] {
+    lwo_engine* e = check_handle(engine);
+    clear_output(comm, "comm (output)");
+    *comm = static_cast<lwo_nccl_comm_t>(lwo::nccl_comm_split(*e->impl, parent, color, key));
+  });
+}
+
 LWO_API lwo_status_t lwo_nccl_comm_destroy(lwo_nccl_comm_t comm) {
   return guard("lwo_nccl_comm_destroy", [&] { lwo::nccl_comm_destroy(comm); });
 }

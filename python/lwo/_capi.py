@@ -789,6 +789,8 @@ FUNCTIONS = {
     "lwo_nccl_get_unique_id": (_S, [_P(lwo_nccl_unique_id)]),
     "lwo_nccl_comm_create": (
         _S, [lwo_engine_p, _P(lwo_nccl_unique_id), _i32, _i32, _P(lwo_nccl_comm_t)]),
+    "lwo_nccl_comm_split": (  # since 0.6.0
+        _S, [lwo_engine_p, lwo_nccl_comm_t, _i32, _i32, _P(lwo_nccl_comm_t)]),
     "lwo_nccl_comm_destroy": (_S, [lwo_nccl_comm_t]),
     "lwo_pool_create_sharded": (
         _S, [lwo_engine_p, _P(lwo_layer_desc), _u32, lwo_nccl_comm_t, _P(lwo_pool_config),

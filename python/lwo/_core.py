@@ -837,10 +837,17 @@ class Engine(_Handle):
     def nccl_comm_create(self, unique_id, n_ranks, rank):
         return NcclComm(self, unique_id, n_ranks, rank)
 
+    def nccl_comm_split(self, parent, color=0, key=0):
+        """lwo_nccl_comm_split (since 0.6.0): a private communicator split
+        from `parent` (an NcclComm, or the integer address of a ncclComm_t
+        the caller owns, which lwo never destroys); a collective of the
+        parent's ranks."""
+        return NcclComm.split(self, parent, color, key)
+
 
 class NcclComm(_Handle):
-    """An ncclComm_t made by lwo_nccl_comm_create; close() destroys it (after
-    every pool and ring that uses it)."""
+    """An ncclComm_t made by lwo_nccl_comm_create or lwo_nccl_comm_split;
+    close() destroys it (after every pool and ring that uses it)."""
 
     _destroy = "lwo_nccl_comm_destroy"
 
@@ -852,6 +859,17 @@ class NcclComm(_Handle):
         check(_lib.lwo_nccl_comm_create(engine._h(), _byref(unique_id), int(n_ranks),
                                         int(rank), _byref(comm)))
         self._handle = comm.value
+
+    @classmethod
+    def split(cls, engine, parent, color=0, key=0):
+        parent_ptr = parent._h() if isinstance(parent, NcclComm) else parent
+        comm = ctypes.c_void_p()
+        check(_lib.lwo_nccl_comm_split(engine._h(), parent_ptr, int(color), int(key),
+                                       _byref(comm)))
+        self = cls.__new__(cls)
+        self.engine = engine
+        self._handle = comm.value
+        return self
 
 
 PoolInfo = collections.namedtuple(

@@ -2098,6 +2098,19 @@ class Offload:
             rec.n_stages = rec.n_hits = rec.bytes_copied = rec.n_accesses = 0
             rec.copy_ms = rec.stall_ms = 0.0
 
+    # Set by offload(process_group=): this rank, the ranks, lwo's
+    # communicator (an lwo.NcclComm) and how it was made.
+    rank, world_size, comm, comm_path, process_group = 0, 1, None, None, None
+
+    def _join_group(self, process_group, ranks, path):
+        engine = getattr(self.backend, "engine", None)
+        if engine is None:
+            raise RuntimeError("lwo.torch.offload: process_group= needs an lwo engine")
+        self.rank, self.world_size = ranks
+        self.process_group = process_group
+        self.comm, self.comm_path = _dist_comm(process_group, engine, self.rank,
+                                               self.world_size, path)
+
     def close(self, device=None):
         """Puts every streamed weight back into an ordinary tensor (the same
         Parameter objects, so optimizers keep them): on `device` (default:
@@ -2141,6 +2154,9 @@ class Offload:
         self.pool = None
         if self._checkpoint is not None:
             self._checkpoint.release()
+        if self.comm is not None:  # no pool of one rank uses it
+            self.comm.close()
+            self.comm = None
         model = self.model_ref()
         if model is not None and getattr(model, "_lwo_handle", None) is self:
             del model._lwo_handle
@@ -2252,7 +2268,7 @@ def _quant_choice(targets, quant):
 def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
             stats=False, timing=False, quant=None, budget=None, plan=True, progress=None,
             checkpoint=None, checkpoint_key=None, checkpoint_init=None, checkpoint_copy=False,
-            _backend=None):
+            process_group=None, dist_comm=None, _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
     ``lwo.torch.handle_of(model)``).
@@ -2351,6 +2367,22 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              differs) instead of mapped, and keep their requires_grad (to
              train them); quant= implies it.
 
+    process_group: a torch.distributed process group (or
+             torch.distributed.group.WORLD) whose ranks stream the model
+             together. lwo makes its own communicator from it (a collective:
+             every rank of the group calls offload alike): split from the
+             group's NCCL communicator where PyTorch gives its address
+             (ProcessGroupNCCL._comm_ptr, lwo_nccl_comm_split), else from an
+             NCCL unique id made on the group's first rank and broadcast over
+             the group (broadcast_object_list; any backend, gloo included).
+             ``handle.rank``, ``handle.world_size``, ``handle.comm_path``
+             ("split" or "unique-id"). With one rank the model streams
+             exactly as without a group. More than one rank is
+             NotImplementedError for now (docs/PYTHON.md).
+    dist_comm: None (the default: "split" where the group's NCCL
+             communicator is reachable, else "unique-id"), "split" or
+             "unique-id" (the path to take, or an error).
+
     Create optimizers after offload(): the streamed parameters are new
     Parameter objects (CPU tensors over the pool)."""
     if stats and timing:
@@ -2366,6 +2398,19 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
                                or checkpoint_copy):
         raise ValueError("lwo.torch.offload: checkpoint_key, checkpoint_init and "
                          "checkpoint_copy go with checkpoint=")
+    if dist_comm not in (None, "split", "unique-id"):
+        raise ValueError("lwo.torch.offload: dist_comm must be None, 'split' or 'unique-id', "
+                         "got %r" % (dist_comm,))
+    if dist_comm is not None and process_group is None:
+        raise ValueError("lwo.torch.offload: dist_comm goes with process_group=")
+    dist_ranks = None
+    if process_group is not None:
+        dist_ranks = _group_ranks(process_group)
+        if dist_ranks[1] > 1:
+            raise NotImplementedError(
+                "lwo.torch.offload: process_group of %d ranks: lwo.torch streams through a "
+                "sharded pool only with one rank so far (the C API shards across ranks: "
+                "lwo_pool_create_sharded; docs/PYTHON.md)" % dist_ranks[1])
     t_start = time.perf_counter()
 
     # Which device.
@@ -2432,6 +2477,8 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         if source is not None:
             source.info["seconds"] = time.perf_counter() - t_start
             handle.checkpoint_info = source.info
+        if process_group is not None:
+            handle._join_group(process_group, dist_ranks, dist_comm)
         return handle
     groups = _groups_of(targets, group)
     quantized, quant_skipped = _quant_choice(targets, quant)
@@ -2451,7 +2498,62 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         handle.checkpoint_info = source.info
     if plan and hasattr(backend, "plan"):
         handle._setup_plan(budget, depth, group is None)
+    if process_group is not None:
+        try:
+            handle._join_group(process_group, dist_ranks, dist_comm)
+        except BaseException:
+            handle.close()
+            raise
     return handle
+
+
+def _group_ranks(process_group):
+    """(rank, world size) of this process in a torch.distributed group."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("lwo.torch.offload: process_group= needs torch.distributed "
+                           "initialized (torch.distributed.init_process_group)")
+    rank = dist.get_rank(process_group)
+    if rank < 0:
+        raise ValueError("lwo.torch.offload: this process is not a rank of process_group")
+    return rank, dist.get_world_size(process_group)
+
+
+def _nccl_comm_address(process_group):
+    """The address of the group's NCCL communicator on its CUDA device
+    (ProcessGroupNCCL._comm_ptr; verified on PyTorch 2.15), or 0 where the
+    group has no NCCL backend, this PyTorch has no _comm_ptr, or the
+    communicator is not made yet (PyTorch makes it at the group's first
+    collective, or at once with init_process_group(device_id=))."""
+    try:
+        b = process_group._get_backend(torch.device("cuda"))
+    except (AttributeError, RuntimeError, ValueError, TypeError):
+        return 0
+    fn = getattr(b, "_comm_ptr", None)
+    if fn is None:
+        return 0
+    try:
+        return int(fn() or 0)
+    except (RuntimeError, TypeError, ValueError):
+        return 0
+
+
+def _dist_comm(process_group, engine, rank, world, path):
+    """lwo's communicator of the group's ranks on `engine`: (NcclComm, path)."""
+    import torch.distributed as dist
+    if path in (None, "split"):
+        address = _nccl_comm_address(process_group)
+        if address:
+            return engine.nccl_comm_split(address, 0, rank), "split"
+        if path == "split":
+            raise RuntimeError(
+                "lwo.torch.offload: dist_comm='split': process_group has no NCCL communicator "
+                "lwo can reach (a ProcessGroupNCCL whose communicator is made, on a PyTorch "
+                "with ProcessGroupNCCL._comm_ptr); dist_comm='unique-id' works on any group")
+    box = [bytes(_core.nccl_get_unique_id()) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0),
+                               group=process_group)
+    return engine.nccl_comm_create(box[0], world, rank), "unique-id"
 
 
 def _model_device(model):

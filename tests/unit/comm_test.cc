@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "bindings/c/lwo_test.h"
 #include "engine/comm.h"
 #include "test_util.h"
 
@@ -22,6 +23,10 @@ std::string pointer_text(const void* p) {
 }
 
 using CommTest = EngineTest;
+
+// Destroy functions of registry entries that own nothing.
+void forget(void*) {}
+void other_forget(void*) {}
 
 TEST_F(CommTest, DestroyOfForeignPointerIsInvalidHandle) {
   // A stack address: not a communicator at all. Its bytes must stay as they are.
@@ -61,15 +66,135 @@ TEST_F(CommTest, CallersOwnCommunicatorIsStillAcceptedByPools) {
   ASSERT_LWO(lwo_pool_destroy(pool));
 }
 
+
+// lwo_nccl_comm_split's argument checks, on the recording backend (which
+// makes no communicators): each refusal is its own status, names the call
+// and the value, writes NULL to the output, and touches no parent.
+TEST_F(CommTest, SplitRefusesBadArguments) {
+  unsigned char parent_bytes[64];
+  std::memset(parent_bytes, 0xCD, sizeof parent_bytes);
+  auto parent = reinterpret_cast<lwo_nccl_comm_t>(parent_bytes);
+  lwo_nccl_comm_t child = parent;  // overwritten with NULL on failure
+  EXPECT_EQ(lwo_nccl_comm_split(engine, nullptr, 0, 0, &child), LWO_ERR_INVALID_ARGUMENT);
+  std::string m = lwo_last_error_message();
+  EXPECT_EQ(m.rfind("lwo_nccl_comm_split: ", 0), 0u) << m;
+  EXPECT_NE(m.find("parent communicator is NULL"), std::string::npos) << m;
+  EXPECT_EQ(child, nullptr);
+
+  EXPECT_EQ(lwo_nccl_comm_split(engine, parent, -1, 0, &child), LWO_ERR_INVALID_ARGUMENT);
+  m = lwo_last_error_message();
+  EXPECT_NE(m.find("color -1"), std::string::npos) << m;
+  EXPECT_EQ(lwo_nccl_comm_split(engine, parent, 0, 0, nullptr), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_nccl_comm_split(nullptr, parent, 0, 0, &child), LWO_ERR_INVALID_HANDLE);
+  // Arguments that pass reach the backend, which here makes no communicators.
+  EXPECT_EQ(lwo_nccl_comm_split(engine, parent, 3, 1, &child), LWO_ERR_UNSUPPORTED);
+  m = lwo_last_error_message();
+  EXPECT_NE(m.find(pointer_text(parent_bytes)), std::string::npos) << m;
+  EXPECT_EQ(child, nullptr);
+  for (unsigned char b : parent_bytes) ASSERT_EQ(b, 0xCD);
+  // The parent is not lwo's: it is never destroyed by lwo.
+  EXPECT_EQ(lwo_nccl_comm_destroy(parent), LWO_ERR_INVALID_HANDLE);
+}
+
+// The host backend's one-rank communicators: lwo_nccl_comm_create (of one
+// rank) and lwo_nccl_comm_split make them, a sharded pool streams and sums
+// gradients through a child whose parent is already destroyed, and each is
+// destroyed once.
+class HostComm : public EngineTest {
+ protected:
+  void SetUp() override { ASSERT_LWO(lwo_test_engine_create_host(0, &engine)); }
+};
+
+TEST_F(HostComm, CreateRefusesMoreThanOneRank) {
+  lwo_nccl_unique_id id{};
+  lwo_nccl_comm_t comm = nullptr;
+  EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 2, 0, &comm), LWO_ERR_UNSUPPORTED);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("rank 0 of 2"), std::string::npos) << m;
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 1, 1, &comm), LWO_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(HostComm, SplitOfAForeignPointerIsRefusedAndLeftAlone) {
+  int foreign = 0x1234;
+  lwo_nccl_comm_t child = nullptr;
+  EXPECT_EQ(lwo_nccl_comm_split(engine, reinterpret_cast<lwo_nccl_comm_t>(&foreign), 0, 0, &child),
+            LWO_ERR_UNSUPPORTED);
+  EXPECT_EQ(child, nullptr);
+  EXPECT_EQ(foreign, 0x1234);
+}
+
+TEST_F(HostComm, ASplitChildStreamsAShardedPoolAfterItsParentIsGone) {
+  lwo_nccl_unique_id id{};
+  lwo_nccl_comm_t parent = nullptr, child = nullptr;
+  ASSERT_LWO(lwo_nccl_comm_create(engine, &id, 1, 0, &parent));
+  ASSERT_LWO(lwo_nccl_comm_split(engine, parent, 0, 0, &child));
+  ASSERT_NE(child, nullptr);
+  EXPECT_NE(child, parent);
+  ASSERT_LWO(lwo_nccl_comm_destroy(parent));
+  EXPECT_EQ(lwo_nccl_comm_destroy(parent), LWO_ERR_INVALID_HANDLE);  // once only
+
+  ModelDesc m(3);
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 3, child, nullptr, &pool));
+  std::vector<std::vector<uint8_t>> rec(3);
+  for (uint32_t l = 0; l < 3; ++l) {
+    void* shard = nullptr;
+    uint64_t off = 7, bytes = 0;
+    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+    EXPECT_EQ(off, 0u);
+    rec[l].resize(bytes);
+    fill_random(rec[l].data(), bytes, 40 + l);
+    std::memcpy(shard, rec[l].data(), bytes);
+  }
+  lwo_ring* ring = make_ring(pool, 2);
+  for (uint32_t l : {0u, 1u, 2u, 0u}) {
+    lwo_ticket t{};
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+    ASSERT_LWO(lwo_ring_acquire(ring, t, nullptr, &v));
+    ASSERT_EQ(v.record_bytes, rec[l].size());
+    EXPECT_EQ(std::memcmp(v.base, rec[l].data(), rec[l].size()), 0) << "layer " << l;
+    ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+  }
+  // Gradients: the sum over one rank is the rank's own.
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
+  lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_grads_begin(grads, 1, nullptr, &gv));
+  ASSERT_EQ(gv.tensor_dtypes[0], LWO_DTYPE_F32);
+  const uint64_t n = (1 % 5 + 1) * 37 * 19;
+  auto* g = static_cast<float*>(gv.tensors[0]);
+  for (uint64_t i = 0; i < n; ++i) g[i] = 0.25f * static_cast<float>(i % 13);
+  auto* gb = static_cast<float*>(gv.tensors[1]);
+  for (uint64_t i = 0; i < 74; ++i) gb[i] = -1.0f;
+  ASSERT_LWO(lwo_grads_end(grads, 1, nullptr));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  float* hg = nullptr;
+  uint64_t first = 9, count = 0;
+  ASSERT_LWO(lwo_grads_shard(grads, 1, "weight", &hg, &first, &count));
+  EXPECT_EQ(first, 0u);
+  ASSERT_EQ(count, n);
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(hg[i], 0.25f * static_cast<float>(i % 13)) << i;
+  ASSERT_LWO(lwo_grads_destroy(grads));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_nccl_comm_destroy(child));
+  EXPECT_EQ(lwo_nccl_comm_destroy(child), LWO_ERR_INVALID_HANDLE);
+}
+
 // The registry behind lwo_nccl_comm_destroy (engine/comm.h), without NCCL: a
 // communicator that was destroyed (taken out of the registry) is refused like
 // any foreign pointer.
 TEST(CommRegistry, ADestroyedCommunicatorIsInvalidHandle) {
   unsigned char stand_in[16] = {};
   void* comm = stand_in;
-  register_comm(comm);
-  EXPECT_TRUE(unregister_comm(comm));   // what lwo_nccl_comm_destroy does first
-  EXPECT_FALSE(unregister_comm(comm));  // a second destroy finds nothing
+  register_comm(comm, forget);
+  EXPECT_TRUE(registered_with(comm, forget));
+  EXPECT_FALSE(registered_with(comm, other_forget));
+  EXPECT_EQ(unregister_comm(comm), forget);    // what lwo_nccl_comm_destroy does first
+  EXPECT_EQ(unregister_comm(comm), nullptr);   // a second destroy finds nothing
+  EXPECT_FALSE(registered_with(comm, forget));
   EXPECT_EQ(lwo_nccl_comm_destroy(static_cast<lwo_nccl_comm_t>(comm)), LWO_ERR_INVALID_HANDLE);
   std::string m = lwo_last_error_message();
   EXPECT_NE(m.find("already destroyed"), std::string::npos) << m;
@@ -83,7 +208,7 @@ TEST(CommRegistry, ConcurrentDestroysTakeEachCommunicatorOnce) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      for (int i = t; i < kComms; i += kThreads) register_comm(&stand_ins[i]);
+      for (int i = t; i < kComms; i += kThreads) register_comm(&stand_ins[i], forget);
     });
   for (auto& th : threads) th.join();
   threads.clear();

@@ -1,0 +1,120 @@
+"""lwo.torch.offload(process_group=) without a GPU: a gloo group of one rank
+over the host backend (host_lwo.Backend). lwo's communicator comes from an
+NCCL unique id broadcast over the group (gloo has no NCCL communicator to
+split) and is one of the host backend's one-rank communicators; with one rank
+the model streams exactly as it does without a group."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+import lwo.torch.optim as lopt  # noqa: E402
+
+import host_lwo  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
+
+
+@pytest.fixture
+def world(tmp_path):
+    dist.init_process_group("gloo", rank=0, world_size=1,
+                            init_method="file://%s" % (tmp_path / "store"))
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def mlp():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 24), nn.Tanh(),
+                         nn.Linear(24, 8))
+
+
+def adamw_steps(model, n=10, seed=5):
+    """n AdamW steps (lwo.torch.optim where the model is offloaded); the
+    outputs, input gradients and final parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    offloaded = lt.handle_of(model) is not None
+    opt = (lopt.AdamW if offloaded else torch.optim.AdamW)(model.parameters(), lr=1e-2,
+                                                           weight_decay=0.1)
+    outs = []
+    for _ in range(n):
+        x = torch.randn(6, 12, generator=gen).requires_grad_(True)
+        y = model(x)
+        y.backward(torch.randn(6, 8, generator=gen))
+        outs.append((y.detach().clone(), x.grad.clone()))
+        opt.step()
+        opt.zero_grad()
+    if offloaded:
+        opt.synchronize()
+    return outs, {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+def test_one_rank_streams_as_without_a_group(world):
+    a, b, ref = mlp(), mlp(), mlp()
+    ha = lt.offload(a, _backend=host_lwo.Backend(), process_group=world)
+    hb = lt.offload(b, _backend=host_lwo.Backend())
+    assert (ha.rank, ha.world_size, ha.comm_path) == (0, 1, "unique-id")
+    assert ha.comm is not None and not ha.comm.closed
+    assert hb.comm is None and hb.world_size == 1
+    # one rank: the pool is the pinned pool, not a sharded one
+    assert ha.pool.info().kind == hb.pool.info().kind == lwo.LWO_POOL_PINNED
+    outs_a, pa = adamw_steps(a)
+    outs_b, pb = adamw_steps(b)
+    outs_r, pr = adamw_steps(ref)
+    for (ya, ga), (yb, gb), (yr, gr) in zip(outs_a, outs_b, outs_r):
+        assert torch.equal(ya, yb) and torch.equal(ga, gb)  # the same, bit for bit
+        torch.testing.assert_close(ya, yr, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(ga, gr, rtol=2e-5, atol=2e-5)
+    for k in pr:
+        assert torch.equal(pa[k], pb[k]), k
+        torch.testing.assert_close(pa[k], pr[k], rtol=2e-5, atol=2e-5)
+    comm = ha.comm
+    ha.close()
+    hb.close()
+    assert comm.closed and ha.comm is None
+
+
+def test_split_needs_an_nccl_group(world):
+    with pytest.raises(RuntimeError, match="_comm_ptr"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=world, dist_comm="split")
+
+
+def test_the_split_path_on_the_host_backend(world):
+    # What offload does with a group's NCCL communicator, over the host
+    # backend's one-rank communicator standing in for PyTorch's.
+    be = host_lwo.Backend()
+    parent = be.engine.nccl_comm_create(lwo.nccl_get_unique_id(), 1, 0)
+    child = be.engine.nccl_comm_split(parent.handle, 0, 0)  # a raw address, as _comm_ptr gives
+    assert child.handle != parent.handle
+    parent.close()
+    child2 = be.engine.nccl_comm_split(child, 1, 0)
+    child2.close()
+    child.close()
+    with pytest.raises(lwo.ArgumentError, match="color -2"):
+        be.engine.nccl_comm_split(1234, -2, 0)  # refused before the pointer is looked at
+    with pytest.raises(lwo.Error, match="one-rank communicators"):
+        be.engine.nccl_comm_split(1234, 0, 0)   # not one of the host backend's
+
+
+def test_bad_arguments_are_refused(world, monkeypatch):
+    with pytest.raises(ValueError, match="dist_comm must be"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=world, dist_comm="x")
+    with pytest.raises(ValueError, match="goes with process_group"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), dist_comm="unique-id")
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    m = mlp()
+    with pytest.raises(NotImplementedError, match="2 ranks"):
+        lt.offload(m, _backend=host_lwo.Backend(), process_group=world)
+    assert lt.handle_of(m) is None and not lt.is_offloaded(m)  # nothing changed
+
+
+def test_a_group_needs_torch_distributed():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=object())
