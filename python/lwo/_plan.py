@@ -198,7 +198,9 @@ class Planner:
     # ----------------------------------------------------------------
     def next_is(self, record):
         """True if the plan's next access (in this step) is `record` again."""
-        plan = self.plan
+        # self.plan written out: a streamed module's forward asks this once
+        # per access, and the property would be one more call each time
+        plan = self._current if self.kind is not None else self.candidates[TRAIN][0]
         return self.pos < len(plan) and plan[self.pos] == record
 
     def upcoming(self, limit, exclude=None):

@@ -354,6 +354,14 @@ class _Backend:
                               weight_format=weight_format)
         return (d, ctypes.byref(d))
 
+    def raw_linear_forward(self):
+        """(the ctypes function, the engine handle) that linear_forward calls,
+        for a caller that makes the call itself (one Python call fewer per
+        layer); None where linear_forward is not this class's own."""
+        if getattr(self.linear_forward, "__func__", None) is not _Backend.linear_forward:
+            return None
+        return self._lin_fwd, self._eng
+
     def linear_forward(self, desc, tokens, x, w, b, y, stream):
         st = self._lin_fwd(self._eng, desc[1], tokens, x, w, b, y, stream)
         if st:
@@ -504,7 +512,8 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, s, anchor=None):
-        need_dw = s.needs_dw()
+        b = s.bias  # s.needs_dw() written out
+        need_dw = s.weight.requires_grad or (b is not None and b.requires_grad)
         if need_dw and s.quant:
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
@@ -730,6 +739,19 @@ class Offload:
     weights back into ordinary tensors."""
 
     _checkpoint = None     # offload(checkpoint=): where the weights come from
+
+    # The streamed linear's forward calls lwo_linear_forward itself
+    # (_lin_raw: the ctypes function and the engine) where the backend's
+    # linear_forward is its own; a linear_forward set on the handle
+    # (_lin_fwd) is called instead from then on.
+    @property
+    def _lin_fwd(self):
+        return self._lin_py
+
+    @_lin_fwd.setter
+    def _lin_fwd(self, fn):
+        self._lin_py = fn
+        self._lin_raw = None
     checkpoint_info = None  # offload(checkpoint=): what came from the checkpoint (a dict)
 
     def __init__(self):
@@ -759,6 +781,8 @@ class Offload:
         self._dev_index = device.index if device.type == "cuda" else -1
         self._cur_stream = backend.current_stream
         self._lin_fwd = backend.linear_forward
+        raw = getattr(backend, "raw_linear_forward", None)
+        self._lin_raw = raw() if raw is not None else None
 
         # Records: one per group key, in the order their first module comes.
         records, by_key = [], {}
@@ -1843,15 +1867,29 @@ class Offload:
             tokens = x.numel() // in_f
         if tokens == 0:
             return y
-        rec = self._enter(s, grad)
+        # _enter written out
+        rec = s.record
+        rec.n_accesses += 1
+        planner = self.planner
+        between = planner.kind is None
+        planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if between or planner.steps != self._steps_seen:
+            rec = self._new_step(s, grad)
         stream = self._cur_stream(self._dev_index)
         cal = self._cal
         if cal is not None:
             self._cal_start(rec, False)
         base = self._acquire(rec, stream)
         try:
-            self._lin_fwd(s.desc, tokens, x.data_ptr(), base + s.w_off,
-                          base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
+            raw = self._lin_raw
+            if raw is not None:
+                st = raw[0](raw[1], s.desc[1], tokens, x.data_ptr(), base + s.w_off,
+                            base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
+                if st:
+                    check(st)
+            else:
+                self._lin_fwd(s.desc, tokens, x.data_ptr(), base + s.w_off,
+                              base + s.b_off if s.has_bias else None, y.data_ptr(), stream)
         finally:
             # _after's common case inline: the record is held for its next access
             held = self._held
