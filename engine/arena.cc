@@ -48,6 +48,13 @@ PinnedArena::PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads)
   zero(bytes_, n_threads);
 }
 
+PinnedArena::PinnedArena(Engine& engine, size_t bytes, uint32_t n_threads, const char* what) {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  HostCharge c(engine, align_up(std::max<size_t>(bytes, 1), page), what);
+  *this = PinnedArena(engine.gpu(), bytes, n_threads);
+  charge_ = std::move(c);
+}
+
 PinnedArena& PinnedArena::operator=(PinnedArena&& o) noexcept {
   if (this != &o) {
     release();
@@ -55,6 +62,7 @@ PinnedArena& PinnedArena::operator=(PinnedArena&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     mmapped_ = o.mmapped_;
+    charge_ = std::move(o.charge_);
     o.data_ = nullptr;
     o.bytes_ = 0;
   }
@@ -72,6 +80,7 @@ void PinnedArena::release() noexcept {
     gpu_->host_free_pinned(data_);
   }
   data_ = nullptr;
+  charge_.reset();
 }
 
 void PinnedArena::zero(size_t n, uint32_t n_threads) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend.h"
+#include "engine.h"
 
 namespace lwo {
 
@@ -17,6 +18,9 @@ class PinnedArena {
   PinnedArena() = default;
   // Throws LWO_ERR_OUT_OF_MEMORY.
   PinnedArena(Backend& gpu, size_t bytes, uint32_t n_threads);
+  // The same, charging the page-rounded bytes to the engine's host budget
+  // first (LWO_ERR_OVER_BUDGET naming `what`); uncharged when freed.
+  PinnedArena(Engine& engine, size_t bytes, uint32_t n_threads, const char* what);
   ~PinnedArena();
   PinnedArena(PinnedArena&& o) noexcept { *this = static_cast<PinnedArena&&>(o); }
   PinnedArena& operator=(PinnedArena&& o) noexcept;
@@ -34,6 +38,7 @@ class PinnedArena {
   uint8_t* data_ = nullptr;
   size_t bytes_ = 0;
   bool mmapped_ = false;
+  HostCharge charge_;
 };
 
 }  // namespace lwo

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <string>
 
+#include <sys/resource.h>
+#include <cstdio>
+
 #include "src/common/error.h"
 #include "src/compute/compute.h"
 
@@ -180,6 +183,104 @@ void Engine::memory_use(uint64_t* by_use, uint64_t* total) const {
     t += used_[i];
   }
   if (total) *total = t;
+}
+
+// ---- host memory budget ----
+
+void Engine::set_host_limit(uint64_t limit) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  host_limit_ = limit;
+}
+
+uint64_t Engine::host_limit() const {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  return host_limit_;
+}
+
+uint64_t Engine::host_charged() const {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  return host_used_;
+}
+
+bool Engine::try_charge_host(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  if (host_limit_ && bytes > host_limit_ - std::min(host_used_, host_limit_)) return false;
+  host_used_ += bytes;
+  return true;
+}
+
+void Engine::charge_host(uint64_t bytes, const char* what) {
+  if (try_charge_host(bytes)) return;
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  fail(LWO_ERR_OVER_BUDGET,
+       "%s: %llu bytes of host memory asked, %llu bytes charged, host limit %llu bytes",
+       what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(host_used_),
+       static_cast<unsigned long long>(host_limit_));
+}
+
+void Engine::uncharge_host(uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  host_used_ -= std::min(host_used_, bytes);
+}
+
+namespace {
+// The first number after `key` in file `path`, or false.
+bool read_number(const std::string& path, const char* key, uint64_t* v, int base = 10) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return false;
+  char buf[4096];
+  bool ok = false;
+  size_t klen = key ? std::strlen(key) : 0;
+  while (std::fgets(buf, sizeof buf, f)) {
+    if (key && std::strncmp(buf, key, klen) != 0) continue;
+    char* end = nullptr;
+    const char* p = buf + klen;
+    while (*p == ' ' || *p == '\t') ++p;
+    unsigned long long x = std::strtoull(p, &end, base);
+    if (end != p) {
+      *v = x;
+      ok = true;
+    }
+    break;
+  }
+  std::fclose(f);
+  return ok;
+}
+uint64_t less_margin(uint64_t x) {
+  uint64_t m = std::max<uint64_t>(x / 8, uint64_t(256) << 20);
+  return x - std::min(m, x / 2);
+}
+}  // namespace
+
+uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root, uint64_t memlock) {
+  const std::string proc = proc_root, cg = cgroup_root;
+  uint64_t limit = 0;
+  auto take = [&](uint64_t v) { limit = limit ? std::min(limit, v) : v; };
+  uint64_t v = 0;
+  // cgroup v2 ("max" reads as no number) and v1 (a huge number: no limit).
+  if (read_number(cg + "/memory.max", nullptr, &v)) take(less_margin(v));
+  if (read_number(cg + "/memory/memory.limit_in_bytes", nullptr, &v) && v < (uint64_t(1) << 60))
+    take(less_margin(v));
+  if (read_number(proc + "/meminfo", "MemAvailable:", &v)) take(less_margin(v * 1024));
+  if (memlock != UINT64_MAX && memlock != static_cast<uint64_t>(RLIM_INFINITY)) {
+    uint64_t caps = 0;
+    bool ipc_lock = read_number(proc + "/self/status", "CapEff:", &caps, 16) && (caps >> 14 & 1);
+    if (!ipc_lock) take(memlock);
+  }
+  return limit;
+}
+
+uint64_t default_host_limit() {
+  const char* root = std::getenv("LWO_TEST_HOST_ROOT");
+  std::string proc = "/proc", cg = "/sys/fs/cgroup";
+  if (root && root[0]) {
+    proc = std::string(root) + "/proc";
+    cg = std::string(root) + "/sys/fs/cgroup";
+  }
+  struct rlimit rl {};
+  uint64_t memlock = UINT64_MAX;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) memlock = rl.rlim_cur;
+  return derive_host_limit(proc.c_str(), cg.c_str(), memlock);
 }
 
 void Engine::synchronize() {

@@ -120,6 +120,21 @@ class Engine {
   // Bytes held now, by use (kMemUses entries), and in all.
   void memory_use(uint64_t* by_use, uint64_t* total) const;
 
+  // ---- host memory budget ----
+  // Every host buffer lwo pins, registers or allocates for its objects (pool
+  // arenas and registered regions, staging buffers, host gradients, the
+  // host optimizer's masters and state) is charged here before it is made
+  // and uncharged when freed. `limit` 0: no limit.
+  void set_host_limit(uint64_t limit);
+  uint64_t host_limit() const;
+  uint64_t host_charged() const;
+  // Charges `bytes` or throws LWO_ERR_OVER_BUDGET naming `what`, the bytes
+  // asked, the bytes charged and the limit, charging nothing.
+  void charge_host(uint64_t bytes, const char* what);
+  // As charge_host, but answers false instead of throwing.
+  bool try_charge_host(uint64_t bytes);
+  void uncharge_host(uint64_t bytes) noexcept;
+
   // Throws LWO_ERR_BUSY while pools of the engine exist.
   void check_destroyable() const;
   std::atomic<int> n_pools{0};  // live pools of the engine (they count themselves)
@@ -143,6 +158,8 @@ class Engine {
   mutable std::mutex budget_mu_;
   uint64_t budget_ = 0;             // 0: no limit
   uint64_t used_[kMemUses] = {};
+  uint64_t host_limit_ = 0;         // 0: no limit
+  uint64_t host_used_ = 0;
   struct CommCheck {
     int n_ranks = 1, rank = 0;
     uint64_t seq = 0;       // collective steps checked so far on this communicator
@@ -186,6 +203,59 @@ class Charge {
   MemUse use_ = MemUse::Other;
   uint64_t bytes_ = 0;
 };
+
+// One charge of the host budget, uncharged when destroyed (movable).
+class HostCharge {
+ public:
+  HostCharge() = default;
+  HostCharge(Engine& e, uint64_t bytes, const char* what) : e_(&e), bytes_(bytes) {
+    e.charge_host(bytes, what);
+  }
+  ~HostCharge() { reset(); }
+  HostCharge(HostCharge&& o) noexcept { *this = static_cast<HostCharge&&>(o); }
+  HostCharge& operator=(HostCharge&& o) noexcept {
+    if (this != &o) {
+      reset();
+      e_ = o.e_;
+      bytes_ = o.bytes_;
+      o.e_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  HostCharge(const HostCharge&) = delete;
+  HostCharge& operator=(const HostCharge&) = delete;
+  // Takes over a charge made with try_charge_host.
+  static HostCharge adopt(Engine& e, uint64_t bytes) {
+    HostCharge c;
+    c.e_ = &e;
+    c.bytes_ = bytes;
+    return c;
+  }
+  void reset() noexcept {
+    if (e_ && bytes_) e_->uncharge_host(bytes_);
+    e_ = nullptr;
+    bytes_ = 0;
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Engine* e_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// The host limit an engine takes by default: the smallest of the cgroup's
+// memory limit (v2 memory.max, v1 memory.limit_in_bytes), /proc/meminfo's
+// MemAvailable, each less a margin (an eighth of it, at least 256 MiB, at
+// most half), and RLIMIT_MEMLOCK where it is finite and the process lacks
+// CAP_IPC_LOCK (/proc/self/status CapEff). 0 when nothing is known.
+// `proc_root` and `cgroup_root` are "/proc" and "/sys/fs/cgroup" but in
+// tests; `memlock` is the soft RLIMIT_MEMLOCK (RLIM_INFINITY: none).
+uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root, uint64_t memlock);
+// derive_host_limit for this process: the real paths, or those under the
+// test-only environment variable LWO_TEST_HOST_ROOT (ROOT/proc,
+// ROOT/sys/fs/cgroup), and the process's RLIMIT_MEMLOCK.
+uint64_t default_host_limit();
 
 // Makes the engine's device current for the scope and restores the caller's.
 class DeviceScope {

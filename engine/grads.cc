@@ -35,8 +35,8 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
   if (!any || max_wire_ == 0)
     fail(LWO_ERR_INVALID_ARGUMENT, "no trainable layer has any gradient bytes");
   DeviceScope scope(engine_);
-  host_ = PinnedArena(engine_.gpu(), std::max<uint64_t>(host_total, LWO_RECORD_ALIGN),
-                      n_threads_);
+  host_ = PinnedArena(engine_, std::max<uint64_t>(host_total, LWO_RECORD_ALIGN), n_threads_,
+                      "host gradient buffers");
   if (checking_)  // every layer waits for its first gradient, as after a zero
     for (Layer& g : layers_)
       if (g.trainable) {
@@ -182,7 +182,7 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     gpu.event_record(s.free, d2h);
   } else {
     if (staging_.size() < slots_.size()) {
-      staging_.emplace_back(gpu, max_wire_, 1);  // small, made once on first use
+      staging_.emplace_back(engine_, max_wire_, 1, "gradient staging buffer");  // small, made once on first use
       std::lock_guard<std::mutex> lock(q_mu_);
       staging_busy_.push_back(0);
     }

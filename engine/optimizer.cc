@@ -49,6 +49,7 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
   const int sets = cfg_.clipping ? 2 : 1;
   const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
   layers_.resize(pool_.n_layers());
+  uint64_t charged = 0;  // on the engine's host budget
   try {
     for (uint32_t li = 0; li < pool_.n_layers(); ++li) {
       Layer& l = layers_[li];
@@ -73,6 +74,8 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
         l.tensors.push_back(t);
       }
       if (bytes) {
+        pool_.engine().charge_host(bytes, strf("layer %u: optimizer state", li).c_str());
+        charged += bytes;
         // No page exists until a worker first touches it.
         void* p = optim::map_state(bytes, strf("layer %u: optimizer state", li).c_str());
         l.block = p;
@@ -104,8 +107,10 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
   } catch (...) {
     for (Layer& l : layers_)
       optim::unmap_state(l.block, l.block_bytes);
+    pool_.engine().uncharge_host(charged);
     throw;
   }
+  state_charge_ = HostCharge::adopt(pool_.engine(), charged);
   grads_.attach(this);  // throws LWO_ERR_BUSY if the set has an optimizer
   pool_.writer.store(this);
   dispatcher_ = pool_.engine().threads().start([this] { dispatch(); });

@@ -145,6 +145,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   optim::Workers workers_;
   std::vector<Layer> layers_;
   uint64_t n_params_ = 0, state_bytes_ = 0;
+  HostCharge state_charge_;  // state_bytes_ on the engine's host budget
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -51,7 +51,7 @@ std::unique_ptr<Pool> Pool::create_pinned(Engine& engine, const lwo_layer_desc* 
   std::unique_ptr<Pool> pool(new Pool(engine, LWO_POOL_PINNED));
   pool->build_layouts(layers, n_layers, false);
   DeviceScope scope(engine);
-  pool->arena_ = PinnedArena(engine.gpu(), pool->total_bytes_, n_threads);
+  pool->arena_ = PinnedArena(engine, pool->total_bytes_, n_threads, "pinned pool arena");
   uint64_t off = 0;
   for (auto& l : pool->layers_) {
     l.host = pool->arena_.data() + off;
@@ -132,7 +132,7 @@ std::unique_ptr<Pool> Pool::create_sharded(Engine& engine, const lwo_layer_desc*
   }
   pool->total_bytes_ = total;
   pool->max_record_ = max_slot;
-  pool->arena_ = PinnedArena(gpu, total, n_threads);
+  pool->arena_ = PinnedArena(engine, total, n_threads, "sharded pool arena");
   uint64_t off = 0;
   for (Layer& l : pool->layers_) {
     l.host = pool->arena_.data() + off;
@@ -203,6 +203,9 @@ std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_de
       l.host = const_cast<uint8_t*>(l.runs[0].src);
   }
   DeviceScope scope(engine);
+  uint64_t reg_bytes = 0;
+  for (const Region& r : rs) reg_bytes += r.bytes;
+  HostCharge charge(engine, reg_bytes, "registered pool memory");
   try {
     for (Region& r : rs) r.we_registered = engine.gpu().host_register(r.data, r.bytes, true);
   } catch (const Error& e) {
@@ -211,6 +214,7 @@ std::unique_ptr<Pool> Pool::create_registered(Engine& engine, const lwo_layer_de
     throw;
   }
   pool->regions_ = std::move(rs);
+  pool->regions_charge_ = std::move(charge);
   pool->finish_layers();
   pool->source_ = std::make_unique<DirectSource>(engine, nullptr);
   return pool;
@@ -319,7 +323,13 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
   if (pool->max_record_ == 0)
     fail(LWO_ERR_INVALID_ARGUMENT, "'%s': every layer is empty", ckpt->path().c_str());
   DeviceScope scope(engine);
+  uint64_t file_bytes = 0;
+  for (const Checkpoint::File& f : ckpt->files()) file_bytes += f.size;
+  // Registered whole or not at all: files that would pass the host budget
+  // are staged through bounded buffers instead, as refused ones are.
+  if (!staged && !engine.try_charge_host(file_bytes)) staged = true;
   if (!staged) {
+    pool->regions_charge_ = HostCharge::adopt(engine, file_bytes);
     // Register every mapped file for DMA, read-only, in place. Refused: stage.
     try {
       for (const Checkpoint::File& f : ckpt->files())
@@ -332,6 +342,7 @@ std::unique_ptr<Pool> Pool::create_from_checkpoint(Engine& engine,
       for (Region& r : pool->regions_)
         if (r.we_registered) engine.gpu().host_unregister(r.data);
       pool->regions_.clear();
+      pool->regions_charge_.reset();
       staged = true;
     }
   }

@@ -130,6 +130,7 @@ class Pool {
   uint64_t max_record_ = 0;
   PinnedArena arena_;            // pinned and sharded pools
   std::vector<Region> regions_;  // registered caller memory or checkpoint files
+  HostCharge regions_charge_;    // their bytes, on the engine's host budget
   std::shared_ptr<Checkpoint> ckpt_;
   void* communicator_ = nullptr;
   int rank_ = 0, n_ranks_ = 1;

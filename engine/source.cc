@@ -93,7 +93,7 @@ void StagedSource::attach(uint64_t slot_bytes) {
   StreamH fs = nullptr;
   try {
     for (Staging& s : st) {
-      s.buf = PinnedArena(gpu, slot_bytes, 0);
+      s.buf = PinnedArena(engine_, slot_bytes, 0, "checkpoint staging buffer");
       s.ready = gpu.event_create(false);
       s.free = gpu.event_create(false);
     }

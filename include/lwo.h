@@ -201,7 +201,9 @@ typedef enum lwo_status_t {
   /* Since 0.4.0: the engine's device memory budget (lwo_engine_config
    * budget_bytes / budget_share) has too little left for what the call would
    * allocate; the message says how many bytes it needs and how many are
-   * left. Nothing was allocated. */
+   * left. Nothing was allocated. Since 0.6.0 also the host memory limit
+   * (host_limit_bytes): the message says "host memory", the bytes asked,
+   * the bytes charged and the limit. */
   LWO_ERR_OVER_BUDGET = 302,
 
   /* -- device (4xx) -- */
@@ -389,7 +391,26 @@ typedef struct lwo_engine_config {
   uint64_t budget_bytes;
   double budget_share;
   uint64_t budget_headroom;
+  /* Since 0.6.0: the host memory limit. Every host buffer lwo pins,
+   * registers or allocates for its objects counts: pinned and registered
+   * pool bytes (a pinned arena rounded up to whole pages), checkpoint files
+   * registered in place, staging buffers, host gradient buffers and the
+   * host optimizer's masters and state. A call that would go past it fails
+   * with LWO_ERR_OVER_BUDGET naming the call, the bytes asked, the bytes
+   * charged and the limit; nothing is allocated and every object stays
+   * usable. A checkpoint whose files would pass it is staged through
+   * bounded buffers instead of registered (LWO_POOL_CHECKPOINT_STAGED).
+   * 0 (the default): derived at creation as the smallest of the cgroup's
+   * memory limit (v2 memory.max, v1 memory.limit_in_bytes) and
+   * /proc/meminfo's MemAvailable, each less a margin of an eighth (at least
+   * 256 MiB, at most half), and RLIMIT_MEMLOCK when it is finite and the
+   * process lacks CAP_IPC_LOCK; no limit when none of these is known.
+   * LWO_HOST_LIMIT_NONE: no limit. lwo_engine_set_host_limit changes it,
+   * lwo_engine_host_usage reports it. */
+  uint64_t host_limit_bytes;
 } lwo_engine_config;
+
+#define LWO_HOST_LIMIT_NONE UINT64_MAX
 
 /* Debug mode for sharded pools: before every collective step (each stage of
  * a ring of a sharded pool, hits included, and each lwo_grads_end of its
@@ -440,7 +461,7 @@ typedef struct lwo_engine_config {
 #define LWO_ENGINE_CHECKING 0x4u
 #define LWO_CHECKING_BYTE 0xFFu
 
-#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u, 0u, 0.0, 0u}
+#define LWO_ENGINE_CONFIG_INIT {sizeof(lwo_engine_config), 0, 0u, 0u, 0.0, 0u, 0u}
 LWO_API void lwo_engine_config_init(lwo_engine_config* config);
 
 /* Creates an engine on one CUDA device, with its own non-blocking transfer
@@ -465,6 +486,18 @@ LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device
  * than the new limit (the budget is then unchanged). */
 LWO_API lwo_status_t lwo_engine_set_budget(lwo_engine* engine, uint64_t budget_bytes,
                                            double budget_share, uint64_t budget_headroom);
+
+/* Since 0.6.0: sets the engine's host memory limit as lwo_engine_config's
+ * host_limit_bytes does (0: derive it again now; LWO_HOST_LIMIT_NONE: none).
+ * LWO_ERR_OVER_BUDGET when lwo already holds more host memory than the new
+ * limit (the limit is then unchanged). Any thread. */
+LWO_API lwo_status_t lwo_engine_set_host_limit(lwo_engine* engine, uint64_t host_limit_bytes);
+
+/* Since 0.6.0: the engine's host memory limit (0: none) and the host bytes
+ * its objects hold now, as the limit counts them. Either pointer may be
+ * NULL. Any thread. */
+LWO_API lwo_status_t lwo_engine_host_usage(const lwo_engine* engine, uint64_t* limit_bytes,
+                                           uint64_t* charged_bytes);
 
 /* What the engine's objects hold on the device now. Since 0.4.0. */
 typedef struct lwo_engine_memory {

@@ -8,6 +8,12 @@ using lwo::fail;
 
 namespace {
 
+// The engine's host limit for a host_limit_bytes value (0: none).
+uint64_t host_limit_of(uint64_t v) {
+  if (v == LWO_HOST_LIMIT_NONE) return 0;
+  return v ? v : lwo::default_host_limit();
+}
+
 lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend, int device,
                          const lwo_engine_config& cfg, lwo_engine** engine) {
   return guard(call, [&] {
@@ -18,6 +24,7 @@ lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend
     if (cfg.flags & LWO_ENGINE_CHECKING) h->impl->set_checking(true);
     if (cfg.budget_bytes || cfg.budget_share != 0.0 || cfg.budget_headroom)
       h->impl->set_budget(cfg.budget_bytes, cfg.budget_share, cfg.budget_headroom);
+    h->impl->set_host_limit(host_limit_of(cfg.host_limit_bytes));
     *engine = publish(std::move(h));
   });
 }
@@ -70,6 +77,29 @@ LWO_API lwo_status_t lwo_engine_device(const lwo_engine* engine, int32_t* device
     lwo_engine* e = check_handle(engine);
     need(device, "device");
     *device = e->impl->device();
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_set_host_limit(lwo_engine* engine, uint64_t host_limit_bytes) {
+  return guard("lwo_engine_set_host_limit", [&] {
+    lwo_engine* e = check_handle(engine);
+    uint64_t limit = host_limit_of(host_limit_bytes);
+    uint64_t charged = e->impl->host_charged();
+    if (limit && charged > limit)
+      fail(LWO_ERR_OVER_BUDGET,
+           "engine on device %d: a host limit of %llu bytes is below the %llu bytes of host "
+           "memory already charged", e->impl->device(), static_cast<unsigned long long>(limit),
+           static_cast<unsigned long long>(charged));
+    e->impl->set_host_limit(limit);
+  });
+}
+
+LWO_API lwo_status_t lwo_engine_host_usage(const lwo_engine* engine, uint64_t* limit_bytes,
+                                           uint64_t* charged_bytes) {
+  return guard("lwo_engine_host_usage", [&] {
+    const lwo_engine* e = check_handle(engine);
+    if (limit_bytes) *limit_bytes = e->impl->host_limit();
+    if (charged_bytes) *charged_bytes = e->impl->host_charged();
   });
 }
 

@@ -19,7 +19,7 @@ from ._capi import *  # noqa: E402,F401,F403  (the constants: LWO_OK, LWO_DTYPE_
 from ._capi import LibraryNotFound, VersionMismatch  # noqa: E402,F401
 from ._errors import (  # noqa: E402,F401
     ArgumentError, CollectiveError, DeviceError, Error, FormatError, InternalError,
-    ResourceError, StateError, check, error_class, last_error_message, status_string,
+    OverBudgetError, ResourceError, StateError, check, error_class, last_error_message, status_string,
 )
 from ._core import (  # noqa: E402,F401
     Checkpoint, CheckpointFile, CheckpointTensor, Engine, GradTensor, Grads, GradsStats, HostMemory,

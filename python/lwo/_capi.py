@@ -127,6 +127,7 @@ LWO_ENGINE_CHECK_COLLECTIVES = 0x1
 LWO_ENGINE_HEURISTIC_GEMM = 0x2  # since 0.3.0
 LWO_ENGINE_CHECKING = 0x4
 LWO_CHECKING_BYTE = 0xFF
+LWO_HOST_LIMIT_NONE = 0xFFFFFFFFFFFFFFFF  # since 0.6.0
 
 # lwo_pool_kind_t (since 0.2.0)
 LWO_POOL_PINNED = 0
@@ -268,6 +269,7 @@ class lwo_engine_config(_Struct):
         ("budget_bytes", _u64),
         ("budget_share", ctypes.c_double),
         ("budget_headroom", _u64),
+        ("host_limit_bytes", _u64),  # since 0.6.0
     ]
 
 
@@ -671,6 +673,8 @@ FUNCTIONS = {
     # since 0.4.0: the device memory budget
     "lwo_engine_set_budget": (_S, [lwo_engine_p, _u64, ctypes.c_double, _u64]),
     "lwo_engine_get_memory": (_S, [lwo_engine_p, _P(lwo_engine_memory)]),
+    "lwo_engine_set_host_limit": (_S, [lwo_engine_p, _u64]),  # since 0.6.0
+    "lwo_engine_host_usage": (_S, [lwo_engine_p, _P(_u64), _P(_u64)]),
     "lwo_engine_transfer_stream": (_S, [lwo_engine_p, _P(lwo_stream_t)]),
     "lwo_engine_check": (_S, [lwo_engine_p]),
     "lwo_engine_synchronize": (_S, [lwo_engine_p]),

@@ -746,7 +746,7 @@ class Engine(_Handle):
     _destroy = "lwo_engine_destroy"
 
     def __init__(self, device=0, check_collectives=False, flags=0, budget_bytes=0,
-                 budget_share=0.0, budget_headroom=0, checking=False):
+                 budget_share=0.0, budget_headroom=0, checking=False, host_limit_bytes=0):
         cfg = C.lwo_engine_config()
         _lib.lwo_engine_config_init(cfg)
         cfg.device = _fit(device, 32, True, "device")
@@ -756,12 +756,26 @@ class Engine(_Handle):
         cfg.budget_bytes = int(budget_bytes)  # since 0.4.0: the device memory budget
         cfg.budget_share = float(budget_share)
         cfg.budget_headroom = int(budget_headroom)
+        # since 0.6.0: the host memory limit (0: derived; LWO_HOST_LIMIT_NONE: none)
+        cfg.host_limit_bytes = _fit(host_limit_bytes, 64, False, "host_limit_bytes")
         self._handle = _new_handle(_lib.lwo_engine_create, _byref(cfg))
 
     # since 0.4.0: the device memory budget
     def set_budget(self, budget_bytes=0, budget_share=0.0, budget_headroom=0):
         check(_lib.lwo_engine_set_budget(self._h(), int(budget_bytes), float(budget_share),
                                          int(budget_headroom)))
+
+    # since 0.6.0: the host memory limit
+    def set_host_limit(self, host_limit_bytes=0):
+        """lwo_engine_set_host_limit (0: derive it again; LWO_HOST_LIMIT_NONE: none)."""
+        check(_lib.lwo_engine_set_host_limit(self._h(), _fit(host_limit_bytes, 64, False,
+                                                               "host_limit_bytes")))
+
+    def host_usage(self):
+        """lwo_engine_host_usage as (limit_bytes, charged_bytes); limit 0: none."""
+        limit, charged = ctypes.c_uint64(), ctypes.c_uint64()
+        check(_lib.lwo_engine_host_usage(self._h(), _byref(limit), _byref(charged)))
+        return limit.value, charged.value
 
     def memory(self):
         """lwo_engine_get_memory as a dict (budget, used, left, by use, device free/total)."""

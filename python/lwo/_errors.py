@@ -41,6 +41,11 @@ class ResourceError(Error, OSError):
         return Error.__str__(self)
 
 
+class OverBudgetError(ResourceError, MemoryError):
+    """LWO_ERR_OVER_BUDGET: the engine's device budget or host memory limit
+    has too little left; the message names the call and the bytes."""
+
+
 class DeviceError(Error):
     """4xx: no device, or CUDA / cuBLAS / cuDNN / NCCL failed."""
     status_class = _capi.LWO_STATUS_CLASS_DEVICE
@@ -68,8 +73,13 @@ _BY_CLASS = {
 }
 
 
+_BY_STATUS = {_capi.LWO_ERR_OVER_BUDGET: OverBudgetError}
+
+
 def error_class(status):
     """The exception class for a failing status (Error for an unknown class)."""
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
     return _BY_CLASS.get(_capi.LWO_STATUS_CLASS(status), Error)
 
 

@@ -71,7 +71,10 @@ def _c_program():
             lines.append('  printf("F %s %s %%zu %%zu\\n", offsetof(%s, %s), sizeof(((%s*)0)->%s));'
                          % (s, f, s, f, s, f))
     for c in header_constants():
-        lines.append('  printf("C %s %%lld\\n", (long long)(%s));' % (c, c))
+        # Signed and unsigned 64-bit values alike (LWO_HOST_LIMIT_NONE is UINT64_MAX).
+        lines.append('  printf("C %s %%s%%llu\\n", (%s) < 0 ? "-" : "", (%s) < 0 ? '
+                     '0ull - (unsigned long long)(%s) : (unsigned long long)(%s));'
+                     % (c, c, c, c, c))
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 

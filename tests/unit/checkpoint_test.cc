@@ -142,6 +142,42 @@ TEST_F(CheckpointTest, StagedPathPacksThroughPinnedBuffers) {
   ASSERT_LWO(lwo_checkpoint_destroy(ck));
 }
 
+// A checkpoint whose files would pass the engine's host limit is staged
+// (the staging buffers charged instead), not registered, and streams.
+TEST_F(CheckpointTest, FilesPastTheHostLimitAreStaged) {
+  const uint32_t L = 4;
+  auto ts = model(L, 21);
+  lwo_checkpoint* ck = nullptr;
+  ASSERT_NO_FATAL_FAILURE(open_model(ts, &ck));
+  lwo_checkpoint_pool_config cfg = LWO_CHECKPOINT_POOL_CONFIG_INIT;
+  cfg.pattern = "blocks.{i}.";
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  lwo_pool_info pi{};
+  pi.size = sizeof pi;
+  ASSERT_LWO(lwo_pool_get_info(pool, &pi));
+  EXPECT_EQ(pi.kind, LWO_POOL_CHECKPOINT_MAPPED);
+  uint64_t files = 0, charged = 0;
+  ASSERT_LWO(lwo_engine_host_usage(engine, nullptr, &files));
+  EXPECT_GT(files, 0u);  // the mapped files, registered in place, are charged
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_engine_host_usage(engine, nullptr, &charged));
+  EXPECT_EQ(charged, 0u);
+  ASSERT_LWO(lwo_engine_set_host_limit(engine, files - 1));
+  ASSERT_LWO(lwo_pool_create_from_checkpoint(engine, ck, &cfg, &pool));
+  ASSERT_LWO(lwo_pool_get_info(pool, &pi));
+  EXPECT_EQ(pi.kind, LWO_POOL_CHECKPOINT_STAGED);
+  ASSERT_LWO(lwo_engine_host_usage(engine, nullptr, &charged));
+  EXPECT_EQ(charged, 0u);  // nothing registered
+  // This small model's two staging buffers (whole pages) pass that limit: lift it.
+  ASSERT_LWO(lwo_engine_set_host_limit(engine, LWO_HOST_LIMIT_NONE));
+  stream_and_check(pool, ts, L);
+  ASSERT_LWO(lwo_engine_host_usage(engine, nullptr, &charged));
+  EXPECT_GT(charged, 0u);  // the staging buffers
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_checkpoint_destroy(ck));
+}
+
 TEST_F(CheckpointTest, ExplicitNamesAndShardedIndex) {
   // Two shards and an index; layers by explicit names, bias first.
   auto ts = model(4, 30);
