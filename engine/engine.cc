@@ -6,7 +6,6 @@
 #include <cstring>
 #include <string>
 
-#include <sys/resource.h>
 #include <cstdio>
 
 #include "src/common/error.h"
@@ -252,7 +251,7 @@ uint64_t less_margin(uint64_t x) {
 }
 }  // namespace
 
-uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root, uint64_t memlock) {
+uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root) {
   const std::string proc = proc_root, cg = cgroup_root;
   uint64_t limit = 0;
   auto take = [&](uint64_t v) { limit = limit ? std::min(limit, v) : v; };
@@ -262,11 +261,9 @@ uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root, uint6
   if (read_number(cg + "/memory/memory.limit_in_bytes", nullptr, &v) && v < (uint64_t(1) << 60))
     take(less_margin(v));
   if (read_number(proc + "/meminfo", "MemAvailable:", &v)) take(less_margin(v * 1024));
-  if (memlock != UINT64_MAX && memlock != static_cast<uint64_t>(RLIM_INFINITY)) {
-    uint64_t caps = 0;
-    bool ipc_lock = read_number(proc + "/self/status", "CapEff:", &caps, 16) && (caps >> 14 & 1);
-    if (!ipc_lock) take(memlock);
-  }
+  // RLIMIT_MEMLOCK is not a term: CUDA's pinning (cudaHostAlloc,
+  // cudaHostRegister) is not charged against it, so a default limit of a
+  // few MiB would refuse pools the system gives.
   return limit;
 }
 
@@ -277,10 +274,7 @@ uint64_t default_host_limit() {
     proc = std::string(root) + "/proc";
     cg = std::string(root) + "/sys/fs/cgroup";
   }
-  struct rlimit rl {};
-  uint64_t memlock = UINT64_MAX;
-  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) memlock = rl.rlim_cur;
-  return derive_host_limit(proc.c_str(), cg.c_str(), memlock);
+  return derive_host_limit(proc.c_str(), cg.c_str());
 }
 
 void Engine::synchronize() {

@@ -247,14 +247,14 @@ class HostCharge {
 // The host limit an engine takes by default: the smallest of the cgroup's
 // memory limit (v2 memory.max, v1 memory.limit_in_bytes), /proc/meminfo's
 // MemAvailable, each less a margin (an eighth of it, at least 256 MiB, at
-// most half), and RLIMIT_MEMLOCK where it is finite and the process lacks
-// CAP_IPC_LOCK (/proc/self/status CapEff). 0 when nothing is known.
+// most half). 0 when nothing is known. RLIMIT_MEMLOCK is not a term: CUDA's
+// pinned and registered memory is not charged against it.
 // `proc_root` and `cgroup_root` are "/proc" and "/sys/fs/cgroup" but in
-// tests; `memlock` is the soft RLIMIT_MEMLOCK (RLIM_INFINITY: none).
-uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root, uint64_t memlock);
+// tests.
+uint64_t derive_host_limit(const char* proc_root, const char* cgroup_root);
 // derive_host_limit for this process: the real paths, or those under the
 // test-only environment variable LWO_TEST_HOST_ROOT (ROOT/proc,
-// ROOT/sys/fs/cgroup), and the process's RLIMIT_MEMLOCK.
+// ROOT/sys/fs/cgroup).
 uint64_t default_host_limit();
 
 // Makes the engine's device current for the scope and restores the caller's.

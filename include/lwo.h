@@ -403,8 +403,8 @@ typedef struct lwo_engine_config {
    * 0 (the default): derived at creation as the smallest of the cgroup's
    * memory limit (v2 memory.max, v1 memory.limit_in_bytes) and
    * /proc/meminfo's MemAvailable, each less a margin of an eighth (at least
-   * 256 MiB, at most half), and RLIMIT_MEMLOCK when it is finite and the
-   * process lacks CAP_IPC_LOCK; no limit when none of these is known.
+   * 256 MiB, at most half); no limit when neither is known (RLIMIT_MEMLOCK
+   * is not a term: CUDA's pinned memory is not charged against it).
    * LWO_HOST_LIMIT_NONE: no limit. lwo_engine_set_host_limit changes it,
    * lwo_engine_host_usage reports it. */
   uint64_t host_limit_bytes;
