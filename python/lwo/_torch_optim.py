@@ -107,7 +107,7 @@ class _Binding:
             return self.saved.get(p)
         opt = self.opt_ref()
         layer, name = self.keys[p]
-        n = p.numel()
+        _first, n = self.handle._shard_of(layer, name)  # (a sharded pool: this rank's part)
         out = {"master": torch.empty(n, dtype=torch.float32)}
         sdt = torch.bfloat16 if opt._state_dtype == "bf16" else torch.float32
         for _key, which in _STATE_KEYS[opt._kind]:
@@ -141,7 +141,9 @@ class _Binding:
             if not done:
                 self.lwo.wait()
                 done = True
-            self.lwo.write(key[0], key[1], "master", q.detach().reshape(-1).float())
+            first, n = self.handle._shard_of(*key)
+            self.lwo.write(key[0], key[1], "master",
+                           q.detach().reshape(-1)[first:first + n].float())
 
     # -- steps ------------------------------------------------------------
     def owns_all(self):
