@@ -2471,8 +2471,9 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              the results are those without a group, bit for bit, where the
              gradients are f32 (a bf16 or f16 model's gradients travel in
              f32 here, in their own dtype without a group). Not with
-             checkpoint= or quant= (NotImplementedError); no record is kept
-             resident. More than one rank is NotImplementedError until a
+             checkpoint= or quant= (NotImplementedError); no plan (plan=
+             is ignored: the library's planner does not plan sharded pools),
+             no record kept resident. More than one rank is NotImplementedError until a
              two-GPU machine has run scripts/torch-dist-check with 2 ranks
              (docs/PYTHON.md).
     dist_comm: None (the default: "split" where the group's NCCL
@@ -2608,10 +2609,11 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
     if source is not None:
         source.info["seconds"] = time.perf_counter() - t_start
         handle.checkpoint_info = source.info
-    # (With more than one rank the plan would have each rank choose from its
-    # own measured times, and its records, made collectively, must agree: it
-    # is off there until the ranks share one plan.)
-    if plan and hasattr(backend, "plan") and (dist is None or dist[1] == 1):
+    # No plan with a group: the library's planner does not plan a sharded pool
+    # (lwo_plan_create: LWO_ERR_UNSUPPORTED), and with several ranks each
+    # would choose from its own measured times, while the records, made
+    # collectively, must agree.
+    if plan and hasattr(backend, "plan") and dist is None:
         handle._setup_plan(budget, depth, group is None)
     return handle
 
