@@ -155,6 +155,17 @@ def test_a_bf16_model_sends_f32_gradients_through_the_sharded_sink(world):
         assert p.dtype == p.grad.dtype == p.grad_dtype == torch.bfloat16
 
 
+def test_an_empty_batch_zeroes_the_whole_f32_gradient_slot(world):
+    # The slot of a bf16 weight is f32 here: an empty batch's zeros must
+    # cover all of it (the host backend's slots are 0xff, NaN, when begun).
+    a = nn.Linear(16, 8).to(torch.bfloat16)
+    h = lt.offload(a, _backend=host_lwo.Backend(), process_group=world)
+    a(torch.randn(0, 16).to(torch.bfloat16).requires_grad_(True)).sum().backward()
+    for p in a.parameters():
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, torch.zeros_like(p.grad))
+    h.close()
+
+
 def test_split_needs_an_nccl_group(world):
     with pytest.raises(RuntimeError, match="_comm_ptr"):
         lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=world, dist_comm="split")
