@@ -474,6 +474,7 @@ class _Optimizer(torch.optim.Optimizer):
         group_of = {i: gi for gi, sg in enumerate(groups) for i in sg["params"]}
         group_steps = [0] * len(groups)
         sdt = torch.bfloat16 if self._state_dtype == "bf16" else torch.float32
+        shard_keys = {}  # binding -> its handle's param -> (record, tensor name)
         for i, st in state_dict["state"].items():
             p = by_id.get(i)
             if p is None:
@@ -483,13 +484,20 @@ class _Optimizer(torch.optim.Optimizer):
                 if i in inner_ids:
                     inner_sd["state"][i] = st
                 continue
+            keys = shard_keys.get(b)
+            if keys is None:
+                keys = shard_keys[b] = b.handle._param_key
+            # this rank's part of each tensor (a sharded pool's shard; else all)
+            first, n = b.handle._shard_of(*keys[p])
+            part = slice(first, first + n)
             new = {}
             for key, which in _STATE_KEYS[self._kind]:
                 if key in st:
-                    new[which] = st[key].detach().reshape(-1).to("cpu", sdt).contiguous()
+                    new[which] = st[key].detach().reshape(-1)[part].to("cpu", sdt).contiguous()
             m = st.get("master")
-            new["master"] = (m.detach().reshape(-1).to("cpu", torch.float32) if m is not None
-                             else p.detach().reshape(-1).float()).contiguous()
+            new["master"] = (m.detach().reshape(-1)[part].to("cpu", torch.float32)
+                             if m is not None
+                             else p.detach().reshape(-1)[part].float()).contiguous()
             b.write(p, new)
             if "step" in st:
                 gi = group_of[i]

@@ -166,6 +166,39 @@ def test_an_empty_batch_zeroes_the_whole_f32_gradient_slot(world):
     h.close()
 
 
+def test_the_optimizer_state_of_the_shard_round_trips(world):
+    # lwo.torch.optim's state of a sharded pool (the shard's masters and
+    # moments) equals that of the pinned pool, and loads into a new model
+    a, b, c = mlp(), mlp(), mlp()
+    ha = lt.offload(a, _backend=host_lwo.Backend(), process_group=world)
+    hb = lt.offload(b, _backend=host_lwo.Backend())
+    hc = lt.offload(c, _backend=host_lwo.Backend(), process_group=world)
+    oa, ob, oc = (lopt.AdamW(m.parameters(), lr=1e-2) for m in (a, b, c))
+    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(2))
+    for m, o in ((a, oa), (b, ob)):
+        for _ in range(3):
+            m(x).square().sum().backward()
+            o.step()
+            o.zero_grad()
+    sa, sb = oa.state_dict(), ob.state_dict()
+    assert sa["state"].keys() == sb["state"].keys() and len(sa["state"]) == 6
+    for i in sa["state"]:
+        for k in ("exp_avg", "exp_avg_sq", "master"):
+            assert torch.equal(sa["state"][i][k], sb["state"][i][k]), (i, k)
+    with torch.no_grad():
+        for pc, pa in zip(c.parameters(), a.parameters()):
+            pc.copy_(pa)
+    oc.load_state_dict(sa)
+    for m, o in ((a, oa), (c, oc)):
+        m(x).square().sum().backward()
+        o.step()
+        o.synchronize()
+    for pa, pc in zip(a.parameters(), c.parameters()):
+        assert torch.equal(pa, pc)
+    for h in (ha, hb, hc):
+        h.close()
+
+
 def test_split_needs_an_nccl_group(world):
     with pytest.raises(RuntimeError, match="_comm_ptr"):
         lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=world, dist_comm="split")
