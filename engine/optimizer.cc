@@ -39,10 +39,17 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
       pool_(grads.pool()),
       cfg_(config),
       workers_(pool_.engine().threads(), config.n_threads) {
-  if (pool_.communicator() || pool_.kind() == LWO_POOL_SHARDED)
-    fail(LWO_ERR_UNSUPPORTED, "the pool is sharded: the optimizer needs the whole of every "
-         "trainable layer on this host");
-  if (pool_.kind() != LWO_POOL_PINNED && pool_.kind() != LWO_POOL_REGISTERED)
+  // A sharded pool: this rank updates its shard of every tensor (the
+  // elements of lwo_pool_shard_tensor, from the same elements of the
+  // gradient, summed over the ranks: lwo_grads_shard).
+  const bool sharded = pool_.kind() == LWO_POOL_SHARDED;
+  if (sharded && pool_.n_ranks() > 1 && (cfg_.clipping || cfg_.stochastic))
+    fail(LWO_ERR_UNSUPPORTED,
+         "the pool is sharded over %d ranks: %s needs %s, which a rank's shard does not give",
+         pool_.n_ranks(), cfg_.clipping ? "LWO_OPTIM_CLIPPING" : "LWO_OPTIM_STOCHASTIC_ROUNDING",
+         cfg_.clipping ? "the norm of every rank's gradients"
+                       : "each element's place in the whole tensor");
+  if (!sharded && pool_.kind() != LWO_POOL_PINNED && pool_.kind() != LWO_POOL_REGISTERED)
     fail(LWO_ERR_UNSUPPORTED, "the pool is a checkpoint's mapped files (kind %d), read-only: "
          "the optimizer writes the weights (use a pinned or registered pool)", pool_.kind());
   const size_t ss = dtype_size(cfg_.state_dtype);
@@ -56,17 +63,30 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
       l.trainable = grads_.trainable(li);
       if (!l.trainable) continue;
       const RecordLayout& rl = pool_.layer(li).layout;
-      const std::vector<Grads::HostTensor> g = grads_.whole_layer(li);
+      const std::vector<Grads::HostTensor> g =
+          sharded ? std::vector<Grads::HostTensor>() : grads_.whole_layer(li);
       uint64_t bytes = 0;
       for (uint32_t ti = 0; ti < rl.tensors.size(); ++ti) {
         const TensorLayout& tl = rl.tensors[ti];
         Tensor t;
         t.name = tl.name;
         t.weight_dtype = tl.dtype;
-        t.n = tl.bytes / dtype_size(tl.dtype);
-        pool_.tensor_host(li, ti, &t.weights, nullptr);
-        t.grad = g[ti].data;
-        t.grad_dtype = g[ti].dtype;
+        if (sharded) {
+          uint64_t first = 0, gfirst = 0, gn = 0;
+          pool_.shard_tensor(li, ti, &t.weights, &first, &t.n);
+          t.grad = grads_.tensor(li, tl.name.c_str(), &t.grad_dtype, &gfirst, &gn);
+          if (gn != t.n || (t.n && gfirst != first))
+            fail(LWO_ERR_INTERNAL,
+                 "layer %u tensor '%s': the weight shard holds elements [%llu, +%llu), the "
+                 "gradient shard [%llu, +%llu)", li, tl.name.c_str(),
+                 static_cast<unsigned long long>(first), static_cast<unsigned long long>(t.n),
+                 static_cast<unsigned long long>(gfirst), static_cast<unsigned long long>(gn));
+        } else {
+          t.n = tl.bytes / dtype_size(tl.dtype);
+          pool_.tensor_host(li, ti, &t.weights, nullptr);
+          t.grad = g[ti].data;
+          t.grad_dtype = g[ti].dtype;
+        }
         t.key = optim::tensor_key(cfg_.seed, li, ti);
         bytes += sets * (align_up(t.n * 4, kPage) + align_up(t.n * ss, kPage) * (adam ? 2 : 1));
         if (cfg_.delayed) bytes += align_up(t.n * dtype_size(t.weight_dtype), kPage);

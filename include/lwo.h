@@ -1308,7 +1308,13 @@ LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stat
  * thread, for that layer's update alone (lwo_grads_wait and lwo_grads_zero
  * wait for the update of a layer whose buffers they zero). These are the only
  * calls that block for it besides lwo_optim_wait.
- * The pool must be pinned or registered (not sharded, not a checkpoint). */
+ * The pool must be pinned, registered or sharded (not a checkpoint). On a
+ * sharded pool (since 0.6.0) each rank's optimizer holds the masters and
+ * state of its shard of every tensor (the elements lwo_pool_shard_tensor
+ * gives) and updates them from the same elements of the gradient summed over
+ * the ranks (lwo_grads_shard); lwo_optim_read / lwo_optim_write then copy
+ * those elements, and with more than one rank LWO_OPTIM_CLIPPING and
+ * LWO_OPTIM_STOCHASTIC_ROUNDING are LWO_ERR_UNSUPPORTED. */
 typedef struct lwo_optim lwo_optim;
 
 typedef enum lwo_optim_kind_t {
@@ -1359,7 +1365,8 @@ LWO_API void lwo_optim_config_init(lwo_optim_config* config);
 /* Creates the optimizer of `grads` (and its pool): masters from the pool's
  * weights, state zero. LWO_ERR_INVALID_ARGUMENT for a kind, state dtype or
  * flag outside those above (stochastic rounding needs bf16 state);
- * LWO_ERR_UNSUPPORTED for a sharded or checkpoint pool; LWO_ERR_BUSY if
+ * LWO_ERR_UNSUPPORTED for a checkpoint pool (and the above on a sharded
+ * pool of more than one rank); LWO_ERR_BUSY if
  * the gradient set has an optimizer already. LWO_ERR_BUSY destroying the
  * gradient set while the optimizer exists. */
 LWO_API lwo_status_t lwo_optim_create(lwo_grads* grads, const lwo_optim_config* config,
@@ -1440,7 +1447,8 @@ typedef enum lwo_optim_state_t {
 } lwo_optim_state_t;
 
 /* Checkpointing: copies one tensor's masters or moments, the whole tensor
- * (bytes = its elements times 4 for masters, times the state dtype's size
+ * (a sharded pool: this rank's shard of it, lwo_pool_shard_tensor's
+ * elements) (bytes = its elements times 4 for masters, times the state dtype's size
  * for moments), out of (read) or into (write) the optimizer. Writing masters
  * also writes them, rounded, into the pool and marks the layer changed.
  * LWO_ERR_SIZE_MISMATCH for other bytes; LWO_ERR_INVALID_ARGUMENT for

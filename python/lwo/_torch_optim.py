@@ -107,7 +107,7 @@ class _Binding:
             return self.saved.get(p)
         opt = self.opt_ref()
         layer, name = self.keys[p]
-        n = p.numel()
+        _first, n = self.handle._shard_of(layer, name)  # (a sharded pool: this rank's part)
         out = {"master": torch.empty(n, dtype=torch.float32)}
         sdt = torch.bfloat16 if opt._state_dtype == "bf16" else torch.float32
         for _key, which in _STATE_KEYS[opt._kind]:
@@ -141,7 +141,9 @@ class _Binding:
             if not done:
                 self.lwo.wait()
                 done = True
-            self.lwo.write(key[0], key[1], "master", q.detach().reshape(-1).float())
+            first, n = self.handle._shard_of(*key)
+            self.lwo.write(key[0], key[1], "master",
+                           q.detach().reshape(-1)[first:first + n].float())
 
     # -- steps ------------------------------------------------------------
     def owns_all(self):
@@ -472,6 +474,7 @@ class _Optimizer(torch.optim.Optimizer):
         group_of = {i: gi for gi, sg in enumerate(groups) for i in sg["params"]}
         group_steps = [0] * len(groups)
         sdt = torch.bfloat16 if self._state_dtype == "bf16" else torch.float32
+        shard_keys = {}  # binding -> its handle's param -> (record, tensor name)
         for i, st in state_dict["state"].items():
             p = by_id.get(i)
             if p is None:
@@ -481,13 +484,20 @@ class _Optimizer(torch.optim.Optimizer):
                 if i in inner_ids:
                     inner_sd["state"][i] = st
                 continue
+            keys = shard_keys.get(b)
+            if keys is None:
+                keys = shard_keys[b] = b.handle._param_key
+            # this rank's part of each tensor (a sharded pool's shard; else all)
+            first, n = b.handle._shard_of(*keys[p])
+            part = slice(first, first + n)
             new = {}
             for key, which in _STATE_KEYS[self._kind]:
                 if key in st:
-                    new[which] = st[key].detach().reshape(-1).to("cpu", sdt).contiguous()
+                    new[which] = st[key].detach().reshape(-1)[part].to("cpu", sdt).contiguous()
             m = st.get("master")
-            new["master"] = (m.detach().reshape(-1).to("cpu", torch.float32) if m is not None
-                             else p.detach().reshape(-1).float()).contiguous()
+            new["master"] = (m.detach().reshape(-1)[part].to("cpu", torch.float32)
+                             if m is not None
+                             else p.detach().reshape(-1)[part].float()).contiguous()
             b.write(p, new)
             if "step" in st:
                 gi = group_of[i]

@@ -286,6 +286,11 @@ class _Backend:
     def pool(self, layers):
         return _core.Pool.create_pinned(self.engine, layers)
 
+    def sharded_pool(self, layers, comm):
+        """This rank's shard of every record over lwo's communicator of the
+        group (lwo_pool_create_sharded: a collective of the group's ranks)."""
+        return _core.Pool.create_sharded(self.engine, layers, comm)
+
     def pool_from_checkpoint(self, checkpoint, names):
         """A read-only pool over the mapped checkpoint (an lwo.Checkpoint):
         layer i holds the tensors names[i] (full checkpoint names)."""
@@ -762,9 +767,12 @@ class Offload:
     # ----------------------------------------------------------------
     @classmethod
     def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
-                backend, skipped, quant=None, quant_skipped=None, progress=None, source=None):
+                backend, skipped, quant=None, quant_skipped=None, progress=None, source=None,
+                dist=None):
         self = object.__new__(cls)
         self.closed = False
+        if dist is not None:
+            self._join_group(dist)
         self._checkpoint = source
         quant = quant or {}
         self.quantized = {name: _core.quant_spelling(f) for name, f in quant.items()}
@@ -816,7 +824,7 @@ class Offload:
         if source is not None:  # offload(checkpoint=): mapped, or pinned
             self.pool = source.pool(self, backend, records)
         else:
-            self.pool = backend.pool(self._pool_layers(records))
+            self.pool = self._new_pool(self._pool_layers(records))
 
         # Fill it, and make the parameters CPU tensors over it.
         freed_cuda = False
@@ -944,6 +952,7 @@ class Offload:
         self._cb_tasks = set()     # graph tasks whose end callback is queued
         self._got_grad = set()     # modules whose dW was sent since the last zero
         self._exposed = {}         # param -> its host gradient tensor, set as param.grad
+        self._grad_dtypes = {}     # param -> its grad_dtype before its f32 host gradient
         self._carry = {}           # (record, tensor) -> a sum to add after the next fence
         self._pass_layers = set()  # records whose dW this backward pass sent
         self._optims = []          # lwo.torch.optim bindings over the gradient set
@@ -1042,12 +1051,39 @@ class Offload:
         if self._checkpoint is not None:
             return self._checkpoint.adopt(self, m, key, rec, idx)
         old = m._parameters[key]
-        addr, nbytes = self.pool.tensor_host(rec.index, rec.names[idx])
+        addr, nbytes = self._param_host(self.pool, rec.index, rec.names[idx], old)
         host = _host_tensor(addr, nbytes, old.dtype, tuple(old.shape), self.pool)
         host.copy_(old.detach())
         p = nn.Parameter(host, requires_grad=old.requires_grad)
         m._parameters[key] = p
         return p
+
+    def _new_pool(self, layers):
+        """The pool of `layers`: pinned, or with a process group this rank's
+        shard of every record (made collectively over lwo's communicator)."""
+        if self.comm is not None:
+            return self.backend.sharded_pool(layers, self.comm)
+        return self.backend.pool(layers)
+
+    @staticmethod
+    def _param_host(pool, layer, name, p):
+        """(address, bytes) of a dense parameter's elements in `pool`: this
+        rank's shard of the tensor (lwo_pool_shard_tensor; the whole tensor in
+        a pool that is not sharded, or sharded over one rank)."""
+        sh = pool.shard_tensor(layer, name)
+        if sh.first_element != 0 or sh.n_elements != p.numel():
+            raise NotImplementedError(
+                "lwo.torch: layer %d tensor %r: this rank's shard holds elements [%d, %d) of "
+                "%d; a parameter split over ranks is not supported yet" % (
+                    layer, name, sh.first_element, sh.first_element + sh.n_elements,
+                    p.numel()))
+        return sh.address, sh.n_elements * p.element_size()
+
+    def _shard_of(self, layer, name):
+        """(first element, count) of this rank's part of a tensor: of its
+        weights, its gradient and lwo.torch.optim's state alike."""
+        sh = self.pool.shard_tensor(layer, name)
+        return sh.first_element, sh.n_elements
 
     def _make_grads(self, extra=None):
         """Creates the gradient set over the trainable records (and `extra`,
@@ -1547,7 +1583,7 @@ class Offload:
             # bytes, which the parameters are: nothing to copy
             mapped = self._checkpoint is not None and self._checkpoint.mapped
             pool = self._checkpoint.regroup(self, new) if mapped else \
-                self.backend.pool(self._pool_layers(new))
+                self._new_pool(self._pool_layers(new))
             with torch.no_grad():
                 for rec in new:
                     infos = pool.tensors(rec.index)
@@ -1567,7 +1603,7 @@ class Offload:
                         for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                             if p is None or (p is s.weight and s.quant) or mapped:
                                 continue
-                            addr, nbytes = pool.tensor_host(rec.index, rec.names[idx])
+                            addr, nbytes = self._param_host(pool, rec.index, rec.names[idx], p)
                             host = _host_tensor(addr, nbytes, p.dtype, tuple(p.shape), pool)
                             host.copy_(p.detach())
                             p.data = host
@@ -1589,7 +1625,9 @@ class Offload:
                 old_grads.close()
             for b in list(self._optims):
                 b.attach()
-        resident = [gi for gi, (_f, _n, r) in enumerate(groups) if r]
+        # a ring of a sharded pool keeps no record resident: each stage is a
+        # collective all-gather
+        resident = [gi for gi, (_f, _n, r) in enumerate(groups) if r and self.comm is None]
         for rec in self.records:
             rec.resident = rec.index in resident
         old_ring = self.ring
@@ -1762,6 +1800,12 @@ class Offload:
                         t = self._grad_view(s.record.index, s.record.names[idx]).view(p.shape)
                         self._exposed[p] = t
                     if p.grad is not t:
+                        if t.dtype != p.dtype and p not in self._grad_dtypes:
+                            # a sharded pool's f32 sums of a bf16 / f16 weight:
+                            # param.grad is f32 (torch's grad_dtype) until close()
+                            p.grad = None
+                            self._grad_dtypes[p] = p.grad_dtype
+                            p.grad_dtype = t.dtype
                         p.grad = t
 
     def _grad_slot(self, rec, stream):
@@ -1815,9 +1859,11 @@ class Offload:
         if n:
             compute(s.desc_acc if acc else s.desc, x.data_ptr(), w_addr, db, wire)
         elif not acc:
-            self.backend.zero_device(w_addr, s.w_bytes, stream)
+            # the slot's tensors are in the wire dtype (f32 for a sharded pool)
+            self.backend.zero_device(w_addr, s.weight.numel() * _core.dtype_size(wire), stream)
             if s.has_bias:
-                self.backend.zero_device(db, s.b_bytes, stream)
+                self.backend.zero_device(db, s.bias.numel() * _core.dtype_size(
+                    sp.slot[s.b_idx][1]), stream)
         sp.written.add(s.w_idx)
         if s.has_bias:
             sp.written.add(s.b_idx)
@@ -2140,14 +2186,11 @@ class Offload:
     # communicator (an lwo.NcclComm) and how it was made.
     rank, world_size, comm, comm_path, process_group = 0, 1, None, None, None
 
-    def _join_group(self, process_group, ranks, path):
-        engine = getattr(self.backend, "engine", None)
-        if engine is None:
-            raise RuntimeError("lwo.torch.offload: process_group= needs an lwo engine")
-        self.rank, self.world_size = ranks
-        self.process_group = process_group
-        self.comm, self.comm_path = _dist_comm(process_group, engine, self.rank,
-                                               self.world_size, path)
+    def _join_group(self, dist):
+        """The group's ranks and lwo's communicator of them (from
+        _dist_join), before the pool is made over it."""
+        (self.rank, self.world_size, self.comm, self.comm_path,
+         self.process_group) = dist
 
     def close(self, device=None):
         """Puts every streamed weight back into an ordinary tensor (the same
@@ -2180,8 +2223,11 @@ class Offload:
                     p.grad = None
                     src = p.data if self._checkpoint is None else self._checkpoint.dense(s, p)
                     p.data = src.to(target, copy=True)
+                    if p in self._grad_dtypes:
+                        p.grad_dtype = self._grad_dtypes.pop(p)
                     if g is not None:
-                        p.grad = g.to(target, copy=True)
+                        p.grad = g.to(target, dtype=getattr(p, "grad_dtype", None) or g.dtype,
+                                      copy=True)
         self._exposed.clear()
         self._grad_views.clear()
         self.closed = True
@@ -2192,7 +2238,7 @@ class Offload:
         self.pool = None
         if self._checkpoint is not None:
             self._checkpoint.release()
-        if self.comm is not None:  # no pool of one rank uses it
+        if self.comm is not None:  # after the ring, the gradient set and the pool over it
             self.comm.close()
             self.comm = None
         model = self.model_ref()
@@ -2414,9 +2460,22 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              NCCL unique id made on the group's first rank and broadcast over
              the group (broadcast_object_list; any backend, gloo included).
              ``handle.rank``, ``handle.world_size``, ``handle.comm_path``
-             ("split" or "unique-id"). With one rank the model streams
-             exactly as without a group. More than one rank is
-             NotImplementedError for now (docs/PYTHON.md).
+             ("split" or "unique-id"). The weights then stream through
+             lwo's sharded pool over that communicator
+             (lwo_pool_create_sharded, made collectively: each rank holds
+             1/N of every record and a stage all-gathers it), and the
+             weight gradients go through its sharded sink: f32 on the wire,
+             reduce-scattered over the ranks into the shard owner's f32 host
+             buffer (lwo_grads_shard), which param.grad views and
+             lwo.torch.optim updates the rank's shard from. With one rank
+             the results are those without a group, bit for bit, where the
+             gradients are f32 (a bf16 or f16 model's gradients travel in
+             f32 here, in their own dtype without a group). Not with
+             checkpoint= or quant= (NotImplementedError); no plan (plan=
+             is ignored: the library's planner does not plan sharded pools),
+             no record kept resident. More than one rank is NotImplementedError until a
+             two-GPU machine has run scripts/torch-dist-check with 2 ranks
+             (docs/PYTHON.md).
     dist_comm: None (the default: "split" where the group's NCCL
              communicator is reachable, else "unique-id"), "split" or
              "unique-id" (the path to take, or an error).
@@ -2446,9 +2505,16 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         dist_ranks = _group_ranks(process_group)
         if dist_ranks[1] > 1:
             raise NotImplementedError(
-                "lwo.torch.offload: process_group of %d ranks: lwo.torch streams through a "
-                "sharded pool only with one rank so far (the C API shards across ranks: "
-                "lwo_pool_create_sharded; docs/PYTHON.md)" % dist_ranks[1])
+                "lwo.torch.offload: process_group of %d ranks: the sharded path is written for "
+                "any number of ranks but untested with more than one; it stays refused until a "
+                "two-GPU machine runs scripts/torch-dist-check with 2 ranks (torchrun "
+                "--nproc-per-node 2; docs/PYTHON.md)" % dist_ranks[1])
+        if checkpoint is not None or quant is not None:
+            raise NotImplementedError(
+                "lwo.torch.offload: process_group= with %s: with a group the weights stream "
+                "through a sharded pool (lwo_pool_create_sharded), which holds neither a "
+                "checkpoint's mapped files nor quantized weights" % (
+                    "checkpoint=" if checkpoint is not None else "quant="))
     t_start = time.perf_counter()
 
     # Which device.
@@ -2516,7 +2582,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
             source.info["seconds"] = time.perf_counter() - t_start
             handle.checkpoint_info = source.info
         if process_group is not None:
-            handle._join_group(process_group, dist_ranks, dist_comm)
+            handle._join_group(_dist_join(process_group, dist_ranks, dist_comm, backend))
         return handle
     groups = _groups_of(targets, group)
     quantized, quant_skipped = _quant_choice(targets, quant)
@@ -2524,9 +2590,18 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
         for name in source.fp8:
             quantized[name] = C.LWO_QUANT_FP8_E4M3_BLOCK128
             quant_skipped.pop(name, None)
-    handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
-                             grads_depth, device, stats, timing, backend, skipped, quantized,
-                             quant_skipped, progress, source)
+    dist = None
+    if process_group is not None:
+        # lwo's communicator first: the pool is sharded over it
+        dist = _dist_join(process_group, dist_ranks, dist_comm, backend)
+    try:
+        handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
+                                 grads_depth, device, stats, timing, backend, skipped, quantized,
+                                 quant_skipped, progress, source, dist)
+    except BaseException:
+        if dist is not None:
+            dist[2].close()
+        raise
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
         model.to(device)
@@ -2534,14 +2609,12 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
     if source is not None:
         source.info["seconds"] = time.perf_counter() - t_start
         handle.checkpoint_info = source.info
-    if plan and hasattr(backend, "plan"):
+    # No plan with a group: the library's planner does not plan a sharded pool
+    # (lwo_plan_create: LWO_ERR_UNSUPPORTED), and with several ranks each
+    # would choose from its own measured times, while the records, made
+    # collectively, must agree.
+    if plan and hasattr(backend, "plan") and dist is None:
         handle._setup_plan(budget, depth, group is None)
-    if process_group is not None:
-        try:
-            handle._join_group(process_group, dist_ranks, dist_comm)
-        except BaseException:
-            handle.close()
-            raise
     return handle
 
 
@@ -2574,6 +2647,17 @@ def _nccl_comm_address(process_group):
         return int(fn() or 0)
     except (RuntimeError, TypeError, ValueError):
         return 0
+
+
+def _dist_join(process_group, ranks, path, backend):
+    """(rank, world size, lwo's communicator, the path it came by, the group)
+    of this process in `process_group`, on the backend's engine."""
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        raise RuntimeError("lwo.torch.offload: process_group= needs an lwo engine")
+    rank, world = ranks
+    comm, got = _dist_comm(process_group, engine, rank, world, path)
+    return rank, world, comm, got, process_group
 
 
 def _dist_comm(process_group, engine, rank, world, path):

@@ -191,6 +191,9 @@ class Backend(lt._Backend):
     def pool_from_checkpoint(self, checkpoint, names):
         return self._count_writes(super().pool_from_checkpoint(checkpoint, names))
 
+    def sharded_pool(self, layers, comm):
+        return self._count_writes(super().sharded_pool(layers, comm))
+
     def layer_changed(self, pool, layer):
         super().layer_changed(pool, layer)
         self.changed.append(layer)

@@ -130,6 +130,110 @@ TEST_F(HostEngine, LinearRunsOnTheCpuRoundedOnce) {
     }
 }
 
+// A sharded pool of one rank over the host backend's one-rank communicator
+// (what lwo.torch's process_group= path streams through without a GPU): a
+// stage gives the whole record (the all-gather of one rank), the gradients
+// of every layer reach the shard's f32 buffer (the reduction of one rank),
+// and an AdamW step from them writes the same bytes as over a pinned pool.
+TEST_F(HostEngine, AShardedPoolOfOneRankStreamsSumsAndSteps) {
+  make(LWO_TEST_HOST_POISON);
+  const uint32_t L = 3;
+  ModelDesc m(L);
+  lwo_nccl_unique_id id;
+  ASSERT_LWO(lwo_nccl_get_unique_id(&id));
+  lwo_nccl_comm_t comm = nullptr;
+  ASSERT_LWO(lwo_nccl_comm_create(engine, &id, 1, 0, &comm));
+  lwo_pool* pools[2] = {nullptr, nullptr};
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), L, comm, nullptr, &pools[0]));
+  ASSERT_LWO(lwo_pool_create_pinned(engine, m.layers.data(), L, nullptr, &pools[1]));
+  lwo_pool_info info = LWO_POOL_INFO_INIT;
+  ASSERT_LWO(lwo_pool_get_info(pools[0], &info));
+  EXPECT_EQ(info.kind, LWO_POOL_SHARDED);
+  EXPECT_EQ(info.n_ranks, 1);
+  auto value = [](uint32_t l, uint32_t k, uint64_t i, float scale) {
+    return scale * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(l * 7 + k));
+  };
+  lwo_grads* grads[2] = {nullptr, nullptr};
+  lwo_optim* optims[2] = {nullptr, nullptr};
+  for (int which = 0; which < 2; ++which) {
+    lwo_pool* pool = pools[which];
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+        ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+        std::vector<uint8_t> b(ti.bytes);
+        for (uint64_t i = 0; i < ti.bytes / lwo_dtype_size(ti.dtype); ++i)
+          store_f32(b.data(), ti.dtype, i, value(l, k, i, 0.5f));
+        ASSERT_LWO(lwo_pool_write(pool, l, ti.name, b.data(), b.size()));
+      }
+    lwo_ring* ring = make_ring(pool, 2);
+    for (uint32_t l = 0; l < L; ++l) {
+      lwo_ticket t{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+      ASSERT_LWO(lwo_ring_acquire(ring, t, nullptr, &v));
+      EXPECT_TRUE(holds_layer(pool, v)) << "pool " << which << " layer " << l;
+      ASSERT_LWO(lwo_ring_release(ring, t, nullptr));
+    }
+    ASSERT_LWO(lwo_ring_destroy(ring));
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = which ? LWO_GRADS_F32 : 0;  // a sharded pool's are f32 anyway
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads[which]));
+    for (uint32_t l = L; l-- > 0;) {
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_LWO(lwo_grads_begin(grads[which], l, nullptr, &v));
+      for (uint32_t k = 0; k < v.n_tensors; ++k) {
+        ASSERT_EQ(v.tensor_dtypes[k], LWO_DTYPE_F32);
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+        ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+        for (uint64_t i = 0; i < ti.bytes / lwo_dtype_size(ti.dtype); ++i)
+          static_cast<float*>(v.tensors[k])[i] = value(l, k, i, 2.0f);
+      }
+      ASSERT_LWO(lwo_grads_end(grads[which], l, nullptr));
+    }
+    ASSERT_LWO(lwo_grads_wait(grads[which]));
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+        ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+        float* g = nullptr;
+        uint64_t first = 9, n = 0;
+        ASSERT_LWO(lwo_grads_shard(grads[which], l, ti.name, &g, &first, &n));
+        ASSERT_EQ(first, 0u);
+        ASSERT_EQ(n, ti.bytes / lwo_dtype_size(ti.dtype));
+        for (uint64_t i = 0; i < n; ++i)
+          ASSERT_EQ(g[i], value(l, k, i, 2.0f)) << "pool " << which << " layer " << l;
+      }
+    lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+    ASSERT_LWO(lwo_optim_create(grads[which], &oc, &optims[which]));
+    lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+    p.step = 1;
+    p.lr = 1e-2;
+    p.weight_decay = 0.1;
+    ASSERT_LWO(lwo_optim_step(optims[which], &p));
+    ASSERT_LWO(lwo_optim_wait(optims[which]));
+  }
+  for (uint32_t l = 0; l < L; ++l) {
+    void* a = nullptr;
+    void* b = nullptr;
+    uint64_t na = 0, nb = 0;
+    ASSERT_LWO(lwo_pool_layer_host(pools[0], l, &a, &na));
+    ASSERT_LWO(lwo_pool_layer_host(pools[1], l, &b, &nb));
+    ASSERT_EQ(na, nb);
+    EXPECT_EQ(std::memcmp(a, b, na), 0) << "layer " << l;
+    // and the step moved them: each weight by about lr
+    lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+    ASSERT_LWO(lwo_pool_tensor_info(pools[0], l, 0, &ti));
+    const float w1 = load_f32(static_cast<uint8_t*>(a) + ti.offset, ti.dtype, 1);
+    EXPECT_GT(std::fabs(w1 - value(l, 0, 1, 0.5f)), 5e-3f) << "layer " << l;
+  }
+  for (int which = 0; which < 2; ++which) {
+    ASSERT_LWO(lwo_optim_destroy(optims[which]));
+    destroy(grads[which], pools[which]);
+  }
+  ASSERT_LWO(lwo_nccl_comm_destroy(comm));
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo

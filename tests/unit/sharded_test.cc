@@ -1,5 +1,6 @@
 // Sharded pools on the recording backend (a communicator of one rank): the
 // shard copy, the all-gather into the slot and the ready event after it.
+#include "src/common/dtype.h"
 #include "test_util.h"
 
 namespace lwo {
@@ -164,6 +165,141 @@ TEST_F(ShardedTest, GradientsAreSummedAndEachRankKeepsItsShard) {
         for (size_t i = 0; i < covered[l][k].size(); ++i)
           ASSERT_EQ(covered[l][k][i], 1) << "n " << n << " layer " << l << " tensor " << k << " element " << i;
     EXPECT_EQ(d2h_total * static_cast<uint64_t>(n), wire_total);
+  }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+}
+
+// lwo_optim over a sharded pool, for every rank of 1, 2 and 3 (this process
+// plays each in turn; the other ranks send the same gradients, so the sum is
+// N times this rank's): each rank updates exactly the elements of its weight
+// shard, from the same elements of its gradient shard, and after two AdamW
+// steps they equal, bit for bit, those of an unsharded pool updated from the
+// summed gradient; lwo_optim_read copies the shard's masters. With more than
+// one rank, clipping (the norm of every rank's gradients) is refused.
+TEST_F(ShardedTest, OptimizerUpdatesEachRanksShardAsTheWholePoolDoes) {
+  const uint32_t L = 4;
+  ModelDesc m(L);
+  int fake_comm = 0;
+  auto weight = [](uint32_t layer, uint32_t k, uint64_t i) {
+    return static_cast<float>(static_cast<int>((layer * 53 + k * 29 + i * 11) % 89) - 44) / 64.0f;
+  };
+  auto grad = [](uint32_t layer, uint32_t k, uint64_t i) {
+    return static_cast<float>(static_cast<int>((layer * 131 + k * 17 + i * 7) % 97) - 48) / 8.0f;
+  };
+  auto fill = [&](lwo_pool* pool) {
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+        ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+        std::vector<uint8_t> b(ti.bytes);
+        const uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype);
+        for (uint64_t i = 0; i < ne; ++i) store_f32(b.data(), ti.dtype, i, weight(l, k, i));
+        ASSERT_LWO(lwo_pool_write(pool, l, ti.name, b.data(), b.size()));
+      }
+  };
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1e-2;
+  p.weight_decay = 0.1;
+  // Two steps: the gradient of each is `scale` times grad() (the sum over the
+  // ranks), written into the slot whole.
+  auto train = [&](lwo_pool* pool, lwo_grads* g, lwo_optim* o, float scale) {
+    StreamH c = gpu->new_stream();
+    for (uint64_t step = 1; step <= 2; ++step) {
+      ASSERT_LWO(lwo_grads_zero(g));
+      for (uint32_t l = L; l-- > 0;) {
+        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+        ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+        for (uint32_t k = 0; k < v.n_tensors; ++k) {
+          ASSERT_EQ(v.tensor_dtypes[k], LWO_DTYPE_F32);
+          lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+          ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+          const uint64_t ne = ti.bytes / lwo_dtype_size(ti.dtype);
+          gpu->write(c, v.tensors[k], ne * 4);
+          for (uint64_t i = 0; i < ne; ++i)
+            static_cast<float*>(v.tensors[k])[i] = scale * grad(l, k, i) * static_cast<float>(step);
+        }
+        ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+      }
+      p.step = step;
+      ASSERT_LWO(lwo_optim_step(o, &p));
+      ASSERT_LWO(lwo_optim_wait(o));
+    }
+  };
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  for (int n : {1, 2, 3}) {
+    SCOPED_TRACE(n);
+    // The reference: the whole pool, f32 gradients of the sum.
+    lwo_pool* whole = nullptr;
+    ASSERT_LWO(lwo_pool_create_pinned(engine, m.layers.data(), L, nullptr, &whole));
+    fill(whole);
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = LWO_GRADS_F32;
+    lwo_grads* wg = nullptr;
+    ASSERT_LWO(lwo_grads_create(whole, nullptr, &gc, &wg));
+    lwo_optim* wo = nullptr;
+    ASSERT_LWO(lwo_optim_create(wg, &oc, &wo));
+    train(whole, wg, wo, static_cast<float>(n));
+    std::vector<std::vector<int>> covered;
+    for (int r = 0; r < n; ++r) {
+      gpu->fake_ranks = n;
+      gpu->fake_rank = r;
+      lwo_pool* pool = nullptr;
+      ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), L,
+                                         reinterpret_cast<lwo_nccl_comm_t>(&fake_comm), nullptr,
+                                         &pool));
+      fill(pool);
+      gc.flags = 0;
+      lwo_grads* g = nullptr;
+      ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+      lwo_optim* o = nullptr;
+      lwo_optim_config clip = oc;
+      clip.flags = LWO_OPTIM_CLIPPING;
+      if (n > 1) {
+        EXPECT_EQ(lwo_optim_create(g, &clip, &o), LWO_ERR_UNSUPPORTED);
+        o = nullptr;
+        EXPECT_NE(std::string(lwo_last_error_message()).find("LWO_OPTIM_CLIPPING"),
+                  std::string::npos) << lwo_last_error_message();
+      }
+      ASSERT_LWO(lwo_optim_create(g, &oc, &o));
+      train(pool, g, o, 1.0f);
+      size_t at = 0;
+      for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k, ++at) {
+          lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+          ASSERT_LWO(lwo_pool_tensor_info(pool, l, k, &ti));
+          const uint64_t es = lwo_dtype_size(ti.dtype), ne = ti.bytes / es;
+          if (covered.size() <= at) covered.emplace_back(ne);
+          void* wd = nullptr;
+          uint64_t wf = 0, wn = 0;
+          ASSERT_LWO(lwo_pool_shard_tensor(pool, l, ti.name, &wd, &wf, &wn));
+          void* want = nullptr;
+          ASSERT_LWO(lwo_pool_tensor_host(whole, l, ti.name, &want, nullptr));
+          if (wn) {
+            EXPECT_EQ(std::memcmp(wd, static_cast<uint8_t*>(want) + wf * es, wn * es), 0)
+                << "rank " << r << " layer " << l << " " << ti.name;
+          }
+          for (uint64_t i = 0; i < wn; ++i) ++covered[at][wf + i];
+          std::vector<float> mine(wn), all(ne);
+          EXPECT_EQ(lwo_optim_read(o, l, ti.name, LWO_OPTIM_MASTER, mine.data(), wn * 4), LWO_OK)
+              << lwo_last_error_message();
+          ASSERT_LWO(lwo_optim_read(wo, l, ti.name, LWO_OPTIM_MASTER, all.data(), ne * 4));
+          if (wn) {
+            EXPECT_EQ(std::memcmp(mine.data(), all.data() + wf, wn * 4), 0);
+          }
+          if (wn != ne) {
+            EXPECT_EQ(lwo_optim_read(o, l, ti.name, LWO_OPTIM_MASTER, all.data(), ne * 4),
+                      LWO_ERR_SIZE_MISMATCH);
+          }
+        }
+      ASSERT_LWO(lwo_optim_destroy(o));
+      destroy(g, pool);
+    }
+    // Over the ranks, every element updated exactly once.
+    for (size_t t = 0; t < covered.size(); ++t)
+      for (size_t i = 0; i < covered[t].size(); ++i)
+        ASSERT_EQ(covered[t][i], 1) << "tensor " << t << " element " << i;
+    ASSERT_LWO(lwo_optim_destroy(wo));
+    destroy(wg, whole);
   }
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
 }
