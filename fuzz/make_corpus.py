@@ -150,6 +150,8 @@ INFO_SEEDS = {
     "tensor_not_in_shard": CHECKPOINT_SEEDS["tensor_not_in_shard"],
     "bad_shard": CHECKPOINT_SEEDS["bad_shard"],
     "shard_dotdot": CHECKPOINT_SEEDS["shard_dotdot"],
+    # The file's own text in a message: not the program's "internal:" error.
+    "internal_in_name": st('{"internal: x":"pt"}'),
     # Control characters from the file: escaped wherever they are shown.
     "control_names": with_flags(st(
         '{"__metadata__":{"k%s":"v%s"},"blocks.0.%sw":%s,"blocks.1.w%s":%s,"x%s":%s}'
