@@ -6,7 +6,7 @@
 // a.safetensors .. d.safetensors, beside in.safetensors (a symlink to
 // a.safetensors, inside the folder) and out.safetensors (a symlink to a file
 // outside it); the index is opened. Any other input is one model.safetensors,
-// opened as a file.
+// opened as a file (fuzz.h, write_checkpoint_input: info_fuzz.cc's layout too).
 //
 // The oracle: a failure is lwo::Error with a status of lwo_checkpoint_open's
 // list (docs/API.md), and the C ABI returns the same status; what opens was
@@ -19,17 +19,12 @@
 // Built by scripts/fuzz in the LWO_FUZZ build (clang -fsanitize=fuzzer);
 // without LWO_LIBFUZZER a plain program that opens each input file it is
 // given (the seed corpus, fuzz/corpus_checkpoint, in the unit tests).
-#include <dirent.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -53,42 +48,7 @@ bool in(const lwo_status_t (&set)[N], lwo_status_t s) {
   return std::find(set, set + N, s) != set + N;
 }
 
-const char* const kShards[] = {"a.safetensors", "b.safetensors", "c.safetensors", "d.safetensors"};
-
-// The folder, made once per process (never freed: the exit handler that
-// removes it runs after static objects are gone).
-const std::string& folder() {
-  static const std::string* const dir = new std::string([] {
-    char tmpl[] = "/tmp/lwo-checkpoint-fuzz-XXXXXX";
-    FUZZ_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp");
-    std::string d = tmpl;
-    FUZZ_CHECK(::mkdir((d + "/in").c_str(), 0700) == 0, "mkdir");
-    FUZZ_CHECK(::mkdir((d + "/outside").c_str(), 0700) == 0, "mkdir");
-    std::ofstream(d + "/outside/x.safetensors", std::ios::binary) << std::string(8, '\0');
-    FUZZ_CHECK(::symlink("a.safetensors", (d + "/in/in.safetensors").c_str()) == 0, "symlink");
-    FUZZ_CHECK(::symlink((d + "/outside/x.safetensors").c_str(),
-                         (d + "/in/out.safetensors").c_str()) == 0, "symlink");
-    std::atexit([] {
-      const std::string root = folder().substr(0, folder().size() - 3);
-      for (const char* f : {"a.safetensors", "b.safetensors", "c.safetensors", "d.safetensors",
-                            "in.safetensors", "out.safetensors", "model.safetensors",
-                            "model.safetensors.index.json"})
-        ::unlink((folder() + "/" + f).c_str());
-      ::unlink((root + "/outside/x.safetensors").c_str());
-      ::rmdir(folder().c_str());
-      ::rmdir((root + "/outside").c_str());
-      ::rmdir(root.c_str());
-    });
-    return d + "/in";
-  }());
-  return *dir;
-}
-
-void write_file(const std::string& path, const uint8_t* p, size_t n) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
-  FUZZ_CHECK(f.good(), path);
-}
+using lwo_fuzz::folder;
 
 std::string base_name(const std::string& p) {
   size_t k = p.rfind('/');
@@ -198,41 +158,20 @@ void open_and_check(const std::string& path, const std::map<std::string, std::st
 }
 
 void run_input(const uint8_t* data, size_t size) {
-  const std::string& dir = folder();
-  for (const char* s : kShards) ::unlink((dir + "/" + s).c_str());
-  if (size == 0 || data[0] != '{') {
-    const std::string path = dir + "/model.safetensors";
-    write_file(path, data, size);
-    open_and_check(path, nullptr);
+  const lwo_fuzz::CheckpointInput in = lwo_fuzz::write_checkpoint_input(data, size);
+  if (!in.is_index) {
+    open_and_check(in.path, nullptr);
     return;
   }
-  // Cut at "@@@@": the index text, then the shards.
-  std::vector<std::pair<size_t, size_t>> parts;
-  size_t from = 0;
-  for (size_t i = 0; i + 4 <= size && parts.size() < 4;) {
-    if (std::memcmp(data + i, "@@@@", 4) == 0) {
-      parts.push_back({from, i});
-      from = i = i + 4;
-    } else {
-      ++i;
-    }
-  }
-  parts.push_back({from, size});
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  write_file(index_path, data + parts[0].first, parts[0].second - parts[0].first);
-  for (size_t k = 1; k < parts.size(); ++k)
-    write_file(dir + "/" + kShards[k - 1], data + parts[k].first, parts[k].second - parts[k].first);
   std::map<std::string, std::string> index;
   bool parsed = false;
   try {
-    index = lwo::st::parse_index(
-        std::string(reinterpret_cast<const char*>(data + parts[0].first), parts[0].second - parts[0].first),
-        "index");
+    index = lwo::st::parse_index(in.index_text, "index");
     parsed = true;
   } catch (const lwo::Error& e) {
     FUZZ_CHECK(e.status() == LWO_ERR_BAD_JSON, e.what());
   }
-  open_and_check(index_path, parsed ? &index : nullptr);
+  open_and_check(in.path, parsed ? &index : nullptr);
 }
 
 }  // namespace
@@ -242,23 +181,7 @@ LWO_FUZZ_ENTRY(run_input)
 #ifndef LWO_LIBFUZZER
 // Opens each input file given, or each file of each folder given.
 int main(int argc, char** argv) {
-  size_t n = 0;
-  auto one = [&](const std::string& f) {
-    lwo_fuzz::run_file(f, run_input);
-    ++n;
-  };
-  for (int i = 1; i < argc; ++i) {
-    if (DIR* d = ::opendir(argv[i])) {
-      std::vector<std::string> names;
-      while (dirent* e = ::readdir(d))
-        if (e->d_name[0] != '.') names.push_back(std::string(argv[i]) + "/" + e->d_name);
-      ::closedir(d);
-      std::sort(names.begin(), names.end());
-      for (const std::string& f : names) one(f);
-    } else {
-      one(argv[i]);
-    }
-  }
+  const size_t n = lwo_fuzz::run_files(argc, argv, run_input);
   std::printf("lwo_checkpoint_fuzz: %zu inputs, no failure\n", n);
   return 0;
 }

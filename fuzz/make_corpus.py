@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of safetensors_fuzz into fuzz/corpus/ and that of
-checkpoint_fuzz into fuzz/corpus_checkpoint/ (both committed; rerun after
-changing the seeds). Each safetensors seed is a tiny whole file: the 8-byte
-little-endian header length, the header text, then the data section. Each
-checkpoint seed is an index folder: the index text, then each shard
-(a.safetensors, b.safetensors, ...), cut by "@@@@" (checkpoint_fuzz.cc)."""
+"""Writes the seed corpus of safetensors_fuzz into fuzz/corpus/, that of
+checkpoint_fuzz into fuzz/corpus_checkpoint/ and that of info_fuzz into
+fuzz/corpus_info/ (all committed; rerun after changing the seeds). Each
+safetensors seed is a tiny whole file: the 8-byte little-endian header
+length, the header text, then the data section. Each checkpoint seed is an
+index folder: the index text, then each shard (a.safetensors,
+b.safetensors, ...), cut by "@@@@" (fuzz.h, write_checkpoint_input), or one
+safetensors file. The info seeds are some of both, and files whose names,
+metadata and shard paths hold control characters; info_fuzz reads its flags
+from an input's last byte (info_fuzz.cc)."""
 import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus")
 OUT_CHECKPOINT = os.path.join(HERE, "corpus_checkpoint")
+OUT_INFO = os.path.join(HERE, "corpus_info")
 
 
 def st(header, data=b"", length=None):
@@ -112,6 +117,55 @@ CHECKPOINT_SEEDS = {
 }
 
 
+
+
+def with_flags(seed, pick):
+    """The seed with one byte more at its end (data past the last tensor, or
+    in the last shard), which info_fuzz reads as its flags: pick % 4 the
+    mapping (0: the default patterns, 1: "{i}", 2: "layers.{i}.", 3:
+    "h.{i}."), pick & 4 --json."""
+    return seed + bytes([pick])
+
+
+CONTROL = "\\u001b[31m\\r\\u0007\\u009b\\u007f"  # ESC, CR, BEL, C1 CSI, DEL (JSON escapes)
+INFO_SEEDS = {
+    # Valid checkpoints, listed by each mapping, with and without --json.
+    "valid_blocks": with_flags(SEEDS["valid_blocks"], 4),
+    "valid_dtypes": with_flags(SEEDS["valid_dtypes"], 0),
+    "every_dtype_metadata_json": with_flags(SEEDS["every_dtype_metadata"], 4),
+    "gaps_h": with_flags(SEEDS["gaps"], 3),
+    "fp8_block_scales": with_flags(SEEDS["fp8_block_scales"], 4),
+    "valid_layers_numeric": with_flags(SEEDS["valid_layers_numeric"], 5),
+    "two_shards": with_flags(CHECKPOINT_SEEDS["two_shards"], 6),
+    "four_shards_json": with_flags(CHECKPOINT_SEEDS["four_shards"], 4),
+    # Malformed ones: exit 1, or 2 for a pattern that does not fit.
+    "bad_json": SEEDS["bad_json"],
+    "truncated_data": SEEDS["truncated_data"],
+    "header_huge": SEEDS["header_huge"],
+    "shape_overflow": SEEDS["shape_overflow"],
+    "overlap": SEEDS["overlap"],
+    "pattern_misses": with_flags(SEEDS["valid_blocks"], 2),
+    "shard_missing": CHECKPOINT_SEEDS["shard_missing"],
+    "symlink_outside": CHECKPOINT_SEEDS["symlink_outside"],
+    "tensor_not_in_shard": CHECKPOINT_SEEDS["tensor_not_in_shard"],
+    "bad_shard": CHECKPOINT_SEEDS["bad_shard"],
+    "shard_dotdot": CHECKPOINT_SEEDS["shard_dotdot"],
+    # The file's own text in a message: not the program's "internal:" error.
+    "internal_in_name": st('{"internal: x":"pt"}'),
+    # Control characters from the file: escaped wherever they are shown.
+    "control_names": with_flags(st(
+        '{"__metadata__":{"k%s":"v%s"},"blocks.0.%sw":%s,"blocks.1.w%s":%s,"x%s":%s}'
+        % (CONTROL, CONTROL, CONTROL, t("BF16", [2], 0, 4), CONTROL, t("C64", [1], 4, 12),
+           CONTROL, t("U8", [1], 12, 13)), bytes(13)), 4),
+    "control_pattern_misses": with_flags(st('{"w%s":%s}' % (CONTROL, t("U8", [1], 0, 1)),
+                                            bytes(1)), 1),
+    "control_shard_path": folder([("layers.0.w", CONTROL + ".safetensors")], SHARD_A),
+    "control_not_in_shard": folder([("layers.0." + CONTROL, "a.safetensors")], SHARD_A),
+    "control_index_metadata": folder([("layers.0.w", "a.safetensors")], SHARD_A).replace(
+        b'"total_size":0', ('"total_size":0,"note":"%s"' % CONTROL).encode()),
+}
+
+
 def write_seeds(out, seeds):
     """Empties the folder out and writes each seed into it."""
     os.makedirs(out, exist_ok=True)
@@ -126,6 +180,7 @@ def write_seeds(out, seeds):
 def main():
     write_seeds(OUT, SEEDS)
     write_seeds(OUT_CHECKPOINT, CHECKPOINT_SEEDS)
+    write_seeds(OUT_INFO, INFO_SEEDS)
 
 
 if __name__ == "__main__":

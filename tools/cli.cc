@@ -488,7 +488,7 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--")) break;
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      print_command_help(*g_running, stdout);
+      print_command_help(*g_running, g_out);
       return false;
     }
   }
@@ -631,7 +631,7 @@ void JsonFile::write(const Json& doc) {
     if (!temp_.empty()) ::unlink(temp_.c_str());
     fail(strf("writing the JSON file %s failed", quoted(path_).c_str()));
   }
-  std::fflush(stdout);  // the results first, where both go to one file
+  std::fflush(g_out);  // the results first, where both go to one file
   progress("wrote %s", escape(path_).c_str());
 }
 
@@ -709,6 +709,19 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing) {
 
 // --- the program -------------------------------------------------------------
 
+std::FILE* g_out = stdout;
+std::FILE* g_err = stderr;
+
+int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
+                std::FILE* err) {
+  g_out = out;
+  g_err = err;
+  const int rc = run_program(argc, argv, body);
+  g_out = stdout;
+  g_err = stderr;
+  return rc;
+}
+
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
   int rc = kExitFailure;
   testkit::set_release_reporter(report_release);
@@ -733,7 +746,7 @@ int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
   }
   // Results that could not be written (a full disk, a closed pipe) are a
   // failure, not a success with nothing to show.
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+  if (std::fflush(g_out) != 0 || std::ferror(g_out)) {
     const int err = errno;
     print_stderr(strf("%s: cannot write the results to stdout: %s\n", prefix().c_str(),
                       std::strerror(err ? err : EIO)));

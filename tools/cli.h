@@ -98,6 +98,16 @@ std::string default_hint();  // "run 'lwo run --help' for the flags"
 // any other exception, printed: 1), and 1 where stdout could not be written
 // or a release failed.
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv));
+// The same in a process that is not the program (fuzz/info_fuzz.cc): the
+// results go to `out` and the messages and progress to `err` (no bar is
+// drawn where err is not stderr), then both streams are stdout and stderr
+// again. Not reentrant; one thread at a time.
+int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
+                std::FILE* err);
+// Where the results and the messages go: stdout and stderr, but for the
+// body run_program(..., out, err) runs.
+extern std::FILE* g_out;
+extern std::FILE* g_err;
 // The body of the lwo program: argv[1] names the command (tools/lwo.cc).
 int dispatch(int argc, char** argv);
 
@@ -300,6 +310,16 @@ uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t m
 std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
                                       uint64_t min, uint64_t max);
 std::string parse_path(const std::string& flag, const std::string& text);  // non-empty
+
+// --- lwo info (tools/info.cc) -----------------------------------------------
+
+// `lwo info FLAGS... -- FILE` in this process, as the program runs it: its
+// listing goes to `out`, its messages to `err` (where the program writes
+// stdout and stderr), and it returns the program's exit status (kExitOk,
+// kExitFailure: FILE cannot be read; kExitUsage: bad flags, or a pattern or
+// names file that does not fit FILE). Each call starts with --quiet off.
+int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
+              std::FILE* err);
 
 // --- progress on stderr -----------------------------------------------------
 //

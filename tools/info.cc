@@ -85,26 +85,26 @@ std::string pad(const std::string& s, size_t w) {
 
 void print_report(const Options& o, const Report& r, const Device* dev) {
   const bool several = r.files.size() > 1;
-  std::printf("checkpoint %s: %zu file%s, %zu tensor%s, %s of tensor data\n",
-              escape(r.path).c_str(), r.files.size(), r.files.size() == 1 ? "" : "s",
-              r.tensors.size(), r.tensors.size() == 1 ? "" : "s",
-              fmt_bytes(r.tensor_bytes).c_str());
+  std::fprintf(g_out, "checkpoint %s: %zu file%s, %zu tensor%s, %s of tensor data\n",
+               escape(r.path).c_str(), r.files.size(), r.files.size() == 1 ? "" : "s",
+               r.tensors.size(), r.tensors.size() == 1 ? "" : "s",
+               fmt_bytes(r.tensor_bytes).c_str());
 
   // The files, and their metadata.
-  std::printf("\n%4s  %7s  %14s  %s\n", "file", "tensors", "bytes", "path");
+  std::fprintf(g_out, "\n%4s  %7s  %14s  %s\n", "file", "tensors", "bytes", "path");
   for (size_t f = 0; f < r.files.size(); ++f)
-    std::printf("%4zu  %7u  %14llu  %s\n", f, r.files[f].n_tensors,
-                static_cast<unsigned long long>(r.files[f].bytes),
-                escape(r.files[f].path).c_str());
+    std::fprintf(g_out, "%4zu  %7u  %14llu  %s\n", f, r.files[f].n_tensors,
+                 static_cast<unsigned long long>(r.files[f].bytes),
+                 escape(r.files[f].path).c_str());
   if (r.metadata.empty()) {
-    std::printf("\nmetadata   none\n");
+    std::fprintf(g_out, "\nmetadata   none\n");
   } else {
-    std::printf("\nmetadata   %zu entr%s (__metadata__)\n", r.metadata.size(),
-                r.metadata.size() == 1 ? "y" : "ies");
+    std::fprintf(g_out, "\nmetadata   %zu entr%s (__metadata__)\n", r.metadata.size(),
+                 r.metadata.size() == 1 ? "y" : "ies");
     for (const CkptMeta& m : r.metadata) {
-      std::printf("           %s = %s", escape(m.key).c_str(), quoted(m.value).c_str());
-      if (several) std::printf("  (%s)", escape(r.files[m.file].name).c_str());
-      std::printf("\n");
+      std::fprintf(g_out, "           %s = %s", escape(m.key).c_str(), quoted(m.value).c_str());
+      if (several) std::fprintf(g_out, "  (%s)", escape(r.files[m.file].name).c_str());
+      std::fprintf(g_out, "\n");
     }
   }
 
@@ -134,95 +134,103 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
     wdtype = std::max(wdtype, dtypes.back().size());
     wfile = std::max(wfile, width(files.back()));
   }
-  std::printf("\n%6s  %-*s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname), "name",
-              static_cast<int>(wdtype), "dtype", static_cast<int>(wformat), "format",
-              static_cast<int>(wshape), "shape", "bytes");
-  if (several) std::printf("  %-*s", static_cast<int>(wfile), "file");
-  std::printf("  %14s\n", "offset");
+  std::fprintf(g_out, "\n%6s  %-*s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname),
+               "name", static_cast<int>(wdtype), "dtype", static_cast<int>(wformat), "format",
+               static_cast<int>(wshape), "shape", "bytes");
+  if (several) std::fprintf(g_out, "  %-*s", static_cast<int>(wfile), "file");
+  std::fprintf(g_out, "  %14s\n", "offset");
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const CkptTensor& t = r.tensors[i];
-    std::printf("%6zu  %s  %-*s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
-                static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wformat),
-                formats[i].c_str(), static_cast<int>(wshape), shapes[i].c_str(),
-                static_cast<unsigned long long>(t.bytes));
-    if (several) std::printf("  %s", pad(files[i], wfile).c_str());
-    std::printf("  %14llu%s\n", static_cast<unsigned long long>(t.offset),
-                t.dtype < 0 ? "  (not an lwo dtype: cannot be streamed)" : "");
+    std::fprintf(g_out, "%6zu  %s  %-*s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
+                 static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wformat),
+                 formats[i].c_str(), static_cast<int>(wshape), shapes[i].c_str(),
+                 static_cast<unsigned long long>(t.bytes));
+    if (several) std::fprintf(g_out, "  %s", pad(files[i], wfile).c_str());
+    std::fprintf(g_out, "  %14llu%s\n", static_cast<unsigned long long>(t.offset),
+                 t.dtype < 0 ? "  (not an lwo dtype: cannot be streamed)" : "");
   }
 
-  std::printf("\n");
+  std::fprintf(g_out, "\n");
   if (n_quant)
-    std::printf("quantized  %u fp8 weight%s with 128x128 block scales: %s (codes and scales) "
-                "against %s as bf16, %s saved (%.2fx)\n",
-                n_quant, n_quant == 1 ? "" : "s", fmt_bytes(quant_bytes).c_str(),
-                fmt_bytes(bf16_bytes).c_str(), fmt_bytes(bf16_bytes - quant_bytes).c_str(),
-                static_cast<double>(bf16_bytes) / static_cast<double>(quant_bytes));
+    std::fprintf(g_out,
+                 "quantized  %u fp8 weight%s with 128x128 block scales: %s (codes and scales) "
+                 "against %s as bf16, %s saved (%.2fx)\n",
+                 n_quant, n_quant == 1 ? "" : "s", fmt_bytes(quant_bytes).c_str(),
+                 fmt_bytes(bf16_bytes).c_str(), fmt_bytes(bf16_bytes - quant_bytes).c_str(),
+                 static_cast<double>(bf16_bytes) / static_cast<double>(quant_bytes));
   if (!r.mapped) {
-    std::printf(
+    std::fprintf(
+        g_out,
         "layers     none: no default pattern (%s) maps any tensor; give --pattern or --names\n",
         default_patterns_text().c_str());
     return;
   }
   const size_t matched = r.tensors.size() - r.map.unmatched.size();
-  std::printf("layers     %zu by %s%s: %zu tensor%s in layers, %zu unmatched", r.layers.size(),
-              r.map.describe().c_str(),
-              r.map.is_default || !r.map.names_file.empty() ? ""
-              : r.map.patterns.size() == 1                  ? " (--pattern)"
-                                                            : " (--pattern, in order)",
-              matched, matched == 1 ? "" : "s", r.map.unmatched.size());
+  std::fprintf(g_out, "layers     %zu by %s%s: %zu tensor%s in layers, %zu unmatched",
+               r.layers.size(), r.map.describe().c_str(),
+               r.map.is_default || !r.map.names_file.empty() ? ""
+               : r.map.patterns.size() == 1                  ? " (--pattern)"
+                                                             : " (--pattern, in order)",
+               matched, matched == 1 ? "" : "s", r.map.unmatched.size());
   if (!r.map.gaps.empty())
-    std::printf(", %zu gap%s", r.map.gaps.size(), r.map.gaps.size() == 1 ? "" : "s");
-  std::printf("\n");
+    std::fprintf(g_out, ", %zu gap%s", r.map.gaps.size(), r.map.gaps.size() == 1 ? "" : "s");
+  std::fprintf(g_out, "\n");
   if (r.exact)
-    std::printf("\n%6s  %7s  %14s  %10s  %14s\n", "layer", "tensors", "bytes", "", "record bytes");
+    std::fprintf(g_out, "\n%6s  %7s  %14s  %10s  %14s\n", "layer", "tensors", "bytes", "",
+                 "record bytes");
   else
-    std::printf("\n%6s  %7s  %14s\n", "layer", "tensors", "bytes");
+    std::fprintf(g_out, "\n%6s  %7s  %14s\n", "layer", "tensors", "bytes");
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerRow& row = r.layers[l];
     if (row.gap()) {
-      std::printf("%6zu  %7s  %14s  gap: no tensor has this layer index\n", l, "-", "-");
+      std::fprintf(g_out, "%6zu  %7s  %14s  gap: no tensor has this layer index\n", l, "-", "-");
       continue;
     }
-    std::printf("%6zu  %7u  %14llu  %10s", l, row.n_tensors,
-                static_cast<unsigned long long>(row.bytes), fmt_bytes(row.bytes).c_str());
-    if (r.exact) std::printf("  %14llu", static_cast<unsigned long long>(row.record_bytes));
+    std::fprintf(g_out, "%6zu  %7u  %14llu  %10s", l, row.n_tensors,
+                 static_cast<unsigned long long>(row.bytes), fmt_bytes(row.bytes).c_str());
+    if (r.exact) std::fprintf(g_out, "  %14llu", static_cast<unsigned long long>(row.record_bytes));
     if (!row.not_streamable.empty())
-      std::printf("  (%s has a dtype lwo cannot stream)", quoted(row.not_streamable).c_str());
-    std::printf("\n");
+      std::fprintf(g_out, "  (%s has a dtype lwo cannot stream)",
+                   quoted(row.not_streamable).c_str());
+    std::fprintf(g_out, "\n");
   }
   if (!r.map.gaps.empty())
-    std::printf(
+    std::fprintf(
+        g_out,
         "\ngaps       layer%s %s: no tensor has %s index; lwo stream refuses a mapping with "
         "gaps\n",
         r.map.gaps.size() == 1 ? "" : "s", index_list(r.map.gaps).c_str(),
         r.map.gaps.size() == 1 ? "its" : "their");
-  std::printf("\nunmatched  %zu tensor%s%s\n", r.map.unmatched.size(),
-              r.map.unmatched.size() == 1 ? "" : "s", r.map.unmatched.empty() ? "" : ":");
+  std::fprintf(g_out, "\nunmatched  %zu tensor%s%s\n", r.map.unmatched.size(),
+               r.map.unmatched.size() == 1 ? "" : "s", r.map.unmatched.empty() ? "" : ":");
   for (uint32_t i : r.map.unmatched)
-    std::printf("             %s (%s)\n", escape(r.tensors[i].name).c_str(),
-                fmt_bytes(r.tensors[i].bytes).c_str());
-  std::printf("per layer  min %s, max %s, total %s (%llu bytes)%s\n",
-              fmt_bytes(r.min_layer).c_str(), fmt_bytes(r.max_layer).c_str(),
-              fmt_bytes(r.total_layers).c_str(), static_cast<unsigned long long>(r.total_layers),
-              r.map.gaps.empty() ? "" : " (gaps left out)");
-  std::printf("ring       depth %u: %u x %s = %s of device memory (%llu bytes)\n", o.depth,
-              o.depth, fmt_bytes(r.slot_bytes).c_str(), fmt_bytes(r.slot_bytes * o.depth).c_str(),
-              static_cast<unsigned long long>(r.slot_bytes * o.depth));
+    std::fprintf(g_out, "             %s (%s)\n", escape(r.tensors[i].name).c_str(),
+                 fmt_bytes(r.tensors[i].bytes).c_str());
+  std::fprintf(g_out, "per layer  min %s, max %s, total %s (%llu bytes)%s\n",
+               fmt_bytes(r.min_layer).c_str(), fmt_bytes(r.max_layer).c_str(),
+               fmt_bytes(r.total_layers).c_str(), static_cast<unsigned long long>(r.total_layers),
+               r.map.gaps.empty() ? "" : " (gaps left out)");
+  std::fprintf(g_out, "ring       depth %u: %u x %s = %s of device memory (%llu bytes)\n", o.depth,
+               o.depth, fmt_bytes(r.slot_bytes).c_str(), fmt_bytes(r.slot_bytes * o.depth).c_str(),
+               static_cast<unsigned long long>(r.slot_bytes * o.depth));
   if (r.exact) {
-    std::printf("           exact: the largest record of a pool on %s\n", describe(*dev).c_str());
-    std::printf("           records %s in all; the staged path also pins 2 x %s of host memory\n",
-                fmt_bytes(r.pool_total).c_str(), fmt_bytes(r.slot_bytes).c_str());
+    std::fprintf(g_out, "           exact: the largest record of a pool on %s\n",
+                 describe(*dev).c_str());
+    std::fprintf(g_out,
+                 "           records %s in all; the staged path also pins 2 x %s of host memory\n",
+                 fmt_bytes(r.pool_total).c_str(), fmt_bytes(r.slot_bytes).c_str());
   } else {
-    std::printf(
+    std::fprintf(
+        g_out,
         "           estimated (%s): the largest layer's tensors, each rounded up to %d bytes\n",
         r.estimate_reason.c_str(), LWO_RECORD_ALIGN);
-    if (!r.no_gpu.empty()) std::printf("           (%s)\n", r.no_gpu.c_str());
+    if (!r.no_gpu.empty()) std::fprintf(g_out, "           (%s)\n", r.no_gpu.c_str());
   }
   for (const LayerRow& row : r.layers)
     if (!row.not_streamable.empty()) {
-      std::printf(
-          "note       some layers hold tensors whose dtype lwo does not know: lwo stream "
-          "would fail (LWO_ERR_BAD_DTYPE)\n");
+      std::fprintf(g_out,
+                   "note       some layers hold tensors whose dtype lwo does not know: lwo stream "
+                   "would fail (LWO_ERR_BAD_DTYPE)\n");
       break;
     }
 }
@@ -232,7 +240,9 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
   j["path"] = r.path;
   Json& files = j["files"] = Json::array();
   for (size_t f = 0; f < r.files.size(); ++f)
-    files.push_back({{"file", f}, {"path", r.files[f].path}, {"bytes", r.files[f].bytes},
+    files.push_back({{"file", f},
+                     {"path", r.files[f].path},
+                     {"bytes", r.files[f].bytes},
                      {"tensors", r.files[f].n_tensors}});
   Json& metadata = j["metadata"] = Json::array();
   for (const CkptMeta& m : r.metadata)
@@ -280,14 +290,9 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
   return j;
 }
 
-}  // namespace
-
-int cmd_info(int argc, char** argv) {
-  Options o;
-  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
-  if (o.paths.size() > 1)
-    throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
-                          quoted(o.paths[1]).c_str()));
+// The work on the one FILE: opens it, maps it, prints the listing to g_out
+// (and the JSON file); a failure throws as any command's does.
+int info_one(const Options& o) {
   JsonFile json;
   json.open(o.json);
 
@@ -377,6 +382,32 @@ int cmd_info(int argc, char** argv) {
   ck.destroy();
   if (on_device) dev.engine.destroy();
   return 0;
+}
+
+}  // namespace
+
+int cmd_info(int argc, char** argv) {
+  Options o;
+  if (!parse_checkpoint_args(argc, argv, make_flags(o), &o.paths)) return 0;  // --help: printed
+  if (o.paths.size() > 1)
+    throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
+                          quoted(o.paths[1]).c_str()));
+  return info_one(o);
+}
+
+int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
+              std::FILE* err) {
+  std::vector<std::string> args = {g_program, kInfoCommand.name};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back("--");
+  args.push_back(file);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  g_command = kInfoCommand.name;
+  g_running = &kInfoCommand;
+  g_quiet = false;
+  return run_program(static_cast<int>(args.size()), argv.data(), cmd_info, out, err);
 }
 
 const Command kInfoCommand = {"info", "FILE",

@@ -30,7 +30,7 @@ bool terminal() {
     const char* term = std::getenv("TERM");
     return isatty(STDERR_FILENO) && !(term && std::strcmp(term, "dumb") == 0);
   }();
-  return on;
+  return on && g_err == stderr;
 }
 
 int columns() {
@@ -41,7 +41,7 @@ int columns() {
 
 void clear_locked() {
   if (!g_bar_shown) return;
-  std::fputs("\r\033[K", stderr);
+  std::fputs("\r\033[K", g_err);
   g_bar_shown = false;
 }
 
@@ -91,10 +91,10 @@ void draw_locked(const Phase::State& s, double now) {
   }
   std::string line = s.label + bar + right;
   if (static_cast<int>(line.size()) > cols - 1) line.resize(std::max(cols - 1, 0));
-  std::fputs("\r", stderr);
-  std::fputs(line.c_str(), stderr);
-  std::fputs("\033[K", stderr);
-  std::fflush(stderr);
+  std::fputs("\r", g_err);
+  std::fputs(line.c_str(), g_err);
+  std::fputs("\033[K", g_err);
+  std::fflush(g_err);
   g_bar_shown = true;
 }
 
@@ -105,8 +105,8 @@ bool progress_on_terminal() { return terminal() && !g_quiet; }
 void print_stderr(const std::string& text) {
   std::lock_guard<std::mutex> lock(g_mu);
   clear_locked();
-  std::fputs(text.c_str(), stderr);
-  std::fflush(stderr);
+  std::fputs(text.c_str(), g_err);
+  std::fflush(g_err);
 }
 
 namespace {
