@@ -167,20 +167,11 @@ PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
 
 Flag value_flag(const char* name, const char* value, std::string help,
                 std::function<void(const std::string&)> set) {
-  Flag f;
-  f.name = name;
-  f.value = value;
-  f.help = std::move(help);
-  f.set = std::move(set);
-  return f;
+  return Flag{name, value, std::move(help), std::move(set), {}, {}};
 }
 
 Flag switch_flag(const char* name, std::string help, std::function<void()> on) {
-  Flag f;
-  f.name = name;
-  f.help = std::move(help);
-  f.on = std::move(on);
-  return f;
+  return Flag{name, "", std::move(help), {}, std::move(on), {}};
 }
 
 Flag choice_flag(const char* name, const char* value, std::string help,
@@ -199,16 +190,14 @@ Flag switch_flag(const char* name, std::string help, bool& target, bool value) {
 }
 
 Flag moved_flag(const char* name, std::string message, std::string hint) {
-  Flag f;
-  f.name = name;
-  f.moved = [message, hint](const std::string& next) {
+  const auto moved = [message, hint](const std::string& next) {
     std::string m = message;
     const size_t at = m.find("{FILE}");
     if (at != std::string::npos)
       m.replace(at, 6, next.empty() || next[0] == '-' ? "FILE" : escape(next));
     throw UsageError(m, hint);
   };
-  return f;
+  return Flag{name, "", "", {}, {}, moved};
 }
 
 namespace {

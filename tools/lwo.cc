@@ -5,37 +5,62 @@
 // a checkpoint (info). This file dispatches and prints the help;
 // docs/CLI.md is the reference. (The sharded multi-GPU benchmark is
 // bench/bench_shard.cc, built on the same pieces.)
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "tools/cli.h"
 
 namespace cli {
-
 namespace {
-int cmd_help(int argc, char** argv);
-int cmd_version(int argc, char** argv);
+
+const char* const kOverviewHint = "run 'lwo help' for the commands";
+
+// "probe, run, ..., help or version": the command table's names.
+std::string command_names() {
+  std::string out;
+  const auto& all = commands();
+  for (size_t i = 0; i < all.size(); ++i)
+    out += std::string(i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i]->name;
+  return out;
+}
+
+void no_argument_after(int argc, char** argv, int n) {
+  if (argc > n)
+    throw UsageError(strf("unexpected argument %s", quoted(argv[n]).c_str()), kOverviewHint);
+}
+
+int cmd_help(int argc, char** argv) {
+  no_argument_after(argc, argv, 3);
+  if (argc == 2) {
+    print_overview(stdout);
+    return kExitOk;
+  }
+  const Command* c = find_command(argv[2]);
+  if (!c) throw UsageError(strf("unknown command %s", quoted(argv[2]).c_str()), kOverviewHint);
+  print_command_help(*c, stdout);
+  return kExitOk;
+}
+
+int cmd_version(int argc, char** argv) {
+  no_argument_after(argc, argv, 2);
+  std::printf("lwo %s\n", version_text().c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 // The two commands the dispatcher answers itself: no flags.
-const Command kHelpCommand = {
-    "help",
-    "[COMMAND]",
+const Command kHelpCommand = {"help", "[COMMAND]",
     "this overview, or the flags of COMMAND (lwo COMMAND --help)",
     "the overview of the commands, or with COMMAND its flags (the same as\n"
     "lwo COMMAND --help)\n",
-    nullptr,
-    cmd_help,
-};
-const Command kVersionCommand = {
-    "version",
-    "",
+    nullptr, cmd_help};
+const Command kVersionCommand = {"version", "",
     "the library version (also --version)",
     "prints the version of the lwo program and of the liblwo it runs (also\n"
     "lwo --version)\n",
-    nullptr,
-    cmd_version,
-};
+    nullptr, cmd_version};
 
 const std::vector<const Command*>& commands() {
   static const std::vector<const Command*> all = {
@@ -56,35 +81,25 @@ constexpr size_t kWidth = 79;     // columns of the help text
 constexpr size_t kFlagCol = 21;   // where a flag's help starts
 
 // `text` wrapped at kWidth, every line after the first indented by `indent`
-// (the first starts at column `at`).
+// (the first starts at column `at`); words are split at spaces.
 std::string wrap(const std::string& text, size_t at, size_t indent) {
-  std::string out, word;
+  std::string out;
   size_t col = at;
-  bool line_empty = true;
-  auto flush = [&] {
-    if (word.empty()) return;
-    if (!line_empty && col + 1 + word.size() > kWidth) {
+  size_t b = 0;
+  while ((b = text.find_first_not_of(' ', b)) != std::string::npos) {
+    const size_t e = std::min(text.find(' ', b), text.size());
+    const std::string word = text.substr(b, e - b);
+    b = e;
+    if (!out.empty() && col + 1 + word.size() > kWidth) {
       out += "\n" + std::string(indent, ' ');
       col = indent;
-      line_empty = true;
-    }
-    if (!line_empty) {
+    } else if (!out.empty()) {
       out += ' ';
       ++col;
     }
     out += word;
     col += word.size();
-    line_empty = false;
-    word.clear();
-  };
-  for (char c : text) {
-    if (c == ' ') {
-      flush();
-    } else {
-      word += c;
-    }
   }
-  flush();
   return out;
 }
 
@@ -136,63 +151,15 @@ void print_overview(std::FILE* out) {
       out);
 }
 
-}  // namespace cli
-
-namespace {
-
-using cli::UsageError;
-const char* const kOverviewHint = "run 'lwo help' for the commands";
-
-// "probe, run, ..., help or version": the command table's names.
-std::string command_names() {
-  std::string out;
-  const auto& all = cli::commands();
-  for (size_t i = 0; i < all.size(); ++i)
-    out += std::string(i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i]->name;
-  return out;
-}
-
-void no_argument_after(int argc, char** argv, int n) {
-  if (argc > n)
-    throw UsageError(cli::strf("unexpected argument %s", cli::quoted(argv[n]).c_str()),
-                     kOverviewHint);
-}
-
-}  // namespace
-
-namespace cli {
-namespace {
-
-int cmd_help(int argc, char** argv) {
-  no_argument_after(argc, argv, 3);
-  if (argc == 2) {
-    cli::print_overview(stdout);
-    return cli::kExitOk;
-  }
-  const cli::Command* c = cli::find_command(argv[2]);
-  if (!c)
-    throw UsageError(cli::strf("unknown command %s", cli::quoted(argv[2]).c_str()), kOverviewHint);
-  cli::print_command_help(*c, stdout);
-  return cli::kExitOk;
-}
-
-int cmd_version(int argc, char** argv) {
-  no_argument_after(argc, argv, 2);
-  std::printf("lwo %s\n", cli::version_text().c_str());
-  return cli::kExitOk;
-}
-
-}  // namespace
-
 int dispatch(int argc, char** argv) {
   if (argc < 2) throw UsageError("a command is needed: " + command_names(), kOverviewHint);
   std::string cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") cmd = "help";
   if (cmd == "--version") cmd = "version";
-  const cli::Command* c = cli::find_command(cmd);
-  if (!c) throw UsageError(cli::strf("unknown command %s", cli::quoted(cmd).c_str()), kOverviewHint);
-  cli::g_command = c->name;
-  cli::g_running = c;
+  const Command* c = find_command(cmd);
+  if (!c) throw UsageError(strf("unknown command %s", quoted(cmd).c_str()), kOverviewHint);
+  g_command = c->name;
+  g_running = c;
   return c->main(argc, argv);
 }
 

@@ -227,10 +227,6 @@ std::vector<Flag> make_flags(Options& o) {
   });
 }
 
-}  // namespace
-
-namespace {
-
 int cmd_plan(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
