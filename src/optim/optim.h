@@ -56,7 +56,34 @@ struct Tensor {
   float grad_scale = 1.0f;
   void* weights = nullptr;
   lwo_dtype_t weight_dtype = LWO_DTYPE_BF16;
+  // The quantized transport copy (LWO_QUANT_NONE: none). With
+  // LWO_QUANT_FP8_E4M3_BLOCK128 (the only format written here), the tensor
+  // is a rows x cols matrix, row-major (rows * cols == n), and the step
+  // writes from the updated masters exactly what quant::quantize writes
+  // from them: `codes`, rows x cols e4m3 codes (row-major: the data of
+  // quant::Layout, at the record's offset 0), and `scales`,
+  // ceil(rows / 128) x ceil(cols / 128) f32 scales (row-major: at the
+  // record's scale_offset); the record's padding is not written. Each block's
+  // scale is quant::unit_scale(amax, 448) and each code quant::e4m3_code
+  // (the division and the code rounded to nearest even, saturating at 448;
+  // src/quant/codec.h). Fused: the tensor is taken in bands of 128 rows (one
+  // block row), each band in tiles of 128 rows x up to kTileCols columns;
+  // a tile's masters are updated (and `weights` written) row by row, its
+  // blocks' amax folded in while each row is in the L1 cache, then its codes
+  // written while it is still in L2: one pass over the masters and state.
+  // The parts a Workers set gives its threads are whole bands. A block with
+  // a NaN or infinite updated master (quantize would refuse it) gets the
+  // scale NaN and every code 0x7f (NaN): it dequantizes to NaN; the masters
+  // and state are updated as ever. `weights` may be written too.
+  lwo_quant_format_t quant_format = LWO_QUANT_NONE;
+  int64_t rows = 0, cols = 0;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
 };
+
+// Columns of the tile the fused fp8 write updates, then encodes: 4 blocks,
+// 256 KiB of f32 masters for a full tile of 128 rows (within L2).
+constexpr uint64_t kTileCols = 512;
 
 // Stochastic rounding of bf16 state. The random source is a counter-based
 // hash, not a generator with state: for element i of a tensor with key K at
@@ -98,8 +125,12 @@ inline uint64_t tensor_key(uint64_t seed, uint32_t layer, uint32_t tensor) {
 }
 
 // Step `step` (1 for the first) over the tensor on `workers`.
-// LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype outside those above or a
-// missing buffer.
+// LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype outside those above, a
+// missing buffer, a quantized format other than LWO_QUANT_NONE and
+// LWO_QUANT_FP8_E4M3_BLOCK128, or a quantized copy whose rows x cols is not
+// n, whose rows or cols are below 1 or of 2^31 or more, or that lacks
+// `codes` or `scales` (codes or scales without a format, too); each message
+// names the call ("adamw", "sgd") and the value.
 void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers);
 void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers);
 

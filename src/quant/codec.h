@@ -144,6 +144,21 @@ inline uint8_t f32_to_e4m3(float v) {
   return sign | static_cast<uint8_t>((e << 3) | m);
 }
 
+// The scale of a unit (block, channel, group) whose largest magnitude is
+// amax (finite, >= 0), for a format whose largest code is code_max
+// (kFp8Max, kInt8Max, kInt4Max): max(amax / code_max, kMinScale), the f32
+// division rounded to nearest even. quantize() (quant.cc) and the host
+// optimizer's fused fp8 write (src/optim) both call it.
+inline float unit_scale(float amax, float code_max) {
+  const float s = amax / code_max;
+  return s < kMinScale ? kMinScale : s;
+}
+
+// The e4m3 code of x under `scale`: f32_to_e4m3(x / scale), the division
+// rounded to nearest even and the code by f32_to_e4m3 (nearest even,
+// saturating). x / scale must not be NaN.
+inline uint8_t e4m3_code(float x, float scale) { return f32_to_e4m3(x / scale); }
+
 // Round to nearest even, clamped to [-max, max] (max 127 or 7).
 inline int32_t f32_to_int(float v, float max) {
   const float c = std::fmin(std::fmax(v, -max), max);
