@@ -2,10 +2,10 @@
 // quant_format): the codes and scales it writes from the updated masters
 // against an f64 reference of the whole update and quantization, bit for bit
 // against the same update without it followed by quant::quantize of the
-// masters (shapes with rows and cols off the 128 grid and the 512-column
-// tile, a zero block, large and tiny values, AdamW and SGD, f32 and bf16
-// state), the same bytes for 1, 2 and 3 threads, a non-finite block, and the
-// refused inputs.
+// masters (shapes with rows and cols off the 128 grid, one across two tiles
+// of kTileCols; a zero block, large and tiny values; AdamW and SGD, f32 and
+// bf16 state), ties to the even code, the same bytes for 1, 2 and 3
+// threads, a non-finite block, and the refused inputs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -105,7 +105,8 @@ struct Shape {
   int64_t rows, cols;
 };
 const Shape kShapes[] = {{1, 1}, {3, 700}, {127, 129}, {128, 128}, {129, 1},
-                         {200, 300}, {256, 1100}, {300, 512}, {130, 1025}};
+                         {200, 300}, {256, 1100}, {300, 512}, {130, 1025}, {129, 2200}};
+static_assert(kTileCols == 2048, "the last shape spans two tiles");
 
 // The fused write equals the plain update (the same masters, moments and
 // bf16 weights) followed by quant::quantize of the masters, byte for byte,
