@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "src/common/dtype.h"
@@ -141,38 +142,67 @@ LWO_VECTOR_LOOP void encode_row(uint8_t* __restrict q, const float* __restrict p
   }
 }
 
+// A tile whose scales are known and whose codes are still to be written.
+struct Pending {
+  uint64_t r0 = 0, rows = 0, c0 = 0, w = 0;
+  const float* scale = nullptr;
+  uint32_t amax[kTileBlocks] = {};
+};
+
+// Pending row j's codes (j < p.rows).
+inline void encode_pending(const Tensor& t, const Pending& p, uint64_t j) {
+  const uint64_t i = (p.r0 + j) * static_cast<uint64_t>(t.cols) + p.c0;
+  encode_row(t.codes + i, t.master + i, p.w, p.scale, p.amax);
+}
+
 // Elements [b, e) (whole bands of 128 rows, e at most n) updated by
 // update(i, j) (the masters and state of [i, j), any stochastic keys
-// included), `weights` written, and the band's codes and scales: per tile
-// of 128 rows x kTileCols columns, each row's update, weights and amax,
-// then the tile's scales and codes.
+// included), `weights` written, and the bands' codes and scales. Each band
+// is taken in tiles of 128 rows x kTileCols columns (fewer where the band
+// ends): each row of a tile updated, its weights written and its blocks'
+// amax folded in while it is in L1; once the tile's rows are done, its
+// scales. Its codes are written during the next tile (of this band or the
+// next one of the part): its row j's right after the next tile's row j is
+// updated (its masters still in cache), so that the encoding's arithmetic
+// sits between the update's memory streams; the last tile's once the others
+// are done. A band whose rows end early (the tensor's last) leaves the
+// previous tile's remaining rows to encode before its scales.
 template <typename F>
 void with_fp8(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
   const uint64_t cols = static_cast<uint64_t>(t.cols), rows = static_cast<uint64_t>(t.rows);
   const uint64_t scale_cols = (cols + kBlock - 1) / kBlock;
   const uint64_t r_end = std::min(rows, (e + cols - 1) / cols);
+  Pending pend[2];
+  Pending* prev = &pend[0];  // rows == 0: none
+  Pending* cur = &pend[1];
   for (uint64_t r0 = b / cols; r0 < r_end; r0 += kBlock) {
     const uint64_t r1 = std::min(r_end, r0 + kBlock);
     float* scale_row = t.scales + (r0 / kBlock) * scale_cols;
     for (uint64_t c0 = 0; c0 < cols; c0 += kTileCols) {
       const uint64_t w = std::min(cols - c0, kTileCols);
-      uint32_t amax[kTileBlocks] = {};
+      *cur = Pending{};
       for (uint64_t r = r0; r < r1; ++r) {
         const uint64_t i = r * cols + c0;
         update(i, i + w);
         if (t.weights) store_rounded(t.weights, t.weight_dtype, i, t.master + i, w, true);
-        fold_abs_max(t.master + i, w, amax);
+        fold_abs_max(t.master + i, w, cur->amax);
+        if (r - r0 < prev->rows) encode_pending(t, *prev, r - r0);
       }
+      for (uint64_t j = r1 - r0; j < prev->rows; ++j) encode_pending(t, *prev, j);
       float* s = scale_row + c0 / kBlock;
       for (uint64_t k = 0; k * kBlock < w; ++k)
-        s[k] = amax[k] >= kNonFinite ? quant::f32_of_bits(0x7fc00000u)
-                                     : quant::unit_scale(quant::f32_of_bits(amax[k]), quant::kFp8Max);
-      for (uint64_t r = r0; r < r1; ++r) {
-        const uint64_t i = r * cols + c0;
-        encode_row(t.codes + i, t.master + i, w, s, amax);
-      }
+        s[k] = cur->amax[k] >= kNonFinite
+                   ? quant::f32_of_bits(0x7fc00000u)
+                   : quant::unit_scale(quant::f32_of_bits(cur->amax[k]), quant::kFp8Max);
+      cur->r0 = r0;
+      cur->rows = r1 - r0;
+      cur->c0 = c0;
+      cur->w = w;
+      cur->scale = s;
+      std::swap(prev, cur);
     }
   }
+  for (uint64_t j = 0; j < prev->rows; ++j) encode_pending(t, *prev, j);
   if (t.weights) streaming_fence();
 }
 

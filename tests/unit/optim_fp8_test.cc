@@ -105,8 +105,8 @@ struct Shape {
   int64_t rows, cols;
 };
 const Shape kShapes[] = {{1, 1}, {3, 700}, {127, 129}, {128, 128}, {129, 1},
-                         {200, 300}, {256, 1100}, {300, 512}, {130, 1025}, {129, 2200}};
-static_assert(kTileCols == 2048, "the last shape spans two tiles");
+                         {200, 300}, {256, 1100}, {300, 512}, {130, 1025}, {129, 4200}};
+static_assert(kTileCols == 4096, "the last shape spans two tiles");
 
 // The fused write equals the plain update (the same masters, moments and
 // bf16 weights) followed by quant::quantize of the masters, byte for byte,
