@@ -126,23 +126,24 @@ LWO_QUANT_HD inline uint16_t f32_to_f16(float f) {
 // ---- encoding (host only), of a value already divided by its scale ----
 
 // Round to nearest even, saturating to +-448 (so values of 464 and up, which
-// would round past the largest code, give 0x7e as well). v must not be NaN.
-// Branch free, so that a loop of it vectorizes (the optimizer's fused fp8
-// write): every path is formed and one selected. A magnitude of 2^-6 and up
-// rounds its 23-bit mantissa to 3 bits in the integer bits (ties to the even
-// mantissa, a carry moving into the exponent); below 2^-6 the code is a
-// multiple of 2^-9, a x 512 (exact) rounded to an integer by adding 2^23 in
-// f32 (the hardware's nearest even: the ulp there is 1).
+// would round past the largest code, give 0x7e as well). v must not be NaN
+// (a NaN gives sign | 0x7e). Branch free, so that a loop of it vectorizes
+// (the optimizer's fused fp8 write): both paths are formed and one selected,
+// on the magnitude's bits. From 2^-6 up the 23-bit mantissa is rounded to 3
+// bits in the integer bits (ties to the even mantissa, a carry moving into
+// the exponent), and the code capped at 0x7e: every magnitude below 448
+// gives at most 0x7e, every one from 448 up (and NaN) more. Below 2^-6 the
+// code is a multiple of 2^-9, a x 512 (exact) rounded to an integer by adding
+// 2^23 in f32 (the hardware's nearest even: the ulp there is 1).
 inline uint8_t f32_to_e4m3(float v) {
   const uint32_t u = bits_of_f32(v);
-  const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t au = u & 0x7fffffffu;
-  const float a = f32_of_bits(au);
   const uint32_t r = au + 0x7ffffu + ((au >> 20) & 1u);
   const uint32_t normal = (r >> 20) - (120u << 3);  // (exponent - 120) << 3 | mantissa
-  const uint32_t sub = bits_of_f32(a * 512.0f + 0x1p23f) - 0x4b000000u;  // 0 .. 8
-  const uint32_t mag = !(a < kFp8Max) ? 0x7eu : a < 0x1p-6f ? sub : normal;
-  return static_cast<uint8_t>(sign | mag);
+  const uint32_t capped = normal < 0x7eu ? normal : 0x7eu;
+  const uint32_t sub = bits_of_f32(f32_of_bits(au) * 512.0f + 0x1p23f) - 0x4b000000u;  // 0 .. 8
+  const uint32_t mag = au < 0x3c800000u ? sub : capped;  // below 2^-6: subnormal codes
+  return static_cast<uint8_t>(((u >> 24) & 0x80u) | mag);
 }
 
 // The scale of a unit (block, channel, group) whose largest magnitude is
