@@ -2,14 +2,16 @@
 // one tensor's parameters, f32 master weights, state in f32 or bf16 (rounded
 // to nearest even, or stochastically from a counter-based random stream),
 // gradients read in their wire dtype and scaled (the clipping coefficient),
-// the updated weights written back rounded to the pool's dtype. Host only,
-// run on a Workers set (workers.h: fixed parts per thread, NUMA placement);
+// the updated weights written back rounded to the pool's dtype and/or as an
+// fp8 block-128 copy (Tensor::quant_format). Host only, run on a Workers set
+// (workers.h: fixed parts per thread, NUMA placement);
 // the loops are built once per x86-64 level (AVX-512, AVX2, baseline) and
 // one is picked at load time (LWO_VECTOR_LOOP, src/common/dtype.h).
 //
 // Every result is a function of the element's own inputs (and, for the
-// stochastic rounding, of its index, the tensor's key and the step): the
-// number of threads and the parts they take change no bit.
+// stochastic rounding, of its index, the tensor's key and the step; for an
+// fp8 code or scale, of its 128 x 128 block's, a block never split between
+// threads): the number of threads and the parts they take change no bit.
 #pragma once
 
 #include <cstdint>
@@ -85,8 +87,9 @@ struct Tensor {
 // Columns of the tile the fused fp8 write updates, then encodes: 32 blocks,
 // 2 MiB of f32 masters for a full tile of 128 rows (the L2 of a core on the
 // hosts measured: 1-2 MiB). Wider tiles ran faster on the dev host (rows of
-// 16 KiB per array keep the prefetchers' runs long): the fused step over the
-// bf16 write's time was 1.68 at 1024 columns, 1.32 at 2048, 1.28 at 4096.
+// 16 KiB per array keep the prefetchers' runs long; the fused step over the
+// bf16 write's time was 1.68 at 1024 columns, 1.32 at 2048, 1.28 at 4096,
+// with an encoder since made cheaper).
 constexpr uint64_t kTileCols = 4096;
 
 // Stochastic rounding of bf16 state. The random source is a counter-based
@@ -163,7 +166,8 @@ void first_touch(float* dst, const void* src, lwo_dtype_t dtype, uint64_t n, voi
 void* map_state(uint64_t bytes, const char* what);
 void unmap_state(void* p, uint64_t bytes) noexcept;
 // The partition every step uses: parts aligned to 4096 elements (whole
-// pages of f32 and bf16), at least 2^15 elements each.
+// pages of f32 and bf16), at least 2^15 elements each; with a quantized
+// copy, parts of whole bands (128 x cols elements) instead.
 constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kMinPart = uint64_t(1) << 15;
 
