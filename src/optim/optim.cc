@@ -149,10 +149,20 @@ struct Pending {
   uint32_t amax[kTileBlocks] = {};
 };
 
-// Pending row j's codes (j < p.rows).
-inline void encode_pending(const Tensor& t, const Pending& p, uint64_t j) {
-  const uint64_t i = (p.r0 + j) * static_cast<uint64_t>(t.cols) + p.c0;
-  encode_row(t.codes + i, t.master + i, p.w, p.scale, p.amax);
+// Elements a row of a tile is updated and a pending row encoded in, in
+// turn: 4 blocks. Finer turns let the encoding's arithmetic overlap the
+// update's memory traffic better (the fused / bf16-write ratio on the dev
+// host: 1.21 with whole rows of 4096, 1.18 at 1024, 1.15-1.17 at 512 and 256).
+constexpr uint64_t kInterleave = 512;
+static_assert(kTileCols % kInterleave == 0 && kInterleave % kBlock == 0, "turns of whole blocks");
+
+// The codes of pending row j (j < p.rows), columns [c, c + kInterleave) of
+// the tile's (none past its width; c a multiple of kInterleave).
+inline void encode_pending(const Tensor& t, const Pending& p, uint64_t j, uint64_t c) {
+  if (c >= p.w) return;
+  const uint64_t i = (p.r0 + j) * static_cast<uint64_t>(t.cols) + p.c0 + c;
+  encode_row(t.codes + i, t.master + i, std::min(kInterleave, p.w - c), p.scale + c / kBlock,
+             p.amax + c / kBlock);
 }
 
 // Elements [b, e) (whole bands of 128 rows, e at most n) updated by
@@ -162,10 +172,10 @@ inline void encode_pending(const Tensor& t, const Pending& p, uint64_t j) {
 // ends): each row of a tile updated, its weights written and its blocks'
 // amax folded in while it is in L1; once the tile's rows are done, its
 // scales. Its codes are written during the next tile (of this band or the
-// next one of the part): its row j's right after the next tile's row j is
-// updated (its masters still in cache), so that the encoding's arithmetic
-// sits between the update's memory streams; the last tile's once the others
-// are done. A band whose rows end early (the tensor's last) leaves the
+// next one of the part): its row j's in turns of kInterleave columns with
+// the next tile's row j's update (its masters still in cache), so that the
+// encoding's arithmetic sits between the update's memory streams; the last
+// tile's once the others are done. A band whose rows end early (the tensor's last) leaves the
 // previous tile's remaining rows to encode before its scales.
 template <typename F>
 void with_fp8(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
@@ -183,12 +193,19 @@ void with_fp8(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
       *cur = Pending{};
       for (uint64_t r = r0; r < r1; ++r) {
         const uint64_t i = r * cols + c0;
-        update(i, i + w);
-        if (t.weights) store_rounded(t.weights, t.weight_dtype, i, t.master + i, w, true);
-        fold_abs_max(t.master + i, w, cur->amax);
-        if (r - r0 < prev->rows) encode_pending(t, *prev, r - r0);
+        const bool encode = r - r0 < prev->rows;
+        uint64_t c = 0;
+        for (; c < w; c += kInterleave) {
+          const uint64_t u = std::min(kInterleave, w - c);
+          update(i + c, i + c + u);
+          if (t.weights) store_rounded(t.weights, t.weight_dtype, i + c, t.master + i + c, u, true);
+          fold_abs_max(t.master + i + c, u, cur->amax + c / kBlock);
+          if (encode) encode_pending(t, *prev, r - r0, c);
+        }
+        for (; encode && c < prev->w; c += kInterleave) encode_pending(t, *prev, r - r0, c);
       }
-      for (uint64_t j = r1 - r0; j < prev->rows; ++j) encode_pending(t, *prev, j);
+      for (uint64_t j = r1 - r0; j < prev->rows; ++j)
+        for (uint64_t c = 0; c < prev->w; c += kInterleave) encode_pending(t, *prev, j, c);
       float* s = scale_row + c0 / kBlock;
       for (uint64_t k = 0; k * kBlock < w; ++k)
         s[k] = cur->amax[k] >= kNonFinite
@@ -202,7 +219,8 @@ void with_fp8(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
       std::swap(prev, cur);
     }
   }
-  for (uint64_t j = 0; j < prev->rows; ++j) encode_pending(t, *prev, j);
+  for (uint64_t j = 0; j < prev->rows; ++j)
+    for (uint64_t c = 0; c < prev->w; c += kInterleave) encode_pending(t, *prev, j, c);
   if (t.weights) streaming_fence();
 }
 
