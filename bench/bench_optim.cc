@@ -6,7 +6,9 @@
 // triad bandwidth measured beside the steps (one triad pass before each
 // timed step, the median of those: a shared host's bandwidth drifts by tens
 // of percent within a minute), and the ratio to it (target: at least 0.85).
-// Host only: it needs no GPU.
+// A last case alternates AdamW steps that write the bf16 weights with steps
+// that write the fused fp8 block-128 copy instead, on one tensor, and reports
+// the ratio of their times. Host only: it needs no GPU.
 //
 //   build/bench/bench_optim [--params_log2=28] [--threads=0] [--min_time=2]
 //                           [--benchmark_filter=...] [--benchmark_format=json]
@@ -213,6 +215,66 @@ void BM_Optimizer(benchmark::State& st, int kind, lwo_dtype_t sd, bool sr) {
          paired);
 }
 
+// AdamW with f32 state on one 2^log2-parameter tensor (2^(log2 - 12) x
+// 4096), its steps alternating between the bf16 weights' write (the pool's
+// dtype; AdamW/f32_state's step) and the fused fp8 block-128 write
+// (Tensor::quant_format: the codes and scales, no bf16 weights), each timed
+// on its own: the ratio of their medians is the fused write's cost over the
+// update alone (target: at most 1.05). Alternating pairs cancel a shared
+// host's drift.
+void BM_Fp8Write(benchmark::State& st) {
+  bandwidth();
+  const uint64_t n = uint64_t(1) << g_log2, cols = 4096, rows = n / cols;
+  Mapping P(n * 4), M(n * 4), V(n * 4), G(n * 2), W(n * 2), Q(n), S(4 * (rows / 128) * (cols / 128) + 4096);
+  void* state[2] = {M.p, V.p};
+  lwo::optim::first_touch(P.as<float>(), nullptr, LWO_DTYPE_F32, n, state, 2, LWO_DTYPE_F32, workers());
+  workers().run(n, 128 * cols, lwo::optim::kMinPart, [&](uint64_t lo, uint64_t hi) {
+    uint16_t* g = G.as<uint16_t>();
+    for (uint64_t i = lo; i < hi; ++i) {
+      g[i] = lwo::f32_to_bf16(static_cast<float>(static_cast<int>(i % 201) - 100) * 1e-3f);
+      W.as<uint16_t>()[i] = 0;
+      Q.as<uint8_t>()[i] = 0;
+    }
+  });
+  lwo::optim::Tensor bf16;
+  bf16.n = n;
+  bf16.master = P.as<float>();
+  bf16.m = M.p;
+  bf16.v = V.p;
+  bf16.state_dtype = LWO_DTYPE_F32;
+  bf16.grad = G.p;
+  bf16.grad_dtype = LWO_DTYPE_BF16;
+  bf16.weights = W.p;
+  bf16.weight_dtype = LWO_DTYPE_BF16;
+  lwo::optim::Tensor fp8 = bf16;
+  fp8.weights = nullptr;
+  fp8.quant_format = LWO_QUANT_FP8_E4M3_BLOCK128;
+  fp8.rows = static_cast<int64_t>(rows);
+  fp8.cols = static_cast<int64_t>(cols);
+  fp8.codes = Q.as<uint8_t>();
+  fp8.scales = S.as<float>();
+  uint64_t step = 1;
+  std::vector<double> t_bf16, t_fp8;
+  auto timed = [&](const lwo::optim::Tensor& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    lwo::optim::adamw_step(t, lwo::optim::AdamW{}, step++, workers());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (auto _ : st) {
+    t_bf16.push_back(timed(bf16));
+    t_fp8.push_back(timed(fp8));
+    st.SetIterationTime(t_bf16.back() + t_fp8.back());
+  }
+  const double a = median_of(t_bf16), b = median_of(t_fp8);
+  st.counters["bf16_write_ms"] = a * 1e3;
+  st.counters["fp8_block_write_ms"] = b * 1e3;
+  st.counters["bf16_params_per_s"] = n / a;
+  st.counters["fp8_params_per_s"] = n / b;
+  st.counters["fp8_over_bf16"] = b / a;
+  st.counters["threads"] = workers().size();
+  st.SetLabel(lwo::optim::vector_level());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -247,12 +309,26 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(g_min_time);
   benchmark::RegisterBenchmark("SGD/f32_momentum", BM_Optimizer, 1, LWO_DTYPE_F32, false)
       ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(g_min_time);
+  if (g_log2 >= 19)  // at least one band of 128 x 4096
+    benchmark::RegisterBenchmark("AdamW/f32_state/bf16_write_vs_fp8_block_write", BM_Fp8Write)
+        ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(g_min_time);
   // Each optimizer run's ratio to the floor, in one line per run at the end.
   struct Ratio : benchmark::ConsoleReporter {
     std::vector<std::string> lines;
     void ReportRuns(const std::vector<Run>& runs) override {
       ConsoleReporter::ReportRuns(runs);
       for (const Run& r : runs) {
+        auto q = r.counters.find("fp8_over_bf16");
+        if (q != r.counters.end() && r.run_type == Run::RT_Iteration) {
+          char qb[320];
+          std::snprintf(qb, sizeof qb,
+                        "%-32s adamw bf16 write %.3f G params/s, adamw + fp8-block write %.3f G "
+                        "params/s: fused / update alone %.3fx (target 1.05x)",
+                        r.benchmark_name().c_str(), r.counters.at("bf16_params_per_s").value / 1e9,
+                        r.counters.at("fp8_params_per_s").value / 1e9, q->second.value);
+          lines.push_back(qb);
+          continue;
+        }
         auto p = r.counters.find("params_per_s"), f = r.counters.find("floor_params_per_s");
         if (p == r.counters.end() || f == r.counters.end() || r.run_type != Run::RT_Iteration) continue;
         auto tr = r.counters.find("paired_triad_GBps"), b = r.counters.find("bytes_per_param");

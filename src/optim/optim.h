@@ -2,14 +2,16 @@
 // one tensor's parameters, f32 master weights, state in f32 or bf16 (rounded
 // to nearest even, or stochastically from a counter-based random stream),
 // gradients read in their wire dtype and scaled (the clipping coefficient),
-// the updated weights written back rounded to the pool's dtype. Host only,
-// run on a Workers set (workers.h: fixed parts per thread, NUMA placement);
+// the updated weights written back rounded to the pool's dtype and/or as an
+// fp8 block-128 copy (Tensor::quant_format). Host only, run on a Workers set
+// (workers.h: fixed parts per thread, NUMA placement);
 // the loops are built once per x86-64 level (AVX-512, AVX2, baseline) and
 // one is picked at load time (LWO_VECTOR_LOOP, src/common/dtype.h).
 //
 // Every result is a function of the element's own inputs (and, for the
-// stochastic rounding, of its index, the tensor's key and the step): the
-// number of threads and the parts they take change no bit.
+// stochastic rounding, of its index, the tensor's key and the step; for an
+// fp8 code or scale, of its 128 x 128 block's, a block never split between
+// threads): the number of threads and the parts they take change no bit.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +58,39 @@ struct Tensor {
   float grad_scale = 1.0f;
   void* weights = nullptr;
   lwo_dtype_t weight_dtype = LWO_DTYPE_BF16;
+  // The quantized transport copy (LWO_QUANT_NONE: none). With
+  // LWO_QUANT_FP8_E4M3_BLOCK128 (the only format written here), the tensor
+  // is a rows x cols matrix, row-major (rows * cols == n), and the step
+  // writes from the updated masters exactly what quant::quantize writes
+  // from them: `codes`, rows x cols e4m3 codes (row-major: the data of
+  // quant::Layout, at the record's offset 0), and `scales`,
+  // ceil(rows / 128) x ceil(cols / 128) f32 scales (row-major: at the
+  // record's scale_offset); the record's padding is not written. Each block's
+  // scale is quant::unit_scale(amax, 448) and each code quant::e4m3_code
+  // (the division and the code rounded to nearest even, saturating at 448;
+  // src/quant/codec.h). Fused: the tensor is taken in bands of 128 rows (one
+  // block row), each band in tiles of 128 rows x up to kTileCols columns;
+  // a tile's masters are updated (and `weights` written) row by row, its
+  // blocks' amax folded in while each row is in the L1 cache, then its
+  // scales; its codes are written row by row between the next tile's rows
+  // (the masters still in cache): one pass over the masters and state.
+  // The parts a Workers set gives its threads are whole bands. A block with
+  // a NaN or infinite updated master (quantize would refuse it) gets the
+  // scale NaN and every code 0x7f (NaN): it dequantizes to NaN; the masters
+  // and state are updated as ever. `weights` may be written too.
+  lwo_quant_format_t quant_format = LWO_QUANT_NONE;
+  int64_t rows = 0, cols = 0;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
 };
+
+// Columns of the tile the fused fp8 write updates, then encodes: 32 blocks,
+// 2 MiB of f32 masters for a full tile of 128 rows (the L2 of a core on the
+// hosts measured: 1-2 MiB). Wider tiles ran faster on the dev host (rows of
+// 16 KiB per array keep the prefetchers' runs long; the fused step over the
+// bf16 write's time was 1.68 at 1024 columns, 1.32 at 2048, 1.28 at 4096,
+// with an encoder since made cheaper).
+constexpr uint64_t kTileCols = 4096;
 
 // Stochastic rounding of bf16 state. The random source is a counter-based
 // hash, not a generator with state: for element i of a tensor with key K at
@@ -98,8 +132,12 @@ inline uint64_t tensor_key(uint64_t seed, uint32_t layer, uint32_t tensor) {
 }
 
 // Step `step` (1 for the first) over the tensor on `workers`.
-// LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype outside those above or a
-// missing buffer.
+// LWO_ERR_INVALID_ARGUMENT for a step of 0, a dtype outside those above, a
+// missing buffer, a quantized format other than LWO_QUANT_NONE and
+// LWO_QUANT_FP8_E4M3_BLOCK128, or a quantized copy whose rows x cols is not
+// n, whose rows or cols are below 1 or of 2^31 or more, or that lacks
+// `codes` or `scales` (codes or scales without a format, too); each message
+// names the call ("adamw", "sgd") and the value.
 void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers);
 void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers);
 
@@ -128,7 +166,8 @@ void first_touch(float* dst, const void* src, lwo_dtype_t dtype, uint64_t n, voi
 void* map_state(uint64_t bytes, const char* what);
 void unmap_state(void* p, uint64_t bytes) noexcept;
 // The partition every step uses: parts aligned to 4096 elements (whole
-// pages of f32 and bf16), at least 2^15 elements each.
+// pages of f32 and bf16), at least 2^15 elements each; with a quantized
+// copy, parts of whole bands (128 x cols elements) instead.
 constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kMinPart = uint64_t(1) << 15;
 

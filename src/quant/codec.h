@@ -126,23 +126,40 @@ LWO_QUANT_HD inline uint16_t f32_to_f16(float f) {
 // ---- encoding (host only), of a value already divided by its scale ----
 
 // Round to nearest even, saturating to +-448 (so values of 464 and up, which
-// would round past the largest code, give 0x7e as well). v must not be NaN.
+// would round past the largest code, give 0x7e as well). v must not be NaN
+// (a NaN gives sign | 0x7e). Branch free, so that a loop of it vectorizes
+// (the optimizer's fused fp8 write): both paths are formed and one selected,
+// on the magnitude's bits. From 2^-6 up the 23-bit mantissa is rounded to 3
+// bits in the integer bits (ties to the even mantissa, a carry moving into
+// the exponent), and the code capped at 0x7e: every magnitude below 448
+// gives at most 0x7e, every one from 448 up (and NaN) more. Below 2^-6 the
+// code is a multiple of 2^-9, a x 512 (exact) rounded to an integer by adding
+// 2^23 in f32 (the hardware's nearest even: the ulp there is 1).
 inline uint8_t f32_to_e4m3(float v) {
-  const uint8_t sign = static_cast<uint8_t>((bits_of_f32(v) >> 24) & 0x80u);
-  const float a = std::fabs(v);
-  if (!(a < kFp8Max)) return sign | 0x7eu;
-  if (a < 0x1p-6f) {  // subnormal: a multiple of 2^-9 (8 * 2^-9 is 0x08, the smallest normal)
-    const float t = a * 512.0f;  // exact
-    uint32_t q = static_cast<uint32_t>(t);
-    const float frac = t - static_cast<float>(q);  // exact
-    if (frac > 0.5f || (frac == 0.5f && (q & 1u))) ++q;
-    return sign | static_cast<uint8_t>(q);
-  }
-  uint32_t u = bits_of_f32(a);
-  u += 0x7ffffu + ((u >> 20) & 1u);  // round the 23-bit mantissa to 3 bits
-  const uint32_t e = (u >> 23) - 120u, m = (u >> 20) & 7u;
-  return sign | static_cast<uint8_t>((e << 3) | m);
+  const uint32_t u = bits_of_f32(v);
+  const uint32_t au = u & 0x7fffffffu;
+  const uint32_t r = au + 0x7ffffu + ((au >> 20) & 1u);
+  const uint32_t normal = (r >> 20) - (120u << 3);  // (exponent - 120) << 3 | mantissa
+  const uint32_t capped = normal < 0x7eu ? normal : 0x7eu;
+  const uint32_t sub = bits_of_f32(f32_of_bits(au) * 512.0f + 0x1p23f) - 0x4b000000u;  // 0 .. 8
+  const uint32_t mag = au < 0x3c800000u ? sub : capped;  // below 2^-6: subnormal codes
+  return static_cast<uint8_t>(((u >> 24) & 0x80u) | mag);
 }
+
+// The scale of a unit (block, channel, group) whose largest magnitude is
+// amax (finite, >= 0), for a format whose largest code is code_max
+// (kFp8Max, kInt8Max, kInt4Max): max(amax / code_max, kMinScale), the f32
+// division rounded to nearest even. quantize() (quant.cc) and the host
+// optimizer's fused fp8 write (src/optim) both call it.
+inline float unit_scale(float amax, float code_max) {
+  const float s = amax / code_max;
+  return s < kMinScale ? kMinScale : s;
+}
+
+// The e4m3 code of x under `scale`: f32_to_e4m3(x / scale), the division
+// rounded to nearest even and the code by f32_to_e4m3 (nearest even,
+// saturating). x / scale must not be NaN.
+inline uint8_t e4m3_code(float x, float scale) { return f32_to_e4m3(x / scale); }
 
 // Round to nearest even, clamped to [-max, max] (max 127 or 7).
 inline int32_t f32_to_int(float v, float max) {

@@ -183,7 +183,7 @@ void quantize(const Layout& l, const void* src_v, lwo_dtype_t dtype, void* dst_v
       }
       for (uint64_t s = b * static_cast<uint64_t>(l.scale_cols);
            s < e * static_cast<uint64_t>(l.scale_cols) && s < n_scales; ++s)
-        scales[s] = std::max(scales[s] / qmax, kMinScale);
+        scales[s] = unit_scale(scales[s], qmax);
     });
     const uint64_t bad = first_bad.load();
     if (bad != UINT64_MAX) {
@@ -208,7 +208,7 @@ void quantize(const Layout& l, const void* src_v, lwo_dtype_t dtype, void* dst_v
           case LWO_QUANT_FP8_E4M3_BLOCK128:
             for (int64_t c = 0; c < l.cols; ++c)
               dst[row + static_cast<uint64_t>(c)] =
-                  f32_to_e4m3(load(src, row + static_cast<uint64_t>(c)) / scales[l.scale_index(r, c)]);
+                  e4m3_code(load(src, row + static_cast<uint64_t>(c)), scales[l.scale_index(r, c)]);
             break;
           case LWO_QUANT_INT8_CHANNEL:
             for (int64_t c = 0; c < l.cols; ++c)
