@@ -603,11 +603,8 @@ def _module_forward(fn, apply, forward):
                 if _functorch_active():
                     return fn.apply(input, s)
                 return apply(input, s)
-            # s.needs_dw() written out: a parameter that needs its gradient
-            # makes the graph
-            sw, b = s.weight, s.bias
-            if sw.requires_grad or (b is not None and b.requires_grad):
-                anchor = sw if sw.requires_grad else b
+            if s.needs_dw():  # a parameter that needs its gradient makes the graph
+                anchor = s.weight if s.weight.requires_grad else s.bias
                 if _functorch_active():
                     return fn.apply(input, s, anchor)
                 return apply(input, s, anchor)
@@ -790,12 +787,7 @@ class Offload:
         self._timing = bool(timing)
         self._events = []
         self._dev_index = device.index if device.type == "cuda" else -1
-        # The current-stream getter the per-layer paths call: torch's own
-        # where the backend's method only forwards to it (one Python call
-        # fewer per layer).
-        self._cur_stream = _raw_stream \
-            if getattr(backend.current_stream, "__func__", None) is _Backend.current_stream \
-            else backend.current_stream
+        self._cur_stream = backend.current_stream
         self._lin_fwd = backend.linear_forward
         raw = getattr(backend, "raw_linear_forward", None)
         self._lin_raw = raw() if raw is not None else None
@@ -1933,12 +1925,7 @@ class Offload:
         cal = self._cal
         if cal is not None:
             self._cal_start(rec, False)
-        # _acquire's first case written out: the record held for this access
-        held = self._held
-        if held is not None and held[0] is rec and held[2] == stream:
-            base = held[3]
-        else:
-            base = self._acquire(rec, stream)
+        base = self._acquire(rec, stream)
         try:
             raw = self._lin_raw
             if raw is not None:
