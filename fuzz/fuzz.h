@@ -155,3 +155,13 @@ inline CheckpointInput write_checkpoint_input(const uint8_t* data, size_t size) 
     run_input(data, size);                                                \
     return 0;                                                             \
   }
+
+// The plain program of a fuzzer over files (no libFuzzer): run_input over
+// each input file given, or each file of each folder given, then a line
+// naming the program and the count.
+#define LWO_FUZZ_FILES_MAIN(run_input, program)                      \
+  int main(int argc, char** argv) {                                  \
+    const size_t n = lwo_fuzz::run_files(argc, argv, run_input);     \
+    std::printf("%s: %zu inputs, no failure\n", program, n);         \
+    return 0;                                                        \
+  }

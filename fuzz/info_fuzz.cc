@@ -165,10 +165,5 @@ void run_input(const uint8_t* data, size_t size) {
 LWO_FUZZ_ENTRY(run_input)
 
 #ifndef LWO_LIBFUZZER
-// Lists each input file given, or each file of each folder given.
-int main(int argc, char** argv) {
-  const size_t n = lwo_fuzz::run_files(argc, argv, run_input);
-  std::printf("lwo_info_fuzz: %zu inputs, no failure\n", n);
-  return 0;
-}
+LWO_FUZZ_FILES_MAIN(run_input, "lwo_info_fuzz")
 #endif

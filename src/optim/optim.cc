@@ -97,11 +97,6 @@ void adam_update(const Tensor& t, uint64_t i, uint64_t j, const AdamConsts& c) {
   }
 }
 
-template <StateKind S>
-void adam_g(const Tensor& t, uint64_t b, uint64_t e, const AdamConsts& c) {
-  with_weights(t, b, e, [&](uint64_t i, uint64_t j) { adam_update<S>(t, i, j, c); });
-}
-
 // ---- the fused fp8 block-128 write (Tensor::quant_format) ----
 
 constexpr uint64_t kBlock = static_cast<uint64_t>(quant::kBlock);
@@ -303,6 +298,24 @@ void by_block(const Tensor& t, uint64_t step, uint64_t b, uint64_t e, F&& fn) {
   }
 }
 
+// One step over the tensor on `workers`: update(i, j, key) updates the
+// masters and state of [i, j) (inside one 2^32-element block; key: its
+// stochastic stream), and the step writes what the tensor asks besides:
+// `weights` (4096-element pages per part), or with an fp8 copy its codes and
+// scales too (whole bands of 128 rows per part, with_fp8).
+template <typename F>
+void run_step(const Tensor& t, uint64_t step, Workers& workers, F&& update) {
+  workers.run(t.n, part_align(t), kMinPart, [&](uint64_t b, uint64_t e) {
+    if (t.quant_format != LWO_QUANT_NONE) {
+      with_fp8(t, b, e, [&](uint64_t i, uint64_t j) { by_block(t, step, i, j, update); });
+      return;
+    }
+    by_block(t, step, b, e, [&](uint64_t bb, uint64_t ee, uint32_t key) {
+      with_weights(t, bb, ee, [&](uint64_t i, uint64_t j) { update(i, j, key); });
+    });
+  });
+}
+
 }  // namespace
 
 void* map_state(uint64_t bytes, const char* what) {
@@ -327,32 +340,14 @@ void adamw_step(const Tensor& t, const AdamW& h, uint64_t step, Workers& workers
                       static_cast<float>(1 / std::sqrt(bc2)), static_cast<float>(h.eps),
                       t.grad_scale, 0u};
   const StateKind sk = state_kind(t);
-  if (t.quant_format != LWO_QUANT_NONE) {
-    workers.run(t.n, part_align(t), kMinPart, [&](uint64_t b, uint64_t e) {
-      with_fp8(t, b, e, [&](uint64_t i, uint64_t j) {
-        by_block(t, step, i, j, [&](uint64_t bb, uint64_t ee, uint32_t key) {
-          AdamConsts c = c0;
-          c.key = key;
-          switch (sk) {
-            case S_F32: return adam_update<S_F32>(t, bb, ee, c);
-            case S_BF16: return adam_update<S_BF16>(t, bb, ee, c);
-            default: return adam_update<S_SR>(t, bb, ee, c);
-          }
-        });
-      });
-    });
-    return;
-  }
-  workers.run(t.n, kAlign, kMinPart, [&](uint64_t b, uint64_t e) {
-    by_block(t, step, b, e, [&](uint64_t bb, uint64_t ee, uint32_t key) {
-      AdamConsts c = c0;
-      c.key = key;
-      switch (sk) {
-        case S_F32: return adam_g<S_F32>(t, bb, ee, c);
-        case S_BF16: return adam_g<S_BF16>(t, bb, ee, c);
-        default: return adam_g<S_SR>(t, bb, ee, c);
-      }
-    });
+  run_step(t, step, workers, [&](uint64_t i, uint64_t j, uint32_t key) {
+    AdamConsts c = c0;
+    c.key = key;
+    switch (sk) {
+      case S_F32: return adam_update<S_F32>(t, i, j, c);
+      case S_BF16: return adam_update<S_BF16>(t, i, j, c);
+      default: return adam_update<S_SR>(t, i, j, c);
+    }
   });
 }
 
@@ -390,17 +385,7 @@ void sgd_step(const Tensor& t, const Sgd& h, uint64_t step, Workers& workers) {
       default: return by_g(std::integral_constant<StateKind, S_SR>{});
     }
   };
-  if (t.quant_format != LWO_QUANT_NONE) {
-    workers.run(t.n, part_align(t), kMinPart, [&](uint64_t b, uint64_t e) {
-      with_fp8(t, b, e, [&](uint64_t i, uint64_t j) { by_block(t, step, i, j, update); });
-    });
-    return;
-  }
-  workers.run(t.n, kAlign, kMinPart, [&](uint64_t b, uint64_t e) {
-    by_block(t, step, b, e, [&](uint64_t bb, uint64_t ee, uint32_t key) {
-      with_weights(t, bb, ee, [&](uint64_t i, uint64_t j) { update(i, j, key); });
-    });
-  });
+  run_step(t, step, workers, update);
 }
 
 namespace {
