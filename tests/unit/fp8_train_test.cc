@@ -530,6 +530,54 @@ TEST_F(Fp8Train, OnlyFp8Block128Trains) {
   }
 }
 
+// A convolution's weight of fp8 block-128 trains too: lwo_conv2d_backward
+// gives dweight and dbias with it, equal to the dense call's on the
+// dequantized weight (dweight and dbias do not read W; dx reads its
+// dequantization, as the forward does).
+TEST_F(Fp8Train, ConvolutionWeightGradientsWithAnFp8Weight) {
+  const int32_t n = 2, h = 6, w = 6, c = 16, k = 8;
+  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
+  d.dtype = LWO_DTYPE_BF16;
+  d.flags = LWO_CONV_BIAS;
+  d.in_channels = c;
+  d.out_channels = k;
+  d.kernel_h = d.kernel_w = 3;
+  d.pad_h = d.pad_w = 1;
+  const int64_t cols = int64_t(c) * 9;  // weight [k, c * 3 * 3]
+  std::mt19937 rng(5);
+  const std::vector<float> wf = normal(size_t(k * cols), 0.1f, rng);
+  const lwo_quant_desc qd = desc_of(LWO_QUANT_FP8_E4M3_BLOCK128, k, cols, LWO_DTYPE_F32);
+  lwo_quant_layout_info info = LWO_QUANT_LAYOUT_INFO_INIT;
+  ASSERT_LWO(lwo_quant_layout(&qd, &info));
+  std::vector<uint8_t> rec(info.total_bytes);
+  ASSERT_LWO(lwo_quantize(&qd, wf.data(), wf.size() * 4, rec.data(), rec.size(), 1));
+  lwo_quant_desc bd = qd;
+  bd.dtype = LWO_DTYPE_BF16;
+  std::vector<uint16_t> dense(size_t(k * cols));
+  ASSERT_LWO(lwo_dequantize_host(&bd, rec.data(), rec.size(), dense.data(), dense.size() * 2, 1));
+  const std::vector<uint16_t> x = to_bf16(normal(size_t(n * c * h * w), 1.f, rng)),
+                              dy = to_bf16(normal(size_t(n * k * h * w), 1.f, rng));
+  std::vector<uint16_t> dx[2], dw[2], db[2];
+  for (int q = 0; q < 2; ++q) {
+    dx[q].assign(x.size(), 0);
+    dw[q].assign(dense.size(), 0);
+    db[q].assign(size_t(k), 0);
+    d.weight_format = q ? LWO_QUANT_FP8_E4M3_BLOCK128 : LWO_QUANT_NONE;
+    ASSERT_LWO(lwo_conv2d_backward(engine, &d, n, h, w, x.data(), dy.data(),
+                                   q ? static_cast<const void*>(rec.data()) : dense.data(),
+                                   dx[q].data(), dw[q].data(), db[q].data(), LWO_DTYPE_BF16,
+                                   nullptr));
+  }
+  EXPECT_EQ(dw[1], dw[0]);
+  EXPECT_EQ(db[1], db[0]);
+  EXPECT_EQ(dx[1], dx[0]);
+  EXPECT_NE(dw[1], std::vector<uint16_t>(dense.size(), 0));
+  d.weight_format = LWO_QUANT_FP8_E4M3_CHANNEL;  // another format: frozen
+  EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "only fp8_e4m3_block128",
+              lwo_conv2d_backward(engine, &d, n, h, w, x.data(), dy.data(), rec.data(),
+                                  dx[1].data(), dw[1].data(), nullptr, LWO_DTYPE_BF16, nullptr));
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo
