@@ -81,15 +81,27 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
                  "gradient shard [%llu, +%llu)", li, tl.name.c_str(),
                  static_cast<unsigned long long>(first), static_cast<unsigned long long>(t.n),
                  static_cast<unsigned long long>(gfirst), static_cast<unsigned long long>(gn));
+        } else if (tl.quant != LWO_QUANT_NONE) {
+          if (tl.quant != LWO_QUANT_FP8_E4M3_BLOCK128)  // lwo_grads_create refuses them
+            fail(LWO_ERR_QUANTIZED_WEIGHT,
+                 "layer %u tensor '%s' is quantized (%s): only fp8_e4m3_block128 tensors train",
+                 li, tl.name.c_str(), quant::format_name(tl.quant));
+          t.quant = tl.quant;
+          t.layout = quant::layout_of(tl.quant, tl.dtype, tl.shape[0], tl.shape[1]);
+          t.n = static_cast<uint64_t>(tl.shape[0]) * static_cast<uint64_t>(tl.shape[1]);
+          pool_.tensor_host(li, ti, &t.weights, nullptr);
+          t.grad = g[ti].data;
+          t.grad_dtype = g[ti].dtype;
         } else {
           t.n = tl.bytes / dtype_size(tl.dtype);
           pool_.tensor_host(li, ti, &t.weights, nullptr);
           t.grad = g[ti].data;
           t.grad_dtype = g[ti].dtype;
         }
+        t.weight_bytes = t.quant != LWO_QUANT_NONE ? tl.bytes : t.n * dtype_size(t.weight_dtype);
         t.key = optim::tensor_key(cfg_.seed, li, ti);
         bytes += sets * (align_up(t.n * 4, kPage) + align_up(t.n * ss, kPage) * (adam ? 2 : 1));
-        if (cfg_.delayed) bytes += align_up(t.n * dtype_size(t.weight_dtype), kPage);
+        if (cfg_.delayed) bytes += align_up(t.weight_bytes, kPage);
         n_params_ += t.n;
         l.tensors.push_back(t);
       }
@@ -113,14 +125,18 @@ Optimizer::Optimizer(Grads& grads, const Config& config)
               at += align_up(t.n * ss, kPage);
             }
             void* state[2] = {t.m[s], t.v[s]};
-            optim::first_touch(t.master[s], t.weights, t.weight_dtype, t.n, state, adam ? 2 : 1,
-                               cfg_.state_dtype, workers_);
+            const bool q = t.quant != LWO_QUANT_NONE;
+            optim::first_touch(t.master[s], q ? nullptr : t.weights, t.weight_dtype, t.n, state,
+                               adam ? 2 : 1, cfg_.state_dtype, workers_);
+            // A quantized record's masters: code x its block's scale, in f32.
+            if (q)
+              quant::dequantize(t.layout, t.weights, t.master[s], LWO_DTYPE_F32, workers_.size());
           }
         if (cfg_.delayed)
           for (Tensor& t : l.tensors) {
             t.next = at;
-            at += align_up(t.n * dtype_size(t.weight_dtype), kPage);
-            std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
+            at += align_up(t.weight_bytes, kPage);
+            std::memcpy(t.next, t.weights, t.weight_bytes);
           }
       }
     }
@@ -259,10 +275,12 @@ void Optimizer::publish_next(Layer& l) {
   // partition, so the same NUMA node): one thread moved about 5-10 GB/s,
   // and a delayed step of 32 x 128 MiB spent most of its time here.
   for (Tensor& t : l.tensors) {
-    const size_t es = dtype_size(t.weight_dtype);
+    // A quantized record goes as bytes (codes, padding, scales).
+    const bool q = t.quant != LWO_QUANT_NONE;
+    const size_t es = q ? 1 : dtype_size(t.weight_dtype);
     auto* dst = static_cast<uint8_t*>(t.weights);
     const auto* src = static_cast<const uint8_t*>(t.next);
-    workers_.run(t.n, optim::kAlign, optim::kMinPart, [&](uint64_t b, uint64_t e) {
+    workers_.run(q ? t.weight_bytes : t.n, optim::kAlign, optim::kMinPart, [&](uint64_t b, uint64_t e) {
       std::memcpy(dst + b * es, src + b * es, (e - b) * es);
     });
   }
@@ -428,7 +446,16 @@ void Optimizer::update(Layer& l, uint32_t li, const Groups& g, float scale, int 
     ot.grad = t.grad;
     ot.grad_dtype = t.grad_dtype;
     ot.grad_scale = scale;
-    ot.weights = cfg_.delayed ? t.next : t.weights;
+    void* dst = cfg_.delayed ? t.next : t.weights;
+    if (t.quant != LWO_QUANT_NONE) {  // the record, written from the masters in the same pass
+      ot.quant_format = t.quant;
+      ot.rows = t.layout.rows;
+      ot.cols = t.layout.cols;
+      ot.codes = static_cast<uint8_t*>(dst);
+      ot.scales = reinterpret_cast<float*>(static_cast<uint8_t*>(dst) + t.layout.scale_offset);
+    } else {
+      ot.weights = dst;
+    }
     ot.weight_dtype = t.weight_dtype;
     if (cfg_.kind == LWO_OPTIM_ADAMW) {
       optim::AdamW h;
@@ -554,11 +581,22 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
   std::lock_guard<std::mutex> lock(mu_);
   Tensor& t = tensor_of(layer, name);
   void* dst = state_of(t, layer, name, which, bytes, src, "src", "lwo_optim_write");
+  if (which == LWO_OPTIM_MASTER && t.quant != LWO_QUANT_NONE) {
+    // Quantized first: a NaN or infinite master (which quantization refuses)
+    // leaves the masters and the pool as they were.
+    try {
+      quant::quantize(t.layout, src, LWO_DTYPE_F32, t.weights, workers_.size());
+    } catch (const Error& e) {
+      fail(e.status(), "layer %u tensor '%.255s' is %s: its masters: %s", layer, name,
+           quant::format_name(t.quant), e.what());
+    }
+  }
   if (bytes) std::memcpy(dst, src, bytes);
   const int c = layers_[layer].cur;
   if (which == LWO_OPTIM_MASTER) {
-    store_rounded(t.weights, t.weight_dtype, 0, t.master[c], t.n, false);
-    if (t.next) std::memcpy(t.next, t.weights, t.n * dtype_size(t.weight_dtype));
+    if (t.quant == LWO_QUANT_NONE)
+      store_rounded(t.weights, t.weight_dtype, 0, t.master[c], t.n, false);
+    if (t.next) std::memcpy(t.next, t.weights, t.weight_bytes);
     pool_.changed(layer);
   }
 }

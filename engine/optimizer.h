@@ -39,6 +39,12 @@
 // the next step's forward. A layer is read (Grads::Reader) until its update
 // is done. wait() writes next into the pool (the pool then equals the
 // masters' rounding).
+// fp8 block-128 tensors (the one quantized format that trains): the masters
+// start as the record dequantized to f32; each update writes the record's
+// codes and scales from the updated masters in the same pass (next holds a
+// whole record where delayed), so the pool holds exactly what lwo_quantize
+// writes from the masters, under the same pending / changed fences as a
+// dense tensor's rounding.
 #pragma once
 
 #include <condition_variable>
@@ -53,6 +59,7 @@
 #include "src/common/thread_pool.h"
 #include "src/optim/optim.h"
 #include "src/optim/workers.h"
+#include "src/quant/quant.h"
 
 namespace lwo {
 
@@ -111,6 +118,13 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     uint64_t key = 0;
     void* next = nullptr;  // delayed: the last update's rounded weights
     uint32_t group = 0;    // its hyperparameters: the step's set of this index
+    // An fp8 e4m3 block-128 tensor of the pool (quant, else LWO_QUANT_NONE):
+    // `weights` is its record (codes, scales at layout.scale_offset), which
+    // each update writes from the masters (fused, optim::Tensor::codes);
+    // the masters start as its dequantization to f32.
+    lwo_quant_format_t quant = LWO_QUANT_NONE;
+    quant::Layout layout;
+    uint64_t weight_bytes = 0;  // of the pool's tensor (and of next)
   };
   struct Layer {
     bool trainable = false;

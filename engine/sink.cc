@@ -27,7 +27,9 @@ GradLayout Sink::lay_out(uint32_t layer, const HostLayer& l) const {
     GradTensor gt;
     gt.wire = wire_dtype(t.dtype);
     gt.host = host_dtype(t.dtype);
-    gt.n = t.bytes / dtype_size(t.dtype);
+    // A quantized tensor's gradient is dense: rows x cols of its logical dtype.
+    gt.n = t.quant != LWO_QUANT_NONE ? uint64_t(t.shape[0]) * uint64_t(t.shape[1])
+                                     : t.bytes / dtype_size(t.dtype);
     gt.wire_off = woff;
     gt.host_off = hoff;
     woff = align_up(woff + gt.n * dtype_size(gt.wire), LWO_RECORD_ALIGN);

@@ -171,7 +171,8 @@ typedef enum lwo_status_t {
    * from 0.5.0 lwo_conv2d_backward, with a dweight or dbias for a
    * quantized weight, lwo_grads_create with a
    * trainable layer that holds a quantized tensor): quantized weights are
-   * frozen. Since 0.4.0. */
+   * frozen, except, since 0.6.0, LWO_QUANT_FP8_E4M3_BLOCK128 ones, whose
+   * masters the host optimizer keeps. Since 0.4.0. */
   LWO_ERR_QUANTIZED_WEIGHT = 108,
 
   /* -- state (2xx) -- */
@@ -1129,7 +1130,10 @@ LWO_API lwo_status_t lwo_linear_forward(lwo_engine* engine, const lwo_linear_des
  * LWO_LINEAR_ACCUMULATE they are added to what dweight and dbias hold. Pass
  * NULL dweight and dbias for a frozen layer. x is the forward input (may be
  * NULL when dweight is). With a quantized weight (desc->weight_format, since
- * 0.4.0) dx only: a dweight or dbias is LWO_ERR_QUANTIZED_WEIGHT. */
+ * 0.4.0) dx only: a dweight or dbias is LWO_ERR_QUANTIZED_WEIGHT, except
+ * (since 0.6.0) for LWO_QUANT_FP8_E4M3_BLOCK128, which trains: dweight is
+ * then the dense [out, in] gradient (it reads x and dy, never W; dx reads
+ * W's dequantization, as the forward does). */
 LWO_API lwo_status_t lwo_linear_backward(lwo_engine* engine, const lwo_linear_desc* desc,
                                          int64_t tokens, const void* x, const void* dy,
                                          const void* weight, void* dx, void* dweight,
@@ -1182,7 +1186,12 @@ LWO_API void lwo_grads_config_init(lwo_grads_config* config);
  * f32, bf16 or f16. LWO_ERR_BUSY destroying the pool while it exists.
  * From 0.4.0: a trainable layer (trainable NULL: every layer) that holds a
  * quantized tensor (LWO_EXT_TENSOR_QUANT, or an fp8 checkpoint weight) is
- * LWO_ERR_QUANTIZED_WEIGHT, naming the layer and the tensor.
+ * LWO_ERR_QUANTIZED_WEIGHT, naming the layer, the tensor and the format.
+ * Since 0.6.0 LWO_QUANT_FP8_E4M3_BLOCK128 tensors train: the gradient of
+ * one is dense, rows x cols of the tensor's logical dtype (or f32 with
+ * LWO_GRADS_F32), on the wire (the view's tensor_bytes) and in host memory,
+ * and lwo_optim keeps its f32 masters and writes its record; every other
+ * format stays LWO_ERR_QUANTIZED_WEIGHT.
  *
  * Gradients of a sharded pool (lwo_pool_create_sharded) are summed over the
  * ranks: lwo_grads_end reduces the layer's f32 gradients across the
@@ -1308,6 +1317,15 @@ LWO_API lwo_status_t lwo_grads_get_stats(lwo_grads* grads, lwo_grads_stats* stat
  * thread, for that layer's update alone (lwo_grads_wait and lwo_grads_zero
  * wait for the update of a layer whose buffers they zero). These are the only
  * calls that block for it besides lwo_optim_wait.
+ * An LWO_QUANT_FP8_E4M3_BLOCK128 tensor of a trainable layer (since 0.6.0)
+ * trains as any other: its masters start as its record dequantized to f32
+ * (code x its block's scale, exact), and each update writes the record's
+ * e4m3 codes and 128 x 128-block scales from the updated masters in the
+ * same pass over them (the record's padding is left as it is): exactly what
+ * lwo_quantize writes from the masters, under the same fences. A block with
+ * a NaN or infinite updated master gets scale NaN and codes 0x7f (NaN).
+ * Clipping, delayed updates (the record lags as dense weights do), groups
+ * and bf16 state apply to it unchanged.
  * The pool must be pinned, registered or sharded (not a checkpoint). On a
  * sharded pool (since 0.6.0) each rank's optimizer holds the masters and
  * state of its shard of every tensor (the elements lwo_pool_shard_tensor
@@ -1363,7 +1381,7 @@ typedef struct lwo_optim_config {
 LWO_API void lwo_optim_config_init(lwo_optim_config* config);
 
 /* Creates the optimizer of `grads` (and its pool): masters from the pool's
- * weights, state zero. LWO_ERR_INVALID_ARGUMENT for a kind, state dtype or
+ * weights (an fp8 block-128 record's dequantized to f32), state zero. LWO_ERR_INVALID_ARGUMENT for a kind, state dtype or
  * flag outside those above (stochastic rounding needs bf16 state);
  * LWO_ERR_UNSUPPORTED for a checkpoint pool (and the above on a sharded
  * pool of more than one rank); LWO_ERR_BUSY if
@@ -1450,7 +1468,11 @@ typedef enum lwo_optim_state_t {
  * (a sharded pool: this rank's shard of it, lwo_pool_shard_tensor's
  * elements) (bytes = its elements times 4 for masters, times the state dtype's size
  * for moments), out of (read) or into (write) the optimizer. Writing masters
- * also writes them, rounded, into the pool and marks the layer changed.
+ * also writes them, rounded, into the pool and marks the layer changed; for
+ * an fp8 block-128 tensor (since 0.6.0) the masters are its rows x cols f32
+ * values and writing them quantizes them into its record as lwo_quantize
+ * does (a NaN or infinite one is LWO_ERR_INVALID_ARGUMENT naming the
+ * element, and nothing changes).
  * LWO_ERR_SIZE_MISMATCH for other bytes; LWO_ERR_INVALID_ARGUMENT for
  * LWO_OPTIM_V of SGD or a frozen layer; LWO_ERR_NOT_FOUND for a name the
  * layer lacks; LWO_ERR_BUSY while a step runs. The step number is the
@@ -1579,7 +1601,8 @@ LWO_API lwo_status_t lwo_conv2d_forward(lwo_engine* engine, const lwo_conv2d_des
  * LWO_CONV_ACCUMULATE both are added to what the buffers hold (an f32
  * dweight: the layer-dtype gradient, widened and added). With a quantized
  * weight (desc->weight_format, since 0.5.0) dx only: a dweight or dbias is
- * LWO_ERR_QUANTIZED_WEIGHT. */
+ * LWO_ERR_QUANTIZED_WEIGHT, except (since 0.6.0) for
+ * LWO_QUANT_FP8_E4M3_BLOCK128, whose dense dweight comes from x and dy. */
 LWO_API lwo_status_t lwo_conv2d_backward(lwo_engine* engine, const lwo_conv2d_desc* desc,
                                          int32_t n, int32_t h, int32_t w, const void* x,
                                          const void* dy, const void* weight, void* dx,

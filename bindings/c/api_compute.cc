@@ -37,7 +37,8 @@ LWO_API void lwo_linear_desc_init(lwo_linear_desc* d) {
 // The outputs of a backward call of a layer, linear or convolution, after
 // its inputs are checked: dbias needs the layer's bias flag (`bias_flag`),
 // gradients are f32 or the layer's dtype, something is asked, and a quantized
-// weight (frozen) gets dx only.
+// weight gets dx only unless it is fp8 block-128 (the one format that trains:
+// dweight and dbias come from x and dy, whatever W's format).
 static void check_backward_outputs(const char* bias_flag, bool has_bias, lwo_dtype_t dtype,
                                    lwo_quant_format_t weight_format, const void* dx,
                                    const void* dweight, const void* dbias,
@@ -49,10 +50,11 @@ static void check_backward_outputs(const char* bias_flag, bool has_bias, lwo_dty
          lwo::dtype_name(grad_dtype), lwo::dtype_name(dtype));
   if (!dx && !dweight && !dbias)
     fail(LWO_ERR_INVALID_ARGUMENT, "dx, dweight and dbias are all NULL: nothing to do");
-  if (weight_format != LWO_QUANT_NONE && (dweight || dbias))
+  if (weight_format != LWO_QUANT_NONE && weight_format != LWO_QUANT_FP8_E4M3_BLOCK128 &&
+      (dweight || dbias))
     fail(LWO_ERR_QUANTIZED_WEIGHT,
-         "the weight is quantized (weight_format %s): it is frozen, so dweight and dbias must "
-         "be NULL (given %s%s%s)",
+         "the weight is quantized (weight_format %s): it is frozen (only fp8_e4m3_block128 "
+         "weights train), so dweight and dbias must be NULL (given %s%s%s)",
          lwo::quant::format_name(weight_format), dweight ? "dweight" : "",
          dweight && dbias ? " and " : "", dbias ? "dbias" : "");
 }

@@ -27,17 +27,27 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
     const Mode mode = (cfg.flags & LWO_GRADS_F32)           ? Mode::kF32
                       : (cfg.flags & LWO_GRADS_NATIVE_WIRE) ? Mode::kNativeWire
                                                             : Mode::kNative;
-    // Quantized tensors are frozen: no trainable layer holds one.
+    // Of the quantized formats only fp8 e4m3 block-128 trains (its gradient is
+    // dense, in the tensor's logical dtype; the optimizer keeps f32 masters
+    // and writes the record from them); any other stays frozen.
     for (uint32_t l = 0; l < p->impl->n_layers(); ++l) {
       if (trainable && !trainable[l]) continue;
-      const int qi = p->impl->first_quantized(l);
-      if (qi >= 0)
-        fail(LWO_ERR_QUANTIZED_WEIGHT,
-             "layer %u is marked trainable%s but its tensor '%s' is quantized (%s): quantized "
-             "weights are frozen (mark the layer frozen in trainable)",
-             l, trainable ? "" : " (trainable is NULL: every layer)",
-             p->impl->layer(l).layout.tensors[qi].name.c_str(),
-             lwo_quant_format_name(p->impl->layer(l).layout.tensors[qi].quant));
+      const lwo::RecordLayout& rl = p->impl->layer(l).layout;
+      for (const lwo::TensorLayout& t : rl.tensors) {
+        if (t.quant == LWO_QUANT_NONE) continue;
+        if (t.quant != LWO_QUANT_FP8_E4M3_BLOCK128)
+          fail(LWO_ERR_QUANTIZED_WEIGHT,
+               "layer %u is marked trainable%s but its tensor '%s' is quantized (%s): only "
+               "fp8_e4m3_block128 tensors train, other quantized weights are frozen (mark the "
+               "layer frozen in trainable)",
+               l, trainable ? "" : " (trainable is NULL: every layer)", t.name.c_str(),
+               lwo_quant_format_name(t.quant));
+        if (p->impl->communicator())
+          fail(LWO_ERR_UNSUPPORTED,
+               "layer %u tensor '%s' is quantized (%s) in a sharded pool: quantized tensors "
+               "train only in unsharded pools", l, t.name.c_str(),
+               lwo_quant_format_name(t.quant));
+      }
     }
     auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth, mode, cfg.n_threads);
     *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl)}));

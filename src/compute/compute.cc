@@ -339,7 +339,7 @@ void Compute::linear_backward(const Linear& l, int64_t tokens, const void* x, co
   if (db) detail::bias_grad(dy, tokens, l.out, l.dtype, db, grad_dtype, l.accumulate, stream);
   if (dx) {  // dX' (in x T) = W' (in x out) dY' (out x T)
     Gemm g{false, false, l.in, tokens, l.out, l.in, l.out, l.in, l.dtype, l.dtype, l.tf32};
-    if (l.weight_format != LWO_QUANT_NONE) {  // dx only (the C ABI refuses dw, db)
+    if (l.weight_format != LWO_QUANT_NONE) {  // W is not read by dw, db
       std::lock_guard<std::mutex> lock(mu_);
       const void* wd = dequantized_weight(l.weight_format, l.dtype, l.out, l.in, w, stream);
       gemm_locked(g, wd, dy, dx, nullptr, stream, false);

@@ -208,7 +208,7 @@ void Compute::conv_backward(const Conv& cv, int32_t n, int32_t h, int32_t w, con
     detail::channel_sum(dy, outer, cv.k, inner, cv.dtype, db, grad_dtype, cv.accumulate, stream);
   }
   if (dx) {
-    if (cv.weight_format != LWO_QUANT_NONE)  // dx only (the C ABI refuses dwt, db)
+    if (cv.weight_format != LWO_QUANT_NONE)  // W is not read by dwt, db
       wt = dequantized_weight(cv.weight_format, cv.dtype, cv.k, cv.weight_cols(), wt, stream);
     const auto algo =
         cached_algo<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(

@@ -184,10 +184,18 @@ TEST_F(QuantCheckpoint, Fp8WeightAndScalesAreOneQuantizedTensor) {
     }
     EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
     ASSERT_LWO(lwo_ring_destroy(ring));
-    // Quantized weights are frozen.
+    // fp8 block-128 weights have gradients (dense, bf16: rows x cols), but a
+    // checkpoint's mapped files are read-only: no optimizer writes them.
     lwo_grads* g = nullptr;
-    EXPECT_EQ(lwo_grads_create(pool, nullptr, nullptr, &g), LWO_ERR_QUANTIZED_WEIGHT);
-    EXPECT_NE(msg().find("'proj.weight'"), std::string::npos) << msg();
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &g));
+    lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+    ASSERT_LWO(lwo_grads_tensor(g, 0, "proj.weight", &gt));
+    EXPECT_EQ(gt.dtype, LWO_DTYPE_BF16);
+    EXPECT_EQ(gt.n_elements, static_cast<uint64_t>(rows * cols));
+    lwo_optim* o = nullptr;
+    EXPECT_EQ(lwo_optim_create(g, nullptr, &o), LWO_ERR_UNSUPPORTED);
+    EXPECT_NE(msg().find("read-only"), std::string::npos) << msg();
+    ASSERT_LWO(lwo_grads_destroy(g));
     ASSERT_LWO(lwo_pool_destroy(pool));
   }
   ASSERT_LWO(lwo_checkpoint_destroy(ck));

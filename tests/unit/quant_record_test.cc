@@ -350,9 +350,11 @@ TEST_F(QuantLinearArgs, QuantizedWeightsAreCheckedAndFrozen) {
   d.in_features = 256;
   for (lwo_quant_format_t f : kFormats) {
     d.weight_format = f;
+    if (f == LWO_QUANT_FP8_E4M3_BLOCK128) continue;  // it trains (fp8_train_test.cc)
     EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "(given dweight)",
                lwo_linear_backward(engine, &d, 4, p, p, p, p, p, nullptr, LWO_DTYPE_F32, nullptr));
     EXPECT_TRUE(contains(msg(), lwo_quant_format_name(f))) << msg();
+    EXPECT_TRUE(contains(msg(), "only fp8_e4m3_block128 weights train")) << msg();
     EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward", "given dbias",
                lwo_linear_backward(engine, &d, 4, p, p, p, nullptr, nullptr, p, LWO_DTYPE_F32,
                                    nullptr));
@@ -474,16 +476,19 @@ TEST_F(QuantConvArgs, QuantizedWeightsAreCheckedAndFrozen) {
   for (lwo_quant_format_t f : kFormats) {
     SCOPED_TRACE(lwo_quant_format_name(f));
     lwo_conv2d_desc q = quant_conv(f);
-    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "(given dweight)",
-               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F32,
-                                   nullptr));
-    EXPECT_TRUE(contains(msg(), std::string("weight_format ") + lwo_quant_format_name(f))) << msg();
-    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dbias",
-               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, nullptr, nullptr, p,
-                                   LWO_DTYPE_F32, nullptr));
-    EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dweight and dbias",
-               lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, p, LWO_DTYPE_BF16,
-                                   nullptr));
+    if (f != LWO_QUANT_FP8_E4M3_BLOCK128) {  // fp8 block-128 trains
+      EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "(given dweight)",
+                 lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F32,
+                                     nullptr));
+      EXPECT_TRUE(contains(msg(), std::string("weight_format ") + lwo_quant_format_name(f)))
+          << msg();
+      EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dbias",
+                 lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, nullptr, nullptr, p,
+                                     LWO_DTYPE_F32, nullptr));
+      EXPECT_QERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward", "given dweight and dbias",
+                 lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, p, LWO_DTYPE_BF16,
+                                     nullptr));
+    }
     // The argument class comes first.
     EXPECT_QERR(LWO_ERR_INVALID_ARGUMENT, "lwo_conv2d_backward", "grad_dtype f16",
                lwo_conv2d_backward(engine, &q, 2, 8, 8, p, p, p, p, p, nullptr, LWO_DTYPE_F16,
