@@ -52,6 +52,7 @@ class _Binding:
         self.closed = False
         self.groups = {}      # param -> its param_group's index, while attached
         self.lost = False     # the state went with the handle's close()
+        self.quantized = ()   # params streamed quantized (fp8-block, trainable), while attached
         handle._optims.append(self)
 
     # -- the lwo object ----------------------------------------------------
@@ -76,6 +77,14 @@ class _Binding:
             if gi:
                 self.lwo.set_group(self.keys[p][0], self.keys[p][1], gi)
         saved, self.saved = self.saved, {}
+        # A quantized weight's pool record holds its codes, from which lwo
+        # makes the masters; the parameter holds the values they came from.
+        self.quantized = tuple(s.weight for s in h.states
+                               if s.quant and s.weight in self.keys)
+        for p in self.quantized:
+            if p not in saved:
+                key = self.keys[p]
+                self.lwo.write(key[0], key[1], "master", p.detach().reshape(-1).float())
         for p, st in saved.items():
             key = self.keys.get(p)
             if key is None:
@@ -88,6 +97,7 @@ class _Binding:
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
             self.lwo.wait()
+            self.sync_params()
             self.lost = bool(self.keys) and not keep
             keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
             self.saved = {p: self.read(p) for p in self.keys} if keep else {}
@@ -204,6 +214,25 @@ class _Binding:
     def wait(self):
         if self.lwo is not None:
             self.lwo.wait()
+
+    def sync_params(self):
+        """The parameters of quantized weights set from their masters
+        (rounded to their dtype); their records keep their version, so
+        that the handle does not take this for a write by the caller."""
+        if self.lwo is None or not self.quantized:
+            return
+        h = self.handle
+        changed = set()
+        with torch.no_grad():
+            for p in self.quantized:
+                layer, name = self.keys[p]
+                master = torch.empty(p.numel(), dtype=torch.float32)
+                self.lwo.read(layer, name, "master", master)
+                p.copy_(master.view(p.shape))
+                changed.add(layer)
+        for layer in changed:
+            rec = h.records[layer]
+            rec.version = rec.current_version()
 
     def stats(self):
         return self.lwo.stats() if self.lwo is not None else None
@@ -404,6 +433,7 @@ class _Optimizer(torch.optim.Optimizer):
         themselves)."""
         for b in self._bindings.values():
             b.wait()
+            b.sync_params()
 
     wait = synchronize
 

@@ -437,7 +437,7 @@ class _Record:
         self.names = []      # tensor names in the record, in order
         self.version = 0
         self.trainable = False
-        self.quantized = False  # its modules' weights are quantized (frozen, a record apart)
+        self.quantized = False  # its modules' weights are quantized (a record apart)
         self.resident = False   # kept on the device by the ring (a plan's choice)
         self.bytes = 0
         self.saved_bytes = 0    # what quantization saves against the dense record
@@ -519,7 +519,7 @@ class _LinearFn(torch.autograd.Function):
     def forward(ctx, x, s, anchor=None):
         b = s.bias  # s.needs_dw() written out
         need_dw = s.weight.requires_grad or (b is not None and b.requires_grad)
-        if need_dw and s.quant:
+        if need_dw and s.quant and not s.handle._quant_trains(s):
             _refuse_quantized_grad(s)
         y = s.handle._linear_forward(s, x, True)
         ctx.s = s
@@ -543,7 +543,7 @@ class _LinearFn(torch.autograd.Function):
 class _ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, s, anchor=None):
-        if s.quant and s.needs_dw():
+        if s.quant and s.needs_dw() and not s.handle._quant_trains(s):
             _refuse_quantized_grad(s)
         y = s.handle._conv_forward(s, x, True)
         ctx.s = s
@@ -572,11 +572,18 @@ def _quant_shape(w):
     return (int(w.shape[0]), int(w.numel() // w.shape[0])) if w.shape[0] else tuple(w.shape)
 
 
+# The quantized formats whose weights train (lwo_grads_create, linear and
+# convolution backward): their gradient is dense, their masters f32 on the host.
+_TRAINABLE_QUANT = (C.LWO_QUANT_FP8_E4M3_BLOCK128,)
+
+
 def _refuse_quantized_grad(s):
     raise ArgumentError(C.LWO_ERR_QUANTIZED_WEIGHT,
                         "lwo.torch: %s %r streams its weight quantized (%s): quantized "
-                        "weights are frozen, so its weight and bias cannot require a gradient "
-                        "(close the handle and offload again without quant= for it)"
+                        "weights are frozen unless offload() had quant_trainable=True (for "
+                        "fp8-block), so its weight and bias cannot require a gradient (close "
+                        "the handle and offload again without quant= for it, or with "
+                        "quant=\"fp8-block\", quant_trainable=True)"
                         % (s.kind, s.name, _core.quant_spelling(s.quant)))
 
 
@@ -768,9 +775,10 @@ class Offload:
     @classmethod
     def _create(cls, model, targets, groups, depth, grads_depth, device, stats, timing,
                 backend, skipped, quant=None, quant_skipped=None, progress=None, source=None,
-                dist=None):
+                dist=None, quant_trainable=False):
         self = object.__new__(cls)
         self.closed = False
+        self._quant_trainable = bool(quant_trainable)
         if dist is not None:
             self._join_group(dist)
         self._checkpoint = source
@@ -799,9 +807,9 @@ class Offload:
             key = groups.get(name, name)
             fmt = quant.get(name, C.LWO_QUANT_NONE)
             if fmt and isinstance(key, tuple):
-                # A group's quantized modules make a record of their own: frozen
-                # (lwo_grads_create refuses a trainable record that holds a
-                # quantized tensor), it moves in one copy all the same.
+                # A group's quantized modules make a record of their own (its
+                # records' sizes and copy rates are the plan's to weigh apart
+                # from the dense ones); it moves in one copy all the same.
                 key = key + (fmt,)
             rec = by_key.get(key)
             if rec is None:
@@ -964,6 +972,7 @@ class Offload:
         self = object.__new__(cls)
         self.closed = False
         self.quantized, self.quant_skipped = {}, {}
+        self._quant_trainable = False
         self.model_ref = weakref.ref(model)
         self.backend, self.device, self.skipped = backend, device, skipped
         self.depth, self.grads_depth = 0, 0
@@ -1014,10 +1023,17 @@ class Offload:
         max_tr = max([r.bytes for r in self.records if r.trainable] + [0])
         return 2 * max_rec + self.grads_depth * max_tr
 
+    def _quant_trains(self, s):
+        """Module s streams quantized and may train (quant_trainable=, a
+        format that trains)."""
+        return self._quant_trainable and s.quant in _TRAINABLE_QUANT
+
     def _adopt_quantized(self, m, rec, s):
         """Quantizes m.weight into the pool (lwo_pool_write_quantized) and makes
         the parameter a CPU tensor of the dequantized weight (what lwo
-        computes with: lwo_dequantize_host of the pool's bytes), frozen."""
+        computes with: lwo_dequantize_host of the pool's bytes), frozen; a
+        trainable one (quant_trainable=) keeps its own values instead, as
+        the master its quantization is made from."""
         if self._checkpoint is not None:
             return self._checkpoint.adopt_quantized(self, m, rec, s)
         old = m._parameters["weight"]
@@ -1025,6 +1041,10 @@ class Offload:
         shape2 = _quant_shape(old)
         src = old.detach().to("cpu").contiguous().view(shape2)
         self.pool.write_quantized(rec.index, name, src)
+        if old.requires_grad:
+            p = nn.Parameter(src.clone().view(tuple(old.shape)), requires_grad=True)
+            m._parameters["weight"] = p
+            return p
         dense = torch.empty(shape2, dtype=old.dtype)
         _dequantize_host(self.pool, rec.index, name, s.quant, old.dtype, dense)
         p = nn.Parameter(dense.view(tuple(old.shape)), requires_grad=False)
@@ -1081,7 +1101,12 @@ class Offload:
 
     def _shard_of(self, layer, name):
         """(first element, count) of this rank's part of a tensor: of its
-        weights, its gradient and lwo.torch.optim's state alike."""
+        weights, its gradient and lwo.torch.optim's state alike (a quantized
+        weight, never sharded: all of its dense elements)."""
+        rec = self.records[layer]
+        for s in rec.modules:
+            if s.quant and rec.names[s.w_idx] == name:
+                return 0, s.weight.numel()
         sh = self.pool.shard_tensor(layer, name)
         return sh.first_element, sh.n_elements
 
@@ -2325,10 +2350,11 @@ def _groups_of(targets, group):
     return out
 
 
-def _quant_choice(targets, quant):
-    """({name: lwo_quant_format_t} of the frozen linears and convolutions
-    streamed quantized, {name: why not} of the others quant= would have
-    taken)."""
+def _quant_choice(targets, quant, trainable=False):
+    """({name: lwo_quant_format_t} of the linears and convolutions streamed
+    quantized: the frozen ones, and with `trainable` (quant_trainable=) the
+    trainable ones of a format that trains; {name: why not} of the others
+    quant= would have taken)."""
     if quant is None:
         return {}, {}
     fixed = None if callable(quant) else _core.quant_format(quant)  # ValueError: unknown
@@ -2338,8 +2364,14 @@ def _quant_choice(targets, quant):
         if fmt == C.LWO_QUANT_NONE:
             continue
         if m.weight.requires_grad or (m.bias is not None and m.bias.requires_grad):
-            why_not[name] = "trainable (quantized weights are frozen)"
-            continue
+            if not trainable:
+                why_not[name] = ("trainable (quantized weights are frozen unless "
+                                 "quant_trainable=True)")
+                continue
+            if fmt not in _TRAINABLE_QUANT:
+                why_not[name] = ("trainable, and %s does not train (only fp8-block does)"
+                                 % _core.quant_spelling(fmt))
+                continue
         try:  # the shape and the format: lwo_quant_layout's rules
             _core.quant_layout(fmt, _quant_shape(m.weight), _LWO_DTYPE[m.weight.dtype])
         except ArgumentError as e:
@@ -2350,8 +2382,8 @@ def _quant_choice(targets, quant):
 
 
 def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
-            stats=False, timing=False, quant=None, budget=None, plan=True, progress=None,
-            checkpoint=None, checkpoint_key=None, checkpoint_init=None, checkpoint_copy=False,
+            stats=False, timing=False, quant=None, quant_trainable=False, budget=None, plan=True,
+            progress=None, checkpoint=None, checkpoint_key=None, checkpoint_init=None, checkpoint_copy=False,
             process_group=None, dist_comm=None, _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
@@ -2423,6 +2455,21 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              ``handle.quant_skipped`` says which and why, ``handle.quantized``
              lists the others. In a group, the quantized modules make a
              record of their own.
+    quant_trainable: True: trainable modules are quantized too, where quant=
+             gives them fp8-block (LWO_QUANT_FP8_E4M3_BLOCK128, the format
+             that trains; any other leaves them dense, said in
+             ``handle.quant_skipped``): their weights travel to the GPU as
+             e4m3 codes with one f32 scale per 128 x 128 block, forward and
+             dx compute from the dequantized weight, and dW comes back in
+             the weight's dtype into param.grad. The parameter keeps the
+             weight's own values (the master the pool's quantization is made
+             from): an optimizer that updates it in place (any
+             torch.optim.Optimizer) has the layer quantized again before its
+             next stage; lwo.torch.optim keeps f32 masters on the host, made
+             from the parameter, and its updates write the new codes and
+             scales (fused into the update) - the parameter then follows
+             the masters at ``opt.synchronize()``, ``opt.state_dict()`` and
+             ``handle.close()``. Not with checkpoint= (NotImplementedError).
     checkpoint: a safetensors checkpoint to read the model's weights from (a
              .safetensors file, a sharded *.safetensors.index.json, or a
              folder holding one), typically for a model built on the meta
@@ -2500,6 +2547,14 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
                          "got %r" % (dist_comm,))
     if dist_comm is not None and process_group is None:
         raise ValueError("lwo.torch.offload: dist_comm goes with process_group=")
+    if quant_trainable and quant is None:
+        raise ValueError("lwo.torch.offload: quant_trainable=True needs quant= (the format: "
+                         "\"fp8-block\" is the one that trains)")
+    if quant_trainable and checkpoint is not None:
+        raise NotImplementedError(
+            "lwo.torch.offload: quant_trainable=True with checkpoint=: a checkpoint's weights "
+            "stream frozen when quantized; load the checkpoint into the model first, then "
+            "offload(model, quant=\"fp8-block\", quant_trainable=True)")
     dist_ranks = None
     if process_group is not None:
         dist_ranks = _group_ranks(process_group)
@@ -2585,7 +2640,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
             handle._join_group(_dist_join(process_group, dist_ranks, dist_comm, backend))
         return handle
     groups = _groups_of(targets, group)
-    quantized, quant_skipped = _quant_choice(targets, quant)
+    quantized, quant_skipped = _quant_choice(targets, quant, bool(quant_trainable))
     if source is not None:  # fp8 weights of the file stream as they are
         for name in source.fp8:
             quantized[name] = C.LWO_QUANT_FP8_E4M3_BLOCK128
@@ -2597,7 +2652,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
     try:
         handle = Offload._create(model, targets, groups, 2 if depth is None else depth,
                                  grads_depth, device, stats, timing, backend, skipped, quantized,
-                                 quant_skipped, progress, source, dist)
+                                 quant_skipped, progress, source, dist, quant_trainable)
     except BaseException:
         if dist is not None:
             dist[2].close()

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
-                                resident_reference)
+                                resident_reference, train_fp8_with_lwo_adamw)
 
 try:
     lt._Backend(torch.cuda.current_device())
@@ -340,6 +340,16 @@ def test_quantized_frozen_conv_base_with_a_trainable_head(fmt, dtype):
     compare_training(m, ref, lambda: torch.randn(4, 16, 12, 12, device=DEV, dtype=dtype),
                      dtype)
     assert h.stats()["quant"]["saved_bytes"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_trainable_fp8_block_weights_with_lwo_adamw_on_the_device(dtype):
+    """quant_trainable=True on the device: fp8-block weights streamed,
+    dequantized on the GPU, dW in the weights' dtype, lwo's host AdamW writing
+    the records from f32 masters (torch_quant_models.train_fp8_with_lwo_adamw)."""
+    train_fp8_with_lwo_adamw(
+        lambda m: lt.offload(m, device=DEV, quant="fp8-block", quant_trainable=True),
+        dtype, DEV, close)
 
 
 def test_quantized_forward_equals_lwo_dequantize_then_the_dense_linear():

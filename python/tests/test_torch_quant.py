@@ -22,8 +22,10 @@ import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
 import host_lwo  # noqa: E402
-from torch_quant_models import (Adapted, ConvAdapted, conv_resident_reference,  # noqa: E402
-                                dequantized, dequantized_conv, resident_reference)
+from torch_quant_models import (Adapted, Chain, ConvAdapted,  # noqa: E402
+                                conv_resident_reference, dequantized, dequantized_conv,
+                                resident_reference, straight_through,
+                                train_fp8_with_lwo_adamw)
 
 # The host backend computes products in f32 rounded once to the layer's dtype, as the
 # reference does on the same (dequantized) weights: only the order of the sums
@@ -212,3 +214,63 @@ def test_a_frozen_conv_base_streams_quantized(fmt):
     m.base0.weight.requires_grad_(True)
     with pytest.raises(lwo.ArgumentError, match="conv 'base0' streams its weight quantized"):
         m(torch.randn(1, 16, 4, 4))
+
+
+# ---- trainable weights streamed quantized (quant_trainable=True) ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_trainable_fp8_block_weights_with_a_torch_optimizer(dtype):
+    torch.manual_seed(11)
+    m = Chain(dtype)
+    ref = copy.deepcopy(m)
+    h, be = offload(m, quant="fp8-block", quant_trainable=True)
+    assert h.quantized == {"a": "fp8-block", "b": "fp8-block"}
+    assert all(r.quantized and r.trainable for r in h.records)
+    # the parameter keeps the weight's own values: the master
+    for name in ("a", "b"):
+        w, wr = getattr(m, name).weight, getattr(ref, name).weight
+        assert w.requires_grad and w.device.type == "cpu" and torch.equal(w, wr), name
+    fwd = straight_through(ref, "fp8-block", dtype)
+    opt = torch.optim.SGD([p for p in m.parameters()], lr=0.1)
+    writes = be.calls["write_quantized"]
+    for step in range(3):
+        # the reference from the parameters as they are (a code can flip
+        # where two updates differ in their last bit, so it takes lwo's)
+        with torch.no_grad():
+            for p, q in zip(m.parameters(), ref.parameters()):
+                q.copy_(p)
+        x = torch.randn(8, 256, dtype=dtype)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), fwd(xb)
+        close(ya, yb, dtype, "step %d output (from the updated weights' quantization)" % step)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, dtype, "step %d dx" % step)
+        for (k, p), (_k, q) in zip(m.named_parameters(), ref.named_parameters()):
+            assert p.grad is not None and p.grad.dtype == dtype, k
+            close(p.grad, q.grad, dtype, "step %d grad of %s" % (step, k))
+            q.grad = None
+        opt.step()
+        opt.zero_grad()
+    # each step's update quantized each weight again before its next stage
+    assert be.calls["write_quantized"] >= writes + 2 * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_trainable_fp8_block_weights_with_lwo_adamw(dtype):
+    train_fp8_with_lwo_adamw(lambda m: offload(m, quant="fp8-block", quant_trainable=True)[0],
+                             dtype, torch.device("cpu"), close)
+
+
+def test_quant_trainable_refusals_and_formats_that_do_not_train():
+    with pytest.raises(ValueError, match="quant_trainable=True needs quant="):
+        offload(Chain(torch.float32), quant_trainable=True)
+    m = Chain(torch.float32)
+    h, be = offload(m, quant="int8", quant_trainable=True)
+    assert h.quantized == {}
+    assert all("int8 does not train" in why for why in h.quant_skipped.values())
+    m2 = Chain(torch.float32)
+    h2, _ = offload(m2, quant="fp8-block")  # without quant_trainable: they stay dense
+    assert h2.quantized == {} and all("quant_trainable" in why
+                                      for why in h2.quant_skipped.values())

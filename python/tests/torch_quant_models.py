@@ -80,3 +80,95 @@ def dequantized_conv(w, fmt):
 
 def conv_resident_reference(m, fmt):
     return resident_reference(m, fmt, dequantized_conv)
+
+
+class Chain(nn.Module):
+    """Two trainable linears (the first with a bias) whose weights stream
+    in fp8-block, and a third that stays dense (int8 does not train)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.a = nn.Linear(256, 384)
+        self.b = nn.Linear(384, 128, bias=False)
+        self.to(dtype)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def straight_through(model, fmt, dtype, masters=None):
+    """Forward of the reference: each weight W computes as its
+    quantization dequantized (in the layer's dtype), its gradient goes to
+    W itself, as lwo computes from the record and sends dW to the
+    master. masters: {name: f32 tensor} quantized in place of the weights
+    (lwo's f32 masters, which a bf16 W only rounds)."""
+    masters = masters or {}
+
+    def q(name, w):
+        return dequantized(masters.get(name, w.detach().float()), fmt).to(w.device, dtype)
+
+    def fwd(x):
+        wa = model.a.weight
+        qa = q("a.weight", wa)
+        h = torch.tanh(nn.functional.linear(x, wa + (qa - wa).detach(), model.a.bias))
+        wb = model.b.weight
+        qb = q("b.weight", wb)
+        return nn.functional.linear(h, wb + (qb - wb).detach())
+    return fwd
+
+
+def lwo_masters(opt, model):
+    """lwo.torch.optim's f32 masters of model's parameters, by name."""
+    sd = opt.state_dict()
+    idx = {id(p): i for i, p in enumerate(model.parameters())}
+    return {k: sd["state"][idx[id(p)]]["master"] for k, p in model.named_parameters()}
+
+
+def train_fp8_with_lwo_adamw(offload, dtype, dev, close):
+    """Chain's weights streamed in fp8-block (offload(model) -> handle, with
+    quant_trainable) and trained by lwo.torch.optim.AdamW, against PyTorch's
+    AdamW on f32 masters: each step's output equals the layers computed
+    from lwo's masters' quantization, the masters follow PyTorch's, and
+    synchronize() and close() give the parameters the masters' values.
+    dev: where the model and the inputs live; close(a, b, dtype, what)."""
+    from lwo.torch import optim as lopt
+    torch.manual_seed(12)
+    m = Chain(dtype).to(dev)
+    ref = copy.deepcopy(m).float()  # f32 masters, updated by PyTorch's AdamW
+    h = offload(m)
+    opt = lopt.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    # lwo's masters start from the parameters (not from their quantization)
+    for k, v in lwo_masters(opt, m).items():
+        assert torch.equal(v, dict(ref.named_parameters())[k].detach().cpu()), k
+    for step in range(4):
+        # the layer computes in its dtype from lwo's masters' quantization
+        cur = copy.deepcopy(ref).to(dtype)
+        masters = lwo_masters(opt, m)
+        with torch.no_grad():
+            for k, v in masters.items():
+                dict(cur.named_parameters())[k].copy_(v)
+        x = torch.randn(8, 256, dtype=dtype, device=dev)
+        ya = m(x)
+        yb = straight_through(cur, "fp8-block", dtype, masters)(x)
+        close(ya, yb, dtype, "step %d output" % step)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        for p, q in zip(cur.parameters(), ref.parameters()):
+            q.grad = p.grad.float()
+        opt.step()
+        opt_r.step()
+        opt.zero_grad()
+        opt_r.zero_grad()
+    # the masters against PyTorch's AdamW on the same gradients
+    for k, v in lwo_masters(opt, m).items():
+        close(v, dict(ref.named_parameters())[k].cpu(), dtype, "master of %s" % k)
+    opt.synchronize()  # the parameters follow the masters, rounded to their dtype
+    final = lwo_masters(opt, m)
+    for k, p in m.named_parameters():
+        if k.endswith("weight"):  # the streamed weights: CPU tensors
+            assert torch.equal(p.cpu(), final[k].to(dtype)), k
+    h.close()
+    for k, p in m.named_parameters():  # close() gives back the masters' values too
+        assert torch.equal(p.cpu(), final[k].to(dtype)), k
