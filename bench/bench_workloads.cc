@@ -23,9 +23,12 @@
 //
 // Workloads (bf16, no bias, activations chained x_{i+1} = y_i):
 //   linear8192x32            32 x Linear(8192x8192), T = 1024, 8192, 16384
+//   linear8192x32_fp8        the same, its weights streamed as fp8 e4m3 with
+//                            128 x 128 block scales (dW in bf16), T = 1024
 //   m144/linear_records      24 blocks of 4 x Linear(2048x2048), Linear(2048->8192),
 //   m144/block_records       Linear(8192->2048), T = 1024: one record per linear
 //                            (144 records) or per block (24 records of 6 tensors)
+//   m144/block_records_fp8   the block records with fp8 block-128 weights
 //   linear2048x256/rec1      256 x Linear(2048x2048), T = 256, records of 1 layer
 //   linear2048x256/rec4      ... records of 4 layers (64 records)
 //   linear256x512            512 x Linear(256x256), T = 16 (overhead-bound)
@@ -90,11 +93,22 @@ Model conv_stage(uint32_t per_record) {
   return m;
 }
 
+// The same model with its weights streamed as fp8 e4m3 with 128 x 128 block
+// scales (trainable: dW in bf16, dx from the dequantized weight).
+Model fp8(Model m, std::vector<int64_t> rows) {
+  m.chain.name += "_fp8";
+  m.chain.quant = LWO_QUANT_FP8_E4M3_BLOCK128;
+  m.rows = std::move(rows);
+  return m;
+}
+
 std::vector<Model> models() {
   std::vector<Model> v;
   v.push_back(chain("linear8192x32", 8192, 32, 1, {1024, 8192, 16384}));
+  v.push_back(fp8(chain("linear8192x32", 8192, 32, 1, {}), {1024}));
   v.push_back(m144(false));
   v.push_back(m144(true));
+  v.push_back(fp8(m144(true), {1024}));
   v.push_back(chain("linear2048x256/rec1", 2048, 256, 1, {256}));
   v.push_back(chain("linear2048x256/rec4", 2048, 256, 4, {256}));
   Model small = chain("linear256x512", 256, 512, 1, {16});

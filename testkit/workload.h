@@ -55,8 +55,9 @@ struct ChainSpec {
   uint64_t seed = 1;
   // Linear weights stored quantized in this format
   // (LWO_EXT_TENSOR_QUANT, quantized on load from their uniform values in
-  // `dtype`; the layers compute with lwo_linear_desc.weight_format). Frozen
-  // only: lwo_grads_create refuses such a pool.
+  // `dtype`; the layers compute with lwo_linear_desc.weight_format). Only
+  // LWO_QUANT_FP8_E4M3_BLOCK128 trains (its dW dense in `dtype`); with any
+  // other format lwo_grads_create refuses the pool, so run it frozen.
   lwo_quant_format_t quant = LWO_QUANT_NONE;
 
   uint32_t n_ops() const { return static_cast<uint32_t>(ops.size()); }
