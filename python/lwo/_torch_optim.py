@@ -216,11 +216,12 @@ class _Binding:
             self.lwo.wait()
 
     def sync_params(self):
-        """The parameters of quantized weights set from their masters
-        (rounded to their dtype); their records keep their version, so
+        """Waits for the step, then sets the parameters of quantized weights
+        from their masters (rounded to their dtype); their records keep their version, so
         that the handle does not take this for a write by the caller."""
         if self.lwo is None or not self.quantized:
             return
+        self.lwo.wait()
         h = self.handle
         changed = set()
         with torch.no_grad():
@@ -433,9 +434,18 @@ class _Optimizer(torch.optim.Optimizer):
         themselves)."""
         for b in self._bindings.values():
             b.wait()
-            b.sync_params()
 
     wait = synchronize
+
+    def sync_params(self):
+        """Waits for the updates, then sets the parameters of weights streamed
+        quantized (offload(quant_trainable=True)) from their f32 masters,
+        rounded to their dtype. lwo computes from the masters; the parameter
+        follows them here, at state_dict() (the optimizer's or the
+        model's) and at the handle's close(), not after every step."""
+        for b in self._bindings.values():
+            b.wait()
+            b.sync_params()
 
     def stats(self):
         """lwo_optim_stats of each handle's host optimizer (a list)."""
@@ -447,7 +457,7 @@ class _Optimizer(torch.optim.Optimizer):
         momentum_buffer) in the state dtype, flat in the parameter's shape,
         and "master", its f32 master weights."""
         self._classify()
-        self.synchronize()
+        self.sync_params()
         merged = {}
         inner_state = self._inner.state if self._inner is not None else {}
         self._next_steps()  # (the counts' list as long as the groups)

@@ -473,6 +473,7 @@ def _streamed_class(cls):
         fwd = _linear_module_forward if issubclass(cls, nn.Linear) else _conv_module_forward
         sub = type(cls.__name__, (cls,), {
             "forward": fwd, "_apply": _streamed_apply, "_lwo_base_class": cls,
+            "_save_to_state_dict": _streamed_save,
             "__module__": cls.__module__,
             "__doc__": "%s streamed by lwo.torch (see lwo.torch.offload)" % cls.__name__,
         })
@@ -493,6 +494,16 @@ def _streamed_apply(self, fn, *args, **kwargs):
         return type(self)._lwo_base_class._apply(self, fn, *args, **kwargs)
     finally:
         self._parameters.update(saved)
+
+
+def _streamed_save(self, destination, prefix, keep_vars):
+    """nn.Module._save_to_state_dict, the parameter of a weight streamed
+    quantized and trained by lwo.torch.optim first set from its master."""
+    s = self._lwo_state
+    if s.quant:
+        for b in s.handle._optims:
+            b.sync_params()
+    return type(self)._lwo_base_class._save_to_state_dict(self, destination, prefix, keep_vars)
 
 
 def _check_params(self, s):
@@ -2468,8 +2479,9 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              next stage; lwo.torch.optim keeps f32 masters on the host, made
              from the parameter, and its updates write the new codes and
              scales (fused into the update) - the parameter then follows
-             the masters at ``opt.synchronize()``, ``opt.state_dict()`` and
-             ``handle.close()``. Not with checkpoint= (NotImplementedError).
+             the masters at ``opt.sync_params()``, ``opt.state_dict()``, the
+             model's ``state_dict()`` and ``handle.close()``. Not with
+             checkpoint= (NotImplementedError).
     checkpoint: a safetensors checkpoint to read the model's weights from (a
              .safetensors file, a sharded *.safetensors.index.json, or a
              folder holding one), typically for a model built on the meta

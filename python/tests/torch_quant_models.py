@@ -129,7 +129,8 @@ def train_fp8_with_lwo_adamw(offload, dtype, dev, close):
     quant_trainable) and trained by lwo.torch.optim.AdamW, against PyTorch's
     AdamW on f32 masters: each step's output equals the layers computed
     from lwo's masters' quantization, the masters follow PyTorch's, and
-    synchronize() and close() give the parameters the masters' values.
+    the model's state_dict(), sync_params() and close() give the parameters
+    the masters' values.
     dev: where the model and the inputs live; close(a, b, dtype, what)."""
     from lwo.torch import optim as lopt
     torch.manual_seed(12)
@@ -164,11 +165,30 @@ def train_fp8_with_lwo_adamw(offload, dtype, dev, close):
     # the masters against PyTorch's AdamW on the same gradients
     for k, v in lwo_masters(opt, m).items():
         close(v, dict(ref.named_parameters())[k].cpu(), dtype, "master of %s" % k)
-    opt.synchronize()  # the parameters follow the masters, rounded to their dtype
-    final = lwo_masters(opt, m)
+    final = lwo_masters(opt, m)  # (opt.state_dict() syncs the parameters)
     for k, p in m.named_parameters():
-        if k.endswith("weight"):  # the streamed weights: CPU tensors
-            assert torch.equal(p.cpu(), final[k].to(dtype)), k
+        assert torch.equal(p.cpu(), final[k].to(dtype)), k
+
+    def one_step():
+        x = torch.randn(4, 256, dtype=dtype, device=dev)
+        m(x).backward(torch.randn(4, 128, dtype=dtype, device=dev))
+        opt.step()
+        opt.zero_grad()
+        opt.synchronize()
+    one_step()  # the parameters lag the masters until synced
+    assert torch.equal(m.a.weight.cpu(), final["a.weight"].to(dtype))
+    # the model's state_dict syncs them first (copies: it shares the
+    # parameters' storage, which lwo_masters' state_dict() syncs again)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    final = lwo_masters(opt, m)
+    for k in final:
+        assert torch.equal(sd[k].cpu(), final[k].to(dtype)), k
+    one_step()
+    opt.sync_params()  # and sync_params()
+    got = {k: p.detach().clone() for k, p in m.named_parameters()}
+    final = lwo_masters(opt, m)
+    for k in final:
+        assert torch.equal(got[k].cpu(), final[k].to(dtype)), k
     h.close()
     for k, p in m.named_parameters():  # close() gives back the masters' values too
         assert torch.equal(p.cpu(), final[k].to(dtype)), k
