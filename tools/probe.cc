@@ -1,11 +1,11 @@
 // lwo probe: (1) pinned copy bandwidth by copy size, both directions; (2) ring
 // streaming bandwidth by ring depth and record size, as a share of (1)'s peak.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -145,8 +145,7 @@ void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t
     return;
   }
   check(s, "lwo_ring_create");
-  std::vector<uint32_t> order(f.layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(f.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
 

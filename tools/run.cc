@@ -2,7 +2,6 @@
 // pass against the raw pinned-copy peak measured in the same run, and checks
 // that every layer arrived byte for byte.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -250,8 +249,7 @@ int cmd_run(int argc, char** argv) {
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
   r.ring.size = sizeof r.ring;
   TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
-  std::vector<uint32_t> order(o.layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(o.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
 

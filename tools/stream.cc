@@ -457,8 +457,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
   r.ring.size = sizeof r.ring;
   TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
-  std::vector<uint32_t> order(n_layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(n_layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
 
