@@ -136,9 +136,7 @@ QPool& pool_of(const QModel& m, const Format& fmt) {
     p = p->first.compare(0, m.name.size() + 1, m.name + "/") == 0 ? std::next(p) : g_pools.erase(p);
   const size_t n_ops = m.ops.size();
   const uint32_t R = m.records(), P = m.per_record;
-  lwo_tensor_quant_ext q{};
-  q.header.type = LWO_EXT_TENSOR_QUANT;
-  q.format = fmt.f;
+  lwo_tensor_quant_ext q = testkit::quant_ext(fmt.f);
   std::vector<std::string> names(n_ops);
   std::vector<lwo_tensor_desc> t(n_ops);
   std::vector<lwo_layer_desc> layers(R);

@@ -1,11 +1,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "src/common/thread_pool.h"
 #include "testkit/check.h"
 #include "testkit/checksum.h"
+#include "testkit/owner.h"
 
 namespace lwo {
 namespace kernels {
@@ -181,6 +183,57 @@ std::vector<SumMismatch> verify_sums(const unsigned long long* device_sums,
     if (got[l] != want) bad.push_back({static_cast<uint32_t>(l), got[l], want});
   }
   return bad;
+}
+
+double checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) {
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = 1;
+  Ring ring;
+  TK_CHECK(lwo_ring_create(pool, &c, ring.out()));
+  lwo_ticket t{0};
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  TK_CHECK(lwo_ring_stage(ring.get(), layer, &t));
+  TK_CHECK(lwo_ring_acquire(ring.get(), t, stream, &v));
+  DeviceMem sum = device_alloc(sizeof(unsigned long long));
+  Event a = make_event(), b = make_event();
+  std::vector<double> ms;
+  for (int rep = 0; rep < 6; ++rep) {
+    TK_CHECK(cudaEventRecord(a.get(), stream));
+    TK_CHECK(lwo::kernels::checksum_async(v.base, v.record_bytes,
+                                          static_cast<unsigned long long*>(sum.get()), stream));
+    TK_CHECK(cudaEventRecord(b.get(), stream));
+    TK_CHECK(cudaEventSynchronize(b.get()));
+    if (rep) ms.push_back(elapsed_ms(a, b));
+  }
+  TK_CHECK(lwo_ring_release(ring.get(), t, stream));
+  TK_CHECK(cudaStreamSynchronize(stream));
+  return median(ms);
+}
+
+TimedPasses time_passes(uint32_t passes, cudaStream_t consumer,
+                        const std::function<void(uint32_t p)>& enqueue,
+                        const std::function<void(uint32_t p, double ms)>& timed) {
+  // ends[p] follows pass p's last consumer kernel.
+  std::vector<Event> ends;
+  for (uint32_t p = 0; p <= passes; ++p) ends.push_back(make_event());
+  TimedPasses t;
+  t.ms.resize(passes);
+  auto finish = [&](uint32_t p) {
+    TK_CHECK(cudaEventSynchronize(ends[p].get()));
+    t.ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
+    timed(p, t.ms[p - 1]);
+  };
+  for (uint32_t p = 0; p <= passes; ++p) {
+    enqueue(p);
+    TK_CHECK(cudaEventRecord(ends[p].get(), consumer));
+    if (p >= 2) finish(p - 1);
+  }
+  finish(passes);
+  TK_CHECK(cudaStreamSynchronize(consumer));
+  t.total_ms = elapsed_ms(ends.front(), ends.back());
+  t.median_ms = median(t.ms);
+  t.best_ms = *std::min_element(t.ms.begin(), t.ms.end());
+  return t;
 }
 
 }  // namespace testkit

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "lwo.h"
@@ -62,5 +63,24 @@ struct SumMismatch {
 std::vector<SumMismatch> verify_sums(const unsigned long long* device_sums,
                                      const std::vector<uint64_t>& expect, uint64_t times,
                                      cudaStream_t stream);
+
+// The median time of the checksum consumer over one record of `pool`'s layer
+// `layer` on `stream` (what lwo run computes per layer), in ms: the record
+// staged into a ring of depth 1, summed six times, the last five timed.
+double checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
+
+// Timed passes on a consumer stream (lwo run, lwo stream): pass 0 warms up,
+// then `passes` timed ones. enqueue(p) enqueues pass p; the host enqueues
+// pass p while the GPU runs pass p - 1, then waits for pass p - 1 and calls
+// timed(p - 1, its ms) for a timed one. A pass is timed between CUDA events
+// after its last consumer kernel and after the previous pass's; total_ms
+// spans every timed pass. Returns once the consumer is done.
+struct TimedPasses {
+  std::vector<double> ms;  // per timed pass
+  double median_ms = 0, best_ms = 0, total_ms = 0;
+};
+TimedPasses time_passes(uint32_t passes, cudaStream_t consumer,
+                        const std::function<void(uint32_t p)>& enqueue,
+                        const std::function<void(uint32_t p, double ms)>& timed);
 
 }  // namespace testkit

@@ -161,6 +161,16 @@ CopyResult time_copies(const CopyPlan& plan, const CopyRepeats& repeats) {
   return time_copies(loop, plan, repeats);
 }
 
+CopyResult time_h2d_copies(const std::vector<HostRange>& copies, uint64_t device_bytes,
+                           const CopyRepeats& repeats) {
+  DeviceMem buffer = device_alloc(device_bytes);
+  CopyPlan plan;
+  plan.direction = Direction::kH2D;
+  plan.h2d = copies;
+  plan.device_dst = buffer.get();
+  return time_copies(plan, repeats);
+}
+
 // --- the pinned peak ------------------------------------------------------------------
 
 std::string PeakKnobs::method() const {

@@ -93,6 +93,11 @@ struct CopyResult {
 };
 CopyResult time_copies(CopyLoop& loop, const CopyPlan& plan, const CopyRepeats& repeats);
 CopyResult time_copies(const CopyPlan& plan, const CopyRepeats& repeats);  // a loop of its own
+// H2D: each of `copies` in turn, back-to-back on one stream into one device
+// buffer of device_bytes, allocated here (the peak of a pool's records, or of
+// their copy sizes, from pinned memory: lwo run, lwo stream, lwo train).
+CopyResult time_h2d_copies(const std::vector<HostRange>& copies, uint64_t device_bytes,
+                           const CopyRepeats& repeats);
 
 // The knobs of the pinned peak: `copies` back-to-back copies of `copy_bytes`
 // per batch and direction, between one cudaHostAlloc buffer per direction

@@ -93,9 +93,7 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
 
   if (s.quant != LWO_QUANT_NONE && s.kind != OpKind::kLinear)
     fail("testkit::ChainWeights: quantized weights are for linear chains");
-  lwo_tensor_quant_ext quant_ext{};
-  quant_ext.header.type = LWO_EXT_TENSOR_QUANT;
-  quant_ext.format = s.quant;
+  lwo_tensor_quant_ext qx = quant_ext(s.quant);
   names_.resize(R);
   std::vector<std::vector<lwo_tensor_desc>> tensors(R);
   std::vector<lwo_layer_desc> layers(R);
@@ -114,7 +112,7 @@ ChainWeights::ChainWeights(lwo_engine* engine, ChainSpec spec, bool fill_now)
         t.n_dims = 2;  // [out, in]
         t.shape[0] = op.second;
         t.shape[1] = op.first;
-        if (s.quant != LWO_QUANT_NONE) t.next = &quant_ext;
+        if (s.quant != LWO_QUANT_NONE) t.next = &qx;
       } else {
         t.n_dims = 4;  // NHWC filters: [k, kh, kw, c]
         t.shape[0] = op.second;

@@ -39,6 +39,15 @@
 
 namespace testkit {
 
+// The extension that stores a tensor quantized in `format` on load
+// (LWO_EXT_TENSOR_QUANT); a tensor_desc's next points to it.
+inline lwo_tensor_quant_ext quant_ext(lwo_quant_format_t format) {
+  lwo_tensor_quant_ext q{};
+  q.header.type = LWO_EXT_TENSOR_QUANT;
+  q.format = format;
+  return q;
+}
+
 enum class OpKind { kLinear, kConv3x3 };
 
 constexpr uint64_t kInputIndex = (uint64_t(1) << 62) - 1;  // key_of(seed, .) of x_0

@@ -10,6 +10,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,8 +29,6 @@ std::string default_patterns_text() {
     s += (i ? ", \"" : "\"") + std::string(kDefaultPatterns[i]) + "\"";
   return s;
 }
-
-uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string CkptTensor::lwo_dtype() const {
   if (dtype < 0) return dtype_name + "?";
@@ -192,16 +192,10 @@ std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
     b = e + 1;
     size_t first = line.find_first_not_of(" \t\r\f\v");
     if (first == std::string::npos || line[first] == '#') continue;
-    std::vector<std::string> names;
-    size_t i = first;
-    while (i < line.size()) {
-      size_t j = line.find_first_of(" \t\r\f\v", i);
-      if (j == std::string::npos) j = line.size();
-      names.push_back(line.substr(i, j - i));
-      i = line.find_first_not_of(" \t\r\f\v", j);
-      if (i == std::string::npos) break;
-    }
-    layers.push_back(std::move(names));
+    // The names: the words between blanks (the line holds no '\n').
+    std::istringstream words(line);
+    layers.emplace_back(std::istream_iterator<std::string>(words),
+                        std::istream_iterator<std::string>());
   }
   if (layers.empty())
     throw UsageError(strf("--names %s names no tensor: give one line of names per layer",

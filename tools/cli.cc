@@ -19,28 +19,31 @@ const Command* g_running = nullptr;
 
 std::string prefix() { return g_command.empty() ? g_program : g_program + " " + g_command; }
 
+void fail(const std::string& message, const std::string& hint) {
+  print_stderr(strf("%s: %s\n%s", prefix().c_str(), message.c_str(),
+                    hint.empty() ? "" : (hint + "\n").c_str()));
+  throw Failure(message);
+}
+
+namespace {
+
+// "run 'lwo run --help' for the flags"
 std::string default_hint() {
   if (!g_running) return "run 'lwo help' for the commands";
   return strf("run '%s --help' for the flags", prefix().c_str());
 }
 
-void fail(const std::string& message) {
-  print_stderr(strf("%s: %s\n", prefix().c_str(), message.c_str()));
-  throw Failure(message);
-}
-
-void fail(const std::string& message, const std::string& hint) {
-  print_stderr(strf("%s: %s\n%s\n", prefix().c_str(), message.c_str(), hint.c_str()));
-  throw Failure(message);
-}
-
+// A release that failed in cleanup (an owner's reset, testkit's release
+// reporter): "lwo CMD: CALL failed: WHY" on stderr; main then exits 1.
 void report_release(const char* call, const std::string& why) {
   print_stderr(strf("%s: %s failed: %s\n", prefix().c_str(), call, why.c_str()));
 }
 
-void fail_no_device(const std::string& library_message) {
+[[noreturn]] void fail_no_device(const std::string& library_message) {
   fail(library_message, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
 }
+
+}  // namespace
 
 bool try_open_device(int ordinal, Device& device, std::string* why) {
   // The library says why there is no device (no driver, no GPU, a GPU too
@@ -118,15 +121,6 @@ Json json_doc(const char* command) {
   return {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
 }
 
-testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes) {
-  DeviceMem buffer = device_alloc(device_bytes);
-  testkit::CopyPlan plan;
-  plan.direction = testkit::Direction::kH2D;
-  plan.h2d = copies;
-  plan.device_dst = buffer.get();
-  return testkit::time_copies(plan, {1, kPeakRepeats});
-}
-
 std::vector<testkit::SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
     const std::function<std::string(const testkit::SumMismatch&)>& line) {
@@ -135,32 +129,6 @@ std::vector<testkit::SumMismatch> check_sums(
       testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
   for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) print_stderr(line(bad[i]));
   return bad;
-}
-
-PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
-                      const std::function<void(uint32_t p)>& enqueue,
-                      const std::function<void(uint32_t p, double ms)>& timed) {
-  // ends[p] follows pass p's last consumer kernel.
-  std::vector<Event> ends;
-  for (uint32_t p = 0; p <= passes; ++p) ends.push_back(make_event());
-  PassTimes t;
-  t.ms.resize(passes);
-  auto finish = [&](uint32_t p) {
-    TK_CHECK(cudaEventSynchronize(ends[p].get()));
-    t.ms[p - 1] = elapsed_ms(ends[p - 1], ends[p]);
-    timed(p, t.ms[p - 1]);
-  };
-  for (uint32_t p = 0; p <= passes; ++p) {
-    enqueue(p);
-    TK_CHECK(cudaEventRecord(ends[p].get(), consumer));
-    if (p >= 2) finish(p - 1);
-  }
-  finish(passes);
-  TK_CHECK(cudaStreamSynchronize(consumer));
-  t.total_ms = elapsed_ms(ends.front(), ends.back());
-  t.median_ms = median(t.ms);
-  t.best_ms = *std::min_element(t.ms.begin(), t.ms.end());
-  return t;
 }
 
 // --- command line -----------------------------------------------------------
@@ -233,6 +201,17 @@ Number to_u64(const std::string& text, uint64_t* out) {
 
 std::string size_range_text(uint64_t min, uint64_t max) {
   return fmt_bytes(min) + ".." + fmt_bytes(max);
+}
+
+// Every dtype lwo_dtype_name knows.
+std::vector<lwo_dtype_t> all_dtypes() {
+  std::vector<lwo_dtype_t> out;
+  for (int d = 0; d < 256; ++d) {
+    auto dtype = static_cast<lwo_dtype_t>(d);
+    if (std::strcmp(lwo_dtype_name(dtype), "unknown") == 0) break;
+    out.push_back(dtype);
+  }
+  return out;
 }
 
 }  // namespace
@@ -355,21 +334,10 @@ std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
   return out;
 }
 
-std::vector<lwo_dtype_t> all_dtypes() {
-  std::vector<lwo_dtype_t> out;
-  for (int d = 0; d < 256; ++d) {
-    auto dtype = static_cast<lwo_dtype_t>(d);
-    if (std::strcmp(lwo_dtype_name(dtype), "unknown") == 0) break;
-    out.push_back(dtype);
-  }
-  return out;
-}
-
 std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more) {
-  std::vector<Flag> f = {layers_flag(m.layers), rows_flag(m.rows), cols_flag(m.cols),
-                         dtype_flag(m.dtype, all_dtypes())};
-  for (Flag& flag : more) f.push_back(std::move(flag));
-  return f;
+  return joined({{layers_flag(m.layers), rows_flag(m.rows), cols_flag(m.cols),
+                  dtype_flag(m.dtype, all_dtypes())},
+                 more});
 }
 
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed) {
@@ -649,7 +617,7 @@ Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) 
   return j;
 }
 
-void PassResults::take(const PassTimes& t, lwo_ring* r) {
+void PassResults::take(const TimedPasses& t, lwo_ring* r) {
   pass_ms = t.ms;
   total_ms = t.total_ms;
   median_ms = t.median_ms;

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lwo.h"
+#include "src/common/dtype.h"
 #include "testkit/check.h"
 #include "testkit/checksum.h"
 #include "testkit/copy.h"
@@ -29,6 +30,7 @@
 namespace cli {
 
 // The harness, as the commands name it.
+using lwo::align_up;
 using testkit::check;  // throws testkit::Error("CALL failed: STATUS: message"); TK_CHECK(call)
 using testkit::Checkpoint;
 using testkit::Comm;
@@ -50,6 +52,8 @@ using testkit::Ring;
 using testkit::Schedule;
 using testkit::Stream;
 using testkit::strf;
+using testkit::time_passes;  // the timed passes of lwo run and lwo stream
+using testkit::TimedPasses;
 
 // Exit status: 0 success, 1 a runtime failure, 2 a usage error.
 constexpr int kExitOk = 0;
@@ -91,7 +95,6 @@ struct UsageError : std::runtime_error {
       : std::runtime_error(message), hint(std::move(hint_line)) {}
   std::string hint;
 };
-std::string default_hint();  // "run 'lwo run --help' for the flags"
 
 // main(): body(argc, argv) with its failures turned into the exit status
 // (a UsageError printed with its hint: 2; a Failure, already printed, or
@@ -111,14 +114,9 @@ extern std::FILE* g_err;
 // The body of the lwo program: argv[1] names the command (tools/lwo.cc).
 int dispatch(int argc, char** argv);
 
-// Prints "lwo CMD: <message>" to stderr and throws Failure.
-[[noreturn]] void fail(const std::string& message);
-// The same with a second line, the hint.
-[[noreturn]] void fail(const std::string& message, const std::string& hint);
-
-// A release that failed in cleanup (an owner's reset, testkit's release
-// reporter): "lwo CMD: CALL failed: WHY" on stderr; main then exits 1.
-void report_release(const char* call, const std::string& why);
+// Prints "lwo CMD: <message>" (and a second line, the hint) to stderr and
+// throws Failure.
+[[noreturn]] void fail(const std::string& message, const std::string& hint = {});
 
 // The CUDA device and the engine on it.
 struct Device {
@@ -135,7 +133,6 @@ void open_device(int ordinal, Device& device);
 bool try_open_device(int ordinal, Device& device, std::string* why);
 // The number of CUDA devices; with none, stops as open_device does.
 int device_count();
-[[noreturn]] void fail_no_device(const std::string& library_message);
 std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
 
 // A command's --json results: keys in the order they are set.
@@ -208,7 +205,6 @@ Flag json_flag(std::string& path);
 Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
-std::vector<lwo_dtype_t> all_dtypes();  // every dtype lwo_dtype_name knows
 // The synthetic model of lwo run, plan and train on one device: every layer
 // one tensor "weight" [rows x cols] (weight_tensor).
 struct ModelOptions {
@@ -286,9 +282,6 @@ lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).
 void print_plan(const PlanReport& r);
 Json json_plan(const PlanReport& r);
-// The median time of the checksum consumer over one record of `pool`'s
-// layer `layer` on `stream` (what lwo run computes per layer), in ms.
-double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream);
 // The command table, in `lwo help` order (help and version last): the
 // overview, the usage lines and the no-command message come from it.
 const std::vector<const Command*>& commands();
@@ -331,7 +324,6 @@ int info_file(const std::string& file, const std::vector<std::string>& flags, st
 extern bool g_quiet;
 // One line, printed whole (above the bar, if one is showing). Any thread.
 void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-bool progress_on_terminal();  // bars are drawn
 // Writes `text` to stderr whole, the bar cleared first; not silenced by
 // --quiet (for errors). Any thread.
 void print_stderr(const std::string& text);
@@ -346,7 +338,6 @@ class Phase {
   Phase(const Phase&) = delete;
   Phase& operator=(const Phase&) = delete;
   void set(uint64_t done, const std::string& detail = {});  // any thread
-  void add(uint64_t n);                                      // any thread
   testkit::Progress counter();  // add() as testkit's progress callback
   // Ends the phase: clears the bar, prints "<label>: <text>" (both modes).
   void done(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -362,12 +353,11 @@ class Phase {
 
 // --- the peaks ---------------------------------------------------------------
 
-// Raw pinned-copy peaks (testkit::time_copies): the best of kPeakRepeats
-// timed batches after one untimed batch (best_gbps(), best_ms()).
+// Raw pinned-copy peaks (testkit::time_copies, testkit::time_h2d_copies): the
+// best of kPeakRepeats timed batches after one untimed batch (best_gbps(),
+// best_ms()).
 constexpr int kPeakRepeats = 3;
-// H2D: each of `copies` in turn, back-to-back on one stream into one device
-// buffer of device_bytes (every record of a pool, or its copy sizes).
-testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint64_t device_bytes);
+constexpr testkit::CopyRepeats kPeak = {1, kPeakRepeats};
 
 // --- checksums -----------------------------------------------------------------
 
@@ -379,22 +369,6 @@ testkit::CopyResult measure_h2d_peak(const std::vector<HostRange>& copies, uint6
 std::vector<testkit::SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
     const std::function<std::string(const testkit::SumMismatch&)>& line);
-
-// --- timed passes -------------------------------------------------------------
-
-// The timed passes of lwo run and lwo stream on `consumer`: pass 0 warms up,
-// then `passes` timed ones. enqueue(p) enqueues pass p; the host enqueues
-// pass p while the GPU runs pass p - 1, then waits for pass p - 1 and calls
-// timed(p - 1, its ms) for a timed one. A pass is timed between CUDA events
-// after its last consumer kernel and after the previous pass's; total_ms
-// spans every timed pass. Returns once the consumer is done.
-struct PassTimes {
-  std::vector<double> ms;  // per timed pass
-  double median_ms = 0, best_ms = 0, total_ms = 0;
-};
-PassTimes time_passes(uint32_t passes, cudaStream_t consumer,
-                      const std::function<void(uint32_t p)>& enqueue,
-                      const std::function<void(uint32_t p, double ms)>& timed);
 
 // --- formatting and output --------------------------------------------------
 
@@ -417,7 +391,7 @@ struct PassResults {
   double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
   double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
   // The times of time_passes and the ring's statistics after them.
-  void take(const PassTimes& t, lwo_ring* r);
+  void take(const TimedPasses& t, lwo_ring* r);
   // "pass 2/5: 1.234 ms, 50.00 GB/s, 99.00% of the peak": the phase's detail.
   std::string pass_line(uint32_t p, uint32_t passes, double ms) const;
   // The "ring", "passes", "time" and "bandwidth" lines, then "share" up to
@@ -557,7 +531,6 @@ lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags);
 // {"names_file": ..., "patterns": [...], "pattern_source": "default" | "given"}
 Json json_mapping(const CkptMap& map);
 std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
-uint64_t align_up(uint64_t v, uint64_t a);
 // "3, 7..9, 12": ascending indices, runs folded.
 std::string index_list(const std::vector<uint32_t>& v);
 

@@ -345,8 +345,7 @@ int info_one(const Options& o) {
     else if (o.device_given) {
       open_device(o.device, dev);
       on_device = true;
-    }
-    else if (!(on_device = try_open_device(o.device, dev, &r.no_gpu)))
+    } else if (!(on_device = try_open_device(o.device, dev, &r.no_gpu)))
       r.estimate_reason = "no usable GPU";
     if (on_device) {
       Phase phase("pool");

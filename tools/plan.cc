@@ -156,31 +156,6 @@ Json json_plan(const PlanReport& r) {
   return j;
 }
 
-double measure_checksum_ms(lwo_pool* pool, uint32_t layer, cudaStream_t stream) {
-  lwo_ring_config c = LWO_RING_CONFIG_INIT;
-  c.depth = 1;
-  Ring ring;
-  TK_CHECK(lwo_ring_create(pool, &c, ring.out()));
-  lwo_ticket t{0};
-  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  TK_CHECK(lwo_ring_stage(ring.get(), layer, &t));
-  TK_CHECK(lwo_ring_acquire(ring.get(), t, stream, &v));
-  DeviceMem sum = device_alloc(sizeof(unsigned long long));
-  Event a = make_event(), b = make_event();
-  std::vector<double> ms;
-  for (int rep = 0; rep < 6; ++rep) {
-    TK_CHECK(cudaEventRecord(a.get(), stream));
-    TK_CHECK(lwo::kernels::checksum_async(v.base, v.record_bytes,
-                                          static_cast<unsigned long long*>(sum.get()), stream));
-    TK_CHECK(cudaEventRecord(b.get(), stream));
-    TK_CHECK(cudaEventSynchronize(b.get()));
-    if (rep) ms.push_back(elapsed_ms(a, b));
-  }
-  TK_CHECK(lwo_ring_release(ring.get(), t, stream));
-  TK_CHECK(cudaStreamSynchronize(stream));
-  return median(ms);
-}
-
 namespace {
 
 struct Options : ModelOptions {
@@ -243,7 +218,7 @@ int cmd_plan(int argc, char** argv) {
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
   Stream s = make_stream();
-  const double f = o.fwd_ms.empty() ? measure_checksum_ms(pool.get(), 0, s.get())
+  const double f = o.fwd_ms.empty() ? testkit::checksum_ms(pool.get(), 0, s.get())
                                     : parse_ms("--fwd-ms", o.fwd_ms);
   std::vector<double> fwd(o.layers, f), bwd;
   if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));

@@ -1,11 +1,11 @@
 // lwo probe: (1) pinned copy bandwidth by copy size, both directions; (2) ring
 // streaming bandwidth by ring depth and record size, as a share of (1)'s peak.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -71,6 +71,19 @@ uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host,
   return 0;
 }
 
+// The best H2D figure of the measured `copies`: its GB/s into *gbps (0 if
+// none), its copy size returned.
+uint64_t h2d_peak(const std::vector<CopyFigure>& copies, double* gbps) {
+  uint64_t bytes = 0;
+  *gbps = 0;
+  for (const CopyFigure& f : copies)
+    if (f.measured && f.h2d_best > *gbps) {
+      *gbps = f.h2d_best;
+      bytes = f.bytes;
+    }
+  return bytes;
+}
+
 std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   PinnedMem host;
   DeviceMem dev;
@@ -108,16 +121,10 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
     out.push_back(f);
   }
   double peak = 0;
-  uint64_t peak_bytes = 0;
-  size_t measured = 0;
-  for (const CopyFigure& f : out)
-    if (f.measured) {
-      ++measured;
-      if (f.h2d_best > peak) {
-        peak = f.h2d_best;
-        peak_bytes = f.bytes;
-      }
-    }
+  const uint64_t peak_bytes = h2d_peak(out, &peak);
+  const size_t measured = std::count_if(out.begin(), out.end(), [](const CopyFigure& f) {
+    return f.measured;
+  });
   phase.done("%zu of %zu sizes in %.1f s; peak H2D %.2f GB/s (%s copies)", measured, out.size(),
              phase.seconds(), peak, fmt_bytes(peak_bytes).c_str());
   return out;
@@ -138,8 +145,7 @@ void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t
     return;
   }
   check(s, "lwo_ring_create");
-  std::vector<uint32_t> order(f.layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(f.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
 
@@ -376,12 +382,7 @@ int cmd_probe(int argc, char** argv) {
   double t0 = now_seconds();
   std::vector<CopyFigure> copies = measure_copies(o.sizes);
   double peak = 0;
-  uint64_t peak_bytes = 0;
-  for (const CopyFigure& f : copies)
-    if (f.measured && f.h2d_best > peak) {
-      peak = f.h2d_best;
-      peak_bytes = f.bytes;
-    }
+  const uint64_t peak_bytes = h2d_peak(copies, &peak);
 
   Stream consumer = make_stream();
   std::vector<RingFigure> rings;

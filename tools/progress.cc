@@ -33,6 +33,8 @@ bool terminal() {
   return on && g_err == stderr;
 }
 
+bool progress_on_terminal() { return terminal() && !g_quiet; }  // bars are drawn
+
 int columns() {
   winsize ws{};
   if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
@@ -100,8 +102,6 @@ void draw_locked(const Phase::State& s, double now) {
 
 }  // namespace
 
-bool progress_on_terminal() { return terminal() && !g_quiet; }
-
 void print_stderr(const std::string& text) {
   std::lock_guard<std::mutex> lock(g_mu);
   clear_locked();
@@ -155,8 +155,6 @@ void Phase::set(uint64_t done, const std::string& detail) {
   std::lock_guard<std::mutex> lock(g_mu);
   s_->detail = detail;
 }
-
-void Phase::add(uint64_t n) { s_->done += n; }
 
 testkit::Progress Phase::counter() {
   State* s = s_;

@@ -2,12 +2,12 @@
 // pass against the raw pinned-copy peak measured in the same run, and checks
 // that every layer arrived byte for byte.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "testkit/checksum.h"
 #include "testkit/random.h"
+#include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -161,9 +161,7 @@ int cmd_run(int argc, char** argv) {
   lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
-  lwo_tensor_quant_ext qx{};
-  qx.header.type = LWO_EXT_TENSOR_QUANT;
-  qx.format = o.quant;
+  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
   if (o.quant != LWO_QUANT_NONE) {
     if (o.dtype != LWO_DTYPE_BF16 && o.dtype != LWO_DTYPE_F16 && o.dtype != LWO_DTYPE_F32)
       throw UsageError(strf("--quant %s quantizes bf16, f16 or f32 weights, not --dtype %s",
@@ -232,7 +230,7 @@ int cmd_run(int argc, char** argv) {
   }
   {
     Phase phase("peak");
-    const testkit::CopyResult peak = measure_h2d_peak(records, r.record_bytes);
+    const testkit::CopyResult peak = testkit::time_h2d_copies(records, r.record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -251,23 +249,25 @@ int cmd_run(int argc, char** argv) {
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
   r.ring.size = sizeof r.ring;
   TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
-  std::vector<uint32_t> order(o.layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(o.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
 
-  // Pass 0 warms up; each pass is reported as it ends.
+  // Pass 0 warms up; with `shown`, each pass is reported as it ends. Row 0 of
+  // the sums holds the first timed pass alone, row 1 all others.
   Phase phase("passes", o.passes + 1);
-  const PassTimes times = time_passes(
-      o.passes, consumer.get(),
-      [&](uint32_t p) {
-        // Row 0 of the sums holds the first timed pass alone, row 1 all others.
-        testkit::checksum_pass(schedule.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
-      },
-      [&](uint32_t p, double ms) {
-        phase.set(p + 1, r.pass_line(p, o.passes, ms));
-        if (p == 1) verify(sums, expect, 1, "first timed pass");
-      });
+  const auto timed_passes = [&](lwo_schedule* sched, bool shown, const char* first) {
+    return time_passes(
+        o.passes, consumer.get(),
+        [&](uint32_t p) {
+          testkit::checksum_pass(sched, consumer.get(), p == 1 ? sums : sums + o.layers);
+        },
+        [&](uint32_t p, double ms) {
+          if (shown) phase.set(p + 1, r.pass_line(p, o.passes, ms));
+          if (p == 1) verify(sums, expect, 1, first);
+        });
+  };
+  const TimedPasses times = timed_passes(schedule.get(), true, "first timed pass");
   TK_CHECK(lwo_engine_check(dev.engine.get()));
   r.take(times, ring.get());
   schedule.destroy();
@@ -279,7 +279,7 @@ int cmd_run(int argc, char** argv) {
     // the checksum consumer as each layer's compute), then its ring's passes,
     // every byte checked again, with the engine held to the budget.
     r.planned = true;
-    r.compute_ms = measure_checksum_ms(pool.get(), 0, consumer.get());
+    r.compute_ms = testkit::checksum_ms(pool.get(), 0, consumer.get());
     const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
     r.plan = make_plan(pool.get(), plan_budget(dev.engine.get(), budget),
                        std::vector<double>(o.layers, r.compute_ms), {},
@@ -294,14 +294,7 @@ int cmd_run(int argc, char** argv) {
     Schedule psched;
     TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));
     TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
-    const PassTimes pt = time_passes(
-        o.passes, consumer.get(),
-        [&](uint32_t p) {
-          testkit::checksum_pass(psched.get(), consumer.get(), p == 1 ? sums : sums + o.layers);
-        },
-        [&](uint32_t p, double ms) {
-          if (p == 1) verify(sums, expect, 1, "first timed pass of the plan");
-        });
+    const TimedPasses pt = timed_passes(psched.get(), false, "first timed pass of the plan");
     TK_CHECK(lwo_engine_check(dev.engine.get()));
     r.plan_pass_ms = pt.ms;
     r.plan_median_ms = pt.median_ms;

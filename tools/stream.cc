@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
@@ -320,9 +321,7 @@ void open_and_map(const Options& o, const std::string& path, Results& r) {
 void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) {
   Phase phase("quantize", r.pool.n_layers);
   const uint32_t L = r.pool.n_layers;
-  lwo_tensor_quant_ext qx{};
-  qx.header.type = LWO_EXT_TENSOR_QUANT;
-  qx.format = o.quant;
+  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
   std::vector<std::vector<lwo_tensor_desc>> tensors(L);
   std::vector<std::vector<bool>> quant(L);
   std::vector<lwo_layer_desc> layers(L);
@@ -436,7 +435,8 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     std::vector<HostRange> copies;
     for (uint64_t b : r.copy_bytes)
       if (b) copies.push_back({buffer.get(), b});
-    const testkit::CopyResult peak = measure_h2d_peak(copies, r.pool.max_record_bytes);
+    const testkit::CopyResult peak =
+        testkit::time_h2d_copies(copies, r.pool.max_record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -457,14 +457,13 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
   r.ring.size = sizeof r.ring;
   TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
-  std::vector<uint32_t> order(n_layers);
-  std::iota(order.begin(), order.end(), 0u);
+  const std::vector<uint32_t> order = testkit::step_order(n_layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
 
   // Pass 0 warms up; each pass is reported as it ends.
   Phase phase("passes", o.passes + 1);
-  const PassTimes times = time_passes(
+  const TimedPasses times = time_passes(
       o.passes, consumer.get(),
       [&](uint32_t p) {
         // Row 0 of the sums holds the first timed pass alone, row 1 all others.

@@ -1,23 +1,17 @@
-// lwo train: streams a chain of L square linear layers forward and then
-// backward through a ring (one schedule over 0..L-1, L-1..0), sends each
-// layer's weight gradients to host memory, and times every step against its
-// split floor (forward max(resident compute, H2D bytes / H2D peak) + backward
-// max(resident compute, H2D and D2H bytes at once at the duplex rates)) and
-// the older bound max(resident compute time, H2D bytes / H2D peak, D2H bytes /
-// D2H peak), each term measured in the same run. K micro-batches per step run
-// micro-batch-major (K passes, gradients summed on the host) or layer-major
-// (one pass, gradients summed in the slot). The first timed step is checked bit for
-// bit against the same library calls with the weights resident on the device.
-// The chain, its resident reference, the streamed step and the bound are
-// testkit's training workload (testkit/workload.h), as bench_workloads
-// runs it: a chain of square linear layers, one op per record.
+// lwo train: training steps of a chain of square linear layers through a
+// ring, each timed against its split floor and its bound (what is measured
+// and checked: kTrainCommand's help, at the end). The chain, its resident
+// reference, the streamed step and the bound are testkit's training workload
+// (testkit/workload.h), as bench_workloads runs it, one op per record.
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "testkit/copy.h"
 #include "testkit/dtype.h"
+#include "testkit/host.h"
 #include "testkit/workload.h"
 #include "tools/cli.h"
 
@@ -166,9 +160,7 @@ Sizes compute_sizes(const Options& o) {
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
           s.elem, "the activations");
   lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
-  lwo_tensor_quant_ext qx{};  // --quant: the weight's record bytes are quantized
-  qx.header.type = LWO_EXT_TENSOR_QUANT;
-  qx.format = o.quant;
+  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);  // --quant: the record's bytes
   if (o.quant != LWO_QUANT_NONE) t[0].next = &qx;
   t[1].name = "bias";
   t[1].dtype = o.dtype;
@@ -228,15 +220,11 @@ struct Results {
   uint64_t add_alone_bytes = 0;
   double target = 0;
   std::string check;
-  // With --optimizer, what optimizer_steps measured.
+  // With --optimizer, what optimizer_steps measured: the pairs (each a plain
+  // step, the update alone, a full step) and the median ratio to the floor below.
   bool optimized = false;
-  uint64_t opt_params = 0;  // updated per step
-  double opt_alone_ms = 0, opt_full_ms = 0, opt_tail_ms = 0, opt_overlap = 0, opt_ratio = 0;
-  // The three are timed in alternating pairs (each pair a plain
-  // step, the update alone, a full step); medians, and the ratio the median
-  // of the pairs' ratios.
-  double opt_gpu_ms = 0, opt_memory_ratio = 0;
-  std::vector<double> opt_pair_ratios;
+  testkit::OptimPairs opt;
+  double opt_memory_ratio = 0;
   // Host memory a step: the update's traffic, the copies'
   // bytes, the update's own bandwidth and the floor they give.
   double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
@@ -256,6 +244,8 @@ struct Results {
   }
 };
 
+// The median step's value of a whole-number field (the upper of the middle
+// two for an even count).
 template <class T>
 T median_of(std::vector<T> v) {
   std::sort(v.begin(), v.end());
@@ -263,40 +253,33 @@ T median_of(std::vector<T> v) {
 }
 
 void summarise(const Options& o, Results& r) {
-  std::vector<double> ms;
-  std::vector<uint64_t> h2d, h2d_fwd, d2h, hits, copies, d2h_layers;
-  std::vector<double> copy_ms, wait_ms, start_ms, turn_ms, end_ms;
+  // Each step's value of one field of testkit::StepStats, in step order.
+  const auto each = [&r](auto field) {
+    std::vector<std::decay_t<decltype(r.steps[0].*field)>> v;
+    for (const testkit::StepStats& s : r.steps) v.push_back(s.*field);
+    return v;
+  };
+  using S = testkit::StepStats;
   uint64_t add_bytes = 0, add_ns = 0;
-  for (const testkit::StepStats& s : r.steps) {
-    start_ms.push_back(s.start_ms);
-    turn_ms.push_back(s.turn_ms);
-    end_ms.push_back(s.end_ms);
+  for (const S& s : r.steps) {
     add_bytes += s.accumulated_bytes;
     add_ns += s.accumulate_ns;
-    ms.push_back(s.ms);
-    h2d.push_back(s.h2d_bytes);
-    h2d_fwd.push_back(s.h2d_fwd_bytes);
-    d2h.push_back(s.d2h_bytes);
-    hits.push_back(s.hits);
-    copies.push_back(s.copies);
-    d2h_layers.push_back(s.d2h_transfers);
-    copy_ms.push_back(s.copy_ms);
-    wait_ms.push_back(s.wait_ms);
     r.bytes_vary |= s.h2d_bytes != r.steps[0].h2d_bytes || s.d2h_bytes != r.steps[0].d2h_bytes;
   }
+  const std::vector<double> ms = each(&S::ms);
   r.median_ms = median(ms);
   r.best_ms = *std::min_element(ms.begin(), ms.end());
-  r.h2d_bytes = median_of(h2d);
-  r.h2d_fwd_bytes = median_of(h2d_fwd);
-  r.d2h_bytes = median_of(d2h);
-  r.hits = median_of(hits);
-  r.copies = median_of(copies);
-  r.d2h_layers = median_of(d2h_layers);
-  r.copy_ms = median(copy_ms);
-  r.wait_ms = median(wait_ms);
-  r.start_ms = median(start_ms);
-  r.turn_ms = median(turn_ms);
-  r.end_ms = median(end_ms);
+  r.h2d_bytes = median_of(each(&S::h2d_bytes));
+  r.h2d_fwd_bytes = median_of(each(&S::h2d_fwd_bytes));
+  r.d2h_bytes = median_of(each(&S::d2h_bytes));
+  r.hits = median_of(each(&S::hits));
+  r.copies = median_of(each(&S::copies));
+  r.d2h_layers = median_of(each(&S::d2h_transfers));
+  r.copy_ms = median(each(&S::copy_ms));
+  r.wait_ms = median(each(&S::wait_ms));
+  r.start_ms = median(each(&S::start_ms));
+  r.turn_ms = median(each(&S::turn_ms));
+  r.end_ms = median(each(&S::end_ms));
   r.add_bytes = r.steps.empty() ? 0 : add_bytes / r.steps.size();
   r.add_gbps = add_ns ? static_cast<double>(add_bytes) / static_cast<double>(add_ns) : 0;
 
@@ -553,17 +536,17 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
   if (r.optimized)  // --optimizer
     j["optimizer"] = {
         {"kind", o.optimizer}, {"state_dtype", lwo_dtype_name(o.optim_state)},
-        {"max_norm", o.max_norm}, {"delayed", o.delayed}, {"params_per_step", r.opt_params},
-        {"update_alone_ms", r.opt_alone_ms},
+        {"max_norm", o.max_norm}, {"delayed", o.delayed}, {"params_per_step", r.opt.n_params},
+        {"update_alone_ms", r.opt.alone()},
         {"params_per_s",
-         r.opt_alone_ms > 0 ? static_cast<double>(r.opt_params) / r.opt_alone_ms * 1e3 : 0},
-        {"full_step_ms", r.opt_full_ms}, {"gpu_step_ms", r.opt_gpu_ms},
-        {"overlap", r.opt_overlap}, {"ratio_to_bound", r.opt_ratio}, {"target", 1.1},
-        {"met", r.opt_ratio <= 1.1}, {"tail_ms", r.opt_tail_ms},
+         r.opt.alone() > 0 ? static_cast<double>(r.opt.n_params) / r.opt.alone() * 1e3 : 0},
+        {"full_step_ms", r.opt.full()}, {"gpu_step_ms", r.opt.gpu()},
+        {"overlap", r.opt.overlap()}, {"ratio_to_bound", r.opt.ratio()}, {"target", 1.1},
+        {"met", r.opt.ratio() <= 1.1}, {"tail_ms", median(r.opt.tail_ms)},
         {"host_update_bytes", r.opt_update_bytes}, {"host_copy_bytes", r.opt_copy_bytes},
         {"update_GBps", r.opt_update_gbps}, {"host_memory_floor_ms", r.opt_memory_floor_ms},
         {"ratio_to_host_memory_floor", r.opt_memory_ratio},
-        {"pairs", r.opt_pair_ratios.size()}, {"pair_ratios", r.opt_pair_ratios}};
+        {"pairs", r.opt.pair_ratio.size()}, {"pair_ratios", r.opt.pair_ratio}};
   j["verified"] = true;
   j["check"] = r.check;
   return j;
@@ -598,23 +581,8 @@ std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run
 
 }  // namespace
 
-// --optimizer: the host optimizer over the same gradient set,
-// timed in --steps alternating pairs (the host's memory
-// bandwidth drifts within minutes, so figures taken in separate phases
-// measure the drift as much as the step). Each pair: a plain step (its time
-// the GPU step; its gradients landed and fenced), lwo_optim_step and
-// lwo_optim_wait timed (the update alone), then two full steps, each
-// calling lwo_optim_step once its backward is enqueued; the second is timed
-// from the first's return to its own (its zero and stages wait for the
-// first's update). The bound is max(GPU step, update alone) of the same
-// pair; the figure the median of the pairs' ratios, the target at most 1.1.
-lwo_optim_stats optim_stats(lwo_optim* optim) {
-  lwo_optim_stats st{};
-  st.size = sizeof st;
-  TK_CHECK(lwo_optim_get_stats(optim, &st));
-  return st;
-}
-
+// --optimizer: the host optimizer over the same gradient set, timed in
+// --steps alternating pairs (testkit::OptimPairs), the target at most 1.1.
 void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* grads,
                      const std::function<testkit::StepStats()>& plain_step,
                      testkit::StepOptions& step_options) {
@@ -637,63 +605,24 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
                info.n_threads, info.n_numa_nodes, info.n_numa_nodes == 1 ? "" : "s",
                info.vector_level);
   }
-  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
-  p.lr = 1e-5;  // small: the weights stay in range over the run
-  p.max_norm = o.max_norm;
-  uint64_t step_no = 0;
-  uint64_t n_params = 0;
-  // Per pair: the plain step (GPU step), the update alone, the full step.
-  std::vector<double> gpu_ms, alone_ms, full_ms, tail_ms, pair_ratio;
-  const auto update = [&] {
-    p.step = ++step_no;
-    TK_CHECK(lwo_optim_step(optim, &p));
-  };
+  testkit::OptimPairs& t = r.opt;
+  t.optim = optim;
+  t.p.lr = 1e-5;  // small: the weights stay in range over the run
+  t.p.max_norm = o.max_norm;
   {
     Phase phase("pairs", o.steps);
     for (uint32_t s = 0; s < o.steps; ++s) {
-      // The update alone: nothing in flight, a plain step (the gradients
-      // land, fenced; its time is the pair's GPU step), then the update.
-      TK_CHECK(lwo_optim_wait(optim));
-      gpu_ms.push_back(plain_step().ms);
-      const lwo_optim_stats a = optim_stats(optim);
-      const double t0 = now_seconds();
-      update();
-      TK_CHECK(lwo_optim_wait(optim));
-      alone_ms.push_back((now_seconds() - t0) * 1e3);
-      n_params = optim_stats(optim).n_params_updated - a.n_params_updated;
-      // Two full steps, each updating once its backward is enqueued: the
-      // first sets the update in flight; the second, timed from the first's
-      // return to its own, waits for it where it needs its layers.
-      step_options.after_enqueue = update;
-      plain_step();
-      const double t1 = now_seconds();
-      plain_step();
-      full_ms.push_back((now_seconds() - t1) * 1e3);
-      step_options.after_enqueue = nullptr;
-      tail_ms.push_back(optim_stats(optim).last_tail_ns / 1e6);
-      pair_ratio.push_back(full_ms.back() / std::max(gpu_ms.back(), alone_ms.back()));
+      t.time_pair(plain_step, step_options);
       phase.set(s + 1, strf("pair %u/%u: GPU step %.3f ms, update alone %.3f ms (%.3f G params/s), "
-                            "full step %.3f ms: %.3f x", s + 1, o.steps, gpu_ms.back(),
-                            alone_ms.back(), n_params / alone_ms.back() / 1e6, full_ms.back(),
-                            pair_ratio.back()));
+                            "full step %.3f ms: %.3f x", s + 1, o.steps, t.gpu_ms.back(),
+                            t.alone_ms.back(), t.n_params / t.alone_ms.back() / 1e6,
+                            t.full_ms.back(), t.pair_ratio.back()));
     }
     TK_CHECK(lwo_optim_wait(optim));
-    const double gpu = median(gpu_ms), alone = median(alone_ms), full = median(full_ms);
-    const double ratio = median(pair_ratio);
-    const double overlap = std::min(gpu, alone) > 0
-                               ? std::max(0.0, gpu + alone - full) / std::min(gpu, alone)
-                               : 0;
+    const double gpu = t.gpu(), alone = t.alone(), full = t.full(), ratio = t.ratio();
     phase.done("medians: GPU step %.3f ms, update alone %.3f ms, full step %.3f ms; %.3f x "
                "(median of the pairs' ratios)", gpu, alone, full, ratio);
     r.optimized = true;
-    r.opt_params = n_params;
-    r.opt_gpu_ms = gpu;
-    r.opt_alone_ms = alone;
-    r.opt_full_ms = full;
-    r.opt_tail_ms = median(tail_ms);
-    r.opt_overlap = overlap;
-    r.opt_ratio = ratio;
-    r.opt_pair_ratios = pair_ratio;
     std::printf("optimizer  %s (%s state%s): GPU step %.3f ms, update alone %.3f ms "
                 "(%.3f G params/s), full step %.3f ms (medians of %u pairs); overlap %.0f%% of "
                 "the shorter; %.3f x max(GPU step, update alone) (median of the pairs' ratios, "
@@ -703,20 +632,20 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
                 (o.max_norm > 0 ? strf(", max norm %g", o.max_norm)
                                 : std::string(o.delayed ? ", delayed" : ""))
                     .c_str(),
-                gpu, alone, n_params / alone / 1e6, full, o.steps, 100 * overlap, ratio,
-                *std::min_element(pair_ratio.begin(), pair_ratio.end()),
-                *std::max_element(pair_ratio.begin(), pair_ratio.end()),
-                ratio <= 1.1 ? "PASS" : "MISS", r.opt_tail_ms);
+                gpu, alone, t.n_params / alone / 1e6, full, o.steps, 100 * t.overlap(), ratio,
+                *std::min_element(t.pair_ratio.begin(), t.pair_ratio.end()),
+                *std::max_element(t.pair_ratio.begin(), t.pair_ratio.end()),
+                ratio <= 1.1 ? "PASS" : "MISS", median(t.tail_ms));
     std::string each;
-    for (size_t i = 0; i < full_ms.size(); ++i)
-      each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", gpu_ms[i], alone_ms[i], full_ms[i],
-                   pair_ratio[i]);
+    for (size_t i = 0; i < t.full_ms.size(); ++i)
+      each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", t.gpu_ms[i], t.alone_ms[i],
+                   t.full_ms[i], t.pair_ratio[i]);
     std::printf("pairs  GPU step/update alone/full step ms: ratio, in order: %s\n", each.c_str());
     // The update and the copy engines share the host's memory: the time
     // both take at the bandwidth an update alone reached (of a_ms: a_ms x
     // (update + copies) / update); each pair's full step against its own
     // update's, the median.
-    r.opt_update_bytes = static_cast<double>(n_params) *
+    r.opt_update_bytes = static_cast<double>(t.n_params) *
                          testkit::update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
                                                          sz.host, o.dtype, info.vector_level);
     r.opt_copy_bytes = static_cast<double>(r.h2d_bytes + r.d2h_bytes);
@@ -726,9 +655,9 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
     r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
     r.opt_memory_floor_ms = memory_floor_ms(alone);
     std::vector<double> memory_ratio;
-    for (size_t i = 0; i < full_ms.size(); ++i)
-      if (memory_floor_ms(alone_ms[i]) > 0)
-        memory_ratio.push_back(full_ms[i] / memory_floor_ms(alone_ms[i]));
+    for (size_t i = 0; i < t.full_ms.size(); ++i)
+      if (memory_floor_ms(t.alone_ms[i]) > 0)
+        memory_ratio.push_back(t.full_ms[i] / memory_floor_ms(t.alone_ms[i]));
     r.opt_memory_ratio = median(memory_ratio);
     std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
                 "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it "
@@ -745,6 +674,7 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
 struct Trainer {
   const Options& o;
   Results& r;
+  const Sizes& sz;
   lwo_engine* engine;
   const uint32_t L;
   const uint32_t n_check;  // layers the check recomputes: the first and the last
@@ -758,44 +688,38 @@ struct Trainer {
   testkit::StepOptions step_options;
 
   Trainer(const Options& options, Results& results, lwo_engine* e)
-      : o(options), r(results), engine(e), L(o.layers), n_check(L > 1 ? 2 : 1) {}
+      : o(options), r(results), sz(r.sz), engine(e), L(o.layers), n_check(L > 1 ? 2 : 1) {}
 
   // Device memory for the streamed steps, checked before anything is made.
   void check_memory() {
-    const Sizes& sz = r.sz;
     // The streamed steps need (the resident records come later,
     // where they fit): activations, gradient buffers, ring slots, gradient
     // staging, the check's buffers and records of the first and last layer.
-    {
-      size_t free_b = 0, total_b = 0;
-      TK_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      r.free_bytes = free_b;
-      r.total_bytes = total_b;
-      const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes) *
-                         static_cast<double>(o.micro_batches);
-      const double ring_b = static_cast<double>(o.depth) * static_cast<double>(sz.record_bytes);
-      const double grads_b = static_cast<double>(o.grad_depth + n_check + (L > 2 ? 1 : 0)) *
+    size_t free_b = 0, total_b = 0;
+    TK_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    r.free_bytes = free_b;
+    r.total_bytes = total_b;
+    const double act = static_cast<double>(L + 4) * static_cast<double>(sz.act_bytes) *
+                       static_cast<double>(o.micro_batches);
+    const double ring_b = static_cast<double>(o.depth) * static_cast<double>(sz.record_bytes);
+    const double grads_b = static_cast<double>(o.grad_depth + n_check + (L > 2 ? 1 : 0)) *
                            static_cast<double>(sz.grad_bytes);
-      const double checks = static_cast<double>(n_check) * static_cast<double>(sz.record_bytes);
-      const double need = act + ring_b + grads_b + checks + static_cast<double>(kMarginBytes);
-      r.need_bytes = need < 1.8e19 ? static_cast<uint64_t>(need) : UINT64_MAX;
-      if (need > static_cast<double>(free_b))
-        fail(
-            strf("lwo train needs about %s of device memory (activations and gradients %s, ring "
-                 "%s, gradient buffers %s, check records %s, margin %s) but %s of %s is free: "
-                 "lower --tokens, --layers or --depth",
-                 fmt_bytes(r.need_bytes).c_str(), fmt_bytes(static_cast<uint64_t>(act)).c_str(),
-                 fmt_bytes(static_cast<uint64_t>(ring_b)).c_str(),
-                 fmt_bytes(static_cast<uint64_t>(grads_b)).c_str(),
-                 fmt_bytes(static_cast<uint64_t>(checks)).c_str(), fmt_bytes(kMarginBytes).c_str(),
-                 fmt_bytes(free_b).c_str(), fmt_bytes(total_b).c_str()));
-    }
-
-
+    const double checks = static_cast<double>(n_check) * static_cast<double>(sz.record_bytes);
+    const double need = act + ring_b + grads_b + checks + static_cast<double>(kMarginBytes);
+    r.need_bytes = need < 1.8e19 ? static_cast<uint64_t>(need) : UINT64_MAX;
+    if (need > static_cast<double>(free_b))
+      fail(
+          strf("lwo train needs about %s of device memory (activations and gradients %s, ring "
+               "%s, gradient buffers %s, check records %s, margin %s) but %s of %s is free: "
+               "lower --tokens, --layers or --depth",
+               fmt_bytes(r.need_bytes).c_str(), fmt_bytes(static_cast<uint64_t>(act)).c_str(),
+               fmt_bytes(static_cast<uint64_t>(ring_b)).c_str(),
+               fmt_bytes(static_cast<uint64_t>(grads_b)).c_str(),
+               fmt_bytes(static_cast<uint64_t>(checks)).c_str(), fmt_bytes(kMarginBytes).c_str(),
+               fmt_bytes(free_b).c_str(), fmt_bytes(total_b).c_str()));
   }
 
   void load() {
-    const Sizes& sz = r.sz;
     // The pool: a chain of square layers (testkit::ChainWeights, one layer a
     // record), weights uniform within +-sqrt(3 / cols) (variance 1 / cols:
     // activations and gradients keep their scale through any number of layers,
@@ -812,57 +736,49 @@ struct Trainer {
       phase.done("pinned, %s in %.2f s", fmt_bytes(sz.pool_bytes).c_str(), r.pool_s);
     }
     r.weight_bound = spec.weight_bound(0);
-    {
-      const uint64_t fill_bytes = weights->fill_bytes();
-      Phase phase("fill", fill_bytes, true);
-      weights->fill(phase.counter());
-      r.fill_s = weights->fill_seconds();
-      phase.done("%s uniform within +-%.4g in %.2f s (%.1f GB/s, seed %llu)",
-                 fmt_bytes(fill_bytes).c_str(), r.weight_bound, r.fill_s,
-                 static_cast<double>(fill_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
-                 static_cast<unsigned long long>(o.seed));
-    }
-
+    const uint64_t fill_bytes = weights->fill_bytes();
+    Phase phase("fill", fill_bytes, true);
+    weights->fill(phase.counter());
+    r.fill_s = weights->fill_seconds();
+    phase.done("%s uniform within +-%.4g in %.2f s (%.1f GB/s, seed %llu)",
+               fmt_bytes(fill_bytes).c_str(), r.weight_bound, r.fill_s,
+               static_cast<double>(fill_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
+               static_cast<unsigned long long>(o.seed));
   }
 
   void peaks() {
-    const Sizes& sz = r.sz;
     // Peaks, before anything else runs on the GPU.
-    {
-      Phase phase("peak");
-      const testkit::CopyResult h2d = measure_h2d_peak(weights->record_hosts(), sz.record_bytes);
-      r.h2d_peak = h2d.best_gbps();
-      r.h2d_peak_ms = h2d.best_ms();
-      std::string d2h;
-      if (o.trainable()) {
-        // L gradients' worth of copies into pinned memory.
-        testkit::PeakKnobs knobs;
-        knobs.copy_bytes = sz.grad_bytes;
-        knobs.copies = L;
-        knobs.warmup = 1;
-        knobs.repeats = kPeakRepeats;
-        knobs.direction = testkit::Direction::kD2H;
-        const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
-        r.d2h_peak = peak.best_gbps();
-        r.d2h_peak_ms = peak.best_ms();
-        // Both directions at once, as the backward half moves them.
-        knobs.direction = testkit::Direction::kBoth;
-        const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
-        r.duplex_h2d = both.h2d_best_gbps();
-        r.duplex_d2h = both.d2h_best_gbps();
-        r.duplex_ms = both.best_ms();
-        d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms; at once %.2f + %.2f GB/s",
-                   r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms, r.duplex_h2d,
-                   r.duplex_d2h);
-      }
-      phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
-                 fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
+    Phase phase("peak");
+    const testkit::CopyResult h2d =
+        testkit::time_h2d_copies(weights->record_hosts(), sz.record_bytes, kPeak);
+    r.h2d_peak = h2d.best_gbps();
+    r.h2d_peak_ms = h2d.best_ms();
+    std::string d2h;
+    if (o.trainable()) {
+      // L gradients' worth of copies into pinned memory.
+      testkit::PeakKnobs knobs;
+      knobs.copy_bytes = sz.grad_bytes;
+      knobs.copies = L;
+      knobs.repeats = kPeakRepeats;
+      knobs.direction = testkit::Direction::kD2H;
+      const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
+      r.d2h_peak = peak.best_gbps();
+      r.d2h_peak_ms = peak.best_ms();
+      // Both directions at once, as the backward half moves them.
+      knobs.direction = testkit::Direction::kBoth;
+      const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
+      r.duplex_h2d = both.h2d_best_gbps();
+      r.duplex_d2h = both.d2h_best_gbps();
+      r.duplex_ms = both.best_ms();
+      d2h = strf("; %.2f GB/s pinned D2H, %u x %s in %.2f ms; at once %.2f + %.2f GB/s",
+                 r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), r.d2h_peak_ms, r.duplex_h2d,
+                 r.duplex_d2h);
     }
-
+    phase.done("%.2f GB/s pinned H2D, %s in %.2f ms%s", r.h2d_peak,
+               fmt_bytes(sz.pool_bytes).c_str(), r.h2d_peak_ms, d2h.c_str());
   }
 
   void prepare() {
-    const Sizes& sz = r.sz;
     // The chain's buffers and inputs (testkit::ChainRun): x_0 .. x_L, dy_L and
     // two ping-pong gradient buffers; x_0 uniform in [-1, 1), dy_L uniform
     // within +-1/sqrt(tokens) (so each weight gradient, a sum over the tokens,
@@ -893,11 +809,9 @@ struct Trainer {
       phase.done("%s host buffers for %u layers in %.2f s, %s on the wire",
                  lwo_dtype_name(sz.host), L, r.grads_s, lwo_dtype_name(sz.wire));
     }
-
   }
 
   void resident() {
-    const Sizes& sz = r.sz;
     // The resident reference: every record on the device where they fit, else
     // only the first and the last (for the check). The margin also keeps room
     // for the gradient buffers of the resident passes (the first and the last
@@ -934,7 +848,6 @@ struct Trainer {
     } else {
       progress("resident: skipped: %s; the bound has no compute term", r.resident_note.c_str());
     }
-
   }
 
   testkit::StepStats step() {
@@ -957,7 +870,6 @@ struct Trainer {
   // stream's sync. Without --timing the ring's statistics are host counters,
   // read after the forward half without waiting for the GPU.
   void streamed(Phase& steps_phase) {
-    const Sizes& sz = r.sz;
     step_options.half_stats = !o.timing;
     step_options.timing = o.timing;
     step_options.check_engine = engine;
@@ -976,78 +888,57 @@ struct Trainer {
     TK_CHECK(lwo_engine_synchronize(engine));
   }
 
+  // The host addition by itself (testkit::time_host_add), where the wire
+  // dtype is the host buffers'.
   void host_add() {
-    const Sizes& sz = r.sz;
-    // The host addition by itself: every layer's gradient ended twice after a
-    // zero (the first lands in place, the second is added on the host), each
-    // addition waited for before the next layer's copy starts, so nothing runs
-    // beside it (no copy, no compute); the library's own counters time the
-    // additions. The buffers' contents do not matter here.
-    if (o.trainable() && sz.wire == sz.host) {
-      Phase phase("host add");
-      TK_CHECK(lwo_grads_zero(grads.get()));
-      auto end_layer = [&](uint32_t l) {
-        lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
-        TK_CHECK(lwo_grads_begin(grads.get(), l, compute.get(), &gv));
-        TK_CHECK(lwo_grads_end(grads.get(), l, compute.get()));
-      };
-      for (uint32_t l = 0; l < L; ++l) end_layer(l);  // in place
-      TK_CHECK(lwo_grads_wait(grads.get()));
-      const lwo_grads_stats g0 = testkit::grads_stats(grads.get());
-      for (uint32_t l = 0; l < L; ++l) {
-        end_layer(l);  // added on the host
-        TK_CHECK(lwo_grads_wait(grads.get()));
-      }
-      const lwo_grads_stats g1 = testkit::grads_stats(grads.get());
-      r.add_alone_bytes = g1.accumulated_bytes - g0.accumulated_bytes;
-      const uint64_t ns = g1.accumulate_ns - g0.accumulate_ns;
-      r.add_alone_gbps = ns ? static_cast<double>(r.add_alone_bytes) / static_cast<double>(ns) : 0;
-      phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
-                 static_cast<double>(ns) / 1e6, r.add_alone_gbps);
-    }
+    if (!o.trainable() || sz.wire != sz.host) return;
+    Phase phase("host add");
+    const testkit::HostAdd add = testkit::time_host_add(grads, compute, L);
+    r.add_alone_bytes = add.bytes;
+    r.add_alone_gbps = add.gbps();
+    phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
+               static_cast<double>(add.ns) / 1e6, r.add_alone_gbps);
   }
 
   void planned() {
-    const Sizes& sz = r.sz;
-    if (!o.budget.empty()) {
-      // --budget. The plan from the link measured now and the
-      // resident steps' compute per layer (0 where they could not be measured),
-      // then its ring's steps with the same gradients, the engine held to the
-      // budget (the gradient staging already held counts against it).
-      r.planned = true;
-      const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
-      const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
-      std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
-      r.plan = make_plan(weights->pool(), plan_budget(engine, budget), std::vector<double>(L, f),
-                         std::vector<double>(L, b), mask.data(), o.grad_depth);
-      schedule.destroy();
-      ring.destroy();
-      TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
-      lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
-      TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
-      r.plan_ring.size = sizeof r.plan_ring;
-      TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
-      TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
-      Phase plan_phase("planned", o.steps + 1);
-      step();  // warm-up
-      std::vector<testkit::StepStats> ps;
-      for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
-        ps.push_back(step());
-        r.plan_ms.push_back(ps.back().ms);
-        plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
-        if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
-          r.plan_check = check_step(o, sz, *run, *weights, grads.get());
-          progress("planned check: %s", r.plan_check.c_str());
-        }
+    if (o.budget.empty()) return;
+    // --budget. The plan from the link measured now and the
+    // resident steps' compute per layer (0 where they could not be measured),
+    // then its ring's steps with the same gradients, the engine held to the
+    // budget (the gradient staging already held counts against it).
+    r.planned = true;
+    const double f = r.resident ? r.res_fwd / L : 0, b = r.resident ? r.res_bwd / L : 0;
+    const uint64_t budget = parse_budget(o.budget, sz.pool_bytes);
+    std::vector<uint8_t> mask(L, o.trainable() ? 1 : 0);
+    r.plan = make_plan(weights->pool(), plan_budget(engine, budget), std::vector<double>(L, f),
+                       std::vector<double>(L, b), mask.data(), o.grad_depth);
+    schedule.destroy();
+    ring.destroy();
+    TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
+    lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
+    TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
+    r.plan_ring.size = sizeof r.plan_ring;
+    TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
+    TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
+    Phase plan_phase("planned", o.steps + 1);
+    step();  // warm-up
+    std::vector<testkit::StepStats> ps;
+    for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
+      ps.push_back(step());
+      r.plan_ms.push_back(ps.back().ms);
+      plan_phase.set(s2 + 1, report(strf("planned step %u/%u", s2, o.steps).c_str(), ps.back()));
+      if (s2 == 1) {  // the planned ring's first timed step, checked as the first one was
+        r.plan_check = check_step(o, sz, *run, *weights, grads.get());
+        progress("planned check: %s", r.plan_check.c_str());
       }
-      r.plan_median_ms = median(r.plan_ms);
-      for (const testkit::StepStats& st : ps)
-        if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
-      if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
-      plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
-                      r.plan_ring.depth, r.plan_ring.n_resident, r.plan_median_ms,
-                      r.plan.info.predicted_ms);
     }
+    r.plan_median_ms = median(r.plan_ms);
+    for (const testkit::StepStats& st : ps)
+      if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
+    if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
+    plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
+                    r.plan_ring.depth, r.plan_ring.n_resident, r.plan_median_ms,
+                    r.plan.info.predicted_ms);
   }
 };
 
