@@ -38,7 +38,7 @@ struct Options : ModelOptions {
   bool frozen = false, bias = false, timing = false;
   bool grad_depth_set = false;
   std::string json;
-  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant: frozen only
+  lwo_quant_format_t quant = LWO_QUANT_NONE;  // --quant: frozen, or fp8-block trainable
   std::string budget;  // --budget (plan, then run the plan too)
   // The host optimizer (lwo_optim): "" (none), "adamw" or
   // "sgd", its state dtype, and the global-norm clip (0: none).
@@ -141,8 +141,9 @@ void check_options(const Options& o) {
                      "copy of the state to redo a clipped step from)");
   if (o.frozen && o.grads != "native")
     throw UsageError("--grads sets how weight gradients travel; --frozen layers have none");
-  if (o.quant != LWO_QUANT_NONE && !o.frozen)
-    throw UsageError(strf("--quant %s: quantized weights are frozen (add --frozen)",
+  if (o.quant != LWO_QUANT_NONE && o.quant != LWO_QUANT_FP8_E4M3_BLOCK128 && !o.frozen)
+    throw UsageError(strf("--quant %s: quantized weights of this format are frozen (add "
+                          "--frozen; only --quant fp8-block trains)",
                           quant_flag_name(o.quant)));
   if (o.frozen && o.grad_depth_set)
     throw UsageError("--grad-depth sizes the gradient staging; --frozen layers have no gradients");
