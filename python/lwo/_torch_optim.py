@@ -53,6 +53,7 @@ class _Binding:
         self.groups = {}      # param -> its param_group's index, while attached
         self.lost = False     # the state went with the handle's close()
         self.quantized = ()   # params streamed quantized (fp8-block, trainable), while attached
+        self.stale = False    # their masters moved since the parameters were set from them
         handle._optims.append(self)
 
     # -- the lwo object ----------------------------------------------------
@@ -85,6 +86,8 @@ class _Binding:
             if p not in saved:
                 key = self.keys[p]
                 self.lwo.write(key[0], key[1], "master", p.detach().reshape(-1).float())
+        # masters restored below: written while detached, perhaps, so synced again
+        self.stale = any("master" in saved.get(p, ()) for p in self.quantized)
         for p, st in saved.items():
             key = self.keys.get(p)
             if key is None:
@@ -96,8 +99,7 @@ class _Binding:
         """Waits for the step, keeps the state in tensors (unless not
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
-            self.lwo.wait()
-            self.sync_params()
+            self.sync_params()  # (waits for the step)
             self.lost = bool(self.keys) and not keep
             keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
             self.saved = {p: self.read(p) for p in self.keys} if keep else {}
@@ -137,6 +139,7 @@ class _Binding:
         layer, name = self.keys[p]
         for which, t in state.items():
             self.lwo.write(layer, name, which, t)
+        self.stale |= p in self.quantized and "master" in state
 
     def params_written(self, rec):
         """Record `rec`'s parameters were written in place (copy_,
@@ -191,6 +194,7 @@ class _Binding:
         self.owns_all()
         self.handle._unstage_trainable()
         self.lwo.step_groups(n, hyper, max_norm=max_norm, extra_sumsq=extra_sumsq)
+        self.stale = bool(self.quantized)
         return True
 
     def backward_ended(self):
@@ -217,11 +221,14 @@ class _Binding:
 
     def sync_params(self):
         """Waits for the step, then sets the parameters of quantized weights
-        from their masters (rounded to their dtype); their records keep their version, so
-        that the handle does not take this for a write by the caller."""
-        if self.lwo is None or not self.quantized:
+        from their masters (rounded to their dtype) where a step or a write
+        moved the masters since; their records keep their version, so that
+        the handle does not take this for a write by the caller."""
+        if self.lwo is None:
             return
         self.lwo.wait()
+        if not self.stale:
+            return
         h = self.handle
         changed = set()
         with torch.no_grad():
@@ -234,6 +241,7 @@ class _Binding:
         for layer in changed:
             rec = h.records[layer]
             rec.version = rec.current_version()
+        self.stale = False
 
     def stats(self):
         return self.lwo.stats() if self.lwo is not None else None
@@ -444,7 +452,6 @@ class _Optimizer(torch.optim.Optimizer):
         follows them here, at state_dict() (the optimizer's or the
         model's) and at the handle's close(), not after every step."""
         for b in self._bindings.values():
-            b.wait()
             b.sync_params()
 
     def stats(self):

@@ -263,6 +263,31 @@ def test_trainable_fp8_block_weights_with_lwo_adamw(dtype):
                              dtype, torch.device("cpu"), close)
 
 
+def test_the_parameters_are_synced_once_per_step():
+    """The model's state_dict() syncs every quantized weight's parameter
+    from its master once after a step, not once per streamed module."""
+    from lwo.torch import optim as lopt
+    torch.manual_seed(13)
+    m = Chain(torch.float32)
+    offload(m, quant="fp8-block", quant_trainable=True)
+    opt = lopt.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    (b,) = opt._bindings.values()
+    reads = []
+    real = b.lwo.read
+    b.lwo.read = lambda *a: (reads.append(a[:3]), real(*a))[1]
+    m.state_dict()
+    assert sorted(r[2] for r in reads) == ["master", "master"]  # a.weight, b.weight
+    m.state_dict()
+    opt.sync_params()
+    assert len(reads) == 2  # nothing moved since
+    m(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    m.state_dict()
+    assert len(reads) == 4
+
+
 def test_quant_trainable_refusals_and_formats_that_do_not_train():
     with pytest.raises(ValueError, match="quant_trainable=True needs quant="):
         offload(Chain(torch.float32), quant_trainable=True)
