@@ -6,8 +6,10 @@ values bit for bit, on fresh random data with heavy-tailed outliers), and
 the refusals (each with the exception its status maps to). Pool's quantized
 calls on a NULL handle: the arguments convert and the status raises.
 
-The reference follows lwo.h's rule: a scale is max(amax / M, 2^-126) in f32
-(M = 448, 127, 7), a code is value / scale (f32) rounded to nearest even
+The reference follows lwo.h's rule: an integer format's scale is
+max(amax / M, 2^-126) in f32 (M = 127, 7), an fp8 format's the smallest power
+of two s with amax / s <= 448 (at least 2^-126), a code is value / scale (f32)
+rounded to nearest even
 (e4m3 saturating to +-448, the integer codes clamped to +-M), a dequantized
 element code x scale (one f32 multiply) rounded to nearest even to the
 output dtype. Needs numpy (skipped without it)."""
@@ -113,7 +115,16 @@ def reference_quantize(fmt, x32):
     idx = index(r, c)
     amax = np.zeros(sr * sc, dtype=np.float32)
     np.maximum.at(amax, idx.ravel(), np.abs(x32).ravel())
-    scales = np.maximum(amax / np.float32(MAX[fmt]), MIN_SCALE).astype(np.float32)
+    if fmt.startswith("fp8"):
+        # the smallest k with 448 x 2^k >= amax (exact in f64), k >= -126
+        k = np.ceil(np.log2(amax.astype(np.float64) / 448.0, where=amax > 0,
+                            out=np.full(amax.shape, -126.0)))
+        k = np.maximum(k, -126)
+        k = np.where(np.ldexp(448.0, (k - 1).astype(np.int32)) >= amax, k - 1, k)
+        k = np.where(np.ldexp(448.0, k.astype(np.int32)) < amax, k + 1, k)
+        scales = np.ldexp(np.float32(1), np.maximum(k, -126).astype(np.int32)).astype(np.float32)
+    else:
+        scales = np.maximum(amax / np.float32(MAX[fmt]), MIN_SCALE).astype(np.float32)
     v = (x32 / scales[idx]).astype(np.float32)
     if fmt.startswith("fp8"):
         codes = e4m3_encode(v)
@@ -319,8 +330,17 @@ def test_round_trip_against_reference(fmt, dt):
     bound = bound + np.abs(x32).astype(np.float64) * 2.0 ** -22
     assert (err <= bound).all(), "seed %d: %s error %g over its bound" % (
         seed, fmt, float((err - bound).max()))
-    # each unit's largest magnitude is exactly representable: it maps to +-M
-    assert np.abs(v32).max() == pytest.approx(np.abs(x32).max(), rel=1e-6)
+    if fmt.startswith("fp8"):
+        # each scale is a power of two that puts its unit's largest magnitude
+        # in (224, 448] code units
+        assert np.array_equal(scales, np.ldexp(np.float32(1), np.frexp(scales)[1] - 1))
+        amax = np.zeros(scales.size, dtype=np.float64)
+        np.maximum.at(amax, index(r, c).ravel(), np.abs(x32).astype(np.float64).ravel())
+        u = amax / scales.ravel().astype(np.float64)
+        assert ((u <= 448) & ((u > 224) | (scales.ravel() == MIN_SCALE))).all()
+    else:
+        # each unit's largest magnitude is exactly representable: it maps to +-M
+        assert np.abs(v32).max() == pytest.approx(np.abs(x32).max(), rel=1e-6)
 
 
 def test_dequantize_raw_bytes_and_nan_codes():

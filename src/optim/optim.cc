@@ -122,100 +122,87 @@ LWO_VECTOR_LOOP void fold_abs_max(const float* __restrict p, uint64_t n, uint32_
   }
 }
 
-// q[x] = the code of p[x] under the scale of its block (scale[x / 128]);
-// a non-finite block's codes are 0x7f.
-LWO_VECTOR_LOOP void encode_row(uint8_t* __restrict q, const float* __restrict p, uint64_t n,
-                                const float* __restrict scale, const uint32_t* __restrict amax) {
+// q[x] = the code of p[x] under the scale of its block, whose inverse is
+// inverse[x / 128].
+LWO_VECTOR_LOOP void encode(uint8_t* __restrict q, const float* __restrict p, uint64_t n,
+                            const float* __restrict inverse) {
   for (uint64_t k = 0; k * kBlock < n; ++k) {
     const uint64_t lo = k * kBlock, hi = std::min(n, lo + kBlock);
-    if (amax[k] >= kNonFinite) {
-      std::memset(q + lo, 0x7f, hi - lo);
-      continue;
-    }
-    const float s = scale[k];
-    for (uint64_t i = lo; i < hi; ++i) q[i] = quant::e4m3_code(p[i], s);
+    const float inv = inverse[k];
+    for (uint64_t i = lo; i < hi; ++i) q[i] = quant::e4m3_code(p[i], inv);
   }
 }
 
-// A tile whose scales are known and whose codes are still to be written.
-struct Pending {
-  uint64_t r0 = 0, rows = 0, c0 = 0, w = 0;
-  const float* scale = nullptr;
-  uint32_t amax[kTileBlocks] = {};
-};
+// Elements a row of a tile is updated, its amax folded and its codes written
+// in, in turn (4 blocks: the masters still in L1).
+constexpr uint64_t kFp8Chunk = 512;
+static_assert(kTileCols % kFp8Chunk == 0 && kFp8Chunk % kBlock == 0, "chunks of whole blocks");
 
-// Elements a row of a tile is updated and a pending row encoded in, in
-// turn: 4 blocks. Finer turns let the encoding's arithmetic overlap the
-// update's memory traffic better (the fused / bf16-write ratio on the dev
-// host: 1.21 with whole rows of 4096, 1.18 at 1024, 1.15-1.17 at 512 and 256).
-constexpr uint64_t kInterleave = 512;
-static_assert(kTileCols % kInterleave == 0 && kInterleave % kBlock == 0, "turns of whole blocks");
-
-// The codes of pending row j (j < p.rows), columns [c, c + kInterleave) of
-// the tile's (none past its width; c a multiple of kInterleave).
-inline void encode_pending(const Tensor& t, const Pending& p, uint64_t j, uint64_t c) {
-  if (c >= p.w) return;
-  const uint64_t i = (p.r0 + j) * static_cast<uint64_t>(t.cols) + p.c0 + c;
-  encode_row(t.codes + i, t.master + i, std::min(kInterleave, p.w - c), p.scale + c / kBlock,
-             p.amax + c / kBlock);
+// The scale a block's codes are first written under: the one its record
+// holds (the previous update's), where that is a power of two an fp8 scale
+// can be; else 1.
+inline float predicted_scale(float held) {
+  const uint32_t u = quant::bits_of_f32(held);
+  const uint32_t exp = u >> 23;  // the sign bit included: negative scales are no prediction
+  return (u & 0x7fffffu) == 0 && exp >= 1 && exp <= 247 ? held : 1.0f;
 }
 
 // Elements [b, e) (whole bands of 128 rows, e at most n) updated by
 // update(i, j) (the masters and state of [i, j), any stochastic keys
 // included), `weights` written, and the bands' codes and scales. Each band
 // is taken in tiles of 128 rows x kTileCols columns (fewer where the band
-// ends): each row of a tile updated, its weights written and its blocks'
-// amax folded in while it is in L1; once the tile's rows are done, its
-// scales. Its codes are written during the next tile (of this band or the
-// next one of the part): its row j's in turns of kInterleave columns with
-// the next tile's row j's update (its masters still in cache), so that the
-// encoding's arithmetic sits between the update's memory streams; the last
-// tile's once the others are done. A band whose rows end early (the tensor's last) leaves the
-// previous tile's remaining rows to encode before its scales.
+// ends). A tile's rows are updated in chunks of kFp8Chunk elements, and while a
+// chunk is in L1 its weights are written, its blocks' amax folded in and its
+// codes written under each block's predicted scale: the scale the record
+// held (fp8 scales are powers of two, so an update rarely moves a block's
+// amax across one). Once the tile's rows are done, its scales: a block whose
+// scale is not the predicted one has its codes written again (from the
+// masters, in L2), so the bytes are quantize's of the updated masters
+// whatever the record held; a block with a NaN or infinite master gets the
+// scale NaN and the codes 0x7f. One pass over the masters and state, and a
+// second over the few blocks whose scale moved (every block on the first
+// update of a record whose scales were not fp8_scale's).
 template <typename F>
 void with_fp8(const Tensor& t, uint64_t b, uint64_t e, F&& update) {
   const uint64_t cols = static_cast<uint64_t>(t.cols), rows = static_cast<uint64_t>(t.rows);
   const uint64_t scale_cols = (cols + kBlock - 1) / kBlock;
   const uint64_t r_end = std::min(rows, (e + cols - 1) / cols);
-  Pending pend[2];
-  Pending* prev = &pend[0];  // rows == 0: none
-  Pending* cur = &pend[1];
   for (uint64_t r0 = b / cols; r0 < r_end; r0 += kBlock) {
     const uint64_t r1 = std::min(r_end, r0 + kBlock);
-    float* scale_row = t.scales + (r0 / kBlock) * scale_cols;
     for (uint64_t c0 = 0; c0 < cols; c0 += kTileCols) {
-      const uint64_t w = std::min(cols - c0, kTileCols);
-      *cur = Pending{};
+      const uint64_t w = std::min(cols - c0, kTileCols), n_blocks = (w + kBlock - 1) / kBlock;
+      float* scale = t.scales + (r0 / kBlock) * scale_cols + c0 / kBlock;
+      float predicted[kTileBlocks], inverse[kTileBlocks];
+      uint32_t amax[kTileBlocks] = {};
+      for (uint64_t k = 0; k < n_blocks; ++k) {
+        predicted[k] = predicted_scale(scale[k]);
+        inverse[k] = quant::fp8_inverse(predicted[k]);
+      }
       for (uint64_t r = r0; r < r1; ++r) {
         const uint64_t i = r * cols + c0;
-        const bool encode = r - r0 < prev->rows;
-        uint64_t c = 0;
-        for (; c < w; c += kInterleave) {
-          const uint64_t u = std::min(kInterleave, w - c);
+        for (uint64_t c = 0; c < w; c += kFp8Chunk) {
+          const uint64_t u = std::min(kFp8Chunk, w - c);
           update(i + c, i + c + u);
           if (t.weights) store_rounded(t.weights, t.weight_dtype, i + c, t.master + i + c, u, true);
-          fold_abs_max(t.master + i + c, u, cur->amax + c / kBlock);
-          if (encode) encode_pending(t, *prev, r - r0, c);
+          fold_abs_max(t.master + i + c, u, amax + c / kBlock);
+          encode(t.codes + i + c, t.master + i + c, u, inverse + c / kBlock);
         }
-        for (; encode && c < prev->w; c += kInterleave) encode_pending(t, *prev, r - r0, c);
       }
-      for (uint64_t j = r1 - r0; j < prev->rows; ++j)
-        for (uint64_t c = 0; c < prev->w; c += kInterleave) encode_pending(t, *prev, j, c);
-      float* s = scale_row + c0 / kBlock;
-      for (uint64_t k = 0; k * kBlock < w; ++k)
-        s[k] = cur->amax[k] >= kNonFinite
-                   ? quant::f32_of_bits(0x7fc00000u)
-                   : quant::unit_scale(quant::f32_of_bits(cur->amax[k]), quant::kFp8Max);
-      cur->r0 = r0;
-      cur->rows = r1 - r0;
-      cur->c0 = c0;
-      cur->w = w;
-      cur->scale = s;
-      std::swap(prev, cur);
+      for (uint64_t k = 0; k < n_blocks; ++k) {
+        const uint64_t lo = c0 + k * kBlock, bw = std::min(kBlock, cols - lo);
+        if (amax[k] >= kNonFinite) {
+          scale[k] = quant::f32_of_bits(0x7fc00000u);
+          for (uint64_t r = r0; r < r1; ++r) std::memset(t.codes + r * cols + lo, 0x7f, bw);
+          continue;
+        }
+        scale[k] = quant::fp8_scale(quant::f32_of_bits(amax[k]));
+        if (scale[k] == predicted[k]) continue;
+        const float inv = quant::fp8_inverse(scale[k]);
+        for (uint64_t r = r0; r < r1; ++r)
+          encode(t.codes + r * cols + lo, t.master + r * cols + lo, bw, &inv);
+      }
     }
   }
-  for (uint64_t j = 0; j < prev->rows; ++j)
-    for (uint64_t c = 0; c < prev->w; c += kInterleave) encode_pending(t, *prev, j, c);
   if (t.weights) streaming_fence();
 }
 

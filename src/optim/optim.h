@@ -66,14 +66,17 @@ struct Tensor {
   // quant::Layout, at the record's offset 0), and `scales`,
   // ceil(rows / 128) x ceil(cols / 128) f32 scales (row-major: at the
   // record's scale_offset); the record's padding is not written. Each block's
-  // scale is quant::unit_scale(amax, 448) and each code quant::e4m3_code
-  // (the division and the code rounded to nearest even, saturating at 448;
-  // src/quant/codec.h). Fused: the tensor is taken in bands of 128 rows (one
-  // block row), each band in tiles of 128 rows x up to kTileCols columns;
-  // a tile's masters are updated (and `weights` written) row by row, its
-  // blocks' amax folded in while each row is in the L1 cache, then its
-  // scales; its codes are written row by row between the next tile's rows
-  // (the masters still in cache): one pass over the masters and state.
+  // scale is quant::fp8_scale(amax) (the smallest power of two with
+  // amax / scale <= 448) and each code quant::e4m3_code (exact x / scale
+  // rounded to nearest even, saturating at 448; src/quant/codec.h). Fused:
+  // the tensor is taken in bands of 128 rows (one block row), each band in
+  // tiles of 128 rows x up to kTileCols columns; a tile's masters are
+  // updated (and `weights` written) in chunks of its rows, each chunk's
+  // blocks' amax folded in and its codes written under the scale the record
+  // held while the chunk is in the L1 cache; then the tile's scales, and the
+  // codes again of the blocks whose scale moved: one pass over the masters
+  // and state. The scales are read before they are written (a record whose
+  // scales are not fp8 scales only costs the second pass).
   // The parts a Workers set gives its threads are whole bands. A block with
   // a NaN or infinite updated master (quantize would refuse it) gets the
   // scale NaN and every code 0x7f (NaN): it dequantizes to NaN; the masters
@@ -84,7 +87,7 @@ struct Tensor {
   float* scales = nullptr;
 };
 
-// Columns of the tile the fused fp8 write updates, then encodes: 32 blocks,
+// Columns of the tile the fused fp8 write updates and encodes: 32 blocks,
 // 2 MiB of f32 masters for a full tile of 128 rows (the L2 of a core on the
 // hosts measured: 1-2 MiB). Wider tiles ran faster on the dev host (rows of
 // 16 KiB per array keep the prefetchers' runs long; the fused step over the

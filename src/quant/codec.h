@@ -146,20 +146,41 @@ inline uint8_t f32_to_e4m3(float v) {
   return static_cast<uint8_t>(((u >> 24) & 0x80u) | mag);
 }
 
-// The scale of a unit (block, channel, group) whose largest magnitude is
+// The scale of an integer unit (channel, group) whose largest magnitude is
 // amax (finite, >= 0), for a format whose largest code is code_max
-// (kFp8Max, kInt8Max, kInt4Max): max(amax / code_max, kMinScale), the f32
-// division rounded to nearest even. quantize() (quant.cc) and the host
-// optimizer's fused fp8 write (src/optim) both call it.
+// (kInt8Max, kInt4Max): max(amax / code_max, kMinScale), the f32 division
+// rounded to nearest even. The codes' grid is uniform, so the unit's largest
+// magnitude maps to the largest code.
 inline float unit_scale(float amax, float code_max) {
   const float s = amax / code_max;
   return s < kMinScale ? kMinScale : s;
 }
 
-// The e4m3 code of x under `scale`: f32_to_e4m3(x / scale), the division
-// rounded to nearest even and the code by f32_to_e4m3 (nearest even,
-// saturating). x / scale must not be NaN.
-inline uint8_t e4m3_code(float x, float scale) { return f32_to_e4m3(x / scale); }
+// The scale of an fp8 unit (channel or 128 x 128 block) whose largest
+// magnitude is amax (finite, >= 0): the smallest power of two s with
+// amax / s <= 448, and at least kMinScale (as the OCP microscaling formats'
+// E8M0 scales). The e4m3 grid has the same relative step in every binade, so
+// a power of two costs no precision above the subnormal codes, and it makes
+// the encoding a multiply by the exact 1 / s (fp8_inverse) and the decoded
+// value code x s exact in f32 and in bf16. quantize() (quant.cc) and the host
+// optimizer's fused fp8 write (src/optim) both call it. With amax = m 2^e (m
+// in [1, 2)) and 448 = 1.75 x 2^8: s = 2^(e - 8) for m <= 1.75, else
+// 2^(e - 7).
+inline float fp8_scale(float amax) {
+  const uint32_t u = bits_of_f32(amax);
+  const int32_t k = static_cast<int32_t>(u >> 23) - 127 - 8 + ((u & 0x7fffffu) > 0x600000u ? 1 : 0);
+  return k < -126 ? kMinScale : f32_of_bits(static_cast<uint32_t>(k + 127) << 23);
+}
+
+// 1 / s of an fp8 scale (a power of two from 2^-126 to 2^120): exact, so
+// x x fp8_inverse(s) is x / s rounded once.
+inline float fp8_inverse(float scale) { return 1.0f / scale; }
+
+// The e4m3 code of x under a scale whose inverse is `inverse`
+// (fp8_inverse): f32_to_e4m3(x x inverse), the product rounded to nearest
+// even (x / scale exactly, the scale being a power of two) and the code by
+// f32_to_e4m3 (nearest even, saturating). x must not be NaN.
+inline uint8_t e4m3_code(float x, float inverse) { return f32_to_e4m3(x * inverse); }
 
 // Round to nearest even, clamped to [-max, max] (max 127 or 7).
 inline int32_t f32_to_int(float v, float max) {

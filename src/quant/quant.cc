@@ -152,6 +152,7 @@ void quantize(const Layout& l, const void* src_v, lwo_dtype_t dtype, void* dst_v
   const uint64_t n_scales = static_cast<uint64_t>(l.scale_rows) * static_cast<uint64_t>(l.scale_cols);
   const uint64_t cols = static_cast<uint64_t>(l.cols);
   const float qmax = code_max(l.format);
+  const bool fp8 = l.format == LWO_QUANT_FP8_E4M3_CHANNEL || l.format == LWO_QUANT_FP8_E4M3_BLOCK128;
   std::vector<float> scales;
   scales.assign(n_scales, 0.0f);
   std::atomic<uint64_t> first_bad{UINT64_MAX};
@@ -183,7 +184,7 @@ void quantize(const Layout& l, const void* src_v, lwo_dtype_t dtype, void* dst_v
       }
       for (uint64_t s = b * static_cast<uint64_t>(l.scale_cols);
            s < e * static_cast<uint64_t>(l.scale_cols) && s < n_scales; ++s)
-        scales[s] = unit_scale(scales[s], qmax);
+        scales[s] = fp8 ? fp8_scale(scales[s]) : unit_scale(scales[s], qmax);
     });
     const uint64_t bad = first_bad.load();
     if (bad != UINT64_MAX) {
@@ -206,9 +207,12 @@ void quantize(const Layout& l, const void* src_v, lwo_dtype_t dtype, void* dst_v
         switch (l.format) {
           case LWO_QUANT_FP8_E4M3_CHANNEL:
           case LWO_QUANT_FP8_E4M3_BLOCK128:
-            for (int64_t c = 0; c < l.cols; ++c)
-              dst[row + static_cast<uint64_t>(c)] =
-                  e4m3_code(load(src, row + static_cast<uint64_t>(c)), scales[l.scale_index(r, c)]);
+            for (int64_t c0 = 0; c0 < l.cols; c0 += l.unit_cols) {
+              const float inverse = fp8_inverse(scales[l.scale_index(r, c0)]);
+              for (int64_t c = c0; c < std::min(l.cols, c0 + l.unit_cols); ++c)
+                dst[row + static_cast<uint64_t>(c)] =
+                    e4m3_code(load(src, row + static_cast<uint64_t>(c)), inverse);
+            }
             break;
           case LWO_QUANT_INT8_CHANNEL:
             for (int64_t c = 0; c < l.cols; ++c)

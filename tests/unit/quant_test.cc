@@ -114,6 +114,18 @@ double code_max(lwo_quant_format_t f) {
   return f == LWO_QUANT_INT8_CHANNEL ? 127.0 : f == LWO_QUANT_INT4_GROUP128 ? 7.0 : 448.0;
 }
 
+// The documented scale of a unit whose largest magnitude is amax: for the
+// integer formats max(amax / M, 2^-126), the f32 quotient; for fp8 the
+// smallest power of two s with amax / s <= 448 (exact comparisons in f64),
+// at least 2^-126.
+float scale_ref(lwo_quant_format_t f, double amax) {
+  if (f == LWO_QUANT_INT8_CHANNEL || f == LWO_QUANT_INT4_GROUP128)
+    return std::max(static_cast<float>(amax / code_max(f)), 0x1p-126f);
+  int k = -126;
+  while (std::ldexp(448.0, k) < amax) ++k;
+  return std::ldexp(1.0f, k);
+}
+
 // The round-trip bound of one element x under scale s, from the format's
 // step: half a step of the code at x / s, plus the f32 roundings of the
 // quotient x / s (relative 2^-24, 2^-23 taken) and of the product code x s.
@@ -485,7 +497,9 @@ TEST(QuantRules, Int8AndInt4TiesClampAndZeroRows) {
 
 TEST(QuantRules, Block128ScalesCoverTheirBlocksOnly) {
   // 200 x 300: blocks of 128 x 128 with partial edge blocks; each block's
-  // amax is set by one element, and the scale is amax / 448 exactly.
+  // amax is set by one element, and the scale is the smallest power of two
+  // with amax / scale <= 448 (448 -> 1, 896 -> 2, 44.8 -> 1/8, 4480 -> 16,
+  // 1 -> 2^-8, 7 -> 2^-6).
   const int64_t R = 200, C = 300;
   std::vector<float> w(static_cast<size_t>(R * C), 0.25f);
   lwo_quant_desc d = desc_of(LWO_QUANT_FP8_E4M3_BLOCK128, R, C, LWO_DTYPE_F32);
@@ -496,10 +510,16 @@ TEST(QuantRules, Block128ScalesCoverTheirBlocksOnly) {
   for (int br = 0; br < 2; ++br)
     for (int bc = 0; bc < 3; ++bc) w[static_cast<size_t>((br * 128 + 5) * C + bc * 128 + 9)] = peaks[br * 3 + bc];
   std::vector<uint8_t> q = quantize(d, w);
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(scale_at(q, info, i), peaks[i] / 448.0f) << i;
-  // The peak of each block is the largest code.
+  const float want_scale[6] = {1, 2, 0.125f, 16, 0x1p-8f, 0x1p-6f};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(scale_at(q, info, i), want_scale[i]) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(scale_ref(LWO_QUANT_FP8_E4M3_BLOCK128, peaks[i]), want_scale[i]) << i;
+  // The peak of each block is coded under its block's scale (448 and 896 to
+  // the largest code, 44.8 x 8 = 358.4 to 352, 4480 / 16 = 280 to 288, 1 x 256 to 256).
   for (int br = 0; br < 2; ++br)
-    for (int bc = 0; bc < 3; ++bc) EXPECT_EQ(q[static_cast<size_t>((br * 128 + 5) * C + bc * 128 + 9)], 0x7e);
+    for (int bc = 0; bc < 3; ++bc)
+      EXPECT_EQ(q[static_cast<size_t>((br * 128 + 5) * C + bc * 128 + 9)],
+                e4m3_encode_ref(peaks[br * 3 + bc] / want_scale[br * 3 + bc]));
+  EXPECT_EQ(q[static_cast<size_t>(5 * C + 9)], 0x7e);
 }
 
 TEST(QuantRules, SixteenBitSourcesAndOutputs) {
@@ -586,7 +606,7 @@ TEST(QuantRoundTrip, WithinHalfAStepOfEveryFormat) {
         std::vector<uint8_t> s = encode_src(w, dt);
         std::vector<uint8_t> q = quantize(d, w, 3);
         std::vector<float> back = dequantize_f32(d, q, 5);
-        // Scales: max(amax / M, 2^-126) of the unit, the f32 quotient.
+        // Scales: the documented rule's (scale_ref) for the unit's amax.
         std::vector<double> amax(static_cast<size_t>(info.scale_rows * info.scale_cols), 0.0);
         for (int64_t r = 0; r < R; ++r)
           for (int64_t c = 0; c < C; ++c) {
@@ -594,8 +614,7 @@ TEST(QuantRoundTrip, WithinHalfAStepOfEveryFormat) {
             m = std::max(m, std::fabs(src_value(s, dt, static_cast<size_t>(r * C + c))));
           }
         for (size_t i = 0; i < amax.size(); ++i)
-          ASSERT_EQ(scale_at(q, info, static_cast<int64_t>(i)),
-                    std::max(static_cast<float>(amax[i] / code_max(f)), 0x1p-126f)) << "scale " << i;
+          ASSERT_EQ(scale_at(q, info, static_cast<int64_t>(i)), scale_ref(f, amax[i])) << "scale " << i;
         double worst = 0, sum2 = 0, ref2 = 0;
         for (int64_t r = 0; r < R; ++r)
           for (int64_t c = 0; c < C; ++c) {
