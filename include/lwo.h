@@ -1884,10 +1884,12 @@ LWO_API lwo_status_t lwo_pool_shard_tensor(lwo_pool* pool, uint32_t layer, const
  * zero), so a layer with its scales still moves in one copy. With amax the
  * largest magnitude of the elements a scale covers, an integer format's
  * scale is max(amax / M, 2^-126), M the largest code (127, 7), and an fp8
- * format's is the smallest power of two s with amax / s <= 448, at least
- * 2^-126 (since 0.6.0: as the OCP microscaling formats' scales; e4m3's
- * relative step is the same in every binade, so it costs no precision above
- * the subnormal codes, and code x scale is exact); an element's code is its
+ * format's is the smallest power of two s with amax / s <= 464 (the
+ * midpoint past 448, the largest code: up to it a value rounds to 448 within
+ * half a step), at least 2^-126 (since 0.6.0; e4m3's relative step is the
+ * same in every binade, so a power of two costs no precision above the
+ * subnormal codes, code x scale is exact, and quantizing a record's own
+ * dequantized values gives the record again); an element's code is its
  * value divided by its scale (f32), rounded to nearest even (fp8 saturating
  * to +-448, the integer codes clamped to +-M); dequantized it is code x
  * scale, one f32 multiply, rounded to nearest even to the output dtype.

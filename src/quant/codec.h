@@ -158,17 +158,21 @@ inline float unit_scale(float amax, float code_max) {
 
 // The scale of an fp8 unit (channel or 128 x 128 block) whose largest
 // magnitude is amax (finite, >= 0): the smallest power of two s with
-// amax / s <= 448, and at least kMinScale (as the OCP microscaling formats'
-// E8M0 scales). The e4m3 grid has the same relative step in every binade, so
-// a power of two costs no precision above the subnormal codes, and it makes
-// the encoding a multiply by the exact 1 / s (fp8_inverse) and the decoded
-// value code x s exact in f32 and in bf16. quantize() (quant.cc) and the host
-// optimizer's fused fp8 write (src/optim) both call it. With amax = m 2^e (m
-// in [1, 2)) and 448 = 1.75 x 2^8: s = 2^(e - 8) for m <= 1.75, else
-// 2^(e - 7).
+// amax / s <= 464, and at least kMinScale. 464 is the midpoint past 448,
+// the largest code: from 448 to 464 a value rounds to 448 within half a step
+// (16) as any value of that binade does, so the unit's largest magnitude
+// lands in (232, 464] and is coded within half a step. Its code is then 240
+// to 448, whose own scale is s again: quantize(dequantize(q)) is q. The e4m3
+// grid has the same relative step in every binade, so a power of two costs
+// no precision above the subnormal codes, and it makes the encoding a
+// multiply by the exact 1 / s (fp8_inverse) and the decoded value code x s
+// exact in f32 and in bf16 (as the OCP microscaling formats' scales).
+// quantize() (quant.cc) and the host optimizer's fused fp8 write (src/optim)
+// both call it. With amax = m 2^e (m in [1, 2)) and 464 = 1.8125 x 2^8:
+// s = 2^(e - 8) for m <= 1.8125, else 2^(e - 7).
 inline float fp8_scale(float amax) {
   const uint32_t u = bits_of_f32(amax);
-  const int32_t k = static_cast<int32_t>(u >> 23) - 127 - 8 + ((u & 0x7fffffu) > 0x600000u ? 1 : 0);
+  const int32_t k = static_cast<int32_t>(u >> 23) - 127 - 8 + ((u & 0x7fffffu) > 0x680000u ? 1 : 0);
   return k < -126 ? kMinScale : f32_of_bits(static_cast<uint32_t>(k + 127) << 23);
 }
 

@@ -116,13 +116,13 @@ double code_max(lwo_quant_format_t f) {
 
 // The documented scale of a unit whose largest magnitude is amax: for the
 // integer formats max(amax / M, 2^-126), the f32 quotient; for fp8 the
-// smallest power of two s with amax / s <= 448 (exact comparisons in f64),
-// at least 2^-126.
+// smallest power of two s with amax / s <= 464 (the midpoint past 448, the
+// largest code; exact comparisons in f64), at least 2^-126.
 float scale_ref(lwo_quant_format_t f, double amax) {
   if (f == LWO_QUANT_INT8_CHANNEL || f == LWO_QUANT_INT4_GROUP128)
     return std::max(static_cast<float>(amax / code_max(f)), 0x1p-126f);
   int k = -126;
-  while (std::ldexp(448.0, k) < amax) ++k;
+  while (std::ldexp(464.0, k) < amax) ++k;
   return std::ldexp(1.0f, k);
 }
 
@@ -498,7 +498,7 @@ TEST(QuantRules, Int8AndInt4TiesClampAndZeroRows) {
 TEST(QuantRules, Block128ScalesCoverTheirBlocksOnly) {
   // 200 x 300: blocks of 128 x 128 with partial edge blocks; each block's
   // amax is set by one element, and the scale is the smallest power of two
-  // with amax / scale <= 448 (448 -> 1, 896 -> 2, 44.8 -> 1/8, 4480 -> 16,
+  // with amax / scale <= 464 (448 -> 1, 896 -> 2, 44.8 -> 1/8, 4480 -> 16,
   // 1 -> 2^-8, 7 -> 2^-6).
   const int64_t R = 200, C = 300;
   std::vector<float> w(static_cast<size_t>(R * C), 0.25f);
@@ -591,6 +591,27 @@ std::vector<float> weights(int64_t R, int64_t C, bool heavy, uint64_t seed) {
         w[static_cast<size_t>(r * C + static_cast<int64_t>(rng() % static_cast<uint64_t>(C)))] =
             big(rng) * ((rng() & 1) ? 1.0f : -1.0f);
   return w;
+}
+
+// An fp8 record quantized again from its own dequantized values is the same
+// record: each unit's largest code (240 to 448) gives back its scale, so a
+// trainable record and the masters dequantized from it agree before the
+// first update. Units whose amax sits just past a power of two times 232,
+// 448 and 464, on random and heavy-tailed data.
+TEST(QuantRules, Fp8QuantizeOfDequantizeIsTheSameRecord) {
+  const int64_t R = 263, C = 384;
+  for (lwo_quant_format_t f : {LWO_QUANT_FP8_E4M3_CHANNEL, LWO_QUANT_FP8_E4M3_BLOCK128})
+    for (bool heavy : {false, true}) {
+      SCOPED_TRACE(std::string(lwo_quant_format_name(f)) + (heavy ? ", heavy-tailed" : ", normal"));
+      std::vector<float> w = weights(R, C, heavy, heavy ? 23 : 29);
+      const float edges[] = {232.5f, 233.0f, 240.0f, 447.0f, 448.0f, 449.0f, 463.0f, 464.0f, 465.0f};
+      for (int64_t r = 0; r < R; r += 2)
+        w[static_cast<size_t>(r * C + (r * 7) % C)] = std::ldexp(edges[(r / 2) % 9], int(r % 11) - 14);
+      const lwo_quant_desc d = desc_of(f, R, C, LWO_DTYPE_F32);
+      const std::vector<uint8_t> q = quantize(d, w);
+      const std::vector<float> back = dequantize_f32(d, q);
+      EXPECT_EQ(quantize(d, back), q);
+    }
 }
 
 TEST(QuantRoundTrip, WithinHalfAStepOfEveryFormat) {
