@@ -98,21 +98,21 @@ lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags) {
 
 void print_plan(const PlanReport& r) {
   const lwo_plan_info& i = r.info;
-  std::printf("%-10s budget %s: depth %u, %u layers resident, %s on the device\n", "plan",
-              fmt_bytes(i.budget_bytes).c_str(), i.depth, i.n_resident,
-              fmt_bytes(i.device_bytes).c_str());
-  std::printf("%-10s H2D %.2f GB/s, D2H %.2f GB/s, both at once %.2f / %.2f GB/s (measured)\n",
-              "link", i.h2d_gbps, i.d2h_gbps, i.duplex_h2d_gbps, i.duplex_d2h_gbps);
-  std::printf("%-10s %.3f ms per %s, stall %.3f ms, %s H2D%s; first-k rule %.3f ms\n",
-              "predicted", i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
-              fmt_bytes(i.h2d_bytes).c_str(),
-              i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
+  print_row("plan", "budget %s: depth %u, %u layers resident, %s on the device",
+            fmt_bytes(i.budget_bytes).c_str(), i.depth, i.n_resident,
+            fmt_bytes(i.device_bytes).c_str());
+  print_row("link", "H2D %.2f GB/s, D2H %.2f GB/s, both at once %.2f / %.2f GB/s (measured)",
+            i.h2d_gbps, i.d2h_gbps, i.duplex_h2d_gbps, i.duplex_d2h_gbps);
+  print_row("predicted", "%.3f ms per %s, stall %.3f ms, %s H2D%s; first-k rule %.3f ms",
+            i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
+            fmt_bytes(i.h2d_bytes).c_str(),
+            i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
   if (r.grouped) {
-    std::printf("%-10s %u records for %zu layers (copy overhead %.4f ms, measured); one record "
-                "per layer: %.3f ms\n", "groups", i.n_groups,
-                r.groups.empty() ? size_t(0)
-                                 : size_t(r.groups.back().first_layer + r.groups.back().n_layers),
-                i.copy_overhead_ms, i.ungrouped_ms);
+    print_row("groups", "%u records for %zu layers (copy overhead %.4f ms, measured); one record "
+              "per layer: %.3f ms", i.n_groups,
+              r.groups.empty() ? size_t(0)
+                               : size_t(r.groups.back().first_layer + r.groups.back().n_layers),
+              i.copy_overhead_ms, i.ungrouped_ms);
     std::printf("  %-6s %-11s %8s %10s\n", "group", "layers", "count", "bytes");
     for (size_t g = 0; g < r.groups.size(); ++g) {
       const lwo_plan_group& G = r.groups[g];
@@ -195,8 +195,8 @@ std::vector<Flag> make_flags(Options& o) {
                   "also choose runs of streamed layers to store as one record each (the "
                   "per-copy overhead measured); the plan prints the groups it recommends",
                   o.group),
-      grad_depth_flag(o.grad_depth),
-      device_flag(o.device),
+      uint_flag(kGradDepthFlag, o.grad_depth),
+      uint_flag(kDeviceFlag, o.device),
       json_flag(o.json),
       quiet_flag(),
   });
@@ -226,11 +226,9 @@ int cmd_plan(int argc, char** argv) {
            fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
   PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth, o.group);
   std::printf("lwo plan, %s\n", describe(dev).c_str());
-  std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
-              o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-              lwo_dtype_name(o.dtype), fmt_bytes(record).c_str(), fmt_bytes(model).c_str());
-  std::printf("%-10s forward %.4f ms per layer%s\n", "compute", f,
-              o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
+  print_model(o, record, model);
+  print_row("compute", "forward %.4f ms per layer%s", f,
+            o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
   print_plan(r);
   Json j = json_doc("plan");
   j["device"] = json_device(dev);

@@ -46,6 +46,21 @@ struct RingFigure {
   uint64_t hits = 0;
 };
 
+std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
+                                      uint64_t min, uint64_t max) {
+  std::vector<uint64_t> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = text.find(',', b);
+    out.push_back(parse_size(flag, text.substr(b, e == std::string::npos ? e : e - b), min, max));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // Pinned host and device buffers of the largest of `sizes` that fits (sizes
 // ascending); returns that size, or 0.
 uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host, DeviceMem& dev) {
@@ -205,9 +220,7 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
       lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
   if (s == LWO_ERR_OUT_OF_MEMORY) return skip_all(lwo_last_error_message());
   check(s, "lwo_pool_create_pinned");
-  lwo_pool_info info{};
-  info.size = sizeof info;
-  TK_CHECK(lwo_pool_get_info(pool.get(), &info));
+  const lwo_pool_info info = testkit::pool_info(pool.get());
   std::vector<HostRange> ranges(layers);
   for (uint32_t l = 0; l < layers; ++l)
     TK_CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
@@ -361,7 +374,7 @@ std::vector<Flag> make_flags(Options& o) {
                  [&o](const std::string& v) {
                    o.records = parse_size_list("--records", v, 256, 4 * GiB);
                  }),
-      device_flag(o.device),
+      uint_flag(kDeviceFlag, o.device),
       json_flag(o.json),
       quiet_flag(),
   };
