@@ -1019,8 +1019,7 @@ int cmd_shard(int argc, char** argv) {
     progress("note: depth %u >= %u layers: after the first pass every layer stays in a slot, so "
         "passes hit and move nothing",
         o.depth, o.layers);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   m.o = o;
 
   double t = now_seconds();

@@ -88,12 +88,8 @@ std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
   if (!error.empty()) fail(strf("--names %s: %s", quoted(path).c_str(), error.c_str()));
 
   std::vector<std::vector<std::string>> layers;
-  size_t b = 0;
-  while (b < text.size()) {
-    size_t e = text.find('\n', b);
-    if (e == std::string::npos) e = text.size();
-    std::string line = text.substr(b, e - b);
-    b = e + 1;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
     size_t first = line.find_first_not_of(" \t\r\f\v");
     if (first == std::string::npos || line[first] == '#') continue;
     // The names: the words between blanks (the line holds no '\n').

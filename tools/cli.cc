@@ -509,14 +509,9 @@ void JsonFile::open(const std::string& path) {
   if (fd < 0)
     fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
   // The mode a plain create (or the file there now) would have.
-  mode_t mode = 0;
-  if (exists) {
-    mode = st.st_mode & 07777;
-  } else {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    mode = 0666 & ~mask;
-  }
+  const mode_t mask = exists ? 0 : ::umask(0);
+  if (!exists) ::umask(mask);
+  const mode_t mode = exists ? st.st_mode & 07777 : 0666 & ~mask;
   if (::fchmod(fd, mode) != 0 || !(f_ = ::fdopen(fd, "w"))) {
     const int e = errno;
     ::close(fd);
@@ -602,7 +597,8 @@ std::string PassResults::pass_line(uint32_t p, uint32_t passes, double ms) const
 
 void PassResults::print(uint32_t passes, bool timing) const {
   print_row("ring", "depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream",
-            ring.depth, ring.depth, fmt_bytes(ring.slot_bytes).c_str(), timing ? ", timing on" : "");
+            ring.depth, ring.depth, fmt_bytes(ring.slot_bytes).c_str(),
+            timing ? ", timing on" : "");
   print_row("passes", "%u timed after 1 warm-up", passes);
   print_row("time", "median %.3f ms, best %.3f ms per pass", median_ms, best_ms);
   print_row("bandwidth", "median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s", gbps(median_ms),
@@ -623,14 +619,12 @@ void PassResults::to_json(Json& j, uint32_t passes) const {
 }
 
 void print_ring_stats(const lwo_ring_stats& s, bool timing) {
-  std::printf("%-10s %llu stages, %llu hits, %llu copies, %s copied (warm-up included)",
-              "ring stats", static_cast<unsigned long long>(s.n_stages),
-              static_cast<unsigned long long>(s.n_hits),
-              static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str());
-  if (timing)
-    std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
-                s.bandwidth_gbps, s.wait_ms);
-  std::printf("\n");
+  print_row("ring stats", "%llu stages, %llu hits, %llu copies, %s copied (warm-up included)%s",
+            static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
+            static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str(),
+            timing ? strf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms",
+                          s.copy_ms, s.bandwidth_gbps, s.wait_ms).c_str()
+                   : "");
 }
 
 // --- the program -------------------------------------------------------------

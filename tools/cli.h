@@ -25,6 +25,7 @@
 #include "testkit/checksum.h"
 #include "testkit/copy.h"
 #include "testkit/owner.h"
+#include "testkit/plan.h"
 #include "testkit/random.h"
 
 namespace cli {
@@ -43,10 +44,13 @@ using testkit::fmt_bytes;  // "256 KiB", "1.50 GiB"
 using testkit::Grads;
 using testkit::HostRange;
 using testkit::make_event;   // with timing
+using testkit::make_plan;    // lwo_plan_create and what the plan says (testkit/plan.h)
 using testkit::make_stream;  // non-blocking
 using testkit::median;
 using testkit::now_seconds;  // monotonic
 using testkit::PinnedMem;
+using testkit::plan_ring_config;
+using testkit::PlanReport;
 using testkit::Pool;
 using testkit::Ring;
 using testkit::Schedule;
@@ -274,28 +278,11 @@ std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::str
 std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts);
 // The budget in bytes for a model of `model_bytes` ("" is 0: none).
 uint64_t parse_budget(const std::string& text, uint64_t model_bytes);
-// A plan of lwo_plan_create and what it says, position by position.
-struct PlanReport {
-  lwo_plan_info info{};
-  std::vector<lwo_plan_position> positions;
-  std::vector<uint32_t> resident;  // ascending
-  std::vector<double> fwd_ms, bwd_ms;
-  bool grouped = false;                // asked with LWO_PLAN_GROUP
-  std::vector<lwo_plan_group> groups;  // the records the plan recommends
-};
-// Plans `pool` for `budget` bytes with the link calibrated on the engine's
-// device; bwd_ms empty: a forward pass, else a training step (trainable may
-// be null: every layer).
-PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
-                     const std::vector<double>& bwd_ms, const uint8_t* trainable,
-                     uint32_t grad_depth, bool group = false);
 // What of `budget` a plan may use: the budget less what the engine holds
 // that a plan does not count (compute workspaces; the plan counts the ring,
 // the resident layers and the gradient staging). Throws a UsageError if
 // nothing is left.
 uint64_t plan_budget(lwo_engine* engine, uint64_t budget);
-// The ring config of a plan (its resident array points into `r`).
-lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).
 void print_plan(const PlanReport& r);
 Json json_plan(const PlanReport& r);
@@ -444,7 +431,7 @@ inline std::string quoted(std::string& s, size_t max = 160) {
 // (/dev/stdout, a pipe) is written in place.
 class JsonFile {
  public:
-  JsonFile() = default;
+  explicit JsonFile(const std::string& path) { open(path); }
   JsonFile(const JsonFile&) = delete;
   JsonFile& operator=(const JsonFile&) = delete;
   ~JsonFile();

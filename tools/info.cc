@@ -315,8 +315,7 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
 // The work on the one FILE: opens it, maps it, prints the listing to g_out
 // (and the JSON file); a failure throws as any command's does.
 int info_one(const Options& o) {
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
 
   Report r;
   r.path = parse_path("FILE", o.paths[0]);

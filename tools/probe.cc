@@ -114,16 +114,14 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
     f.bytes = bytes;
     if (bytes <= fit) {
       f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      const testkit::CopyResult h2d = testkit::time_copies(
-          loop,
-          testkit::uniform_plan(testkit::Direction::kH2D, host.get(), nullptr, dev.get(), nullptr,
-                                bytes, f.copies),
-          repeats);
-      const testkit::CopyResult d2h = testkit::time_copies(
-          loop,
-          testkit::uniform_plan(testkit::Direction::kD2H, nullptr, host.get(), nullptr, dev.get(),
-                                bytes, f.copies),
-          repeats);
+      const auto timed = [&](testkit::Direction d) {  // one buffer each side, either way
+        return testkit::time_copies(
+            loop, testkit::uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes,
+                                        f.copies),
+            repeats);
+      };
+      const testkit::CopyResult h2d = timed(testkit::Direction::kH2D);
+      const testkit::CopyResult d2h = timed(testkit::Direction::kD2H);
       // The median of the batches' GB/s (of their times, for an odd count).
       f.h2d_best = h2d.best_gbps();
       f.h2d_median = median(h2d.gbps());
@@ -388,8 +386,7 @@ int cmd_probe(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo probe, %s", describe(dev).c_str());
 
   double t0 = now_seconds();

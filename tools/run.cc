@@ -169,8 +169,7 @@ int cmd_run(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
            fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
   note_depth(o.depth, o.layers, "the first pass", "passes");

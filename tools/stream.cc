@@ -487,8 +487,7 @@ int cmd_stream(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
            all.size() == 1 ? "" : "s");
   for (size_t i = 0; i < all.size(); ++i) {

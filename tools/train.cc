@@ -933,8 +933,7 @@ int cmd_train(int argc, char** argv) {
   Device dev;
   open_device(o.device, dev);
   lwo_engine* engine = dev.engine.get();
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
            describe(dev).c_str(), L, fmt_bytes(sz.record_bytes).c_str(),
            fmt_bytes(sz.pool_bytes).c_str(), static_cast<long long>(o.tokens));
