@@ -75,6 +75,7 @@
 #include <string>
 
 #include "bench/common.h"
+#include "testkit/plan.h"
 #include "testkit/workload.h"
 
 namespace lwob {
@@ -209,25 +210,13 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
     if (mem.workspaces >= budget)
       fail(strf("a budget of %s: the compute workspaces alone hold %s",
                 fmt_bytes(budget).c_str(), fmt_bytes(mem.workspaces).c_str()));
-    lwo_plan_config pc;
-    lwo_plan_config_init(&pc);
-    pc.flags = LWO_PLAN_CALIBRATE_LINK | (step ? LWO_PLAN_TRAIN : 0u);
-    pc.budget_bytes = budget - mem.workspaces;
-    pc.fwd_ms = times.fwd_ms.data();
-    pc.bwd_ms = step ? times.bwd_ms.data() : nullptr;
-    pc.trainable = nullptr;  // every layer, in a step
-    pc.grad_depth = gc.depth;
-    pc.copy_overhead_ms = g_copy_overhead_ms;
-    Plan plan;
-    check(lwo_plan_create(W.pool(), &pc, plan.out()), "lwo_plan_create");
-    lwo_plan_info info{};
-    info.size = sizeof info;
-    check(lwo_plan_get_info(plan.get(), &info), "lwo_plan_get_info");
-    std::vector<lwo_plan_position> positions(info.n_positions);
-    for (uint32_t i = 0; i < info.n_positions; ++i) {
-      positions[i].size = sizeof positions[i];
-      check(lwo_plan_get_position(plan.get(), i, &positions[i]), "lwo_plan_get_position");
-    }
+    // Every layer trainable, in a step (testkit::make_plan).
+    const testkit::PlanReport plan =
+        testkit::make_plan(W.pool(), budget - mem.workspaces, times.fwd_ms,
+                           step ? times.bwd_ms : std::vector<double>{}, nullptr, gc.depth,
+                           /*group=*/false, g_copy_overhead_ms);
+    const lwo_plan_info& info = plan.info;
+    const std::vector<lwo_plan_position>& positions = plan.positions;
     const std::vector<uint32_t> order = testkit::step_order(R, step);
     if (info.n_positions != order.size())
       fail(strf("the plan has %u positions; the pass has %zu", info.n_positions, order.size()));
@@ -239,8 +228,7 @@ void bm_plan(benchmark::State& state, const Workload& wl) {
     // 4. The plan's ring, the engine held to the budget.
     BudgetHold hold;
     hold.set(budget);
-    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-    check(lwo_plan_ring_config(plan.get(), &rc), "lwo_plan_ring_config");
+    const lwo_ring_config rc = testkit::plan_ring_config(plan, 0);
     Ring ring;
     check(lwo_ring_create(W.pool(), &rc, ring.out()), "lwo_ring_create (the plan's)");
     lwo_ring_info ri{};

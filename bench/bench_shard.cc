@@ -798,13 +798,13 @@ std::vector<Flag> make_flags(Options& o) {
                    o.ranks = parse_ranks_list(v);
                    o.list_given = true;
                  }),
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
-      depth_flag(o.depth),
-      passes_flag(o.passes),
-      tokens_flag(o.tokens),
-      grad_depth_flag(o.grad_depth),
+      uint_flag(kLayersFlag, o.layers),
+      uint_flag(kRowsFlag, o.rows),
+      uint_flag(kColsFlag, o.cols),
+      uint_flag(kDepthFlag, o.depth),
+      uint_flag(kPassesFlag, o.passes),
+      uint_flag(kTokensFlag, o.tokens),
+      uint_flag(kGradDepthFlag, o.grad_depth),
       switch_flag("--no-train",
                   "skip the training step (it needs f32 gradient shards on the host: twice the "
                   "weights' host memory)",
@@ -813,7 +813,7 @@ std::vector<Flag> make_flags(Options& o) {
                   "engines with LWO_ENGINE_CHECK_COLLECTIVES (slow: finds ranks whose "
                   "collective calls differ)",
                   o.check_collectives),
-      seed_flag(o.seed),
+      uint_flag(kSeedFlag, o.seed),
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--device",
@@ -1019,8 +1019,7 @@ int cmd_shard(int argc, char** argv) {
     progress("note: depth %u >= %u layers: after the first pass every layer stays in a slot, so "
         "passes hit and move nothing",
         o.depth, o.layers);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   m.o = o;
 
   double t = now_seconds();

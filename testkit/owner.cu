@@ -59,6 +59,20 @@ lwo_ring_stats ring_stats(lwo_ring* ring) {
   return s;
 }
 
+lwo_ring_info ring_info(lwo_ring* ring) {
+  lwo_ring_info i{};
+  i.size = sizeof i;
+  check(lwo_ring_get_info(ring, &i), "lwo_ring_get_info");
+  return i;
+}
+
+lwo_pool_info pool_info(lwo_pool* pool) {
+  lwo_pool_info i{};
+  i.size = sizeof i;
+  check(lwo_pool_get_info(pool, &i), "lwo_pool_get_info");
+  return i;
+}
+
 lwo_grads_stats grads_stats(lwo_grads* grads) {
   lwo_grads_stats s{};
   s.size = sizeof s;

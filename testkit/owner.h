@@ -111,5 +111,8 @@ inline double elapsed_ms(const Event& a, const Event& b) { return elapsed_ms(a.g
 // Statistics of a ring and of gradients (zeros for a null grads), or Error.
 lwo_ring_stats ring_stats(lwo_ring* ring);
 lwo_grads_stats grads_stats(lwo_grads* grads);
+// What a ring and a pool are (lwo_ring_get_info, lwo_pool_get_info), or Error.
+lwo_ring_info ring_info(lwo_ring* ring);
+lwo_pool_info pool_info(lwo_pool* pool);
 
 }  // namespace testkit

@@ -49,6 +49,16 @@ void ChainSpec::group(uint32_t per_record) {
   }
 }
 
+uint64_t quant_bytes(lwo_quant_format_t format, lwo_dtype_t dtype, int64_t rows, int64_t cols) {
+  lwo_quant_desc d = LWO_QUANT_DESC_INIT;
+  d.format = format;
+  d.dtype = dtype;
+  d.rows = rows;
+  d.cols = cols;
+  lwo_quant_layout_info l = LWO_QUANT_LAYOUT_INFO_INIT;
+  return lwo_quant_layout(&d, &l) == LWO_OK ? l.total_bytes : 0;
+}
+
 ChainSpec linear_chain(std::string name, int64_t dim, uint32_t n, uint32_t per_record) {
   ChainSpec s;
   s.name = std::move(name);

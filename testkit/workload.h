@@ -47,6 +47,9 @@ inline lwo_tensor_quant_ext quant_ext(lwo_quant_format_t format) {
   q.format = format;
   return q;
 }
+// The bytes (codes and scales) of a [rows, cols] tensor of `dtype` quantized
+// in `format` (lwo_quant_layout); 0 where the format does not take the shape.
+uint64_t quant_bytes(lwo_quant_format_t format, lwo_dtype_t dtype, int64_t rows, int64_t cols);
 
 enum class OpKind { kLinear, kConv3x3 };
 

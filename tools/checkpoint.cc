@@ -21,12 +21,11 @@ namespace cli {
 
 const char* const kDefaultPatterns[] = {"model.layers.{i}.", "blocks.{i}.", "layers.{i}.", "h.{i}.",
                                         "transformer.h.{i}."};
-const size_t kNumDefaultPatterns = sizeof(kDefaultPatterns) / sizeof(kDefaultPatterns[0]);
 
 std::string default_patterns_text() {
   std::string s;
-  for (size_t i = 0; i < kNumDefaultPatterns; ++i)
-    s += (i ? ", \"" : "\"") + std::string(kDefaultPatterns[i]) + "\"";
+  for (const char* p : kDefaultPatterns)
+    s += (s.empty() ? "\"" : ", \"") + std::string(p) + "\"";
   return s;
 }
 
@@ -50,6 +49,58 @@ const char* kind_of(mode_t mode) {
 std::string base_name(const std::string& path) {
   size_t i = path.find_last_of('/');
   return i == std::string::npos ? path : path.substr(i + 1);
+}
+
+// Reads --names FILE: one layer per line, its tensors' full names separated
+// by blanks; blank lines and lines whose first non-blank is '#' are skipped.
+// Refuses anything that is not a regular file without blocking.
+std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
+  constexpr off_t kMaxBytes = off_t(64) << 20;
+  // O_NONBLOCK: opening a named pipe returns at once; fstat then refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    fail(strf("--names %s: cannot open it: %s", quoted(path).c_str(), std::strerror(errno)));
+  struct stat st {};
+  std::string text;
+  std::string error;
+  if (fstat(fd, &st) != 0)
+    error = strf("cannot stat it: %s", std::strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    error = strf("it is %s, not a regular file", kind_of(st.st_mode));
+  else if (st.st_size > kMaxBytes)
+    error = strf("it is %s, more than a names file of %s can be", fmt_bytes(st.st_size).c_str(),
+                 fmt_bytes(kMaxBytes).c_str());
+  else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < text.size()) {
+      ssize_t n = ::read(fd, &text[got], text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (n < 0) error = strf("cannot read it: %s", std::strerror(errno));
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  if (!error.empty()) fail(strf("--names %s: %s", quoted(path).c_str(), error.c_str()));
+
+  std::vector<std::vector<std::string>> layers;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    size_t first = line.find_first_not_of(" \t\r\f\v");
+    if (first == std::string::npos || line[first] == '#') continue;
+    // The names: the words between blanks (the line holds no '\n').
+    std::istringstream words(line);
+    layers.emplace_back(std::istream_iterator<std::string>(words),
+                        std::istream_iterator<std::string>());
+  }
+  if (layers.empty())
+    throw UsageError(strf("--names %s names no tensor: give one line of names per layer",
+                          quoted(path).c_str()));
+  return layers;
 }
 
 }  // namespace
@@ -130,79 +181,6 @@ std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint) {
       });
 }
 
-std::string shape_text(const CkptTensor& t) {
-  std::string s = "[";
-  for (size_t d = 0; d < t.shape.size(); ++d)
-    s += (d ? ", " : "") + std::to_string(static_cast<long long>(t.shape[d]));
-  if (t.n_dims > static_cast<int32_t>(t.shape.size())) s += ", ...";
-  return s + "]";
-}
-
-std::string index_list(const std::vector<uint32_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size();) {
-    size_t j = i;
-    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
-    s += (s.empty() ? "" : ", ") + std::to_string(v[i]);
-    if (j > i) s += (j == i + 1 ? ", " : "..") + std::to_string(v[j]);
-    i = j + 1;
-  }
-  return s;
-}
-
-std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
-  constexpr off_t kMaxBytes = off_t(64) << 20;
-  // O_NONBLOCK: opening a named pipe returns at once; fstat then refuses it.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0)
-    fail(strf("--names %s: cannot open it: %s", quoted(path).c_str(), std::strerror(errno)));
-  struct stat st {};
-  std::string text;
-  std::string error;
-  if (fstat(fd, &st) != 0)
-    error = strf("cannot stat it: %s", std::strerror(errno));
-  else if (!S_ISREG(st.st_mode))
-    error = strf("it is %s, not a regular file", kind_of(st.st_mode));
-  else if (st.st_size > kMaxBytes)
-    error = strf("it is %s, more than a names file of %s can be", fmt_bytes(st.st_size).c_str(),
-                 fmt_bytes(kMaxBytes).c_str());
-  else {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < text.size()) {
-      ssize_t n = ::read(fd, &text[got], text.size() - got);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        if (n < 0) error = strf("cannot read it: %s", std::strerror(errno));
-        break;
-      }
-      got += static_cast<size_t>(n);
-    }
-    text.resize(got);
-  }
-  ::close(fd);
-  if (!error.empty()) fail(strf("--names %s: %s", quoted(path).c_str(), error.c_str()));
-
-  std::vector<std::vector<std::string>> layers;
-  size_t b = 0;
-  while (b < text.size()) {
-    size_t e = text.find('\n', b);
-    if (e == std::string::npos) e = text.size();
-    std::string line = text.substr(b, e - b);
-    b = e + 1;
-    size_t first = line.find_first_not_of(" \t\r\f\v");
-    if (first == std::string::npos || line[first] == '#') continue;
-    // The names: the words between blanks (the line holds no '\n').
-    std::istringstream words(line);
-    layers.emplace_back(std::istream_iterator<std::string>(words),
-                        std::istream_iterator<std::string>());
-  }
-  if (layers.empty())
-    throw UsageError(strf("--names %s names no tensor: give one line of names per layer",
-                          quoted(path).c_str()));
-  return layers;
-}
-
 std::string CkptMap::describe() const {
   if (!names_file.empty()) return "the names in " + quoted(names_file);
   std::string s = patterns.size() == 1 ? "the pattern " : "the patterns ";
@@ -277,8 +255,8 @@ bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& t
   } else if (!spec.patterns.empty()) {
     map->patterns = spec.patterns;
   } else {
-    for (size_t i = 0; i < kNumDefaultPatterns && map->patterns.empty(); ++i)
-      if (maps_any(tensors, kDefaultPatterns[i])) map->patterns = {kDefaultPatterns[i]};
+    for (const char* p : kDefaultPatterns)
+      if (map->patterns.empty() && maps_any(tensors, p)) map->patterns = {p};
     if (map->patterns.empty()) return false;
     map->is_default = true;
   }

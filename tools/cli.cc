@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdarg>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -257,21 +258,6 @@ uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t m
   return v;
 }
 
-std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
-                                      uint64_t min, uint64_t max) {
-  std::vector<uint64_t> out;
-  size_t b = 0;
-  for (;;) {
-    size_t e = text.find(',', b);
-    out.push_back(parse_size(flag, text.substr(b, e == std::string::npos ? e : e - b), min, max));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
 std::string parse_path(const std::string& flag, const std::string& text) {
   if (text.empty()) throw UsageError(strf("%s needs a file name", flag.c_str()));
   return text;
@@ -279,37 +265,6 @@ std::string parse_path(const std::string& flag, const std::string& text) {
 
 // --- the flags several commands share ----------------------------------------
 
-Flag device_flag(int& device) {
-  return uint_flag("--device", "N", device, 0, 1023, "CUDA device ordinal");
-}
-Flag depth_flag(uint32_t& depth) {
-  return uint_flag("--depth", "D", depth, 1, kMaxDepth, "ring depth (device slots)");
-}
-Flag layers_flag(uint32_t& layers) {
-  return uint_flag("--layers", "N", layers, 1, 1000000, "layers of the model");
-}
-Flag rows_flag(int64_t& rows) {
-  return uint_flag("--rows", "R", rows, 1, kMaxDim, "rows of each layer's tensor \"weight\"");
-}
-Flag cols_flag(int64_t& cols) {
-  return uint_flag("--cols", "C", cols, 1, kMaxDim, "columns of each layer's tensor \"weight\"");
-}
-Flag tokens_flag(int64_t& tokens) {
-  return uint_flag("--tokens", "T", tokens, 1, kMaxDim, "tokens per training step");
-}
-Flag passes_flag(uint32_t& passes) {
-  return uint_flag("--passes", "P", passes, 1, 100000, "timed passes, after one warm-up pass");
-}
-Flag steps_flag(uint32_t& steps) {
-  return uint_flag("--steps", "S", steps, 1, 100000,
-                   "timed training steps, after one warm-up step");
-}
-Flag grad_depth_flag(uint32_t& grad_depth) {
-  return uint_flag("--grad-depth", "G", grad_depth, 1, 64, "gradient staging slots");
-}
-Flag seed_flag(uint64_t& seed) {
-  return uint_flag("--seed", "S", seed, 0, UINT64_MAX, "seed of the random weights");
-}
 Flag timing_flag(bool& timing) {
   return switch_flag("--timing", "create the ring with LWO_RING_TIMING (copy and wait times)",
                      timing);
@@ -325,8 +280,8 @@ Flag quiet_flag() {
 
 std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
                              std::string& budget) {
-  return {seed_flag(seed), timing_flag(timing), device_flag(device),
-          json_flag(json), quiet_flag(),       budget_flag(budget)};
+  return {uint_flag(kSeedFlag, seed), timing_flag(timing), uint_flag(kDeviceFlag, device),
+          json_flag(json),                quiet_flag(),         budget_flag(budget)};
 }
 std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
   std::vector<Flag> out;
@@ -335,8 +290,8 @@ std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
 }
 
 std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more) {
-  return joined({{layers_flag(m.layers), rows_flag(m.rows), cols_flag(m.cols),
-                  dtype_flag(m.dtype, all_dtypes())},
+  return joined({{uint_flag(kLayersFlag, m.layers), uint_flag(kRowsFlag, m.rows),
+                  uint_flag(kColsFlag, m.cols), dtype_flag(m.dtype, all_dtypes())},
                  more});
 }
 
@@ -508,6 +463,21 @@ std::string version_text() {
 
 double seconds_since(double start) { return now_seconds() - start; }
 
+void print_model(const ModelOptions& m, uint64_t record, uint64_t total) {
+  print_row("model", "%u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all", m.layers,
+            static_cast<long long>(m.rows), static_cast<long long>(m.cols),
+            lwo_dtype_name(m.dtype), fmt_bytes(record).c_str(), fmt_bytes(total).c_str());
+}
+
+void print_row(const char* label, const char* fmt, ...) {
+  std::printf("%-10s ", label);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vprintf(fmt, ap);
+  va_end(ap);
+  std::printf("\n");
+}
+
 JsonFile::~JsonFile() {
   if (!f_) return;
   std::fclose(f_);
@@ -539,14 +509,9 @@ void JsonFile::open(const std::string& path) {
   if (fd < 0)
     fail(strf("cannot write the JSON file %s: %s", quoted(path).c_str(), std::strerror(errno)));
   // The mode a plain create (or the file there now) would have.
-  mode_t mode = 0;
-  if (exists) {
-    mode = st.st_mode & 07777;
-  } else {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    mode = 0666 & ~mask;
-  }
+  const mode_t mask = exists ? 0 : ::umask(0);
+  if (!exists) ::umask(mask);
+  const mode_t mode = exists ? st.st_mode & 07777 : 0666 & ~mask;
   if (::fchmod(fd, mode) != 0 || !(f_ = ::fdopen(fd, "w"))) {
     const int e = errno;
     ::close(fd);
@@ -631,13 +596,13 @@ std::string PassResults::pass_line(uint32_t p, uint32_t passes, double ms) const
 }
 
 void PassResults::print(uint32_t passes, bool timing) const {
-  std::printf("%-10s depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream\n",
-              "ring", ring.depth, ring.depth, fmt_bytes(ring.slot_bytes).c_str(),
-              timing ? ", timing on" : "");
-  std::printf("%-10s %u timed after 1 warm-up\n", "passes", passes);
-  std::printf("%-10s median %.3f ms, best %.3f ms per pass\n", "time", median_ms, best_ms);
-  std::printf("%-10s median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s\n", "bandwidth",
-              gbps(median_ms), gbps(best_ms), gbps(total_ms / passes));
+  print_row("ring", "depth %u, %u x %s slots%s; checksum kernel per layer on a consumer stream",
+            ring.depth, ring.depth, fmt_bytes(ring.slot_bytes).c_str(),
+            timing ? ", timing on" : "");
+  print_row("passes", "%u timed after 1 warm-up", passes);
+  print_row("time", "median %.3f ms, best %.3f ms per pass", median_ms, best_ms);
+  print_row("bandwidth", "median %.2f GB/s, best %.2f GB/s, all passes %.2f GB/s", gbps(median_ms),
+            gbps(best_ms), gbps(total_ms / passes));
   std::printf("%-10s median %.2f%%, best %.2f%% of the peak", "share", 100 * share(median_ms),
               100 * share(best_ms));
 }
@@ -654,14 +619,12 @@ void PassResults::to_json(Json& j, uint32_t passes) const {
 }
 
 void print_ring_stats(const lwo_ring_stats& s, bool timing) {
-  std::printf("%-10s %llu stages, %llu hits, %llu copies, %s copied (warm-up included)",
-              "ring stats", static_cast<unsigned long long>(s.n_stages),
-              static_cast<unsigned long long>(s.n_hits),
-              static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str());
-  if (timing)
-    std::printf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms", s.copy_ms,
-                s.bandwidth_gbps, s.wait_ms);
-  std::printf("\n");
+  print_row("ring stats", "%llu stages, %llu hits, %llu copies, %s copied (warm-up included)%s",
+            static_cast<unsigned long long>(s.n_stages), static_cast<unsigned long long>(s.n_hits),
+            static_cast<unsigned long long>(s.n_copies), fmt_bytes(s.bytes_copied).c_str(),
+            timing ? strf("; copies %.2f ms on the GPU (%.2f GB/s), consumers waited %.2f ms",
+                          s.copy_ms, s.bandwidth_gbps, s.wait_ms).c_str()
+                   : "");
 }
 
 // --- the program -------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "testkit/checksum.h"
 #include "testkit/copy.h"
 #include "testkit/owner.h"
+#include "testkit/plan.h"
 #include "testkit/random.h"
 
 namespace cli {
@@ -43,10 +44,13 @@ using testkit::fmt_bytes;  // "256 KiB", "1.50 GiB"
 using testkit::Grads;
 using testkit::HostRange;
 using testkit::make_event;   // with timing
+using testkit::make_plan;    // lwo_plan_create and what the plan says (testkit/plan.h)
 using testkit::make_stream;  // non-blocking
 using testkit::median;
 using testkit::now_seconds;  // monotonic
 using testkit::PinnedMem;
+using testkit::plan_ring_config;
+using testkit::PlanReport;
 using testkit::Pool;
 using testkit::Ring;
 using testkit::Schedule;
@@ -189,17 +193,32 @@ Flag uint_flag(const char* name, const char* value, T& target, uint64_t min, uin
   });
 }
 
-// The flags several commands share: one name, one range, one wording.
-Flag device_flag(int& device);
-Flag depth_flag(uint32_t& depth);  // 1..kMaxDepth
-Flag layers_flag(uint32_t& layers);
-Flag rows_flag(int64_t& rows);
-Flag cols_flag(int64_t& cols);
-Flag tokens_flag(int64_t& tokens);
-Flag passes_flag(uint32_t& passes);
-Flag steps_flag(uint32_t& steps);
-Flag grad_depth_flag(uint32_t& grad_depth);
-Flag seed_flag(uint64_t& seed);
+// The flags several commands share: one name, one range, one wording. The
+// whole-number ones are specs: uint_flag(kDepthFlag, o.depth).
+struct UintSpec {
+  const char* name;   // "--depth"
+  const char* value;  // "D"
+  uint64_t min, max;
+  const char* what;  // the help, before the range
+};
+template <class T>
+Flag uint_flag(const UintSpec& s, T& target) {
+  return uint_flag(s.name, s.value, target, s.min, s.max, s.what);
+}
+constexpr UintSpec kDeviceFlag = {"--device", "N", 0, 1023, "CUDA device ordinal"};
+constexpr UintSpec kDepthFlag = {"--depth", "D", 1, kMaxDepth, "ring depth (device slots)"};
+constexpr UintSpec kLayersFlag = {"--layers", "N", 1, 1000000, "layers of the model"};
+constexpr UintSpec kRowsFlag = {"--rows", "R", 1, kMaxDim,
+                                "rows of each layer's tensor \"weight\""};
+constexpr UintSpec kColsFlag = {"--cols", "C", 1, kMaxDim,
+                                "columns of each layer's tensor \"weight\""};
+constexpr UintSpec kTokensFlag = {"--tokens", "T", 1, kMaxDim, "tokens per training step"};
+constexpr UintSpec kPassesFlag = {"--passes", "P", 1, 100000,
+                                  "timed passes, after one warm-up pass"};
+constexpr UintSpec kStepsFlag = {"--steps", "S", 1, 100000,
+                                 "timed training steps, after one warm-up step"};
+constexpr UintSpec kGradDepthFlag = {"--grad-depth", "G", 1, 64, "gradient staging slots"};
+constexpr UintSpec kSeedFlag = {"--seed", "S", 0, UINT64_MAX, "seed of the random weights"};
 Flag timing_flag(bool& timing);
 Flag json_flag(std::string& path);
 Flag quiet_flag();
@@ -213,6 +232,8 @@ struct ModelOptions {
   int64_t rows = 8192, cols = 8192;
   lwo_dtype_t dtype = LWO_DTYPE_BF16;
 };
+// Their "model" line of results: `record` bytes per layer, `total` in all.
+void print_model(const ModelOptions& m, uint64_t record, uint64_t total);
 // --layers, --rows, --cols and --dtype (any dtype) of lwo run and lwo plan,
 // then `more`.
 std::vector<Flag> model_flags(ModelOptions& m, std::vector<Flag> more);
@@ -257,28 +278,11 @@ std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::str
 std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts);
 // The budget in bytes for a model of `model_bytes` ("" is 0: none).
 uint64_t parse_budget(const std::string& text, uint64_t model_bytes);
-// A plan of lwo_plan_create and what it says, position by position.
-struct PlanReport {
-  lwo_plan_info info{};
-  std::vector<lwo_plan_position> positions;
-  std::vector<uint32_t> resident;  // ascending
-  std::vector<double> fwd_ms, bwd_ms;
-  bool grouped = false;                // asked with LWO_PLAN_GROUP
-  std::vector<lwo_plan_group> groups;  // the records the plan recommends
-};
-// Plans `pool` for `budget` bytes with the link calibrated on the engine's
-// device; bwd_ms empty: a forward pass, else a training step (trainable may
-// be null: every layer).
-PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
-                     const std::vector<double>& bwd_ms, const uint8_t* trainable,
-                     uint32_t grad_depth, bool group = false);
 // What of `budget` a plan may use: the budget less what the engine holds
 // that a plan does not count (compute workspaces; the plan counts the ring,
 // the resident layers and the gradient staging). Throws a UsageError if
 // nothing is left.
 uint64_t plan_budget(lwo_engine* engine, uint64_t budget);
-// The ring config of a plan (its resident array points into `r`).
-lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags);
 // The per-layer table of `lwo plan` (and of run / train with --budget).
 void print_plan(const PlanReport& r);
 Json json_plan(const PlanReport& r);
@@ -300,8 +304,6 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
 // A byte count: a whole number with an optional K, M or G suffix (powers of
 // 1024; KiB, MiB, GiB also accepted).
 uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
-std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
-                                      uint64_t min, uint64_t max);
 std::string parse_path(const std::string& flag, const std::string& text);  // non-empty
 
 // --- lwo info (tools/info.cc) -----------------------------------------------
@@ -327,6 +329,10 @@ void progress(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // Writes `text` to stderr whole, the bar cleared first; not silenced by
 // --quiet (for errors). Any thread.
 void print_stderr(const std::string& text);
+
+// With `depth` >= `layers`: "note: depth D >= L layers: after <after> every
+// layer stays in a slot, so <units> hit and copy nothing".
+void note_depth(uint32_t depth, uint32_t layers, const char* after, const char* units);
 
 // One phase of long work: pool creation and fill, passes, steps.
 class Phase {
@@ -373,6 +379,9 @@ std::vector<testkit::SumMismatch> check_sums(
 // --- formatting and output --------------------------------------------------
 
 std::string version_text();             // lwo_version() as "0.2.0"
+// One line of a command's results on stdout: `label` in 10 columns, a
+// space, the text of fmt, a newline ("time       median 1.234 ms, ...").
+void print_row(const char* label, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // The "ring stats" line of `lwo run`: stages, hits, copies, bytes (and the
 // timing figures when the ring was created with LWO_RING_TIMING).
 void print_ring_stats(const lwo_ring_stats& s, bool timing);
@@ -422,7 +431,7 @@ inline std::string quoted(std::string& s, size_t max = 160) {
 // (/dev/stdout, a pipe) is written in place.
 class JsonFile {
  public:
-  JsonFile() = default;
+  explicit JsonFile(const std::string& path) { open(path); }
   JsonFile(const JsonFile&) = delete;
   JsonFile& operator=(const JsonFile&) = delete;
   ~JsonFile();
@@ -481,10 +490,8 @@ struct CkptSpec {
   std::string names_file;             // --names
 };
 
-// The patterns tried, in order, when none is given.
-extern const char* const kDefaultPatterns[];
-extern const size_t kNumDefaultPatterns;
-std::string default_patterns_text();  // "model.layers.{i}.", "blocks.{i}.", ...
+// The patterns tried, in order, when none is given: "model.layers.{i}.", ...
+std::string default_patterns_text();
 
 // Tensors mapped to layers, as the library maps them.
 struct CkptMap {
@@ -513,10 +520,6 @@ std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
 // at least one (else a usage error). False after --help.
 bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,
                            std::vector<std::string>* paths);
-// Reads --names FILE: one layer per line, its tensors' full names separated
-// by blanks; blank lines and lines whose first non-blank is '#' are skipped.
-// Refuses anything that is not a regular file without blocking.
-std::vector<std::vector<std::string>> read_names_file(const std::string& path);
 // Maps the tensors by `spec` (patterns, or names), or by the first default
 // pattern that maps any tensor when it gives neither. Returns false (and an
 // empty map) if no default pattern maps any tensor. `flags` may hold
@@ -530,8 +533,5 @@ bool map_checkpoint(lwo_checkpoint* checkpoint, const std::vector<CkptTensor>& t
 lwo_checkpoint_pool_config checkpoint_pool_config(CkptMap& map, uint32_t flags);
 // {"names_file": ..., "patterns": [...], "pattern_source": "default" | "given"}
 Json json_mapping(const CkptMap& map);
-std::string shape_text(const CkptTensor& t);  // "[4096, 4096]"
-// "3, 7..9, 12": ascending indices, runs folded.
-std::string index_list(const std::vector<uint32_t>& v);
 
 }  // namespace cli

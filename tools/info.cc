@@ -23,13 +23,13 @@ struct Options {
 };
 
 std::vector<Flag> make_flags(Options& o) {
-  Flag device = device_flag(o.device);
+  Flag device = uint_flag(kDeviceFlag, o.device);
   device.set = [&o](const std::string& v) {
     o.device = static_cast<int>(parse_uint("--device", v, 0, 1023));
     o.device_given = true;
   };
   device.help += "; without it the first device is used if there is one";
-  Flag depth = depth_flag(o.depth);
+  Flag depth = uint_flag(kDepthFlag, o.depth);
   depth.help = "ring depth (device slots) for the memory figure" +
                depth.help.substr(depth.help.find(','));
   return {
@@ -70,6 +70,28 @@ struct Report {
   uint64_t slot_bytes = 0;
   uint64_t pool_total = 0;     // sum of records (exact only)
 };
+
+// "[4096, 4096]"
+std::string shape_text(const CkptTensor& t) {
+  std::string s = "[";
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    s += (d ? ", " : "") + std::to_string(static_cast<long long>(t.shape[d]));
+  if (t.n_dims > static_cast<int32_t>(t.shape.size())) s += ", ...";
+  return s + "]";
+}
+
+// "3, 7..9, 12": ascending indices, runs folded.
+std::string index_list(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    s += (s.empty() ? "" : ", ") + std::to_string(v[i]);
+    if (j > i) s += (j == i + 1 ? ", " : "..") + std::to_string(v[j]);
+    i = j + 1;
+  }
+  return s;
+}
 
 // Columns `s` takes on a terminal: one per code point (escape() leaves only
 // printable ASCII and valid UTF-8).
@@ -293,8 +315,7 @@ Json to_json(const Options& o, const Report& r, const Device* dev) {
 // The work on the one FILE: opens it, maps it, prints the listing to g_out
 // (and the JSON file); a failure throws as any command's does.
 int info_one(const Options& o) {
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
 
   Report r;
   r.path = parse_path("FILE", o.paths[0]);
@@ -353,9 +374,7 @@ int info_one(const Options& o) {
           checkpoint_pool_config(r.map, LWO_CHECKPOINT_STAGED);
       Pool pool;
       TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), ck.get(), &config, pool.out()));
-      lwo_pool_info info{};
-      info.size = sizeof info;
-      TK_CHECK(lwo_pool_get_info(pool.get(), &info));
+      const lwo_pool_info info = testkit::pool_info(pool.get());
       if (info.n_layers != r.layers.size())
         fail(strf("internal: the pool has %u layers, the mapping %zu; please report this",
                   info.n_layers, r.layers.size()));

@@ -47,72 +47,23 @@ uint64_t plan_budget(lwo_engine* engine, uint64_t budget) {
   return budget - m.workspaces;
 }
 
-PlanReport make_plan(lwo_pool* pool, uint64_t budget, const std::vector<double>& fwd_ms,
-                     const std::vector<double>& bwd_ms, const uint8_t* trainable,
-                     uint32_t grad_depth, bool group) {
-  PlanReport r;
-  r.fwd_ms = fwd_ms;
-  r.bwd_ms = bwd_ms;
-  lwo_plan_config c;
-  lwo_plan_config_init(&c);
-  c.flags = LWO_PLAN_CALIBRATE_LINK | (bwd_ms.empty() ? 0u : LWO_PLAN_TRAIN) |
-            (group ? LWO_PLAN_GROUP : 0u);
-  r.grouped = group;
-  c.budget_bytes = budget;
-  c.fwd_ms = r.fwd_ms.data();
-  c.bwd_ms = r.bwd_ms.empty() ? nullptr : r.bwd_ms.data();
-  c.trainable = trainable;
-  c.grad_depth = grad_depth;
-  lwo_plan* plan = nullptr;
-  TK_CHECK(lwo_plan_create(pool, &c, &plan));
-  struct Guard {
-    lwo_plan* p;
-    ~Guard() { lwo_plan_destroy(p); }
-  } guard{plan};
-  r.info.size = sizeof r.info;
-  TK_CHECK(lwo_plan_get_info(plan, &r.info));
-  r.positions.resize(r.info.n_positions);
-  for (uint32_t i = 0; i < r.info.n_positions; ++i) {
-    r.positions[i].size = sizeof r.positions[i];
-    TK_CHECK(lwo_plan_get_position(plan, i, &r.positions[i]));
-  }
-  lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-  TK_CHECK(lwo_plan_ring_config(plan, &rc));
-  r.resident.assign(rc.resident_layers, rc.resident_layers + rc.n_resident);
-  r.groups.resize(r.info.n_groups);
-  for (uint32_t g = 0; g < r.info.n_groups; ++g) {
-    r.groups[g].size = sizeof r.groups[g];
-    TK_CHECK(lwo_plan_get_group(plan, g, &r.groups[g]));
-  }
-  return r;
-}
-
-lwo_ring_config plan_ring_config(const PlanReport& r, uint32_t flags) {
-  lwo_ring_config c = LWO_RING_CONFIG_INIT;
-  c.depth = r.info.depth;
-  c.flags = flags;
-  c.resident_layers = r.resident.empty() ? nullptr : r.resident.data();
-  c.n_resident = static_cast<uint32_t>(r.resident.size());
-  return c;
-}
-
 void print_plan(const PlanReport& r) {
   const lwo_plan_info& i = r.info;
-  std::printf("%-10s budget %s: depth %u, %u layers resident, %s on the device\n", "plan",
-              fmt_bytes(i.budget_bytes).c_str(), i.depth, i.n_resident,
-              fmt_bytes(i.device_bytes).c_str());
-  std::printf("%-10s H2D %.2f GB/s, D2H %.2f GB/s, both at once %.2f / %.2f GB/s (measured)\n",
-              "link", i.h2d_gbps, i.d2h_gbps, i.duplex_h2d_gbps, i.duplex_d2h_gbps);
-  std::printf("%-10s %.3f ms per %s, stall %.3f ms, %s H2D%s; first-k rule %.3f ms\n",
-              "predicted", i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
-              fmt_bytes(i.h2d_bytes).c_str(),
-              i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
+  print_row("plan", "budget %s: depth %u, %u layers resident, %s on the device",
+            fmt_bytes(i.budget_bytes).c_str(), i.depth, i.n_resident,
+            fmt_bytes(i.device_bytes).c_str());
+  print_row("link", "H2D %.2f GB/s, D2H %.2f GB/s, both at once %.2f / %.2f GB/s (measured)",
+            i.h2d_gbps, i.d2h_gbps, i.duplex_h2d_gbps, i.duplex_d2h_gbps);
+  print_row("predicted", "%.3f ms per %s, stall %.3f ms, %s H2D%s; first-k rule %.3f ms",
+            i.predicted_ms, i.train ? "step" : "pass", i.predicted_stall_ms,
+            fmt_bytes(i.h2d_bytes).c_str(),
+            i.train ? (", " + fmt_bytes(i.d2h_bytes) + " D2H").c_str() : "", i.first_k_ms);
   if (r.grouped) {
-    std::printf("%-10s %u records for %zu layers (copy overhead %.4f ms, measured); one record "
-                "per layer: %.3f ms\n", "groups", i.n_groups,
-                r.groups.empty() ? size_t(0)
-                                 : size_t(r.groups.back().first_layer + r.groups.back().n_layers),
-                i.copy_overhead_ms, i.ungrouped_ms);
+    print_row("groups", "%u records for %zu layers (copy overhead %.4f ms, measured); one record "
+              "per layer: %.3f ms", i.n_groups,
+              r.groups.empty() ? size_t(0)
+                               : size_t(r.groups.back().first_layer + r.groups.back().n_layers),
+              i.copy_overhead_ms, i.ungrouped_ms);
     std::printf("  %-6s %-11s %8s %10s\n", "group", "layers", "count", "bytes");
     for (size_t g = 0; g < r.groups.size(); ++g) {
       const lwo_plan_group& G = r.groups[g];
@@ -195,8 +146,8 @@ std::vector<Flag> make_flags(Options& o) {
                   "also choose runs of streamed layers to store as one record each (the "
                   "per-copy overhead measured); the plan prints the groups it recommends",
                   o.group),
-      grad_depth_flag(o.grad_depth),
-      device_flag(o.device),
+      uint_flag(kGradDepthFlag, o.grad_depth),
+      uint_flag(kDeviceFlag, o.device),
       json_flag(o.json),
       quiet_flag(),
   });
@@ -212,8 +163,7 @@ int cmd_plan(int argc, char** argv) {
   const uint64_t budget = parse_budget(o.budget, model);
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   Pool pool;
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
@@ -226,11 +176,9 @@ int cmd_plan(int argc, char** argv) {
            fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
   PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth, o.group);
   std::printf("lwo plan, %s\n", describe(dev).c_str());
-  std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
-              o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-              lwo_dtype_name(o.dtype), fmt_bytes(record).c_str(), fmt_bytes(model).c_str());
-  std::printf("%-10s forward %.4f ms per layer%s\n", "compute", f,
-              o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
+  print_model(o, record, model);
+  print_row("compute", "forward %.4f ms per layer%s", f,
+            o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
   print_plan(r);
   Json j = json_doc("plan");
   j["device"] = json_device(dev);

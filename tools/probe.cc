@@ -46,6 +46,21 @@ struct RingFigure {
   uint64_t hits = 0;
 };
 
+std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
+                                      uint64_t min, uint64_t max) {
+  std::vector<uint64_t> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = text.find(',', b);
+    out.push_back(parse_size(flag, text.substr(b, e == std::string::npos ? e : e - b), min, max));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // Pinned host and device buffers of the largest of `sizes` that fits (sizes
 // ascending); returns that size, or 0.
 uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host, DeviceMem& dev) {
@@ -99,16 +114,14 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
     f.bytes = bytes;
     if (bytes <= fit) {
       f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      const testkit::CopyResult h2d = testkit::time_copies(
-          loop,
-          testkit::uniform_plan(testkit::Direction::kH2D, host.get(), nullptr, dev.get(), nullptr,
-                                bytes, f.copies),
-          repeats);
-      const testkit::CopyResult d2h = testkit::time_copies(
-          loop,
-          testkit::uniform_plan(testkit::Direction::kD2H, nullptr, host.get(), nullptr, dev.get(),
-                                bytes, f.copies),
-          repeats);
+      const auto timed = [&](testkit::Direction d) {  // one buffer each side, either way
+        return testkit::time_copies(
+            loop, testkit::uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes,
+                                        f.copies),
+            repeats);
+      };
+      const testkit::CopyResult h2d = timed(testkit::Direction::kH2D);
+      const testkit::CopyResult d2h = timed(testkit::Direction::kD2H);
       // The median of the batches' GB/s (of their times, for an odd count).
       f.h2d_best = h2d.best_gbps();
       f.h2d_median = median(h2d.gbps());
@@ -205,9 +218,7 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
       lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
   if (s == LWO_ERR_OUT_OF_MEMORY) return skip_all(lwo_last_error_message());
   check(s, "lwo_pool_create_pinned");
-  lwo_pool_info info{};
-  info.size = sizeof info;
-  TK_CHECK(lwo_pool_get_info(pool.get(), &info));
+  const lwo_pool_info info = testkit::pool_info(pool.get());
   std::vector<HostRange> ranges(layers);
   for (uint32_t l = 0; l < layers; ++l)
     TK_CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
@@ -361,7 +372,7 @@ std::vector<Flag> make_flags(Options& o) {
                  [&o](const std::string& v) {
                    o.records = parse_size_list("--records", v, 256, 4 * GiB);
                  }),
-      device_flag(o.device),
+      uint_flag(kDeviceFlag, o.device),
       json_flag(o.json),
       quiet_flag(),
   };
@@ -375,8 +386,7 @@ int cmd_probe(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo probe, %s", describe(dev).c_str());
 
   double t0 = now_seconds();

@@ -126,6 +126,12 @@ void progress(const char* fmt, ...) {
   va_end(ap);
 }
 
+void note_depth(uint32_t depth, uint32_t layers, const char* after, const char* units) {
+  if (depth >= layers)
+    progress("note: depth %u >= %u layers: after %s every layer stays in a slot, so %s hit and "
+             "copy nothing", depth, layers, after, units);
+}
+
 Phase::Phase(std::string label, uint64_t total, bool bytes) : s_(new State) {
   s_->label = std::move(label);
   s_->total = total;

@@ -45,8 +45,8 @@ struct Results : PassResults {
 std::vector<Flag> make_flags(Options& o) {
   return model_flags(o, joined({{
       quant_flag(o.quant),
-      depth_flag(o.depth),
-      passes_flag(o.passes),
+      uint_flag(kDepthFlag, o.depth),
+      uint_flag(kPassesFlag, o.passes),
     }, pass_flags(o.seed, o.timing, o.device, o.json, o.budget), {
       // Spellings of lwo 0.1, which made lwo run front three programs.
       moved_flag("--train", "--train moved: training steps are the command lwo train",
@@ -75,28 +75,22 @@ void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect,
 
 void print_results(const Device& dev, const Options& o, const Results& r) {
   std::printf("lwo run, %s\n", describe(dev).c_str());
-  std::printf("%-10s %u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all\n", "model",
-              o.layers, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-              lwo_dtype_name(o.dtype), fmt_bytes(r.record_bytes).c_str(),
-              fmt_bytes(r.pass_bytes).c_str());
+  print_model(o, r.record_bytes, r.pass_bytes);
   if (o.quant != LWO_QUANT_NONE) {
     const uint64_t dense = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols) *
                            lwo_dtype_size(o.dtype);
-    std::printf("%-10s --quant %s (%s): %s dense per record, %s moved (%.2fx fewer bytes); "
-                "%s moved per pass\n",
-                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
-                fmt_bytes(dense).c_str(), fmt_bytes(r.record_bytes).c_str(),
-                static_cast<double>(dense) / static_cast<double>(r.record_bytes),
-                fmt_bytes(r.pass_bytes).c_str());
+    print_row("quant", "--quant %s (%s): %s dense per record, %s moved (%.2fx fewer bytes); %s "
+              "moved per pass", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
+              fmt_bytes(dense).c_str(), fmt_bytes(r.record_bytes).c_str(),
+              static_cast<double>(dense) / static_cast<double>(r.record_bytes),
+              fmt_bytes(r.pass_bytes).c_str());
   }
-  std::printf("%-10s pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s\n",
-              "host", r.host.pool_s,
-              o.quant != LWO_QUANT_NONE ? "uniform values quantized on load" : "random fill",
-              r.host.fill_s, static_cast<unsigned long long>(o.seed), r.host.checksum_s);
-  std::printf(
-      "%-10s %.2f GB/s pinned H2D (every record back-to-back on one stream, best of "
-      "%d: %.2f ms)\n",
-      "peak", r.peak_gbps, kPeakRepeats, r.peak_ms);
+  print_row("host", "pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s",
+            r.host.pool_s,
+            o.quant != LWO_QUANT_NONE ? "uniform values quantized on load" : "random fill",
+            r.host.fill_s, static_cast<unsigned long long>(o.seed), r.host.checksum_s);
+  print_row("peak", "%.2f GB/s pinned H2D (every record back-to-back on one stream, best of %d: "
+            "%.2f ms)", r.peak_gbps, kPeakRepeats, r.peak_ms);
   r.print(o.passes, o.timing);
   if (o.depth >= 2)
     std::printf(" (target >= %.0f%% at depth >= 2: %s)", 100 * kTargetShare,
@@ -108,17 +102,17 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
     std::printf("\n");
     print_plan(r.plan);
     const double t = r.plan_median_ms, b = r.median_ms;
-    std::printf("%-10s depth %u, %u resident (%s): median %.3f ms, best %.3f ms per pass\n",
-                "planned", r.plan_ring.depth, r.plan_ring.n_resident,
-                fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_best_ms);
-    std::printf("%-10s predicted %.3f ms, measured %.3f ms (%+.1f%%); stall predicted %.3f ms, "
-                "measured wait %.3f ms per pass\n", "prediction", r.plan.info.predicted_ms, t,
-                100 * (t / r.plan.info.predicted_ms - 1), r.plan.info.predicted_stall_ms,
-                r.plan_stats.wait_ms / (o.passes + 1));
+    print_row("planned", "depth %u, %u resident (%s): median %.3f ms, best %.3f ms per pass",
+              r.plan_ring.depth, r.plan_ring.n_resident,
+              fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_best_ms);
+    print_row("prediction", "predicted %.3f ms, measured %.3f ms (%+.1f%%); stall predicted %.3f "
+              "ms, measured wait %.3f ms per pass", r.plan.info.predicted_ms, t,
+              100 * (t / r.plan.info.predicted_ms - 1), r.plan.info.predicted_stall_ms,
+              r.plan_stats.wait_ms / (o.passes + 1));
     const double moved = static_cast<double>(r.plan_stats.bytes_copied) /
                          std::max<double>(1, static_cast<double>(r.stats.bytes_copied));
-    std::printf("%-10s bytes moved %.1f%% of the unbudgeted run (target <= 53%%), time %.3fx "
-                "(target <= 0.55x)\n", "budgeted", 100 * moved, b > 0 ? t / b : 0);
+    print_row("budgeted", "bytes moved %.1f%% of the unbudgeted run (target <= 53%%), time %.3fx "
+              "(target <= 0.55x)", 100 * moved, b > 0 ? t / b : 0);
   }
 }
 
@@ -175,15 +169,10 @@ int cmd_run(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
            fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
-  if (o.depth >= o.layers)
-    progress(
-        "note: depth %u >= %u layers: after the first pass every layer stays in a slot, "
-        "so passes hit and copy nothing",
-        o.depth, o.layers);
+  note_depth(o.depth, o.layers, "the first pass", "passes");
 
   // The host pool, filled with random bytes, and each record's checksum.
   Pool pool;
@@ -247,8 +236,7 @@ int cmd_run(int argc, char** argv) {
   config.flags = (o.timing || !o.budget.empty()) ? LWO_RING_TIMING : 0u;  // --budget: both rings timed alike
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
-  r.ring.size = sizeof r.ring;
-  TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  r.ring = testkit::ring_info(ring.get());
   const std::vector<uint32_t> order = testkit::step_order(o.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
@@ -288,8 +276,7 @@ int cmd_run(int argc, char** argv) {
     lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);
     Ring pring;
     TK_CHECK(lwo_ring_create(pool.get(), &pc, pring.out()));
-    r.plan_ring.size = sizeof r.plan_ring;
-    TK_CHECK(lwo_ring_get_info(pring.get(), &r.plan_ring));
+    r.plan_ring = testkit::ring_info(pring.get());
     TK_CHECK(lwo_ring_reset_stats(pring.get()));  // the uploads at creation are not a pass
     Schedule psched;
     TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));

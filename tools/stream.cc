@@ -78,10 +78,10 @@ std::vector<Flag> make_flags(Options& o) {
                   "(LWO_CHECKPOINT_STAGED)",
                   o.staged),
       quant_flag(o.quant),
-      depth_flag(o.depth),
-      passes_flag(o.passes),
+      uint_flag(kDepthFlag, o.depth),
+      uint_flag(kPassesFlag, o.passes),
       timing_flag(o.timing),
-      device_flag(o.device),
+      uint_flag(kDeviceFlag, o.device),
       json_flag(o.json),
       quiet_flag(),
       moved_flag("--weights",
@@ -143,53 +143,45 @@ std::string dtypes_text(const Results& r) {
 void print_results(const Device& dev, const Options& o, const Results& r) {
   const uint32_t n_layers = r.pool.n_layers;
   std::printf("lwo stream, %s\n", describe(dev).c_str());
-  std::printf("%-10s %s\n", "weights", escape(r.path).c_str());
+  print_row("weights", "%s", escape(r.path).c_str());
   for (size_t f = 0; f < r.files.size(); ++f)
-    std::printf("%-10s %s: %u tensor%s, %s\n", f == 0 ? "files" : "",
-                escape(r.files[f].path).c_str(), r.files[f].n_tensors,
-                r.files[f].n_tensors == 1 ? "" : "s", fmt_bytes(r.files[f].bytes).c_str());
+    print_row(f == 0 ? "files" : "", "%s: %u tensor%s, %s", escape(r.files[f].path).c_str(),
+              r.files[f].n_tensors, r.files[f].n_tensors == 1 ? "" : "s",
+              fmt_bytes(r.files[f].bytes).c_str());
   for (size_t m = 0; m < r.metadata.size(); ++m) {
     const CkptMeta& e = r.metadata[m];
-    std::printf("%-10s %s = %s", m == 0 ? "metadata" : "", escape(e.key).c_str(),
-                quoted(e.value).c_str());
-    if (r.files.size() > 1) std::printf(" (%s)", escape(r.files[e.file].name).c_str());
-    std::printf("\n");
+    print_row(m == 0 ? "metadata" : "", "%s = %s%s", escape(e.key).c_str(), quoted(e.value).c_str(),
+              r.files.size() > 1 ? (" (" + escape(r.files[e.file].name) + ")").c_str() : "");
   }
-  std::printf(
-      "%-10s %u layers by %s, %zu tensors (%zu unmatched, left out); %s per pass, largest "
-      "record %s\n",
-      "layers", n_layers, r.map.describe().c_str(), r.n_matched(), r.map.unmatched.size(),
-      fmt_bytes(r.pass_bytes).c_str(), fmt_bytes(r.pool.max_record_bytes).c_str());
-  std::printf("%-10s %s (streamed as bytes)\n", "dtypes", dtypes_text(r).c_str());
+  print_row("layers", "%u layers by %s, %zu tensors (%zu unmatched, left out); %s per pass, "
+            "largest record %s", n_layers, r.map.describe().c_str(), r.n_matched(),
+            r.map.unmatched.size(), fmt_bytes(r.pass_bytes).c_str(),
+            fmt_bytes(r.pool.max_record_bytes).c_str());
+  print_row("dtypes", "%s (streamed as bytes)", dtypes_text(r).c_str());
   if (r.quantized)
-    std::printf("%-10s --quant %s (%s): %u 2-D float tensors quantized on load into a pinned "
-                "pool in %.2f s, %s in the file, %s quantized (%.2fx fewer bytes); %u tensors "
-                "kept as they are\n",
-                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant), r.quant_tensors,
-                r.quant_s, fmt_bytes(r.quant_file_bytes).c_str(),
-                fmt_bytes(r.quant_pool_bytes).c_str(),
-                r.quant_pool_bytes ? static_cast<double>(r.quant_file_bytes) /
-                                         static_cast<double>(r.quant_pool_bytes)
-                                   : 0.0,
-                r.dense_tensors);
+    print_row("quant", "--quant %s (%s): %u 2-D float tensors quantized on load into a pinned "
+              "pool in %.2f s, %s in the file, %s quantized (%.2fx fewer bytes); %u tensors "
+              "kept as they are", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
+              r.quant_tensors, r.quant_s, fmt_bytes(r.quant_file_bytes).c_str(),
+              fmt_bytes(r.quant_pool_bytes).c_str(),
+              r.quant_pool_bytes ? static_cast<double>(r.quant_file_bytes) /
+                                       static_cast<double>(r.quant_pool_bytes)
+                                 : 0.0,
+              r.dense_tensors);
   if (r.quantized)
-    std::printf("%-10s pinned: the quantized records are copied from a pinned pool\n", "path");
+    print_row("path", "pinned: the quantized records are copied from a pinned pool");
   else if (r.staged())
-    std::printf(
-        "%-10s %s: host threads pack each layer into one of 2 pinned staging buffers of %s, "
-        "then it is copied to its slot\n",
-        "path", path_text(o, r).c_str(), fmt_bytes(r.ring.slot_bytes).c_str());
+    print_row("path", "%s: host threads pack each layer into one of 2 pinned staging buffers of "
+              "%s, then it is copied to its slot", path_text(o, r).c_str(),
+              fmt_bytes(r.ring.slot_bytes).c_str());
   else
-    std::printf(
-        "%-10s registered: the mapped file is registered for DMA (read-only) and copied "
-        "straight from the page cache\n",
-        "path");
-  std::printf("%-10s open %.3f s, pool %.2f s, host checksums %.2f s\n", "host", r.open_s,
-              r.pool_s, r.checksum_s);
-  std::printf(
-      "%-10s %.2f GB/s pinned H2D (each layer's copy size back-to-back from one pinned buffer "
-      "of %s on one stream, best of %d: %.2f ms)\n",
-      "peak", r.peak_gbps, fmt_bytes(r.pool.max_record_bytes).c_str(), kPeakRepeats, r.peak_ms);
+    print_row("path", "registered: the mapped file is registered for DMA (read-only) and copied "
+              "straight from the page cache");
+  print_row("host", "open %.3f s, pool %.2f s, host checksums %.2f s", r.open_s, r.pool_s,
+            r.checksum_s);
+  print_row("peak", "%.2f GB/s pinned H2D (each layer's copy size back-to-back from one pinned "
+            "buffer of %s on one stream, best of %d: %.2f ms)", r.peak_gbps,
+            fmt_bytes(r.pool.max_record_bytes).c_str(), kPeakRepeats, r.peak_ms);
   r.print(o.passes, o.timing);
   std::printf(", %s path", r.staged() ? "staged" : "registered");
   if (r.staged() || r.quantized)
@@ -338,21 +330,17 @@ void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) 
       for (int k = 0; k < info.n_dims; ++k) d.shape[k] = info.shape[k];
       const bool is_float = info.dtype == LWO_DTYPE_F32 || info.dtype == LWO_DTYPE_BF16 ||
                             info.dtype == LWO_DTYPE_F16;
-      bool q = is_float && info.n_dims == 2 && info.shape[0] >= 1 && info.shape[1] >= 1 &&
-               info.quant_format == LWO_QUANT_NONE;
-      if (q) {  // the format must take the shape (int4: cols a multiple of 128)
-        lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
-        qd.format = o.quant;
-        qd.dtype = info.dtype;
-        qd.rows = info.shape[0];
-        qd.cols = info.shape[1];
-        lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
-        q = lwo_quant_layout(&qd, &ql) == LWO_OK;
-        if (q) {
-          ++r.quant_tensors;
-          r.quant_file_bytes += info.bytes;
-          r.quant_pool_bytes += ql.total_bytes;
-        }
+      // The format must take the shape (int4: cols a multiple of 128).
+      const uint64_t quant_bytes =
+          is_float && info.n_dims == 2 && info.shape[0] >= 1 && info.shape[1] >= 1 &&
+                  info.quant_format == LWO_QUANT_NONE
+              ? testkit::quant_bytes(o.quant, info.dtype, info.shape[0], info.shape[1])
+              : 0;
+      const bool q = quant_bytes > 0;
+      if (q) {
+        ++r.quant_tensors;
+        r.quant_file_bytes += info.bytes;
+        r.quant_pool_bytes += quant_bytes;
       }
       if (q) d.next = &qx;
       if (!q) ++r.dense_tensors;
@@ -395,21 +383,16 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
     r.pool_s = phase.seconds();
     r.ck.destroy();  // the pool keeps the files mapped
-    r.pool.size = sizeof r.pool;
-    TK_CHECK(lwo_pool_get_info(pool.get(), &r.pool));
+    r.pool = testkit::pool_info(pool.get());
     phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
                fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
   }
   if (o.quant != LWO_QUANT_NONE) {
     quantize_pool(dev, o, pool, r);
-    TK_CHECK(lwo_pool_get_info(pool.get(), &r.pool));
+    r.pool = testkit::pool_info(pool.get());
   }
   const uint32_t n_layers = r.pool.n_layers;
-  if (o.depth >= n_layers)
-    progress(
-        "note: depth %u >= %u layers: after the first pass every layer stays in a slot, "
-        "so passes hit and copy nothing",
-        o.depth, n_layers);
+  note_depth(o.depth, n_layers, "the first pass", "passes");
 
   plan_checks(pool.get(), r);
   std::vector<HostRange> ranges;
@@ -455,8 +438,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
-  r.ring.size = sizeof r.ring;
-  TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+  r.ring = testkit::ring_info(ring.get());
   const std::vector<uint32_t> order = testkit::step_order(n_layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
@@ -505,8 +487,7 @@ int cmd_stream(int argc, char** argv) {
 
   Device dev;
   open_device(o.device, dev);
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
            all.size() == 1 ? "" : "s");
   for (size_t i = 0; i < all.size(); ++i) {

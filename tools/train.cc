@@ -52,7 +52,6 @@ struct Options : ModelOptions {
 
 // Byte counts of one configuration, all checked for overflow.
 struct Sizes {
-  uint64_t elem = 0;                 // bytes of one element of the layer dtype
   uint64_t act_bytes = 0;            // one [tokens, cols] activation (or gradient) buffer
   uint64_t record_bytes = 0;         // one layer's record in the pool
   uint64_t pool_bytes = 0;           // all records
@@ -66,14 +65,14 @@ std::vector<Flag> make_flags(Options& o) {
       switch_flag("--frozen", "every layer frozen: input gradients only, no weight gradients",
                   o.frozen),
       quant_flag(o.quant),
-      layers_flag(o.layers),
-      rows_flag(o.rows),
-      cols_flag(o.cols),
+      uint_flag(kLayersFlag, o.layers),
+      uint_flag(kRowsFlag, o.rows),
+      uint_flag(kColsFlag, o.cols),
       dtype_flag(o.dtype, {LWO_DTYPE_BF16, LWO_DTYPE_F16, LWO_DTYPE_F32}),
-      tokens_flag(o.tokens),
-      steps_flag(o.steps),
-      depth_flag(o.depth),
-      value_flag("--grad-depth", "G", grad_depth_flag(o.grad_depth).help,
+      uint_flag(kTokensFlag, o.tokens),
+      uint_flag(kStepsFlag, o.steps),
+      uint_flag(kDepthFlag, o.depth),
+      value_flag("--grad-depth", "G", uint_flag(kGradDepthFlag, o.grad_depth).help,
                  [&o](const std::string& v) {
                    o.grad_depth = static_cast<uint32_t>(parse_uint("--grad-depth", v, 1, 64));
                    o.grad_depth_set = true;
@@ -151,7 +150,6 @@ void check_options(const Options& o) {
 
 Sizes compute_sizes(const Options& o) {
   Sizes s;
-  s.elem = lwo_dtype_size(o.dtype);
   auto mul = [](uint64_t a, uint64_t b, const char* what) {
     uint64_t r = 0;
     if (__builtin_mul_overflow(a, b, &r)) throw UsageError(strf("%s do not fit in 64 bits", what));
@@ -159,7 +157,7 @@ Sizes compute_sizes(const Options& o) {
   };
   s.act_bytes =
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
-          s.elem, "the activations");
+          lwo_dtype_size(o.dtype), "the activations");
   lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
   lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);  // --quant: the record's bytes
   if (o.quant != LWO_QUANT_NONE) t[0].next = &qx;
@@ -301,11 +299,9 @@ void summarise(const Options& o, Results& r) {
     r.bwd_h2d_term = testkit::ms_at(static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes), r.h2d_peak);
     r.phase_fwd = std::max(r.res_fwd, r.fwd_h2d_term);
     r.phase_bwd = std::max({r.res_bwd, r.bwd_h2d_term, r.d2h_term});
-    testkit::LinkRates rates;
-    rates.h2d_gbps = r.h2d_peak;
-    rates.d2h_gbps = r.d2h_peak;
-    rates.duplex_h2d_gbps = o.trainable() ? r.duplex_h2d : r.h2d_peak;
-    rates.duplex_d2h_gbps = o.trainable() ? r.duplex_d2h : r.d2h_peak;
+    const testkit::LinkRates rates{r.h2d_peak, r.d2h_peak,
+                                   o.trainable() ? r.duplex_h2d : r.h2d_peak,
+                                   o.trainable() ? r.duplex_d2h : r.d2h_peak};
     const uint32_t passes = o.order == testkit::MicroOrder::kBatch ? o.micro_batches : 1;
     r.floor = testkit::split_floor(r.res_fwd, r.res_bwd, static_cast<double>(r.h2d_fwd_bytes),
                                    static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes),
@@ -317,135 +313,111 @@ void summarise(const Options& o, Results& r) {
 void print_results(const Device& dev, const Options& o, const Results& r) {
   const uint32_t L = o.layers;
   const Sizes& sz = r.sz;
+  const char* const wait = o.trainable() ? "lwo_grads_wait" : "the stream's sync";
   std::printf("lwo train%s, %s\n", o.frozen ? " --frozen" : "", describe(dev).c_str());
-  std::printf("%-10s %u layers x \"weight\" [%lld x %lld]%s %s: %s per record, %s in all; %s\n",
-              "model", L, static_cast<long long>(o.rows), static_cast<long long>(o.cols),
-              o.bias ? " + \"bias\"" : "", lwo_dtype_name(o.dtype),
-              fmt_bytes(sz.record_bytes).c_str(), fmt_bytes(sz.pool_bytes).c_str(),
-              o.frozen ? "all frozen (input gradients only)" : "all trainable");
+  print_row("model", "%u layers x \"weight\" [%lld x %lld]%s %s: %s per record, %s in all; %s", L,
+            static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+            o.bias ? " + \"bias\"" : "", lwo_dtype_name(o.dtype),
+            fmt_bytes(sz.record_bytes).c_str(), fmt_bytes(sz.pool_bytes).c_str(),
+            o.frozen ? "all frozen (input gradients only)" : "all trainable");
   if (o.quant != LWO_QUANT_NONE) {
     const uint64_t dense = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols) *
                            lwo_dtype_size(o.dtype);
-    lwo_quant_desc qd = LWO_QUANT_DESC_INIT;
-    qd.format = o.quant;
-    qd.dtype = o.dtype;
-    qd.rows = o.rows;
-    qd.cols = o.cols;
-    lwo_quant_layout_info ql = LWO_QUANT_LAYOUT_INFO_INIT;
-    TK_CHECK(lwo_quant_layout(&qd, &ql));
-    std::printf("%-10s --quant %s (%s): \"weight\" %s dense, %s quantized (%.2fx fewer "
-                "bytes); each layer dequantized on the GPU into %s before its GEMMs\n",
-                "quant", quant_flag_name(o.quant), lwo_quant_format_name(o.quant),
-                fmt_bytes(dense).c_str(), fmt_bytes(ql.total_bytes).c_str(),
-                static_cast<double>(dense) / static_cast<double>(ql.total_bytes),
-                lwo_dtype_name(o.dtype));
+    const uint64_t quant = testkit::quant_bytes(o.quant, o.dtype, o.rows, o.cols);
+    print_row("quant", "--quant %s (%s): \"weight\" %s dense, %s quantized (%.2fx fewer bytes); "
+              "each layer dequantized on the GPU into %s before its GEMMs",
+              quant_flag_name(o.quant), lwo_quant_format_name(o.quant), fmt_bytes(dense).c_str(),
+              fmt_bytes(quant).c_str(), static_cast<double>(dense) / static_cast<double>(quant),
+              lwo_dtype_name(o.dtype));
   }
-  std::printf(
-      "%-10s %lld tokens, x_0 within +-1, dy_%u within +-%.4g; x_0..x_%u kept for the backward "
-      "(%u x %s) and 3 x %s of dy on the device\n",
-      "batch", static_cast<long long>(o.tokens), L, r.dy_bound, L, L + 1,
-      fmt_bytes(sz.act_bytes).c_str(), fmt_bytes(sz.act_bytes).c_str());
+  print_row("batch", "%lld tokens, x_0 within +-1, dy_%u within +-%.4g; x_0..x_%u kept for the "
+            "backward (%u x %s) and 3 x %s of dy on the device",
+            static_cast<long long>(o.tokens), L, r.dy_bound, L, L + 1,
+            fmt_bytes(sz.act_bytes).c_str(), fmt_bytes(sz.act_bytes).c_str());
   if (o.micro_batches > 1)
-    std::printf("%-10s %u of %lld tokens per step, %s-major (%s); every micro-batch's "
-                "activations kept\n",
-                "micro", o.micro_batches, static_cast<long long>(o.tokens),
-                testkit::micro_order_name(o.order),
-                o.order == testkit::MicroOrder::kLayer
-                    ? "one pass: each layer runs every micro-batch in its slot, gradients summed "
-                      "there and sent once"
-                    : "one pass per micro-batch, gradients summed on the host");
-  std::printf("%-10s pinned pool %.2f s, uniform fill %.2f s (weights within +-%.4g, seed %llu)",
-              "host", r.pool_s, r.fill_s, r.weight_bound, static_cast<unsigned long long>(o.seed));
-  if (o.trainable()) std::printf(", gradient buffers %.2f s", r.grads_s);
-  std::printf(
-      "\n%-10s %.2f GB/s H2D (%u records back-to-back on one stream, best of %d: %.2f ms)\n",
-      "peak", r.h2d_peak, L, kPeakRepeats, r.h2d_peak_ms);
+    print_row("micro", "%u of %lld tokens per step, %s-major (%s); every micro-batch's "
+              "activations kept",
+              o.micro_batches, static_cast<long long>(o.tokens), testkit::micro_order_name(o.order),
+              o.order == testkit::MicroOrder::kLayer
+                  ? "one pass: each layer runs every micro-batch in its slot, gradients summed "
+                    "there and sent once"
+                  : "one pass per micro-batch, gradients summed on the host");
+  print_row("host", "pinned pool %.2f s, uniform fill %.2f s (weights within +-%.4g, seed %llu)%s",
+            r.pool_s, r.fill_s, r.weight_bound, static_cast<unsigned long long>(o.seed),
+            o.trainable() ? strf(", gradient buffers %.2f s", r.grads_s).c_str() : "");
+  print_row("peak", "%.2f GB/s H2D (%u records back-to-back on one stream, best of %d: %.2f ms)",
+            r.h2d_peak, L, kPeakRepeats, r.h2d_peak_ms);
   if (o.trainable()) {
-    std::printf("%-10s %.2f GB/s D2H (%u x %s into pinned memory, best of %d: %.2f ms)\n", "peak",
-                r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), kPeakRepeats, r.d2h_peak_ms);
-    std::printf("%-10s %.2f GB/s H2D and %.2f GB/s D2H at once (%u x %s each way, best of %d: "
-                "%.2f ms)\n",
-                "duplex", r.duplex_h2d, r.duplex_d2h, L, fmt_bytes(sz.grad_bytes).c_str(),
-                kPeakRepeats, r.duplex_ms);
+    print_row("peak", "%.2f GB/s D2H (%u x %s into pinned memory, best of %d: %.2f ms)",
+              r.d2h_peak, L, fmt_bytes(sz.grad_bytes).c_str(), kPeakRepeats, r.d2h_peak_ms);
+    print_row("duplex", "%.2f GB/s H2D and %.2f GB/s D2H at once (%u x %s each way, best of %d: "
+              "%.2f ms)",
+              r.duplex_h2d, r.duplex_d2h, L, fmt_bytes(sz.grad_bytes).c_str(), kPeakRepeats,
+              r.duplex_ms);
   }
-  std::printf("%-10s depth %u, %u x %s slots%s; one schedule: layers 0..%u, then %u..0\n", "ring",
-              r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
-              o.timing ? ", timing on" : "", L - 1, L - 1);
+  print_row("ring", "depth %u, %u x %s slots%s; one schedule: layers 0..%u, then %u..0",
+            r.ring.depth, r.ring.depth, fmt_bytes(r.ring.slot_bytes).c_str(),
+            o.timing ? ", timing on" : "", L - 1, L - 1);
   if (o.trainable())
-    std::printf("%-10s depth %u, %s on the wire: %s per layer, into %s host buffers (--grads %s)\n",
-                "grads", o.grad_depth, lwo_dtype_name(sz.wire), fmt_bytes(sz.grad_bytes).c_str(),
-                lwo_dtype_name(sz.host), o.grads.c_str());
+    print_row("grads", "depth %u, %s on the wire: %s per layer, into %s host buffers (--grads %s)",
+              o.grad_depth, lwo_dtype_name(sz.wire), fmt_bytes(sz.grad_bytes).c_str(),
+              lwo_dtype_name(sz.host), o.grads.c_str());
   if (r.resident)
-    std::printf(
-        "%-10s median %.3f ms per step (forward %.3f, backward %.3f), all %u records on the "
-        "device, %s, %u timed after 1 warm-up\n",
-        "resident", r.res_median, r.res_fwd, r.res_bwd, L,
-        o.trainable()
-            ? strf("%s weight gradients to device memory", lwo_dtype_name(sz.wire)).c_str()
-            : "input gradients only",
-        o.steps);
+    print_row("resident", "median %.3f ms per step (forward %.3f, backward %.3f), all %u records "
+              "on the device, %s, %u timed after 1 warm-up",
+              r.res_median, r.res_fwd, r.res_bwd, L,
+              o.trainable()
+                  ? strf("%s weight gradients to device memory", lwo_dtype_name(sz.wire)).c_str()
+                  : "input gradients only",
+              o.steps);
   else
-    std::printf("%-10s skipped: %s; the bound has no compute term\n", "resident",
-                r.resident_note.c_str());
-  std::printf(
-      "%-10s %u timed after 1 warm-up; host clock from the first enqueue to the return of "
-      "%s\n",
-      "steps", o.steps, o.trainable() ? "lwo_grads_wait" : "the stream's sync");
-  std::printf("%-10s median %.3f ms, best %.3f ms per step\n", "time", r.median_ms, r.best_ms);
-  std::printf("%-10s %s per step (%llu copies, %llu ring hits), median %.2f GB/s\n", "H2D",
-              fmt_bytes(r.h2d_bytes).c_str(), static_cast<unsigned long long>(r.copies),
-              static_cast<unsigned long long>(r.hits), r.gbps(r.h2d_bytes, r.median_ms));
+    print_row("resident", "skipped: %s; the bound has no compute term", r.resident_note.c_str());
+  print_row("steps", "%u timed after 1 warm-up; host clock from the first enqueue to the return "
+            "of %s", o.steps, wait);
+  print_row("time", "median %.3f ms, best %.3f ms per step", r.median_ms, r.best_ms);
+  print_row("H2D", "%s per step (%llu copies, %llu ring hits), median %.2f GB/s",
+            fmt_bytes(r.h2d_bytes).c_str(), static_cast<unsigned long long>(r.copies),
+            static_cast<unsigned long long>(r.hits), r.gbps(r.h2d_bytes, r.median_ms));
   if (o.trainable())
-    std::printf("%-10s %s per step (%llu layers), median %.2f GB/s\n", "D2H",
-                fmt_bytes(r.d2h_bytes).c_str(), static_cast<unsigned long long>(r.d2h_layers),
-                r.gbps(r.d2h_bytes, r.median_ms));
-  if (r.bytes_vary)
-    std::printf("%-10s bytes per step varied between steps; medians shown\n", "note");
-  std::printf("%-10s %.3f ms, %s binding (", "bound", r.bound, r.binding);
-  if (r.resident)
-    std::printf("resident %.3f ms, ", r.res_median);
-  else
-    std::printf("resident not measured, ");
-  std::printf("H2D %.3f ms", r.h2d_term);
-  if (o.trainable()) std::printf(", D2H %.3f ms", r.d2h_term);
-  std::printf(")\n");
-  std::printf("%-10s median %.4f, best %.4f x bound (target <= %.2f %s: %s)\n", "ratio",
-              r.ratio(r.median_ms), r.ratio(r.best_ms), r.target,
-              o.trainable() ? "trainable" : "frozen", r.met() ? "met" : "NOT met");
-  if (r.phases)
-    std::printf(
-        "%-10s forward max(resident %.3f, H2D %.3f) + backward max(resident %.3f, H2D %.3f%s) = "
-        "%.3f ms; step / that %.4f\n",
-        "halves", r.res_fwd, r.fwd_h2d_term, r.res_bwd, r.bwd_h2d_term,
-        o.trainable() ? strf(", D2H %.3f", r.d2h_term).c_str() : "", r.phase_fwd + r.phase_bwd,
-        r.median_ms / (r.phase_fwd + r.phase_bwd));
-  if (r.phases)
-    std::printf(
-        "%-10s %.3f ms: %s%u x (forward max(compute %.3f, H2D %.3f) + backward max(compute %.3f, "
-        "H2D and D2H at once %.3f)); step / floor median %.4f, best %.4f (target <= %.2f: %s)\n",
-        "floor", r.floor.ms, "", r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_compute_ms,
-        r.floor.fwd_h2d_ms, r.floor.bwd_compute_ms, r.floor.bwd_link_ms,
-        r.median_ms / r.floor.ms, r.best_ms / r.floor.ms, kTargetFloor,
-        r.median_ms / r.floor.ms <= kTargetFloor ? "met" : "NOT met");
-  std::printf(
-      "%-10s start %.3f ms (step start to the first layer in its slot), turn %.3f ms (last "
-      "forward compute to the first backward layer in its slot), end %.3f ms (last compute to "
-      "the return of %s), medians per step\n",
-      "edges", r.start_ms, r.turn_ms, r.end_ms,
-      o.trainable() ? "lwo_grads_wait" : "the stream's sync");
+    print_row("D2H", "%s per step (%llu layers), median %.2f GB/s", fmt_bytes(r.d2h_bytes).c_str(),
+              static_cast<unsigned long long>(r.d2h_layers), r.gbps(r.d2h_bytes, r.median_ms));
+  if (r.bytes_vary) print_row("note", "bytes per step varied between steps; medians shown");
+  print_row("bound", "%.3f ms, %s binding (%s, H2D %.3f ms%s)", r.bound, r.binding,
+            r.resident ? strf("resident %.3f ms", r.res_median).c_str() : "resident not measured",
+            r.h2d_term, o.trainable() ? strf(", D2H %.3f ms", r.d2h_term).c_str() : "");
+  print_row("ratio", "median %.4f, best %.4f x bound (target <= %.2f %s: %s)",
+            r.ratio(r.median_ms), r.ratio(r.best_ms), r.target,
+            o.trainable() ? "trainable" : "frozen", r.met() ? "met" : "NOT met");
+  if (r.phases) {
+    print_row("halves", "forward max(resident %.3f, H2D %.3f) + backward max(resident %.3f, H2D "
+              "%.3f%s) = %.3f ms; step / that %.4f",
+              r.res_fwd, r.fwd_h2d_term, r.res_bwd, r.bwd_h2d_term,
+              o.trainable() ? strf(", D2H %.3f", r.d2h_term).c_str() : "",
+              r.phase_fwd + r.phase_bwd, r.median_ms / (r.phase_fwd + r.phase_bwd));
+    print_row("floor", "%.3f ms: %u x (forward max(compute %.3f, H2D %.3f) + backward "
+              "max(compute %.3f, H2D and D2H at once %.3f)); step / floor median %.4f, best %.4f "
+              "(target <= %.2f: %s)",
+              r.floor.ms, r.steps.empty() ? 1u : r.steps[0].passes, r.floor.fwd_compute_ms,
+              r.floor.fwd_h2d_ms, r.floor.bwd_compute_ms, r.floor.bwd_link_ms,
+              r.median_ms / r.floor.ms, r.best_ms / r.floor.ms, kTargetFloor,
+              r.median_ms / r.floor.ms <= kTargetFloor ? "met" : "NOT met");
+  }
+  print_row("edges", "start %.3f ms (step start to the first layer in its slot), turn %.3f ms "
+            "(last forward compute to the first backward layer in its slot), end %.3f ms (last "
+            "compute to the return of %s), medians per step",
+            r.start_ms, r.turn_ms, r.end_ms, wait);
   if (r.add_bytes)
-    std::printf("%-10s %s per step added on the host at %.2f GB/s of %s input during the "
-                "steps\n",
-                "host add", fmt_bytes(r.add_bytes).c_str(), r.add_gbps, lwo_dtype_name(sz.wire));
+    print_row("host add", "%s per step added on the host at %.2f GB/s of %s input during the "
+              "steps",
+              fmt_bytes(r.add_bytes).c_str(), r.add_gbps, lwo_dtype_name(sz.wire));
   if (r.add_alone_bytes)
-    std::printf("%-10s %.2f GB/s of %s input by itself (%s added, one layer at a time, with "
-                "no copy or compute running beside it)\n",
-                "host add", r.add_alone_gbps, lwo_dtype_name(sz.wire),
-                fmt_bytes(r.add_alone_bytes).c_str());
+    print_row("host add", "%.2f GB/s of %s input by itself (%s added, one layer at a time, with "
+              "no copy or compute running beside it)",
+              r.add_alone_gbps, lwo_dtype_name(sz.wire), fmt_bytes(r.add_alone_bytes).c_str());
   if (o.timing)
-    std::printf("%-10s copies %.3f ms on the GPU per step, compute waited %.3f ms per step\n",
-                "ring time", r.copy_ms, r.wait_ms);
-  std::printf("%-10s %s\n", "check", r.check.c_str());
+    print_row("ring time", "copies %.3f ms on the GPU per step, compute waited %.3f ms per step",
+              r.copy_ms, r.wait_ms);
+  print_row("check", "%s", r.check.c_str());
 }
 
 Json json_step(const testkit::StepStats& s) {
@@ -757,11 +729,8 @@ struct Trainer {
     std::string d2h;
     if (o.trainable()) {
       // L gradients' worth of copies into pinned memory.
-      testkit::PeakKnobs knobs;
-      knobs.copy_bytes = sz.grad_bytes;
-      knobs.copies = L;
-      knobs.repeats = kPeakRepeats;
-      knobs.direction = testkit::Direction::kD2H;
+      testkit::PeakKnobs knobs{sz.grad_bytes, L, kPeak.warmup, kPeakRepeats,
+                               testkit::Direction::kD2H};
       const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
       r.d2h_peak = peak.best_gbps();
       r.d2h_peak_ms = peak.best_ms();
@@ -794,8 +763,7 @@ struct Trainer {
     ring_config.depth = o.depth;
     ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
     TK_CHECK(lwo_ring_create(weights->pool(), &ring_config, ring.out()));
-    r.ring.size = sizeof r.ring;
-    TK_CHECK(lwo_ring_get_info(ring.get(), &r.ring));
+    r.ring = testkit::ring_info(ring.get());
     order = testkit::step_order(L, /*backward=*/true);
     TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
     if (o.trainable()) {
@@ -918,8 +886,7 @@ struct Trainer {
     TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
     lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
     TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
-    r.plan_ring.size = sizeof r.plan_ring;
-    TK_CHECK(lwo_ring_get_info(ring.get(), &r.plan_ring));
+    r.plan_ring = testkit::ring_info(ring.get());
     TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
     Phase plan_phase("planned", o.steps + 1);
     step();  // warm-up
@@ -946,13 +913,12 @@ struct Trainer {
 void print_planned(const Results& r) {
   std::printf("\n");
   print_plan(r.plan);
-  std::printf("%-10s predicted %.3f ms, measured %.3f ms per step (%+.1f%%); %.3fx the "
-              "unbudgeted step (target <= 0.6x); H2D %s per step\n", "planned",
-              r.plan.info.predicted_ms, r.plan_median_ms,
-              100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
-              r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
-              fmt_bytes(r.plan_h2d_bytes).c_str());
-  std::printf("%-10s %s\n", "check", r.plan_check.c_str());
+  print_row("planned", "predicted %.3f ms, measured %.3f ms per step (%+.1f%%); %.3fx the "
+            "unbudgeted step (target <= 0.6x); H2D %s per step", r.plan.info.predicted_ms,
+            r.plan_median_ms, 100 * (r.plan_median_ms / r.plan.info.predicted_ms - 1),
+            r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0,
+            fmt_bytes(r.plan_h2d_bytes).c_str());
+  print_row("check", "%s", r.plan_check.c_str());
 }
 
 int cmd_train(int argc, char** argv) {
@@ -967,16 +933,11 @@ int cmd_train(int argc, char** argv) {
   Device dev;
   open_device(o.device, dev);
   lwo_engine* engine = dev.engine.get();
-  JsonFile json;
-  json.open(o.json);
+  JsonFile json(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
            describe(dev).c_str(), L, fmt_bytes(sz.record_bytes).c_str(),
            fmt_bytes(sz.pool_bytes).c_str(), static_cast<long long>(o.tokens));
-  if (o.depth >= L)
-    progress(
-        "note: depth %u >= %u layers: after the warm-up every layer stays in a slot, so "
-        "steps hit and copy nothing",
-        o.depth, L);
+  note_depth(o.depth, L, "the warm-up", "steps");
 
   {
     Trainer t(o, r, engine);
