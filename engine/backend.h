@@ -68,6 +68,18 @@ class Backend {
   // defaults throw LWO_ERR_UNSUPPORTED.
   virtual void* comm_create(const void* id, int n_ranks, int rank);
   virtual void* comm_split(void* parent, int color, int key);
+  // CUDA graph capture (lwo_ring_capture_begin): capture_begin starts a
+  // capture on `stream` in relaxed mode (the engine's and other threads'
+  // CUDA calls are not refused, and stay out of the graph unless they
+  // enqueue on a stream that joined the capture); capture_end ends it and
+  // returns the executable graph (cudaGraphExec_t), or throws with the
+  // capture ended and nothing kept; graph_launch enqueues one replay on a
+  // stream. These defaults throw LWO_ERR_UNSUPPORTED (the host-only backend
+  // records no graphs; graph_destroy does nothing).
+  virtual void capture_begin(StreamH stream);
+  virtual void* capture_end(StreamH stream);
+  virtual void graph_launch(void* graph, StreamH stream);
+  virtual void graph_destroy(void* graph) noexcept {}
   // Collectives over a communicator.
   virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.

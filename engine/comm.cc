@@ -101,4 +101,17 @@ void* Backend::comm_split(void* parent, int color, int) {
        parent, color);
 }
 
+void Backend::capture_begin(StreamH stream) {
+  fail(LWO_ERR_UNSUPPORTED, "capture on stream %p: this backend records no CUDA graphs", stream);
+}
+
+void* Backend::capture_end(StreamH stream) {
+  fail(LWO_ERR_UNSUPPORTED, "capture on stream %p: this backend records no CUDA graphs", stream);
+}
+
+void Backend::graph_launch(void* graph, StreamH stream) {
+  fail(LWO_ERR_UNSUPPORTED, "graph %p on stream %p: this backend records no CUDA graphs", graph,
+       stream);
+}
+
 }  // namespace lwo

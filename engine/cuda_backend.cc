@@ -202,6 +202,27 @@ class CudaBackend final : public Backend {
     LWO_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(ev), 0),
              "cudaStreamWaitEvent on stream %p", s);
   }
+  void capture_begin(StreamH s) override {
+    LWO_CUDA(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeRelaxed),
+             "cudaStreamBeginCapture on stream %p", s);
+  }
+  void* capture_end(StreamH s) override {
+    cudaGraph_t graph = nullptr;
+    LWO_CUDA(cudaStreamEndCapture(static_cast<cudaStream_t>(s), &graph),
+             "cudaStreamEndCapture on stream %p", s);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);  // the executable graph is a copy
+    LWO_CUDA(e, "cudaGraphInstantiate of the graph captured on stream %p", s);
+    return exec;
+  }
+  void graph_launch(void* g, StreamH s) override {
+    LWO_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(s)),
+             "cudaGraphLaunch on stream %p", s);
+  }
+  void graph_destroy(void* g) noexcept override {
+    if (g) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  }
   bool event_done(EventH ev) override {
     cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
     if (e == cudaErrorNotReady) {

@@ -55,6 +55,7 @@ Engine::~Engine() {
 }
 
 void Engine::check() {
+  check_not_capturing("checking the engine's streams");
   DeviceScope scope(*this);
   gpu_->stream_check(h2d_);
   gpu_->stream_check(d2h_);
@@ -277,7 +278,14 @@ uint64_t default_host_limit() {
   return derive_host_limit(proc.c_str(), cg.c_str());
 }
 
+void Engine::check_not_capturing(const char* what) const {
+  if (const void* r = capture_owner_.load())
+    fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph "
+         "(lwo_ring_capture_begin); end the capture first (lwo_ring_capture_end)", what, r);
+}
+
 void Engine::synchronize() {
+  check_not_capturing("synchronizing the engine");
   DeviceScope scope(*this);
   gpu_->stream_sync(h2d_);
   gpu_->stream_sync(d2h_);

@@ -88,6 +88,13 @@ class Engine {
   // landed hold kCheckingByte. Rings and gradient sets take it at creation.
   bool checking() const { return checking_; }
   void set_checking(bool on) { checking_ = on; }
+  // The ring that captures a CUDA graph on this engine (lwo_ring_capture_begin
+  // until lwo_ring_capture_end), or null: while one does, the transfer stream
+  // is part of its capture. check_not_capturing throws LWO_ERR_CAPTURING,
+  // naming `what`, while a ring captures.
+  const void* capture_owner() const { return capture_owner_.load(); }
+  void set_capture_owner(const void* ring) { capture_owner_.store(ring); }
+  void check_not_capturing(const char* what) const;
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
   // Time GEMM candidates on first use (LWO_ENGINE_HEURISTIC_GEMM: off). Set
@@ -148,6 +155,7 @@ class Engine {
   StreamH collective_stream_ = nullptr;
   bool check_collectives_ = false;
   bool checking_ = false;
+  std::atomic<const void*> capture_owner_{nullptr};
   bool tune_gemms_ = true;
   void exchange(void* comm, const Step& step);
   // Tells the other ranks that this rank fails the step on its own (their

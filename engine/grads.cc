@@ -109,6 +109,7 @@ Grads::Layer& Grads::trainable_layer(uint32_t layer) {
 }
 
 void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
+  engine_.check_not_capturing("a gradient's begin");
   if (Reader* r = reader_.load()) r->wait_reading(layer);
   std::lock_guard<std::mutex> lock(mu_);
   Layer& g = trainable_layer(layer);
@@ -143,6 +144,7 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
 }
 
 void Grads::end(uint32_t layer, StreamH stream) {
+  engine_.check_not_capturing("a gradient's end");
   std::lock_guard<std::mutex> lock(mu_);
   // Where the sink sums over ranks, a gradient end is a collective step (the
   // reduction): under the check every rank says what it will do, or that it
@@ -307,6 +309,7 @@ void Grads::accumulate(const Job& job) {
 }
 
 void Grads::wait() {
+  engine_.check_not_capturing("waiting for the gradients");
   {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
@@ -409,6 +412,7 @@ std::vector<Grads::HostTensor> Grads::whole_layer(uint32_t layer) {
 }
 
 bool Grads::done() {
+  engine_.check_not_capturing("querying the gradients");
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) return true;
   DeviceScope scope(engine_);

@@ -275,9 +275,14 @@ int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
 }
 
 lwo_ticket Ring::stage(uint32_t layer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_not_bound("staging a layer");
+  }
   // An optimizer's update of the layer lands first (pool.h).
   if (Pool::Writer* w = pool_.writer.load()) w->wait_layer(layer);
   std::lock_guard<std::mutex> lock(mu_);
+  check_not_bound("staging a layer");
   Engine& e = pool_.engine();
   // A sharded pool's stage is a collective step: under the check every rank
   // says what it will do (a copy, a hit, or an error of its own) first.
@@ -289,6 +294,7 @@ lwo_ticket Ring::stage(uint32_t layer) {
   });
   DeviceScope scope(e);
   if (timing_) harvest(false);
+  if (capture_stream_) captured_layers_.push_back(layer);
   if (hit_slot >= 0) {
     // Hit: the bytes are still in the slot (a resident slot: always).
     Occupancy& o = occ_[hit_slot];
@@ -410,6 +416,7 @@ uint32_t Ring::check_ticket(lwo_ticket t) {
 
 void Ring::acquire(lwo_ticket t, StreamH stream, lwo_layer_view* view) {
   std::lock_guard<std::mutex> lock(mu_);
+  check_not_bound("acquiring a ticket");
   uint32_t si = check_ticket(t);
   Occupancy& o = occ_[si];
   if (o.state == State::Acquired)
@@ -449,6 +456,10 @@ void* Ring::tensor(lwo_ticket t, const char* name) {
 
 bool Ring::landed(lwo_ticket t) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (capture_stream_)
+    fail(LWO_ERR_CAPTURING, "the ring is capturing a CUDA graph: a copy's landing cannot be "
+         "queried until the graph is launched");
+  check_not_bound("querying a ticket");
   uint32_t si = check_ticket(t);
   DeviceScope scope(pool_.engine());
   return pool_.engine().gpu().event_done(slot(si).ready);
@@ -490,6 +501,7 @@ void Ring::release_locked(uint32_t si, StreamH stream) {
 
 void Ring::release(lwo_ticket t, StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  check_not_bound("releasing a ticket");
   uint32_t si = check_ticket(t);
   DeviceScope scope(pool_.engine());
   release_locked(si, stream);
@@ -497,6 +509,7 @@ void Ring::release(lwo_ticket t, StreamH stream) {
 
 uint32_t Ring::release_all(StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  check_not_bound("releasing the tickets");
   int ns = n_schedules.load();
   if (ns > 0)
     fail(LWO_ERR_BUSY, "%d schedule%s of the ring hold tickets of their own; destroy or reset "
@@ -521,6 +534,12 @@ bool Ring::layer_busy(uint32_t layer) {
 
 void Ring::check_destroyable() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (capture_stream_)
+    fail(LWO_ERR_BUSY, "the ring is capturing a CUDA graph; end the capture first "
+         "(lwo_ring_capture_end)");
+  if (bound_)
+    fail(LWO_ERR_BUSY, "a CUDA graph of the ring exists (lwo_ring_capture_end); destroy it "
+         "first (lwo_graph_destroy)");
   int ns = n_schedules.load();
   if (ns > 0) fail(LWO_ERR_BUSY, "%d schedule%s of the ring still exist", ns, ns == 1 ? "" : "s");
   for (uint32_t i = 0; i < occ_.size(); ++i)
@@ -571,6 +590,199 @@ void Ring::reset_stats() {
   n_stages_ = n_hits_ = n_copies_ = bytes_ = 0;
   n_resident_hits_ = n_resident_uploads_ = resident_bytes_ = 0;
   copy_ms_ = wait_ms_ = 0;
+}
+
+// ---- CUDA graph capture ----
+
+void Ring::check_not_bound(const char* what) const {
+  if (bound_)
+    fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph (lwo_ring_capture_end) until "
+         "lwo_graph_destroy", what);
+  const void* owner = pool_.engine().capture_owner();
+  if (owner && owner != this)
+    fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph and the "
+         "transfer stream is part of its capture; end it first (lwo_ring_capture_end)", what,
+         owner);
+}
+
+void Ring::forget_slots() {
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    Occupancy& o = occ_[i];
+    o.state = State::Empty;
+    o.merge_free = false;
+    o.ready_elsewhere = false;
+    slots_[i].ever_freed = false;
+    slots_.emptied(i);
+  }
+  std::fill(slot_of_layer_.begin(), slot_of_layer_.end(), -1);
+}
+
+void Ring::capture_begin(StreamH stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  if (!stream)
+    fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: the legacy default stream cannot be captured");
+  check_not_bound("beginning a capture");
+  if (capture_stream_ || e.capture_owner())
+    fail(LWO_ERR_CAPTURING, "ring %p of the engine is already capturing a CUDA graph",
+         e.capture_owner());
+  if (timing_)
+    fail(LWO_ERR_UNSUPPORTED, "a ring made with LWO_RING_TIMING cannot be captured: its timing "
+         "events are read on the host");
+  if (resident_.size() != 0)
+    fail(LWO_ERR_UNSUPPORTED, "a ring with resident layers (%zu) cannot be captured",
+         resident_.size());
+  if (pool_.kind() == LWO_POOL_CHECKPOINT_STAGED || pool_.kind() == LWO_POOL_SHARDED)
+    fail(LWO_ERR_UNSUPPORTED, "a ring of a %s pool cannot be captured: its copies are packed "
+         "by host threads or gathered by a collective",
+         pool_.kind() == LWO_POOL_SHARDED ? "sharded" : "staged checkpoint");
+  int ns = n_schedules.load();
+  if (ns > 0)
+    fail(LWO_ERR_BUSY, "%d schedule%s of the ring exist; destroy them before a capture", ns,
+         ns == 1 ? "" : "s");
+  for (uint32_t i = 0; i < occ_.size(); ++i)
+    if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
+      fail(LWO_ERR_BUSY, "slot %u holds layer %u %s (ticket 0x%llx); release every ticket "
+           "before a capture", i, occ_[i].layer, state_name(occ_[i].state),
+           static_cast<unsigned long long>(ticket_id(i)));
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  // Nothing of the ring may still run: the capture takes its slots as empty.
+  for (uint32_t i = 0; i < occ_.size(); ++i) {
+    if (occ_[i].state != State::Empty || occ_[i].ready_elsewhere) gpu.event_sync(slot(i).ready);
+    if (slot(i).ever_freed) gpu.event_sync(slot(i).free);
+  }
+  if (!capture_event_) {
+    capture_event_ = gpu.event_create(false);
+    all_events_.push_back(capture_event_);
+  }
+  gpu.capture_begin(stream);
+  try {
+    gpu.event_record(capture_event_, stream);
+    gpu.stream_wait(e.h2d(), capture_event_);  // the transfer stream joins the capture
+  } catch (...) {
+    try {
+      gpu.graph_destroy(gpu.capture_end(stream));
+    } catch (...) {
+    }
+    throw;
+  }
+  forget_slots();
+  captured_layers_.clear();
+  capture_stream_ = stream;
+  e.set_capture_owner(this);
+}
+
+std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  if (!capture_stream_)
+    fail(LWO_ERR_CAPTURING, "the ring is not capturing (lwo_ring_capture_begin)");
+  if (stream != capture_stream_)
+    fail(LWO_ERR_INVALID_ARGUMENT, "stream %p is not the stream %p the capture began on", stream,
+         capture_stream_);
+  std::string live;
+  for (uint32_t i = 0; i < occ_.size() && live.empty(); ++i)
+    if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
+      live = strf("slot %u holds layer %u %s", i, occ_[i].layer, state_name(occ_[i].state));
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  // Whatever happens, the capture ends here and the ring is taken as empty
+  // (nothing it captured ever runs unless the graph is launched).
+  auto leave = [&] {
+    capture_stream_ = nullptr;
+    e.set_capture_owner(nullptr);
+    forget_slots();
+    // The next fills come after the stream's work (nothing of the discarded
+    // capture runs; this orders them for a checking backend as well).
+    try {
+      gpu.event_record(capture_event_, stream);
+      gpu.stream_wait(e.h2d(), capture_event_);
+    } catch (...) {
+    }
+  };
+  void* exec = nullptr;
+  try {
+    gpu.event_record(capture_event_, e.h2d());
+    gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+    exec = gpu.capture_end(stream);
+  } catch (...) {
+    try {
+      if (!exec) gpu.graph_destroy(gpu.capture_end(stream));
+    } catch (...) {
+    }
+    leave();
+    throw;
+  }
+  if (!live.empty()) {
+    gpu.graph_destroy(exec);
+    leave();
+    fail(LWO_ERR_TICKET_STATE, "the capture ended with a ticket not released (%s): it is "
+         "discarded; release every ticket before lwo_ring_capture_end", live.c_str());
+  }
+  std::unique_ptr<Graph> g;
+  try {
+    g = std::make_unique<Graph>(*this, exec, captured_layers_);
+  } catch (...) {
+    gpu.graph_destroy(exec);
+    leave();
+    throw;
+  }
+  capture_stream_ = nullptr;
+  e.set_capture_owner(nullptr);
+  bound_ = true;  // the table holds what every replay leaves in the slots
+  gpu.event_record(capture_event_, stream);  // after the capture: graph_released's order
+  return g;
+}
+
+void Ring::graph_released(EventH last_launch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  try {
+    DeviceScope scope(e);
+    // The slots' last readers are the graph's (its launches, done by now):
+    // fills after it are ordered after them on the transfer stream too.
+    e.gpu().stream_wait(e.h2d(), capture_event_);
+    if (last_launch) e.gpu().stream_wait(e.h2d(), last_launch);
+  } catch (...) {
+  }
+  forget_slots();
+  bound_ = false;
+}
+
+Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers)
+    : ring_(ring), exec_(exec), done_(ring.engine().gpu().event_create(false)),
+      layers_(std::move(layers)) {
+  std::sort(layers_.begin(), layers_.end());
+  layers_.erase(std::unique(layers_.begin(), layers_.end()), layers_.end());
+}
+
+Graph::~Graph() {
+  Engine& e = ring_.engine();
+  Backend& gpu = e.gpu();
+  try {
+    DeviceScope scope(e);
+    if (launched_) gpu.event_sync(done_);
+  } catch (...) {
+  }
+  gpu.graph_destroy(exec_);
+  ring_.graph_released(launched_ ? done_ : nullptr);
+  gpu.event_destroy(done_);
+}
+
+void Graph::launch(StreamH stream) {
+  Engine& e = ring_.engine();
+  if (!stream)
+    fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: launch the graph on a stream of the device");
+  e.check_not_capturing("launching a graph");
+  if (Pool::Writer* w = ring_.pool().writer.load())
+    for (uint32_t l : layers_) w->wait_layer(l);
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
+  gpu.graph_launch(exec_, stream);
+  gpu.event_record(done_, stream);
+  launched_ = true;
 }
 
 }  // namespace lwo

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -74,6 +75,18 @@ class Ring {
 
   std::atomic<int> n_schedules{0};  // live schedules of the ring (they count themselves)
 
+  // CUDA graph capture (lwo.h, lwo_ring_capture_begin): capture_begin waits
+  // until nothing of the ring runs, takes its slots as empty and begins a
+  // capture on `stream` with the transfer stream joined; capture_end joins it
+  // back and returns the instantiated graph, to which the ring then belongs
+  // (stage, acquire, release and destruction are LWO_ERR_BUSY) until the
+  // graph gives it back (graph_released: its launches are done, the last one
+  // recorded `last_launch` (null: none); the slots are empty again). The
+  // layers staged during the capture are the graph's.
+  void capture_begin(StreamH stream);
+  std::unique_ptr<class Graph> capture_end(StreamH stream);
+  void graph_released(EventH last_launch);
+
  private:
   enum class State : uint8_t { Empty, Staged, Acquired, Released };
   // What the ring's table says of one slot (the slot itself is slots_[i]).
@@ -123,6 +136,12 @@ class Ring {
   uint64_t new_ticket_id(uint32_t si);
   EventH timing_event();
   void harvest(bool block);
+  // Graph capture: refuses calls on a ring a graph holds (LWO_ERR_BUSY) and
+  // stages of a ring other than the engine's capturing one (LWO_ERR_CAPTURING).
+  void check_not_bound(const char* what) const;
+  // Every slot empty, never freed, nothing in the table (no device work of
+  // the ring may still run or be waited for).
+  void forget_slots();
 
   Pool& pool_;
   uint64_t serial_;                    // the serial of the ring's new tickets
@@ -145,6 +164,31 @@ class Ring {
   std::deque<Timed> pending_;
   std::vector<EventH> spare_events_;
   std::vector<EventH> all_events_;
+  // Graph capture.
+  StreamH capture_stream_ = nullptr;  // the capture's stream while capturing
+  bool bound_ = false;                // a graph holds the ring
+  EventH capture_event_ = nullptr;    // the transfer stream's join and leave
+  std::vector<uint32_t> captured_layers_;
+};
+
+// An instantiated CUDA graph of one ring's pass (lwo_graph). Its destructor
+// waits for the last launch, destroys the graph and gives the ring back.
+class Graph {
+ public:
+  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // One replay on `stream`, after the pool's writer is done with every layer.
+  void launch(StreamH stream);
+  void check_destroyable() {}
+
+ private:
+  Ring& ring_;
+  void* exec_;
+  EventH done_;
+  bool launched_ = false;
+  std::vector<uint32_t> layers_;
 };
 
 // Ticket ids: ring serial (36 bits) | slot (12 bits) | sequence (16 bits). A

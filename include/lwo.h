@@ -192,6 +192,11 @@ typedef enum lwo_status_t {
   /* A mapped checkpoint file changed size or modification time since it was
    * opened. */
   LWO_ERR_FILE_CHANGED = 205,
+  /* The call cannot run while its engine captures a CUDA graph
+   * (lwo_ring_capture_begin until lwo_ring_capture_end): it would wait for
+   * or query device work, or enqueue work the graph would not hold; or the
+   * ring is not capturing. Since 0.6.0. */
+  LWO_ERR_CAPTURING = 206,
 
   /* -- resource (3xx) -- */
   /* Host or device memory could not be allocated or pinned. */
@@ -856,6 +861,43 @@ LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket,
  * tickets of its own: destroy or reset it). Since 0.2.0. */
 LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
                                           uint32_t* n_released);
+
+/* ---- CUDA graphs of a ring's passes (since 0.6.0) ----
+ * The stages, acquires, compute calls and releases of one pass over a ring,
+ * enqueued on one stream, captured once as a CUDA graph and replayed with one
+ * launch: each copy into a slot becomes a memcpy node from the pool's host
+ * memory, so a replay copies the bytes the pool holds when that copy runs,
+ * and the slots' ready and free events become the graph's edges.
+ *
+ * lwo_ring_capture_begin waits until nothing of the ring runs, takes its
+ * slots as empty (so each layer's first stage in the capture is a copy and a
+ * replay does not depend on what the slots held before it), begins a capture
+ * on `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
+ * stream) and joins the engine's transfer stream to it. Then the caller
+ * stages, acquires, computes on `stream` and releases as in an eager pass.
+ * Until lwo_ring_capture_end, other rings' stages, gradient sets, schedules,
+ * new rings and pools, lwo_ring_query and lwo_engine_synchronize of the
+ * engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer
+ * stream back, ends the capture and instantiates the graph; every ticket
+ * must be released first (else LWO_ERR_TICKET_STATE and the capture is
+ * discarded). From then until lwo_graph_destroy the ring belongs to the
+ * graph: its stages, acquires and releases and lwo_ring_destroy are
+ * LWO_ERR_BUSY. lwo_graph_launch enqueues one replay on any stream of the
+ * engine's device, after an optimizer's pending writes of the captured
+ * layers and after the graph's previous replay (replays share the slots);
+ * the caller writes the pool's layers only while no replay runs, as
+ * before eager stages. lwo_graph_destroy waits for the last replay and gives
+ * the ring back with its slots empty. Not captured (LWO_ERR_UNSUPPORTED):
+ * rings with LWO_RING_TIMING or resident layers, staged and sharded pools;
+ * the host-only test backend records no graphs. */
+typedef struct lwo_graph lwo_graph;
+
+LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream);
+LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream,
+                                          lwo_graph** graph);
+LWO_API lwo_status_t lwo_graph_launch(lwo_graph* graph, lwo_stream_t stream);
+/* NULL does nothing. */
+LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
 
 typedef struct lwo_ring_info {
   size_t size;            /* sizeof(lwo_ring_info), set by the caller */

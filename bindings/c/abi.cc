@@ -25,6 +25,7 @@ const char* kind_name(Kind k) {
     case Kind::Checkpoint: return "checkpoint";
     case Kind::Plan: return "plan";
     case Kind::Optim: return "optimizer";
+    case Kind::Graph: return "graph";
   }
   return "?";
 }
@@ -180,7 +181,7 @@ LWO_API const char* lwo_status_string(lwo_status_t s) {
     C(LWO_ERR_NCCL) C(LWO_ERR_FOREIGN_OBJECT) C(LWO_ERR_UNSUPPORTED) C(LWO_ERR_INTERNAL)
     C(LWO_ERR_IO) C(LWO_ERR_OVER_BUDGET) C(LWO_ERR_TRUNCATED) C(LWO_ERR_BAD_HEADER_SIZE) C(LWO_ERR_BAD_JSON)
     C(LWO_ERR_BAD_DTYPE) C(LWO_ERR_SHAPE_MISMATCH) C(LWO_ERR_SHAPE_OVERFLOW)
-    C(LWO_ERR_BAD_RANGE) C(LWO_ERR_OVERLAP) C(LWO_ERR_FILE_CHANGED)
+    C(LWO_ERR_BAD_RANGE) C(LWO_ERR_OVERLAP) C(LWO_ERR_FILE_CHANGED) C(LWO_ERR_CAPTURING)
     C(LWO_ERR_COLLECTIVE_MISMATCH) C(LWO_ERR_QUANTIZED_WEIGHT)
 #undef C
     default:

@@ -42,11 +42,12 @@ struct lwo_checkpoint : lwo::abi::Handle<lwo::Checkpoint, std::shared_ptr> {};
 struct lwo_schedule : lwo::abi::Handle<lwo::Schedule> {};
 struct lwo_plan : lwo::abi::Handle<lwo::PlanHandle> {};
 struct lwo_optim : lwo::abi::Handle<lwo::Optimizer> {};
+struct lwo_graph : lwo::abi::Handle<lwo::Graph> {};
 
 namespace lwo {
 namespace abi {
 
-enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Plan, Optim };
+enum class Kind { Engine, Pool, Ring, Schedule, Grads, Checkpoint, Plan, Optim, Graph };
 template <class H> constexpr Kind kind_of();
 template <> constexpr Kind kind_of<lwo_engine>() { return Kind::Engine; }
 template <> constexpr Kind kind_of<lwo_pool>() { return Kind::Pool; }
@@ -56,6 +57,7 @@ template <> constexpr Kind kind_of<lwo_grads>() { return Kind::Grads; }
 template <> constexpr Kind kind_of<lwo_checkpoint>() { return Kind::Checkpoint; }
 template <> constexpr Kind kind_of<lwo_plan>() { return Kind::Plan; }
 template <> constexpr Kind kind_of<lwo_optim>() { return Kind::Optim; }
+template <> constexpr Kind kind_of<lwo_graph>() { return Kind::Graph; }
 
 // The registry of live handles. The caller never holds an address: a handle
 // is a value that names a slot of the registry and that slot's generation

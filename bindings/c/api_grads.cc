@@ -16,6 +16,7 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
   return guard("lwo_grads_create", [&] {
     clear_output(grads, "grads (output)");
     lwo_pool* p = check_handle(pool);
+    p->impl->engine().check_not_capturing("a gradient set's creation");
     lwo_grads_config cfg = read_config(config, lwo_grads_config LWO_GRADS_CONFIG_INIT);
     check_flags(cfg.flags, LWO_GRADS_NATIVE_WIRE | LWO_GRADS_F32);
     if ((cfg.flags & LWO_GRADS_NATIVE_WIRE) && (cfg.flags & LWO_GRADS_F32))

@@ -45,6 +45,7 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
   return guard("lwo_pool_create_sharded", [&] {
     clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
+    e->impl->check_not_capturing("a pool's creation");
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);
   });

@@ -33,6 +33,7 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_
   return guard("lwo_pool_create_pinned", [&] {
     clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
+    e->impl->check_not_capturing("a pool's creation");
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
   });
@@ -45,6 +46,7 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
   return guard("lwo_pool_create_registered", [&] {
     clear_output(pool, "pool (output)");
     lwo_engine* e = check_handle(engine);
+    e->impl->check_not_capturing("a pool's creation");
     pool_threads(config);  // checked; registering touches no memory
     add_pool(lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),
              pool);

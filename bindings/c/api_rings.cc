@@ -15,6 +15,7 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
   return guard("lwo_ring_create", [&] {
     clear_output(ring, "ring (output)");
     lwo_pool* p = check_handle(pool);
+    p->impl->engine().check_not_capturing("a ring's creation");
     lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT);
     check_flags(cfg.flags, LWO_RING_TIMING);
     if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
@@ -121,6 +122,7 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
   return guard("lwo_schedule_create", [&] {
     clear_output(schedule, "schedule (output)");
     lwo_ring* r = check_handle(ring);
+    r->impl->engine().check_not_capturing("a schedule's creation");
     auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
     *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl)}));
   });
@@ -155,6 +157,27 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_
 
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
   return guard("lwo_schedule_reset", [&] { check_handle(schedule)->impl->reset(stream); });
+}
+
+LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream) {
+  return guard("lwo_ring_capture_begin", [&] { check_handle(ring)->impl->capture_begin(stream); });
+}
+
+LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream, lwo_graph** graph) {
+  return guard("lwo_ring_capture_end", [&] {
+    clear_output(graph, "graph (output)");
+    lwo_ring* r = check_handle(ring);
+    auto impl = r->impl->capture_end(stream);
+    *graph = publish(std::make_unique<lwo_graph>(lwo_graph{std::move(impl)}));
+  });
+}
+
+LWO_API lwo_status_t lwo_graph_launch(lwo_graph* graph, lwo_stream_t stream) {
+  return guard("lwo_graph_launch", [&] { check_handle(graph)->impl->launch(stream); });
+}
+
+LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph) {
+  return guard("lwo_graph_destroy", [&] { destroy(graph); });
 }
 
 }  // extern "C"

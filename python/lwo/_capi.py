@@ -43,6 +43,7 @@ LWO_ERR_STALE_TICKET = 202
 LWO_ERR_TICKET_STATE = 203
 LWO_ERR_BUSY = 204
 LWO_ERR_FILE_CHANGED = 205
+LWO_ERR_CAPTURING = 206  # since 0.6.0
 LWO_ERR_OUT_OF_MEMORY = 300
 LWO_ERR_IO = 301
 LWO_ERR_OVER_BUDGET = 302  # since 0.4.0
@@ -210,6 +211,7 @@ lwo_grads_p = ctypes.c_void_p
 lwo_checkpoint_p = ctypes.c_void_p
 lwo_plan_p = ctypes.c_void_p  # since 0.4.0
 lwo_optim_p = ctypes.c_void_p  # since 0.4.0
+lwo_graph_p = ctypes.c_void_p  # since 0.6.0
 lwo_optim_kind_t = ctypes.c_int
 lwo_optim_state_t = ctypes.c_int
 
@@ -710,6 +712,11 @@ FUNCTIONS = {
     "lwo_ring_get_info": (_S, [lwo_ring_p, _P(lwo_ring_info)]),
     "lwo_ring_get_stats": (_S, [lwo_ring_p, _P(lwo_ring_stats)]),
     "lwo_ring_reset_stats": (_S, [lwo_ring_p]),
+    # CUDA graphs of a ring's passes (since 0.6.0)
+    "lwo_ring_capture_begin": (_S, [lwo_ring_p, lwo_stream_t]),
+    "lwo_ring_capture_end": (_S, [lwo_ring_p, lwo_stream_t, _P(lwo_graph_p)]),
+    "lwo_graph_launch": (_S, [lwo_graph_p, lwo_stream_t]),
+    "lwo_graph_destroy": (_S, [lwo_graph_p]),
     # schedules
     "lwo_schedule_create": (_S, [lwo_ring_p, _P(_u32), _u32, _P(lwo_schedule_p)]),
     "lwo_schedule_destroy": (_S, [lwo_schedule_p]),

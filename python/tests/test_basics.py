@@ -110,7 +110,8 @@ def test_other_minor_version_is_refused(cc, tmp_path):
 
 # ---- statuses and errors --------------------------------------------------
 def test_every_status_name():
-    assert len(C.STATUSES) == 35  # LWO_ERR_QUANTIZED_WEIGHT, LWO_ERR_OVER_BUDGET since 0.4.0
+    assert len(C.STATUSES) == 36  # LWO_ERR_QUANTIZED_WEIGHT, LWO_ERR_OVER_BUDGET since 0.4.0,
+    # LWO_ERR_CAPTURING since 0.6.0
     for name, value in C.STATUSES.items():
         assert lwo.status_string(value) == name
     assert lwo.status_string(999) == "unknown status"

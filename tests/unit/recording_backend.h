@@ -13,6 +13,11 @@
 //   - the same rules hold for pinned and registered host memory, as copies
 //     and host functions (by their declared spans) read and write it.
 // Violations are collected as text; a test asserts there are none.
+// Graph capture: from capture_begin on a stream, the streams that wait on an
+// event recorded in the capture join it; their copies and fills are checked
+// as they are enqueued (the graph keeps the capture's order) but kept, not
+// run, until graph_launch runs them in order (so a replay moves the host
+// bytes as they are at the launch).
 #pragma once
 
 #include <algorithm>
@@ -172,6 +177,7 @@ class RecordingBackend final : public Backend {
     Event& ev = event(e);
     ev.recorded = true;
     ev.clock = streams_[s].clock;
+    ev.in_capture = capturing(s);
     if (keep_log) log.push_back(strf("record e%zu on s%zu", event_index(e), s));
   }
   void stream_wait(StreamH stream, EventH e) override {
@@ -180,6 +186,14 @@ class RecordingBackend final : public Backend {
     ++stats.waits;
     if (keep_log) log.push_back(strf("wait s%zu on e%zu", s, event_index(e)));
     if (!ev.recorded) return;  // CUDA: waiting on a never-recorded event is a no-op
+    if (ev.in_capture && capturing_.empty())
+      violations.push_back(strf("stream s%zu waits on event e%zu, last recorded in a capture "
+                                "that has ended", s, event_index(e)));
+    else if (ev.in_capture && !capturing(s))
+      capturing_.push_back(s);  // the stream joins the capture
+    else if (!ev.in_capture && capturing(s))
+      violations.push_back(strf("a capture's stream s%zu waits on event e%zu recorded outside it",
+                                s, event_index(e)));
     Clock& c = streams_[s].clock;
     if (c.size() < ev.clock.size()) c.resize(ev.clock.size(), 0);
     for (size_t i = 0; i < ev.clock.size(); ++i) c[i] = std::max(c[i], ev.clock[i]);
@@ -205,7 +219,10 @@ class RecordingBackend final : public Backend {
                                 src, bytes));
     access(s, dst, bytes, /*write=*/true, "copy");
     host_access(s, src, bytes, /*write=*/false, "copy from host");
-    std::memcpy(dst, src, bytes);
+    if (capturing(s))
+      captured_.push_back([=] { std::memcpy(dst, src, bytes); });
+    else
+      std::memcpy(dst, src, bytes);
     if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
   }
   void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) override {
@@ -227,7 +244,10 @@ class RecordingBackend final : public Backend {
     ++stats.fills;
     stats.fill_bytes += bytes;
     access(s, dst, bytes, /*write=*/true, "fill");
-    std::memset(dst, value, bytes);
+    if (capturing(s))
+      captured_.push_back([=] { std::memset(dst, value, bytes); });
+    else
+      std::memset(dst, value, bytes);
     if (keep_log) log.push_back(strf("fill %zu bytes on s%zu", bytes, s));
   }
   // A communicator of one rank: all-gather reads the send part and writes
@@ -274,6 +294,34 @@ class RecordingBackend final : public Backend {
     if (before_host_func) before_host_func();
     fn(arg);  // the stream's earlier work is already done here
   }
+  void capture_begin(StreamH stream) override {
+    size_t s = stream_index(stream);
+    if (s == 0) fail(LWO_ERR_CUDA, "recording backend: the legacy stream cannot be captured");
+    if (!capturing_.empty()) fail(LWO_ERR_CUDA, "recording backend: a capture is under way");
+    capturing_.push_back(s);
+    captured_.clear();
+  }
+  void* capture_end(StreamH stream) override {
+    if (capturing_.empty() || capturing_[0] != stream_index(stream))
+      fail(LWO_ERR_CUDA, "recording backend: stream %p began no capture", stream);
+    capturing_.clear();
+    graphs_.push_back(std::move(captured_));
+    captured_.clear();
+    return reinterpret_cast<void*>(graphs_.size());  // 1-based
+  }
+  void graph_launch(void* g, StreamH stream) override {
+    size_t i = reinterpret_cast<size_t>(g);
+    if (i == 0 || i > graphs_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown graph");
+    tick(stream_index(stream));
+    ++launches;
+    for (auto& op : graphs_[i - 1]) op();
+  }
+  void graph_destroy(void* g) noexcept override {
+    size_t i = reinterpret_cast<size_t>(g);
+    if (i && i <= graphs_.size()) graphs_[i - 1].clear();
+  }
+  uint64_t launches = 0;
+  size_t captured_ops() const { return captured_.size(); }
   // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
   void write(StreamH stream, void* ptr, size_t n) {
     size_t s = stream_index(stream);
@@ -287,8 +335,15 @@ class RecordingBackend final : public Backend {
   };
   struct Event {
     bool recorded = false;
+    bool in_capture = false;  // last recorded on a stream of the capture
     Clock clock;
   };
+  bool capturing(size_t s) const {
+    return std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end();
+  }
+  std::vector<size_t> capturing_;                    // the capture's streams, its origin first
+  std::vector<std::function<void()>> captured_;      // the capture's copies and fills
+  std::vector<std::vector<std::function<void()>>> graphs_;
   struct Access {
     size_t begin, end;  // offsets within the allocation
     size_t stream;

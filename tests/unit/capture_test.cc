@@ -1,0 +1,218 @@
+// CUDA graphs of a ring's passes (lwo_ring_capture_begin / _end,
+// lwo_graph_launch / _destroy) on the recording backend, whose capture keeps
+// the copies as enqueued and runs them at each launch: a replay moves the
+// pool's bytes as they are at the launch, never before; nothing a capture
+// enqueues waits on work from outside it, and no eager call waits on an event
+// of an ended capture; the ring belongs to the graph until it is destroyed,
+// then stages copy again; and the refusals, each with its status, leaving
+// every object usable.
+#include "abi_fixture.h"
+#include "bindings/c/lwo_test.h"
+
+namespace lwo {
+namespace testing {
+namespace {
+
+using Capture = AbiTest;
+
+// One pass over `layers`: stage, acquire, a consumer's read of the slot on
+// `s`, release; returns each layer's slot address.
+std::vector<const uint8_t*> pass(lwo_ring* ring, RecordingBackend* gpu, StreamH s,
+                                 const std::vector<uint32_t>& layers) {
+  std::vector<const uint8_t*> bases;
+  for (uint32_t l : layers) {
+    lwo_ticket t{};
+    EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_OK) << msg();
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    EXPECT_EQ(lwo_ring_acquire(ring, t, static_cast<lwo_stream_t>(s), &v), LWO_OK) << msg();
+    gpu->read(s, v.base, v.record_bytes);
+    EXPECT_EQ(lwo_ring_release(ring, t, static_cast<lwo_stream_t>(s)), LWO_OK) << msg();
+    bases.push_back(static_cast<const uint8_t*>(v.base));
+  }
+  return bases;
+}
+
+const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, bytes), LWO_OK) << msg();
+  return static_cast<const uint8_t*>(p);
+}
+
+// Captured passes over 3 layers in a ring of depth 2 (layer 2 reuses layer
+// 0's slot): the capture copies nothing; each launch copies the bytes the
+// pool holds then (layer 1 rewritten between launches), into the slots the
+// capture chose; after the graph, stages copy again (no hit on what the
+// graph left), ordered without any event of the capture.
+TEST_F(Capture, ReplaysMoveThePoolsBytesAtEachLaunch) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  StreamH s = gpu->new_stream();
+  pass(ring, gpu, s, {0, 1, 2});  // eager: the slots hold layers 2 and 1
+  const uint64_t copies_before = gpu->stats.copies;
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  const std::vector<const uint8_t*> bases = pass(ring, gpu, s, {0, 1, 2});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_NE(graph, nullptr);
+  // Every layer was a copy in the capture (the slots were taken as empty),
+  // and none ran: slot 0 still holds layer 2 from the eager pass.
+  EXPECT_EQ(gpu->stats.copies - copies_before, 3u);
+  EXPECT_EQ(bases[0], bases[2]);
+  EXPECT_NE(bases[0], bases[1]);
+  uint64_t b2 = 0, b1 = 0;
+  const uint8_t* h2 = host_of(pool, 2, &b2);
+  const uint8_t* h1 = host_of(pool, 1, &b1);
+  EXPECT_EQ(0, std::memcmp(bases[2], h2, b2));  // the eager pass's bytes, untouched
+  // A launch copies 0 then 2 into slot 0 and 1 into slot 1.
+  std::memset(const_cast<uint8_t*>(bases[0]), 0, b2);
+  std::memset(const_cast<uint8_t*>(bases[1]), 0, b1);
+  ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+  EXPECT_EQ(gpu->launches, 1u);
+  EXPECT_EQ(0, std::memcmp(bases[2], h2, b2));
+  EXPECT_EQ(0, std::memcmp(bases[1], h1, b1));
+  // The pool's layer 1 changes: the next launch moves the new bytes.
+  std::vector<uint8_t> fresh(b1);
+  fill_random(fresh.data(), b1, 4242);
+  std::memcpy(const_cast<uint8_t*>(h1), fresh.data(), b1);
+  ASSERT_LWO(lwo_pool_layer_changed(pool, 1));
+  ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+  EXPECT_EQ(0, std::memcmp(bases[1], fresh.data(), b1));
+  // The ring belongs to the graph.
+  lwo_ticket t{};
+  EXPECT_EQ(lwo_ring_stage(ring, 0, &t), LWO_ERR_BUSY);
+  EXPECT_TRUE(starts_with(msg(), "lwo_ring_stage: staging a layer: the ring belongs to a CUDA "
+                                 "graph")) << msg();
+  EXPECT_EQ(t.id, 0u);
+  EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "lwo_graph_destroy")) << msg();
+  EXPECT_EQ(lwo_pool_destroy(pool), LWO_ERR_BUSY);
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  EXPECT_EQ(lwo_graph_launch(graph, stream(s)), LWO_ERR_INVALID_HANDLE);
+  ASSERT_LWO(lwo_graph_destroy(nullptr));
+  // Given back with its slots empty: every stage copies again.
+  const lwo_ring_stats before = ring_stats(ring);
+  const std::vector<const uint8_t*> again = pass(ring, gpu, s, {1, 2});
+  const lwo_ring_stats after = ring_stats(ring);
+  EXPECT_EQ(after.n_hits, before.n_hits);
+  EXPECT_EQ(after.n_stages - before.n_stages, 2u);
+  lwo_ticket t1{};
+  ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_ring_acquire(ring, t1, stream(s), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+  ASSERT_LWO(lwo_ring_release(ring, t1, stream(s)));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(ring, pool);
+}
+
+// What a capture refuses, each leaving the objects usable: a NULL stream,
+// a timed ring, a ring with resident layers, a live ticket, a second capture;
+// during one, another ring's stage, a new ring, pool, gradient set or
+// schedule, lwo_ring_query, lwo_engine_synchronize; lwo_ring_capture_end on
+// another stream or without a capture; a capture ended with a live ticket is
+// discarded (LWO_ERR_TICKET_STATE) and the ring stages eagerly again.
+TEST_F(Capture, RefusalsLeaveEveryObjectUsable) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(pool, 1);
+  lwo_ring* timed = make_ring(pool, 1, LWO_RING_TIMING);
+  StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+  EXPECT_EQ(lwo_ring_capture_begin(ring, nullptr), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(msg(), "legacy default stream")) << msg();
+  EXPECT_EQ(lwo_ring_capture_begin(timed, stream(s)), LWO_ERR_UNSUPPORTED);
+  EXPECT_TRUE(contains(msg(), "LWO_RING_TIMING")) << msg();
+  {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    c.depth = 1;
+    const uint32_t res[] = {2};
+    c.resident_layers = res;
+    c.n_resident = 1;
+    lwo_ring* with_resident = nullptr;
+    ASSERT_LWO(lwo_ring_create(pool, &c, &with_resident));
+    EXPECT_EQ(lwo_ring_capture_begin(with_resident, stream(s)), LWO_ERR_UNSUPPORTED);
+    EXPECT_TRUE(contains(msg(), "resident layers (1)")) << msg();
+    destroy(with_resident);
+  }
+  lwo_ticket live{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &live));
+  EXPECT_EQ(lwo_ring_capture_begin(ring, stream(s)), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "release every ticket before a capture")) << msg();
+  ASSERT_LWO(lwo_ring_release(ring, live, stream(s)));
+  lwo_graph* graph = bogus<lwo_graph>();
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_CAPTURING);
+  EXPECT_EQ(graph, nullptr);
+
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  EXPECT_EQ(lwo_ring_capture_begin(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_EQ(lwo_ring_capture_begin(other, stream(s2)), LWO_ERR_CAPTURING);
+  lwo_ticket t{};
+  EXPECT_EQ(lwo_ring_stage(other, 1, &t), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "transfer stream is part of its capture")) << msg();
+  lwo_ring* r2 = bogus<lwo_ring>();
+  lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+  EXPECT_EQ(lwo_ring_create(pool, &rc, &r2), LWO_ERR_CAPTURING);
+  EXPECT_EQ(r2, nullptr);
+  ModelDesc m(1);
+  lwo_pool* p2 = bogus<lwo_pool>();
+  EXPECT_EQ(lwo_pool_create_pinned(engine, m.layers.data(), 1, nullptr, &p2), LWO_ERR_CAPTURING);
+  EXPECT_EQ(p2, nullptr);
+  const uint8_t trainable[3] = {1, 1, 1};
+  lwo_grads* g = bogus<lwo_grads>();
+  EXPECT_EQ(lwo_grads_create(pool, trainable, nullptr, &g), LWO_ERR_CAPTURING);
+  EXPECT_EQ(g, nullptr);
+  const uint32_t order[] = {0, 1};
+  lwo_schedule* sch = bogus<lwo_schedule>();
+  EXPECT_EQ(lwo_schedule_create(ring, order, 2, &sch), LWO_ERR_CAPTURING);
+  EXPECT_EQ(sch, nullptr);
+  EXPECT_EQ(lwo_engine_synchronize(engine), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "lwo_ring_capture_end")) << msg();
+  ASSERT_LWO(lwo_ring_stage(ring, 1, &t));
+  uint32_t landed = 7;
+  EXPECT_EQ(lwo_ring_query(ring, t, &landed), LWO_ERR_CAPTURING);
+  EXPECT_EQ(landed, 7u);
+  EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s2), &graph), LWO_ERR_INVALID_ARGUMENT);
+  // Ended with ticket t live: discarded, the ring back to eager staging.
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "discarded")) << msg();
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_EQ(lwo_ring_query(ring, t, &landed), LWO_ERR_STALE_TICKET);
+  ASSERT_LWO(lwo_engine_synchronize(engine));
+  // The other ring and the captured one stage and copy again.
+  pass(other, gpu, s2, {1});
+  lwo_ticket t0{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(s), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+  ASSERT_LWO(lwo_ring_release(ring, t0, stream(s)));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(timed, other, ring, pool);
+}
+
+// The host-only test backend records no graphs: LWO_ERR_UNSUPPORTED, and the
+// ring stays usable.
+TEST(CaptureHost, TheHostOnlyBackendRecordsNoGraphs) {
+  lwo_engine* e = nullptr;
+  ASSERT_LWO(lwo_test_engine_create_host(0, &e));
+  ModelDesc m(2);
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_pinned(e, m.layers.data(), 2, nullptr, &pool));
+  lwo_ring_config c = LWO_RING_CONFIG_INIT;
+  c.depth = 1;
+  lwo_ring* ring = nullptr;
+  ASSERT_LWO(lwo_ring_create(pool, &c, &ring));
+  lwo_stream_t s = reinterpret_cast<lwo_stream_t>(uintptr_t{1});
+  EXPECT_EQ(lwo_ring_capture_begin(ring, s), LWO_ERR_UNSUPPORTED);
+  EXPECT_TRUE(contains(msg(), "records no CUDA graphs")) << msg();
+  lwo_ticket t{};
+  ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
+  ASSERT_LWO(lwo_ring_release(ring, t, s));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_engine_destroy(e));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace lwo
