@@ -275,10 +275,6 @@ int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
 }
 
 lwo_ticket Ring::stage(uint32_t layer) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    check_not_bound("staging a layer");
-  }
   // An optimizer's update of the layer lands first (pool.h).
   if (Pool::Writer* w = pool_.writer.load()) w->wait_layer(layer);
   std::lock_guard<std::mutex> lock(mu_);

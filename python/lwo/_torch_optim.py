@@ -99,7 +99,8 @@ class _Binding:
         """Waits for the step, keeps the state in tensors (unless not
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
-            self.sync_params()  # (waits for the step)
+            self.lwo.wait()
+            self.sync_params()
             self.lost = bool(self.keys) and not keep
             keep = keep and self.opt_ref() is not None  # nobody to read it otherwise
             self.saved = {p: self.read(p) for p in self.keys} if keep else {}
@@ -220,15 +221,14 @@ class _Binding:
             self.lwo.wait()
 
     def sync_params(self):
-        """Waits for the step, then sets the parameters of quantized weights
-        from their masters (rounded to their dtype) where a step or a write
-        moved the masters since; their records keep their version, so that
-        the handle does not take this for a write by the caller."""
-        if self.lwo is None:
+        """Where a step or a write moved the masters of quantized weights
+        since the last call, waits for the step and sets their parameters
+        from the masters (rounded to their dtype); their records keep their
+        version, so that the handle does not take this for a write by the
+        caller. Otherwise does nothing (not even wait)."""
+        if self.lwo is None or not self.stale:
             return
         self.lwo.wait()
-        if not self.stale:
-            return
         h = self.handle
         changed = set()
         with torch.no_grad():
@@ -452,6 +452,7 @@ class _Optimizer(torch.optim.Optimizer):
         follows them here, at state_dict() (the optimizer's or the
         model's) and at the handle's close(), not after every step."""
         for b in self._bindings.values():
+            b.wait()
             b.sync_params()
 
     def stats(self):

@@ -67,7 +67,7 @@ struct Tensor {
   // ceil(rows / 128) x ceil(cols / 128) f32 scales (row-major: at the
   // record's scale_offset); the record's padding is not written. Each block's
   // scale is quant::fp8_scale(amax) (the smallest power of two with
-  // amax / scale <= 448) and each code quant::e4m3_code (exact x / scale
+  // amax / scale <= 464) and each code quant::e4m3_code (exact x / scale
   // rounded to nearest even, saturating at 448; src/quant/codec.h). Fused:
   // the tensor is taken in bands of 128 rows (one block row), each band in
   // tiles of 128 rows x up to kTileCols columns; a tile's masters are

@@ -29,8 +29,9 @@ namespace quant {
 constexpr int64_t kBlock = 128;
 constexpr int64_t kGroup = 128;
 
-// The largest code magnitude of each format: the scale of a unit is
-// max(amax / kMax, kMinScale).
+// The largest code magnitude of each format: an integer unit's scale is
+// max(amax / kMax, kMinScale) (unit_scale), an fp8 unit's a power of two
+// (fp8_scale).
 constexpr float kFp8Max = 448.0f;  // e4m3 (OCP "fn": no infinity), 0x7e
 constexpr float kInt8Max = 127.0f;  // symmetric: -128 is never written
 constexpr float kInt4Max = 7.0f;    // symmetric: codes -7..7, stored as code + 8

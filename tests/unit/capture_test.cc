@@ -13,24 +13,29 @@ namespace lwo {
 namespace testing {
 namespace {
 
-using Capture = AbiTest;
-
 // One pass over `layers`: stage, acquire, a consumer's read of the slot on
-// `s`, release; returns each layer's slot address.
-std::vector<const uint8_t*> pass(lwo_ring* ring, RecordingBackend* gpu, StreamH s,
-                                 const std::vector<uint32_t>& layers) {
-  std::vector<const uint8_t*> bases;
-  for (uint32_t l : layers) {
-    lwo_ticket t{};
-    EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_OK) << msg();
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    EXPECT_EQ(lwo_ring_acquire(ring, t, static_cast<lwo_stream_t>(s), &v), LWO_OK) << msg();
-    gpu->read(s, v.base, v.record_bytes);
-    EXPECT_EQ(lwo_ring_release(ring, t, static_cast<lwo_stream_t>(s)), LWO_OK) << msg();
-    bases.push_back(static_cast<const uint8_t*>(v.base));
+// `s`, release; returns each layer's slot address. With `pool` (an eager
+// pass), each acquired slot must hold its layer's host bytes.
+class Capture : public AbiTest {
+ protected:
+  std::vector<const uint8_t*> pass(lwo_ring* ring, StreamH s, const std::vector<uint32_t>& layers,
+                                   lwo_pool* pool = nullptr) {
+    std::vector<const uint8_t*> bases;
+    for (uint32_t l : layers) {
+      lwo_ticket t{};
+      EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_OK) << msg();
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      EXPECT_EQ(lwo_ring_acquire(ring, t, stream(s), &v), LWO_OK) << msg();
+      if (pool) {
+        EXPECT_TRUE(holds_layer(pool, v)) << "layer " << l;
+      }
+      gpu->read(s, v.base, v.record_bytes);
+      EXPECT_EQ(lwo_ring_release(ring, t, stream(s)), LWO_OK) << msg();
+      bases.push_back(static_cast<const uint8_t*>(v.base));
+    }
+    return bases;
   }
-  return bases;
-}
+};
 
 const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
   void* p = nullptr;
@@ -47,10 +52,10 @@ TEST_F(Capture, ReplaysMoveThePoolsBytesAtEachLaunch) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
   StreamH s = gpu->new_stream();
-  pass(ring, gpu, s, {0, 1, 2});  // eager: the slots hold layers 2 and 1
+  pass(ring, s, {0, 1, 2});  // eager: the slots hold layers 2 and 1
   const uint64_t copies_before = gpu->stats.copies;
   ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
-  const std::vector<const uint8_t*> bases = pass(ring, gpu, s, {0, 1, 2});
+  const std::vector<const uint8_t*> bases = pass(ring, s, {0, 1, 2});
   lwo_graph* graph = nullptr;
   ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
   ASSERT_NE(graph, nullptr);
@@ -91,16 +96,11 @@ TEST_F(Capture, ReplaysMoveThePoolsBytesAtEachLaunch) {
   ASSERT_LWO(lwo_graph_destroy(nullptr));
   // Given back with its slots empty: every stage copies again.
   const lwo_ring_stats before = ring_stats(ring);
-  const std::vector<const uint8_t*> again = pass(ring, gpu, s, {1, 2});
+  pass(ring, s, {1, 2}, pool);
   const lwo_ring_stats after = ring_stats(ring);
   EXPECT_EQ(after.n_hits, before.n_hits);
   EXPECT_EQ(after.n_stages - before.n_stages, 2u);
-  lwo_ticket t1{};
-  ASSERT_LWO(lwo_ring_stage(ring, 1, &t1));
-  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_acquire(ring, t1, stream(s), &v));
-  EXPECT_TRUE(holds_layer(pool, v));
-  ASSERT_LWO(lwo_ring_release(ring, t1, stream(s)));
+  pass(ring, s, {1}, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
   destroy(ring, pool);
 }
@@ -179,13 +179,8 @@ TEST_F(Capture, RefusalsLeaveEveryObjectUsable) {
   EXPECT_EQ(lwo_ring_query(ring, t, &landed), LWO_ERR_STALE_TICKET);
   ASSERT_LWO(lwo_engine_synchronize(engine));
   // The other ring and the captured one stage and copy again.
-  pass(other, gpu, s2, {1});
-  lwo_ticket t0{};
-  ASSERT_LWO(lwo_ring_stage(ring, 0, &t0));
-  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  ASSERT_LWO(lwo_ring_acquire(ring, t0, stream(s), &v));
-  EXPECT_TRUE(holds_layer(pool, v));
-  ASSERT_LWO(lwo_ring_release(ring, t0, stream(s)));
+  pass(other, s2, {1});
+  pass(ring, s, {0}, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
   destroy(timed, other, ring, pool);
 }
