@@ -594,11 +594,20 @@ void Ring::check_not_bound(const char* what) const {
   if (bound_)
     fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph (lwo_ring_capture_end) until "
          "lwo_graph_destroy", what);
+  check_not_captured_elsewhere(what);
+}
+
+void Ring::check_not_captured_elsewhere(const char* what) const {
   const void* owner = pool_.engine().capture_owner();
   if (owner && owner != this)
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph and the "
          "transfer stream is part of its capture; end it first (lwo_ring_capture_end)", what,
          owner);
+}
+
+const char* Ring::schedules_hint() const {
+  return n_schedules.load() > 0 ? " (a schedule holds its tickets until lwo_schedule_reset or "
+                                  "its LWO_END)" : "";
 }
 
 void Ring::forget_slots() {
@@ -611,6 +620,7 @@ void Ring::forget_slots() {
     slots_.emptied(i);
   }
   std::fill(slot_of_layer_.begin(), slot_of_layer_.end(), -1);
+  table_epoch_.fetch_add(1);
 }
 
 void Ring::capture_begin(StreamH stream) {
@@ -632,15 +642,12 @@ void Ring::capture_begin(StreamH stream) {
     fail(LWO_ERR_UNSUPPORTED, "a ring of a %s pool cannot be captured: its copies are packed "
          "by host threads or gathered by a collective",
          pool_.kind() == LWO_POOL_SHARDED ? "sharded" : "staged checkpoint");
-  int ns = n_schedules.load();
-  if (ns > 0)
-    fail(LWO_ERR_BUSY, "%d schedule%s of the ring exist; destroy them before a capture", ns,
-         ns == 1 ? "" : "s");
+  // The ring's schedules may drive the capture; they hold no ticket now.
   for (uint32_t i = 0; i < occ_.size(); ++i)
     if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
       fail(LWO_ERR_BUSY, "slot %u holds layer %u %s (ticket 0x%llx); release every ticket "
-           "before a capture", i, occ_[i].layer, state_name(occ_[i].state),
-           static_cast<unsigned long long>(ticket_id(i)));
+           "before a capture%s", i, occ_[i].layer, state_name(occ_[i].state),
+           static_cast<unsigned long long>(ticket_id(i)), schedules_hint());
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
   // Nothing of the ring may still run: the capture takes its slots as empty.
@@ -714,7 +721,8 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
     gpu.graph_destroy(exec);
     leave();
     fail(LWO_ERR_TICKET_STATE, "the capture ended with a ticket not released (%s): it is "
-         "discarded; release every ticket before lwo_ring_capture_end", live.c_str());
+         "discarded and the ticket ended; release every ticket before lwo_ring_capture_end%s",
+         live.c_str(), schedules_hint());
   }
   std::unique_ptr<Graph> g;
   try {

@@ -869,27 +869,39 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * memory, so a replay copies the bytes the pool holds when that copy runs,
  * and the slots' ready and free events become the graph's edges.
  *
- * lwo_ring_capture_begin waits until nothing of the ring runs, takes its
- * slots as empty (so each layer's first stage in the capture is a copy and a
- * replay does not depend on what the slots held before it), begins a capture
- * on `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
- * stream) and joins the engine's transfer stream to it. Then the caller
- * stages, acquires, computes on `stream` and releases as in an eager pass.
- * Until lwo_ring_capture_end, other rings' stages, gradient sets, schedules,
- * new rings and pools, lwo_ring_query and lwo_engine_synchronize of the
- * engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer
- * stream back, ends the capture and instantiates the graph; every ticket
- * must be released first (else LWO_ERR_TICKET_STATE and the capture is
- * discarded). From then until lwo_graph_destroy the ring belongs to the
- * graph: its stages, acquires and releases and lwo_ring_destroy are
- * LWO_ERR_BUSY. lwo_graph_launch enqueues one replay on any stream of the
- * engine's device, after an optimizer's pending writes of the captured
- * layers and after the graph's previous replay (replays share the slots);
- * the caller writes the pool's layers only while no replay runs, as
- * before eager stages. lwo_graph_destroy waits for the last replay and gives
- * the ring back with its slots empty. Not captured (LWO_ERR_UNSUPPORTED):
- * rings with LWO_RING_TIMING or resident layers, staged and sharded pools;
- * the host-only test backend records no graphs. */
+ * lwo_ring_capture_begin waits until nothing of the ring runs, takes its slots
+ * as empty (so each layer's first stage in the capture is a copy and a replay
+ * does not depend on what the slots held before it), begins a capture on
+ * `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
+ * stream) and joins the engine's transfer stream to it. Then the caller stages,
+ * acquires, computes on `stream` and releases as in an eager pass, or drives a
+ * schedule of the ring made before the capture (since 0.6.0; it must hold no
+ * ticket at lwo_ring_capture_begin: at its start, reset, or at its LWO_END).
+ * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets,
+ * new rings, pools and schedules, lwo_ring_query and lwo_engine_synchronize of
+ * the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer
+ * stream back, ends the capture and instantiates the graph; every ticket must
+ * be released first, a schedule's by lwo_schedule_reset or its LWO_END (else
+ * LWO_ERR_TICKET_STATE: the capture is discarded and its tickets end; a
+ * schedule then goes on from its position, staging again).
+ *
+ * The caller owns the graph; from lwo_ring_capture_end until lwo_graph_destroy
+ * the graph owns the ring: its stages, acquires and releases and
+ * lwo_ring_destroy are LWO_ERR_BUSY, and so is lwo_schedule_next of its
+ * schedules (one at its LWO_END answers LWO_END; position and reset work: they
+ * hold nothing). lwo_graph_launch enqueues one replay on any stream of the
+ * engine's device, after an optimizer's pending writes of the captured layers
+ * and after the graph's previous replay (replays share the slots); the caller
+ * writes the pool's layers only while no replay runs, as before eager stages.
+ * lwo_graph_destroy waits for the last replay and gives the ring back with its
+ * slots empty; a schedule then drives it eagerly from its position.
+ *
+ * Threads: the calls of a capture come from one thread at a time, in the order
+ * of the pass (other threads' CUDA work stays out of the graph unless it
+ * enqueues on a captured stream); a graph's launches and destruction, one
+ * thread at a time. Not captured (LWO_ERR_UNSUPPORTED): rings with
+ * LWO_RING_TIMING or resident layers, staged and sharded pools; the host-only
+ * test backend records no graphs. */
 typedef struct lwo_graph lwo_graph;
 
 LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream);
@@ -952,7 +964,9 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
 
 /* Releases every layer the schedule still holds or has staged ahead, on the
  * stream of the last lwo_schedule_next or lwo_schedule_reset (the legacy
- * default stream if there was none), then destroys it. */
+ * default stream if there was none), then destroys it. LWO_ERR_CAPTURING
+ * (since 0.6.0) while another ring of the engine captures a CUDA graph and
+ * the schedule holds tickets: the releases would be outside the graph. */
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
 
 /* One step of the pass: releases the previously returned layer on `stream`,
@@ -964,7 +978,9 @@ LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
  * not advance, and a later call retries; the message names
  * lwo_schedule_next, the position and the layer, then the staging error.
  * After LWO_END every call returns LWO_END again (holding nothing) until
- * lwo_schedule_reset. */
+ * lwo_schedule_reset. During a capture of the schedule's ring its stages,
+ * acquires and releases are captured (lwo_ring_capture_begin); while another
+ * ring captures it is LWO_ERR_CAPTURING with nothing changed (since 0.6.0). */
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
                                        lwo_layer_view* view);
 
@@ -973,7 +989,8 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
                                            uint32_t* position);
 
 /* Releases whatever the schedule holds on `stream` and restarts the pass from
- * the first layer. Layers still in slots will be hits. */
+ * the first layer. Layers still in slots will be hits. LWO_ERR_CAPTURING
+ * while another ring captures and the schedule holds tickets (since 0.6.0). */
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
 
 /* ------------------------------------------------------------------------ */

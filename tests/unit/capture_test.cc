@@ -35,6 +35,24 @@ class Capture : public AbiTest {
     }
     return bases;
   }
+  // Drives `sch` to its end on `s`: each view's slot is read on `s` (and,
+  // with `pool`, must hold its layer's host bytes); returns the views.
+  std::vector<lwo_layer_view> drive(lwo_schedule* sch, StreamH s, lwo_pool* pool) {
+    std::vector<lwo_layer_view> views;
+    for (;;) {
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      const lwo_status_t st = lwo_schedule_next(sch, stream(s), &v);
+      if (st == LWO_END) break;
+      EXPECT_EQ(st, LWO_OK) << msg();
+      if (st != LWO_OK) break;
+      if (pool) {
+        EXPECT_TRUE(holds_layer(pool, v)) << "layer " << v.layer;
+      }
+      gpu->read(s, v.base, v.record_bytes);
+      views.push_back(v);
+    }
+    return views;
+  }
 };
 
 const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
@@ -183,6 +201,158 @@ TEST_F(Capture, RefusalsLeaveEveryObjectUsable) {
   pass(ring, s, {0}, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
   destroy(timed, other, ring, pool);
+}
+
+uint32_t position(lwo_schedule* sch) {
+  uint32_t p = 0;
+  EXPECT_EQ(lwo_schedule_position(sch, &p), LWO_OK) << msg();
+  return p;
+}
+
+// A schedule made before the capture drives it: a forward and backward order
+// over 4 layers in a ring of depth 2 (layers 3 and 2 come back while still in
+// their slots: hits). The graph holds the pass's copies in the pass's order,
+// each into the slot its view named; every launch runs them all, moving the
+// pool's bytes as they are then. After the capture the schedule is at its end;
+// reset, its next is LWO_ERR_BUSY until the graph is destroyed, then it drives
+// the ring eagerly again.
+TEST_F(Capture, AScheduleDrivesTheCaptureAndReplaysMoveThePoolsBytes) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2);
+  StreamH s = gpu->new_stream();
+  const uint32_t order[] = {0, 1, 2, 3, 3, 2, 1, 0};
+  lwo_schedule* sch = nullptr;
+  ASSERT_LWO(lwo_schedule_create(ring, order, 8, &sch));
+  EXPECT_EQ(drive(sch, s, pool).size(), 8u);  // eager, to its end
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_END);  // still at its end
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  const uint64_t copies_before = gpu->stats.copies;
+  const std::vector<lwo_layer_view> views = drive(sch, s, nullptr);
+  ASSERT_EQ(views.size(), 8u);
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(position(sch), 8u);
+
+  // The pass's copies, in order: 0, 1, 2 and 3 into the two slots in turn;
+  // 3 and 2 again are hits; then 1 and 0 where 3 and 2 were released.
+  void* const A = views[0].base;
+  void* const B = views[1].base;
+  ASSERT_NE(A, B);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(views[i].layer, order[i]);
+  EXPECT_EQ(views[2].base, A);
+  EXPECT_EQ(views[3].base, B);
+  EXPECT_EQ(views[4].base, B);
+  EXPECT_EQ(views[5].base, A);
+  EXPECT_EQ(views[6].base, B);
+  EXPECT_EQ(views[7].base, A);
+  struct Want {
+    uint32_t layer;
+    void* slot;
+  };
+  const Want want[] = {{0, A}, {1, B}, {2, A}, {3, B}, {1, B}, {0, A}};
+  const auto& ops = gpu->graph_ops();
+  ASSERT_EQ(ops.size(), 6u);
+  EXPECT_EQ(gpu->stats.copies - copies_before, 6u);
+  uint64_t pass_bytes = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    uint64_t bytes = 0;
+    const uint8_t* host = host_of(pool, want[i].layer, &bytes);
+    EXPECT_EQ(ops[i].kind, RecordingBackend::GraphOp::Copy) << "op " << i;
+    EXPECT_EQ(ops[i].src, host) << "op " << i;
+    EXPECT_EQ(ops[i].dst, want[i].slot) << "op " << i;
+    EXPECT_EQ(ops[i].bytes, bytes) << "op " << i;
+    pass_bytes += bytes;
+  }
+
+  // Each launch runs the six copies: the slots end with layers 0 and 1 as the
+  // pool holds them at the launch.
+  uint64_t b0 = 0, b1 = 0;
+  uint8_t* h0 = const_cast<uint8_t*>(host_of(pool, 0, &b0));
+  const uint8_t* h1 = host_of(pool, 1, &b1);
+  for (int launch = 0; launch < 3; ++launch) {
+    std::memset(A, 0, b0);
+    std::memset(B, 0, b1);
+    fill_random(h0, b0, 500 + launch);
+    ASSERT_LWO(lwo_pool_layer_changed(pool, 0));
+    const RecordingBackend::Stats before = gpu->stats;
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    EXPECT_EQ(gpu->stats.replayed_copies - before.replayed_copies, 6u);
+    EXPECT_EQ(gpu->stats.replayed_bytes - before.replayed_bytes, pass_bytes);
+    EXPECT_EQ(0, std::memcmp(A, h0, b0)) << "launch " << launch;
+    EXPECT_EQ(0, std::memcmp(B, h1, b1)) << "launch " << launch;
+  }
+
+  // The graph holds the ring: the schedule at its end answers LWO_END, and
+  // after a reset its next is refused, leaving it at position 0.
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_END);
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_ERR_BUSY);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_next: position 0 of 8 (layer 0): staging a layer: "
+                                 "the ring belongs to a CUDA graph")) << msg();
+  EXPECT_EQ(position(sch), 0u);
+  EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  EXPECT_EQ(drive(sch, s, pool).size(), 8u);  // eager again, every slot its layer's
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(sch, ring, pool);
+}
+
+// Schedules and a capture, each refusal leaving every object usable: a capture
+// cannot begin while a schedule of the ring holds tickets; while a ring
+// captures, a schedule of another ring cannot move, be reset or be destroyed
+// while it holds tickets (LWO_ERR_CAPTURING, its position kept); a capture
+// ended while the ring's schedule holds tickets is discarded, and the
+// schedule goes on from its position, staging its layers again.
+TEST_F(Capture, ScheduleRefusalsLeaveEveryObjectUsable) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(pool, 1);
+  StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+  const uint32_t order[] = {0, 1, 2, 3};
+  lwo_schedule *sch = nullptr, *osch = nullptr;
+  ASSERT_LWO(lwo_schedule_create(ring, order, 4, &sch));
+  ASSERT_LWO(lwo_schedule_create(other, order, 3, &osch));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_schedule_next(sch, stream(s), &v));
+  EXPECT_EQ(lwo_ring_capture_begin(ring, stream(s)), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "a schedule holds its tickets until lwo_schedule_reset")) << msg();
+  EXPECT_EQ(drive(sch, s, pool).size(), 3u);  // the rest of the pass, eager
+  ASSERT_LWO(lwo_schedule_next(osch, stream(s2), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));  // sch at its end, osch on `other`
+  EXPECT_EQ(lwo_schedule_next(osch, stream(s2), &v), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_next: position 1 of 3 (layer 1): driving a "
+                                 "schedule of another ring: ring ")) << msg();
+  EXPECT_TRUE(contains(msg(), "is capturing a CUDA graph")) << msg();
+  EXPECT_EQ(lwo_schedule_reset(osch, stream(s2)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_reset: resetting a schedule of another ring"))
+      << msg();
+  EXPECT_EQ(lwo_schedule_destroy(osch), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "destroying a schedule that holds tickets")) << msg();
+  EXPECT_EQ(position(osch), 1u);
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  ASSERT_LWO(lwo_schedule_next(sch, stream(s), &v));  // captured: layer 0 held
+  lwo_graph* graph = bogus<lwo_graph>();
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "discarded")) << msg();
+  EXPECT_TRUE(contains(msg(), "a schedule holds its tickets")) << msg();
+  EXPECT_EQ(graph, nullptr);
+
+  // The discarded capture ended sch's tickets: it goes on from position 1.
+  EXPECT_EQ(position(sch), 1u);
+  const std::vector<lwo_layer_view> rest = drive(sch, s, pool);
+  ASSERT_EQ(rest.size(), 3u);
+  EXPECT_EQ(rest[0].layer, 1u);
+  // And osch from where it stood.
+  const std::vector<lwo_layer_view> orest = drive(osch, s2, pool);
+  ASSERT_EQ(orest.size(), 2u);
+  EXPECT_EQ(orest[0].layer, 1u);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(osch, sch, other, ring, pool);
 }
 
 // The host-only test backend records no graphs: LWO_ERR_UNSUPPORTED, and the

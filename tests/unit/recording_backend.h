@@ -17,7 +17,9 @@
 // event recorded in the capture join it; their copies and fills are checked
 // as they are enqueued (the graph keeps the capture's order) but kept, not
 // run, until graph_launch runs them in order (so a replay moves the host
-// bytes as they are at the launch).
+// bytes as they are at the launch). A test reads what a graph holds
+// (graph_ops: each copy's or fill's destination, source and bytes, in the
+// capture's order) and what the launches moved (stats.replayed_*).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +45,16 @@ class RecordingBackend final : public Backend {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
     uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
     uint64_t fills = 0, fill_bytes = 0;
+    uint64_t replayed_copies = 0, replayed_bytes = 0;  // copies run by graph launches
+  };
+  // One operation of a captured graph.
+  struct GraphOp {
+    enum Kind { Copy, Fill } kind;
+    void* dst;
+    const void* src;  // a copy's host source; null for a fill
+    size_t bytes;
+    size_t stream;    // the capture's stream it was enqueued on
+    std::function<void()> run;
   };
 
   // Runs in host_func before the host function itself: a test's way in
@@ -220,7 +232,11 @@ class RecordingBackend final : public Backend {
     access(s, dst, bytes, /*write=*/true, "copy");
     host_access(s, src, bytes, /*write=*/false, "copy from host");
     if (capturing(s))
-      captured_.push_back([=] { std::memcpy(dst, src, bytes); });
+      captured_.push_back({GraphOp::Copy, dst, src, bytes, s, [this, dst, src, bytes] {
+                             std::memcpy(dst, src, bytes);
+                             ++stats.replayed_copies;
+                             stats.replayed_bytes += bytes;
+                           }});
     else
       std::memcpy(dst, src, bytes);
     if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
@@ -245,7 +261,8 @@ class RecordingBackend final : public Backend {
     stats.fill_bytes += bytes;
     access(s, dst, bytes, /*write=*/true, "fill");
     if (capturing(s))
-      captured_.push_back([=] { std::memset(dst, value, bytes); });
+      captured_.push_back({GraphOp::Fill, dst, nullptr, bytes, s,
+                           [=] { std::memset(dst, value, bytes); }});
     else
       std::memset(dst, value, bytes);
     if (keep_log) log.push_back(strf("fill %zu bytes on s%zu", bytes, s));
@@ -314,7 +331,7 @@ class RecordingBackend final : public Backend {
     if (i == 0 || i > graphs_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown graph");
     tick(stream_index(stream));
     ++launches;
-    for (auto& op : graphs_[i - 1]) op();
+    for (GraphOp& op : graphs_[i - 1]) op.run();
   }
   void graph_destroy(void* g) noexcept override {
     size_t i = reinterpret_cast<size_t>(g);
@@ -322,6 +339,11 @@ class RecordingBackend final : public Backend {
   }
   uint64_t launches = 0;
   size_t captured_ops() const { return captured_.size(); }
+  // The operations of the graph ended last (empty once destroyed).
+  const std::vector<GraphOp>& graph_ops() const {
+    static const std::vector<GraphOp> none;
+    return graphs_.empty() ? none : graphs_.back();
+  }
   // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
   void write(StreamH stream, void* ptr, size_t n) {
     size_t s = stream_index(stream);
@@ -342,8 +364,8 @@ class RecordingBackend final : public Backend {
     return std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end();
   }
   std::vector<size_t> capturing_;                    // the capture's streams, its origin first
-  std::vector<std::function<void()>> captured_;      // the capture's copies and fills
-  std::vector<std::vector<std::function<void()>>> graphs_;
+  std::vector<GraphOp> captured_;                    // the capture's copies and fills
+  std::vector<std::vector<GraphOp>> graphs_;
   struct Access {
     size_t begin, end;  // offsets within the allocation
     size_t stream;
