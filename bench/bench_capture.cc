@@ -7,11 +7,11 @@
 // records of --per-record consecutive layers (default 32: 16 records of
 // 4 MiB), streamed from a pinned pool through rings of --depth slots
 // (default 2). Four variants of one forward pass, each on one stream:
-//   streamed           eager: per record, stages up to depth records ahead,
-//                      acquire, the record's lwo_linear_forward calls, release
-//   replayed           the same calls on a second ring of the pool, captured
-//                      once (lwo_ring_capture_begin / _end); a pass is one
-//                      lwo_graph_launch
+//   streamed           eager: a schedule over the records (lwo_schedule_next,
+//                      then the record's lwo_linear_forward calls), reset first
+//   replayed           the same calls on a second ring of the pool and its
+//                      schedule, captured once (lwo_ring_capture_begin / _end);
+//                      a pass is one lwo_graph_launch
 //   resident           eager: the same lwo_linear_forward calls on device
 //                      copies of the records
 //   resident_captured  those calls captured with cudaStreamBeginCapture
@@ -38,7 +38,6 @@
 //                       stops the benchmark with an error instead
 // Runs in a few seconds on an H200.
 #include <algorithm>
-#include <deque>
 #include <memory>
 
 #include "bench/common.h"
@@ -61,24 +60,16 @@ int g_warmup = 3;
 enum Variant { kStreamed, kReplayed, kResident, kResidentCaptured, kVariants };
 const char* const kNames[kVariants] = {"streamed", "replayed", "resident", "resident_captured"};
 
-// One pass over the records on `ring` (its stages up to depth records ahead,
-// as a schedule makes them): the same calls eager and under capture.
-void streamed_pass(testkit::ChainRun& run, lwo_ring* ring, uint32_t n_records, uint32_t depth) {
-  std::deque<lwo_ticket> ahead;
-  uint32_t next = 0;
-  for (uint32_t r = 0; r < n_records; ++r) {
-    while (next < n_records && ahead.size() < depth) {
-      lwo_ticket t{};
-      check(lwo_ring_stage(ring, next++, &t), "lwo_ring_stage");
-      ahead.push_back(t);
-    }
-    const lwo_ticket t = ahead.front();
-    ahead.pop_front();
-    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    check(lwo_ring_acquire(ring, t, run.stream(), &v), "lwo_ring_acquire");
-    run.forward(r, v.tensors);
-    check(lwo_ring_release(ring, t, run.stream()), "lwo_ring_release");
-  }
+// One pass over the records by `schedule` (over 0..R-1 on its ring): reset,
+// then each lwo_schedule_next and the record's forward, to LWO_END. The same
+// calls eager and under capture.
+void streamed_pass(testkit::ChainRun& run, lwo_schedule* schedule) {
+  check(lwo_schedule_reset(schedule, run.stream()), "lwo_schedule_reset");
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  lwo_status_t st;
+  while ((st = lwo_schedule_next(schedule, run.stream(), &v)) == LWO_OK)
+    run.forward(v.layer, v.tensors);
+  if (st != LWO_END) check(st, "lwo_schedule_next");
 }
 
 void bm_capture(benchmark::State& state) {
@@ -102,6 +93,12 @@ void bm_capture(benchmark::State& state) {
     Ring eager_ring, graph_ring;
     check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
     check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
+    const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/false);
+    Schedule eager_schedule, graph_schedule;
+    check(lwo_schedule_create(eager_ring.get(), order.data(), R, eager_schedule.out()),
+          "lwo_schedule_create");
+    check(lwo_schedule_create(graph_ring.get(), order.data(), R, graph_schedule.out()),
+          "lwo_schedule_create");
 
     // The passes, eager (the capture's calls too).
     auto resident_pass = [&] {
@@ -111,17 +108,17 @@ void bm_capture(benchmark::State& state) {
     // Eager first (the compute's plans and workspace are made outside the
     // captures), then the two captures.
     for (int k = 0; k < std::max(1, g_warmup); ++k) {
-      streamed_pass(run, eager_ring.get(), R, depth);
+      streamed_pass(run, eager_schedule.get());
       resident_pass();
       drain();
     }
     const double c0 = now_seconds();
     check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
     try {
-      streamed_pass(run, graph_ring.get(), R, depth);
+      streamed_pass(run, graph_schedule.get());
     } catch (...) {
       lwo_graph* discarded = nullptr;
-      lwo_ring_capture_end(graph_ring.get(), st, &discarded);
+      lwo_ring_capture_end(graph_ring.get(), st, &discarded);  // ends the schedule's tickets
       lwo_graph_destroy(discarded);
       throw;
     }
@@ -149,7 +146,7 @@ void bm_capture(benchmark::State& state) {
     auto pass = [&](int v, double* host_s) {
       const double t0 = now_seconds();
       switch (v) {
-        case kStreamed: streamed_pass(run, eager_ring.get(), R, depth); break;
+        case kStreamed: streamed_pass(run, eager_schedule.get()); break;
         case kReplayed: check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch"); break;
         case kResident: resident_pass(); break;
         default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
