@@ -673,7 +673,8 @@ void Ring::capture_begin(StreamH stream) {
   forget_slots();
   captured_layers_.clear();
   capture_stream_ = stream;
-  e.set_capture_owner(this);
+  e.take_capture_parts();  // none: the last capture took its own
+  e.set_capture_owner(this, &pool_);
 }
 
 std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
@@ -687,7 +688,12 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   std::string live;
   for (uint32_t i = 0; i < occ_.size() && live.empty(); ++i)
     if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
-      live = strf("slot %u holds layer %u %s", i, occ_[i].layer, state_name(occ_[i].state));
+      live = strf("a ticket not released (slot %u holds layer %u %s)", i, occ_[i].layer,
+                  state_name(occ_[i].state));
+  // The participants (gradient sets) end with the capture, whatever happens.
+  const std::vector<CapturePart*> parts = e.take_capture_parts();
+  for (CapturePart* p : parts)
+    if (live.empty()) live = p->live();
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
   // Whatever happens, the capture ends here and the ring is taken as empty
@@ -703,11 +709,13 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
       gpu.stream_wait(e.h2d(), capture_event_);
     } catch (...) {
     }
+    for (CapturePart* p : parts) p->ended(false, stream);
   };
   void* exec = nullptr;
   try {
     gpu.event_record(capture_event_, e.h2d());
     gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+    for (CapturePart* p : parts) p->join_back(stream);
     exec = gpu.capture_end(stream);
   } catch (...) {
     try {
@@ -720,13 +728,13 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   if (!live.empty()) {
     gpu.graph_destroy(exec);
     leave();
-    fail(LWO_ERR_TICKET_STATE, "the capture ended with a ticket not released (%s): it is "
-         "discarded and the ticket ended; release every ticket before lwo_ring_capture_end%s",
-         live.c_str(), schedules_hint());
+    fail(LWO_ERR_TICKET_STATE, "the capture ended with %s: it is discarded and its tickets and "
+         "gradient layers ended; release every ticket and end every gradient layer before "
+         "lwo_ring_capture_end%s", live.c_str(), schedules_hint());
   }
   std::unique_ptr<Graph> g;
   try {
-    g = std::make_unique<Graph>(*this, exec, captured_layers_);
+    g = std::make_unique<Graph>(*this, exec, captured_layers_, parts);
   } catch (...) {
     gpu.graph_destroy(exec);
     leave();
@@ -736,6 +744,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   e.set_capture_owner(nullptr);
   bound_ = true;  // the table holds what every replay leaves in the slots
   gpu.event_record(capture_event_, stream);  // after the capture: graph_released's order
+  for (CapturePart* p : parts) p->ended(true, stream);
   return g;
 }
 
@@ -754,9 +763,10 @@ void Ring::graph_released(EventH last_launch) {
   bound_ = false;
 }
 
-Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers)
+Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers,
+             std::vector<CapturePart*> parts)
     : ring_(ring), exec_(exec), done_(ring.engine().gpu().event_create(false)),
-      layers_(std::move(layers)) {
+      layers_(std::move(layers)), parts_(std::move(parts)) {
   std::sort(layers_.begin(), layers_.end());
   layers_.erase(std::unique(layers_.begin(), layers_.end()), layers_.end());
 }
@@ -770,6 +780,7 @@ Graph::~Graph() {
   } catch (...) {
   }
   gpu.graph_destroy(exec_);
+  for (CapturePart* p : parts_) p->released(launched_ ? done_ : nullptr);
   ring_.graph_released(launched_ ? done_ : nullptr);
   gpu.event_destroy(done_);
 }
@@ -779,14 +790,36 @@ void Graph::launch(StreamH stream) {
   if (!stream)
     fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: launch the graph on a stream of the device");
   e.check_not_capturing("launching a graph");
+  for (CapturePart* p : parts_) p->check_launch();
   if (Pool::Writer* w = ring_.pool().writer.load())
     for (uint32_t l : layers_) w->wait_layer(l);
+  size_t armed = 0;
+  auto disarm = [&] {
+    while (armed) parts_[--armed]->disarm();
+  };
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
-  if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
-  gpu.graph_launch(exec_, stream);
-  gpu.event_record(done_, stream);
+  try {
+    for (; armed < parts_.size(); ++armed) parts_[armed]->arm();
+    if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
+    gpu.graph_launch(exec_, stream);
+  } catch (...) {
+    disarm();
+    throw;
+  }
   launched_ = true;
+  // The replay is enqueued: its participants hear of it even if the event
+  // cannot be recorded (the error then says the engine is broken).
+  auto tell = [&] {
+    for (CapturePart* p : parts_) p->launched(done_);
+  };
+  try {
+    gpu.event_record(done_, stream);
+  } catch (...) {
+    tell();
+    throw;
+  }
+  tell();
 }
 
 }  // namespace lwo

@@ -187,11 +187,14 @@ class Ring {
 // waits for the last launch, destroys the graph and gives the ring back.
 class Graph {
  public:
-  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers);
+  // `parts`: what else the capture holds (gradient sets), told of each
+  // launch and of the graph's end.
+  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<CapturePart*> parts);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
-  // One replay on `stream`, after the pool's writer is done with every layer.
+  // One replay on `stream`, after the pool's writer is done with every layer
+  // and each participant checked and armed.
   void launch(StreamH stream);
   void check_destroyable() {}
 
@@ -201,6 +204,7 @@ class Graph {
   EventH done_;
   bool launched_ = false;
   std::vector<uint32_t> layers_;
+  std::vector<CapturePart*> parts_;
 };
 
 // Ticket ids: ring serial (36 bits) | slot (12 bits) | sequence (16 bits). A

@@ -877,24 +877,43 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * acquires, computes on `stream` and releases as in an eager pass, or drives a
  * schedule of the ring made before the capture (since 0.6.0; it must hold no
  * ticket at lwo_ring_capture_begin: at its start, reset, or at its LWO_END).
- * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets,
- * new rings, pools and schedules, lwo_ring_query and lwo_engine_synchronize of
- * the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer
- * stream back, ends the capture and instantiates the graph; every ticket must
- * be released first, a schedule's by lwo_schedule_reset or its LWO_END (else
- * LWO_ERR_TICKET_STATE: the capture is discarded and its tickets end; a
- * schedule then goes on from its position, staging again).
+ * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
+ * of other pools, new rings, pools, schedules and gradient sets,
+ * lwo_ring_query, lwo_grads_wait and lwo_engine_synchronize of the engine are
+ * LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
+ * the capture and instantiates the graph; every ticket must be released first,
+ * a schedule's by lwo_schedule_reset or its LWO_END, and every gradient layer
+ * begun in the capture ended (else LWO_ERR_TICKET_STATE: the capture is
+ * discarded and its tickets end; a schedule then goes on from its position,
+ * staging again, and a gradient set is as before the capture).
+ *
+ * A training step: the gradient sets of the ring's pool begin and end in the
+ * capture as in an eager step (since 0.6.0). A set joins at its first call in
+ * the capture, which waits until nothing of the set runs (LWO_ERR_BUSY if a
+ * layer was begun before the capture); its copies to host become memcpy nodes
+ * and its host work (the staging buffers' waits, each layer's landing, the
+ * accumulation the worker does) host nodes with arguments the graph keeps. The
+ * capture runs nothing: lwo_grads_wait and the buffers are as before it. Each
+ * launch does what each end did on the host (a layer's first gradient after
+ * lwo_grads_zero overwrites, a later one adds), so each layer must be zeroed,
+ * or not, as it was at the capture: capture after lwo_grads_zero and zero
+ * before each launch (else lwo_graph_launch is LWO_ERR_TICKET_STATE with
+ * nothing enqueued). lwo_grads_wait is the fence of the launches;
+ * lwo_optim_step after a launch updates each layer once its replayed gradient
+ * has landed.
  *
  * The caller owns the graph; from lwo_ring_capture_end until lwo_graph_destroy
- * the graph owns the ring: its stages, acquires and releases and
- * lwo_ring_destroy are LWO_ERR_BUSY, and so is lwo_schedule_next of its
+ * the graph owns the ring and the gradient sets it ends: the ring's stages,
+ * acquires and releases, lwo_ring_destroy, the sets' begins and ends and
+ * lwo_grads_destroy are LWO_ERR_BUSY, and so is lwo_schedule_next of the ring's
  * schedules (one at its LWO_END answers LWO_END; position and reset work: they
  * hold nothing). lwo_graph_launch enqueues one replay on any stream of the
  * engine's device, after an optimizer's pending writes of the captured layers
- * and after the graph's previous replay (replays share the slots); the caller
- * writes the pool's layers only while no replay runs, as before eager stages.
- * lwo_graph_destroy waits for the last replay and gives the ring back with its
- * slots empty; a schedule then drives it eagerly from its position.
+ * and reads of the gradients it ends, and after the graph's previous replay
+ * (replays share the slots); the caller writes the pool's layers only while no
+ * replay runs, as before eager stages. lwo_graph_destroy waits for the last
+ * replay and gives the ring back with its slots empty; a schedule then drives
+ * it eagerly from its position.
  *
  * Threads: the calls of a capture come from one thread at a time, in the order
  * of the pass (other threads' CUDA work stays out of the graph unless it
@@ -1266,7 +1285,8 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
                                       const lwo_grads_config* config, lwo_grads** grads);
 
 /* Waits for every transfer, then frees. LWO_ERR_BUSY while a layer is begun
- * and not ended. */
+ * and not ended, and (since 0.6.0) while a capture or a CUDA graph holds the
+ * set. */
 LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
 
 /* Claims a staging slot for the gradients of trainable `layer`: makes
@@ -1281,7 +1301,8 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * for a frozen layer. From 0.4.0: where an optimizer (lwo_optim) is still
  * reading the layer's gradients, the call first blocks until it is done
  * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
- * it zeroes). */
+ * it zeroes). Since 0.6.0 lwo_grads_begin and lwo_grads_end are captured
+ * while a ring of the set's pool captures (lwo_ring_capture_begin, below). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
@@ -1293,9 +1314,9 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
 LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream);
 
 /* The fence: blocks until every gradient ended so far has landed in host
- * memory and been accumulated. The only way the host may safely read the
- * buffers. LWO_ERR_BUSY (after waiting for the rest) if a layer is begun and
- * not ended. */
+ * memory and been accumulated (since 0.6.0 those of a CUDA graph's launches
+ * too). The only way the host may safely read the buffers. LWO_ERR_BUSY
+ * (after waiting for the rest) if a layer is begun and not ended. */
 LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
 
 /* Waits as lwo_grads_wait does, then starts new sums: the next gradient of

@@ -6,7 +6,8 @@
 // pool between replays is seen by the next one; replays on two streams in a
 // row are ordered by the library; the ring belongs to the graph until it is
 // destroyed, then an eager pass equals the resident chain again. The same
-// with the pass driven by a schedule made before the capture.
+// with the pass driven by a schedule made before the capture; and a training
+// step with its gradients to host memory, replayed 100 times.
 #include <random>
 
 #include "quant_util.h"
@@ -213,6 +214,149 @@ TEST_F(CaptureGpu, AScheduleDrivenForwardReplayedEqualsTheResidentChain) {
   poison();
   pass();
   ASSERT_EQ(output(st), want) << "eager pass after the graph";
+}
+
+// A training step captured with its gradients: a schedule over
+// [0..5, 5..0] drives the forward and then the backward, whose weight and
+// bias gradients go to host memory through a gradient set (in bf16, and
+// with LWO_GRADS_NATIVE_WIRE converted to f32 on the host); 100 replays,
+// the host writing a layer's new weights into the pool and zeroing the
+// gradients before each, every gradient and the input gradient equal to the
+// step computed from resident weights bit for bit.
+TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
+  const cudaStream_t st = stream(0);
+  const HostMat dy = random_mat(DT, size_t(kTokens * kDim), 0.05f, rng_);
+  testkit::DeviceMem DY = upload(dy.bytes);
+  std::vector<testkit::DeviceMem> DX;
+  for (uint32_t l = 0; l < kLayers; ++l) DX.push_back(poisoned(kAct));
+  // The step from resident weights: each layer's dW and db (bf16), and dx_0.
+  struct Step {
+    std::vector<std::vector<uint8_t>> dw, db;
+    std::vector<uint8_t> dx0;
+  };
+  auto resident_step = [&] {
+    std::vector<testkit::DeviceMem> w, b, Y, dX, dW, dB;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      w.push_back(upload(W_[l].bytes));
+      b.push_back(upload(B_[l].bytes));
+      Y.push_back(poisoned(kAct));
+      dX.push_back(poisoned(kAct));
+      dW.push_back(poisoned(NW * 2));
+      dB.push_back(poisoned(NB * 2));
+      EXPECT_LWO_OK(lwo_linear_forward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                       w[l].get(), b[l].get(), Y[l].get(), st));
+    }
+    for (uint32_t l = kLayers; l-- > 0;)
+      EXPECT_LWO_OK(lwo_linear_backward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                        l + 1 < kLayers ? dX[l + 1].get() : DY.get(), w[l].get(),
+                                        dX[l].get(), dW[l].get(), dB[l].get(), DT, st));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+    Step r;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      r.dw.push_back(fetch(dW[l], NW * 2));
+      r.db.push_back(fetch(dB[l], NB * 2));
+    }
+    r.dx0 = fetch(dX[0], kAct);
+    return r;
+  };
+  // The host gradient of `name` as the resident step's bf16 bytes: itself, or
+  // widened to f32 (exact) where the set holds f32.
+  auto as_host = [](const std::vector<uint8_t>& bf16, lwo_dtype_t host) {
+    if (host == LWO_DTYPE_BF16) return bf16;
+    std::vector<uint8_t> f32(bf16.size() * 2);
+    for (size_t i = 0; i < bf16.size() / 2; ++i) {
+      const uint32_t bits = uint32_t(bf16[2 * i] | (bf16[2 * i + 1] << 8)) << 16;
+      std::memcpy(&f32[4 * i], &bits, 4);
+    }
+    return f32;
+  };
+  std::vector<uint32_t> order;
+  for (uint32_t l = 0; l < kLayers; ++l) order.push_back(l);
+  for (uint32_t l = kLayers; l-- > 0;) order.push_back(l);
+
+  for (uint32_t flags : {0u, uint32_t(LWO_GRADS_NATIVE_WIRE)}) {
+    SCOPED_TRACE(flags ? "f32 host gradients" : "bf16 host gradients");
+    Ring ring;
+    create_ring(pool_.get(), 2, 0, &ring);
+    if (HasFatalFailure()) return;
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = flags;
+    testkit::Grads grads;
+    CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
+    testkit::Schedule sch;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), uint32_t(order.size()), sch.out()));
+    // One streamed step on st: forward, then backward with the gradients.
+    auto step = [&] {
+      CHECK_LWO(lwo_schedule_reset(sch.get(), st));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      for (uint32_t k = 0; k < kLayers; ++k) {
+        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
+        forward(v, st);
+      }
+      for (uint32_t k = 0; k < kLayers; ++k) {
+        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
+        const uint32_t l = v.layer;
+        lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+        CHECK_LWO(lwo_grads_begin(grads.get(), l, st, &g));
+        CHECK_LWO(lwo_linear_backward(engine_, &desc_, kTokens, l ? X_[l - 1].get() : X0_.get(),
+                                      l + 1 < kLayers ? DX[l + 1].get() : DY.get(), v.tensors[0],
+                                      DX[l].get(), g.tensors[0], g.tensors[1], DT, st));
+        CHECK_LWO(lwo_grads_end(grads.get(), l, st));
+      }
+      lwo_status_t end = lwo_schedule_next(sch.get(), st, &v);
+      EXPECT_EQ(end, LWO_END) << lwo_last_error_message();
+    };
+    // After a step: the host gradients and dx_0 against the resident step.
+    auto check = [&](const Step& want, const char* what) {
+      CHECK_LWO(lwo_grads_wait(grads.get()));
+      CUDA_OK(cudaStreamSynchronize(st));
+      ASSERT_EQ(fetch(DX[0], kAct), want.dx0) << what << ": dx_0";
+      for (uint32_t l = 0; l < kLayers; ++l)
+        for (const char* name : {"weight", "bias"}) {
+          lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+          CHECK_LWO(lwo_grads_tensor(grads.get(), l, name, &gt));
+          const std::vector<uint8_t> ref = as_host(*name == 'w' ? want.dw[l] : want.db[l], gt.dtype);
+          ASSERT_EQ(ref.size(), gt.n_elements * lwo_dtype_size(gt.dtype));
+          ASSERT_EQ(0, std::memcmp(gt.data, ref.data(), ref.size()))
+              << what << ": layer " << l << " " << name;
+        }
+    };
+    auto fresh_buffers = [&] {
+      poison();
+      for (testkit::DeviceMem& m : DX) CUDA_OK(cudaMemset(m.get(), 0xff, kAct));
+      CUDA_OK(cudaDeviceSynchronize());
+      CHECK_LWO(lwo_grads_zero(grads.get()));
+    };
+    Step want = resident_step();
+    fresh_buffers();
+    step();  // eager first: the compute's plans are made outside the capture
+    check(want, "eager step");
+    if (HasFatalFailure()) return;
+
+    CHECK_LWO(lwo_grads_zero(grads.get()));
+    CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
+    step();
+    testkit::Graph graph;
+    CHECK_LWO(lwo_ring_capture_end(ring.get(), st, graph.out()));
+    for (uint32_t k = 0; k < 100; ++k) {
+      if (k) {
+        rewrite(k % kLayers);
+        want = resident_step();
+      }
+      fresh_buffers();
+      CHECK_LWO(lwo_graph_launch(graph.get(), st));
+      check(want, "replay");
+      if (HasFatalFailure()) {
+        ADD_FAILURE() << "replay " << k;
+        return;
+      }
+    }
+    graph.destroy();
+    fresh_buffers();
+    step();
+    check(want, "eager step after the graph");
+    if (HasFatalFailure()) return;
+  }
 }
 
 // During a capture, calls that wait or query are LWO_ERR_CAPTURING, and a
