@@ -8,6 +8,7 @@
 // destroyed, then an eager pass equals the resident chain again. The same
 // with the pass driven by a schedule made before the capture; and a training
 // step with its gradients to host memory, replayed 100 times.
+#include <cstdlib>
 #include <random>
 
 #include "quant_util.h"
@@ -18,6 +19,15 @@ namespace {
 constexpr int64_t kDim = 256;
 constexpr int64_t kTokens = 64;
 constexpr uint32_t kLayers = 6;
+
+// Replays of the captured training step: 100, or LWO_CAPTURE_REPLAYS
+// (scripts/device-test sets 5 under compute-sanitizer, which runs every
+// kernel many times slower).
+uint32_t step_replays() {
+  const char* e = std::getenv("LWO_CAPTURE_REPLAYS");
+  const unsigned long n = e ? std::strtoul(e, nullptr, 10) : 0;
+  return n ? static_cast<uint32_t>(n) : 100u;
+}
 
 lwo_linear_desc linear_desc() {
   lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
@@ -219,7 +229,8 @@ TEST_F(CaptureGpu, AScheduleDrivenForwardReplayedEqualsTheResidentChain) {
 // A training step captured with its gradients: a schedule over
 // [0..5, 5..0] drives the forward and then the backward, whose weight and
 // bias gradients go to host memory through a gradient set (in bf16, and
-// with LWO_GRADS_NATIVE_WIRE converted to f32 on the host); 100 replays,
+// with LWO_GRADS_NATIVE_WIRE converted to f32 on the host); 100 replays
+// (step_replays),
 // the host writing a layer's new weights into the pool and zeroing the
 // gradients before each, every gradient and the input gradient equal to the
 // step computed from resident weights bit for bit.
@@ -338,7 +349,7 @@ TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
     step();
     testkit::Graph graph;
     CHECK_LWO(lwo_ring_capture_end(ring.get(), st, graph.out()));
-    for (uint32_t k = 0; k < 100; ++k) {
+    for (uint32_t k = 0; k < step_replays(); ++k) {
       if (k) {
         rewrite(k % kLayers);
         want = resident_step();
