@@ -690,6 +690,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
     if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
       live = strf("a ticket not released (slot %u holds layer %u %s)", i, occ_[i].layer,
                   state_name(occ_[i].state));
+  const char* hint = live.empty() ? "" : schedules_hint();
   // The participants (gradient sets) end with the capture, whatever happens.
   const std::vector<CapturePart*> parts = e.take_capture_parts();
   for (CapturePart* p : parts)
@@ -730,7 +731,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
     leave();
     fail(LWO_ERR_TICKET_STATE, "the capture ended with %s: it is discarded and its tickets and "
          "gradient layers ended; release every ticket and end every gradient layer before "
-         "lwo_ring_capture_end%s", live.c_str(), schedules_hint());
+         "lwo_ring_capture_end%s", live.c_str(), hint);
   }
   std::unique_ptr<Graph> g;
   try {
@@ -743,8 +744,8 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   capture_stream_ = nullptr;
   e.set_capture_owner(nullptr);
   bound_ = true;  // the table holds what every replay leaves in the slots
+  for (CapturePart* p : parts) p->ended(true, stream);  // the graph holds them now
   gpu.event_record(capture_event_, stream);  // after the capture: graph_released's order
-  for (CapturePart* p : parts) p->ended(true, stream);
   return g;
 }
 
