@@ -284,6 +284,19 @@ void Engine::check_not_capturing(const char* what) const {
          "(lwo_ring_capture_begin); end the capture first (lwo_ring_capture_end)", what, r);
 }
 
+void Engine::join_capture(CapturePart* part) {
+  std::lock_guard<std::mutex> lock(parts_mu_);
+  if (std::find(capture_parts_.begin(), capture_parts_.end(), part) == capture_parts_.end())
+    capture_parts_.push_back(part);
+}
+
+std::vector<CapturePart*> Engine::take_capture_parts() {
+  std::lock_guard<std::mutex> lock(parts_mu_);
+  std::vector<CapturePart*> parts;
+  parts.swap(capture_parts_);
+  return parts;
+}
+
 void Engine::synchronize() {
   check_not_capturing("synchronizing the engine");
   DeviceScope scope(*this);

@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "backend.h"
 #include "src/common/error.h"
@@ -17,6 +19,36 @@ namespace lwo {
 constexpr uint8_t kCheckingByte = LWO_CHECKING_BYTE;
 
 class Compute;
+
+// What a ring's CUDA graph holds besides the ring's own pass: a gradient
+// set's ends (engine/grads.h). A participant joins the engine's capture at
+// its first call in it (Engine::join_capture); the capturing ring then tells
+// it how the capture ends and hands it to the graph, which tells it about
+// each launch and its own end.
+class CapturePart {
+ public:
+  virtual ~CapturePart() = default;
+  // Before the capture ends: what would make it end wrong ("" if nothing),
+  // in words (a gradient layer begun and not ended).
+  virtual std::string live() = 0;
+  // Before the capture ends, on its stream: joins every stream the
+  // participant brought into the capture back into `stream`.
+  virtual void join_back(StreamH stream) = 0;
+  // The capture ended, kept by a graph or discarded; later work of the
+  // participant is ordered after `stream`'s.
+  virtual void ended(bool kept, StreamH stream) noexcept = 0;
+  // Each launch: check throws, changing nothing, where a replay now would be
+  // wrong; arm does the host side of one replay (before the launch, so the
+  // replay's host functions find it), disarm undoes it if the launch fails,
+  // launched gives the event recorded after it.
+  virtual void check_launch() = 0;
+  virtual void arm() = 0;
+  virtual void disarm() noexcept = 0;
+  virtual void launched(EventH done) noexcept = 0;
+  // The graph is destroyed; `last` is its last launch's event, done (null:
+  // none).
+  virtual void released(EventH last) noexcept = 0;
+};
 
 // ---- The device memory budget ----
 // What lwo holds on the device, by use. Every device allocation of the
@@ -93,8 +125,17 @@ class Engine {
   // is part of its capture. check_not_capturing throws LWO_ERR_CAPTURING,
   // naming `what`, while a ring captures.
   const void* capture_owner() const { return capture_owner_.load(); }
-  void set_capture_owner(const void* ring) { capture_owner_.store(ring); }
+  // The capturing ring's pool (null: none), set with the owner.
+  const void* capture_pool() const { return capture_pool_.load(); }
+  void set_capture_owner(const void* ring, const void* pool = nullptr) {
+    capture_pool_.store(ring ? pool : nullptr);
+    capture_owner_.store(ring);
+  }
   void check_not_capturing(const char* what) const;
+  // A participant of the capture under way (once); the capturing ring takes
+  // them all when the capture ends.
+  void join_capture(CapturePart* part);
+  std::vector<CapturePart*> take_capture_parts();
   bool checks_collectives() const { return check_collectives_; }
   void set_check_collectives(bool on) { check_collectives_ = on; }
   // Time GEMM candidates on first use (LWO_ENGINE_HEURISTIC_GEMM: off). Set
@@ -156,6 +197,9 @@ class Engine {
   bool check_collectives_ = false;
   bool checking_ = false;
   std::atomic<const void*> capture_owner_{nullptr};
+  std::atomic<const void*> capture_pool_{nullptr};
+  std::mutex parts_mu_;
+  std::vector<CapturePart*> capture_parts_;
   bool tune_gemms_ = true;
   void exchange(void* comm, const Step& step);
   // Tells the other ranks that this rank fails the step on its own (their

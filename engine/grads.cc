@@ -45,6 +45,7 @@ Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
       }
   slot_layer_.assign(slots_.size(), -1);
   added_serial_.assign(layers_.size(), 0);
+  replay_serials_.resize(layers_.size());
   worker_ = engine_.threads().start([this] { work(); });
   pool_.n_grads.fetch_add(1);
 }
@@ -86,6 +87,7 @@ Grads::~Grads() {
     DeviceScope scope(engine_);
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
     engine_.gpu().event_destroy(done_);
+    engine_.gpu().event_destroy(join_event_);
     for (Layer& g : layers_)
       if (g.landed) engine_.gpu().event_destroy(g.landed);
   } catch (...) {
@@ -109,9 +111,13 @@ Grads::Layer& Grads::trainable_layer(uint32_t layer) {
 }
 
 void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
-  engine_.check_not_capturing("a gradient's begin");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_capture("a gradient's begin");
+  }
   if (Reader* r = reader_.load()) r->wait_reading(layer);
   std::lock_guard<std::mutex> lock(mu_);
+  check_capture("a gradient's begin");
   Layer& g = trainable_layer(layer);
   if (g.slot >= 0)
     fail(LWO_ERR_LAYER_BUSY, "layer %u is already begun (staging slot %d); end it first", layer,
@@ -144,8 +150,8 @@ void Grads::begin(uint32_t layer, StreamH stream, lwo_layer_view* view) {
 }
 
 void Grads::end(uint32_t layer, StreamH stream) {
-  engine_.check_not_capturing("a gradient's end");
   std::lock_guard<std::mutex> lock(mu_);
+  check_capture("a gradient's end");
   // Where the sink sums over ranks, a gradient end is a collective step (the
   // reduction): under the check every rank says what it will do, or that it
   // fails here, first.
@@ -176,12 +182,27 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   // The copied bytes are laid out as the host region when every tensor keeps
   // its dtype (both align each tensor alike).
   bool direct = gl.direct && g.fresh;
-  if (!g.landed) g.landed = gpu.event_create(false);
   const uint64_t serial = end_counter_ + 1;
+  // Captured: the end's host functions take a persistent argument.
+  ReplayEnd* re = nullptr;
+  if (capture_ == Capture::Capturing) {
+    replay_->joined = true;  // the sink's wait brought the gradient stream in
+    if (replay_->fresh[layer] < 0) {
+      replay_->fresh[layer] = g.fresh ? 1 : 0;
+      replay_->layers.insert(
+          std::upper_bound(replay_->layers.begin(), replay_->layers.end(), layer), layer);
+    }
+    replay_->ends.push_back(
+        std::make_unique<ReplayEnd>(ReplayEnd{this, layer, direct, g.fresh, 0, nullptr, bytes}));
+    re = replay_->ends.back().get();
+  } else if (!g.landed) {
+    g.landed = gpu.event_create(false);
+  }
   if (direct) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + gl.lo, bytes, d2h);
     poison_slot(g, s, d2h);
     gpu.event_record(s.free, d2h);
+    if (re) gpu.host_func(d2h, &Grads::replay_landed, re, {});
   } else {
     if (staging_.size() < slots_.size()) {
       staging_.emplace_back(engine_, max_wire_, 1, "gradient staging buffer");  // small, made once on first use
@@ -193,25 +214,39 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     ++next_staging_;
     // The copy into the buffer waits (in stream order, on the host) until the
     // worker has added the buffer's previous contents.
-    auto wait = std::make_unique<StagingWait>(StagingWait{this, k});
-    gpu.host_func(d2h, &Grads::wait_staging, wait.get(), {});
-    wait.release();  // wait_staging owns it now
+    if (re) {
+      re->staging = k;
+      re->src = st.data();
+      gpu.host_func(d2h, &Grads::replay_wait_staging, re, {});
+    } else {
+      auto wait = std::make_unique<StagingWait>(StagingWait{this, k});
+      gpu.host_func(d2h, &Grads::wait_staging, wait.get(), {});
+      wait.release();  // wait_staging owns it now
+    }
     if (bytes) gpu.copy_d2h(st.data(), s.dev + gl.lo, bytes, d2h);
     poison_slot(g, s, d2h);
     gpu.event_record(s.free, d2h);
     // The worker reads the buffer and writes the layer's host region before
     // the buffer's next copy (above) and before the fence (wait()).
-    auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k, serial});
-    gpu.host_func(d2h, &Grads::post_job, job.get(),
-                  {{st.data(), bytes, false}, {host_.data() + g.host_base, gl.host_bytes, true}});
-    job.release();  // post_job owns it now
+    const std::vector<Backend::HostSpan> spans = {
+        {st.data(), bytes, false}, {host_.data() + g.host_base, gl.host_bytes, true}};
+    if (re) {
+      gpu.host_func(d2h, &Grads::replay_landed, re, spans);
+    } else {
+      auto job = std::make_unique<Job>(Job{this, layer, st.data(), g.fresh, k, serial});
+      gpu.host_func(d2h, &Grads::post_job, job.get(), spans);
+      job.release();  // post_job owns it now
+    }
   }
-  if (!done_) done_ = gpu.event_create(false);
-  gpu.event_record(done_, d2h);
-  gpu.event_record(g.landed, d2h);
+  if (!re) {  // a replay's landing is its host function's, and wait()'s the graph's
+    if (!done_) done_ = gpu.event_create(false);
+    gpu.event_record(done_, d2h);
+    gpu.event_record(g.landed, d2h);
+  }
   end_counter_ = serial;
   g.end_serial = serial;
   g.end_direct = direct;
+  g.end_replayed = false;
   slots_.freed(g.slot);
   slot_layer_[g.slot] = -1;
   g.slot = -1;
@@ -221,23 +256,58 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
   bytes_ += bytes;
 }
 
+void Grads::enqueue_locked(std::unique_ptr<Job> job) {
+  staging_busy_[job->staging] = 1;
+  ++pending_;
+  queue_.push_back(std::move(job));
+}
+
 void Grads::post_job(void* p) {
   std::unique_ptr<Job> job(static_cast<Job*>(p));
   Grads* g = job->grads;
   {
     std::lock_guard<std::mutex> lock(g->q_mu_);
-    g->staging_busy_[job->staging] = 1;
-    ++g->pending_;
-    g->queue_.push_back(std::move(job));
+    g->enqueue_locked(std::move(job));
   }
   g->q_cv_.notify_all();
 }
 
+void Grads::wait_staging_free(size_t staging) {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  q_cv_.wait(lock, [&] { return !staging_busy_[staging]; });
+}
+
 void Grads::wait_staging(void* p) {
   std::unique_ptr<StagingWait> w(static_cast<StagingWait*>(p));
-  Grads* g = w->grads;
-  std::unique_lock<std::mutex> lock(g->q_mu_);
-  g->q_cv_.wait(lock, [&] { return !g->staging_busy_[w->staging]; });
+  w->grads->wait_staging_free(w->staging);
+}
+
+void Grads::replay_wait_staging(void* p) {
+  const ReplayEnd* e = static_cast<const ReplayEnd*>(p);
+  e->grads->wait_staging_free(e->staging);
+}
+
+// A replayed end has landed (direct) or its job is posted: it takes its
+// serial, the next its launch queued for the layer.
+void Grads::replay_landed(void* p) {
+  const ReplayEnd* e = static_cast<const ReplayEnd*>(p);
+  Grads* g = e->grads;
+  try {
+    std::lock_guard<std::mutex> lock(g->q_mu_);
+    std::deque<uint64_t>& q = g->replay_serials_[e->layer];
+    if (q.empty()) fail(LWO_ERR_INTERNAL, "a replay's end found no serial queued");
+    const uint64_t serial = q.front();
+    if (e->direct)
+      g->added_serial_[e->layer] = std::max(g->added_serial_[e->layer], serial);
+    else
+      g->enqueue_locked(
+          std::make_unique<Job>(Job{g, e->layer, e->src, e->assign, e->staging, serial}));
+    q.pop_front();
+  } catch (const std::exception& x) {
+    std::lock_guard<std::mutex> lock(g->err_mu_);
+    if (g->async_error_.empty()) g->async_error_ = strf("layer %u: %s", e->layer, x.what());
+  }
+  g->q_cv_.notify_all();
 }
 
 void Grads::work() {
@@ -310,9 +380,15 @@ void Grads::accumulate(const Job& job) {
 
 void Grads::wait() {
   engine_.check_not_capturing("waiting for the gradients");
+  EventH replay = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replay = last_replay_;
+  }
   {
     DeviceScope scope(engine_);
-    engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
+    if (replay) engine_.gpu().event_sync(replay);  // the replay's host functions have run
+    engine_.gpu().stream_sync(engine_.d2h());      // every job is posted
   }
   wait_worker();
   // A reader (the optimizer) may still read the old sums of a
@@ -414,9 +490,9 @@ std::vector<Grads::HostTensor> Grads::whole_layer(uint32_t layer) {
 bool Grads::done() {
   engine_.check_not_capturing("querying the gradients");
   std::lock_guard<std::mutex> lock(mu_);
-  if (!done_) return true;
   DeviceScope scope(engine_);
-  if (!engine_.gpu().event_done(done_)) return false;  // not all posted yet
+  if (last_replay_ && !engine_.gpu().event_done(last_replay_)) return false;
+  if (done_ && !engine_.gpu().event_done(done_)) return false;  // not all posted yet
   std::lock_guard<std::mutex> qlock(q_mu_);
   return pending_ == 0;
 }
@@ -456,12 +532,15 @@ void Grads::wait_landed(uint32_t layer, uint64_t serial) {
     std::lock_guard<std::mutex> lock(mu_);
     const Layer& g = layers_.at(layer);
     if (serial == 0 || g.end_serial < serial) return;  // nothing of that serial (yet)
-    ev = g.landed;
-    direct = g.end_direct && g.end_serial == serial;
+    // A replayed end lands by its host function or job: added_serial_ says.
+    if (!g.end_replayed) {
+      ev = g.landed;
+      direct = g.end_direct && g.end_serial == serial;
+    }
   }
   // The layer's event is recorded again only by its next end, which waits
   // (begin) for the reader: it still marks end `serial` here.
-  engine_.gpu().event_sync(ev);
+  if (ev) engine_.gpu().event_sync(ev);
   if (direct) return;
   std::unique_lock<std::mutex> lock(q_mu_);
   q_cv_.wait(lock, [&] { return added_serial_[layer] >= serial; });
@@ -474,10 +553,12 @@ bool Grads::landed(uint32_t layer, uint64_t serial) {
     std::lock_guard<std::mutex> lock(mu_);
     const Layer& g = layers_.at(layer);
     if (serial == 0 || g.end_serial < serial) return true;  // as wait_landed
-    ev = g.landed;
-    direct = g.end_direct && g.end_serial == serial;
+    if (!g.end_replayed) {
+      ev = g.landed;
+      direct = g.end_direct && g.end_serial == serial;
+    }
   }
-  {
+  if (ev) {
     DeviceScope scope(engine_);
     if (!engine_.gpu().event_done(ev)) return false;
   }
@@ -490,8 +571,198 @@ void Grads::check_destroyable() {
   if (reader_.load())
     fail(LWO_ERR_BUSY, "the gradient set has an optimizer; destroy the optimizer first");
   std::lock_guard<std::mutex> lock(mu_);
+  if (capture_ == Capture::Capturing)
+    fail(LWO_ERR_BUSY, "the gradient set is part of a capture under way; end it first "
+         "(lwo_ring_capture_end)");
+  if (capture_ == Capture::Bound)
+    fail(LWO_ERR_BUSY, "a CUDA graph holds the gradient set; destroy it first "
+         "(lwo_graph_destroy)");
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0) fail(LWO_ERR_BUSY, "layer %zu is begun and not ended", i);
+}
+
+// ---- CUDA graphs ----
+
+void Grads::set_end_state(Layer& g, const EndState& e) {
+  g.fresh = e.fresh;
+  g.stale = e.stale;
+  g.end_serial = e.end_serial;
+  g.end_direct = e.end_direct;
+  g.end_replayed = e.end_replayed;
+}
+
+void Grads::set_counters(const Counters& c) {
+  end_counter_ = c.end_counter;
+  n_transfers_ = c.n_transfers;
+  bytes_ = c.bytes;
+}
+
+void Grads::check_capture(const char* what) {
+  if (capture_ == Capture::Bound)
+    fail(LWO_ERR_BUSY, "%s: the gradient set belongs to a CUDA graph (lwo_ring_capture_end) "
+         "until lwo_graph_destroy", what);
+  const void* owner = engine_.capture_owner();
+  if (!owner) return;
+  if (engine_.capture_pool() != &pool_)
+    fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph of another "
+         "pool, and the gradient stream would join its capture; end it first "
+         "(lwo_ring_capture_end)", what, owner);
+  if (capture_ == Capture::None) join_capture(what);
+}
+
+void Grads::join_capture(const char* what) {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i].slot >= 0)
+      fail(LWO_ERR_BUSY, "%s: layer %zu was begun before the capture; end it before "
+           "lwo_ring_capture_begin", what, i);
+  DeviceScope scope(engine_);
+  Backend& gpu = engine_.gpu();
+  // Nothing of the set may still run: the capture's copies and host work find
+  // the slots, the staging buffers and the host gradients free, and its first
+  // begins wait on no event from before it.
+  gpu.stream_sync(engine_.d2h());
+  wait_worker();
+  if (!join_event_) join_event_ = gpu.event_create(false);
+  auto r = std::make_unique<Replay>();
+  r->fresh.assign(layers_.size(), -1);
+  for (const Layer& g : layers_) r->saved.push_back(end_state(g));
+  r->counters = counters();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].ever_freed = false;
+    slots_.emptied(i);
+  }
+  replay_ = std::move(r);
+  capture_ = Capture::Capturing;
+  engine_.join_capture(this);
+}
+
+std::string Grads::live() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i].slot >= 0) return strf("gradient layer %zu begun and not ended", i);
+  return "";
+}
+
+void Grads::join_back(StreamH stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!replay_ || !replay_->joined) return;
+  DeviceScope scope(engine_);
+  engine_.gpu().event_record(join_event_, engine_.d2h());
+  engine_.gpu().stream_wait(stream, join_event_);
+}
+
+void Grads::free_slots_after(EventH after) noexcept {
+  try {
+    DeviceScope scope(engine_);
+    Backend& gpu = engine_.gpu();
+    if (after) gpu.stream_wait(engine_.d2h(), after);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      gpu.event_record(slots_[i].free, engine_.d2h());
+      slots_.freed(i);
+    }
+  } catch (...) {
+  }
+}
+
+void Grads::ended(bool kept, StreamH stream) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!replay_) return;
+  // The capture ran nothing: the host state is the join's again, and no
+  // layer is begun.
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    set_end_state(layers_[i], replay_->saved[i]);
+    layers_[i].slot = -1;
+  }
+  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
+  set_counters(replay_->counters);
+  // Later begins are ordered after the capture's stream.
+  EventH after = nullptr;
+  try {
+    DeviceScope scope(engine_);
+    engine_.gpu().event_record(join_event_, stream);
+    after = join_event_;
+  } catch (...) {
+  }
+  free_slots_after(after);
+  if (kept) {
+    capture_ = Capture::Bound;  // the graph holds the set (and a pointer to it)
+  } else {
+    capture_ = Capture::None;
+    replay_.reset();
+  }
+}
+
+void Grads::check_launch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capture_ != Capture::Bound) return;
+  for (uint32_t l : replay_->layers) {
+    const bool fresh = replay_->fresh[l] > 0;
+    if (layers_[l].fresh == fresh) continue;
+    if (fresh)
+      fail(LWO_ERR_TICKET_STATE, "gradient layer %u holds gradients not zeroed since the last "
+           "replay (or since its last end), and the graph was captured after lwo_grads_zero: "
+           "the replay would overwrite them; call lwo_grads_zero before each replay, as before "
+           "the capture", l);
+    fail(LWO_ERR_TICKET_STATE, "gradient layer %u was zeroed (lwo_grads_zero), and the graph "
+         "was captured with gradients in it: the replay would add to the sums the zero dropped; "
+         "capture after lwo_grads_zero to replay after it", l);
+  }
+}
+
+void Grads::arm() {
+  std::vector<uint32_t> layers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capture_ != Capture::Bound) return;
+    layers = replay_->layers;
+  }
+  // No gradient lands under the optimizer's read of the last one (as begin).
+  if (Reader* r = reader_.load())
+    for (uint32_t l : layers) r->wait_reading(l);
+  std::lock_guard<std::mutex> lock(mu_);
+  Replay& r = *replay_;
+  r.armed.clear();
+  for (uint32_t l : r.layers) r.armed.push_back(end_state(layers_[l]));
+  r.armed_counters = counters();
+  std::lock_guard<std::mutex> qlock(q_mu_);
+  for (const std::unique_ptr<ReplayEnd>& e : r.ends) {
+    Layer& g = layers_[e->layer];
+    const uint64_t serial = ++end_counter_;
+    replay_serials_[e->layer].push_back(serial);
+    g.end_serial = serial;
+    g.end_direct = e->direct;
+    g.end_replayed = true;
+    g.fresh = false;
+    g.stale = false;
+    ++n_transfers_;
+    bytes_ += e->bytes;
+  }
+}
+
+void Grads::disarm() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capture_ != Capture::Bound) return;
+  Replay& r = *replay_;
+  for (size_t i = 0; i < r.layers.size(); ++i) set_end_state(layers_[r.layers[i]], r.armed[i]);
+  set_counters(r.armed_counters);
+  std::lock_guard<std::mutex> qlock(q_mu_);
+  for (const std::unique_ptr<ReplayEnd>& e : r.ends) replay_serials_[e->layer].pop_back();
+}
+
+void Grads::launched(EventH done) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capture_ == Capture::Bound) last_replay_ = done;
+}
+
+void Grads::released(EventH last) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capture_ != Capture::Bound) return;
+  // The graph's launches are done (their host functions have run): eager
+  // begins are ordered after its readers of the slots.
+  free_slots_after(last);
+  capture_ = Capture::None;
+  replay_.reset();
+  last_replay_ = nullptr;
 }
 
 }  // namespace lwo

@@ -26,6 +26,25 @@
 // Where the wire dtype is the host buffer's (the default, and LWO_GRADS_F32)
 // and the layer is freshly zeroed, the copy lands straight in the host
 // buffer: no host work at all.
+//
+// CUDA graphs (a CapturePart): begin and end are captured when a ring of the
+// set's pool captures. At its first call in the capture the set joins it:
+// nothing of the set may still run (the gradient stream is synchronised,
+// the worker drained), its slots are taken as never freed, and its host
+// state is saved. Each captured end is one ReplayEnd, the persistent
+// argument of its host functions (a staging buffer's wait, and the landing:
+// the job posted to the worker, or for a copy straight into the host buffer
+// the landing marked); the gradient stream joins the capture through the
+// sink's wait, and back before it ends. The capture runs nothing, so the
+// saved host state comes back when it ends; the graph then holds the set
+// (begin, end: LWO_ERR_BUSY) until it is destroyed. Each launch checks that
+// every layer the graph ends is as fresh as at the capture (its first end
+// assigns, or adds), waits for the optimizer's reads of them, then does the
+// host side of each end in the capture's order: a new serial (queued per
+// layer, where the replay's landing takes it), the layer's state and the
+// counters. wait() first waits for the last launch (its host functions have
+// then run); a replayed end's landing is the worker's or the host function's
+// record of its serial, not an event.
 #pragma once
 
 #include <atomic>
@@ -43,11 +62,11 @@
 
 namespace lwo {
 
-class Grads {
+class Grads final : public CapturePart {
  public:
   using Mode = GradsMode;  // the dtypes of the wire and the host buffers
   Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads);
-  ~Grads();  // caller checks check_destroyable() first
+  ~Grads() override;  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
   Grads& operator=(const Grads&) = delete;
 
@@ -99,6 +118,16 @@ class Grads {
   // Non-blocking: whether wait_landed(layer, serial) would return at once.
   bool landed(uint32_t layer, uint64_t serial);
 
+  // ---- CapturePart (engine.h): the set in a ring's CUDA graph ----
+  std::string live() override;
+  void join_back(StreamH stream) override;
+  void ended(bool kept, StreamH stream) noexcept override;
+  void check_launch() override;
+  void arm() override;
+  void disarm() noexcept override;
+  void launched(EventH done) noexcept override;
+  void released(EventH last) noexcept override;
+
  private:
   struct Layer {
     bool trainable = false;
@@ -115,8 +144,43 @@ class Grads {
     // and an event recorded on the gradient stream after its copy.
     uint64_t end_serial = 0;
     bool end_direct = false;
+    bool end_replayed = false;  // by a graph's launch: landed when added_serial_ says
     EventH landed = nullptr;
   };
+  // What an end changes of a layer's host state (saved around a capture and
+  // a launch).
+  struct EndState {
+    bool fresh, stale;
+    uint64_t end_serial;
+    bool end_direct, end_replayed;
+  };
+  struct Counters {
+    uint64_t end_counter, n_transfers, bytes;
+  };
+  // One end captured into a graph: the persistent argument of its host
+  // functions, the same at every launch.
+  struct ReplayEnd {
+    Grads* grads;
+    uint32_t layer;
+    bool direct;          // the copy lands in the host buffer itself
+    bool assign;          // the job assigns (else adds)
+    size_t staging;       // not direct: the staging buffer
+    const uint8_t* src;   // ... its bytes
+    uint64_t bytes;       // copied down
+  };
+  // The set's part of a capture and of the graph that keeps it.
+  struct Replay {
+    std::vector<std::unique_ptr<ReplayEnd>> ends;  // in the capture's order
+    std::vector<int8_t> fresh;    // per layer: fresh at its first captured end (-1: none)
+    std::vector<uint32_t> layers;  // the layers with ends, ascending
+    std::vector<EndState> saved;   // every layer's state at the join
+    Counters counters{};
+    bool joined = false;           // the gradient stream is part of the capture
+    // The last arm's, for disarm.
+    std::vector<EndState> armed;   // the ended layers' states before it (per `layers`)
+    Counters armed_counters{};
+  };
+  enum class Capture { None, Capturing, Bound };
   struct Job {
     Grads* grads;
     uint32_t layer;
@@ -135,6 +199,26 @@ class Grads {
   static SlotSet make_slots(Pool& pool, uint32_t depth, uint64_t bytes);
   static void post_job(void* job);       // host function: to the worker
   static void wait_staging(void* wait);  // host function: until the buffer is free
+  // A replayed end's host functions (arg: its ReplayEnd, kept by the graph).
+  static void replay_wait_staging(void* end);
+  static void replay_landed(void* end);
+  void enqueue_locked(std::unique_ptr<Job> job);  // under q_mu_: to the worker
+  void wait_staging_free(size_t staging);
+  // Refuses, naming `what`, while another pool's ring captures
+  // (LWO_ERR_CAPTURING) or a graph holds the set (LWO_ERR_BUSY); joins the
+  // capture of a ring of this pool at the first call in it. Under mu_.
+  void check_capture(const char* what);
+  void join_capture(const char* what);
+  EndState end_state(const Layer& g) const {
+    return {g.fresh, g.stale, g.end_serial, g.end_direct, g.end_replayed};
+  }
+  static void set_end_state(Layer& g, const EndState& e);
+  Counters counters() const { return {end_counter_, n_transfers_, bytes_}; }
+  void set_counters(const Counters& c);
+  // Every staging slot's free event recorded on the gradient stream after
+  // `after` (the capture's or the last launch's end): eager begins then
+  // wait for the graph's readers. Under mu_.
+  void free_slots_after(EventH after) noexcept;
   void work();                           // the worker thread
   void accumulate(const Job& job);
   void wait_worker();                    // until every posted job is done
@@ -179,6 +263,12 @@ class Grads {
   std::atomic<Reader*> reader_{nullptr};
   uint64_t end_counter_ = 0;            // under mu_
   std::vector<uint64_t> added_serial_;  // per layer, under q_mu_: the last end added
+  // CUDA graphs (under mu_, but replay_serials_ under q_mu_).
+  Capture capture_ = Capture::None;
+  std::unique_ptr<Replay> replay_;
+  EventH join_event_ = nullptr;   // the gradient stream's join and leave
+  EventH last_replay_ = nullptr;  // the graph's event after its last launch
+  std::vector<std::deque<uint64_t>> replay_serials_;  // per layer: armed ends not yet landed
 };
 
 }  // namespace lwo

@@ -594,11 +594,20 @@ void Ring::check_not_bound(const char* what) const {
   if (bound_)
     fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph (lwo_ring_capture_end) until "
          "lwo_graph_destroy", what);
+  check_not_captured_elsewhere(what);
+}
+
+void Ring::check_not_captured_elsewhere(const char* what) const {
   const void* owner = pool_.engine().capture_owner();
   if (owner && owner != this)
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph and the "
          "transfer stream is part of its capture; end it first (lwo_ring_capture_end)", what,
          owner);
+}
+
+const char* Ring::schedules_hint() const {
+  return n_schedules.load() > 0 ? " (a schedule holds its tickets until lwo_schedule_reset or "
+                                  "its LWO_END)" : "";
 }
 
 void Ring::forget_slots() {
@@ -611,6 +620,7 @@ void Ring::forget_slots() {
     slots_.emptied(i);
   }
   std::fill(slot_of_layer_.begin(), slot_of_layer_.end(), -1);
+  table_epoch_.fetch_add(1);
 }
 
 void Ring::capture_begin(StreamH stream) {
@@ -632,15 +642,12 @@ void Ring::capture_begin(StreamH stream) {
     fail(LWO_ERR_UNSUPPORTED, "a ring of a %s pool cannot be captured: its copies are packed "
          "by host threads or gathered by a collective",
          pool_.kind() == LWO_POOL_SHARDED ? "sharded" : "staged checkpoint");
-  int ns = n_schedules.load();
-  if (ns > 0)
-    fail(LWO_ERR_BUSY, "%d schedule%s of the ring exist; destroy them before a capture", ns,
-         ns == 1 ? "" : "s");
+  // The ring's schedules may drive the capture; they hold no ticket now.
   for (uint32_t i = 0; i < occ_.size(); ++i)
     if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
       fail(LWO_ERR_BUSY, "slot %u holds layer %u %s (ticket 0x%llx); release every ticket "
-           "before a capture", i, occ_[i].layer, state_name(occ_[i].state),
-           static_cast<unsigned long long>(ticket_id(i)));
+           "before a capture%s", i, occ_[i].layer, state_name(occ_[i].state),
+           static_cast<unsigned long long>(ticket_id(i)), schedules_hint());
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
   // Nothing of the ring may still run: the capture takes its slots as empty.
@@ -666,7 +673,8 @@ void Ring::capture_begin(StreamH stream) {
   forget_slots();
   captured_layers_.clear();
   capture_stream_ = stream;
-  e.set_capture_owner(this);
+  e.take_capture_parts();  // none: the last capture took its own
+  e.set_capture_owner(this, &pool_);
 }
 
 std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
@@ -680,7 +688,13 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   std::string live;
   for (uint32_t i = 0; i < occ_.size() && live.empty(); ++i)
     if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
-      live = strf("slot %u holds layer %u %s", i, occ_[i].layer, state_name(occ_[i].state));
+      live = strf("a ticket not released (slot %u holds layer %u %s)", i, occ_[i].layer,
+                  state_name(occ_[i].state));
+  const char* hint = live.empty() ? "" : schedules_hint();
+  // The participants (gradient sets) end with the capture, whatever happens.
+  const std::vector<CapturePart*> parts = e.take_capture_parts();
+  for (CapturePart* p : parts)
+    if (live.empty()) live = p->live();
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
   // Whatever happens, the capture ends here and the ring is taken as empty
@@ -696,11 +710,13 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
       gpu.stream_wait(e.h2d(), capture_event_);
     } catch (...) {
     }
+    for (CapturePart* p : parts) p->ended(false, stream);
   };
   void* exec = nullptr;
   try {
     gpu.event_record(capture_event_, e.h2d());
     gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+    for (CapturePart* p : parts) p->join_back(stream);
     exec = gpu.capture_end(stream);
   } catch (...) {
     try {
@@ -713,12 +729,13 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   if (!live.empty()) {
     gpu.graph_destroy(exec);
     leave();
-    fail(LWO_ERR_TICKET_STATE, "the capture ended with a ticket not released (%s): it is "
-         "discarded; release every ticket before lwo_ring_capture_end", live.c_str());
+    fail(LWO_ERR_TICKET_STATE, "the capture ended with %s: it is discarded and its tickets and "
+         "gradient layers ended; release every ticket and end every gradient layer before "
+         "lwo_ring_capture_end%s", live.c_str(), hint);
   }
   std::unique_ptr<Graph> g;
   try {
-    g = std::make_unique<Graph>(*this, exec, captured_layers_);
+    g = std::make_unique<Graph>(*this, exec, captured_layers_, parts);
   } catch (...) {
     gpu.graph_destroy(exec);
     leave();
@@ -727,6 +744,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   capture_stream_ = nullptr;
   e.set_capture_owner(nullptr);
   bound_ = true;  // the table holds what every replay leaves in the slots
+  for (CapturePart* p : parts) p->ended(true, stream);  // the graph holds them now
   gpu.event_record(capture_event_, stream);  // after the capture: graph_released's order
   return g;
 }
@@ -746,9 +764,10 @@ void Ring::graph_released(EventH last_launch) {
   bound_ = false;
 }
 
-Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers)
+Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers,
+             std::vector<CapturePart*> parts)
     : ring_(ring), exec_(exec), done_(ring.engine().gpu().event_create(false)),
-      layers_(std::move(layers)) {
+      layers_(std::move(layers)), parts_(std::move(parts)) {
   std::sort(layers_.begin(), layers_.end());
   layers_.erase(std::unique(layers_.begin(), layers_.end()), layers_.end());
 }
@@ -762,6 +781,7 @@ Graph::~Graph() {
   } catch (...) {
   }
   gpu.graph_destroy(exec_);
+  for (CapturePart* p : parts_) p->released(launched_ ? done_ : nullptr);
   ring_.graph_released(launched_ ? done_ : nullptr);
   gpu.event_destroy(done_);
 }
@@ -771,14 +791,36 @@ void Graph::launch(StreamH stream) {
   if (!stream)
     fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: launch the graph on a stream of the device");
   e.check_not_capturing("launching a graph");
+  for (CapturePart* p : parts_) p->check_launch();
   if (Pool::Writer* w = ring_.pool().writer.load())
     for (uint32_t l : layers_) w->wait_layer(l);
+  size_t armed = 0;
+  auto disarm = [&] {
+    while (armed) parts_[--armed]->disarm();
+  };
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
-  if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
-  gpu.graph_launch(exec_, stream);
-  gpu.event_record(done_, stream);
+  try {
+    for (; armed < parts_.size(); ++armed) parts_[armed]->arm();
+    if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
+    gpu.graph_launch(exec_, stream);
+  } catch (...) {
+    disarm();
+    throw;
+  }
   launched_ = true;
+  // The replay is enqueued: its participants hear of it even if the event
+  // cannot be recorded (the error then says the engine is broken).
+  auto tell = [&] {
+    for (CapturePart* p : parts_) p->launched(done_);
+  };
+  try {
+    gpu.event_record(done_, stream);
+  } catch (...) {
+    tell();
+    throw;
+  }
+  tell();
 }
 
 }  // namespace lwo

@@ -22,6 +22,7 @@
 // depth + n_resident - 1, with the same states, acquire and release.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -74,6 +75,10 @@ class Ring {
   void check_destroyable();
 
   std::atomic<int> n_schedules{0};  // live schedules of the ring (they count themselves)
+  // How many times the table was emptied wholesale (forget_slots: a capture
+  // begun, discarded or its graph destroyed). A ticket issued before the
+  // latest has ended: a schedule drops its tickets of an earlier count.
+  uint64_t table_epoch() const { return table_epoch_.load(); }
 
   // CUDA graph capture (lwo.h, lwo_ring_capture_begin): capture_begin waits
   // until nothing of the ring runs, takes its slots as empty and begins a
@@ -86,6 +91,9 @@ class Ring {
   void capture_begin(StreamH stream);
   std::unique_ptr<class Graph> capture_end(StreamH stream);
   void graph_released(EventH last_launch);
+  // Throws LWO_ERR_CAPTURING, naming `what`, while another ring of the engine
+  // captures (the transfer stream is part of that capture).
+  void check_not_captured_elsewhere(const char* what) const;
 
  private:
   enum class State : uint8_t { Empty, Staged, Acquired, Released };
@@ -142,6 +150,9 @@ class Ring {
   // Every slot empty, never freed, nothing in the table (no device work of
   // the ring may still run or be waited for).
   void forget_slots();
+  // For messages about live tickets: how a schedule of the ring lets go of
+  // its own ("" without schedules).
+  const char* schedules_hint() const;
 
   Pool& pool_;
   uint64_t serial_;                    // the serial of the ring's new tickets
@@ -169,17 +180,21 @@ class Ring {
   bool bound_ = false;                // a graph holds the ring
   EventH capture_event_ = nullptr;    // the transfer stream's join and leave
   std::vector<uint32_t> captured_layers_;
+  std::atomic<uint64_t> table_epoch_{0};
 };
 
 // An instantiated CUDA graph of one ring's pass (lwo_graph). Its destructor
 // waits for the last launch, destroys the graph and gives the ring back.
 class Graph {
  public:
-  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers);
+  // `parts`: what else the capture holds (gradient sets), told of each
+  // launch and of the graph's end.
+  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<CapturePart*> parts);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
-  // One replay on `stream`, after the pool's writer is done with every layer.
+  // One replay on `stream`, after the pool's writer is done with every layer
+  // and each participant checked and armed.
   void launch(StreamH stream);
   void check_destroyable() {}
 
@@ -189,6 +204,7 @@ class Graph {
   EventH done_;
   bool launched_ = false;
   std::vector<uint32_t> layers_;
+  std::vector<CapturePart*> parts_;
 };
 
 // Ticket ids: ring serial (36 bits) | slot (12 bits) | sequence (16 bits). A

@@ -4,7 +4,8 @@
 
 namespace lwo {
 
-Schedule::Schedule(Ring& ring, const uint32_t* layers, uint32_t n) : ring_(ring) {
+Schedule::Schedule(Ring& ring, const uint32_t* layers, uint32_t n)
+    : ring_(ring), epoch_(ring.table_epoch()) {
   if (n == 0) fail(LWO_ERR_INVALID_ARGUMENT, "the schedule has 0 layers");
   if (!layers) fail(LWO_ERR_INVALID_ARGUMENT, "layers is NULL");
   uint32_t nl = ring.pool().n_layers();
@@ -18,21 +19,38 @@ Schedule::Schedule(Ring& ring, const uint32_t* layers, uint32_t n) : ring_(ring)
 
 Schedule::~Schedule() {
   try {
+    drop_ended();
     release_all(last_stream_);
   } catch (...) {
   }
   ring_.n_schedules.fetch_sub(1);
 }
 
+void Schedule::drop_ended() {
+  const uint64_t e = ring_.table_epoch();
+  if (e == epoch_) return;
+  epoch_ = e;
+  holding_ = false;
+  ahead_.clear();
+}
+
+void Schedule::check_destroyable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_ended();
+  if (holds_tickets())
+    ring_.check_not_captured_elsewhere("destroying a schedule that holds tickets of its ring");
+}
+
+// Each ticket is forgotten only once its release succeeded: a refused
+// release leaves it held, for a later call.
 void Schedule::release_all(StreamH stream) {
   if (holding_) {
-    holding_ = false;
     ring_.release(held_, stream);
+    holding_ = false;
   }
   while (!ahead_.empty()) {
-    lwo_ticket t = ahead_.front().second;
+    ring_.release(ahead_.front().second, stream);
     ahead_.pop_front();
-    ring_.release(t, stream);
   }
 }
 
@@ -47,10 +65,14 @@ lwo_status_t Schedule::next(StreamH stream, lwo_layer_view* view) {
 }
 
 lwo_status_t Schedule::next_locked(StreamH stream, lwo_layer_view* view) {
+  drop_ended();
+  // Before any release: the call changes nothing while another ring captures.
+  if (holds_tickets() || pos_ < order_.size())
+    ring_.check_not_captured_elsewhere("driving a schedule of another ring");
   last_stream_ = stream;
   if (holding_) {
-    holding_ = false;
     ring_.release(held_, stream);
+    holding_ = false;
   }
   if (pos_ >= order_.size()) return LWO_END;
   // Stage ahead: positions pos_.. while fewer than depth tickets are out.
@@ -80,6 +102,8 @@ lwo_status_t Schedule::next_locked(StreamH stream, lwo_layer_view* view) {
 
 void Schedule::reset(StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  drop_ended();
+  if (holds_tickets()) ring_.check_not_captured_elsewhere("resetting a schedule of another ring");
   last_stream_ = stream;
   release_all(stream);
   pos_ = 0;

@@ -869,27 +869,58 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * memory, so a replay copies the bytes the pool holds when that copy runs,
  * and the slots' ready and free events become the graph's edges.
  *
- * lwo_ring_capture_begin waits until nothing of the ring runs, takes its
- * slots as empty (so each layer's first stage in the capture is a copy and a
- * replay does not depend on what the slots held before it), begins a capture
- * on `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
- * stream) and joins the engine's transfer stream to it. Then the caller
- * stages, acquires, computes on `stream` and releases as in an eager pass.
- * Until lwo_ring_capture_end, other rings' stages, gradient sets, schedules,
- * new rings and pools, lwo_ring_query and lwo_engine_synchronize of the
- * engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer
- * stream back, ends the capture and instantiates the graph; every ticket
- * must be released first (else LWO_ERR_TICKET_STATE and the capture is
- * discarded). From then until lwo_graph_destroy the ring belongs to the
- * graph: its stages, acquires and releases and lwo_ring_destroy are
- * LWO_ERR_BUSY. lwo_graph_launch enqueues one replay on any stream of the
- * engine's device, after an optimizer's pending writes of the captured
- * layers and after the graph's previous replay (replays share the slots);
- * the caller writes the pool's layers only while no replay runs, as
- * before eager stages. lwo_graph_destroy waits for the last replay and gives
- * the ring back with its slots empty. Not captured (LWO_ERR_UNSUPPORTED):
- * rings with LWO_RING_TIMING or resident layers, staged and sharded pools;
- * the host-only test backend records no graphs. */
+ * lwo_ring_capture_begin waits until nothing of the ring runs, takes its slots
+ * as empty (so each layer's first stage in the capture is a copy and a replay
+ * does not depend on what the slots held before it), begins a capture on
+ * `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
+ * stream) and joins the engine's transfer stream to it. Then the caller stages,
+ * acquires, computes on `stream` and releases as in an eager pass, or drives a
+ * schedule of the ring made before the capture (since 0.6.0; it must hold no
+ * ticket at lwo_ring_capture_begin: at its start, reset, or at its LWO_END).
+ * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
+ * of other pools, new rings, pools, schedules and gradient sets,
+ * lwo_ring_query, lwo_grads_wait and lwo_engine_synchronize of the engine are
+ * LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
+ * the capture and instantiates the graph; every ticket must be released first,
+ * a schedule's by lwo_schedule_reset or its LWO_END, and every gradient layer
+ * begun in the capture ended (else LWO_ERR_TICKET_STATE: the capture is
+ * discarded and its tickets end; a schedule then goes on from its position,
+ * staging again, and a gradient set is as before the capture).
+ *
+ * A training step: the gradient sets of the ring's pool begin and end in the
+ * capture as in an eager step (since 0.6.0). A set joins at its first call in
+ * the capture, which waits until nothing of the set runs (LWO_ERR_BUSY if a
+ * layer was begun before the capture); its copies to host become memcpy nodes
+ * and its host work (the staging buffers' waits, each layer's landing, the
+ * accumulation the worker does) host nodes with arguments the graph keeps. The
+ * capture runs nothing: lwo_grads_wait and the buffers are as before it. Each
+ * launch does what each end did on the host (a layer's first gradient after
+ * lwo_grads_zero overwrites, a later one adds), so each layer must be zeroed,
+ * or not, as it was at the capture: capture after lwo_grads_zero and zero
+ * before each launch (else lwo_graph_launch is LWO_ERR_TICKET_STATE with
+ * nothing enqueued). lwo_grads_wait is the fence of the launches;
+ * lwo_optim_step after a launch updates each layer once its replayed gradient
+ * has landed.
+ *
+ * The caller owns the graph; from lwo_ring_capture_end until lwo_graph_destroy
+ * the graph owns the ring and the gradient sets it ends: the ring's stages,
+ * acquires and releases, lwo_ring_destroy, the sets' begins and ends and
+ * lwo_grads_destroy are LWO_ERR_BUSY, and so is lwo_schedule_next of the ring's
+ * schedules (one at its LWO_END answers LWO_END; position and reset work: they
+ * hold nothing). lwo_graph_launch enqueues one replay on any stream of the
+ * engine's device, after an optimizer's pending writes of the captured layers
+ * and reads of the gradients it ends, and after the graph's previous replay
+ * (replays share the slots); the caller writes the pool's layers only while no
+ * replay runs, as before eager stages. lwo_graph_destroy waits for the last
+ * replay and gives the ring back with its slots empty; a schedule then drives
+ * it eagerly from its position.
+ *
+ * Threads: the calls of a capture come from one thread at a time, in the order
+ * of the pass (other threads' CUDA work stays out of the graph unless it
+ * enqueues on a captured stream); a graph's launches and destruction, one
+ * thread at a time. Not captured (LWO_ERR_UNSUPPORTED): rings with
+ * LWO_RING_TIMING or resident layers, staged and sharded pools; the host-only
+ * test backend records no graphs. */
 typedef struct lwo_graph lwo_graph;
 
 LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream);
@@ -952,7 +983,9 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
 
 /* Releases every layer the schedule still holds or has staged ahead, on the
  * stream of the last lwo_schedule_next or lwo_schedule_reset (the legacy
- * default stream if there was none), then destroys it. */
+ * default stream if there was none), then destroys it. LWO_ERR_CAPTURING
+ * (since 0.6.0) while another ring of the engine captures a CUDA graph and
+ * the schedule holds tickets: the releases would be outside the graph. */
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
 
 /* One step of the pass: releases the previously returned layer on `stream`,
@@ -964,7 +997,9 @@ LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule);
  * not advance, and a later call retries; the message names
  * lwo_schedule_next, the position and the layer, then the staging error.
  * After LWO_END every call returns LWO_END again (holding nothing) until
- * lwo_schedule_reset. */
+ * lwo_schedule_reset. During a capture of the schedule's ring its stages,
+ * acquires and releases are captured (lwo_ring_capture_begin); while another
+ * ring captures it is LWO_ERR_CAPTURING with nothing changed (since 0.6.0). */
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
                                        lwo_layer_view* view);
 
@@ -973,7 +1008,8 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule,
                                            uint32_t* position);
 
 /* Releases whatever the schedule holds on `stream` and restarts the pass from
- * the first layer. Layers still in slots will be hits. */
+ * the first layer. Layers still in slots will be hits. LWO_ERR_CAPTURING
+ * while another ring captures and the schedule holds tickets (since 0.6.0). */
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream);
 
 /* ------------------------------------------------------------------------ */
@@ -1249,7 +1285,8 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
                                       const lwo_grads_config* config, lwo_grads** grads);
 
 /* Waits for every transfer, then frees. LWO_ERR_BUSY while a layer is begun
- * and not ended. */
+ * and not ended, and (since 0.6.0) while a capture or a CUDA graph holds the
+ * set. */
 LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
 
 /* Claims a staging slot for the gradients of trainable `layer`: makes
@@ -1264,7 +1301,8 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * for a frozen layer. From 0.4.0: where an optimizer (lwo_optim) is still
  * reading the layer's gradients, the call first blocks until it is done
  * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
- * it zeroes). */
+ * it zeroes). Since 0.6.0 lwo_grads_begin and lwo_grads_end are captured
+ * while a ring of the set's pool captures (lwo_ring_capture_begin, below). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
@@ -1276,9 +1314,9 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
 LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream);
 
 /* The fence: blocks until every gradient ended so far has landed in host
- * memory and been accumulated. The only way the host may safely read the
- * buffers. LWO_ERR_BUSY (after waiting for the rest) if a layer is begun and
- * not ended. */
+ * memory and been accumulated (since 0.6.0 those of a CUDA graph's launches
+ * too). The only way the host may safely read the buffers. LWO_ERR_BUSY
+ * (after waiting for the rest) if a layer is begun and not ended. */
 LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
 
 /* Waits as lwo_grads_wait does, then starts new sums: the next gradient of

@@ -85,9 +85,11 @@ TESTKIT_OWNER(Schedule, lwo_schedule*, lwo_schedule_destroy);
 TESTKIT_OWNER(Grads, lwo_grads*, lwo_grads_destroy);
 TESTKIT_OWNER(Checkpoint, lwo_checkpoint*, lwo_checkpoint_destroy);
 TESTKIT_OWNER(Plan, lwo_plan*, lwo_plan_destroy);
+TESTKIT_OWNER(Graph, lwo_graph*, lwo_graph_destroy);
 TESTKIT_OWNER(Comm, lwo_nccl_comm_t, lwo_nccl_comm_destroy);
 TESTKIT_OWNER(Stream, cudaStream_t, sync_and_destroy_stream);
 TESTKIT_OWNER(Event, cudaEvent_t, cudaEventDestroy);
+TESTKIT_OWNER(GraphExec, cudaGraphExec_t, cudaGraphExecDestroy);  // cudaGraphInstantiate
 TESTKIT_OWNER(DeviceMem, void*, cudaFree);
 TESTKIT_OWNER(PinnedMem, void*, cudaFreeHost);       // cudaHostAlloc / cudaMallocHost
 TESTKIT_OWNER(Registration, void*, cudaHostUnregister);  // cudaHostRegister (not the memory)

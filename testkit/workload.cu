@@ -640,6 +640,13 @@ void ChainRun::ensure_grad_buffers() {
   if (scratch && weights_.all_resident()) grad_scratch_ = device_alloc(scratch);
 }
 
+std::vector<const void*> ChainRun::resident_tensors(uint32_t r) {
+  std::vector<const void*> w;
+  std::vector<void*> g;
+  resident_views(r, w, g, false);
+  return w;
+}
+
 // Record r's resident tensors, and where its weight gradients go (g: the
 // same order; empty when not asked for).
 void ChainRun::resident_views(uint32_t r, std::vector<const void*>& w, std::vector<void*>& g,

@@ -334,6 +334,15 @@ class ChainRun {
     std::vector<double> fwd_ms, bwd_ms;
   };
   RecordTimes resident_record_times(bool backward, uint32_t repeats);
+  // Record r's forward (every micro-batch) enqueued on the stream from
+  // `tensors`: a ring's view of the record, or resident_tensors(r). The
+  // calls of every pass above, for callers that drive (or capture) a pass
+  // themselves.
+  void forward(uint32_t r, const void* const* tensors) const {
+    forward_record(r, tensors, 0, micro_);
+  }
+  // Record r's resident tensors (make_resident), in a view's order.
+  std::vector<const void*> resident_tensors(uint32_t r);
   // A streamed step through `ring` by `schedule` (made over step_order):
   // passes() passes (options.passes is set from it); `grads` null in a
   // backward pass: frozen.

@@ -129,10 +129,7 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
 }
 
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule) {
-  return guard("lwo_schedule_destroy", [&] {
-    if (!schedule) return;
-    retire(check_handle(schedule));
-  });
+  return guard("lwo_schedule_destroy", [&] { destroy(schedule); });
 }
 
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,

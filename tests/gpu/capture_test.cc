@@ -5,7 +5,10 @@
 // from resident copies of the weights bit for bit; a layer rewritten in the
 // pool between replays is seen by the next one; replays on two streams in a
 // row are ordered by the library; the ring belongs to the graph until it is
-// destroyed, then an eager pass equals the resident chain again.
+// destroyed, then an eager pass equals the resident chain again. The same
+// with the pass driven by a schedule made before the capture; and a training
+// step with its gradients to host memory, replayed 100 times.
+#include <cstdlib>
 #include <random>
 
 #include "quant_util.h"
@@ -17,7 +20,14 @@ constexpr int64_t kDim = 256;
 constexpr int64_t kTokens = 64;
 constexpr uint32_t kLayers = 6;
 
-class CaptureGpu : public GpuTest {};
+// Replays of the captured training step: 100, or LWO_CAPTURE_REPLAYS
+// (scripts/device-test sets 5 under compute-sanitizer, which runs every
+// kernel many times slower).
+uint32_t step_replays() {
+  const char* e = std::getenv("LWO_CAPTURE_REPLAYS");
+  const unsigned long n = e ? std::strtoul(e, nullptr, 10) : 0;
+  return n ? static_cast<uint32_t>(n) : 100u;
+}
 
 lwo_linear_desc linear_desc() {
   lwo_linear_desc d = LWO_LINEAR_DESC_INIT;
@@ -27,43 +37,87 @@ lwo_linear_desc linear_desc() {
   return d;
 }
 
-TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
-  std::mt19937_64 rng(fresh_seed() + 77);
-  const lwo_dtype_t DT = LWO_DTYPE_BF16;
-  const size_t es = 2, NW = size_t(kDim * kDim), NB = size_t(kDim);
-  const size_t act = size_t(kTokens * kDim) * es;
-  lwo_tensor_desc t[2] = {tensor_desc("weight", DT, {kDim, kDim}), tensor_desc("bias", DT, {kDim})};
-  std::vector<lwo_layer_desc> layers(kLayers, lwo_layer_desc{t, 2, nullptr});
-  testkit::Pool pool;
-  CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), kLayers, nullptr, pool.out()));
-  std::vector<HostMat> W, B;
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    W.push_back(random_mat(DT, NW, 0.12f, rng));
-    B.push_back(random_mat(DT, NB, 0.1f, rng));
-    CHECK_LWO(lwo_pool_write(pool.get(), l, "weight", W[l].bytes.data(), W[l].bytes.size()));
-    CHECK_LWO(lwo_pool_write(pool.get(), l, "bias", B[l].bytes.data(), B[l].bytes.size()));
+// A chain of kLayers linear layers (bf16, with bias) in a pinned pool, on
+// random weights and input (a fresh seed per run), its activations X[l]
+// (poisoned before each pass) and the resident reference.
+class CaptureGpu : public GpuTest {
+ protected:
+  static constexpr lwo_dtype_t DT = LWO_DTYPE_BF16;
+  static constexpr size_t NW = size_t(kDim * kDim), NB = size_t(kDim);
+  static constexpr size_t kAct = size_t(kTokens * kDim) * 2;
+
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (!engine_ || HasFatalFailure()) return;
+    t_[0] = tensor_desc("weight", DT, {kDim, kDim});
+    t_[1] = tensor_desc("bias", DT, {kDim});
+    std::vector<lwo_layer_desc> layers(kLayers, lwo_layer_desc{t_, 2, nullptr});
+    CHECK_LWO(lwo_pool_create_pinned(engine_, layers.data(), kLayers, nullptr, pool_.out()));
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      W_.push_back(random_mat(DT, NW, 0.12f, rng_));
+      B_.push_back(random_mat(DT, NB, 0.1f, rng_));
+      write(l);
+    }
+    X0_ = upload(random_mat(DT, size_t(kTokens * kDim), 1.f, rng_).bytes);
+    for (uint32_t l = 0; l < kLayers; ++l) X_.push_back(poisoned(kAct));
   }
-  Ring ring;
-  create_ring(pool.get(), 2, 0, &ring);
-  if (HasFatalFailure()) return;
-  const lwo_linear_desc d = linear_desc();
-  const cudaStream_t st = stream(0), st2 = stream(1);
-  const HostMat x = random_mat(DT, size_t(kTokens * kDim), 1.f, rng);
-  testkit::DeviceMem X0 = upload(x.bytes);
-  std::vector<testkit::DeviceMem> X;
-  for (uint32_t l = 0; l < kLayers; ++l) X.push_back(poisoned(act));
+  void TearDown() override {
+    pool_.reset();
+    GpuTest::TearDown();
+  }
+  // The pool's layer l from W_[l] and B_[l].
+  void write(uint32_t l) {
+    CHECK_LWO(lwo_pool_write(pool_.get(), l, "weight", W_[l].bytes.data(), W_[l].bytes.size()));
+    CHECK_LWO(lwo_pool_write(pool_.get(), l, "bias", B_[l].bytes.data(), B_[l].bytes.size()));
+  }
+  // New random weights for layer l, in W_ and the pool.
+  void rewrite(uint32_t l) {
+    W_[l] = random_mat(DT, NW, 0.12f, rng_);
+    write(l);
+  }
   // The chain from resident weights: what every pass must give.
-  auto resident = [&]() {
+  std::vector<uint8_t> resident() {
+    const cudaStream_t st = stream(0);
     std::vector<testkit::DeviceMem> Y;
     for (uint32_t l = 0; l < kLayers; ++l) {
-      testkit::DeviceMem w = upload(W[l].bytes), b = upload(B[l].bytes);
-      Y.push_back(poisoned(act));
-      EXPECT_LWO_OK(lwo_linear_forward(engine_, &d, kTokens, l ? Y[l - 1].get() : X0.get(),
+      testkit::DeviceMem w = upload(W_[l].bytes), b = upload(B_[l].bytes);
+      Y.push_back(poisoned(kAct));
+      EXPECT_LWO_OK(lwo_linear_forward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
                                        w.get(), b.get(), Y[l].get(), st));
       EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
     }
-    return fetch(Y[kLayers - 1], act);
-  };
+    return fetch(Y[kLayers - 1], kAct);
+  }
+  // Layer v.layer's forward from its view, enqueued on s.
+  void forward(const lwo_layer_view& v, cudaStream_t s) {
+    const uint32_t l = v.layer;
+    CHECK_LWO(lwo_linear_forward(engine_, &desc_, kTokens, l ? X_[l - 1].get() : X0_.get(),
+                                 v.tensors[0], v.tensors[1], X_[l].get(), s));
+  }
+  void poison() {
+    for (testkit::DeviceMem& m : X_) CUDA_OK(cudaMemset(m.get(), 0xff, kAct));
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  // The last activation once `s` is done.
+  std::vector<uint8_t> output(cudaStream_t s) {
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    return fetch(X_[kLayers - 1], kAct);
+  }
+
+  std::mt19937_64 rng_{fresh_seed() + 77};
+  lwo_tensor_desc t_[2];
+  testkit::Pool pool_;
+  std::vector<HostMat> W_, B_;
+  testkit::DeviceMem X0_;
+  std::vector<testkit::DeviceMem> X_;
+  const lwo_linear_desc desc_ = linear_desc();
+};
+
+TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
+  Ring ring;
+  create_ring(pool_.get(), 2, 0, &ring);
+  if (HasFatalFailure()) return;
+  const cudaStream_t st = stream(0), st2 = stream(1);
   // One streamed pass enqueued on `s` (eager, or captured).
   auto pass = [&](cudaStream_t s) {
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -71,15 +125,13 @@ TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
       CHECK_LWO(lwo_ring_stage(ring.get(), l, &tk));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       CHECK_LWO(lwo_ring_acquire(ring.get(), tk, s, &v));
-      CHECK_LWO(lwo_linear_forward(engine_, &d, kTokens, l ? X[l - 1].get() : X0.get(),
-                                   v.tensors[0], v.tensors[1], X[l].get(), s));
+      forward(v, s);
       CHECK_LWO(lwo_ring_release(ring.get(), tk, s));
     }
   };
   const std::vector<uint8_t> want = resident();
   pass(st);  // eager first: the compute's plans are made outside the capture
-  CUDA_OK(cudaStreamSynchronize(st));
-  ASSERT_EQ(fetch(X[kLayers - 1], act), want) << "eager pass";
+  ASSERT_EQ(output(st), want) << "eager pass";
 
   CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
   pass(st);
@@ -89,20 +141,16 @@ TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
   auto destroy_graph = defer([&] {
     if (graph) EXPECT_LWO_OK(lwo_graph_destroy(graph));
   });
-  for (testkit::DeviceMem& m : X) CUDA_OK(cudaMemset(m.get(), 0xff, act));
-  CUDA_OK(cudaDeviceSynchronize());
+  poison();
   CHECK_LWO(lwo_graph_launch(graph, st));
-  CUDA_OK(cudaStreamSynchronize(st));
-  ASSERT_EQ(fetch(X[kLayers - 1], act), want) << "first replay";
+  ASSERT_EQ(output(st), want) << "first replay";
 
   // Layer 2 rewritten in the pool: the next replay moves the new bytes.
-  W[2] = random_mat(DT, NW, 0.12f, rng);
-  CHECK_LWO(lwo_pool_write(pool.get(), 2, "weight", W[2].bytes.data(), W[2].bytes.size()));
+  rewrite(2);
   const std::vector<uint8_t> want2 = resident();
   ASSERT_NE(want2, want);
   CHECK_LWO(lwo_graph_launch(graph, st));
-  CUDA_OK(cudaStreamSynchronize(st));
-  ASSERT_EQ(fetch(X[kLayers - 1], act), want2) << "replay after the pool changed";
+  ASSERT_EQ(output(st), want2) << "replay after the pool changed";
 
   // Two replays in a row on two streams, the first held back by a delay:
   // the second waits for the first (they share the slots and buffers).
@@ -110,7 +158,7 @@ TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
   CHECK_LWO(lwo_graph_launch(graph, st));
   CHECK_LWO(lwo_graph_launch(graph, st2));
   CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(fetch(X[kLayers - 1], act), want2) << "replays on two streams";
+  ASSERT_EQ(fetch(X_[kLayers - 1], kAct), want2) << "replays on two streams";
 
   // The ring belongs to the graph.
   lwo_ticket tk{};
@@ -119,11 +167,207 @@ TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
   CHECK_LWO(lwo_graph_destroy(graph));
   graph = nullptr;
   // Given back: an eager pass equals the resident chain.
-  for (testkit::DeviceMem& m : X) CUDA_OK(cudaMemset(m.get(), 0xff, act));
-  CUDA_OK(cudaDeviceSynchronize());
+  poison();
   pass(st);
-  CUDA_OK(cudaStreamSynchronize(st));
-  ASSERT_EQ(fetch(X[kLayers - 1], act), want2) << "eager pass after the graph";
+  ASSERT_EQ(output(st), want2) << "eager pass after the graph";
+}
+
+// A schedule made before the capture drives it: the replayed forward equals
+// the resident chain bit for bit, over replays with a pool layer rewritten
+// before each (the first, a middle and the last layer in turn); while the
+// graph exists the reset schedule's next is LWO_ERR_BUSY, and after it the
+// schedule drives eager passes again.
+TEST_F(CaptureGpu, AScheduleDrivenForwardReplayedEqualsTheResidentChain) {
+  Ring ring;
+  create_ring(pool_.get(), 2, 0, &ring);
+  if (HasFatalFailure()) return;
+  std::vector<uint32_t> order(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) order[l] = l;
+  testkit::Schedule sch;
+  CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), kLayers, sch.out()));
+  const cudaStream_t st = stream(0);
+  // The schedule from its start to its LWO_END, each layer's forward on st.
+  auto pass = [&] {
+    CHECK_LWO(lwo_schedule_reset(sch.get(), st));
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    lwo_status_t s;
+    while ((s = lwo_schedule_next(sch.get(), st, &v)) == LWO_OK) forward(v, st);
+    EXPECT_EQ(s, LWO_END) << lwo_last_error_message();
+  };
+  std::vector<uint8_t> want = resident();
+  pass();  // eager first
+  ASSERT_EQ(output(st), want) << "eager pass";
+
+  CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
+  pass();
+  testkit::Graph graph;
+  CHECK_LWO(lwo_ring_capture_end(ring.get(), st, graph.out()));
+  uint32_t pos = 0;
+  CHECK_LWO(lwo_schedule_position(sch.get(), &pos));
+  EXPECT_EQ(pos, kLayers);
+  for (uint32_t k = 0; k < 6; ++k) {
+    if (k) {
+      rewrite(k % 3 == 1 ? 0 : k % 3 == 2 ? kLayers / 2 : kLayers - 1);
+      const std::vector<uint8_t> next = resident();
+      ASSERT_NE(next, want);
+      want = next;
+    }
+    poison();
+    CHECK_LWO(lwo_graph_launch(graph.get(), st));
+    ASSERT_EQ(output(st), want) << "replay " << k;
+  }
+
+  CHECK_LWO(lwo_schedule_reset(sch.get(), st));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_schedule_next(sch.get(), st, &v), LWO_ERR_BUSY) << lwo_last_error_message();
+  graph.destroy();
+  poison();
+  pass();
+  ASSERT_EQ(output(st), want) << "eager pass after the graph";
+}
+
+// A training step captured with its gradients: a schedule over
+// [0..5, 5..0] drives the forward and then the backward, whose weight and
+// bias gradients go to host memory through a gradient set (in bf16, and
+// with LWO_GRADS_NATIVE_WIRE converted to f32 on the host); 100 replays
+// (step_replays),
+// the host writing a layer's new weights into the pool and zeroing the
+// gradients before each, every gradient and the input gradient equal to the
+// step computed from resident weights bit for bit.
+TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
+  const cudaStream_t st = stream(0);
+  const HostMat dy = random_mat(DT, size_t(kTokens * kDim), 0.05f, rng_);
+  testkit::DeviceMem DY = upload(dy.bytes);
+  std::vector<testkit::DeviceMem> DX;
+  for (uint32_t l = 0; l < kLayers; ++l) DX.push_back(poisoned(kAct));
+  // The step from resident weights: each layer's dW and db (bf16), and dx_0.
+  struct Step {
+    std::vector<std::vector<uint8_t>> dw, db;
+    std::vector<uint8_t> dx0;
+  };
+  auto resident_step = [&] {
+    std::vector<testkit::DeviceMem> w, b, Y, dX, dW, dB;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      w.push_back(upload(W_[l].bytes));
+      b.push_back(upload(B_[l].bytes));
+      Y.push_back(poisoned(kAct));
+      dX.push_back(poisoned(kAct));
+      dW.push_back(poisoned(NW * 2));
+      dB.push_back(poisoned(NB * 2));
+      EXPECT_LWO_OK(lwo_linear_forward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                       w[l].get(), b[l].get(), Y[l].get(), st));
+    }
+    for (uint32_t l = kLayers; l-- > 0;)
+      EXPECT_LWO_OK(lwo_linear_backward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                        l + 1 < kLayers ? dX[l + 1].get() : DY.get(), w[l].get(),
+                                        dX[l].get(), dW[l].get(), dB[l].get(), DT, st));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+    Step r;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      r.dw.push_back(fetch(dW[l], NW * 2));
+      r.db.push_back(fetch(dB[l], NB * 2));
+    }
+    r.dx0 = fetch(dX[0], kAct);
+    return r;
+  };
+  // The host gradient of `name` as the resident step's bf16 bytes: itself, or
+  // widened to f32 (exact) where the set holds f32.
+  auto as_host = [](const std::vector<uint8_t>& bf16, lwo_dtype_t host) {
+    if (host == LWO_DTYPE_BF16) return bf16;
+    std::vector<uint8_t> f32(bf16.size() * 2);
+    for (size_t i = 0; i < bf16.size() / 2; ++i) {
+      const uint32_t bits = uint32_t(bf16[2 * i] | (bf16[2 * i + 1] << 8)) << 16;
+      std::memcpy(&f32[4 * i], &bits, 4);
+    }
+    return f32;
+  };
+  std::vector<uint32_t> order;
+  for (uint32_t l = 0; l < kLayers; ++l) order.push_back(l);
+  for (uint32_t l = kLayers; l-- > 0;) order.push_back(l);
+
+  for (uint32_t flags : {0u, uint32_t(LWO_GRADS_NATIVE_WIRE)}) {
+    SCOPED_TRACE(flags ? "f32 host gradients" : "bf16 host gradients");
+    Ring ring;
+    create_ring(pool_.get(), 2, 0, &ring);
+    if (HasFatalFailure()) return;
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = flags;
+    testkit::Grads grads;
+    CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
+    testkit::Schedule sch;
+    CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), uint32_t(order.size()), sch.out()));
+    // One streamed step on st: forward, then backward with the gradients.
+    auto step = [&] {
+      CHECK_LWO(lwo_schedule_reset(sch.get(), st));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      for (uint32_t k = 0; k < kLayers; ++k) {
+        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
+        forward(v, st);
+      }
+      for (uint32_t k = 0; k < kLayers; ++k) {
+        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
+        const uint32_t l = v.layer;
+        lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+        CHECK_LWO(lwo_grads_begin(grads.get(), l, st, &g));
+        CHECK_LWO(lwo_linear_backward(engine_, &desc_, kTokens, l ? X_[l - 1].get() : X0_.get(),
+                                      l + 1 < kLayers ? DX[l + 1].get() : DY.get(), v.tensors[0],
+                                      DX[l].get(), g.tensors[0], g.tensors[1], DT, st));
+        CHECK_LWO(lwo_grads_end(grads.get(), l, st));
+      }
+      lwo_status_t end = lwo_schedule_next(sch.get(), st, &v);
+      EXPECT_EQ(end, LWO_END) << lwo_last_error_message();
+    };
+    // After a step: the host gradients and dx_0 against the resident step.
+    auto check = [&](const Step& want, const char* what) {
+      CHECK_LWO(lwo_grads_wait(grads.get()));
+      CUDA_OK(cudaStreamSynchronize(st));
+      ASSERT_EQ(fetch(DX[0], kAct), want.dx0) << what << ": dx_0";
+      for (uint32_t l = 0; l < kLayers; ++l)
+        for (const char* name : {"weight", "bias"}) {
+          lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+          CHECK_LWO(lwo_grads_tensor(grads.get(), l, name, &gt));
+          const std::vector<uint8_t> ref = as_host(*name == 'w' ? want.dw[l] : want.db[l], gt.dtype);
+          ASSERT_EQ(ref.size(), gt.n_elements * lwo_dtype_size(gt.dtype));
+          ASSERT_EQ(0, std::memcmp(gt.data, ref.data(), ref.size()))
+              << what << ": layer " << l << " " << name;
+        }
+    };
+    auto fresh_buffers = [&] {
+      poison();
+      for (testkit::DeviceMem& m : DX) CUDA_OK(cudaMemset(m.get(), 0xff, kAct));
+      CUDA_OK(cudaDeviceSynchronize());
+      CHECK_LWO(lwo_grads_zero(grads.get()));
+    };
+    Step want = resident_step();
+    fresh_buffers();
+    step();  // eager first: the compute's plans are made outside the capture
+    check(want, "eager step");
+    if (HasFatalFailure()) return;
+
+    CHECK_LWO(lwo_grads_zero(grads.get()));
+    CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
+    step();
+    testkit::Graph graph;
+    CHECK_LWO(lwo_ring_capture_end(ring.get(), st, graph.out()));
+    for (uint32_t k = 0; k < step_replays(); ++k) {
+      if (k) {
+        rewrite(k % kLayers);
+        want = resident_step();
+      }
+      fresh_buffers();
+      CHECK_LWO(lwo_graph_launch(graph.get(), st));
+      check(want, "replay");
+      if (HasFatalFailure()) {
+        ADD_FAILURE() << "replay " << k;
+        return;
+      }
+    }
+    graph.destroy();
+    fresh_buffers();
+    step();
+    check(want, "eager step after the graph");
+    if (HasFatalFailure()) return;
+  }
 }
 
 // During a capture, calls that wait or query are LWO_ERR_CAPTURING, and a

@@ -6,6 +6,10 @@
 // of an ended capture; the ring belongs to the graph until it is destroyed,
 // then stages copy again; and the refusals, each with its status, leaving
 // every object usable.
+#include <chrono>
+#include <functional>
+#include <thread>
+
 #include "abi_fixture.h"
 #include "bindings/c/lwo_test.h"
 
@@ -34,6 +38,107 @@ class Capture : public AbiTest {
       bases.push_back(static_cast<const uint8_t*>(v.base));
     }
     return bases;
+  }
+  // Drives `sch` to its end on `s`: each view's slot is read on `s` (and,
+  // with `pool`, must hold its layer's host bytes); returns the views.
+  std::vector<lwo_layer_view> drive(lwo_schedule* sch, StreamH s, lwo_pool* pool) {
+    std::vector<lwo_layer_view> views;
+    for (;;) {
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      const lwo_status_t st = lwo_schedule_next(sch, stream(s), &v);
+      if (st == LWO_END) break;
+      EXPECT_EQ(st, LWO_OK) << msg();
+      if (st != LWO_OK) break;
+      if (pool) {
+        EXPECT_TRUE(holds_layer(pool, v)) << "layer " << v.layer;
+      }
+      gpu->read(s, v.base, v.record_bytes);
+      views.push_back(v);
+    }
+    return views;
+  }
+  // A gradient as the backward wrote it: its staging slot and each tensor's
+  // offset in it (a view's tensors change at the layer's next begin).
+  struct GradEnd {
+    uint32_t layer;
+    uint8_t* base;
+    uint64_t bytes;
+    std::vector<uint64_t> offsets;
+  };
+  static GradEnd grad_end(const lwo_layer_view& g) {
+    GradEnd e{g.layer, static_cast<uint8_t*>(g.base), g.record_bytes, {}};
+    for (uint32_t k = 0; k < g.n_tensors; ++k)
+      e.offsets.push_back(static_cast<uint64_t>(static_cast<uint8_t*>(g.tensors[k]) - e.base));
+    return e;
+  }
+  // A training step's calls on `s`: a forward over 0..n-1, then for each
+  // entry of `bwd` its layer staged, acquired and read, its gradient begun,
+  // written by write(i, end) (the backward kernel, which in a capture only
+  // declares the write: a launch copies what the slot holds then) and
+  // ended, and the layer released.
+  std::vector<GradEnd> train_step(lwo_ring* ring, lwo_grads* grads, StreamH s, uint32_t n,
+                                  const std::vector<uint32_t>& bwd,
+                                  const std::function<void(size_t, const GradEnd&)>& write) {
+    std::vector<uint32_t> fwd(n);
+    for (uint32_t l = 0; l < n; ++l) fwd[l] = l;
+    pass(ring, s, fwd);
+    std::vector<GradEnd> ends;
+    for (size_t i = 0; i < bwd.size(); ++i) {
+      lwo_ticket t{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT, g = LWO_LAYER_VIEW_INIT;
+      EXPECT_EQ(lwo_ring_stage(ring, bwd[i], &t), LWO_OK) << msg();
+      EXPECT_EQ(lwo_ring_acquire(ring, t, stream(s), &v), LWO_OK) << msg();
+      gpu->read(s, v.base, v.record_bytes);
+      EXPECT_EQ(lwo_grads_begin(grads, bwd[i], stream(s), &g), LWO_OK) << msg();
+      GradEnd e = grad_end(g);
+      gpu->write(s, g.base, g.record_bytes);
+      write(i, e);
+      EXPECT_EQ(lwo_grads_end(grads, bwd[i], stream(s)), LWO_OK) << msg();
+      EXPECT_EQ(lwo_ring_release(ring, t, stream(s)), LWO_OK) << msg();
+      ends.push_back(std::move(e));
+    }
+    return ends;
+  }
+  // The f32 values the backward writes into end i's slot in step k: small
+  // whole numbers, so that sums are exact.
+  static float grad_value(uint64_t k, size_t i, uint64_t j) {
+    return static_cast<float>(static_cast<int64_t>((k * 13 + i * 5 + j) % 97) - 48);
+  }
+  static void write_grad(uint64_t k, size_t i, const GradEnd& e) {
+    std::vector<float> v(e.bytes / 4);
+    for (uint64_t j = 0; j < v.size(); ++j) v[j] = grad_value(k, i, j);
+    std::memcpy(e.base, v.data(), v.size() * 4);
+  }
+  // Each host gradient (f32) equals the sum of step k's writes of its layer.
+  void expect_host_grads(lwo_grads* grads, lwo_pool* pool, const std::vector<GradEnd>& ends,
+                         uint64_t k) {
+    for (size_t i = 0; i < ends.size(); ++i) {
+      bool first = true;
+      for (size_t j = 0; j < i; ++j) first &= ends[j].layer != ends[i].layer;
+      if (!first) continue;
+      const uint32_t l = ends[i].layer;
+      for (size_t t = 0; t < ends[i].offsets.size(); ++t) {
+        lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+        ASSERT_LWO(lwo_pool_tensor_info(pool, l, static_cast<uint32_t>(t), &ti));
+        lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+        ASSERT_LWO(lwo_grads_tensor(grads, l, ti.name, &gt));
+        ASSERT_EQ(gt.dtype, LWO_DTYPE_F32);
+        const float* got = static_cast<const float*>(gt.data);
+        for (uint64_t x = 0; x < gt.n_elements; ++x) {
+          float want = 0;
+          for (size_t j = i; j < ends.size(); ++j)
+            if (ends[j].layer == l) want += grad_value(k, j, ends[j].offsets[t] / 4 + x);
+          ASSERT_EQ(got[x], want) << "step " << k << " layer " << l << " tensor " << t
+                                  << " element " << x;
+        }
+      }
+    }
+  }
+  lwo_grads_stats grads_stats(lwo_grads* grads) {
+    lwo_grads_stats st{};
+    st.size = sizeof st;
+    EXPECT_EQ(lwo_grads_get_stats(grads, &st), LWO_OK) << msg();
+    return st;
   }
 };
 
@@ -183,6 +288,388 @@ TEST_F(Capture, RefusalsLeaveEveryObjectUsable) {
   pass(ring, s, {0}, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
   destroy(timed, other, ring, pool);
+}
+
+uint32_t position(lwo_schedule* sch) {
+  uint32_t p = 0;
+  EXPECT_EQ(lwo_schedule_position(sch, &p), LWO_OK) << msg();
+  return p;
+}
+
+// A schedule made before the capture drives it: a forward and backward order
+// over 4 layers in a ring of depth 2 (layers 3 and 2 come back while still in
+// their slots: hits). The graph holds the pass's copies in the pass's order,
+// each into the slot its view named; every launch runs them all, moving the
+// pool's bytes as they are then. After the capture the schedule is at its end;
+// reset, its next is LWO_ERR_BUSY until the graph is destroyed, then it drives
+// the ring eagerly again.
+TEST_F(Capture, AScheduleDrivesTheCaptureAndReplaysMoveThePoolsBytes) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2);
+  StreamH s = gpu->new_stream();
+  const uint32_t order[] = {0, 1, 2, 3, 3, 2, 1, 0};
+  lwo_schedule* sch = nullptr;
+  ASSERT_LWO(lwo_schedule_create(ring, order, 8, &sch));
+  EXPECT_EQ(drive(sch, s, pool).size(), 8u);  // eager, to its end
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_END);  // still at its end
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  const uint64_t copies_before = gpu->stats.copies;
+  const std::vector<lwo_layer_view> views = drive(sch, s, nullptr);
+  ASSERT_EQ(views.size(), 8u);
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(position(sch), 8u);
+
+  // The pass's copies, in order: 0, 1, 2 and 3 into the two slots in turn;
+  // 3 and 2 again are hits; then 1 and 0 where 3 and 2 were released.
+  void* const A = views[0].base;
+  void* const B = views[1].base;
+  ASSERT_NE(A, B);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(views[i].layer, order[i]);
+  EXPECT_EQ(views[2].base, A);
+  EXPECT_EQ(views[3].base, B);
+  EXPECT_EQ(views[4].base, B);
+  EXPECT_EQ(views[5].base, A);
+  EXPECT_EQ(views[6].base, B);
+  EXPECT_EQ(views[7].base, A);
+  struct Want {
+    uint32_t layer;
+    void* slot;
+  };
+  const Want want[] = {{0, A}, {1, B}, {2, A}, {3, B}, {1, B}, {0, A}};
+  const auto& ops = gpu->graph_ops();
+  ASSERT_EQ(ops.size(), 6u);
+  EXPECT_EQ(gpu->stats.copies - copies_before, 6u);
+  uint64_t pass_bytes = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    uint64_t bytes = 0;
+    const uint8_t* host = host_of(pool, want[i].layer, &bytes);
+    EXPECT_EQ(ops[i].kind, RecordingBackend::GraphOp::Copy) << "op " << i;
+    EXPECT_EQ(ops[i].src, host) << "op " << i;
+    EXPECT_EQ(ops[i].dst, want[i].slot) << "op " << i;
+    EXPECT_EQ(ops[i].bytes, bytes) << "op " << i;
+    pass_bytes += bytes;
+  }
+
+  // Each launch runs the six copies: the slots end with layers 0 and 1 as the
+  // pool holds them at the launch.
+  uint64_t b0 = 0, b1 = 0;
+  uint8_t* h0 = const_cast<uint8_t*>(host_of(pool, 0, &b0));
+  const uint8_t* h1 = host_of(pool, 1, &b1);
+  for (int launch = 0; launch < 3; ++launch) {
+    std::memset(A, 0, b0);
+    std::memset(B, 0, b1);
+    fill_random(h0, b0, 500 + launch);
+    ASSERT_LWO(lwo_pool_layer_changed(pool, 0));
+    const RecordingBackend::Stats before = gpu->stats;
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    EXPECT_EQ(gpu->stats.replayed_copies - before.replayed_copies, 6u);
+    EXPECT_EQ(gpu->stats.replayed_bytes - before.replayed_bytes, pass_bytes);
+    EXPECT_EQ(0, std::memcmp(A, h0, b0)) << "launch " << launch;
+    EXPECT_EQ(0, std::memcmp(B, h1, b1)) << "launch " << launch;
+  }
+
+  // The graph holds the ring: the schedule at its end answers LWO_END, and
+  // after a reset its next is refused, leaving it at position 0.
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_END);
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  EXPECT_EQ(lwo_schedule_next(sch, stream(s), &v), LWO_ERR_BUSY);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_next: position 0 of 8 (layer 0): staging a layer: "
+                                 "the ring belongs to a CUDA graph")) << msg();
+  EXPECT_EQ(position(sch), 0u);
+  EXPECT_EQ(lwo_ring_destroy(ring), LWO_ERR_BUSY);
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  EXPECT_EQ(drive(sch, s, pool).size(), 8u);  // eager again, every slot its layer's
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(sch, ring, pool);
+}
+
+// Schedules and a capture, each refusal leaving every object usable: a capture
+// cannot begin while a schedule of the ring holds tickets; while a ring
+// captures, a schedule of another ring cannot move, be reset or be destroyed
+// while it holds tickets (LWO_ERR_CAPTURING, its position kept); a capture
+// ended while the ring's schedule holds tickets is discarded, and the
+// schedule goes on from its position, staging its layers again.
+TEST_F(Capture, ScheduleRefusalsLeaveEveryObjectUsable) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(pool, 1);
+  StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+  const uint32_t order[] = {0, 1, 2, 3};
+  lwo_schedule *sch = nullptr, *osch = nullptr;
+  ASSERT_LWO(lwo_schedule_create(ring, order, 4, &sch));
+  ASSERT_LWO(lwo_schedule_create(other, order, 3, &osch));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_schedule_next(sch, stream(s), &v));
+  EXPECT_EQ(lwo_ring_capture_begin(ring, stream(s)), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "a schedule holds its tickets until lwo_schedule_reset")) << msg();
+  EXPECT_EQ(drive(sch, s, pool).size(), 3u);  // the rest of the pass, eager
+  ASSERT_LWO(lwo_schedule_next(osch, stream(s2), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));  // sch at its end, osch on `other`
+  EXPECT_EQ(lwo_schedule_next(osch, stream(s2), &v), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_next: position 1 of 3 (layer 1): driving a "
+                                 "schedule of another ring: ring ")) << msg();
+  EXPECT_TRUE(contains(msg(), "is capturing a CUDA graph")) << msg();
+  EXPECT_EQ(lwo_schedule_reset(osch, stream(s2)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_schedule_reset: resetting a schedule of another ring"))
+      << msg();
+  EXPECT_EQ(lwo_schedule_destroy(osch), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "destroying a schedule that holds tickets")) << msg();
+  EXPECT_EQ(position(osch), 1u);
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  ASSERT_LWO(lwo_schedule_next(sch, stream(s), &v));  // captured: layer 0 held
+  lwo_graph* graph = bogus<lwo_graph>();
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "discarded")) << msg();
+  EXPECT_TRUE(contains(msg(), "a schedule holds its tickets")) << msg();
+  EXPECT_EQ(graph, nullptr);
+
+  // The discarded capture ended sch's tickets: it goes on from position 1.
+  EXPECT_EQ(position(sch), 1u);
+  const std::vector<lwo_layer_view> rest = drive(sch, s, pool);
+  ASSERT_EQ(rest.size(), 3u);
+  EXPECT_EQ(rest[0].layer, 1u);
+  // And osch from where it stood.
+  const std::vector<lwo_layer_view> orest = drive(osch, s2, pool);
+  ASSERT_EQ(orest.size(), 2u);
+  EXPECT_EQ(orest[0].layer, 1u);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(osch, sch, other, ring, pool);
+}
+
+size_t count_ops(const std::vector<RecordingBackend::GraphOp>& ops,
+                 RecordingBackend::GraphOp::Kind kind) {
+  size_t n = 0;
+  for (const RecordingBackend::GraphOp& op : ops) n += op.kind == kind;
+  return n;
+}
+
+// A training step captured with its gradients: a forward over 3 layers and a
+// backward whose gradients go to host memory in f32, layer 1's twice (two
+// micro-batches: the second adds on the host). The capture moves nothing and
+// changes no host state; the graph holds the four copies down and their host
+// functions (each end's landing, and the staging buffer's wait before the
+// added one), and every launch after lwo_grads_zero lands the slots' bytes
+// of that launch, summed, in the host gradients (lwo_grads_wait the fence,
+// also when the replay's host work comes late).
+// A launch without the zero is refused; the graph holds the set until it is
+// destroyed, then eager steps land again.
+TEST_F(Capture, GradientsOfACapturedStepLandAtEachLaunch) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  gc.depth = 4;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  StreamH s = gpu->new_stream();
+  const std::vector<uint32_t> bwd = {2, 1, 1, 0};
+  auto eager_step = [&](uint64_t k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    const std::vector<GradEnd> ends =
+        train_step(ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, ends, k);
+  };
+  eager_step(0);
+  const lwo_grads_stats before = grads_stats(grads);
+
+  ASSERT_LWO(lwo_grads_zero(grads));
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  const std::vector<GradEnd> ends =
+      train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);  // nothing ran
+  const auto& ops = gpu->graph_ops();
+  EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::CopyD2H), 4u);
+  EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::HostFunc), 5u);
+  for (size_t i = 0; i < ends.size(); ++i)
+    for (size_t j = 0; j < i; ++j) ASSERT_NE(ends[i].base, ends[j].base);  // one slot each
+
+  for (uint64_t k = 1; k <= 5; ++k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+    const RecordingBackend::Stats st = gpu->stats;
+    gpu->pause_at_host_func = k == 3;  // the fence waits for the replay's host work
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    gpu->pause_at_host_func = false;
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, ends, k);
+    EXPECT_EQ(gpu->stats.replayed_d2h_copies - st.replayed_d2h_copies, 4u);
+    EXPECT_EQ(gpu->stats.replayed_host_funcs - st.replayed_host_funcs, 5u);
+    EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 4 * k);
+  }
+  // Without the zero the replay would overwrite the last one's gradients.
+  EXPECT_EQ(lwo_graph_launch(graph, stream(s)), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "call lwo_grads_zero before each replay")) << msg();
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 20);
+  expect_host_grads(grads, pool, ends, 5);
+  ASSERT_LWO(lwo_grads_zero(grads));
+  for (size_t i = 0; i < ends.size(); ++i) write_grad(6, i, ends[i]);
+  ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, ends, 6);
+  // The graph holds the set.
+  lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(s), &g), LWO_ERR_BUSY);
+  EXPECT_TRUE(starts_with(msg(), "lwo_grads_begin: a gradient's begin: the gradient set belongs "
+                                 "to a CUDA graph")) << msg();
+  EXPECT_EQ(lwo_grads_destroy(grads), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "lwo_graph_destroy")) << msg();
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  eager_step(7);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(grads, ring, pool);
+}
+
+// Gradient sets and a capture, each refusal leaving every object usable: a
+// set of another pool cannot begin during the capture (LWO_ERR_CAPTURING); a
+// set with a layer begun before the capture cannot join it (LWO_ERR_BUSY),
+// and ends that layer eagerly after; a capture ended with a gradient layer
+// begun is discarded (LWO_ERR_TICKET_STATE) and the set is as before it.
+TEST_F(Capture, GradientRefusalsLeaveEveryObjectUsable) {
+  lwo_pool* pool = make_pool(3);
+  lwo_pool* other_pool = make_pool(2, 2);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  lwo_grads *grads = nullptr, *other = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other));
+  StreamH s = gpu->new_stream();
+  lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_grads_zero(grads));
+  ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &g));
+  const GradEnd held = grad_end(g);
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  EXPECT_EQ(lwo_grads_begin(other, 0, stream(s), &g), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "capturing a CUDA graph of another pool")) << msg();
+  EXPECT_EQ(lwo_grads_end(grads, 0, stream(s)), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "layer 0 was begun before the capture")) << msg();
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));  // holds no gradient
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  gpu->write(s, held.base, held.bytes);
+  write_grad(1, 0, held);
+  ASSERT_LWO(lwo_grads_end(grads, 0, stream(s)));
+  ASSERT_LWO(lwo_grads_begin(other, 1, stream(s), &g));
+  gpu->write(s, g.base, g.record_bytes);
+  ASSERT_LWO(lwo_grads_end(other, 1, stream(s)));
+  ASSERT_LWO(lwo_grads_wait(other));
+
+  const lwo_grads_stats before = grads_stats(grads);
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  ASSERT_LWO(lwo_grads_begin(grads, 1, stream(s), &g));
+  gpu->write(s, g.base, g.record_bytes);
+  ASSERT_LWO(lwo_grads_end(grads, 1, stream(s)));
+  ASSERT_LWO(lwo_grads_begin(grads, 2, stream(s), &g));
+  graph = bogus<lwo_graph>();
+  EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "gradient layer 2 begun and not ended")) << msg();
+  EXPECT_TRUE(contains(msg(), "discarded")) << msg();
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);
+  // As before the capture: layer 0's gradient is there, and layers 1 and 2
+  // take their gradients eagerly.
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, {held}, 1);
+  std::vector<GradEnd> ends;
+  for (uint32_t l : {1u, 2u}) {
+    ASSERT_LWO(lwo_grads_begin(grads, l, stream(s), &g));
+    GradEnd e = grad_end(g);
+    gpu->write(s, g.base, g.record_bytes);
+    write_grad(2, ends.size(), e);
+    ASSERT_LWO(lwo_grads_end(grads, l, stream(s)));
+    ends.push_back(std::move(e));
+  }
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, ends, 2);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(other, grads, ring, other_pool, pool);
+}
+
+// The host optimizer on replayed gradients: SGD (lr 1) after each launch
+// starts each layer once its replayed gradient has landed (a replay whose
+// host functions come late updates nothing before them), and the pool holds
+// the weights less the gradients.
+TEST_F(Capture, AnOptimizerUpdatesFromEachReplaysGradients) {
+  constexpr uint32_t kL = 3, kN = 64;
+  lwo_tensor_desc t = tensor("w", LWO_DTYPE_F32, {kN});
+  std::vector<lwo_layer_desc> layers(kL, lwo_layer_desc{&t, 1, nullptr});
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_pinned(engine, layers.data(), kL, nullptr, &pool));
+  std::vector<std::vector<float>> w(kL, std::vector<float>(kN));
+  for (uint32_t l = 0; l < kL; ++l) {
+    for (uint32_t j = 0; j < kN; ++j) w[l][j] = static_cast<float>((l * 31 + j * 7) % 53);
+    ASSERT_LWO(lwo_pool_write(pool, l, "w", w[l].data(), kN * 4));
+  }
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.depth = kL;  // a slot per end: the test writes them all before a launch
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));  // f32: straight to host
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  StreamH s = gpu->new_stream();
+  ASSERT_LWO(lwo_grads_zero(grads));
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  const std::vector<GradEnd> ends =
+      train_step(ring, grads, s, kL, {2, 1, 0}, [](size_t, const GradEnd&) {});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_NE(ends[0].base, ends[1].base);
+  ASSERT_NE(ends[0].base, ends[2].base);
+  ASSERT_NE(ends[1].base, ends[2].base);
+  for (uint64_t k = 1; k <= 4; ++k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+    // In step 2 the replay's host functions come late: no layer may be
+    // updated before its landing, though its bytes are in place.
+    gpu->pause_at_host_func = k == 2;
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+    p.step = k;
+    p.lr = 1;
+    p.weight_decay = 0;
+    ASSERT_LWO(lwo_optim_step(optim, &p));
+    if (k == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      uint32_t done = 7;
+      ASSERT_LWO(lwo_optim_query(optim, &done));
+      EXPECT_EQ(done, 0u);
+      void* host = nullptr;
+      uint64_t bytes = 0;
+      ASSERT_LWO(lwo_pool_layer_host(pool, 2, &host, &bytes));
+      EXPECT_EQ(0, std::memcmp(host, w[2].data(), kN * 4)) << "updated before its landing";
+      gpu->pause_at_host_func = false;
+      gpu->resume();
+    }
+    ASSERT_LWO(lwo_optim_wait(optim));
+    for (size_t i = 0; i < ends.size(); ++i) {
+      const uint32_t l = ends[i].layer;
+      void* host = nullptr;
+      uint64_t bytes = 0;
+      ASSERT_LWO(lwo_pool_layer_host(pool, l, &host, &bytes));
+      const float* got = static_cast<const float*>(host);
+      for (uint32_t j = 0; j < kN; ++j) {
+        w[l][j] -= grad_value(k, i, j);
+        ASSERT_EQ(got[j], w[l][j]) << "step " << k << " layer " << l << " element " << j;
+      }
+    }
+  }
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  destroy(grads, ring, pool);
 }
 
 // The host-only test backend records no graphs: LWO_ERR_UNSUPPORTED, and the

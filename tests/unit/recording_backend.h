@@ -12,12 +12,17 @@
 //     backend (DMA-ready);
 //   - the same rules hold for pinned and registered host memory, as copies
 //     and host functions (by their declared spans) read and write it.
-// Violations are collected as text; a test asserts there are none.
+// A host wait (stream_sync, event_sync) orders every later operation, on any
+// stream, after what it waited for. Violations are collected as text; a
+// test asserts there are none.
 // Graph capture: from capture_begin on a stream, the streams that wait on an
-// event recorded in the capture join it; their copies and fills are checked
-// as they are enqueued (the graph keeps the capture's order) but kept, not
-// run, until graph_launch runs them in order (so a replay moves the host
-// bytes as they are at the launch).
+// event recorded in the capture join it; their copies (both ways), fills and
+// host functions are checked as they are enqueued (the graph keeps the
+// capture's order) but kept, not run, until graph_launch runs them in order
+// (so a replay moves the bytes as they are at the launch, and calls each
+// host function with the argument it was captured with). A test reads what a
+// graph holds (graph_ops: each operation's kind, destination, source and
+// bytes, in the capture's order) and what the launches did (stats.replayed_*).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +48,17 @@ class RecordingBackend final : public Backend {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
     uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
     uint64_t fills = 0, fill_bytes = 0;
+    uint64_t replayed_copies = 0, replayed_bytes = 0;  // H2D copies run by graph launches
+    uint64_t replayed_d2h_copies = 0, replayed_d2h_bytes = 0, replayed_host_funcs = 0;
+  };
+  // One operation of a captured graph.
+  struct GraphOp {
+    enum Kind { Copy, CopyD2H, Fill, HostFunc } kind;
+    void* dst;        // null for a host function
+    const void* src;  // a copy's source; null for a fill and a host function
+    size_t bytes;
+    size_t stream;    // the capture's stream it was enqueued on
+    std::function<void()> run;
   };
 
   // Runs in host_func before the host function itself: a test's way in
@@ -162,7 +178,9 @@ class RecordingBackend final : public Backend {
     return reinterpret_cast<StreamH>(streams_.size() - 1);
   }
   void stream_destroy(StreamH) noexcept override {}
-  void stream_sync(StreamH) override {}
+  // The host waits for the stream: work enqueued after this, on any stream,
+  // is ordered after the stream's work so far.
+  void stream_sync(StreamH stream) override { merge(host_clock_, streams_[stream_index(stream)].clock); }
   void stream_check(StreamH) override {}
 
   EventH event_create(bool) override {
@@ -194,13 +212,14 @@ class RecordingBackend final : public Backend {
     else if (!ev.in_capture && capturing(s))
       violations.push_back(strf("a capture's stream s%zu waits on event e%zu recorded outside it",
                                 s, event_index(e)));
-    Clock& c = streams_[s].clock;
-    if (c.size() < ev.clock.size()) c.resize(ev.clock.size(), 0);
-    for (size_t i = 0; i < ev.clock.size(); ++i) c[i] = std::max(c[i], ev.clock[i]);
+    merge(streams_[s].clock, ev.clock);
   }
   bool event_done(EventH) override { return true; }
-  void event_sync(EventH) override {
+  void event_sync(EventH e) override {
     if (on_event_sync) on_event_sync();
+    resume();  // a host wait lets a paused launch finish (every event is after it)
+    const Event& ev = event(e);
+    if (ev.recorded && !ev.in_capture) merge(host_clock_, ev.clock);  // as stream_sync
   }
   float event_elapsed_ms(EventH, EventH) override { return 1.0f; }
 
@@ -219,10 +238,7 @@ class RecordingBackend final : public Backend {
                                 src, bytes));
     access(s, dst, bytes, /*write=*/true, "copy");
     host_access(s, src, bytes, /*write=*/false, "copy from host");
-    if (capturing(s))
-      captured_.push_back([=] { std::memcpy(dst, src, bytes); });
-    else
-      std::memcpy(dst, src, bytes);
+    copy(s, GraphOp::Copy, dst, src, bytes, &stats.replayed_copies, &stats.replayed_bytes);
     if (keep_log) log.push_back(strf("copy %zu bytes on s%zu", bytes, s));
   }
   void copy_d2h(void* dst, const void* src, size_t bytes, StreamH stream) override {
@@ -235,7 +251,8 @@ class RecordingBackend final : public Backend {
                                 dst, bytes));
     access(s, src, bytes, /*write=*/false, "d2h copy");
     host_access(s, dst, bytes, /*write=*/true, "copy to host");
-    std::memcpy(dst, src, bytes);
+    copy(s, GraphOp::CopyD2H, dst, src, bytes, &stats.replayed_d2h_copies,
+         &stats.replayed_d2h_bytes);
   }
   // A device fill is a write of the bytes it sets, like a copy into them.
   void fill_device(void* dst, uint8_t value, size_t bytes, StreamH stream) override {
@@ -245,7 +262,8 @@ class RecordingBackend final : public Backend {
     stats.fill_bytes += bytes;
     access(s, dst, bytes, /*write=*/true, "fill");
     if (capturing(s))
-      captured_.push_back([=] { std::memset(dst, value, bytes); });
+      captured_.push_back({GraphOp::Fill, dst, nullptr, bytes, s,
+                           [=] { std::memset(dst, value, bytes); }});
     else
       std::memset(dst, value, bytes);
     if (keep_log) log.push_back(strf("fill %zu bytes on s%zu", bytes, s));
@@ -291,8 +309,17 @@ class RecordingBackend final : public Backend {
     tick(s);
     ++stats.host_funcs;
     for (const HostSpan& h : spans) host_access(s, h.data, h.bytes, h.write, "host function");
-    if (before_host_func) before_host_func();
-    fn(arg);  // the stream's earlier work is already done here
+    auto run = [this, fn, arg] {
+      if (before_host_func) before_host_func();
+      fn(arg);  // the stream's earlier work is already done here
+    };
+    if (capturing(s))
+      captured_.push_back({GraphOp::HostFunc, nullptr, nullptr, 0, s, [this, run] {
+                             ++stats.replayed_host_funcs;
+                             run();
+                           }});
+    else
+      run();
   }
   void capture_begin(StreamH stream) override {
     size_t s = stream_index(stream);
@@ -314,7 +341,24 @@ class RecordingBackend final : public Backend {
     if (i == 0 || i > graphs_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown graph");
     tick(stream_index(stream));
     ++launches;
-    for (auto& op : graphs_[i - 1]) op();
+    const std::vector<GraphOp>& ops = graphs_[i - 1];
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (pause_at_host_func && ops[k].kind == GraphOp::HostFunc) {
+        paused_.assign(ops.begin() + static_cast<std::ptrdiff_t>(k), ops.end());
+        return;
+      }
+      ops[k].run();
+    }
+  }
+  // A test's control of a replay's host work coming late: with
+  // pause_at_host_func set, a launch stops before its first host function,
+  // and resume() (or any event_sync: the host waits for the GPU) runs the
+  // rest of it.
+  bool pause_at_host_func = false;
+  void resume() {
+    std::vector<GraphOp> rest;
+    rest.swap(paused_);
+    for (GraphOp& op : rest) op.run();
   }
   void graph_destroy(void* g) noexcept override {
     size_t i = reinterpret_cast<size_t>(g);
@@ -322,6 +366,11 @@ class RecordingBackend final : public Backend {
   }
   uint64_t launches = 0;
   size_t captured_ops() const { return captured_.size(); }
+  // The operations of the graph ended last (empty once destroyed).
+  const std::vector<GraphOp>& graph_ops() const {
+    static const std::vector<GraphOp> none;
+    return graphs_.empty() ? none : graphs_.back();
+  }
   // A kernel writing [ptr, ptr+n) on `stream` (for gradients).
   void write(StreamH stream, void* ptr, size_t n) {
     size_t s = stream_index(stream);
@@ -341,9 +390,24 @@ class RecordingBackend final : public Backend {
   bool capturing(size_t s) const {
     return std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end();
   }
+  // A copy on stream s: now, or kept by the capture and counted in (*n, *b)
+  // at each launch.
+  void copy(size_t s, GraphOp::Kind kind, void* dst, const void* src, size_t bytes, uint64_t* n,
+            uint64_t* b) {
+    if (!capturing(s)) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    captured_.push_back({kind, dst, src, bytes, s, [dst, src, bytes, n, b] {
+                           std::memcpy(dst, src, bytes);
+                           ++*n;
+                           *b += bytes;
+                         }});
+  }
   std::vector<size_t> capturing_;                    // the capture's streams, its origin first
-  std::vector<std::function<void()>> captured_;      // the capture's copies and fills
-  std::vector<std::vector<std::function<void()>>> graphs_;
+  std::vector<GraphOp> captured_;                    // the capture's copies and fills
+  std::vector<std::vector<GraphOp>> graphs_;
+  std::vector<GraphOp> paused_;  // the rest of a paused launch
   struct Access {
     size_t begin, end;  // offsets within the allocation
     size_t stream;
@@ -362,8 +426,14 @@ class RecordingBackend final : public Backend {
     if (i == 0 || i > events_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown event");
     return events_[i - 1];
   }
+  static void merge(Clock& into, const Clock& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+  }
+  // A new operation on stream s, after whatever the host has waited for.
   void tick(size_t s) {
     Clock& c = streams_[s].clock;
+    merge(c, host_clock_);
     if (c.size() <= s) c.resize(s + 1, 0);
     ++c[s];
   }
@@ -434,6 +504,7 @@ class RecordingBackend final : public Backend {
 
   std::vector<StreamState> streams_;
   std::vector<Event> events_;
+  Clock host_clock_;  // what the host has waited for (stream_sync, event_sync)
   std::map<uintptr_t, size_t> allocs_, pinned_, registered_;
   std::map<uintptr_t, std::vector<Access>> accesses_;
 };

@@ -1,0 +1,282 @@
+// bench_capture: a streamed forward pass captured once as a CUDA graph and
+// replayed (lwo_ring_capture_begin / _end, lwo_graph_launch), against the
+// same pass eager and the resident chain eager and captured, all in one run.
+//
+// Workload: 512 x Linear(256x256) bf16, no bias, T = 16 tokens (the
+// overhead-bound workload of bench_workloads), the layers grouped into
+// records of --per-record consecutive layers (default 32: 16 records of
+// 4 MiB), streamed from a pinned pool through rings of --depth slots
+// (default 2). Four variants of one forward pass, each on one stream:
+//   streamed           eager: a schedule over the records (lwo_schedule_next,
+//                      then the record's lwo_linear_forward calls), reset first
+//   replayed           the same calls on a second ring of the pool and its
+//                      schedule, captured once (lwo_ring_capture_begin / _end);
+//                      a pass is one lwo_graph_launch
+//   resident           eager: the same lwo_linear_forward calls on device
+//                      copies of the records
+//   resident_captured  those calls captured with cudaStreamBeginCapture
+//                      (relaxed); a pass is one cudaGraphLaunch
+// Each iteration runs the four in turn, the GPU drained after each pass.
+//
+// Counters (times are medians over the iterations):
+//   host_us_per_layer_<variant>  host time of the pass's enqueue over the
+//        layers: for replayed the one lwo_graph_launch, for resident_captured
+//        the one cudaGraphLaunch
+//   <variant>_ms        device time of a pass: CUDA events on the stream
+//                       before and after it
+//   copy_GBps           pinned H2D rate of the pool's records, each copied in
+//                       turn back-to-back on one stream (testkit::time_h2d_copies),
+//                       best of 5 after one warm-up round, measured in this run
+//   pass_bytes, copy_ms the bytes a pass streams, and their time at copy_GBps
+//   floor_ms            max(resident_captured_ms, copy_ms)
+//   ratio               replayed_ms / floor_ms; target 1.10 (met: 1 or 0)
+//   host_target_us      0.3 (host_met: host_us_per_layer_replayed at most that)
+//   capture_ms          host time of the capture and instantiation (once)
+//   matches_resident    1: the output of every variant equals the resident
+//                       chain's bit for bit (random weights and input; checked
+//                       before and after the timed iterations); a mismatch
+//                       stops the benchmark with an error instead
+// Runs in a few seconds on an H200.
+#include <algorithm>
+#include <memory>
+
+#include "bench/common.h"
+#include "testkit/workload.h"
+
+namespace lwob {
+namespace {
+
+constexpr int64_t kDim = 256;
+constexpr uint32_t kLayers = 512;
+constexpr int64_t kTokens = 16;
+constexpr double kTarget = 1.10;       // replayed / floor
+constexpr double kHostTargetUs = 0.3;  // host time per layer of a replay
+
+std::vector<uint64_t> g_per_record{32};
+std::vector<uint64_t> g_depths{2};
+int g_iterations = 20;
+int g_warmup = 3;
+
+enum Variant { kStreamed, kReplayed, kResident, kResidentCaptured, kVariants };
+const char* const kNames[kVariants] = {"streamed", "replayed", "resident", "resident_captured"};
+
+// One pass over the records by `schedule` (over 0..R-1 on its ring): reset,
+// then each lwo_schedule_next and the record's forward, to LWO_END. The same
+// calls eager and under capture.
+void streamed_pass(testkit::ChainRun& run, lwo_schedule* schedule) {
+  check(lwo_schedule_reset(schedule, run.stream()), "lwo_schedule_reset");
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  lwo_status_t st;
+  while ((st = lwo_schedule_next(schedule, run.stream(), &v)) == LWO_OK)
+    run.forward(v.layer, v.tensors);
+  if (st != LWO_END) check(st, "lwo_schedule_next");
+}
+
+void bm_capture(benchmark::State& state) {
+  run_guarded(state, [&] {
+    const uint32_t depth = static_cast<uint32_t>(state.range(0));
+    const uint32_t per_record = static_cast<uint32_t>(state.range(1));
+    testkit::ChainSpec spec = testkit::linear_chain("linear256x512", kDim, kLayers, per_record);
+    testkit::ChainWeights W(engine(), spec);
+    W.make_resident();
+    const uint32_t R = W.n_records();
+    if (depth >= R)
+      fail(strf("depth %u holds all %u records: every eager stage after the first pass would be "
+                "a hit", depth, R));
+    Stream stream = make_stream();
+    const cudaStream_t st = stream.get();
+    testkit::ChainRun run(W, kTokens, st, /*trainable=*/false);
+    std::vector<std::vector<const void*>> resident(R);
+    for (uint32_t r = 0; r < R; ++r) resident[r] = run.resident_tensors(r);
+    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+    rc.depth = depth;
+    Ring eager_ring, graph_ring;
+    check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
+    check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
+    const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/false);
+    Schedule eager_schedule, graph_schedule;
+    check(lwo_schedule_create(eager_ring.get(), order.data(), R, eager_schedule.out()),
+          "lwo_schedule_create");
+    check(lwo_schedule_create(graph_ring.get(), order.data(), R, graph_schedule.out()),
+          "lwo_schedule_create");
+
+    // The passes, eager (the capture's calls too).
+    auto resident_pass = [&] {
+      for (uint32_t r = 0; r < R; ++r) run.forward(r, resident[r].data());
+    };
+    auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
+    // Eager first (the compute's plans and workspace are made outside the
+    // captures), then the two captures.
+    for (int k = 0; k < std::max(1, g_warmup); ++k) {
+      streamed_pass(run, eager_schedule.get());
+      resident_pass();
+      drain();
+    }
+    const double c0 = now_seconds();
+    check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
+    try {
+      streamed_pass(run, graph_schedule.get());
+    } catch (...) {
+      lwo_graph* discarded = nullptr;
+      lwo_ring_capture_end(graph_ring.get(), st, &discarded);  // ends the schedule's tickets
+      lwo_graph_destroy(discarded);
+      throw;
+    }
+    testkit::Graph graph;
+    check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
+    const double capture_ms = (now_seconds() - c0) * 1e3;
+    testkit::GraphExec resident_graph;
+    {
+      check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+      cudaGraph_t g = nullptr;
+      try {
+        resident_pass();
+      } catch (...) {
+        cudaStreamEndCapture(st, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
+      const cudaError_t e = cudaGraphInstantiate(resident_graph.out(), g, 0);
+      cudaGraphDestroy(g);
+      check(e, "cudaGraphInstantiate");
+    }
+
+    // One pass of variant v, its host enqueue time into *host_s.
+    auto pass = [&](int v, double* host_s) {
+      const double t0 = now_seconds();
+      switch (v) {
+        case kStreamed: streamed_pass(run, eager_schedule.get()); break;
+        case kReplayed: check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch"); break;
+        case kResident: resident_pass(); break;
+        default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
+      }
+      *host_s = now_seconds() - t0;
+    };
+
+    // The check: every variant's output equals the resident chain's bit for
+    // bit, each pass run on activations poisoned first.
+    const uint32_t N = spec.n_ops();
+    auto poison = [&] {
+      for (uint32_t i = 1; i <= N; ++i)
+        check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
+              "cudaMemsetAsync");
+    };
+    auto output = [&] {
+      drain();
+      return testkit::copy_back(run.x(N), run.output_bytes());
+    };
+    auto check_outputs = [&](const char* when) {
+      double unused = 0;
+      poison();
+      pass(kResident, &unused);
+      const std::vector<uint8_t> want = output();
+      for (int v : {kStreamed, kReplayed, kResidentCaptured}) {
+        poison();
+        pass(v, &unused);
+        const std::vector<uint8_t> got = output();
+        const std::string diff =
+            testkit::compare_bits(strf("%s: the %s pass's output", when, kNames[v]), got.data(),
+                                  want.data(), run.output_bytes() / lwo_dtype_size(spec.dtype),
+                                  spec.dtype, kDim);
+        if (!diff.empty()) fail(diff);
+      }
+    };
+    check_outputs("before the timed passes");
+
+    Event ev0 = make_event(), ev1 = make_event();
+    std::vector<double> host_us[kVariants], dev_ms[kVariants];
+    for (int k = 0; k < g_warmup; ++k)
+      for (int v = 0; v < kVariants; ++v) {
+        double unused = 0;
+        pass(v, &unused);
+        drain();
+      }
+    for (auto _ : state) {
+      for (int v = 0; v < kVariants; ++v) {
+        double host_s = 0;
+        check(cudaEventRecord(ev0.get(), st), "cudaEventRecord");
+        pass(v, &host_s);
+        check(cudaEventRecord(ev1.get(), st), "cudaEventRecord");
+        drain();
+        host_us[v].push_back(host_s * 1e6 / kLayers);
+        dev_ms[v].push_back(elapsed_ms(ev0, ev1));
+      }
+      state.SetIterationTime(dev_ms[kReplayed].back() / 1e3);
+    }
+    check(lwo_engine_check(engine()), "lwo_engine_check");
+    check_outputs("after the timed passes");
+
+    // The copy rate of these records, now.
+    const std::vector<testkit::HostRange> hosts = W.record_hosts();
+    uint64_t pass_bytes = 0, largest = 0;
+    for (const testkit::HostRange& h : hosts) {
+      pass_bytes += h.bytes;
+      largest = std::max(largest, h.bytes);
+    }
+    const testkit::CopyResult copies = testkit::time_h2d_copies(hosts, largest, {1, 5});
+    const double copy_gbps = copies.best_gbps();
+    const double copy_ms = copy_gbps > 0 ? static_cast<double>(pass_bytes) / (copy_gbps * 1e6) : 0;
+
+    auto& c = state.counters;
+    double ms[kVariants];
+    for (int v = 0; v < kVariants; ++v) {
+      ms[v] = median(dev_ms[v]);
+      c[strf("host_us_per_layer_%s", kNames[v])] = median(host_us[v]);
+      c[strf("%s_ms", kNames[v])] = ms[v];
+    }
+    const double floor_ms = std::max(ms[kResidentCaptured], copy_ms);
+    const double ratio = floor_ms > 0 ? ms[kReplayed] / floor_ms : 0;
+    c["copy_GBps"] = copy_gbps;
+    c["copy_GBps_median"] = copies.median_gbps();
+    c["pass_bytes"] = static_cast<double>(pass_bytes);
+    c["record_bytes"] = static_cast<double>(largest);
+    c["copy_ms"] = copy_ms;
+    c["floor_ms"] = floor_ms;
+    c["ratio"] = ratio;
+    c["target"] = kTarget;
+    c["met"] = ratio > 0 && ratio <= kTarget ? 1 : 0;
+    c["host_target_us"] = kHostTargetUs;
+    c["host_met"] = median(host_us[kReplayed]) <= kHostTargetUs ? 1 : 0;
+    c["replayed_over_streamed"] = ms[kStreamed] > 0 ? ms[kReplayed] / ms[kStreamed] : 0;
+    c["capture_ms"] = capture_ms;
+    c["matches_resident"] = 1;  // else the check above stopped the benchmark
+    c["layers"] = kLayers;
+    c["records"] = R;
+    c["per_record"] = per_record;
+    c["depth"] = depth;
+    c["rows"] = kTokens;
+  });
+}
+
+void register_benchmarks() {
+  auto* b = benchmark::RegisterBenchmark("capture/linear256x512/fwd/T:16", bm_capture);
+  for (uint64_t d : g_depths)
+    for (uint64_t p : g_per_record) b->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
+  timed_ms(b->ArgNames({"depth", "per_record"}), g_iterations);
+}
+
+}  // namespace
+
+const MainSpec kMain = {
+    "bench_capture",
+    "a streamed forward (512 x Linear(256), T=16) captured and replayed, against eager and "
+    "resident",
+    register_benchmarks,
+    {},
+    {{"--per-record", "layers per record, comma-separated divisors of 512 (default 32)",
+      [](const std::string& v) {
+        g_per_record = parse_uint_list("--per-record", v, 1, kLayers);
+        for (uint64_t p : g_per_record)
+          if (kLayers % p)
+            throw std::invalid_argument(strf("--per-record: %llu does not divide %u",
+                                             static_cast<unsigned long long>(p), kLayers));
+      }},
+     {"--depth", "ring depths, comma-separated (default 2)",
+      [](const std::string& v) { g_depths = parse_uint_list("--depth", v, 1, 64); }},
+     int_flag("--iterations", "timed iterations (default 20)", g_iterations, 1, 10000),
+     int_flag("--warmup", "untimed passes of each variant first (default 3)", g_warmup, 0, 1000)},
+    /*needs_engine=*/true,
+    /*needs_peaks=*/false};
+
+}  // namespace lwob
