@@ -632,16 +632,6 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing) {
 std::FILE* g_out = stdout;
 std::FILE* g_err = stderr;
 
-int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
-                std::FILE* err) {
-  g_out = out;
-  g_err = err;
-  const int rc = run_program(argc, argv, body);
-  g_out = stdout;
-  g_err = stderr;
-  return rc;
-}
-
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
   int rc = kExitFailure;
   testkit::set_release_reporter(report_release);

@@ -30,34 +30,12 @@
 
 namespace cli {
 
-// The harness, as the commands name it.
+// The harness (testkit/), as the commands name it: check and TK_CHECK throw
+// testkit::Error("CALL failed: STATUS: message"); the owners, the peaks, the
+// plan report (testkit/plan.h), time_passes (the timed passes of lwo run and
+// lwo stream), strf and fmt_bytes ("256 KiB", "1.50 GiB").
 using lwo::align_up;
-using testkit::check;  // throws testkit::Error("CALL failed: STATUS: message"); TK_CHECK(call)
-using testkit::Checkpoint;
-using testkit::Comm;
-using testkit::DeviceMem;
-using testkit::device_alloc;
-using testkit::elapsed_ms;
-using testkit::Engine;
-using testkit::Event;
-using testkit::fmt_bytes;  // "256 KiB", "1.50 GiB"
-using testkit::Grads;
-using testkit::HostRange;
-using testkit::make_event;   // with timing
-using testkit::make_plan;    // lwo_plan_create and what the plan says (testkit/plan.h)
-using testkit::make_stream;  // non-blocking
-using testkit::median;
-using testkit::now_seconds;  // monotonic
-using testkit::PinnedMem;
-using testkit::plan_ring_config;
-using testkit::PlanReport;
-using testkit::Pool;
-using testkit::Ring;
-using testkit::Schedule;
-using testkit::Stream;
-using testkit::strf;
-using testkit::time_passes;  // the timed passes of lwo run and lwo stream
-using testkit::TimedPasses;
+using namespace testkit;
 
 // Exit status: 0 success, 1 a runtime failure, 2 a usage error.
 constexpr int kExitOk = 0;
@@ -105,14 +83,8 @@ struct UsageError : std::runtime_error {
 // any other exception, printed: 1), and 1 where stdout could not be written
 // or a release failed.
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv));
-// The same in a process that is not the program (fuzz/info_fuzz.cc): the
-// results go to `out` and the messages and progress to `err` (no bar is
-// drawn where err is not stderr), then both streams are stdout and stderr
-// again. Not reentrant; one thread at a time.
-int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
-                std::FILE* err);
-// Where the results and the messages go: stdout and stderr, but for the
-// body run_program(..., out, err) runs.
+// Where the results and the messages go: stdout and stderr, but for a
+// process that runs a command with its output in memory (fuzz/info_fuzz.cc).
 extern std::FILE* g_out;
 extern std::FILE* g_err;
 // The body of the lwo program: argv[1] names the command (tools/lwo.cc).
@@ -305,16 +277,6 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
 // 1024; KiB, MiB, GiB also accepted).
 uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
 std::string parse_path(const std::string& flag, const std::string& text);  // non-empty
-
-// --- lwo info (tools/info.cc) -----------------------------------------------
-
-// `lwo info FLAGS... -- FILE` in this process, as the program runs it: its
-// listing goes to `out`, its messages to `err` (where the program writes
-// stdout and stderr), and it returns the program's exit status (kExitOk,
-// kExitFailure: FILE cannot be read; kExitUsage: bad flags, or a pattern or
-// names file that does not fit FILE). Each call starts with --quiet off.
-int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
-              std::FILE* err);
 
 // --- progress on stderr -----------------------------------------------------
 //

@@ -413,21 +413,6 @@ int cmd_info(int argc, char** argv) {
   return info_one(o);
 }
 
-int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
-              std::FILE* err) {
-  std::vector<std::string> args = {g_program, kInfoCommand.name};
-  args.insert(args.end(), flags.begin(), flags.end());
-  args.push_back("--");
-  args.push_back(file);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(&a[0]);
-  argv.push_back(nullptr);
-  g_command = kInfoCommand.name;
-  g_running = &kInfoCommand;
-  g_quiet = false;
-  return run_program(static_cast<int>(args.size()), argv.data(), cmd_info, out, err);
-}
-
 const Command kInfoCommand = {"info", "FILE",
     "a checkpoint's files, metadata, tensors, layers and gaps (no GPU needed)",
     R"(Prints a safetensors checkpoint (a .safetensors file, or the shards of a

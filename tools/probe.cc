@@ -11,9 +11,6 @@
 namespace cli {
 namespace {
 
-using testkit::GiB;
-using testkit::KiB;
-using testkit::MiB;
 constexpr int kBatches = 5;                  // timed batches per copy size and direction
 constexpr uint64_t kBatchBytes = 256 * MiB;  // bytes per batch of small copies
 constexpr uint64_t kPoolBytes = 1 * GiB;     // pool size aimed at per record size
