@@ -390,15 +390,11 @@ int info_one(const Options& o) {
       r.exact = true;
       r.slot_bytes = info.max_record_bytes;
       r.pool_total = info.total_bytes;
-      pool.destroy();
-      phase.end();
     }
   }
 
   print_report(o, r, on_device ? &dev : nullptr);
   json.write(to_json(o, r, on_device ? &dev : nullptr));
-  ck.destroy();
-  if (on_device) dev.engine.destroy();
   return 0;
 }
 

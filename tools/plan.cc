@@ -187,9 +187,6 @@ int cmd_plan(int argc, char** argv) {
                  {"train", o.train},   {"group", o.group}};
   j["plan"] = json_plan(r);
   json.write(j);
-  s.destroy();
-  pool.destroy();
-  dev.engine.destroy();
   return 0;
 }
 

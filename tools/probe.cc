@@ -400,7 +400,6 @@ int cmd_probe(int argc, char** argv) {
 
   print_tables(dev, o, copies, rings, peak, peak_bytes);
   json.write(to_json(dev, copies, rings, peak, peak_bytes));
-  dev.engine.destroy();
   return 0;
 }
 

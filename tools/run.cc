@@ -300,10 +300,6 @@ int cmd_run(int argc, char** argv) {
 
   print_results(dev, o, r);
   json.write(to_json(dev, o, r));
-  sums_mem.destroy();
-  consumer.destroy();
-  pool.destroy();
-  dev.engine.destroy();
   return 0;
 }
 

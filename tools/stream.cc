@@ -465,10 +465,6 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
              "checksums match",
              o.passes, phase.seconds(), r.median_ms, r.gbps(r.median_ms),
              100 * r.share(r.median_ms));
-
-  sums_mem.destroy();
-  consumer.destroy();
-  pool.destroy();
 }
 
 }  // namespace
@@ -497,7 +493,6 @@ int cmd_stream(int argc, char** argv) {
     std::fflush(stdout);
   }
   json.write(to_json(dev, o, all));
-  dev.engine.destroy();
   return 0;
 }
 

@@ -960,7 +960,6 @@ int cmd_train(int argc, char** argv) {
     if (r.planned) print_planned(r);  // --budget
     json.write(to_json(dev, o, r));
   }
-  dev.engine.destroy();
   return 0;
 }
 
