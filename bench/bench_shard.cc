@@ -980,7 +980,7 @@ int cmd_shard(int argc, char** argv) {
   if (o.ranks_given && o.list_given)
     throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
-  m.tensor = weight_tensor(LWO_DTYPE_BF16, o.rows, o.cols);
+  m.tensor = tensor_desc("weight", LWO_DTYPE_BF16, {o.rows, o.cols});
   const lwo_layer_desc layer{&m.tensor, 1, nullptr};
   m.record_bytes = record_bytes(layer);
   m.layers.assign(o.layers, layer);

@@ -81,16 +81,6 @@ int device_count() {
   fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
 }
 
-lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols) {
-  lwo_tensor_desc t{};
-  t.name = "weight";
-  t.dtype = dtype;
-  t.n_dims = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  return t;
-}
-
 uint64_t record_bytes(const lwo_layer_desc& layer) {
   uint64_t bytes = 0;
   if (lwo_record_layout(&layer, nullptr, &bytes) != LWO_OK)
@@ -583,16 +573,13 @@ Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) 
 }
 
 void PassResults::take(const TimedPasses& t, lwo_ring* r) {
-  pass_ms = t.ms;
-  total_ms = t.total_ms;
-  median_ms = t.median_ms;
-  best_ms = t.best_ms;
+  static_cast<TimedPasses&>(*this) = t;
   stats = testkit::ring_stats(r);
 }
 
-std::string PassResults::pass_line(uint32_t p, uint32_t passes, double ms) const {
-  return strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, passes, ms, gbps(ms),
-              100 * share(ms));
+std::string PassResults::pass_line(uint32_t p, uint32_t passes, double t) const {
+  return strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, passes, t, gbps(t),
+              100 * share(t));
 }
 
 void PassResults::print(uint32_t passes, bool timing) const {
@@ -609,7 +596,7 @@ void PassResults::print(uint32_t passes, bool timing) const {
 
 void PassResults::to_json(Json& j, uint32_t passes) const {
   j["peak"] = {{"gbps", peak_gbps}, {"ms", peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = pass_ms;
+  j["pass_ms"] = ms;
   j["median_ms"] = median_ms;
   j["best_ms"] = best_ms;
   const double all = total_ms / passes;

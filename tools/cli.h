@@ -47,8 +47,6 @@ constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
-// The tensor "weight" [rows, cols]: each layer of lwo run, plan, train and shard.
-lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols);
 // The record bytes of `layer` (lwo_record_layout); a layout the library
 // refuses is a usage error with its message.
 uint64_t record_bytes(const lwo_layer_desc& layer);
@@ -197,12 +195,13 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 // The synthetic model of lwo run, plan and train on one device: every layer
-// one tensor "weight" [rows x cols] (weight_tensor).
+// one tensor "weight" [rows x cols] (weight()).
 struct ModelOptions {
   int device = 0;
   uint32_t layers = 32;
   int64_t rows = 8192, cols = 8192;
   lwo_dtype_t dtype = LWO_DTYPE_BF16;
+  lwo_tensor_desc weight() const { return tensor_desc("weight", dtype, {rows, cols}); }
 };
 // Their "model" line of results: `record` bytes per layer, `total` in all.
 void print_model(const ModelOptions& m, uint64_t record, uint64_t total);
@@ -352,19 +351,17 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing);
 Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
 // The timed passes of lwo run and lwo stream (their results derive from it):
 // `pass_bytes` a pass through the ring, against the pinned H2D peak.
-struct PassResults {
+struct PassResults : TimedPasses {
   uint64_t pass_bytes = 0;
   double peak_gbps = 0, peak_ms = 0;
   lwo_ring_info ring{};
-  std::vector<double> pass_ms;
-  double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
-  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
-  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+  double gbps(double t) const { return testkit::gbps(static_cast<double>(pass_bytes), t); }
+  double share(double t) const { return peak_gbps > 0 ? gbps(t) / peak_gbps : 0; }
   // The times of time_passes and the ring's statistics after them.
   void take(const TimedPasses& t, lwo_ring* r);
   // "pass 2/5: 1.234 ms, 50.00 GB/s, 99.00% of the peak": the phase's detail.
-  std::string pass_line(uint32_t p, uint32_t passes, double ms) const;
+  std::string pass_line(uint32_t p, uint32_t passes, double t) const;
   // The "ring", "passes", "time" and "bandwidth" lines, then "share" up to
   // "of the peak" (the caller ends the line).
   void print(uint32_t passes, bool timing) const;
@@ -471,13 +468,18 @@ struct CkptMap {
   std::vector<uint32_t> n_names;
 };
 
-// Opens `path` (needs no GPU); a bad file stops with the library's message
-// and status. The library refuses anything that is not a regular file
-// without blocking; nothing here touches the path first.
-void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
-std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
-std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint);
-std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
+// What a checkpoint lists: its files, metadata and tensors, in file order.
+struct CkptListing {
+  std::string path;  // as opened
+  std::vector<CkptFile> files;
+  std::vector<CkptMeta> metadata;
+  std::vector<CkptTensor> tensors;
+};
+// Opens `path` into `ck` (needs no GPU) and reads what it lists into *out; a
+// bad file stops with the library's message and status. The library refuses
+// anything that is not a regular file without blocking; nothing here touches
+// the path first.
+void open_checkpoint(const std::string& path, Checkpoint& ck, CkptListing* out);
 // parse_flags for lwo info and lwo stream: the operands are checkpoint FILEs,
 // at least one (else a usage error). False after --help.
 bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,

@@ -53,11 +53,7 @@ struct LayerRow {
   bool gap() const { return n_tensors == 0; }
 };
 
-struct Report {
-  std::string path;
-  std::vector<CkptFile> files;
-  std::vector<CkptMeta> metadata;
-  std::vector<CkptTensor> tensors;
+struct Report : CkptListing {
   uint64_t tensor_bytes = 0;
   bool mapped = false;
   CkptMap map;
@@ -318,12 +314,8 @@ int info_one(const Options& o) {
   JsonFile json(o.json);
 
   Report r;
-  r.path = parse_path("FILE", o.paths[0]);
   Checkpoint ck;
-  open_checkpoint(r.path, ck);
-  r.files = checkpoint_files(ck.get());
-  r.metadata = checkpoint_metadata(ck.get());
-  r.tensors = checkpoint_tensors(ck.get());
+  open_checkpoint(parse_path("FILE", o.paths[0]), ck, &r);
   for (const CkptTensor& t : r.tensors) r.tensor_bytes += t.bytes;
   // Gaps are listed, not refused.
   r.mapped = map_checkpoint(ck.get(), r.tensors, o.spec, LWO_CHECKPOINT_ALLOW_GAPS,

@@ -156,7 +156,7 @@ std::vector<Flag> make_flags(Options& o) {
 int cmd_plan(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
+  lwo_tensor_desc tensor = o.weight();
   const lwo_layer_desc layer{&tensor, 1, nullptr};
   const uint64_t record = record_bytes(layer);
   const uint64_t model = record * o.layers;

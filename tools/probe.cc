@@ -204,11 +204,7 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
     for (size_t i = first; i < out.size(); ++i) out[i].skipped = why;
   };
 
-  lwo_tensor_desc tensor{};
-  tensor.name = "data";
-  tensor.dtype = LWO_DTYPE_U8;
-  tensor.n_dims = 1;
-  tensor.shape[0] = static_cast<int64_t>(record);
+  lwo_tensor_desc tensor = tensor_desc("data", LWO_DTYPE_U8, {static_cast<int64_t>(record)});
   std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1, nullptr});
   Pool pool;
   lwo_status_t s =

@@ -37,8 +37,7 @@ struct Results : PassResults {
   PlanReport plan;
   double compute_ms = 0;  // the checksum consumer per layer, measured
   lwo_ring_info plan_ring{};
-  std::vector<double> plan_pass_ms;
-  double plan_median_ms = 0, plan_best_ms = 0;
+  TimedPasses plan_passes;
   lwo_ring_stats plan_stats{};
 };
 
@@ -101,10 +100,10 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   if (r.planned) {  // --budget
     std::printf("\n");
     print_plan(r.plan);
-    const double t = r.plan_median_ms, b = r.median_ms;
+    const double t = r.plan_passes.median_ms, b = r.median_ms;
     print_row("planned", "depth %u, %u resident (%s): median %.3f ms, best %.3f ms per pass",
               r.plan_ring.depth, r.plan_ring.n_resident,
-              fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_best_ms);
+              fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_passes.best_ms);
     print_row("prediction", "predicted %.3f ms, measured %.3f ms (%+.1f%%); stall predicted %.3f "
               "ms, measured wait %.3f ms per pass", r.plan.info.predicted_ms, t,
               100 * (t / r.plan.info.predicted_ms - 1), r.plan.info.predicted_stall_ms,
@@ -135,13 +134,13 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
     j["plan"] = json_plan(r.plan);
     j["planned"] = {
         {"depth", r.plan_ring.depth}, {"n_resident", r.plan_ring.n_resident},
-        {"resident_bytes", r.plan_ring.resident_bytes}, {"pass_ms", r.plan_pass_ms},
-        {"median_ms", r.plan_median_ms}, {"best_ms", r.plan_best_ms},
+        {"resident_bytes", r.plan_ring.resident_bytes}, {"pass_ms", r.plan_passes.ms},
+        {"median_ms", r.plan_passes.median_ms}, {"best_ms", r.plan_passes.best_ms},
         {"predicted_ms", r.plan.info.predicted_ms}, {"bytes_copied", ps.bytes_copied},
         {"wait_ms", ps.wait_ms}, {"resident_hits", ps.n_resident_hits},
         {"bytes_ratio", static_cast<double>(ps.bytes_copied) /
                             std::max<double>(1, static_cast<double>(s.bytes_copied))},
-        {"time_ratio", r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0}};
+        {"time_ratio", r.median_ms > 0 ? r.plan_passes.median_ms / r.median_ms : 0}};
   }
   j["verified"] = true;
   return j;
@@ -152,7 +151,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
 int cmd_run(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
+  lwo_tensor_desc tensor = o.weight();
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
   lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
@@ -270,8 +269,7 @@ int cmd_run(int argc, char** argv) {
     r.compute_ms = testkit::checksum_ms(pool.get(), 0, consumer.get());
     const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
     r.plan = make_plan(pool.get(), plan_budget(dev.engine.get(), budget),
-                       std::vector<double>(o.layers, r.compute_ms), {},
-                       nullptr, 2);
+                       std::vector<double>(o.layers, r.compute_ms), {}, nullptr, 2);
     TK_CHECK(lwo_engine_set_budget(dev.engine.get(), budget, 0.0, 0));
     lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);
     Ring pring;
@@ -281,11 +279,8 @@ int cmd_run(int argc, char** argv) {
     Schedule psched;
     TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));
     TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
-    const TimedPasses pt = timed_passes(psched.get(), false, "first timed pass of the plan");
+    r.plan_passes = timed_passes(psched.get(), false, "first timed pass of the plan");
     TK_CHECK(lwo_engine_check(dev.engine.get()));
-    r.plan_pass_ms = pt.ms;
-    r.plan_median_ms = pt.median_ms;
-    r.plan_best_ms = pt.best_ms;
     r.plan_stats = testkit::ring_stats(pring.get());
     psched.destroy();
     pring.destroy();

@@ -46,12 +46,8 @@ struct Check {
 };
 
 // One checkpoint: opened and mapped before the device, streamed after.
-struct Results : PassResults {
-  std::string path;
+struct Results : PassResults, CkptListing {
   Checkpoint ck;
-  std::vector<CkptTensor> tensors;
-  std::vector<CkptFile> files;
-  std::vector<CkptMeta> metadata;
   CkptMap map;
   lwo_pool_info pool{};
   std::vector<uint64_t> copy_bytes;  // per layer: what the ring moves from the file
@@ -289,12 +285,8 @@ void plan_checks(lwo_pool* pool, Results& r) {
 // Opens one checkpoint and maps its tensors to layers (no device needed):
 // every usage error is found before the GPU is touched.
 void open_and_map(const Options& o, const std::string& path, Results& r) {
-  r.path = path;
   Phase phase("open");
-  open_checkpoint(path, r.ck);
-  r.tensors = checkpoint_tensors(r.ck.get());
-  r.files = checkpoint_files(r.ck.get());
-  r.metadata = checkpoint_metadata(r.ck.get());
+  open_checkpoint(path, r.ck, &r);
   r.open_s = phase.seconds();
   const std::string hint = strf("run 'lwo info %s' for its tensors and layers", escape(path).c_str());
   if (!map_checkpoint(r.ck.get(), r.tensors, o.spec, 0, hint, &r.map))

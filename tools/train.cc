@@ -158,13 +158,9 @@ Sizes compute_sizes(const Options& o) {
   s.act_bytes =
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
           lwo_dtype_size(o.dtype), "the activations");
-  lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
+  lwo_tensor_desc t[2] = {o.weight(), tensor_desc("bias", o.dtype, {o.rows})};
   lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);  // --quant: the record's bytes
   if (o.quant != LWO_QUANT_NONE) t[0].next = &qx;
-  t[1].name = "bias";
-  t[1].dtype = o.dtype;
-  t[1].n_dims = 1;
-  t[1].shape[0] = o.rows;
   const lwo_layer_desc layer{t, o.bias ? 2u : 1u, nullptr};
   s.record_bytes = record_bytes(layer);
   s.pool_bytes = mul(s.record_bytes, o.layers, "the layers' records");
