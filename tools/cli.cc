@@ -112,12 +112,11 @@ Json json_doc(const char* command) {
   return {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
 }
 
-std::vector<testkit::SumMismatch> check_sums(
+std::vector<SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
-    const std::function<std::string(const testkit::SumMismatch&)>& line) {
+    const std::function<std::string(const SumMismatch&)>& line) {
   constexpr size_t kMaxMismatchLines = 8;
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  const std::vector<SumMismatch> bad = verify_sums(sums, expect, times, cudaStreamLegacy);
   for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) print_stderr(line(bad[i]));
   return bad;
 }
@@ -574,7 +573,7 @@ Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) 
 
 void PassResults::take(const TimedPasses& t, lwo_ring* r) {
   static_cast<TimedPasses&>(*this) = t;
-  stats = testkit::ring_stats(r);
+  stats = ring_stats(r);
 }
 
 std::string PassResults::pass_line(uint32_t p, uint32_t passes, double t) const {
@@ -621,7 +620,7 @@ std::FILE* g_err = stderr;
 
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
   int rc = kExitFailure;
-  testkit::set_release_reporter(report_release);
+  set_release_reporter(report_release);
   try {
     rc = body(argc, argv);
   } catch (const UsageError& e) {
@@ -649,7 +648,7 @@ int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
                       std::strerror(err ? err : EIO)));
     if (rc == kExitOk) rc = kExitFailure;
   }
-  return testkit::release_failures() && rc == 0 ? kExitFailure : rc;
+  return release_failures() && rc == 0 ? kExitFailure : rc;
 }
 
 }  // namespace cli

@@ -305,7 +305,7 @@ class Phase {
   Phase(const Phase&) = delete;
   Phase& operator=(const Phase&) = delete;
   void set(uint64_t done, const std::string& detail = {});  // any thread
-  testkit::Progress counter();  // add() as testkit's progress callback
+  Progress counter();  // add() as testkit's progress callback
   // Ends the phase: clears the bar, prints "<label>: <text>" (both modes).
   void done(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   // Ends the phase without a line.
@@ -324,7 +324,7 @@ class Phase {
 // best of kPeakRepeats timed batches after one untimed batch (best_gbps(),
 // best_ms()).
 constexpr int kPeakRepeats = 3;
-constexpr testkit::CopyRepeats kPeak = {1, kPeakRepeats};
+constexpr CopyRepeats kPeak = {1, kPeakRepeats};
 
 // --- checksums -----------------------------------------------------------------
 
@@ -333,9 +333,9 @@ constexpr testkit::CopyRepeats kPeak = {1, kPeakRepeats};
 // stream in flight is non-blocking, so the copy waits for none of them; the
 // caller has waited for the sums). line(m) goes to stderr for each of the
 // first 8 mismatches; returns them all.
-std::vector<testkit::SumMismatch> check_sums(
+std::vector<SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
-    const std::function<std::string(const testkit::SumMismatch&)>& line);
+    const std::function<std::string(const SumMismatch&)>& line);
 
 // --- formatting and output --------------------------------------------------
 

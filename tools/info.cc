@@ -366,7 +366,7 @@ int info_one(const Options& o) {
           checkpoint_pool_config(r.map, LWO_CHECKPOINT_STAGED);
       Pool pool;
       TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), ck.get(), &config, pool.out()));
-      const lwo_pool_info info = testkit::pool_info(pool.get());
+      const lwo_pool_info info = pool_info(pool.get());
       if (info.n_layers != r.layers.size())
         fail(strf("internal: the pool has %u layers, the mapping %zu; please report this",
                   info.n_layers, r.layers.size()));

@@ -168,7 +168,7 @@ int cmd_plan(int argc, char** argv) {
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
   Stream s = make_stream();
-  const double f = o.fwd_ms.empty() ? testkit::checksum_ms(pool.get(), 0, s.get())
+  const double f = o.fwd_ms.empty() ? checksum_ms(pool.get(), 0, s.get())
                                     : parse_ms("--fwd-ms", o.fwd_ms);
   std::vector<double> fwd(o.layers, f), bwd;
   if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));

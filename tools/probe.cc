@@ -103,22 +103,21 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   Phase phase("copies", sizes.size());
   // One stream for both directions, in turn: kBatches timed batches of
   // `copies` back-to-back copies, after one untimed batch.
-  testkit::CopyLoop loop;
-  const testkit::CopyRepeats repeats{1, kBatches};
+  CopyLoop loop;
+  const CopyRepeats repeats{1, kBatches};
   std::vector<CopyFigure> out;
   for (uint64_t bytes : sizes) {
     CopyFigure f;
     f.bytes = bytes;
     if (bytes <= fit) {
       f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      const auto timed = [&](testkit::Direction d) {  // one buffer each side, either way
-        return testkit::time_copies(
-            loop, testkit::uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes,
-                                        f.copies),
+      const auto timed = [&](Direction d) {  // one buffer each side, either way
+        return time_copies(
+            loop, uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes, f.copies),
             repeats);
       };
-      const testkit::CopyResult h2d = timed(testkit::Direction::kH2D);
-      const testkit::CopyResult d2h = timed(testkit::Direction::kD2H);
+      const CopyResult h2d = timed(Direction::kH2D);
+      const CopyResult d2h = timed(Direction::kD2H);
       // The median of the batches' GB/s (of their times, for an odd count).
       f.h2d_best = h2d.best_gbps();
       f.h2d_median = median(h2d.gbps());
@@ -155,27 +154,26 @@ void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t
     return;
   }
   check(s, "lwo_ring_create");
-  const std::vector<uint32_t> order = testkit::step_order(f.layers, /*backward=*/false);
+  const std::vector<uint32_t> order = step_order(f.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
 
   TK_CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
-  testkit::checksum_pass(schedule.get(), consumer, sums);  // warm-up
+  checksum_pass(schedule.get(), consumer, sums);  // warm-up
   TK_CHECK(cudaEventRecord(a.get(), consumer));
-  for (uint32_t p = 0; p < f.passes; ++p) testkit::checksum_pass(schedule.get(), consumer, sums);
+  for (uint32_t p = 0; p < f.passes; ++p) checksum_pass(schedule.get(), consumer, sums);
   TK_CHECK(cudaEventRecord(b.get(), consumer));
   TK_CHECK(cudaEventSynchronize(b.get()));
   f.ms = elapsed_ms(a, b);
-  f.gbps = testkit::gbps(static_cast<double>(pool_bytes) * f.passes, f.ms);
+  f.gbps = gbps(static_cast<double>(pool_bytes) * f.passes, f.ms);
   f.measured = true;
 
-  f.hits = testkit::ring_stats(ring.get()).n_hits;
+  f.hits = ring_stats(ring.get()).n_hits;
   schedule.destroy();
   ring.destroy();
   TK_CHECK(lwo_engine_check(engine));
 
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, f.passes + 1ull, consumer);
+  const std::vector<SumMismatch> bad = verify_sums(sums, expect, f.passes + 1ull, consumer);
   if (!bad.empty())
     fail(
         strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
@@ -211,12 +209,12 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
       lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
   if (s == LWO_ERR_OUT_OF_MEMORY) return skip_all(lwo_last_error_message());
   check(s, "lwo_pool_create_pinned");
-  const lwo_pool_info info = testkit::pool_info(pool.get());
+  const lwo_pool_info info = pool_info(pool.get());
   std::vector<HostRange> ranges(layers);
   for (uint32_t l = 0; l < layers; ++l)
     TK_CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
-  testkit::fill_bytes(testkit::keyed_ranges(ranges, kSeed));
-  std::vector<uint64_t> expect = testkit::checksums(ranges);
+  fill_bytes(keyed_ranges(ranges, kSeed));
+  std::vector<uint64_t> expect = checksums(ranges);
   const uint32_t passes = static_cast<uint32_t>(std::max<uint64_t>(
       2, std::min((kStreamBytes + info.total_bytes - 1) / info.total_bytes, kMaxSteps / layers)));
   const double pool_s = phase.seconds();

@@ -162,7 +162,7 @@ void Phase::set(uint64_t done, const std::string& detail) {
   s_->detail = detail;
 }
 
-testkit::Progress Phase::counter() {
+Progress Phase::counter() {
   State* s = s_;
   return [s](uint64_t n) { s->done += n; };
 }

@@ -61,7 +61,7 @@ std::vector<Flag> make_flags(Options& o) {
 // (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+  const auto bad = check_sums(sums, expect, times, [what](const SumMismatch& m) {
     return strf("lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n", m.layer, what,
                 m.got, m.want);
   });
@@ -154,7 +154,7 @@ int cmd_run(int argc, char** argv) {
   lwo_tensor_desc tensor = o.weight();
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
-  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
+  lwo_tensor_quant_ext qx = quant_ext(o.quant);
   if (o.quant != LWO_QUANT_NONE) {
     if (o.dtype != LWO_DTYPE_BF16 && o.dtype != LWO_DTYPE_F16 && o.dtype != LWO_DTYPE_F32)
       throw UsageError(strf("--quant %s quantizes bf16, f16 or f32 weights, not --dtype %s",
@@ -192,7 +192,7 @@ int cmd_run(int argc, char** argv) {
     const uint64_t n = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols);
     std::vector<uint8_t> src(n * lwo_dtype_size(o.dtype));
     for (uint32_t l = 0; l < o.layers; ++l) {
-      testkit::fill_uniform({{src.data(), o.dtype, n, 1.0f, testkit::key_of(o.seed, l)}});
+      fill_uniform({{src.data(), o.dtype, n, 1.0f, key_of(o.seed, l)}});
       TK_CHECK(lwo_pool_write_quantized(pool.get(), l, "weight", src.data(), o.dtype, src.size(),
                                         0));
       phase.set(l + 1);
@@ -202,7 +202,7 @@ int cmd_run(int argc, char** argv) {
                lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.host.fill_s);
   } else {
     Phase phase("fill", r.pass_bytes, true);
-    testkit::fill_bytes(testkit::keyed_ranges(records, o.seed), 0, phase.counter());
+    fill_bytes(keyed_ranges(records, o.seed), 0, phase.counter());
     r.host.fill_s = phase.seconds();
     phase.done("%s of random bytes in %.2f s (%.1f GB/s, seed %llu)",
                fmt_bytes(r.pass_bytes).c_str(), r.host.fill_s,
@@ -212,13 +212,13 @@ int cmd_run(int argc, char** argv) {
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", r.pass_bytes, true);
-    expect = testkit::checksums(records, phase.counter());
+    expect = checksums(records, phase.counter());
     r.host.checksum_s = phase.seconds();
     phase.done("%u layers on the host in %.2f s", o.layers, r.host.checksum_s);
   }
   {
     Phase phase("peak");
-    const testkit::CopyResult peak = testkit::time_h2d_copies(records, r.record_bytes, kPeak);
+    const CopyResult peak = time_h2d_copies(records, r.record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -235,8 +235,8 @@ int cmd_run(int argc, char** argv) {
   config.flags = (o.timing || !o.budget.empty()) ? LWO_RING_TIMING : 0u;  // --budget: both rings timed alike
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
-  r.ring = testkit::ring_info(ring.get());
-  const std::vector<uint32_t> order = testkit::step_order(o.layers, /*backward=*/false);
+  r.ring = ring_info(ring.get());
+  const std::vector<uint32_t> order = step_order(o.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
 
@@ -246,9 +246,7 @@ int cmd_run(int argc, char** argv) {
   const auto timed_passes = [&](lwo_schedule* sched, bool shown, const char* first) {
     return time_passes(
         o.passes, consumer.get(),
-        [&](uint32_t p) {
-          testkit::checksum_pass(sched, consumer.get(), p == 1 ? sums : sums + o.layers);
-        },
+        [&](uint32_t p) { checksum_pass(sched, consumer.get(), p == 1 ? sums : sums + o.layers); },
         [&](uint32_t p, double ms) {
           if (shown) phase.set(p + 1, r.pass_line(p, o.passes, ms));
           if (p == 1) verify(sums, expect, 1, first);
@@ -266,7 +264,7 @@ int cmd_run(int argc, char** argv) {
     // the checksum consumer as each layer's compute), then its ring's passes,
     // every byte checked again, with the engine held to the budget.
     r.planned = true;
-    r.compute_ms = testkit::checksum_ms(pool.get(), 0, consumer.get());
+    r.compute_ms = checksum_ms(pool.get(), 0, consumer.get());
     const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
     r.plan = make_plan(pool.get(), plan_budget(dev.engine.get(), budget),
                        std::vector<double>(o.layers, r.compute_ms), {}, nullptr, 2);
@@ -274,14 +272,14 @@ int cmd_run(int argc, char** argv) {
     lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);
     Ring pring;
     TK_CHECK(lwo_ring_create(pool.get(), &pc, pring.out()));
-    r.plan_ring = testkit::ring_info(pring.get());
+    r.plan_ring = ring_info(pring.get());
     TK_CHECK(lwo_ring_reset_stats(pring.get()));  // the uploads at creation are not a pass
     Schedule psched;
     TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));
     TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
     r.plan_passes = timed_passes(psched.get(), false, "first timed pass of the plan");
     TK_CHECK(lwo_engine_check(dev.engine.get()));
-    r.plan_stats = testkit::ring_stats(pring.get());
+    r.plan_stats = ring_stats(pring.get());
     psched.destroy();
     pring.destroy();
     verify(sums + o.layers, expect, o.passes, "the plan's warm-up and later passes, summed");

@@ -89,7 +89,7 @@ std::vector<Flag> make_flags(Options& o) {
 // range (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
             uint64_t times, const char* what) {
-  const auto bad = check_sums(sums, expect, times, [&](const testkit::SumMismatch& m) {
+  const auto bad = check_sums(sums, expect, times, [&](const SumMismatch& m) {
     const Check& c = r.checks[m.layer];  // the index of the checked range
     return strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
                 prefix().c_str(), c.layer,
@@ -305,7 +305,7 @@ void open_and_map(const Options& o, const std::string& path, Results& r) {
 void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) {
   Phase phase("quantize", r.pool.n_layers);
   const uint32_t L = r.pool.n_layers;
-  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
+  lwo_tensor_quant_ext qx = quant_ext(o.quant);
   std::vector<std::vector<lwo_tensor_desc>> tensors(L);
   std::vector<std::vector<bool>> quant(L);
   std::vector<lwo_layer_desc> layers(L);
@@ -375,13 +375,13 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
     r.pool_s = phase.seconds();
     r.ck.destroy();  // the pool keeps the files mapped
-    r.pool = testkit::pool_info(pool.get());
+    r.pool = pool_info(pool.get());
     phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
                fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
   }
   if (o.quant != LWO_QUANT_NONE) {
     quantize_pool(dev, o, pool, r);
-    r.pool = testkit::pool_info(pool.get());
+    r.pool = pool_info(pool.get());
   }
   const uint32_t n_layers = r.pool.n_layers;
   note_depth(o.depth, n_layers, "the first pass", "passes");
@@ -396,7 +396,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", check_bytes, true);
-    expect = testkit::checksums(ranges, phase.counter());
+    expect = checksums(ranges, phase.counter());
     r.checksum_s = phase.seconds();
     phase.done("%s of the file on the host in %.2f s", fmt_bytes(check_bytes).c_str(),
                r.checksum_s);
@@ -405,13 +405,12 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   // The peak: the same copy sizes from pinned memory (the pool is the file).
   {
     Phase phase("peak");
-    PinnedMem buffer = testkit::pinned_alloc(r.pool.max_record_bytes);
+    PinnedMem buffer = pinned_alloc(r.pool.max_record_bytes);
     std::memset(buffer.get(), 0, r.pool.max_record_bytes);
     std::vector<HostRange> copies;
     for (uint64_t b : r.copy_bytes)
       if (b) copies.push_back({buffer.get(), b});
-    const testkit::CopyResult peak =
-        testkit::time_h2d_copies(copies, r.pool.max_record_bytes, kPeak);
+    const CopyResult peak = time_h2d_copies(copies, r.pool.max_record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -430,8 +429,8 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
-  r.ring = testkit::ring_info(ring.get());
-  const std::vector<uint32_t> order = testkit::step_order(n_layers, /*backward=*/false);
+  r.ring = ring_info(ring.get());
+  const std::vector<uint32_t> order = step_order(n_layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
 
