@@ -111,7 +111,7 @@ namespace {
 
 struct Options : ModelOptions {
   std::string budget = "50%";
-  std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
+  double fwd_ms = -1, bwd_ms = -1;  // < 0: measured (forward: the checksum consumer)
   bool train = false;
   bool group = false;
   uint32_t grad_depth = 2;
@@ -131,16 +131,10 @@ std::vector<Flag> make_flags(Options& o) {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
-                 [&o](const std::string& v) {
-                   parse_ms("--fwd-ms", v);  // checked while parsing the flags
-                   o.fwd_ms = v;
-                 }),
+                 [&o](const std::string& v) { o.fwd_ms = parse_ms("--fwd-ms", v); }),
       value_flag("--bwd-ms", "MS",
                  "backward compute per layer of a step, ms (default: twice the forward's)",
-                 [&o](const std::string& v) {
-                   parse_ms("--bwd-ms", v);
-                   o.bwd_ms = v;
-                 }),
+                 [&o](const std::string& v) { o.bwd_ms = parse_ms("--bwd-ms", v); }),
       switch_flag("--train", "plan a training step (every layer trainable)", o.train),
       switch_flag("--group",
                   "also choose runs of streamed layers to store as one record each (the "
@@ -168,10 +162,9 @@ int cmd_plan(int argc, char** argv) {
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
   Stream s = make_stream();
-  const double f = o.fwd_ms.empty() ? checksum_ms(pool.get(), 0, s.get())
-                                    : parse_ms("--fwd-ms", o.fwd_ms);
+  const double f = o.fwd_ms < 0 ? checksum_ms(pool.get(), 0, s.get()) : o.fwd_ms;
   std::vector<double> fwd(o.layers, f), bwd;
-  if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));
+  if (o.train) bwd.assign(o.layers, o.bwd_ms < 0 ? 2 * f : o.bwd_ms);
   progress("lwo plan: %u layers of %s, budget %s, compute %.4f ms per layer", o.layers,
            fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
   PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth, o.group);

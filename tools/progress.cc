@@ -60,7 +60,6 @@ struct Phase::State {
   // The ticker redraws the bar (terminal only): a waiting thread of the
   // library's host pool (ThreadPool::start).
   lwo::HostThread ticker;
-  bool ticking = false;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
   bool stop = false;
@@ -144,7 +143,6 @@ Phase::Phase(std::string label, uint64_t total, bool bytes) : s_(new State) {
   }
   if (!progress_on_terminal()) return;
   State* s = s_;
-  s_->ticking = true;
   s_->ticker = lwo::ThreadPool::process().start([s] {
     std::unique_lock<std::mutex> tick(s->tick_mu);
     // The first drawing waits a little: short phases show no bar.
@@ -172,14 +170,12 @@ double Phase::seconds() const { return now_seconds() - s_->start; }
 void Phase::end() {
   if (s_->ended) return;
   s_->ended = true;
-  if (s_->ticking) {
-    {
-      std::lock_guard<std::mutex> tick(s_->tick_mu);
-      s_->stop = true;
-    }
-    s_->tick_cv.notify_all();
-    s_->ticker.join();
+  {  // the ticker, if one runs, stops
+    std::lock_guard<std::mutex> tick(s_->tick_mu);
+    s_->stop = true;
   }
+  s_->tick_cv.notify_all();
+  s_->ticker.join();
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_active == s_) g_active = s_->previous;
   clear_locked();
