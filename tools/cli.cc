@@ -267,11 +267,6 @@ Flag quiet_flag() {
                      [] { g_quiet = true; });
 }
 
-std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
-                             std::string& budget) {
-  return {uint_flag(kSeedFlag, seed), timing_flag(timing), uint_flag(kDeviceFlag, device),
-          json_flag(json),                quiet_flag(),         budget_flag(budget)};
-}
 std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
   std::vector<Flag> out;
   for (const std::vector<Flag>& p : parts) out.insert(out.end(), p.begin(), p.end());

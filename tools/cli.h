@@ -239,8 +239,6 @@ extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, 
 
 // ---- the planner (tools/plan.cc) ----
 extern const Command kPlanCommand;
-// --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
-Flag budget_flag(std::string& budget);
 // The flags lwo run and lwo train share, in their order: --seed, --timing,
 // --device, --json, --quiet, --budget.
 std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
@@ -260,9 +258,7 @@ Json json_plan(const PlanReport& r);
 // The command table, in `lwo help` order (help and version last): the
 // overview, the usage lines and the no-command message come from it.
 const std::vector<const Command*>& commands();
-const Command* find_command(const std::string& name);
 void print_command_help(const Command& c, std::FILE* out);
-void print_overview(std::FILE* out);
 
 // Applies argv[2..argc) to `flags`. Arguments that are not flags (and all
 // after "--") go to *operands, or are an error when operands is NULL. A

@@ -12,17 +12,6 @@
 
 namespace cli {
 
-Flag budget_flag(std::string& budget) {
-  return value_flag("--budget", "B",
-                    "device memory budget: bytes (K/M/G suffixes) or a share of the model "
-                    "(\"50%\"); the planner chooses the resident layers and the depth",
-                    [&budget](const std::string& v) {
-                      if (v.empty()) throw UsageError("--budget needs a value");
-                      parse_budget(v, 1);  // its form, checked while parsing the flags
-                      budget = v;
-                    });
-}
-
 uint64_t parse_budget(const std::string& text, uint64_t model_bytes) {
   if (text.empty()) return 0;
   if (text.back() == '%') {
@@ -109,6 +98,18 @@ Json json_plan(const PlanReport& r) {
 
 namespace {
 
+// --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
+Flag budget_flag(std::string& budget) {
+  return value_flag("--budget", "B",
+                    "device memory budget: bytes (K/M/G suffixes) or a share of the model "
+                    "(\"50%\"); the planner chooses the resident layers and the depth",
+                    [&budget](const std::string& v) {
+                      if (v.empty()) throw UsageError("--budget needs a value");
+                      parse_budget(v, 1);  // its form, checked while parsing the flags
+                      budget = v;
+                    });
+}
+
 struct Options : ModelOptions {
   std::string budget = "50%";
   double fwd_ms = -1, bwd_ms = -1;  // < 0: measured (forward: the checksum consumer)
@@ -184,6 +185,12 @@ int cmd_plan(int argc, char** argv) {
 }
 
 }  // namespace
+
+std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
+                             std::string& budget) {
+  return {uint_flag(kSeedFlag, seed), timing_flag(timing), uint_flag(kDeviceFlag, device),
+          json_flag(json),            quiet_flag(),        budget_flag(budget)};
+}
 
 const Command kPlanCommand = {"plan", "",
     "choose resident layers and the ring depth for a device memory budget",

@@ -306,8 +306,7 @@ void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) 
   Phase phase("quantize", r.pool.n_layers);
   const uint32_t L = r.pool.n_layers;
   lwo_tensor_quant_ext qx = quant_ext(o.quant);
-  std::vector<std::vector<lwo_tensor_desc>> tensors(L);
-  std::vector<std::vector<bool>> quant(L);
+  std::vector<std::vector<lwo_tensor_desc>> tensors(L);  // quantized: next is the format
   std::vector<lwo_layer_desc> layers(L);
   for (uint32_t l = 0; l < L; ++l) {
     uint32_t n = 0;
@@ -328,28 +327,26 @@ void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) 
                   info.quant_format == LWO_QUANT_NONE
               ? testkit::quant_bytes(o.quant, info.dtype, info.shape[0], info.shape[1])
               : 0;
-      const bool q = quant_bytes > 0;
-      if (q) {
+      if (quant_bytes > 0) {
         ++r.quant_tensors;
         r.quant_file_bytes += info.bytes;
         r.quant_pool_bytes += quant_bytes;
+        d.next = &qx;
+      } else {
+        ++r.dense_tensors;
       }
-      if (q) d.next = &qx;
-      if (!q) ++r.dense_tensors;
       tensors[l].push_back(d);
-      quant[l].push_back(q);
     }
     layers[l] = lwo_layer_desc{tensors[l].data(), n, nullptr};
   }
   Pool pinned;
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), L, nullptr, pinned.out()));
   for (uint32_t l = 0; l < L; ++l) {
-    for (size_t t = 0; t < tensors[l].size(); ++t) {
-      const lwo_tensor_desc& d = tensors[l][t];
+    for (const lwo_tensor_desc& d : tensors[l]) {
       void* src = nullptr;
       uint64_t bytes = 0;
       TK_CHECK(lwo_pool_tensor_host(pool.get(), l, d.name, &src, &bytes));
-      if (quant[l][t])
+      if (d.next)
         TK_CHECK(lwo_pool_write_quantized(pinned.get(), l, d.name, src, d.dtype, bytes, 0));
       else
         TK_CHECK(lwo_pool_write(pinned.get(), l, d.name, src, bytes));
