@@ -40,10 +40,6 @@ void report_release(const char* call, const std::string& why) {
   print_stderr(strf("%s: %s failed: %s\n", prefix().c_str(), call, why.c_str()));
 }
 
-[[noreturn]] void fail_no_device(const std::string& library_message) {
-  fail(library_message, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
-}
-
 }  // namespace
 
 bool try_open_device(int ordinal, Device& device, std::string* why) {
@@ -66,19 +62,8 @@ bool try_open_device(int ordinal, Device& device, std::string* why) {
 
 void open_device(int ordinal, Device& device) {
   std::string why;
-  if (!try_open_device(ordinal, device, &why)) fail_no_device(why);
-}
-
-int device_count() {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaSuccess && n > 0) return n;
-  (void)cudaGetLastError();
-  // The library's message says why.
-  Device probe;
-  std::string why;
-  if (!try_open_device(0, probe, &why)) fail_no_device(why);
-  fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
+  if (!try_open_device(ordinal, device, &why))
+    fail(why, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
 }
 
 uint64_t record_bytes(const lwo_layer_desc& layer) {
@@ -444,8 +429,6 @@ std::string version_text() {
   unsigned v = lwo_version();
   return strf("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
 }
-
-double seconds_since(double start) { return now_seconds() - start; }
 
 void print_model(const ModelOptions& m, uint64_t record, uint64_t total) {
   print_row("model", "%u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all", m.layers,

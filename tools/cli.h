@@ -42,8 +42,6 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-// The deepest ring lwo_ring_create accepts (lwo_ring_config.depth, lwo.h).
-constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
@@ -100,13 +98,11 @@ struct Device {
 };
 // The engine on `ordinal`; without a usable GPU it stops with the library's
 // own message (no driver, no GPU, a GPU too old, a driver older than the
-// runtime) and a hint line (fail_no_device).
+// runtime) and a hint line.
 void open_device(int ordinal, Device& device);
 // The same, but returns false with the library's message in *why when
 // lwo_engine_create says there is no device.
 bool try_open_device(int ordinal, Device& device, std::string* why);
-// The number of CUDA devices; with none, stops as open_device does.
-int device_count();
 std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
 
 // A command's --json results: keys in the order they are set.
@@ -176,7 +172,8 @@ Flag uint_flag(const UintSpec& s, T& target) {
   return uint_flag(s.name, s.value, target, s.min, s.max, s.what);
 }
 constexpr UintSpec kDeviceFlag = {"--device", "N", 0, 1023, "CUDA device ordinal"};
-constexpr UintSpec kDepthFlag = {"--depth", "D", 1, kMaxDepth, "ring depth (device slots)"};
+constexpr UintSpec kDepthFlag = {"--depth", "D", 1, LWO_MAX_RING_DEPTH,
+                                 "ring depth (device slots)"};
 constexpr UintSpec kLayersFlag = {"--layers", "N", 1, 1000000, "layers of the model"};
 constexpr UintSpec kRowsFlag = {"--rows", "R", 1, kMaxDim,
                                 "rows of each layer's tensor \"weight\""};
@@ -364,7 +361,6 @@ struct PassResults : TimedPasses {
   // "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak".
   void to_json(Json& j, uint32_t passes) const;
 };
-double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the
 // library's checkpoint messages quote it: '"' and '\' get a backslash,

@@ -390,7 +390,7 @@ int cmd_probe(int argc, char** argv) {
   for (uint64_t record : o.records) measure_record_size(dev, o, record, consumer.get(), rings);
   TK_CHECK(lwo_engine_synchronize(dev.engine.get()));
   consumer.destroy();
-  progress("probe took %.1f s", seconds_since(t0));
+  progress("probe took %.1f s", now_seconds() - t0);
 
   print_tables(dev, o, copies, rings, peak, peak_bytes);
   json.write(to_json(dev, copies, rings, peak, peak_bytes));
