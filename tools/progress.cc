@@ -76,25 +76,19 @@ std::string count_text(uint64_t v, bool bytes) {
 
 void draw_locked(const Phase::State& s, double now) {
   const uint64_t done = std::min(s.done.load(), s.total ? s.total : UINT64_MAX);
-  std::string right;
-  std::string bar;
   const int cols = columns();
-  if (s.total) {
-    right = strf(" %3d%%  %s/%s", static_cast<int>(100.0 * done / s.total),
-                 count_text(done, s.bytes).c_str(), count_text(s.total, s.bytes).c_str());
-  }
-  right += strf("  %.1f s", now - s.start);
-  if (!s.detail.empty()) right += "  " + s.detail;
+  std::string line = s.label;
   if (s.total) {
     const int width = std::max(10, std::min(30, cols / 4));  // the same for every drawing
     int fill = static_cast<int>(static_cast<double>(width) * done / s.total);
-    bar = " [" + std::string(fill, '#') + std::string(width - fill, '.') + "]";
+    line += " [" + std::string(fill, '#') + std::string(width - fill, '.') + "]" +
+            strf(" %3d%%  %s/%s", static_cast<int>(100.0 * done / s.total),
+                 count_text(done, s.bytes).c_str(), count_text(s.total, s.bytes).c_str());
   }
-  std::string line = s.label + bar + right;
+  line += strf("  %.1f s", now - s.start);
+  if (!s.detail.empty()) line += "  " + s.detail;
   if (static_cast<int>(line.size()) > cols - 1) line.resize(std::max(cols - 1, 0));
-  std::fputs("\r", g_err);
-  std::fputs(line.c_str(), g_err);
-  std::fputs("\033[K", g_err);
+  std::fprintf(g_err, "\r%s\033[K", line.c_str());
   std::fflush(g_err);
   g_bar_shown = true;
 }
