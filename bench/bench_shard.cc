@@ -204,15 +204,14 @@ class Coord {
   std::vector<bool> done_;
 };
 
-// The number of CUDA devices; with none, stops as open_device does (the
+// The number of CUDA devices; with none, stops as Device(0) does (the
 // library's message says why).
 int device_count() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e == cudaSuccess && n > 0) return n;
   (void)cudaGetLastError();
-  Device probe;
-  open_device(0, probe);
+  const Device probe(0);
   fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
 }
 

@@ -60,9 +60,9 @@ bool try_open_device(int ordinal, Device& device, std::string* why) {
   return true;
 }
 
-void open_device(int ordinal, Device& device) {
+Device::Device(int device) {
   std::string why;
-  if (!try_open_device(ordinal, device, &why))
+  if (!try_open_device(device, *this, &why))
     fail(why, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
 }
 

@@ -92,16 +92,17 @@ int dispatch(int argc, char** argv);
 
 // The CUDA device and the engine on it.
 struct Device {
+  Device() = default;  // none
+  // The engine on CUDA device `device`; without a usable GPU it stops with
+  // the library's own message (no driver, no GPU, a GPU too old, a driver
+  // older than the runtime) and a hint line.
+  explicit Device(int device);
   int ordinal = 0;
   cudaDeviceProp prop{};
   Engine engine;
 };
-// The engine on `ordinal`; without a usable GPU it stops with the library's
-// own message (no driver, no GPU, a GPU too old, a driver older than the
-// runtime) and a hint line.
-void open_device(int ordinal, Device& device);
-// The same, but returns false with the library's message in *why when
-// lwo_engine_create says there is no device.
+// The same into `device`, but returns false with the library's message in
+// *why when lwo_engine_create says there is no device.
 bool try_open_device(int ordinal, Device& device, std::string* why);
 std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
 

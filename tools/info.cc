@@ -356,7 +356,7 @@ int info_one(const Options& o) {
     else if (r.total_layers == 0)
       r.estimate_reason = "every layer is empty (0 bytes), so no pool";
     else if (o.device_given) {
-      open_device(o.device, dev);
+      dev = Device(o.device);
       on_device = true;
     } else if (!(on_device = try_open_device(o.device, dev, &r.no_gpu)))
       r.estimate_reason = "no usable GPU";

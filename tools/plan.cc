@@ -156,8 +156,7 @@ int cmd_plan(int argc, char** argv) {
   const uint64_t record = record_bytes(layer);
   const uint64_t model = record * o.layers;
   const uint64_t budget = parse_budget(o.budget, model);
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   Pool pool;
   std::vector<lwo_layer_desc> layers(o.layers, layer);

@@ -375,8 +375,7 @@ int cmd_probe(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo probe, %s", describe(dev).c_str());
 

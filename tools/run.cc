@@ -25,13 +25,9 @@ struct Options : ModelOptions {
   std::string budget;  // --budget (plan, then run the plan too)
 };
 
-struct HostTimes {
-  double pool_s = 0, fill_s = 0, checksum_s = 0;
-};
-
 struct Results : PassResults {
   uint64_t record_bytes = 0;
-  HostTimes host;
+  double pool_s = 0, fill_s = 0, checksum_s = 0;  // host work
   // With --budget, the planned ring's passes in the same run.
   bool planned = false;
   PlanReport plan;
@@ -84,10 +80,9 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
               static_cast<double>(dense) / static_cast<double>(r.record_bytes),
               fmt_bytes(r.pass_bytes).c_str());
   }
-  print_row("host", "pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s",
-            r.host.pool_s,
+  print_row("host", "pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s", r.pool_s,
             o.quant != LWO_QUANT_NONE ? "uniform values quantized on load" : "random fill",
-            r.host.fill_s, static_cast<unsigned long long>(o.seed), r.host.checksum_s);
+            r.fill_s, static_cast<unsigned long long>(o.seed), r.checksum_s);
   print_row("peak", "%.2f GB/s pinned H2D (every record back-to-back on one stream, best of %d: "
             "%.2f ms)", r.peak_gbps, kPeakRepeats, r.peak_ms);
   r.print(o.passes, o.timing);
@@ -123,8 +118,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
                  {"seed", o.seed},      {"timing", o.timing}, {"quant", quant_flag_name(o.quant)}};
   j["record_bytes"] = r.record_bytes;
   j["bytes_per_pass"] = r.pass_bytes;
-  j["host_seconds"] = {
-      {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
+  j["host_seconds"] = {{"pool_create", r.pool_s}, {"fill", r.fill_s}, {"checksum", r.checksum_s}};
   r.to_json(j, o.passes);
   const lwo_ring_stats& s = r.stats;
   j["ring"] = json_ring(r.ring, s, o.timing);
@@ -166,8 +160,7 @@ int cmd_run(int argc, char** argv) {
   r.record_bytes = record_bytes(layer);
   r.pass_bytes = model_bytes(r.record_bytes, o.layers);
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
            fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
@@ -179,8 +172,8 @@ int cmd_run(int argc, char** argv) {
     Phase phase("pool");
     std::vector<lwo_layer_desc> layers(o.layers, layer);
     TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
-    r.host.pool_s = phase.seconds();
-    phase.done("pinned, %s in %.2f s", fmt_bytes(r.pass_bytes).c_str(), r.host.pool_s);
+    r.pool_s = phase.seconds();
+    phase.done("pinned, %s in %.2f s", fmt_bytes(r.pass_bytes).c_str(), r.pool_s);
   }
   std::vector<HostRange> records(o.layers);
   for (uint32_t l = 0; l < o.layers; ++l)
@@ -197,24 +190,24 @@ int cmd_run(int argc, char** argv) {
                                         0));
       phase.set(l + 1);
     }
-    r.host.fill_s = phase.seconds();
+    r.fill_s = phase.seconds();
     phase.done("%u layers of %s values quantized as %s in %.2f s", o.layers,
-               lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.host.fill_s);
+               lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.fill_s);
   } else {
     Phase phase("fill", r.pass_bytes, true);
     fill_bytes(keyed_ranges(records, o.seed), 0, phase.counter());
-    r.host.fill_s = phase.seconds();
+    r.fill_s = phase.seconds();
     phase.done("%s of random bytes in %.2f s (%.1f GB/s, seed %llu)",
-               fmt_bytes(r.pass_bytes).c_str(), r.host.fill_s,
-               static_cast<double>(r.pass_bytes) / std::max(r.host.fill_s, 1e-9) / 1e9,
+               fmt_bytes(r.pass_bytes).c_str(), r.fill_s,
+               static_cast<double>(r.pass_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
                static_cast<unsigned long long>(o.seed));
   }
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", r.pass_bytes, true);
     expect = checksums(records, phase.counter());
-    r.host.checksum_s = phase.seconds();
-    phase.done("%u layers on the host in %.2f s", o.layers, r.host.checksum_s);
+    r.checksum_s = phase.seconds();
+    phase.done("%u layers on the host in %.2f s", o.layers, r.checksum_s);
   }
   {
     Phase phase("peak");

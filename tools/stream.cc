@@ -41,8 +41,7 @@ struct Check {
   uint32_t layer;
   int32_t tensor;
   std::string name;  // of the tensor
-  uint64_t bytes;
-  HostRange host;
+  HostRange host;    // its bytes
 };
 
 // One checkpoint: opened and mapped before the device, streamed after.
@@ -114,7 +113,7 @@ void weights_pass(const Results& r, lwo_schedule* schedule, cudaStream_t stream,
     for (uint32_t i : r.layer_checks[view.layer]) {
       const Check& c = r.checks[i];
       const void* data = c.tensor < 0 ? view.base : view.tensors[c.tensor];
-      check(lwo::kernels::checksum_async(data, c.bytes, sums + i, stream),
+      check(lwo::kernels::checksum_async(data, c.host.bytes, sums + i, stream),
             "lwo::kernels::checksum_async");
     }
   }
@@ -255,7 +254,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
       ++r.whole_layers;
       if (bytes) {
         r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
-        r.checks.push_back({l, -1, "", bytes, {data, bytes}});
+        r.checks.push_back({l, -1, "", {data, bytes}});
       }
       continue;
     }
@@ -276,7 +275,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
       TK_CHECK(lwo_pool_tensor_host(pool, l, info.name, &host, &host_bytes));
       ++r.checked_tensors;
       r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
-      r.checks.push_back({l, static_cast<int32_t>(t), info.name, host_bytes, {host, host_bytes}});
+      r.checks.push_back({l, static_cast<int32_t>(t), info.name, {host, host_bytes}});
     }
   }
   r.pass_bytes = std::accumulate(r.copy_bytes.begin(), r.copy_bytes.end(), uint64_t(0));
@@ -388,7 +387,7 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   uint64_t check_bytes = 0;
   for (const Check& c : r.checks) {
     ranges.push_back(c.host);
-    check_bytes += c.bytes;
+    check_bytes += c.host.bytes;
   }
   std::vector<uint64_t> expect;
   {
@@ -469,8 +468,7 @@ int cmd_stream(int argc, char** argv) {
     open_and_map(o, path, *all.back());
   }
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
            all.size() == 1 ? "" : "s");

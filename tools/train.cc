@@ -921,8 +921,7 @@ int cmd_train(int argc, char** argv) {
   r.sz = compute_sizes(o);
   const Sizes& sz = r.sz;
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   lwo_engine* engine = dev.engine.get();
   JsonFile json(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
