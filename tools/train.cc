@@ -216,13 +216,10 @@ struct Results {
   double target = 0;
   std::string check;
   // With --optimizer, what optimizer_steps measured: the pairs (each a plain
-  // step, the update alone, a full step) and the median ratio to the floor below.
+  // step, the update alone, a full step) and the host memory's floor.
   bool optimized = false;
   OptimPairs opt;
-  double opt_memory_ratio = 0;
-  // Host memory a step: the update's traffic, the copies'
-  // bytes, the update's own bandwidth and the floor they give.
-  double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
+  OptimPairs::MemoryFloor opt_memory;
   // With --budget, the planned ring's steps in the same run.
   bool planned = false;
   PlanReport plan;
@@ -510,9 +507,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
         {"full_step_ms", r.opt.full()}, {"gpu_step_ms", r.opt.gpu()},
         {"overlap", r.opt.overlap()}, {"ratio_to_bound", r.opt.ratio()}, {"target", 1.1},
         {"met", r.opt.ratio() <= 1.1}, {"tail_ms", median(r.opt.tail_ms)},
-        {"host_update_bytes", r.opt_update_bytes}, {"host_copy_bytes", r.opt_copy_bytes},
-        {"update_GBps", r.opt_update_gbps}, {"host_memory_floor_ms", r.opt_memory_floor_ms},
-        {"ratio_to_host_memory_floor", r.opt_memory_ratio},
+        {"host_update_bytes", r.opt_memory.update_bytes},
+        {"host_copy_bytes", r.opt_memory.copy_bytes}, {"update_GBps", r.opt_memory.update_gbps},
+        {"host_memory_floor_ms", r.opt_memory.floor_ms},
+        {"ratio_to_host_memory_floor", r.opt_memory.ratio},
         {"pairs", r.opt.pair_ratio.size()}, {"pair_ratios", r.opt.pair_ratio}};
   j["verified"] = true;
   j["check"] = r.check;
@@ -607,29 +605,15 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
       each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", t.gpu_ms[i], t.alone_ms[i],
                    t.full_ms[i], t.pair_ratio[i]);
     std::printf("pairs  GPU step/update alone/full step ms: ratio, in order: %s\n", each.c_str());
-    // The update and the copy engines share the host's memory: the time
-    // both take at the bandwidth an update alone reached (of a_ms: a_ms x
-    // (update + copies) / update); each pair's full step against its own
-    // update's, the median.
-    r.opt_update_bytes = static_cast<double>(t.n_params) *
-                         update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
-                                                         sz.host, o.dtype, info.vector_level);
-    r.opt_copy_bytes = static_cast<double>(r.h2d_bytes + r.d2h_bytes);
-    const auto memory_floor_ms = [&](double a_ms) {
-      return r.opt_update_bytes > 0 ? a_ms * (1 + r.opt_copy_bytes / r.opt_update_bytes) : 0;
-    };
-    r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
-    r.opt_memory_floor_ms = memory_floor_ms(alone);
-    std::vector<double> memory_ratio;
-    for (size_t i = 0; i < t.full_ms.size(); ++i)
-      if (memory_floor_ms(t.alone_ms[i]) > 0)
-        memory_ratio.push_back(t.full_ms[i] / memory_floor_ms(t.alone_ms[i]));
-    r.opt_memory_ratio = median(memory_ratio);
+    const OptimPairs::MemoryFloor& m = r.opt_memory = t.memory_floor(
+        static_cast<double>(t.n_params) *
+            update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state, sz.host, o.dtype,
+                                   info.vector_level),
+        static_cast<double>(r.h2d_bytes + r.d2h_bytes));
     std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
                 "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it "
                 "(median of the pairs)\n",
-                r.opt_update_bytes / 1e9, r.opt_copy_bytes / 1e9, r.opt_update_gbps,
-                r.opt_memory_floor_ms, r.opt_memory_ratio);
+                m.update_bytes / 1e9, m.copy_bytes / 1e9, m.update_gbps, m.floor_ms, m.ratio);
   }
   TK_CHECK(lwo_optim_destroy(optim));
 }
