@@ -93,8 +93,10 @@ Json json_device(int ordinal, const cudaDeviceProp& prop) {
 
 Json json_device(const Device& device) { return json_device(device.ordinal, device.prop); }
 
-Json json_doc(const char* command) {
-  return {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
+Json json_doc(const char* command, const Device* device) {
+  Json j = {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
+  if (device) j["device"] = json_device(*device);
+  return j;
 }
 
 std::vector<SumMismatch> check_sums(

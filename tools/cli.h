@@ -110,8 +110,9 @@ std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs,
 using Json = nlohmann::ordered_json;
 Json json_device(const Device& device);  // ordinal, name, sms, memory_bytes, pci_bus
 Json json_device(int ordinal, const cudaDeviceProp& prop);
-// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins so.
-Json json_doc(const char* command);
+// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins
+// so; with `device`, its "device" (json_device) follows.
+Json json_doc(const char* command, const Device* device = nullptr);
 
 // --- commands and flags ------------------------------------------------------
 

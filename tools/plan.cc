@@ -173,8 +173,7 @@ int cmd_plan(int argc, char** argv) {
   print_row("compute", "forward %.4f ms per layer%s", f,
             o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
   print_plan(r);
-  Json j = json_doc("plan");
-  j["device"] = json_device(dev);
+  Json j = json_doc("plan", &dev);
   j["config"] = {{"layers", o.layers}, {"rows", o.rows},     {"cols", o.cols},
                  {"dtype", lwo_dtype_name(o.dtype)}, {"budget", o.budget},
                  {"train", o.train},   {"group", o.group}};

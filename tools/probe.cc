@@ -75,8 +75,7 @@ uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host,
       host.destroy();
     }
     if (e != cudaErrorMemoryAllocation)
-      check(e,
-            strf("allocating %s of pinned host and device memory", fmt_bytes(*it).c_str()).c_str());
+      check(e, strf("allocating %s of pinned host and device memory", fmt_bytes(*it).c_str()));
     (void)cudaGetLastError();
     progress("copy: %s buffers do not fit; trying smaller", fmt_bytes(*it).c_str());
   }
@@ -317,8 +316,7 @@ void print_tables(const Device& dev, const Options& o, const std::vector<CopyFig
 
 Json to_json(const Device& dev, const std::vector<CopyFigure>& copies,
              const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
-  Json j = json_doc("probe");
-  j["device"] = json_device(dev);
+  Json j = json_doc("probe", &dev);
   Json& copy = j["copy"] = Json::array();
   for (const CopyFigure& f : copies) {
     Json e = {{"bytes", f.bytes}, {"measured", f.measured}};

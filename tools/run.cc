@@ -111,8 +111,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
 }
 
 Json to_json(const Device& dev, const Options& o, const Results& r) {
-  Json j = json_doc("run");
-  j["device"] = json_device(dev);
+  Json j = json_doc("run", &dev);
   j["config"] = {{"layers", o.layers},  {"rows", o.rows},     {"cols", o.cols},
                  {"dtype", lwo_dtype_name(o.dtype)}, {"depth", o.depth}, {"passes", o.passes},
                  {"seed", o.seed},      {"timing", o.timing}, {"quant", quant_flag_name(o.quant)}};

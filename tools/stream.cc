@@ -226,8 +226,7 @@ Json json_checkpoint(const Options& o, const Results& r) {
 }
 
 Json to_json(const Device& dev, const Options& o, const std::vector<std::unique_ptr<Results>>& all) {
-  Json j = json_doc("stream");
-  j["device"] = json_device(dev);
+  Json j = json_doc("stream", &dev);
   j["config"] = {{"paths", o.paths},   {"mapping", json_mapping(all.front()->map)},
                  {"staged", o.staged}, {"depth", o.depth},
                  {"passes", o.passes}, {"timing", o.timing},
