@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/ring.h"
 #include "testkit/workload.h"
 #include "tools/cli.h"
 
@@ -25,22 +26,6 @@ struct Options {
   std::vector<uint64_t> sizes{256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB};
   std::vector<uint64_t> records{4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB};
   std::string json;
-};
-
-struct CopyFigure {
-  uint64_t bytes = 0;
-  bool measured = false;
-  uint64_t copies = 0;  // per batch
-  double h2d_best = 0, h2d_median = 0, d2h_best = 0, d2h_median = 0;
-};
-
-struct RingFigure {
-  uint64_t record_bytes = 0;
-  uint32_t depth = 0, layers = 0, passes = 0;
-  bool measured = false;
-  std::string skipped;  // why not, if not measured
-  double ms = 0, gbps = 0;
-  uint64_t hits = 0;
 };
 
 std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
@@ -109,20 +94,7 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
     CopyFigure f;
     f.bytes = bytes;
     if (bytes <= fit) {
-      f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      const auto timed = [&](Direction d) {  // one buffer each side, either way
-        return time_copies(
-            loop, uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes, f.copies),
-            repeats);
-      };
-      const CopyResult h2d = timed(Direction::kH2D);
-      const CopyResult d2h = timed(Direction::kD2H);
-      // The median of the batches' GB/s (of their times, for an odd count).
-      f.h2d_best = h2d.best_gbps();
-      f.h2d_median = median(h2d.gbps());
-      f.d2h_best = d2h.best_gbps();
-      f.d2h_median = median(d2h.gbps());
-      f.measured = true;
+      f = time_copy_size(loop, host.get(), dev.get(), bytes, kBatchBytes, repeats);
       phase.set(out.size() + 1, strf("%s: H2D %.2f GB/s, D2H %.2f GB/s", fmt_bytes(bytes).c_str(),
                                      f.h2d_best, f.d2h_best));
     }
@@ -136,49 +108,6 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   phase.done("%zu of %zu sizes in %.1f s; peak H2D %.2f GB/s (%s copies)", measured, out.size(),
              phase.seconds(), peak, fmt_bytes(peak_bytes).c_str());
   return out;
-}
-
-// Streams `passes` passes (after a warm-up pass) of every layer of `pool`
-// through a ring of `depth`, a checksum kernel on `consumer` reading each
-// layer, and checks the sums against `expect`.
-void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t>& expect,
-                  uint64_t pool_bytes, cudaStream_t consumer, unsigned long long* sums,
-                  const Event& a, const Event& b, RingFigure& f) {
-  lwo_ring_config config = LWO_RING_CONFIG_INIT;
-  config.depth = f.depth;
-  Ring ring;
-  lwo_status_t s = lwo_ring_create(pool, &config, ring.out());
-  if (s == LWO_ERR_OUT_OF_MEMORY) {
-    f.skipped = lwo_last_error_message();
-    return;
-  }
-  check(s, "lwo_ring_create");
-  const std::vector<uint32_t> order = step_order(f.layers, /*backward=*/false);
-  Schedule schedule;
-  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
-
-  TK_CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
-  checksum_pass(schedule.get(), consumer, sums);  // warm-up
-  TK_CHECK(cudaEventRecord(a.get(), consumer));
-  for (uint32_t p = 0; p < f.passes; ++p) checksum_pass(schedule.get(), consumer, sums);
-  TK_CHECK(cudaEventRecord(b.get(), consumer));
-  TK_CHECK(cudaEventSynchronize(b.get()));
-  f.ms = elapsed_ms(a, b);
-  f.gbps = gbps(static_cast<double>(pool_bytes) * f.passes, f.ms);
-  f.measured = true;
-
-  f.hits = ring_stats(ring.get()).n_hits;
-  schedule.destroy();
-  ring.destroy();
-  TK_CHECK(lwo_engine_check(engine));
-
-  const std::vector<SumMismatch> bad = verify_sums(sums, expect, f.passes + 1ull, consumer);
-  if (!bad.empty())
-    fail(
-        strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
-             "passes, expected 0x%016llx: a slot did not hold its layer's bytes",
-             f.depth, fmt_bytes(f.record_bytes).c_str(), bad[0].layer, bad[0].got, f.passes + 1,
-             bad[0].want));
 }
 
 // All depths for one record size; appends one figure per depth.
