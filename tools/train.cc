@@ -207,7 +207,7 @@ struct Results {
   bool phases = false;
   double fwd_h2d_term = 0, bwd_h2d_term = 0;  // the H2D bytes of each half at the peak
   double phase_fwd = 0, phase_bwd = 0;
-  SplitFloor floor;                  // the split floor (resident measured)
+  SplitFloor floor;                           // the split floor (resident measured)
   double start_ms = 0, turn_ms = 0, end_ms = 0;  // medians per step: the edges
   double add_gbps = 0;                        // host additions during the steps
   uint64_t add_bytes = 0;
