@@ -46,11 +46,7 @@ std::unique_ptr<Shared> g_shared;
 Shared& shared() {
   if (g_shared) return *g_shared;
   auto s = std::make_unique<Shared>();
-  lwo_tensor_desc tensor{};
-  tensor.name = "weight";
-  tensor.dtype = LWO_DTYPE_BF16;
-  tensor.n_dims = 1;
-  tensor.shape[0] = kRecordElems;
+  lwo_tensor_desc tensor = testkit::tensor_desc("weight", LWO_DTYPE_BF16, {kRecordElems});
   std::vector<lwo_layer_desc> descs(kLayers, lwo_layer_desc{&tensor, 1, nullptr});
   check(lwo_pool_create_pinned(engine(), descs.data(), kLayers, nullptr, s->pool.out()),
         "lwo_pool_create_pinned");

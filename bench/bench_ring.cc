@@ -53,11 +53,8 @@ RingPool& pool_for(uint64_t record) {
   p->record = record;
   p->layers =
       static_cast<uint32_t>(std::max<uint64_t>(kMaxDepth + 2, (kPoolBytes + record - 1) / record));
-  lwo_tensor_desc tensor{};
-  tensor.name = "data";
-  tensor.dtype = LWO_DTYPE_U8;
-  tensor.n_dims = 1;
-  tensor.shape[0] = static_cast<int64_t>(record);
+  lwo_tensor_desc tensor =
+      testkit::tensor_desc("data", LWO_DTYPE_U8, {static_cast<int64_t>(record)});
   std::vector<lwo_layer_desc> descs(p->layers, lwo_layer_desc{&tensor, 1, nullptr});
   check(lwo_pool_create_pinned(engine(), descs.data(), p->layers, nullptr, p->pool.out()),
         "lwo_pool_create_pinned");

@@ -204,6 +204,17 @@ class Coord {
   std::vector<bool> done_;
 };
 
+// The number of CUDA devices; with none, stops as Device(0) does (the
+// library's message says why).
+int device_count() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return n;
+  (void)cudaGetLastError();
+  const Device probe(0);
+  fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
+}
+
 thread_local int t_rank = -1;
 thread_local Coord* t_coord = nullptr;
 
@@ -505,7 +516,7 @@ void train(const Model& m, Coord& c, uint32_t rank, lwo_engine* engine, lwo_pool
   Grads grads;
   const double t = now_seconds();
   TK_CHECK(lwo_grads_create(pool, nullptr, &grads_config, grads.out()));
-  progress("rank %u: gradient buffers in %.2f s", rank, seconds_since(t));
+  progress("rank %u: gradient buffers in %.2f s", rank, now_seconds() - t);
 
   // One step (testkit::run_step): the gradients zeroed and the counters read
   // (untimed), then every rank starts together at a barrier; timed to the
@@ -571,7 +582,7 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   Pool pool;
   TK_CHECK(
       lwo_pool_create_sharded(engine.get(), m.layers.data(), L, comm.get(), nullptr, pool.out()));
-  out.pool_s = seconds_since(t);
+  out.pool_s = now_seconds() - t;
   // Shard l: bytes [offset, offset + S) of the stream of layer l's key, and
   // zero beyond the record.
   std::vector<testkit::ByteRange> shards(L);
@@ -593,7 +604,7 @@ void run_rank(const Model& m, Coord& c, uint32_t rank, RankResult& out) {
   t = now_seconds();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   testkit::fill_bytes(shards, std::max(1u, hw / n));
-  out.fill_s = seconds_since(t);
+  out.fill_s = now_seconds() - t;
   if (bar) bar->end();
   progress("rank %u (device %u, %s): shards of %s at offset %s, pool %.2f s, fill %.2f s", rank, rank,
       prop.name, fmt_bytes(S).c_str(), fmt_bytes(S * rank).c_str(), out.pool_s, out.fill_s);
@@ -980,7 +991,7 @@ int cmd_shard(int argc, char** argv) {
   if (o.ranks_given && o.list_given)
     throw UsageError("--ranks and --ranks-list exclude each other");
   Model m;
-  m.tensor = weight_tensor(LWO_DTYPE_BF16, o.rows, o.cols);
+  m.tensor = tensor_desc("weight", LWO_DTYPE_BF16, {o.rows, o.cols});
   const lwo_layer_desc layer{&m.tensor, 1, nullptr};
   m.record_bytes = record_bytes(layer);
   m.layers.assign(o.layers, layer);
@@ -1025,7 +1036,7 @@ int cmd_shard(int argc, char** argv) {
   double t = now_seconds();
   m.expect = record_checksums(o.seed, o.layers, m.record_bytes);
   progress("host: checksums of %u records of %s from their formula in %.2f s", o.layers,
-      fmt_bytes(m.record_bytes).c_str(), seconds_since(t));
+      fmt_bytes(m.record_bytes).c_str(), now_seconds() - t);
   if (o.train) {
     const uint64_t T = static_cast<uint64_t>(o.tokens);
     m.x.resize(T * static_cast<uint64_t>(o.cols));

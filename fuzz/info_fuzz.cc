@@ -1,7 +1,7 @@
 // lwo info fuzzer: the input is a checkpoint folder laid out as
 // checkpoint_fuzz.cc's (fuzz.h, write_checkpoint_input: one .safetensors
 // file, or an index and its shards cut at "@@@@"), listed by the lwo
-// program's own `lwo info` in this process (cli::info_file, tools/info.cc)
+// program's own `lwo info` in this process (info_file below, tools/info.cc)
 // with --quiet --estimate (no device is touched). The input's last byte picks
 // the mapping (the default patterns, or --pattern "{i}", "layers.{i}." or
 // "h.{i}.") and whether --json writes a file too.
@@ -82,6 +82,30 @@ void check_terminal_safe(const std::string& s, const char* which) {
   }
 }
 
+// `lwo info FLAGS... -- FILE` in this process, as the program runs it: its
+// listing goes to `out`, its messages and progress to `err` (where the
+// program writes stdout and stderr; no bar is drawn), and it returns the
+// program's exit status (kExitOk, kExitFailure: FILE cannot be read;
+// kExitUsage: bad flags, or a pattern or names file that does not fit FILE).
+// Each call starts with --quiet off.
+int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
+              std::FILE* err) {
+  std::vector<std::string> args = {cli::g_program, cli::kInfoCommand.name};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back("--");
+  args.push_back(file);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  cli::g_quiet = false;
+  cli::g_out = out;
+  cli::g_err = err;
+  const int rc = cli::run_program(static_cast<int>(args.size()), argv.data(), cli::dispatch);
+  cli::g_out = stdout;
+  cli::g_err = stderr;
+  return rc;
+}
+
 size_t count_lines(const std::string& s) {
   size_t n = 0;
   for (char c : s) n += c == '\n';
@@ -106,7 +130,7 @@ void run_input(const uint8_t* data, size_t size) {
   }
 
   Capture out, err;
-  const int rc = cli::info_file(in.path, flags, out.file(), err.file());
+  const int rc = info_file(in.path, flags, out.file(), err.file());
   const std::string o = out.text(), e = err.text();
   static const bool trace = std::getenv("LWO_INFO_FUZZ_TRACE") != nullptr;
   if (trace)

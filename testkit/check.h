@@ -9,7 +9,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,6 +71,20 @@ unsigned release_failures();
 // detected)", or "cudaGetDeviceCount reports 0 devices".
 const std::string& no_device_reason();
 int device_count();  // 0 without a device
+
+// --- descriptions -----------------------------------------------------------------
+
+// The description of a tensor `name` of `dtype` and `shape` (no host data,
+// no extensions).
+inline lwo_tensor_desc tensor_desc(const char* name, lwo_dtype_t dtype,
+                                   std::initializer_list<int64_t> shape) {
+  lwo_tensor_desc t{};
+  t.name = name;
+  t.dtype = dtype;
+  t.n_dims = static_cast<int32_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), t.shape);
+  return t;
+}
 
 // --- time and statistics ------------------------------------------------------------
 

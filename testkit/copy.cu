@@ -146,6 +146,25 @@ double CopyResult::d2h_best_gbps() const {
   return best_of(each(batches, [&](const BatchTime& t) { return testkit::gbps(b, t.d2h_ms); }));
 }
 
+CopyFigure time_copy_size(CopyLoop& loop, void* host, void* device, uint64_t bytes,
+                          uint64_t batch_bytes, const CopyRepeats& repeats) {
+  CopyFigure f;
+  f.bytes = bytes;
+  f.copies = std::max<uint64_t>(1, batch_bytes / bytes);
+  const auto timed = [&](Direction d) {  // one buffer each side, either way
+    return time_copies(loop, uniform_plan(d, host, host, device, device, bytes, f.copies),
+                       repeats);
+  };
+  const CopyResult h2d = timed(Direction::kH2D);
+  const CopyResult d2h = timed(Direction::kD2H);
+  f.h2d_best = h2d.best_gbps();
+  f.h2d_median = median(h2d.gbps());
+  f.d2h_best = d2h.best_gbps();
+  f.d2h_median = median(d2h.gbps());
+  f.measured = true;
+  return f;
+}
+
 CopyResult time_copies(CopyLoop& loop, const CopyPlan& plan, const CopyRepeats& repeats) {
   CopyResult r;
   r.direction = plan.direction;

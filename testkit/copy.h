@@ -92,6 +92,18 @@ struct CopyResult {
   double d2h_best_gbps() const;
 };
 CopyResult time_copies(CopyLoop& loop, const CopyPlan& plan, const CopyRepeats& repeats);
+// Pinned copies of one size both ways (lwo probe's copy figures): on `loop`,
+// H2D then D2H, each batch max(1, batch_bytes / bytes) back-to-back copies of
+// `bytes` between one pinned host buffer and one device buffer; the best and
+// the median of the batches' GB/s (of their times, for an odd count).
+struct CopyFigure {
+  uint64_t bytes = 0;
+  bool measured = false;
+  uint64_t copies = 0;  // per batch
+  double h2d_best = 0, h2d_median = 0, d2h_best = 0, d2h_median = 0;
+};
+CopyFigure time_copy_size(CopyLoop& loop, void* host, void* device, uint64_t bytes,
+                          uint64_t batch_bytes, const CopyRepeats& repeats);
 CopyResult time_copies(const CopyPlan& plan, const CopyRepeats& repeats);  // a loop of its own
 // H2D: each of `copies` in turn, back-to-back on one stream into one device
 // buffer of device_bytes, allocated here (the peak of a pool's records, or of

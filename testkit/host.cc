@@ -65,4 +65,18 @@ double OptimPairs::overlap() const {
   return shorter > 0 ? std::max(0.0, gpu() + alone() - full()) / shorter : 0;
 }
 
+OptimPairs::MemoryFloor OptimPairs::memory_floor(double update_bytes, double copy_bytes) const {
+  const auto floor_ms = [&](double a_ms) {  // of an update alone in a_ms
+    return update_bytes > 0 ? a_ms * (1 + copy_bytes / update_bytes) : 0;
+  };
+  MemoryFloor f{update_bytes, copy_bytes};
+  f.update_gbps = alone() > 0 ? update_bytes / alone() / 1e6 : 0;
+  f.floor_ms = floor_ms(alone());
+  std::vector<double> ratios;
+  for (size_t i = 0; i < full_ms.size(); ++i)
+    if (floor_ms(alone_ms[i]) > 0) ratios.push_back(full_ms[i] / floor_ms(alone_ms[i]));
+  f.ratio = median(ratios);
+  return f;
+}
+
 }  // namespace testkit

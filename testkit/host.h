@@ -60,6 +60,16 @@ struct OptimPairs {
   // What the full step hides of the shorter of the two: (GPU step + update
   // alone - full step) over the shorter, at least 0 (medians; 0 without).
   double overlap() const;
+
+  // The host's memory, which the update and the copy engines share: a step
+  // moves `update_bytes` of update traffic and `copy_bytes` of copies (H2D
+  // and D2H). At the bandwidth an update alone reached (update_gbps) both
+  // take alone() x (update + copies) / update (floor_ms); each pair's full
+  // step over its own update's floor, the median (ratio).
+  struct MemoryFloor {
+    double update_bytes = 0, copy_bytes = 0, update_gbps = 0, floor_ms = 0, ratio = 0;
+  };
+  MemoryFloor memory_floor(double update_bytes, double copy_bytes) const;
 };
 
 }  // namespace testkit

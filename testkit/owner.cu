@@ -52,31 +52,35 @@ double elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   return ms;
 }
 
+namespace {
+
+// The size-first struct get(object, &out) writes; a failure throws naming `call`.
+template <class Out, class Obj, class Arg>
+Out written_by(lwo_status_t (*get)(Obj*, Out*), Arg* object, const char* call) {
+  Out out{};
+  out.size = sizeof out;
+  check(get(object, &out), call);
+  return out;
+}
+
+}  // namespace
+
 lwo_ring_stats ring_stats(lwo_ring* ring) {
-  lwo_ring_stats s{};
-  s.size = sizeof s;
-  check(lwo_ring_get_stats(ring, &s), "lwo_ring_get_stats");
-  return s;
+  return written_by(lwo_ring_get_stats, ring, "lwo_ring_get_stats");
 }
 
 lwo_ring_info ring_info(lwo_ring* ring) {
-  lwo_ring_info i{};
-  i.size = sizeof i;
-  check(lwo_ring_get_info(ring, &i), "lwo_ring_get_info");
-  return i;
+  return written_by(lwo_ring_get_info, ring, "lwo_ring_get_info");
 }
 
 lwo_pool_info pool_info(lwo_pool* pool) {
-  lwo_pool_info i{};
-  i.size = sizeof i;
-  check(lwo_pool_get_info(pool, &i), "lwo_pool_get_info");
-  return i;
+  return written_by(lwo_pool_get_info, pool, "lwo_pool_get_info");
 }
 
 lwo_grads_stats grads_stats(lwo_grads* grads) {
-  lwo_grads_stats s{};
+  if (grads) return written_by(lwo_grads_get_stats, grads, "lwo_grads_get_stats");
+  lwo_grads_stats s{};  // zeros
   s.size = sizeof s;
-  if (grads) check(lwo_grads_get_stats(grads, &s), "lwo_grads_get_stats");
   return s;
 }
 

@@ -105,14 +105,6 @@ std::vector<std::vector<std::string>> read_names_file(const std::string& path) {
 
 }  // namespace
 
-void open_checkpoint(const std::string& path, Checkpoint& checkpoint) {
-  // Nothing here opens or reads `path` first: the library refuses what is
-  // not a regular file (a folder, a named pipe, a device; shards of an index
-  // too) without blocking, LWO_ERR_IO.
-  lwo_status_t s = lwo_checkpoint_open(path.c_str(), checkpoint.out());
-  if (s != LWO_OK) fail(strf("%s (%s)", lwo_last_error_message(), lwo_status_string(s)));
-}
-
 bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,
                            std::vector<std::string>* paths) {
   if (!parse_flags(argc, argv, flags, paths)) return false;
@@ -138,8 +130,32 @@ std::vector<T> listing(lwo_checkpoint* checkpoint,
 
 }  // namespace
 
-std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
-  return listing<CkptTensor>(
+void open_checkpoint(const std::string& path, Checkpoint& ck, CkptListing* out) {
+  // Nothing here opens or reads `path` first: the library refuses what is
+  // not a regular file (a folder, a named pipe, a device; shards of an index
+  // too) without blocking, LWO_ERR_IO.
+  lwo_status_t s = lwo_checkpoint_open(path.c_str(), ck.out());
+  if (s != LWO_OK) fail(strf("%s (%s)", lwo_last_error_message(), lwo_status_string(s)));
+  lwo_checkpoint* checkpoint = ck.get();
+  out->path = path;
+  out->files = listing<CkptFile>(
+      checkpoint, lwo_checkpoint_file_count, "lwo_checkpoint_file_count(checkpoint, &n)",
+      [&](uint32_t i, CkptFile& f) {
+        lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
+        TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
+        const std::string file = info.path ? info.path : "";
+        f = CkptFile{file, base_name(file), info.bytes, info.n_tensors};
+      });
+  out->metadata = listing<CkptMeta>(
+      checkpoint, lwo_checkpoint_metadata_count, "lwo_checkpoint_metadata_count(checkpoint, &n)",
+      [&](uint32_t i, CkptMeta& m) {
+        const char* key = nullptr;
+        const char* value = nullptr;
+        TK_CHECK(lwo_checkpoint_metadata(checkpoint, i, &m.file, &key, &value));
+        m.key = key ? key : "";
+        m.value = value ? value : "";
+      });
+  out->tensors = listing<CkptTensor>(
       checkpoint, lwo_checkpoint_tensor_count, "lwo_checkpoint_tensor_count(checkpoint, &n)",
       [&](uint32_t i, CkptTensor& t) {
         lwo_checkpoint_tensor info = LWO_CHECKPOINT_TENSOR_INIT;
@@ -155,29 +171,6 @@ std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint) {
         t.file = info.file;
         t.quant_format = info.quant_format;
         t.quant_partner = info.quant_partner;
-      });
-}
-
-std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint) {
-  return listing<CkptFile>(
-      checkpoint, lwo_checkpoint_file_count, "lwo_checkpoint_file_count(checkpoint, &n)",
-      [&](uint32_t i, CkptFile& f) {
-        lwo_checkpoint_file info = LWO_CHECKPOINT_FILE_INIT;
-        TK_CHECK(lwo_checkpoint_file_info(checkpoint, i, &info));
-        const std::string path = info.path ? info.path : "";
-        f = CkptFile{path, base_name(path), info.bytes, info.n_tensors};
-      });
-}
-
-std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint) {
-  return listing<CkptMeta>(
-      checkpoint, lwo_checkpoint_metadata_count, "lwo_checkpoint_metadata_count(checkpoint, &n)",
-      [&](uint32_t i, CkptMeta& m) {
-        const char* key = nullptr;
-        const char* value = nullptr;
-        TK_CHECK(lwo_checkpoint_metadata(checkpoint, i, &m.file, &key, &value));
-        m.key = key ? key : "";
-        m.value = value ? value : "";
       });
 }
 

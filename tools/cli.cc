@@ -40,10 +40,6 @@ void report_release(const char* call, const std::string& why) {
   print_stderr(strf("%s: %s failed: %s\n", prefix().c_str(), call, why.c_str()));
 }
 
-[[noreturn]] void fail_no_device(const std::string& library_message) {
-  fail(library_message, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
-}
-
 }  // namespace
 
 bool try_open_device(int ordinal, Device& device, std::string* why) {
@@ -64,31 +60,10 @@ bool try_open_device(int ordinal, Device& device, std::string* why) {
   return true;
 }
 
-void open_device(int ordinal, Device& device) {
+Device::Device(int device) {
   std::string why;
-  if (!try_open_device(ordinal, device, &why)) fail_no_device(why);
-}
-
-int device_count() {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaSuccess && n > 0) return n;
-  (void)cudaGetLastError();
-  // The library's message says why.
-  Device probe;
-  std::string why;
-  if (!try_open_device(0, probe, &why)) fail_no_device(why);
-  fail(strf("cudaGetDeviceCount: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
-}
-
-lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols) {
-  lwo_tensor_desc t{};
-  t.name = "weight";
-  t.dtype = dtype;
-  t.n_dims = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  return t;
+  if (!try_open_device(device, *this, &why))
+    fail(why, "lwo info and lwo help need no GPU; run 'lwo help' for the commands");
 }
 
 uint64_t record_bytes(const lwo_layer_desc& layer) {
@@ -118,16 +93,17 @@ Json json_device(int ordinal, const cudaDeviceProp& prop) {
 
 Json json_device(const Device& device) { return json_device(device.ordinal, device.prop); }
 
-Json json_doc(const char* command) {
-  return {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
+Json json_doc(const char* command, const Device* device) {
+  Json j = {{"tool", "lwo"}, {"command", command}, {"version", version_text()}};
+  if (device) j["device"] = json_device(*device);
+  return j;
 }
 
-std::vector<testkit::SumMismatch> check_sums(
+std::vector<SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
-    const std::function<std::string(const testkit::SumMismatch&)>& line) {
+    const std::function<std::string(const SumMismatch&)>& line) {
   constexpr size_t kMaxMismatchLines = 8;
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, times, cudaStreamLegacy);
+  const std::vector<SumMismatch> bad = verify_sums(sums, expect, times, cudaStreamLegacy);
   for (size_t i = 0; i < bad.size() && i < kMaxMismatchLines; ++i) print_stderr(line(bad[i]));
   return bad;
 }
@@ -278,11 +254,6 @@ Flag quiet_flag() {
                      [] { g_quiet = true; });
 }
 
-std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
-                             std::string& budget) {
-  return {uint_flag(kSeedFlag, seed), timing_flag(timing), uint_flag(kDeviceFlag, device),
-          json_flag(json),                quiet_flag(),         budget_flag(budget)};
-}
 std::vector<Flag> joined(std::initializer_list<std::vector<Flag>> parts) {
   std::vector<Flag> out;
   for (const std::vector<Flag>& p : parts) out.insert(out.end(), p.begin(), p.end());
@@ -461,8 +432,6 @@ std::string version_text() {
   return strf("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
 }
 
-double seconds_since(double start) { return now_seconds() - start; }
-
 void print_model(const ModelOptions& m, uint64_t record, uint64_t total) {
   print_row("model", "%u layers x \"weight\" [%lld x %lld] %s: %s per record, %s in all", m.layers,
             static_cast<long long>(m.rows), static_cast<long long>(m.cols),
@@ -583,16 +552,13 @@ Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing) 
 }
 
 void PassResults::take(const TimedPasses& t, lwo_ring* r) {
-  pass_ms = t.ms;
-  total_ms = t.total_ms;
-  median_ms = t.median_ms;
-  best_ms = t.best_ms;
-  stats = testkit::ring_stats(r);
+  static_cast<TimedPasses&>(*this) = t;
+  stats = ring_stats(r);
 }
 
-std::string PassResults::pass_line(uint32_t p, uint32_t passes, double ms) const {
-  return strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, passes, ms, gbps(ms),
-              100 * share(ms));
+std::string PassResults::pass_line(uint32_t p, uint32_t passes, double t) const {
+  return strf("pass %u/%u: %.3f ms, %.2f GB/s, %.2f%% of the peak", p, passes, t, gbps(t),
+              100 * share(t));
 }
 
 void PassResults::print(uint32_t passes, bool timing) const {
@@ -609,7 +575,7 @@ void PassResults::print(uint32_t passes, bool timing) const {
 
 void PassResults::to_json(Json& j, uint32_t passes) const {
   j["peak"] = {{"gbps", peak_gbps}, {"ms", peak_ms}, {"repeats", kPeakRepeats}};
-  j["pass_ms"] = pass_ms;
+  j["pass_ms"] = ms;
   j["median_ms"] = median_ms;
   j["best_ms"] = best_ms;
   const double all = total_ms / passes;
@@ -632,19 +598,9 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing) {
 std::FILE* g_out = stdout;
 std::FILE* g_err = stderr;
 
-int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
-                std::FILE* err) {
-  g_out = out;
-  g_err = err;
-  const int rc = run_program(argc, argv, body);
-  g_out = stdout;
-  g_err = stderr;
-  return rc;
-}
-
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
   int rc = kExitFailure;
-  testkit::set_release_reporter(report_release);
+  set_release_reporter(report_release);
   try {
     rc = body(argc, argv);
   } catch (const UsageError& e) {
@@ -672,7 +628,7 @@ int run_program(int argc, char** argv, int (*body)(int argc, char** argv)) {
                       std::strerror(err ? err : EIO)));
     if (rc == kExitOk) rc = kExitFailure;
   }
-  return testkit::release_failures() && rc == 0 ? kExitFailure : rc;
+  return release_failures() && rc == 0 ? kExitFailure : rc;
 }
 
 }  // namespace cli

@@ -30,47 +30,21 @@
 
 namespace cli {
 
-// The harness, as the commands name it.
+// The harness (testkit/), as the commands name it: check and TK_CHECK throw
+// testkit::Error("CALL failed: STATUS: message"); the owners, the peaks, the
+// plan report (testkit/plan.h), time_passes (the timed passes of lwo run and
+// lwo stream), strf and fmt_bytes ("256 KiB", "1.50 GiB").
 using lwo::align_up;
-using testkit::check;  // throws testkit::Error("CALL failed: STATUS: message"); TK_CHECK(call)
-using testkit::Checkpoint;
-using testkit::Comm;
-using testkit::DeviceMem;
-using testkit::device_alloc;
-using testkit::elapsed_ms;
-using testkit::Engine;
-using testkit::Event;
-using testkit::fmt_bytes;  // "256 KiB", "1.50 GiB"
-using testkit::Grads;
-using testkit::HostRange;
-using testkit::make_event;   // with timing
-using testkit::make_plan;    // lwo_plan_create and what the plan says (testkit/plan.h)
-using testkit::make_stream;  // non-blocking
-using testkit::median;
-using testkit::now_seconds;  // monotonic
-using testkit::PinnedMem;
-using testkit::plan_ring_config;
-using testkit::PlanReport;
-using testkit::Pool;
-using testkit::Ring;
-using testkit::Schedule;
-using testkit::Stream;
-using testkit::strf;
-using testkit::time_passes;  // the timed passes of lwo run and lwo stream
-using testkit::TimedPasses;
+using namespace testkit;
 
 // Exit status: 0 success, 1 a runtime failure, 2 a usage error.
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-// The deepest ring lwo_ring_create accepts (lwo_ring_config.depth, lwo.h).
-constexpr uint32_t kMaxDepth = LWO_MAX_RING_DEPTH;
 // Matrix dimensions and token counts: lwo_linear_* take int32-sized ones.
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
 
-// The tensor "weight" [rows, cols]: each layer of lwo run, plan, train and shard.
-lwo_tensor_desc weight_tensor(lwo_dtype_t dtype, int64_t rows, int64_t cols);
 // The record bytes of `layer` (lwo_record_layout); a layout the library
 // refuses is a usage error with its message.
 uint64_t record_bytes(const lwo_layer_desc& layer);
@@ -105,14 +79,8 @@ struct UsageError : std::runtime_error {
 // any other exception, printed: 1), and 1 where stdout could not be written
 // or a release failed.
 int run_program(int argc, char** argv, int (*body)(int argc, char** argv));
-// The same in a process that is not the program (fuzz/info_fuzz.cc): the
-// results go to `out` and the messages and progress to `err` (no bar is
-// drawn where err is not stderr), then both streams are stdout and stderr
-// again. Not reentrant; one thread at a time.
-int run_program(int argc, char** argv, int (*body)(int argc, char** argv), std::FILE* out,
-                std::FILE* err);
-// Where the results and the messages go: stdout and stderr, but for the
-// body run_program(..., out, err) runs.
+// Where the results and the messages go: stdout and stderr, but for a
+// process that runs a command with its output in memory (fuzz/info_fuzz.cc).
 extern std::FILE* g_out;
 extern std::FILE* g_err;
 // The body of the lwo program: argv[1] names the command (tools/lwo.cc).
@@ -124,27 +92,27 @@ int dispatch(int argc, char** argv);
 
 // The CUDA device and the engine on it.
 struct Device {
+  Device() = default;  // none
+  // The engine on CUDA device `device`; without a usable GPU it stops with
+  // the library's own message (no driver, no GPU, a GPU too old, a driver
+  // older than the runtime) and a hint line.
+  explicit Device(int device);
   int ordinal = 0;
   cudaDeviceProp prop{};
   Engine engine;
 };
-// The engine on `ordinal`; without a usable GPU it stops with the library's
-// own message (no driver, no GPU, a GPU too old, a driver older than the
-// runtime) and a hint line (fail_no_device).
-void open_device(int ordinal, Device& device);
-// The same, but returns false with the library's message in *why when
-// lwo_engine_create says there is no device.
+// The same into `device`, but returns false with the library's message in
+// *why when lwo_engine_create says there is no device.
 bool try_open_device(int ordinal, Device& device, std::string* why);
-// The number of CUDA devices; with none, stops as open_device does.
-int device_count();
 std::string describe(const Device& device);  // "device 0: NVIDIA H200 (132 SMs, 140 GiB)"
 
 // A command's --json results: keys in the order they are set.
 using Json = nlohmann::ordered_json;
 Json json_device(const Device& device);  // ordinal, name, sms, memory_bytes, pci_bus
 Json json_device(int ordinal, const cudaDeviceProp& prop);
-// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins so.
-Json json_doc(const char* command);
+// {"tool": "lwo", "command": command, "version": "0.6.0"}: every file begins
+// so; with `device`, its "device" (json_device) follows.
+Json json_doc(const char* command, const Device* device = nullptr);
 
 // --- commands and flags ------------------------------------------------------
 
@@ -206,7 +174,8 @@ Flag uint_flag(const UintSpec& s, T& target) {
   return uint_flag(s.name, s.value, target, s.min, s.max, s.what);
 }
 constexpr UintSpec kDeviceFlag = {"--device", "N", 0, 1023, "CUDA device ordinal"};
-constexpr UintSpec kDepthFlag = {"--depth", "D", 1, kMaxDepth, "ring depth (device slots)"};
+constexpr UintSpec kDepthFlag = {"--depth", "D", 1, LWO_MAX_RING_DEPTH,
+                                 "ring depth (device slots)"};
 constexpr UintSpec kLayersFlag = {"--layers", "N", 1, 1000000, "layers of the model"};
 constexpr UintSpec kRowsFlag = {"--rows", "R", 1, kMaxDim,
                                 "rows of each layer's tensor \"weight\""};
@@ -225,12 +194,13 @@ Flag quiet_flag();
 // --dtype: one of `allowed` (lwo dtypes), default `dtype`.
 Flag dtype_flag(lwo_dtype_t& dtype, const std::vector<lwo_dtype_t>& allowed);
 // The synthetic model of lwo run, plan and train on one device: every layer
-// one tensor "weight" [rows x cols] (weight_tensor).
+// one tensor "weight" [rows x cols] (weight()).
 struct ModelOptions {
   int device = 0;
   uint32_t layers = 32;
   int64_t rows = 8192, cols = 8192;
   lwo_dtype_t dtype = LWO_DTYPE_BF16;
+  lwo_tensor_desc weight() const { return tensor_desc("weight", dtype, {rows, cols}); }
 };
 // Their "model" line of results: `record` bytes per layer, `total` in all.
 void print_model(const ModelOptions& m, uint64_t record, uint64_t total);
@@ -268,8 +238,6 @@ extern const Command kProbeCommand, kRunCommand, kTrainCommand, kStreamCommand, 
 
 // ---- the planner (tools/plan.cc) ----
 extern const Command kPlanCommand;
-// --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
-Flag budget_flag(std::string& budget);
 // The flags lwo run and lwo train share, in their order: --seed, --timing,
 // --device, --json, --quiet, --budget.
 std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
@@ -289,9 +257,7 @@ Json json_plan(const PlanReport& r);
 // The command table, in `lwo help` order (help and version last): the
 // overview, the usage lines and the no-command message come from it.
 const std::vector<const Command*>& commands();
-const Command* find_command(const std::string& name);
 void print_command_help(const Command& c, std::FILE* out);
-void print_overview(std::FILE* out);
 
 // Applies argv[2..argc) to `flags`. Arguments that are not flags (and all
 // after "--") go to *operands, or are an error when operands is NULL. A
@@ -305,16 +271,6 @@ bool parse_flags(int argc, char** argv, const std::vector<Flag>& flags,
 // 1024; KiB, MiB, GiB also accepted).
 uint64_t parse_size(const std::string& flag, const std::string& text, uint64_t min, uint64_t max);
 std::string parse_path(const std::string& flag, const std::string& text);  // non-empty
-
-// --- lwo info (tools/info.cc) -----------------------------------------------
-
-// `lwo info FLAGS... -- FILE` in this process, as the program runs it: its
-// listing goes to `out`, its messages to `err` (where the program writes
-// stdout and stderr), and it returns the program's exit status (kExitOk,
-// kExitFailure: FILE cannot be read; kExitUsage: bad flags, or a pattern or
-// names file that does not fit FILE). Each call starts with --quiet off.
-int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
-              std::FILE* err);
 
 // --- progress on stderr -----------------------------------------------------
 //
@@ -344,7 +300,7 @@ class Phase {
   Phase(const Phase&) = delete;
   Phase& operator=(const Phase&) = delete;
   void set(uint64_t done, const std::string& detail = {});  // any thread
-  testkit::Progress counter();  // add() as testkit's progress callback
+  Progress counter();  // add() as testkit's progress callback
   // Ends the phase: clears the bar, prints "<label>: <text>" (both modes).
   void done(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   // Ends the phase without a line.
@@ -363,7 +319,7 @@ class Phase {
 // best of kPeakRepeats timed batches after one untimed batch (best_gbps(),
 // best_ms()).
 constexpr int kPeakRepeats = 3;
-constexpr testkit::CopyRepeats kPeak = {1, kPeakRepeats};
+constexpr CopyRepeats kPeak = {1, kPeakRepeats};
 
 // --- checksums -----------------------------------------------------------------
 
@@ -372,9 +328,9 @@ constexpr testkit::CopyRepeats kPeak = {1, kPeakRepeats};
 // stream in flight is non-blocking, so the copy waits for none of them; the
 // caller has waited for the sums). line(m) goes to stderr for each of the
 // first 8 mismatches; returns them all.
-std::vector<testkit::SumMismatch> check_sums(
+std::vector<SumMismatch> check_sums(
     const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
-    const std::function<std::string(const testkit::SumMismatch&)>& line);
+    const std::function<std::string(const SumMismatch&)>& line);
 
 // --- formatting and output --------------------------------------------------
 
@@ -390,26 +346,23 @@ void print_ring_stats(const lwo_ring_stats& s, bool timing);
 Json json_ring(const lwo_ring_info& ring, const lwo_ring_stats& s, bool timing);
 // The timed passes of lwo run and lwo stream (their results derive from it):
 // `pass_bytes` a pass through the ring, against the pinned H2D peak.
-struct PassResults {
+struct PassResults : TimedPasses {
   uint64_t pass_bytes = 0;
   double peak_gbps = 0, peak_ms = 0;
   lwo_ring_info ring{};
-  std::vector<double> pass_ms;
-  double median_ms = 0, best_ms = 0, total_ms = 0;
   lwo_ring_stats stats{};
-  double gbps(double ms) const { return testkit::gbps(static_cast<double>(pass_bytes), ms); }
-  double share(double ms) const { return peak_gbps > 0 ? gbps(ms) / peak_gbps : 0; }
+  double gbps(double t) const { return testkit::gbps(static_cast<double>(pass_bytes), t); }
+  double share(double t) const { return peak_gbps > 0 ? gbps(t) / peak_gbps : 0; }
   // The times of time_passes and the ring's statistics after them.
   void take(const TimedPasses& t, lwo_ring* r);
   // "pass 2/5: 1.234 ms, 50.00 GB/s, 99.00% of the peak": the phase's detail.
-  std::string pass_line(uint32_t p, uint32_t passes, double ms) const;
+  std::string pass_line(uint32_t p, uint32_t passes, double t) const;
   // The "ring", "passes", "time" and "bandwidth" lines, then "share" up to
   // "of the peak" (the caller ends the line).
   void print(uint32_t passes, bool timing) const;
   // "peak", "pass_ms", "median_ms", "best_ms", "gbps" and "share_of_peak".
   void to_json(Json& j, uint32_t passes) const;
 };
-double seconds_since(double start);
 
 // Text from a file or the command line made safe for a terminal, as the
 // library's checkpoint messages quote it: '"' and '\' get a backslash,
@@ -509,13 +462,18 @@ struct CkptMap {
   std::vector<uint32_t> n_names;
 };
 
-// Opens `path` (needs no GPU); a bad file stops with the library's message
-// and status. The library refuses anything that is not a regular file
-// without blocking; nothing here touches the path first.
-void open_checkpoint(const std::string& path, Checkpoint& checkpoint);
-std::vector<CkptTensor> checkpoint_tensors(lwo_checkpoint* checkpoint);
-std::vector<CkptFile> checkpoint_files(lwo_checkpoint* checkpoint);
-std::vector<CkptMeta> checkpoint_metadata(lwo_checkpoint* checkpoint);
+// What a checkpoint lists: its files, metadata and tensors, in file order.
+struct CkptListing {
+  std::string path;  // as opened
+  std::vector<CkptFile> files;
+  std::vector<CkptMeta> metadata;
+  std::vector<CkptTensor> tensors;
+};
+// Opens `path` into `ck` (needs no GPU) and reads what it lists into *out; a
+// bad file stops with the library's message and status. The library refuses
+// anything that is not a regular file without blocking; nothing here touches
+// the path first.
+void open_checkpoint(const std::string& path, Checkpoint& ck, CkptListing* out);
 // parse_flags for lwo info and lwo stream: the operands are checkpoint FILEs,
 // at least one (else a usage error). False after --help.
 bool parse_checkpoint_args(int argc, char** argv, const std::vector<Flag>& flags,

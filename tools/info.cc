@@ -53,11 +53,7 @@ struct LayerRow {
   bool gap() const { return n_tensors == 0; }
 };
 
-struct Report {
-  std::string path;
-  std::vector<CkptFile> files;
-  std::vector<CkptMeta> metadata;
-  std::vector<CkptTensor> tensors;
+struct Report : CkptListing {
   uint64_t tensor_bytes = 0;
   bool mapped = false;
   CkptMap map;
@@ -101,8 +97,24 @@ size_t width(const std::string& s) {
   return n;
 }
 
-std::string pad(const std::string& s, size_t w) {
-  return s + std::string(w > width(s) ? w - width(s) : 0, ' ');
+// Rows of cells, two spaces apart: a column of width w > 0 right-aligned in
+// w columns (a longer cell runs on), one of width 0 left-aligned as wide as
+// its widest cell; a row may end early, and its last cell is not padded.
+using Rows = std::vector<std::vector<std::string>>;
+void print_table(std::vector<size_t> widths, const Rows& rows) {
+  const std::vector<size_t> right = widths;
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c)
+      if (!right[c]) widths[c] = std::max(widths[c], width(row[c]));
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string& s = row[c];
+      const std::string fill(widths[c] > width(s) ? widths[c] - width(s) : 0, ' ');
+      line += (c ? "  " : "") + (right[c] ? fill + s : c + 1 < row.size() ? s + fill : s);
+    }
+    std::fprintf(g_out, "%s\n", line.c_str());
+  }
 }
 
 void print_report(const Options& o, const Report& r, const Device* dev) {
@@ -113,11 +125,12 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
                fmt_bytes(r.tensor_bytes).c_str());
 
   // The files, and their metadata.
-  std::fprintf(g_out, "\n%4s  %7s  %14s  %s\n", "file", "tensors", "bytes", "path");
+  Rows files = {{"file", "tensors", "bytes", "path"}};
   for (size_t f = 0; f < r.files.size(); ++f)
-    std::fprintf(g_out, "%4zu  %7u  %14llu  %s\n", f, r.files[f].n_tensors,
-                 static_cast<unsigned long long>(r.files[f].bytes),
-                 escape(r.files[f].path).c_str());
+    files.push_back({std::to_string(f), std::to_string(r.files[f].n_tensors),
+                     std::to_string(r.files[f].bytes), escape(r.files[f].path)});
+  std::fprintf(g_out, "\n");
+  print_table({4, 7, 14, 0}, files);
   if (r.metadata.empty()) {
     std::fprintf(g_out, "\nmetadata   none\n");
   } else {
@@ -130,48 +143,32 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
     }
   }
 
-  // The tensor table, its columns as wide as their longest entry.
-  std::vector<std::string> names, shapes, dtypes, files, formats;
-  size_t wname = 4, wshape = 5, wdtype = 5, wfile = 4, wformat = 6;
-  // Quantized fp8 weights: the weight's format, the scales'
-  // "scales"; the bytes they take against the same weights in bf16.
+  // The tensor table. Quantized fp8 weights: the weight's format, the
+  // scales' "scales"; the bytes they take against the same weights in bf16.
+  Rows tensors = {{"tensor", "name", "dtype", "format", "shape", "bytes"}};
+  if (several) tensors[0].push_back("file");
+  tensors[0].push_back("offset");
   uint32_t n_quant = 0;
   uint64_t quant_bytes = 0, bf16_bytes = 0;
-  for (const CkptTensor& t : r.tensors) {
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const CkptTensor& t = r.tensors[i];
+    std::string format = t.quant_partner != LWO_NO_LAYER ? "scales" : "-";
     if (t.quant_format != LWO_QUANT_NONE) {
-      formats.push_back(lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format)));
+      format = lwo_quant_format_name(static_cast<lwo_quant_format_t>(t.quant_format));
       ++n_quant;
       quant_bytes += t.bytes + r.tensors[t.quant_partner].bytes;
       bf16_bytes += 2 * t.bytes;
-    } else {
-      formats.push_back(t.quant_partner != LWO_NO_LAYER ? "scales" : "-");
     }
-    wformat = std::max(wformat, formats.back().size());
-    names.push_back(escape(t.name));
-    shapes.push_back(shape_text(t));
-    dtypes.push_back(t.lwo_dtype());
-    files.push_back(several ? escape(r.files[t.file].name) : "");
-    wname = std::max(wname, width(names.back()));
-    wshape = std::max(wshape, shapes.back().size());
-    wdtype = std::max(wdtype, dtypes.back().size());
-    wfile = std::max(wfile, width(files.back()));
+    tensors.push_back({std::to_string(i), escape(t.name), t.lwo_dtype(), format, shape_text(t),
+                       std::to_string(t.bytes)});
+    if (several) tensors.back().push_back(escape(r.files[t.file].name));
+    tensors.back().push_back(std::to_string(t.offset));
+    if (t.dtype < 0) tensors.back().push_back("(not an lwo dtype: cannot be streamed)");
   }
-  std::fprintf(g_out, "\n%6s  %-*s  %-*s  %-*s  %-*s  %14s", "tensor", static_cast<int>(wname),
-               "name", static_cast<int>(wdtype), "dtype", static_cast<int>(wformat), "format",
-               static_cast<int>(wshape), "shape", "bytes");
-  if (several) std::fprintf(g_out, "  %-*s", static_cast<int>(wfile), "file");
-  std::fprintf(g_out, "  %14s\n", "offset");
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const CkptTensor& t = r.tensors[i];
-    std::fprintf(g_out, "%6zu  %s  %-*s  %-*s  %-*s  %14llu", i, pad(names[i], wname).c_str(),
-                 static_cast<int>(wdtype), dtypes[i].c_str(), static_cast<int>(wformat),
-                 formats[i].c_str(), static_cast<int>(wshape), shapes[i].c_str(),
-                 static_cast<unsigned long long>(t.bytes));
-    if (several) std::fprintf(g_out, "  %s", pad(files[i], wfile).c_str());
-    std::fprintf(g_out, "  %14llu%s\n", static_cast<unsigned long long>(t.offset),
-                 t.dtype < 0 ? "  (not an lwo dtype: cannot be streamed)" : "");
-  }
-
+  std::fprintf(g_out, "\n");
+  print_table(several ? std::vector<size_t>{6, 0, 0, 0, 0, 14, 0, 14, 0}
+                      : std::vector<size_t>{6, 0, 0, 0, 0, 14, 14, 0},
+              tensors);
   std::fprintf(g_out, "\n");
   if (n_quant)
     std::fprintf(g_out,
@@ -197,25 +194,24 @@ void print_report(const Options& o, const Report& r, const Device* dev) {
   if (!r.map.gaps.empty())
     std::fprintf(g_out, ", %zu gap%s", r.map.gaps.size(), r.map.gaps.size() == 1 ? "" : "s");
   std::fprintf(g_out, "\n");
-  if (r.exact)
-    std::fprintf(g_out, "\n%6s  %7s  %14s  %10s  %14s\n", "layer", "tensors", "bytes", "",
-                 "record bytes");
-  else
-    std::fprintf(g_out, "\n%6s  %7s  %14s\n", "layer", "tensors", "bytes");
+  Rows layers = {{"layer", "tensors", "bytes"}};
+  if (r.exact) layers[0].insert(layers[0].end(), {"", "record bytes"});
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerRow& row = r.layers[l];
     if (row.gap()) {
-      std::fprintf(g_out, "%6zu  %7s  %14s  gap: no tensor has this layer index\n", l, "-", "-");
+      layers.push_back({std::to_string(l), "-", "-", "gap: no tensor has this layer index"});
       continue;
     }
-    std::fprintf(g_out, "%6zu  %7u  %14llu  %10s", l, row.n_tensors,
-                 static_cast<unsigned long long>(row.bytes), fmt_bytes(row.bytes).c_str());
-    if (r.exact) std::fprintf(g_out, "  %14llu", static_cast<unsigned long long>(row.record_bytes));
+    layers.push_back({std::to_string(l), std::to_string(row.n_tensors), std::to_string(row.bytes),
+                      fmt_bytes(row.bytes)});
+    if (r.exact) layers.back().push_back(std::to_string(row.record_bytes));
     if (!row.not_streamable.empty())
-      std::fprintf(g_out, "  (%s has a dtype lwo cannot stream)",
-                   quoted(row.not_streamable).c_str());
-    std::fprintf(g_out, "\n");
+      layers.back().push_back("(" + quoted(row.not_streamable) + " has a dtype lwo cannot stream)");
   }
+  std::fprintf(g_out, "\n");
+  print_table(r.exact ? std::vector<size_t>{6, 7, 14, 10, 14, 0}
+                      : std::vector<size_t>{6, 7, 14, 10, 0},
+              layers);
   if (!r.map.gaps.empty())
     std::fprintf(
         g_out,
@@ -318,12 +314,8 @@ int info_one(const Options& o) {
   JsonFile json(o.json);
 
   Report r;
-  r.path = parse_path("FILE", o.paths[0]);
   Checkpoint ck;
-  open_checkpoint(r.path, ck);
-  r.files = checkpoint_files(ck.get());
-  r.metadata = checkpoint_metadata(ck.get());
-  r.tensors = checkpoint_tensors(ck.get());
+  open_checkpoint(parse_path("FILE", o.paths[0]), ck, &r);
   for (const CkptTensor& t : r.tensors) r.tensor_bytes += t.bytes;
   // Gaps are listed, not refused.
   r.mapped = map_checkpoint(ck.get(), r.tensors, o.spec, LWO_CHECKPOINT_ALLOW_GAPS,
@@ -364,7 +356,7 @@ int info_one(const Options& o) {
     else if (r.total_layers == 0)
       r.estimate_reason = "every layer is empty (0 bytes), so no pool";
     else if (o.device_given) {
-      open_device(o.device, dev);
+      dev = Device(o.device);
       on_device = true;
     } else if (!(on_device = try_open_device(o.device, dev, &r.no_gpu)))
       r.estimate_reason = "no usable GPU";
@@ -374,7 +366,7 @@ int info_one(const Options& o) {
           checkpoint_pool_config(r.map, LWO_CHECKPOINT_STAGED);
       Pool pool;
       TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), ck.get(), &config, pool.out()));
-      const lwo_pool_info info = testkit::pool_info(pool.get());
+      const lwo_pool_info info = pool_info(pool.get());
       if (info.n_layers != r.layers.size())
         fail(strf("internal: the pool has %u layers, the mapping %zu; please report this",
                   info.n_layers, r.layers.size()));
@@ -390,15 +382,11 @@ int info_one(const Options& o) {
       r.exact = true;
       r.slot_bytes = info.max_record_bytes;
       r.pool_total = info.total_bytes;
-      pool.destroy();
-      phase.end();
     }
   }
 
   print_report(o, r, on_device ? &dev : nullptr);
   json.write(to_json(o, r, on_device ? &dev : nullptr));
-  ck.destroy();
-  if (on_device) dev.engine.destroy();
   return 0;
 }
 
@@ -411,21 +399,6 @@ int cmd_info(int argc, char** argv) {
     throw UsageError(strf("one checkpoint FILE, not also %s (lwo stream takes several)",
                           quoted(o.paths[1]).c_str()));
   return info_one(o);
-}
-
-int info_file(const std::string& file, const std::vector<std::string>& flags, std::FILE* out,
-              std::FILE* err) {
-  std::vector<std::string> args = {g_program, kInfoCommand.name};
-  args.insert(args.end(), flags.begin(), flags.end());
-  args.push_back("--");
-  args.push_back(file);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(&a[0]);
-  argv.push_back(nullptr);
-  g_command = kInfoCommand.name;
-  g_running = &kInfoCommand;
-  g_quiet = false;
-  return run_program(static_cast<int>(args.size()), argv.data(), cmd_info, out, err);
 }
 
 const Command kInfoCommand = {"info", "FILE",

@@ -25,6 +25,88 @@ std::string command_names() {
   return out;
 }
 
+constexpr size_t kWidth = 79;     // columns of the help text
+constexpr size_t kFlagCol = 21;   // where a flag's help starts
+
+// `text` wrapped at kWidth, every line after the first indented by `indent`
+// (the first starts at column `at`); words are split at spaces.
+std::string wrap(const std::string& text, size_t at, size_t indent) {
+  std::string out;
+  size_t col = at;
+  size_t b = 0;
+  while ((b = text.find_first_not_of(' ', b)) != std::string::npos) {
+    const size_t e = std::min(text.find(' ', b), text.size());
+    const std::string word = text.substr(b, e - b);
+    b = e;
+    if (!out.empty() && col + 1 + word.size() > kWidth) {
+      out += "\n" + std::string(indent, ' ');
+      col = indent;
+    } else if (!out.empty()) {
+      out += ' ';
+      ++col;
+    }
+    out += word;
+    col += word.size();
+  }
+  return out;
+}
+
+const Command* find_command(const std::string& name) {
+  for (const Command* c : commands())
+    if (name == c->name) return c;
+  return nullptr;
+}
+
+void print_overview(std::FILE* out) {
+  std::fprintf(out,
+               "lwo %s: streams model layers from host memory through a ring of GPU slots\n\n"
+               "usage: lwo COMMAND [flags]\n\ncommands:\n",
+               version_text().c_str());
+  for (const Command* c : commands()) {
+    std::string head = strf("  %s %s", c->name, c->operands);
+    std::fprintf(out, "%-18s%s\n", head.c_str(), wrap(c->summary, 18, 18).c_str());
+  }
+  std::fputs(
+      "\n"
+      "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
+      "bandwidths are in GB/s (1e9 bytes/s). Results go to stdout; progress to\n"
+      "stderr: a bar on a terminal, else one line per phase; --quiet silences it.\n"
+      "--json FILE also writes the results of a command as JSON.\n"
+      "\n"
+      "exit status:\n"
+      "  0  success\n"
+      "  1  runtime failure: no usable GPU, a failed call, a checksum or check\n"
+      "     mismatch, a file that cannot be read\n"
+      "  2  usage error: a bad command, flag or value, or a pattern or name list\n"
+      "     that does not fit the checkpoint (one line, then a hint)\n"
+      "\n"
+      "The reference: docs/CLI.md\n",
+      out);
+}
+
+}  // namespace
+
+void print_command_help(const Command& c, std::FILE* out) {
+  std::fprintf(out, "usage: %s%s%s%s%s%s\n\n", g_program.c_str(), *c.name ? " " : "", c.name,
+               *c.operands ? " " : "", c.operands, c.flags ? " [flags]" : "");
+  std::fputs(c.about, out);
+  if (!c.flags) return;
+  std::fputs("\nflags:\n", out);
+  for (const Flag& f : c.flags()) {
+    if (f.hidden()) continue;
+    std::string head = "  " + f.name + (f.value.empty() ? "" : " " + f.value);
+    if (head.size() + 1 > kFlagCol) {
+      std::fprintf(out, "%s\n%s", head.c_str(), std::string(kFlagCol, ' ').c_str());
+    } else {
+      std::fprintf(out, "%-*s", static_cast<int>(kFlagCol), head.c_str());
+    }
+    std::fprintf(out, "%s\n", wrap(f.help, kFlagCol, kFlagCol).c_str());
+  }
+  std::fputs("  --help, -h         this help\n", out);
+}
+
+namespace {
+
 void no_argument_after(int argc, char** argv, int n) {
   if (argc > n)
     throw UsageError(strf("unexpected argument %s", quoted(argv[n]).c_str()), kOverviewHint);
@@ -67,88 +149,6 @@ const std::vector<const Command*>& commands() {
       &kProbeCommand, &kRunCommand,   &kTrainCommand, &kStreamCommand, &kInfoCommand,
       &kPlanCommand,  &kHelpCommand,  &kVersionCommand};
   return all;
-}
-
-const Command* find_command(const std::string& name) {
-  for (const Command* c : commands())
-    if (name == c->name) return c;
-  return nullptr;
-}
-
-namespace {
-
-constexpr size_t kWidth = 79;     // columns of the help text
-constexpr size_t kFlagCol = 21;   // where a flag's help starts
-
-// `text` wrapped at kWidth, every line after the first indented by `indent`
-// (the first starts at column `at`); words are split at spaces.
-std::string wrap(const std::string& text, size_t at, size_t indent) {
-  std::string out;
-  size_t col = at;
-  size_t b = 0;
-  while ((b = text.find_first_not_of(' ', b)) != std::string::npos) {
-    const size_t e = std::min(text.find(' ', b), text.size());
-    const std::string word = text.substr(b, e - b);
-    b = e;
-    if (!out.empty() && col + 1 + word.size() > kWidth) {
-      out += "\n" + std::string(indent, ' ');
-      col = indent;
-    } else if (!out.empty()) {
-      out += ' ';
-      ++col;
-    }
-    out += word;
-    col += word.size();
-  }
-  return out;
-}
-
-}  // namespace
-
-void print_command_help(const Command& c, std::FILE* out) {
-  std::fprintf(out, "usage: %s%s%s%s%s%s\n\n", g_program.c_str(), *c.name ? " " : "", c.name,
-               *c.operands ? " " : "", c.operands, c.flags ? " [flags]" : "");
-  std::fputs(c.about, out);
-  if (!c.flags) return;
-  std::fputs("\nflags:\n", out);
-  for (const Flag& f : c.flags()) {
-    if (f.hidden()) continue;
-    std::string head = "  " + f.name + (f.value.empty() ? "" : " " + f.value);
-    if (head.size() + 1 > kFlagCol) {
-      std::fprintf(out, "%s\n%s", head.c_str(), std::string(kFlagCol, ' ').c_str());
-    } else {
-      std::fprintf(out, "%-*s", static_cast<int>(kFlagCol), head.c_str());
-    }
-    std::fprintf(out, "%s\n", wrap(f.help, kFlagCol, kFlagCol).c_str());
-  }
-  std::fputs("  --help, -h         this help\n", out);
-}
-
-void print_overview(std::FILE* out) {
-  std::fprintf(out,
-               "lwo %s: streams model layers from host memory through a ring of GPU slots\n\n"
-               "usage: lwo COMMAND [flags]\n\ncommands:\n",
-               version_text().c_str());
-  for (const Command* c : commands()) {
-    std::string head = strf("  %s %s", c->name, c->operands);
-    std::fprintf(out, "%-18s%s\n", head.c_str(), wrap(c->summary, 18, 18).c_str());
-  }
-  std::fputs(
-      "\n"
-      "Sizes are whole numbers with an optional K, M or G suffix (powers of 1024);\n"
-      "bandwidths are in GB/s (1e9 bytes/s). Results go to stdout; progress to\n"
-      "stderr: a bar on a terminal, else one line per phase; --quiet silences it.\n"
-      "--json FILE also writes the results of a command as JSON.\n"
-      "\n"
-      "exit status:\n"
-      "  0  success\n"
-      "  1  runtime failure: no usable GPU, a failed call, a checksum or check\n"
-      "     mismatch, a file that cannot be read\n"
-      "  2  usage error: a bad command, flag or value, or a pattern or name list\n"
-      "     that does not fit the checkpoint (one line, then a hint)\n"
-      "\n"
-      "The reference: docs/CLI.md\n",
-      out);
 }
 
 int dispatch(int argc, char** argv) {

@@ -12,17 +12,6 @@
 
 namespace cli {
 
-Flag budget_flag(std::string& budget) {
-  return value_flag("--budget", "B",
-                    "device memory budget: bytes (K/M/G suffixes) or a share of the model "
-                    "(\"50%\"); the planner chooses the resident layers and the depth",
-                    [&budget](const std::string& v) {
-                      if (v.empty()) throw UsageError("--budget needs a value");
-                      parse_budget(v, 1);  // its form, checked while parsing the flags
-                      budget = v;
-                    });
-}
-
 uint64_t parse_budget(const std::string& text, uint64_t model_bytes) {
   if (text.empty()) return 0;
   if (text.back() == '%') {
@@ -109,9 +98,21 @@ Json json_plan(const PlanReport& r) {
 
 namespace {
 
+// --budget B: device bytes (K/M/G suffixes) or a share of the model ("50%").
+Flag budget_flag(std::string& budget) {
+  return value_flag("--budget", "B",
+                    "device memory budget: bytes (K/M/G suffixes) or a share of the model "
+                    "(\"50%\"); the planner chooses the resident layers and the depth",
+                    [&budget](const std::string& v) {
+                      if (v.empty()) throw UsageError("--budget needs a value");
+                      parse_budget(v, 1);  // its form, checked while parsing the flags
+                      budget = v;
+                    });
+}
+
 struct Options : ModelOptions {
   std::string budget = "50%";
-  std::string fwd_ms, bwd_ms;  // "" : measured (forward: the checksum consumer)
+  double fwd_ms = -1, bwd_ms = -1;  // < 0: measured (forward: the checksum consumer)
   bool train = false;
   bool group = false;
   uint32_t grad_depth = 2;
@@ -131,16 +132,10 @@ std::vector<Flag> make_flags(Options& o) {
       budget_flag(o.budget),
       value_flag("--fwd-ms", "MS",
                  "forward compute per layer, ms (default: the checksum consumer's, measured)",
-                 [&o](const std::string& v) {
-                   parse_ms("--fwd-ms", v);  // checked while parsing the flags
-                   o.fwd_ms = v;
-                 }),
+                 [&o](const std::string& v) { o.fwd_ms = parse_ms("--fwd-ms", v); }),
       value_flag("--bwd-ms", "MS",
                  "backward compute per layer of a step, ms (default: twice the forward's)",
-                 [&o](const std::string& v) {
-                   parse_ms("--bwd-ms", v);
-                   o.bwd_ms = v;
-                 }),
+                 [&o](const std::string& v) { o.bwd_ms = parse_ms("--bwd-ms", v); }),
       switch_flag("--train", "plan a training step (every layer trainable)", o.train),
       switch_flag("--group",
                   "also choose runs of streamed layers to store as one record each (the "
@@ -156,22 +151,20 @@ std::vector<Flag> make_flags(Options& o) {
 int cmd_plan(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
+  lwo_tensor_desc tensor = o.weight();
   const lwo_layer_desc layer{&tensor, 1, nullptr};
   const uint64_t record = record_bytes(layer);
   const uint64_t model = record * o.layers;
   const uint64_t budget = parse_budget(o.budget, model);
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   Pool pool;
   std::vector<lwo_layer_desc> layers(o.layers, layer);
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
   Stream s = make_stream();
-  const double f = o.fwd_ms.empty() ? testkit::checksum_ms(pool.get(), 0, s.get())
-                                    : parse_ms("--fwd-ms", o.fwd_ms);
+  const double f = o.fwd_ms < 0 ? checksum_ms(pool.get(), 0, s.get()) : o.fwd_ms;
   std::vector<double> fwd(o.layers, f), bwd;
-  if (o.train) bwd.assign(o.layers, o.bwd_ms.empty() ? 2 * f : parse_ms("--bwd-ms", o.bwd_ms));
+  if (o.train) bwd.assign(o.layers, o.bwd_ms < 0 ? 2 * f : o.bwd_ms);
   progress("lwo plan: %u layers of %s, budget %s, compute %.4f ms per layer", o.layers,
            fmt_bytes(record).c_str(), fmt_bytes(budget).c_str(), f);
   PlanReport r = make_plan(pool.get(), budget, fwd, bwd, nullptr, o.grad_depth, o.group);
@@ -180,20 +173,22 @@ int cmd_plan(int argc, char** argv) {
   print_row("compute", "forward %.4f ms per layer%s", f,
             o.train ? strf(", backward %.4f ms", bwd[0]).c_str() : "");
   print_plan(r);
-  Json j = json_doc("plan");
-  j["device"] = json_device(dev);
+  Json j = json_doc("plan", &dev);
   j["config"] = {{"layers", o.layers}, {"rows", o.rows},     {"cols", o.cols},
                  {"dtype", lwo_dtype_name(o.dtype)}, {"budget", o.budget},
                  {"train", o.train},   {"group", o.group}};
   j["plan"] = json_plan(r);
   json.write(j);
-  s.destroy();
-  pool.destroy();
-  dev.engine.destroy();
   return 0;
 }
 
 }  // namespace
+
+std::vector<Flag> pass_flags(uint64_t& seed, bool& timing, int& device, std::string& json,
+                             std::string& budget) {
+  return {uint_flag(kSeedFlag, seed), timing_flag(timing), uint_flag(kDeviceFlag, device),
+          json_flag(json),            quiet_flag(),        budget_flag(budget)};
+}
 
 const Command kPlanCommand = {"plan", "",
     "choose resident layers and the ring depth for a device memory budget",

@@ -5,15 +5,13 @@
 #include <vector>
 
 #include "testkit/checksum.h"
+#include "testkit/ring.h"
 #include "testkit/workload.h"
 #include "tools/cli.h"
 
 namespace cli {
 namespace {
 
-using testkit::GiB;
-using testkit::KiB;
-using testkit::MiB;
 constexpr int kBatches = 5;                  // timed batches per copy size and direction
 constexpr uint64_t kBatchBytes = 256 * MiB;  // bytes per batch of small copies
 constexpr uint64_t kPoolBytes = 1 * GiB;     // pool size aimed at per record size
@@ -28,22 +26,6 @@ struct Options {
   std::vector<uint64_t> sizes{256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB};
   std::vector<uint64_t> records{4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB};
   std::string json;
-};
-
-struct CopyFigure {
-  uint64_t bytes = 0;
-  bool measured = false;
-  uint64_t copies = 0;  // per batch
-  double h2d_best = 0, h2d_median = 0, d2h_best = 0, d2h_median = 0;
-};
-
-struct RingFigure {
-  uint64_t record_bytes = 0;
-  uint32_t depth = 0, layers = 0, passes = 0;
-  bool measured = false;
-  std::string skipped;  // why not, if not measured
-  double ms = 0, gbps = 0;
-  uint64_t hits = 0;
 };
 
 std::vector<uint64_t> parse_size_list(const std::string& flag, const std::string& text,
@@ -78,8 +60,7 @@ uint64_t alloc_copy_buffers(const std::vector<uint64_t>& sizes, PinnedMem& host,
       host.destroy();
     }
     if (e != cudaErrorMemoryAllocation)
-      check(e,
-            strf("allocating %s of pinned host and device memory", fmt_bytes(*it).c_str()).c_str());
+      check(e, strf("allocating %s of pinned host and device memory", fmt_bytes(*it).c_str()));
     (void)cudaGetLastError();
     progress("copy: %s buffers do not fit; trying smaller", fmt_bytes(*it).c_str());
   }
@@ -106,28 +87,14 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   Phase phase("copies", sizes.size());
   // One stream for both directions, in turn: kBatches timed batches of
   // `copies` back-to-back copies, after one untimed batch.
-  testkit::CopyLoop loop;
-  const testkit::CopyRepeats repeats{1, kBatches};
+  CopyLoop loop;
+  const CopyRepeats repeats{1, kBatches};
   std::vector<CopyFigure> out;
   for (uint64_t bytes : sizes) {
     CopyFigure f;
     f.bytes = bytes;
     if (bytes <= fit) {
-      f.copies = std::max<uint64_t>(1, kBatchBytes / bytes);
-      const auto timed = [&](testkit::Direction d) {  // one buffer each side, either way
-        return testkit::time_copies(
-            loop, testkit::uniform_plan(d, host.get(), host.get(), dev.get(), dev.get(), bytes,
-                                        f.copies),
-            repeats);
-      };
-      const testkit::CopyResult h2d = timed(testkit::Direction::kH2D);
-      const testkit::CopyResult d2h = timed(testkit::Direction::kD2H);
-      // The median of the batches' GB/s (of their times, for an odd count).
-      f.h2d_best = h2d.best_gbps();
-      f.h2d_median = median(h2d.gbps());
-      f.d2h_best = d2h.best_gbps();
-      f.d2h_median = median(d2h.gbps());
-      f.measured = true;
+      f = time_copy_size(loop, host.get(), dev.get(), bytes, kBatchBytes, repeats);
       phase.set(out.size() + 1, strf("%s: H2D %.2f GB/s, D2H %.2f GB/s", fmt_bytes(bytes).c_str(),
                                      f.h2d_best, f.d2h_best));
     }
@@ -141,50 +108,6 @@ std::vector<CopyFigure> measure_copies(const std::vector<uint64_t>& sizes) {
   phase.done("%zu of %zu sizes in %.1f s; peak H2D %.2f GB/s (%s copies)", measured, out.size(),
              phase.seconds(), peak, fmt_bytes(peak_bytes).c_str());
   return out;
-}
-
-// Streams `passes` passes (after a warm-up pass) of every layer of `pool`
-// through a ring of `depth`, a checksum kernel on `consumer` reading each
-// layer, and checks the sums against `expect`.
-void measure_ring(lwo_engine* engine, lwo_pool* pool, const std::vector<uint64_t>& expect,
-                  uint64_t pool_bytes, cudaStream_t consumer, unsigned long long* sums,
-                  const Event& a, const Event& b, RingFigure& f) {
-  lwo_ring_config config = LWO_RING_CONFIG_INIT;
-  config.depth = f.depth;
-  Ring ring;
-  lwo_status_t s = lwo_ring_create(pool, &config, ring.out());
-  if (s == LWO_ERR_OUT_OF_MEMORY) {
-    f.skipped = lwo_last_error_message();
-    return;
-  }
-  check(s, "lwo_ring_create");
-  const std::vector<uint32_t> order = testkit::step_order(f.layers, /*backward=*/false);
-  Schedule schedule;
-  TK_CHECK(lwo_schedule_create(ring.get(), order.data(), f.layers, schedule.out()));
-
-  TK_CHECK(cudaMemsetAsync(sums, 0, f.layers * sizeof(*sums), consumer));
-  testkit::checksum_pass(schedule.get(), consumer, sums);  // warm-up
-  TK_CHECK(cudaEventRecord(a.get(), consumer));
-  for (uint32_t p = 0; p < f.passes; ++p) testkit::checksum_pass(schedule.get(), consumer, sums);
-  TK_CHECK(cudaEventRecord(b.get(), consumer));
-  TK_CHECK(cudaEventSynchronize(b.get()));
-  f.ms = elapsed_ms(a, b);
-  f.gbps = testkit::gbps(static_cast<double>(pool_bytes) * f.passes, f.ms);
-  f.measured = true;
-
-  f.hits = testkit::ring_stats(ring.get()).n_hits;
-  schedule.destroy();
-  ring.destroy();
-  TK_CHECK(lwo_engine_check(engine));
-
-  const std::vector<testkit::SumMismatch> bad =
-      testkit::verify_sums(sums, expect, f.passes + 1ull, consumer);
-  if (!bad.empty())
-    fail(
-        strf("ring depth %u, %s records: layer %u summed to checksum 0x%016llx over %u "
-             "passes, expected 0x%016llx: a slot did not hold its layer's bytes",
-             f.depth, fmt_bytes(f.record_bytes).c_str(), bad[0].layer, bad[0].got, f.passes + 1,
-             bad[0].want));
 }
 
 // All depths for one record size; appends one figure per depth.
@@ -207,23 +130,19 @@ void measure_record_size(const Device& dev, const Options& o, uint64_t record,
     for (size_t i = first; i < out.size(); ++i) out[i].skipped = why;
   };
 
-  lwo_tensor_desc tensor{};
-  tensor.name = "data";
-  tensor.dtype = LWO_DTYPE_U8;
-  tensor.n_dims = 1;
-  tensor.shape[0] = static_cast<int64_t>(record);
+  lwo_tensor_desc tensor = tensor_desc("data", LWO_DTYPE_U8, {static_cast<int64_t>(record)});
   std::vector<lwo_layer_desc> descs(layers, lwo_layer_desc{&tensor, 1, nullptr});
   Pool pool;
   lwo_status_t s =
       lwo_pool_create_pinned(dev.engine.get(), descs.data(), layers, nullptr, pool.out());
   if (s == LWO_ERR_OUT_OF_MEMORY) return skip_all(lwo_last_error_message());
   check(s, "lwo_pool_create_pinned");
-  const lwo_pool_info info = testkit::pool_info(pool.get());
+  const lwo_pool_info info = pool_info(pool.get());
   std::vector<HostRange> ranges(layers);
   for (uint32_t l = 0; l < layers; ++l)
     TK_CHECK(lwo_pool_layer_host(pool.get(), l, &ranges[l].data, &ranges[l].bytes));
-  testkit::fill_bytes(testkit::keyed_ranges(ranges, kSeed));
-  std::vector<uint64_t> expect = testkit::checksums(ranges);
+  fill_bytes(keyed_ranges(ranges, kSeed));
+  std::vector<uint64_t> expect = checksums(ranges);
   const uint32_t passes = static_cast<uint32_t>(std::max<uint64_t>(
       2, std::min((kStreamBytes + info.total_bytes - 1) / info.total_bytes, kMaxSteps / layers)));
   const double pool_s = phase.seconds();
@@ -326,8 +245,7 @@ void print_tables(const Device& dev, const Options& o, const std::vector<CopyFig
 
 Json to_json(const Device& dev, const std::vector<CopyFigure>& copies,
              const std::vector<RingFigure>& rings, double peak, uint64_t peak_bytes) {
-  Json j = json_doc("probe");
-  j["device"] = json_device(dev);
+  Json j = json_doc("probe", &dev);
   Json& copy = j["copy"] = Json::array();
   for (const CopyFigure& f : copies) {
     Json e = {{"bytes", f.bytes}, {"measured", f.measured}};
@@ -384,8 +302,7 @@ int cmd_probe(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo probe, %s", describe(dev).c_str());
 
@@ -399,11 +316,10 @@ int cmd_probe(int argc, char** argv) {
   for (uint64_t record : o.records) measure_record_size(dev, o, record, consumer.get(), rings);
   TK_CHECK(lwo_engine_synchronize(dev.engine.get()));
   consumer.destroy();
-  progress("probe took %.1f s", seconds_since(t0));
+  progress("probe took %.1f s", now_seconds() - t0);
 
   print_tables(dev, o, copies, rings, peak, peak_bytes);
   json.write(to_json(dev, copies, rings, peak, peak_bytes));
-  dev.engine.destroy();
   return 0;
 }
 

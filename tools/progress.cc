@@ -60,7 +60,6 @@ struct Phase::State {
   // The ticker redraws the bar (terminal only): a waiting thread of the
   // library's host pool (ThreadPool::start).
   lwo::HostThread ticker;
-  bool ticking = false;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
   bool stop = false;
@@ -77,25 +76,19 @@ std::string count_text(uint64_t v, bool bytes) {
 
 void draw_locked(const Phase::State& s, double now) {
   const uint64_t done = std::min(s.done.load(), s.total ? s.total : UINT64_MAX);
-  std::string right;
-  std::string bar;
   const int cols = columns();
-  if (s.total) {
-    right = strf(" %3d%%  %s/%s", static_cast<int>(100.0 * done / s.total),
-                 count_text(done, s.bytes).c_str(), count_text(s.total, s.bytes).c_str());
-  }
-  right += strf("  %.1f s", now - s.start);
-  if (!s.detail.empty()) right += "  " + s.detail;
+  std::string line = s.label;
   if (s.total) {
     const int width = std::max(10, std::min(30, cols / 4));  // the same for every drawing
     int fill = static_cast<int>(static_cast<double>(width) * done / s.total);
-    bar = " [" + std::string(fill, '#') + std::string(width - fill, '.') + "]";
+    line += " [" + std::string(fill, '#') + std::string(width - fill, '.') + "]" +
+            strf(" %3d%%  %s/%s", static_cast<int>(100.0 * done / s.total),
+                 count_text(done, s.bytes).c_str(), count_text(s.total, s.bytes).c_str());
   }
-  std::string line = s.label + bar + right;
+  line += strf("  %.1f s", now - s.start);
+  if (!s.detail.empty()) line += "  " + s.detail;
   if (static_cast<int>(line.size()) > cols - 1) line.resize(std::max(cols - 1, 0));
-  std::fputs("\r", g_err);
-  std::fputs(line.c_str(), g_err);
-  std::fputs("\033[K", g_err);
+  std::fprintf(g_err, "\r%s\033[K", line.c_str());
   std::fflush(g_err);
   g_bar_shown = true;
 }
@@ -144,7 +137,6 @@ Phase::Phase(std::string label, uint64_t total, bool bytes) : s_(new State) {
   }
   if (!progress_on_terminal()) return;
   State* s = s_;
-  s_->ticking = true;
   s_->ticker = lwo::ThreadPool::process().start([s] {
     std::unique_lock<std::mutex> tick(s->tick_mu);
     // The first drawing waits a little: short phases show no bar.
@@ -162,7 +154,7 @@ void Phase::set(uint64_t done, const std::string& detail) {
   s_->detail = detail;
 }
 
-testkit::Progress Phase::counter() {
+Progress Phase::counter() {
   State* s = s_;
   return [s](uint64_t n) { s->done += n; };
 }
@@ -172,14 +164,12 @@ double Phase::seconds() const { return now_seconds() - s_->start; }
 void Phase::end() {
   if (s_->ended) return;
   s_->ended = true;
-  if (s_->ticking) {
-    {
-      std::lock_guard<std::mutex> tick(s_->tick_mu);
-      s_->stop = true;
-    }
-    s_->tick_cv.notify_all();
-    s_->ticker.join();
+  {  // the ticker, if one runs, stops
+    std::lock_guard<std::mutex> tick(s_->tick_mu);
+    s_->stop = true;
   }
+  s_->tick_cv.notify_all();
+  s_->ticker.join();
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_active == s_) g_active = s_->previous;
   clear_locked();

@@ -25,20 +25,15 @@ struct Options : ModelOptions {
   std::string budget;  // --budget (plan, then run the plan too)
 };
 
-struct HostTimes {
-  double pool_s = 0, fill_s = 0, checksum_s = 0;
-};
-
 struct Results : PassResults {
   uint64_t record_bytes = 0;
-  HostTimes host;
+  double pool_s = 0, fill_s = 0, checksum_s = 0;  // host work
   // With --budget, the planned ring's passes in the same run.
   bool planned = false;
   PlanReport plan;
   double compute_ms = 0;  // the checksum consumer per layer, measured
   lwo_ring_info plan_ring{};
-  std::vector<double> plan_pass_ms;
-  double plan_median_ms = 0, plan_best_ms = 0;
+  TimedPasses plan_passes;
   lwo_ring_stats plan_stats{};
 };
 
@@ -62,7 +57,7 @@ std::vector<Flag> make_flags(Options& o) {
 // (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const std::vector<uint64_t>& expect, uint64_t times,
             const char* what) {
-  const auto bad = check_sums(sums, expect, times, [what](const testkit::SumMismatch& m) {
+  const auto bad = check_sums(sums, expect, times, [what](const SumMismatch& m) {
     return strf("lwo: layer %u, %s: checksum 0x%016llx, expected 0x%016llx\n", m.layer, what,
                 m.got, m.want);
   });
@@ -85,10 +80,9 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
               static_cast<double>(dense) / static_cast<double>(r.record_bytes),
               fmt_bytes(r.pass_bytes).c_str());
   }
-  print_row("host", "pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s",
-            r.host.pool_s,
+  print_row("host", "pinned pool %.2f s, %s %.2f s (seed %llu), host checksums %.2f s", r.pool_s,
             o.quant != LWO_QUANT_NONE ? "uniform values quantized on load" : "random fill",
-            r.host.fill_s, static_cast<unsigned long long>(o.seed), r.host.checksum_s);
+            r.fill_s, static_cast<unsigned long long>(o.seed), r.checksum_s);
   print_row("peak", "%.2f GB/s pinned H2D (every record back-to-back on one stream, best of %d: "
             "%.2f ms)", r.peak_gbps, kPeakRepeats, r.peak_ms);
   r.print(o.passes, o.timing);
@@ -101,10 +95,10 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   if (r.planned) {  // --budget
     std::printf("\n");
     print_plan(r.plan);
-    const double t = r.plan_median_ms, b = r.median_ms;
+    const double t = r.plan_passes.median_ms, b = r.median_ms;
     print_row("planned", "depth %u, %u resident (%s): median %.3f ms, best %.3f ms per pass",
               r.plan_ring.depth, r.plan_ring.n_resident,
-              fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_best_ms);
+              fmt_bytes(r.plan_ring.resident_bytes).c_str(), t, r.plan_passes.best_ms);
     print_row("prediction", "predicted %.3f ms, measured %.3f ms (%+.1f%%); stall predicted %.3f "
               "ms, measured wait %.3f ms per pass", r.plan.info.predicted_ms, t,
               100 * (t / r.plan.info.predicted_ms - 1), r.plan.info.predicted_stall_ms,
@@ -117,15 +111,13 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
 }
 
 Json to_json(const Device& dev, const Options& o, const Results& r) {
-  Json j = json_doc("run");
-  j["device"] = json_device(dev);
+  Json j = json_doc("run", &dev);
   j["config"] = {{"layers", o.layers},  {"rows", o.rows},     {"cols", o.cols},
                  {"dtype", lwo_dtype_name(o.dtype)}, {"depth", o.depth}, {"passes", o.passes},
                  {"seed", o.seed},      {"timing", o.timing}, {"quant", quant_flag_name(o.quant)}};
   j["record_bytes"] = r.record_bytes;
   j["bytes_per_pass"] = r.pass_bytes;
-  j["host_seconds"] = {
-      {"pool_create", r.host.pool_s}, {"fill", r.host.fill_s}, {"checksum", r.host.checksum_s}};
+  j["host_seconds"] = {{"pool_create", r.pool_s}, {"fill", r.fill_s}, {"checksum", r.checksum_s}};
   r.to_json(j, o.passes);
   const lwo_ring_stats& s = r.stats;
   j["ring"] = json_ring(r.ring, s, o.timing);
@@ -135,13 +127,13 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
     j["plan"] = json_plan(r.plan);
     j["planned"] = {
         {"depth", r.plan_ring.depth}, {"n_resident", r.plan_ring.n_resident},
-        {"resident_bytes", r.plan_ring.resident_bytes}, {"pass_ms", r.plan_pass_ms},
-        {"median_ms", r.plan_median_ms}, {"best_ms", r.plan_best_ms},
+        {"resident_bytes", r.plan_ring.resident_bytes}, {"pass_ms", r.plan_passes.ms},
+        {"median_ms", r.plan_passes.median_ms}, {"best_ms", r.plan_passes.best_ms},
         {"predicted_ms", r.plan.info.predicted_ms}, {"bytes_copied", ps.bytes_copied},
         {"wait_ms", ps.wait_ms}, {"resident_hits", ps.n_resident_hits},
         {"bytes_ratio", static_cast<double>(ps.bytes_copied) /
                             std::max<double>(1, static_cast<double>(s.bytes_copied))},
-        {"time_ratio", r.median_ms > 0 ? r.plan_median_ms / r.median_ms : 0}};
+        {"time_ratio", r.median_ms > 0 ? r.plan_passes.median_ms / r.median_ms : 0}};
   }
   j["verified"] = true;
   return j;
@@ -152,10 +144,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
 int cmd_run(int argc, char** argv) {
   Options o;
   if (!parse_flags(argc, argv, make_flags(o))) return 0;  // --help: printed
-  lwo_tensor_desc tensor = weight_tensor(o.dtype, o.rows, o.cols);
+  lwo_tensor_desc tensor = o.weight();
   // --quant: the weight is stored quantized (its record holds the codes and
   // scales), filled with uniform values quantized on load.
-  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
+  lwo_tensor_quant_ext qx = quant_ext(o.quant);
   if (o.quant != LWO_QUANT_NONE) {
     if (o.dtype != LWO_DTYPE_BF16 && o.dtype != LWO_DTYPE_F16 && o.dtype != LWO_DTYPE_F32)
       throw UsageError(strf("--quant %s quantizes bf16, f16 or f32 weights, not --dtype %s",
@@ -167,8 +159,7 @@ int cmd_run(int argc, char** argv) {
   r.record_bytes = record_bytes(layer);
   r.pass_bytes = model_bytes(r.record_bytes, o.layers);
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo run, %s: %u layers of %s (%s)", describe(dev).c_str(), o.layers,
            fmt_bytes(r.record_bytes).c_str(), fmt_bytes(r.pass_bytes).c_str());
@@ -180,8 +171,8 @@ int cmd_run(int argc, char** argv) {
     Phase phase("pool");
     std::vector<lwo_layer_desc> layers(o.layers, layer);
     TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), o.layers, nullptr, pool.out()));
-    r.host.pool_s = phase.seconds();
-    phase.done("pinned, %s in %.2f s", fmt_bytes(r.pass_bytes).c_str(), r.host.pool_s);
+    r.pool_s = phase.seconds();
+    phase.done("pinned, %s in %.2f s", fmt_bytes(r.pass_bytes).c_str(), r.pool_s);
   }
   std::vector<HostRange> records(o.layers);
   for (uint32_t l = 0; l < o.layers; ++l)
@@ -193,33 +184,33 @@ int cmd_run(int argc, char** argv) {
     const uint64_t n = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols);
     std::vector<uint8_t> src(n * lwo_dtype_size(o.dtype));
     for (uint32_t l = 0; l < o.layers; ++l) {
-      testkit::fill_uniform({{src.data(), o.dtype, n, 1.0f, testkit::key_of(o.seed, l)}});
+      fill_uniform({{src.data(), o.dtype, n, 1.0f, key_of(o.seed, l)}});
       TK_CHECK(lwo_pool_write_quantized(pool.get(), l, "weight", src.data(), o.dtype, src.size(),
                                         0));
       phase.set(l + 1);
     }
-    r.host.fill_s = phase.seconds();
+    r.fill_s = phase.seconds();
     phase.done("%u layers of %s values quantized as %s in %.2f s", o.layers,
-               lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.host.fill_s);
+               lwo_dtype_name(o.dtype), quant_flag_name(o.quant), r.fill_s);
   } else {
     Phase phase("fill", r.pass_bytes, true);
-    testkit::fill_bytes(testkit::keyed_ranges(records, o.seed), 0, phase.counter());
-    r.host.fill_s = phase.seconds();
+    fill_bytes(keyed_ranges(records, o.seed), 0, phase.counter());
+    r.fill_s = phase.seconds();
     phase.done("%s of random bytes in %.2f s (%.1f GB/s, seed %llu)",
-               fmt_bytes(r.pass_bytes).c_str(), r.host.fill_s,
-               static_cast<double>(r.pass_bytes) / std::max(r.host.fill_s, 1e-9) / 1e9,
+               fmt_bytes(r.pass_bytes).c_str(), r.fill_s,
+               static_cast<double>(r.pass_bytes) / std::max(r.fill_s, 1e-9) / 1e9,
                static_cast<unsigned long long>(o.seed));
   }
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", r.pass_bytes, true);
-    expect = testkit::checksums(records, phase.counter());
-    r.host.checksum_s = phase.seconds();
-    phase.done("%u layers on the host in %.2f s", o.layers, r.host.checksum_s);
+    expect = checksums(records, phase.counter());
+    r.checksum_s = phase.seconds();
+    phase.done("%u layers on the host in %.2f s", o.layers, r.checksum_s);
   }
   {
     Phase phase("peak");
-    const testkit::CopyResult peak = testkit::time_h2d_copies(records, r.record_bytes, kPeak);
+    const CopyResult peak = time_h2d_copies(records, r.record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -236,8 +227,8 @@ int cmd_run(int argc, char** argv) {
   config.flags = (o.timing || !o.budget.empty()) ? LWO_RING_TIMING : 0u;  // --budget: both rings timed alike
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &config, ring.out()));
-  r.ring = testkit::ring_info(ring.get());
-  const std::vector<uint32_t> order = testkit::step_order(o.layers, /*backward=*/false);
+  r.ring = ring_info(ring.get());
+  const std::vector<uint32_t> order = step_order(o.layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), o.layers, schedule.out()));
 
@@ -247,9 +238,7 @@ int cmd_run(int argc, char** argv) {
   const auto timed_passes = [&](lwo_schedule* sched, bool shown, const char* first) {
     return time_passes(
         o.passes, consumer.get(),
-        [&](uint32_t p) {
-          testkit::checksum_pass(sched, consumer.get(), p == 1 ? sums : sums + o.layers);
-        },
+        [&](uint32_t p) { checksum_pass(sched, consumer.get(), p == 1 ? sums : sums + o.layers); },
         [&](uint32_t p, double ms) {
           if (shown) phase.set(p + 1, r.pass_line(p, o.passes, ms));
           if (p == 1) verify(sums, expect, 1, first);
@@ -267,26 +256,22 @@ int cmd_run(int argc, char** argv) {
     // the checksum consumer as each layer's compute), then its ring's passes,
     // every byte checked again, with the engine held to the budget.
     r.planned = true;
-    r.compute_ms = testkit::checksum_ms(pool.get(), 0, consumer.get());
+    r.compute_ms = checksum_ms(pool.get(), 0, consumer.get());
     const uint64_t budget = parse_budget(o.budget, r.pass_bytes);
     r.plan = make_plan(pool.get(), plan_budget(dev.engine.get(), budget),
-                       std::vector<double>(o.layers, r.compute_ms), {},
-                       nullptr, 2);
+                       std::vector<double>(o.layers, r.compute_ms), {}, nullptr, 2);
     TK_CHECK(lwo_engine_set_budget(dev.engine.get(), budget, 0.0, 0));
     lwo_ring_config pc = plan_ring_config(r.plan, LWO_RING_TIMING);
     Ring pring;
     TK_CHECK(lwo_ring_create(pool.get(), &pc, pring.out()));
-    r.plan_ring = testkit::ring_info(pring.get());
+    r.plan_ring = ring_info(pring.get());
     TK_CHECK(lwo_ring_reset_stats(pring.get()));  // the uploads at creation are not a pass
     Schedule psched;
     TK_CHECK(lwo_schedule_create(pring.get(), order.data(), o.layers, psched.out()));
     TK_CHECK(cudaMemsetAsync(sums, 0, 2 * size_t(o.layers) * sizeof(*sums), consumer.get()));
-    const TimedPasses pt = timed_passes(psched.get(), false, "first timed pass of the plan");
+    r.plan_passes = timed_passes(psched.get(), false, "first timed pass of the plan");
     TK_CHECK(lwo_engine_check(dev.engine.get()));
-    r.plan_pass_ms = pt.ms;
-    r.plan_median_ms = pt.median_ms;
-    r.plan_best_ms = pt.best_ms;
-    r.plan_stats = testkit::ring_stats(pring.get());
+    r.plan_stats = ring_stats(pring.get());
     psched.destroy();
     pring.destroy();
     verify(sums + o.layers, expect, o.passes, "the plan's warm-up and later passes, summed");
@@ -300,10 +285,6 @@ int cmd_run(int argc, char** argv) {
 
   print_results(dev, o, r);
   json.write(to_json(dev, o, r));
-  sums_mem.destroy();
-  consumer.destroy();
-  pool.destroy();
-  dev.engine.destroy();
   return 0;
 }
 

@@ -41,17 +41,12 @@ struct Check {
   uint32_t layer;
   int32_t tensor;
   std::string name;  // of the tensor
-  uint64_t bytes;
-  HostRange host;
+  HostRange host;    // its bytes
 };
 
 // One checkpoint: opened and mapped before the device, streamed after.
-struct Results : PassResults {
-  std::string path;
+struct Results : PassResults, CkptListing {
   Checkpoint ck;
-  std::vector<CkptTensor> tensors;
-  std::vector<CkptFile> files;
-  std::vector<CkptMeta> metadata;
   CkptMap map;
   lwo_pool_info pool{};
   std::vector<uint64_t> copy_bytes;  // per layer: what the ring moves from the file
@@ -93,7 +88,7 @@ std::vector<Flag> make_flags(Options& o) {
 // range (testkit::verify_sums); `what` names the passes summed.
 void verify(const unsigned long long* sums, const Results& r, const std::vector<uint64_t>& expect,
             uint64_t times, const char* what) {
-  const auto bad = check_sums(sums, expect, times, [&](const testkit::SumMismatch& m) {
+  const auto bad = check_sums(sums, expect, times, [&](const SumMismatch& m) {
     const Check& c = r.checks[m.layer];  // the index of the checked range
     return strf("%s: layer %u, %s, %s: checksum 0x%016llx, expected 0x%016llx\n",
                 prefix().c_str(), c.layer,
@@ -118,7 +113,7 @@ void weights_pass(const Results& r, lwo_schedule* schedule, cudaStream_t stream,
     for (uint32_t i : r.layer_checks[view.layer]) {
       const Check& c = r.checks[i];
       const void* data = c.tensor < 0 ? view.base : view.tensors[c.tensor];
-      check(lwo::kernels::checksum_async(data, c.bytes, sums + i, stream),
+      check(lwo::kernels::checksum_async(data, c.host.bytes, sums + i, stream),
             "lwo::kernels::checksum_async");
     }
   }
@@ -231,8 +226,7 @@ Json json_checkpoint(const Options& o, const Results& r) {
 }
 
 Json to_json(const Device& dev, const Options& o, const std::vector<std::unique_ptr<Results>>& all) {
-  Json j = json_doc("stream");
-  j["device"] = json_device(dev);
+  Json j = json_doc("stream", &dev);
   j["config"] = {{"paths", o.paths},   {"mapping", json_mapping(all.front()->map)},
                  {"staged", o.staged}, {"depth", o.depth},
                  {"passes", o.passes}, {"timing", o.timing},
@@ -259,7 +253,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
       ++r.whole_layers;
       if (bytes) {
         r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
-        r.checks.push_back({l, -1, "", bytes, {data, bytes}});
+        r.checks.push_back({l, -1, "", {data, bytes}});
       }
       continue;
     }
@@ -280,7 +274,7 @@ void plan_checks(lwo_pool* pool, Results& r) {
       TK_CHECK(lwo_pool_tensor_host(pool, l, info.name, &host, &host_bytes));
       ++r.checked_tensors;
       r.layer_checks[l].push_back(static_cast<uint32_t>(r.checks.size()));
-      r.checks.push_back({l, static_cast<int32_t>(t), info.name, host_bytes, {host, host_bytes}});
+      r.checks.push_back({l, static_cast<int32_t>(t), info.name, {host, host_bytes}});
     }
   }
   r.pass_bytes = std::accumulate(r.copy_bytes.begin(), r.copy_bytes.end(), uint64_t(0));
@@ -289,12 +283,8 @@ void plan_checks(lwo_pool* pool, Results& r) {
 // Opens one checkpoint and maps its tensors to layers (no device needed):
 // every usage error is found before the GPU is touched.
 void open_and_map(const Options& o, const std::string& path, Results& r) {
-  r.path = path;
   Phase phase("open");
-  open_checkpoint(path, r.ck);
-  r.tensors = checkpoint_tensors(r.ck.get());
-  r.files = checkpoint_files(r.ck.get());
-  r.metadata = checkpoint_metadata(r.ck.get());
+  open_checkpoint(path, r.ck, &r);
   r.open_s = phase.seconds();
   const std::string hint = strf("run 'lwo info %s' for its tensors and layers", escape(path).c_str());
   if (!map_checkpoint(r.ck.get(), r.tensors, o.spec, 0, hint, &r.map))
@@ -313,9 +303,8 @@ void open_and_map(const Options& o, const std::string& path, Results& r) {
 void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) {
   Phase phase("quantize", r.pool.n_layers);
   const uint32_t L = r.pool.n_layers;
-  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);
-  std::vector<std::vector<lwo_tensor_desc>> tensors(L);
-  std::vector<std::vector<bool>> quant(L);
+  lwo_tensor_quant_ext qx = quant_ext(o.quant);
+  std::vector<std::vector<lwo_tensor_desc>> tensors(L);  // quantized: next is the format
   std::vector<lwo_layer_desc> layers(L);
   for (uint32_t l = 0; l < L; ++l) {
     uint32_t n = 0;
@@ -336,28 +325,26 @@ void quantize_pool(const Device& dev, const Options& o, Pool& pool, Results& r) 
                   info.quant_format == LWO_QUANT_NONE
               ? testkit::quant_bytes(o.quant, info.dtype, info.shape[0], info.shape[1])
               : 0;
-      const bool q = quant_bytes > 0;
-      if (q) {
+      if (quant_bytes > 0) {
         ++r.quant_tensors;
         r.quant_file_bytes += info.bytes;
         r.quant_pool_bytes += quant_bytes;
+        d.next = &qx;
+      } else {
+        ++r.dense_tensors;
       }
-      if (q) d.next = &qx;
-      if (!q) ++r.dense_tensors;
       tensors[l].push_back(d);
-      quant[l].push_back(q);
     }
     layers[l] = lwo_layer_desc{tensors[l].data(), n, nullptr};
   }
   Pool pinned;
   TK_CHECK(lwo_pool_create_pinned(dev.engine.get(), layers.data(), L, nullptr, pinned.out()));
   for (uint32_t l = 0; l < L; ++l) {
-    for (size_t t = 0; t < tensors[l].size(); ++t) {
-      const lwo_tensor_desc& d = tensors[l][t];
+    for (const lwo_tensor_desc& d : tensors[l]) {
       void* src = nullptr;
       uint64_t bytes = 0;
       TK_CHECK(lwo_pool_tensor_host(pool.get(), l, d.name, &src, &bytes));
-      if (quant[l][t])
+      if (d.next)
         TK_CHECK(lwo_pool_write_quantized(pinned.get(), l, d.name, src, d.dtype, bytes, 0));
       else
         TK_CHECK(lwo_pool_write(pinned.get(), l, d.name, src, bytes));
@@ -383,13 +370,13 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
     TK_CHECK(lwo_pool_create_from_checkpoint(dev.engine.get(), r.ck.get(), &config, pool.out()));
     r.pool_s = phase.seconds();
     r.ck.destroy();  // the pool keeps the files mapped
-    r.pool = testkit::pool_info(pool.get());
+    r.pool = pool_info(pool.get());
     phase.done("%s, %u layers, %s of records in %.2f s", path_text(o, r).c_str(), r.pool.n_layers,
                fmt_bytes(r.pool.total_bytes).c_str(), r.pool_s);
   }
   if (o.quant != LWO_QUANT_NONE) {
     quantize_pool(dev, o, pool, r);
-    r.pool = testkit::pool_info(pool.get());
+    r.pool = pool_info(pool.get());
   }
   const uint32_t n_layers = r.pool.n_layers;
   note_depth(o.depth, n_layers, "the first pass", "passes");
@@ -399,12 +386,12 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   uint64_t check_bytes = 0;
   for (const Check& c : r.checks) {
     ranges.push_back(c.host);
-    check_bytes += c.bytes;
+    check_bytes += c.host.bytes;
   }
   std::vector<uint64_t> expect;
   {
     Phase phase("checksums", check_bytes, true);
-    expect = testkit::checksums(ranges, phase.counter());
+    expect = checksums(ranges, phase.counter());
     r.checksum_s = phase.seconds();
     phase.done("%s of the file on the host in %.2f s", fmt_bytes(check_bytes).c_str(),
                r.checksum_s);
@@ -413,13 +400,12 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   // The peak: the same copy sizes from pinned memory (the pool is the file).
   {
     Phase phase("peak");
-    PinnedMem buffer = testkit::pinned_alloc(r.pool.max_record_bytes);
+    PinnedMem buffer = pinned_alloc(r.pool.max_record_bytes);
     std::memset(buffer.get(), 0, r.pool.max_record_bytes);
     std::vector<HostRange> copies;
     for (uint64_t b : r.copy_bytes)
       if (b) copies.push_back({buffer.get(), b});
-    const testkit::CopyResult peak =
-        testkit::time_h2d_copies(copies, r.pool.max_record_bytes, kPeak);
+    const CopyResult peak = time_h2d_copies(copies, r.pool.max_record_bytes, kPeak);
     r.peak_gbps = peak.best_gbps();
     r.peak_ms = peak.best_ms();
     phase.done("%.2f GB/s pinned H2D, %s in %.2f ms", r.peak_gbps, fmt_bytes(r.pass_bytes).c_str(),
@@ -438,8 +424,8 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
   ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
   Ring ring;
   TK_CHECK(lwo_ring_create(pool.get(), &ring_config, ring.out()));
-  r.ring = testkit::ring_info(ring.get());
-  const std::vector<uint32_t> order = testkit::step_order(n_layers, /*backward=*/false);
+  r.ring = ring_info(ring.get());
+  const std::vector<uint32_t> order = step_order(n_layers, /*backward=*/false);
   Schedule schedule;
   TK_CHECK(lwo_schedule_create(ring.get(), order.data(), n_layers, schedule.out()));
 
@@ -465,10 +451,6 @@ void stream_one(const Device& dev, const Options& o, Results& r) {
              "checksums match",
              o.passes, phase.seconds(), r.median_ms, r.gbps(r.median_ms),
              100 * r.share(r.median_ms));
-
-  sums_mem.destroy();
-  consumer.destroy();
-  pool.destroy();
 }
 
 }  // namespace
@@ -485,8 +467,7 @@ int cmd_stream(int argc, char** argv) {
     open_and_map(o, path, *all.back());
   }
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   JsonFile json(o.json);
   progress("lwo stream, %s: %zu checkpoint%s", describe(dev).c_str(), all.size(),
            all.size() == 1 ? "" : "s");
@@ -497,7 +478,6 @@ int cmd_stream(int argc, char** argv) {
     std::fflush(stdout);
   }
   json.write(to_json(dev, o, all));
-  dev.engine.destroy();
   return 0;
 }
 

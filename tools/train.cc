@@ -29,7 +29,7 @@ struct Options : ModelOptions {
   int64_t tokens = 8192;
   uint32_t depth = 2, grad_depth = 2, steps = 5;
   uint32_t micro_batches = 1;
-  testkit::MicroOrder order = testkit::MicroOrder::kBatch;
+  MicroOrder order = MicroOrder::kBatch;
   uint64_t seed = 1;
   // Gradients: "native" (the layer dtype on the wire and in host memory, the
   // library's default), "f32" (LWO_GRADS_F32) or "native-wire"
@@ -93,7 +93,7 @@ std::vector<Flag> make_flags(Options& o) {
                   "every micro-batch while in its slot, gradients summed in the slot)",
                   {"batch", "layer"}, "is neither batch nor layer", [&o](const std::string& v) {
                     o.order =
-                        v == "batch" ? testkit::MicroOrder::kBatch : testkit::MicroOrder::kLayer;
+                        v == "batch" ? MicroOrder::kBatch : MicroOrder::kLayer;
                   }),
       switch_flag("--bias", "each layer also has a tensor \"bias\" [rows]", o.bias),
       choice_flag("--optimizer", "O",
@@ -158,13 +158,9 @@ Sizes compute_sizes(const Options& o) {
   s.act_bytes =
       mul(mul(static_cast<uint64_t>(o.tokens), static_cast<uint64_t>(o.cols), "the activations"),
           lwo_dtype_size(o.dtype), "the activations");
-  lwo_tensor_desc t[2] = {weight_tensor(o.dtype, o.rows, o.cols), {}};
-  lwo_tensor_quant_ext qx = testkit::quant_ext(o.quant);  // --quant: the record's bytes
+  lwo_tensor_desc t[2] = {o.weight(), tensor_desc("bias", o.dtype, {o.rows})};
+  lwo_tensor_quant_ext qx = quant_ext(o.quant);  // --quant: the record's bytes
   if (o.quant != LWO_QUANT_NONE) t[0].next = &qx;
-  t[1].name = "bias";
-  t[1].dtype = o.dtype;
-  t[1].n_dims = 1;
-  t[1].shape[0] = o.rows;
   const lwo_layer_desc layer{t, o.bias ? 2u : 1u, nullptr};
   s.record_bytes = record_bytes(layer);
   s.pool_bytes = mul(s.record_bytes, o.layers, "the layers' records");
@@ -199,8 +195,8 @@ struct Results {
   std::vector<double> res_ms, res_fwd_ms, res_bwd_ms;
   double res_median = 0, res_fwd = 0, res_bwd = 0;
   // Streamed steps.
-  testkit::StepStats warm;
-  std::vector<testkit::StepStats> steps;
+  StepStats warm;
+  std::vector<StepStats> steps;
   double median_ms = 0, best_ms = 0;
   uint64_t h2d_bytes = 0, h2d_fwd_bytes = 0, d2h_bytes = 0, hits = 0, copies = 0, d2h_layers = 0;
   bool bytes_vary = false;
@@ -211,7 +207,7 @@ struct Results {
   bool phases = false;
   double fwd_h2d_term = 0, bwd_h2d_term = 0;  // the H2D bytes of each half at the peak
   double phase_fwd = 0, phase_bwd = 0;
-  testkit::SplitFloor floor;                  // the split floor (resident measured)
+  SplitFloor floor;                           // the split floor (resident measured)
   double start_ms = 0, turn_ms = 0, end_ms = 0;  // medians per step: the edges
   double add_gbps = 0;                        // host additions during the steps
   uint64_t add_bytes = 0;
@@ -220,13 +216,10 @@ struct Results {
   double target = 0;
   std::string check;
   // With --optimizer, what optimizer_steps measured: the pairs (each a plain
-  // step, the update alone, a full step) and the median ratio to the floor below.
+  // step, the update alone, a full step) and the host memory's floor.
   bool optimized = false;
-  testkit::OptimPairs opt;
-  double opt_memory_ratio = 0;
-  // Host memory a step: the update's traffic, the copies'
-  // bytes, the update's own bandwidth and the floor they give.
-  double opt_update_bytes = 0, opt_copy_bytes = 0, opt_update_gbps = 0, opt_memory_floor_ms = 0;
+  OptimPairs opt;
+  OptimPairs::MemoryFloor opt_memory;
   // With --budget, the planned ring's steps in the same run.
   bool planned = false;
   PlanReport plan;
@@ -255,10 +248,10 @@ void summarise(const Options& o, Results& r) {
   // Each step's value of one field of testkit::StepStats, in step order.
   const auto each = [&r](auto field) {
     std::vector<std::decay_t<decltype(r.steps[0].*field)>> v;
-    for (const testkit::StepStats& s : r.steps) v.push_back(s.*field);
+    for (const StepStats& s : r.steps) v.push_back(s.*field);
     return v;
   };
-  using S = testkit::StepStats;
+  using S = StepStats;
   uint64_t add_bytes = 0, add_ns = 0;
   for (const S& s : r.steps) {
     add_bytes += s.accumulated_bytes;
@@ -284,9 +277,8 @@ void summarise(const Options& o, Results& r) {
 
   // max(resident compute, H2D bytes / H2D peak, D2H bytes / D2H peak); no
   // compute term where the records were not all resident.
-  const testkit::Bound b = testkit::step_bound(
-      r.resident ? r.res_median : 0, static_cast<double>(r.h2d_bytes), r.h2d_peak,
-      static_cast<double>(r.d2h_bytes), r.d2h_peak);
+  const Bound b = step_bound(r.resident ? r.res_median : 0, static_cast<double>(r.h2d_bytes),
+                             r.h2d_peak, static_cast<double>(r.d2h_bytes), r.d2h_peak);
   r.h2d_term = b.terms_ms[1];
   r.d2h_term = b.terms_ms[2];
   r.bound = b.ms;
@@ -295,17 +287,16 @@ void summarise(const Options& o, Results& r) {
   // the bound of each half, added.
   r.phases = r.resident && !o.timing;
   if (r.phases) {
-    r.fwd_h2d_term = testkit::ms_at(static_cast<double>(r.h2d_fwd_bytes), r.h2d_peak);
-    r.bwd_h2d_term = testkit::ms_at(static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes), r.h2d_peak);
+    r.fwd_h2d_term = ms_at(static_cast<double>(r.h2d_fwd_bytes), r.h2d_peak);
+    r.bwd_h2d_term = ms_at(static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes), r.h2d_peak);
     r.phase_fwd = std::max(r.res_fwd, r.fwd_h2d_term);
     r.phase_bwd = std::max({r.res_bwd, r.bwd_h2d_term, r.d2h_term});
-    const testkit::LinkRates rates{r.h2d_peak, r.d2h_peak,
-                                   o.trainable() ? r.duplex_h2d : r.h2d_peak,
-                                   o.trainable() ? r.duplex_d2h : r.d2h_peak};
-    const uint32_t passes = o.order == testkit::MicroOrder::kBatch ? o.micro_batches : 1;
-    r.floor = testkit::split_floor(r.res_fwd, r.res_bwd, static_cast<double>(r.h2d_fwd_bytes),
-                                   static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes),
-                                   static_cast<double>(r.d2h_bytes), passes, rates);
+    const LinkRates rates{r.h2d_peak, r.d2h_peak, o.trainable() ? r.duplex_h2d : r.h2d_peak,
+                          o.trainable() ? r.duplex_d2h : r.d2h_peak};
+    const uint32_t passes = o.order == MicroOrder::kBatch ? o.micro_batches : 1;
+    r.floor = split_floor(r.res_fwd, r.res_bwd, static_cast<double>(r.h2d_fwd_bytes),
+                          static_cast<double>(r.h2d_bytes - r.h2d_fwd_bytes),
+                          static_cast<double>(r.d2h_bytes), passes, rates);
   }
   r.target = o.trainable() ? kTargetTrainable : kTargetFrozen;
 }
@@ -323,7 +314,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   if (o.quant != LWO_QUANT_NONE) {
     const uint64_t dense = static_cast<uint64_t>(o.rows) * static_cast<uint64_t>(o.cols) *
                            lwo_dtype_size(o.dtype);
-    const uint64_t quant = testkit::quant_bytes(o.quant, o.dtype, o.rows, o.cols);
+    const uint64_t quant = quant_bytes(o.quant, o.dtype, o.rows, o.cols);
     print_row("quant", "--quant %s (%s): \"weight\" %s dense, %s quantized (%.2fx fewer bytes); "
               "each layer dequantized on the GPU into %s before its GEMMs",
               quant_flag_name(o.quant), lwo_quant_format_name(o.quant), fmt_bytes(dense).c_str(),
@@ -337,8 +328,8 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   if (o.micro_batches > 1)
     print_row("micro", "%u of %lld tokens per step, %s-major (%s); every micro-batch's "
               "activations kept",
-              o.micro_batches, static_cast<long long>(o.tokens), testkit::micro_order_name(o.order),
-              o.order == testkit::MicroOrder::kLayer
+              o.micro_batches, static_cast<long long>(o.tokens), micro_order_name(o.order),
+              o.order == MicroOrder::kLayer
                   ? "one pass: each layer runs every micro-batch in its slot, gradients summed "
                     "there and sent once"
                   : "one pass per micro-batch, gradients summed on the host");
@@ -420,7 +411,7 @@ void print_results(const Device& dev, const Options& o, const Results& r) {
   print_row("check", "%s", r.check.c_str());
 }
 
-Json json_step(const testkit::StepStats& s) {
+Json json_step(const StepStats& s) {
   return {{"ms", s.ms},           {"h2d_bytes", s.h2d_bytes}, {"h2d_forward_bytes", s.h2d_fwd_bytes},
           {"copies", s.copies},   {"hits", s.hits},           {"stages", s.stages},
           {"d2h_bytes", s.d2h_bytes}, {"d2h_layers", s.d2h_transfers},
@@ -441,7 +432,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
                  {"seed", o.seed}, {"timing", o.timing}, {"grads", t ? Json(o.grads) : Json()},
                  {"host_dtype", t ? Json(lwo_dtype_name(sz.host)) : Json()},
                  {"micro_batches", o.micro_batches},
-                 {"order", testkit::micro_order_name(o.order)}, {"quant", quant_flag_name(o.quant)}};
+                 {"order", micro_order_name(o.order)}, {"quant", quant_flag_name(o.quant)}};
   j["record_bytes"] = sz.record_bytes;
   j["pool_bytes"] = sz.pool_bytes;
   j["activation_bytes"] = sz.act_bytes;
@@ -468,7 +459,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
     j["resident"] = {{"measured", false}, {"skipped", r.resident_note}};
   j["warmup_step"] = json_step(r.warm);
   Json& steps = j["steps"] = Json::array();
-  for (const testkit::StepStats& s : r.steps) steps.push_back(json_step(s));
+  for (const StepStats& s : r.steps) steps.push_back(json_step(s));
   j["median_ms"] = r.median_ms;
   j["best_ms"] = r.best_ms;
   j["h2d_bytes_per_step"] = r.h2d_bytes;
@@ -480,7 +471,7 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
                 {"resident_ms", r.resident ? Json(r.res_median) : Json()},
                 {"h2d_ms", r.h2d_term}, {"d2h_ms", r.d2h_term}};
   if (r.phases) {
-    const testkit::SplitFloor& f = r.floor;
+    const SplitFloor& f = r.floor;
     j["halves_bound_ms"] = {
         {"forward", r.phase_fwd}, {"backward", r.phase_bwd}, {"sum", r.phase_fwd + r.phase_bwd}};
     j["split_floor"] = {{"ms", f.ms}, {"passes", r.steps.empty() ? 1u : r.steps[0].passes},
@@ -516,9 +507,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
         {"full_step_ms", r.opt.full()}, {"gpu_step_ms", r.opt.gpu()},
         {"overlap", r.opt.overlap()}, {"ratio_to_bound", r.opt.ratio()}, {"target", 1.1},
         {"met", r.opt.ratio() <= 1.1}, {"tail_ms", median(r.opt.tail_ms)},
-        {"host_update_bytes", r.opt_update_bytes}, {"host_copy_bytes", r.opt_copy_bytes},
-        {"update_GBps", r.opt_update_gbps}, {"host_memory_floor_ms", r.opt_memory_floor_ms},
-        {"ratio_to_host_memory_floor", r.opt_memory_ratio},
+        {"host_update_bytes", r.opt_memory.update_bytes},
+        {"host_copy_bytes", r.opt_memory.copy_bytes}, {"update_GBps", r.opt_memory.update_gbps},
+        {"host_memory_floor_ms", r.opt_memory.floor_ms},
+        {"ratio_to_host_memory_floor", r.opt_memory.ratio},
         {"pairs", r.opt.pair_ratio.size()}, {"pair_ratios", r.opt.pair_ratio}};
   j["verified"] = true;
   j["check"] = r.check;
@@ -534,10 +526,10 @@ Json to_json(const Device& dev, const Options& o, const Results& r) {
 // record is resident; else the first and the last layer from the streamed
 // step's own inputs). A difference stops the program; returns a sentence
 // saying what was checked.
-std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run,
-                       const testkit::ChainWeights& weights, lwo_grads* grads) {
+std::string check_step(const Options& o, const Sizes& sz, ChainRun& run,
+                       const ChainWeights& weights, lwo_grads* grads) {
   const uint32_t L = o.layers;
-  const testkit::ChainCheck c = run.compare_with_resident(grads, /*backward=*/true);
+  const ChainCheck c = run.compare_with_resident(grads, /*backward=*/true);
   if (!c.same) fail("check failed: " + c.first);
   const std::string what = weights.all_resident()
                                ? "the whole chain recomputed with every weight resident"
@@ -557,8 +549,7 @@ std::string check_step(const Options& o, const Sizes& sz, testkit::ChainRun& run
 // --optimizer: the host optimizer over the same gradient set, timed in
 // --steps alternating pairs (testkit::OptimPairs), the target at most 1.1.
 void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* grads,
-                     const std::function<testkit::StepStats()>& plain_step,
-                     testkit::StepOptions& step_options) {
+                     const std::function<StepStats()>& plain_step, StepOptions& step_options) {
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   oc.kind = o.optimizer == "sgd" ? LWO_OPTIM_SGD : LWO_OPTIM_ADAMW;
   oc.state_dtype = o.optim_state;
@@ -578,7 +569,7 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
                info.n_threads, info.n_numa_nodes, info.n_numa_nodes == 1 ? "" : "s",
                info.vector_level);
   }
-  testkit::OptimPairs& t = r.opt;
+  OptimPairs& t = r.opt;
   t.optim = optim;
   t.p.lr = 1e-5;  // small: the weights stay in range over the run
   t.p.max_norm = o.max_norm;
@@ -614,29 +605,15 @@ void optimizer_steps(const Options& o, const Sizes& sz, Results& r, lwo_grads* g
       each += strf("%s%.1f/%.1f/%.1f: %.3f", i ? ", " : "", t.gpu_ms[i], t.alone_ms[i],
                    t.full_ms[i], t.pair_ratio[i]);
     std::printf("pairs  GPU step/update alone/full step ms: ratio, in order: %s\n", each.c_str());
-    // The update and the copy engines share the host's memory: the time
-    // both take at the bandwidth an update alone reached (of a_ms: a_ms x
-    // (update + copies) / update); each pair's full step against its own
-    // update's, the median.
-    r.opt_update_bytes = static_cast<double>(t.n_params) *
-                         testkit::update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state,
-                                                         sz.host, o.dtype, info.vector_level);
-    r.opt_copy_bytes = static_cast<double>(r.h2d_bytes + r.d2h_bytes);
-    const auto memory_floor_ms = [&](double a_ms) {
-      return r.opt_update_bytes > 0 ? a_ms * (1 + r.opt_copy_bytes / r.opt_update_bytes) : 0;
-    };
-    r.opt_update_gbps = alone > 0 ? r.opt_update_bytes / alone / 1e6 : 0;
-    r.opt_memory_floor_ms = memory_floor_ms(alone);
-    std::vector<double> memory_ratio;
-    for (size_t i = 0; i < t.full_ms.size(); ++i)
-      if (memory_floor_ms(t.alone_ms[i]) > 0)
-        memory_ratio.push_back(t.full_ms[i] / memory_floor_ms(t.alone_ms[i]));
-    r.opt_memory_ratio = median(memory_ratio);
+    const OptimPairs::MemoryFloor& m = r.opt_memory = t.memory_floor(
+        static_cast<double>(t.n_params) *
+            update_bytes_per_param(oc.kind == LWO_OPTIM_ADAMW, o.optim_state, sz.host, o.dtype,
+                                   info.vector_level),
+        static_cast<double>(r.h2d_bytes + r.d2h_bytes));
     std::printf("host memory  a step: %.2f GB of update traffic and %.2f GB of copies (H2D and D2H); "
                 "at the update's own %.1f GB/s that is %.3f ms: the full step is %.3f x it "
                 "(median of the pairs)\n",
-                r.opt_update_bytes / 1e9, r.opt_copy_bytes / 1e9, r.opt_update_gbps,
-                r.opt_memory_floor_ms, r.opt_memory_ratio);
+                m.update_bytes / 1e9, m.copy_bytes / 1e9, m.update_gbps, m.floor_ms, m.ratio);
   }
   TK_CHECK(lwo_optim_destroy(optim));
 }
@@ -651,14 +628,14 @@ struct Trainer {
   lwo_engine* engine;
   const uint32_t L;
   const uint32_t n_check;  // layers the check recomputes: the first and the last
-  std::unique_ptr<testkit::ChainWeights> weights;
+  std::unique_ptr<ChainWeights> weights;
   Stream compute;
-  std::unique_ptr<testkit::ChainRun> run;
+  std::unique_ptr<ChainRun> run;
   Ring ring;
   Schedule schedule;
   Grads grads;
   std::vector<uint32_t> order;
-  testkit::StepOptions step_options;
+  StepOptions step_options;
 
   Trainer(const Options& options, Results& results, lwo_engine* e)
       : o(options), r(results), sz(r.sz), engine(e), L(o.layers), n_check(L > 1 ? 2 : 1) {}
@@ -697,14 +674,14 @@ struct Trainer {
     // record), weights uniform within +-sqrt(3 / cols) (variance 1 / cols:
     // activations and gradients keep their scale through any number of layers,
     // so f16 neither overflows nor underflows), biases within +-1 / sqrt(cols).
-    testkit::ChainSpec spec = testkit::linear_chain("lwo train", o.cols, L, 1);
+    ChainSpec spec = linear_chain("lwo train", o.cols, L, 1);
     spec.dtype = o.dtype;
     spec.bias = o.bias;
     spec.seed = o.seed;
     spec.quant = o.quant;  // --quant: quantized on load (fill)
     {
       Phase phase("pool");
-      weights = std::make_unique<testkit::ChainWeights>(engine, spec, /*fill_now=*/false);
+      weights = std::make_unique<ChainWeights>(engine, spec, /*fill_now=*/false);
       r.pool_s = weights->pool_seconds();
       phase.done("pinned, %s in %.2f s", fmt_bytes(sz.pool_bytes).c_str(), r.pool_s);
     }
@@ -722,21 +699,19 @@ struct Trainer {
   void peaks() {
     // Peaks, before anything else runs on the GPU.
     Phase phase("peak");
-    const testkit::CopyResult h2d =
-        testkit::time_h2d_copies(weights->record_hosts(), sz.record_bytes, kPeak);
+    const CopyResult h2d = time_h2d_copies(weights->record_hosts(), sz.record_bytes, kPeak);
     r.h2d_peak = h2d.best_gbps();
     r.h2d_peak_ms = h2d.best_ms();
     std::string d2h;
     if (o.trainable()) {
       // L gradients' worth of copies into pinned memory.
-      testkit::PeakKnobs knobs{sz.grad_bytes, L, kPeak.warmup, kPeakRepeats,
-                               testkit::Direction::kD2H};
-      const testkit::CopyResult peak = testkit::measure_pinned_peak(knobs);
+      PeakKnobs knobs{sz.grad_bytes, L, kPeak.warmup, kPeakRepeats, Direction::kD2H};
+      const CopyResult peak = measure_pinned_peak(knobs);
       r.d2h_peak = peak.best_gbps();
       r.d2h_peak_ms = peak.best_ms();
       // Both directions at once, as the backward half moves them.
-      knobs.direction = testkit::Direction::kBoth;
-      const testkit::CopyResult both = testkit::measure_pinned_peak(knobs);
+      knobs.direction = Direction::kBoth;
+      const CopyResult both = measure_pinned_peak(knobs);
       r.duplex_h2d = both.h2d_best_gbps();
       r.duplex_d2h = both.d2h_best_gbps();
       r.duplex_ms = both.best_ms();
@@ -754,7 +729,7 @@ struct Trainer {
     // within +-1/sqrt(tokens) (so each weight gradient, a sum over the tokens,
     // stays near 1 in size).
     compute = make_stream();
-    run = std::make_unique<testkit::ChainRun>(*weights, o.tokens, compute.get(), o.trainable(),
+    run = std::make_unique<ChainRun>(*weights, o.tokens, compute.get(), o.trainable(),
                                                    sz.wire, o.micro_batches, o.order);
     r.dy_bound = run->dy_bound();
 
@@ -763,8 +738,8 @@ struct Trainer {
     ring_config.depth = o.depth;
     ring_config.flags = o.timing ? LWO_RING_TIMING : 0u;
     TK_CHECK(lwo_ring_create(weights->pool(), &ring_config, ring.out()));
-    r.ring = testkit::ring_info(ring.get());
-    order = testkit::step_order(L, /*backward=*/true);
+    r.ring = ring_info(ring.get());
+    order = step_order(L, /*backward=*/true);
     TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
     if (o.trainable()) {
       lwo_grads_config grads_config = LWO_GRADS_CONFIG_INIT;
@@ -796,7 +771,7 @@ struct Trainer {
       Phase phase("resident", o.steps + 1);
       for (uint32_t s = 0; s <= o.steps; ++s) {
         // The same calls as a streamed step; forward and backward timed by events.
-        const testkit::PassTimes t = run->resident_pass(/*backward=*/true, /*events=*/true);
+        const PassTimes t = run->resident_pass(/*backward=*/true, /*events=*/true);
         TK_CHECK(lwo_engine_check(engine));
         if (s == 0) {  // warm-up: algorithm choice, workspace
           phase.set(1, "warm-up step done");
@@ -819,11 +794,11 @@ struct Trainer {
     }
   }
 
-  testkit::StepStats step() {
+  StepStats step() {
     return run->streamed_pass(schedule.get(), ring.get(), grads.get(), step_options);
   }
 
-  std::string report(const char* name, const testkit::StepStats& s) const {
+  std::string report(const char* name, const StepStats& s) const {
     return strf("%s: %.3f ms; H2D %s %.2f GB/s, %llu hits%s", name, s.ms,
                 fmt_bytes(s.h2d_bytes).c_str(), r.gbps(s.h2d_bytes, s.ms),
                 static_cast<unsigned long long>(s.hits),
@@ -862,7 +837,7 @@ struct Trainer {
   void host_add() {
     if (!o.trainable() || sz.wire != sz.host) return;
     Phase phase("host add");
-    const testkit::HostAdd add = testkit::time_host_add(grads, compute, L);
+    const HostAdd add = time_host_add(grads, compute, L);
     r.add_alone_bytes = add.bytes;
     r.add_alone_gbps = add.gbps();
     phase.done("%s in %.2f ms of host work: %.2f GB/s", fmt_bytes(r.add_alone_bytes).c_str(),
@@ -886,11 +861,11 @@ struct Trainer {
     TK_CHECK(lwo_engine_set_budget(engine, budget, 0.0, 0));
     lwo_ring_config pc = plan_ring_config(r.plan, o.timing ? LWO_RING_TIMING : 0u);
     TK_CHECK(lwo_ring_create(weights->pool(), &pc, ring.out()));
-    r.plan_ring = testkit::ring_info(ring.get());
+    r.plan_ring = ring_info(ring.get());
     TK_CHECK(lwo_schedule_create(ring.get(), order.data(), 2 * L, schedule.out()));
     Phase plan_phase("planned", o.steps + 1);
     step();  // warm-up
-    std::vector<testkit::StepStats> ps;
+    std::vector<StepStats> ps;
     for (uint32_t s2 = 1; s2 <= o.steps; ++s2) {
       ps.push_back(step());
       r.plan_ms.push_back(ps.back().ms);
@@ -901,7 +876,7 @@ struct Trainer {
       }
     }
     r.plan_median_ms = median(r.plan_ms);
-    for (const testkit::StepStats& st : ps)
+    for (const StepStats& st : ps)
       if (st.ms == r.plan_median_ms) r.plan_h2d_bytes = st.h2d_bytes;
     if (!r.plan_h2d_bytes && !ps.empty()) r.plan_h2d_bytes = ps[0].h2d_bytes;
     plan_phase.done("depth %u, %u resident: median %.3f ms, predicted %.3f ms",
@@ -930,8 +905,7 @@ int cmd_train(int argc, char** argv) {
   r.sz = compute_sizes(o);
   const Sizes& sz = r.sz;
 
-  Device dev;
-  open_device(o.device, dev);
+  const Device dev(o.device);
   lwo_engine* engine = dev.engine.get();
   JsonFile json(o.json);
   progress("lwo train%s, %s: %u layers of %s (%s), %lld tokens", o.frozen ? " --frozen" : "",
@@ -960,7 +934,6 @@ int cmd_train(int argc, char** argv) {
     if (r.planned) print_planned(r);  // --budget
     json.write(to_json(dev, o, r));
   }
-  dev.engine.destroy();
   return 0;
 }
 

@@ -204,8 +204,11 @@ inline void check_flags(uint32_t flags, uint32_t known) {
   if (flags & ~known) fail(LWO_ERR_INVALID_ARGUMENT, "unknown flags 0x%x", flags & ~known);
 }
 
-// Pools (api_pools.cc): the thread count of a checked lwo_pool_config, and
-// the publication of a new pool as the caller's handle.
+// Pools (api_pools.cc): the engine a pool is created on (*pool cleared
+// first, the engine checked, none of its streams capturing), the thread count
+// of a checked lwo_pool_config, and the publication of a new pool as the
+// caller's handle.
+lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool);
 uint32_t pool_threads(const lwo_pool_config* config);
 void add_pool(std::unique_ptr<lwo::Pool> impl, lwo_pool** pool);
 

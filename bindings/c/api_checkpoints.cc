@@ -175,9 +175,7 @@ LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      const lwo_checkpoint_pool_config* config,
                                                      lwo_pool** pool) {
   return guard("lwo_pool_create_from_checkpoint", [&] {
-    clear_output(pool, "pool (output)");
-    lwo_engine* e = check_handle(engine);
-    e->impl->check_not_capturing("a pool's creation");
+    lwo_engine* e = pool_engine(engine, pool);
     lwo_checkpoint* c = check_handle(checkpoint);
     Mapped m = map_layers(*c->impl, config);
     add_pool(

@@ -14,6 +14,16 @@ uint64_t host_limit_of(uint64_t v) {
   return v ? v : lwo::default_host_limit();
 }
 
+// engine->impl->*wait(): the engine's check or synchronize, a failure
+// reported as its device's ("device 0: ...").
+void on_device(lwo_engine* engine, void (lwo::Engine::*wait)()) {
+  try {
+    (engine->impl.get()->*wait)();
+  } catch (const lwo::Error& err) {
+    fail(err.status(), "device %d: %s", engine->impl->device(), err.what());
+  }
+}
+
 lwo_status_t make_engine(const char* call, std::unique_ptr<lwo::Backend> backend, int device,
                          const lwo_engine_config& cfg, lwo_engine** engine) {
   return guard(call, [&] {
@@ -146,25 +156,12 @@ LWO_API lwo_status_t lwo_engine_transfer_stream(const lwo_engine* engine, lwo_st
 }
 
 LWO_API lwo_status_t lwo_engine_check(lwo_engine* engine) {
-  return guard("lwo_engine_check", [&] {
-    lwo_engine* e = check_handle(engine);
-    try {
-      e->impl->check();
-    } catch (const lwo::Error& err) {
-      fail(err.status(), "device %d: %s", e->impl->device(), err.what());
-    }
-  });
+  return guard("lwo_engine_check", [&] { on_device(check_handle(engine), &lwo::Engine::check); });
 }
 
 LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine) {
-  return guard("lwo_engine_synchronize", [&] {
-    lwo_engine* e = check_handle(engine);
-    try {
-      e->impl->synchronize();
-    } catch (const lwo::Error& err) {
-      fail(err.status(), "device %d: %s", e->impl->device(), err.what());
-    }
-  });
+  return guard("lwo_engine_synchronize",
+               [&] { on_device(check_handle(engine), &lwo::Engine::synchronize); });
 }
 
 }  // extern "C"

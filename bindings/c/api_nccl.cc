@@ -43,9 +43,7 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
                                              uint32_t n_layers, lwo_nccl_comm_t comm,
                                              const lwo_pool_config* config, lwo_pool** pool) {
   return guard("lwo_pool_create_sharded", [&] {
-    clear_output(pool, "pool (output)");
-    lwo_engine* e = check_handle(engine);
-    e->impl->check_not_capturing("a pool's creation");
+    lwo_engine* e = pool_engine(engine, pool);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);
   });

@@ -8,6 +8,13 @@ using lwo::fail;
 namespace lwo {
 namespace abi {
 
+lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool) {
+  clear_output(pool, "pool (output)");
+  lwo_engine* e = check_handle(engine);
+  e->impl->check_not_capturing("a pool's creation");
+  return e;
+}
+
 uint32_t pool_threads(const lwo_pool_config* config) {
   lwo_pool_config cfg = read_config(config, lwo_pool_config LWO_POOL_CONFIG_INIT);
   check_flags(cfg.flags, 0);
@@ -31,9 +38,7 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_
                                             uint32_t n_layers, const lwo_pool_config* config,
                                             lwo_pool** pool) {
   return guard("lwo_pool_create_pinned", [&] {
-    clear_output(pool, "pool (output)");
-    lwo_engine* e = check_handle(engine);
-    e->impl->check_not_capturing("a pool's creation");
+    lwo_engine* e = pool_engine(engine, pool);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
   });
@@ -44,9 +49,7 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
                                                 uint32_t n_regions, const lwo_pool_config* config,
                                                 lwo_pool** pool) {
   return guard("lwo_pool_create_registered", [&] {
-    clear_output(pool, "pool (output)");
-    lwo_engine* e = check_handle(engine);
-    e->impl->check_not_capturing("a pool's creation");
+    lwo_engine* e = pool_engine(engine, pool);
     pool_threads(config);  // checked; registering touches no memory
     add_pool(lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),
              pool);

@@ -39,6 +39,13 @@ def _dec(b):
     return None if b is None else b.decode(errors="replace")
 
 
+def _done(query, handle):
+    """A lwo_*_query of `handle` (gradients, optimizer): whether its work is done."""
+    done = ctypes.c_uint32()
+    check(query(handle, _byref(done)))
+    return bool(done.value)
+
+
 # --------------------------------------------------------------------------
 # dtypes
 # --------------------------------------------------------------------------
@@ -1471,9 +1478,7 @@ class Grads(_Handle):
         check(_lib.lwo_grads_zero(self._h()))
 
     def query(self):
-        done = ctypes.c_uint32()
-        check(_lib.lwo_grads_query(self._h(), _byref(done)))
-        return bool(done.value)
+        return _done(_lib.lwo_grads_query, self._h())
 
     def tensor(self, layer, name):
         """lwo_grads_tensor: the host gradient this rank holds, in its buffer's
@@ -1576,9 +1581,7 @@ class Optimizer(_Handle):
         check(_lib.lwo_optim_wait(self._h()))
 
     def query(self):
-        done = ctypes.c_uint32()
-        check(_lib.lwo_optim_query(self._h(), _byref(done)))
-        return bool(done.value)
+        return _done(_lib.lwo_optim_query, self._h())
 
     def read(self, layer, name, which, nbytes):
         """lwo_optim_read: one tensor's "master", "m" or "v" as bytes."""

@@ -45,6 +45,18 @@ def close(a, b, dtype, what=""):
     assert err <= TOL[dtype], "%s: relative error %g > %g" % (what, err, TOL[dtype])
 
 
+def forward_backward(m, ref, x, dtype, out_what, dx_what):
+    """x through m and through ref, then one output gradient back through both:
+    the outputs and the input gradients compared."""
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya, yb = m(xa), ref(xb)
+    close(ya, yb, dtype, out_what)
+    g = torch.randn_like(yb)
+    ya.backward(g)
+    yb.backward(g)
+    close(xa.grad, xb.grad, dtype, dx_what)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_frozen_base_quantized_adapter_trained(fmt, dtype):
@@ -78,14 +90,8 @@ def test_frozen_base_quantized_adapter_trained(fmt, dtype):
     assert len(params) == len(params_r) == 4
     opt, opt_r = torch.optim.SGD(params, lr=0.05), torch.optim.SGD(params_r, lr=0.05)
     for step in range(3):
-        x = torch.randn(6, 256, dtype=dtype)
-        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-        ya, yb = m(xa), ref(xb)
-        close(ya, yb, dtype, "step %d output" % step)
-        g = torch.randn_like(ya)
-        ya.backward(g)
-        yb.backward(g)
-        close(xa.grad, xb.grad, dtype, "step %d dx (through the quantized weights)" % step)
+        forward_backward(m, ref, torch.randn(6, 256, dtype=dtype), dtype, "step %d output" % step,
+                         "step %d dx (through the quantized weights)" % step)
         for (k, p), q in zip([(k, p) for k, p in m.named_parameters() if p.requires_grad],
                              params_r):
             assert p.grad is not None, k
@@ -196,14 +202,8 @@ def test_a_frozen_conv_base_streams_quantized(fmt):
     opt = torch.optim.SGD(m.head.parameters(), lr=0.05)
     opt_r = torch.optim.SGD(ref.head.parameters(), lr=0.05)
     for step in range(3):
-        x = torch.randn(2, 16, 6, 6)
-        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-        ya, yb = m(xa), ref(xb)
-        close(ya, yb, torch.float32, "output, step %d" % step)
-        g = torch.randn_like(yb)
-        ya.backward(g)
-        yb.backward(g)
-        close(xa.grad, xb.grad, torch.float32, "dx, step %d" % step)
+        forward_backward(m, ref, torch.randn(2, 16, 6, 6), torch.float32, "output, step %d" % step,
+                         "dx, step %d" % step)
         close(m.head.weight.grad, ref.head.weight.grad, torch.float32, "head grad")
         opt.step()
         opt_r.step()
@@ -239,14 +239,9 @@ def test_trainable_fp8_block_weights_with_a_torch_optimizer(dtype):
         with torch.no_grad():
             for p, q in zip(m.parameters(), ref.parameters()):
                 q.copy_(p)
-        x = torch.randn(8, 256, dtype=dtype)
-        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-        ya, yb = m(xa), fwd(xb)
-        close(ya, yb, dtype, "step %d output (from the updated weights' quantization)" % step)
-        g = torch.randn_like(ya)
-        ya.backward(g)
-        yb.backward(g)
-        close(xa.grad, xb.grad, dtype, "step %d dx" % step)
+        forward_backward(m, fwd, torch.randn(8, 256, dtype=dtype), dtype,
+                         "step %d output (from the updated weights' quantization)" % step,
+                         "step %d dx" % step)
         for (k, p), (_k, q) in zip(m.named_parameters(), ref.named_parameters()):
             assert p.grad is not None and p.grad.dtype == dtype, k
             close(p.grad, q.grad, dtype, "step %d grad of %s" % (step, k))

@@ -45,6 +45,8 @@ using testkit::Event;
 using testkit::Ring;
 using testkit::Schedule;
 using testkit::Stream;
+// A tensor's description, no host data, no extensions (testkit/check.h).
+using testkit::tensor_desc;
 
 // ---------------------------------------------------------------------------
 // Check macros
@@ -720,18 +722,6 @@ inline void round_trip(lwo_ring* ring, const TestPool& tp, uint32_t layer, cudaS
                               tr.name));
   }
   CHECK_LWO(lwo_ring_release(ring, t, stream));
-}
-
-// The description of a tensor `name` of `dtype` and `shape` (no host data,
-// no extensions).
-inline lwo_tensor_desc tensor_desc(const char* name, lwo_dtype_t dtype,
-                                   std::initializer_list<int64_t> shape) {
-  lwo_tensor_desc t{};
-  t.name = name;
-  t.dtype = dtype;
-  t.n_dims = static_cast<int32_t>(shape.size());
-  std::copy(shape.begin(), shape.end(), t.shape);
-  return t;
 }
 
 // A size-first struct the library writes through get(object, &out), the

@@ -69,11 +69,7 @@ TEST(Optim, AdamWMatchesAnF64ReferenceOver100Steps) {
       AdamW h;
       h.lr = 3e-3;
       h.weight_decay = 0.05;
-      Tensor t;
-      t.n = n;
-      t.master = b.master.data();
-      t.m = b.m.data();
-      t.v = b.v.data();
+      Tensor t{n, b.master.data(), b.m.data(), b.v.data()};  // the other fields as they default
       t.grad_dtype = gd;
       t.weights = b.weights.data();
       t.weight_dtype = wd;
@@ -126,11 +122,7 @@ TEST(Optim, ThreadsChangeNoBit) {
   Workers w1(1), w7(7);
   for (int k = 0; k < 2; ++k) {
     std::vector<float> p = p0, m(n, 0.f), v(n, 0.f);
-    Tensor t;
-    t.n = n;
-    t.master = p.data();
-    t.m = m.data();
-    t.v = v.data();
+    Tensor t{n, p.data(), m.data(), v.data()};
     t.grad = g.data();
     for (uint64_t s = 1; s <= 3; ++s) adamw_step(t, AdamW{}, s, k == 0 ? w1 : w7);
     results[k] = p;
@@ -154,10 +146,7 @@ TEST(Optim, SgdWithMomentumMatchesItsDefinition) {
   Workers w2(2);
   for (uint64_t step = 1; step <= 50; ++step) {
     for (uint64_t i = 0; i < n; ++i) g[i] = static_cast<float>(normal(rng));
-    Tensor t;
-    t.n = n;
-    t.master = p.data();
-    t.m = b.data();
+    Tensor t{n, p.data(), b.data()};
     t.grad = g.data();
     t.weights = w.data();
     t.weight_dtype = LWO_DTYPE_BF16;
@@ -176,10 +165,7 @@ TEST(Optim, SgdWithMomentumMatchesItsDefinition) {
 TEST(Optim, BadArgumentsAreRefused) {
   float x = 0;
   Workers w1(1);
-  Tensor t;
-  t.n = 1;
-  t.master = &x;
-  t.m = t.v = &x;
+  Tensor t{1, &x, &x, &x};
   t.grad = &x;
   for (auto call : {0, 1}) {
     try {
