@@ -534,6 +534,31 @@ def test_compiled_activation_checkpointing():
     assert be.calls["linear_backward"] == bee.calls["linear_backward"] == 2 * 12
 
 
+def test_a_frame_dynamo_gives_up_on_runs_lwo_untraced():
+    # past the recompile limit Dynamo runs the model's frame as it is, its
+    # frame evaluation still on: the streamed modules run eagerly (through
+    # torch.compiler.disable's wrapper), no frame of lwo traced
+    cb = torch._C._dynamo.eval_frame.get_eval_frame_callback
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    seen = []
+    fwd = be.linear_forward
+
+    def lin_fwd(*a):
+        seen.append(cb())
+        return fwd(*a)
+
+    be.linear_forward = h._lin_fwd = lin_fwd
+    with torch._dynamo.config.patch(recompile_limit=1):
+        cm = torch.compile(m, backend=BACKEND)
+        x = torch.randn(3, 12)
+        close(cm(x), ref(x))
+        with torch.no_grad():  # another grad mode: a second graph, past the limit
+            close(cm(x), ref(x))
+    assert len(seen) == 6 and all(c is None for c in seen), seen
+
+
 # --------------------------------------------------------------------------
 # The operators and their registry
 def test_registration_is_once_per_process_and_ids_are_never_reused():
