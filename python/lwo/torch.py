@@ -32,10 +32,11 @@ The contract (docs/PYTHON.md says more):
   load_state_dict) is noticed through the tensor's version counter and
   makes the ring copy the record again at its next stage. Writes that
   bypass it (``param.data``, raw pointers) need ``handle.mark_changed()``.
-- The streamed modules' forwards are excluded from torch.compile (Dynamo
-  skips them and runs them as torch.compiler.disable would; outside
-  compile they run without that wrapper): a compiled model breaks its
-  graph at each one.
+- Under torch.compile each streamed module is one call of a custom
+  operator in Dynamo's graph (lwo::linear, lwo::conv2d and their
+  backwards, lwo._torch_compile): no graph break; the operators run the
+  same per-call code as an eager call. Outside compile the forward is the
+  autograd Functions' path, as before.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's

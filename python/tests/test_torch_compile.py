@@ -504,7 +504,8 @@ def test_lwo_host_optimizer_under_compile():
     close(ya, yc, tol=1e-4)   # lwo's AdamW against PyTorch's (test_torch_optim's tolerance)
 
 
-def test_compiled_activation_checkpointing():
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_compiled_activation_checkpointing(reentrant):
     from torch.utils.checkpoint import checkpoint
 
     class Net(nn.Module):
@@ -515,7 +516,7 @@ def test_compiled_activation_checkpointing():
 
         def forward(self, x):
             for b in self.blocks:
-                x = x + checkpoint(b, x, use_reentrant=False)
+                x = x + checkpoint(b, x, use_reentrant=reentrant)
             return x
 
     cm, m, h, be, eager, bee, ref = three_ways(Net)
