@@ -100,7 +100,8 @@ def register():
         return
     try:
         _ops = _define()
-    except (AttributeError, ImportError, TypeError) as e:
+    except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
+        # (RuntimeError: the names taken already, by another copy of lwo.torch)
         _why_not = "%s: %s" % (type(e).__name__, e)
 
 

@@ -620,6 +620,37 @@ def test_errors_under_compile_name_the_module():
         cm(torch.randn(2, 12, dtype=torch.float64))
 
 
+def test_without_the_operators_the_graph_breaks_at_each_streamed_module(monkeypatch):
+    # a torch that cannot register them (register() leaves _ops None): the
+    # forward under compile is the disabled eager one, as before the operators
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(12, 16)
+            self.b = nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x * 2))) + 1
+
+    m = Net()
+    ref = copy.deepcopy(m)
+    h, be = offload(m)
+    monkeypatch.setattr(_torch_compile, "_ops", None)
+    x = torch.randn(3, 12)
+    n, why = graph_breaks(m, x)
+    assert n == 2 and all("torch.compiler.disable" in w for w in why), why
+    torch._dynamo.reset()
+    cm = torch.compile(m, backend=BACKEND)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya, yb = cm(xa), ref(xb)
+    close(ya, yb)
+    ya.sum().backward()
+    yb.sum().backward()
+    close(xa.grad, xb.grad)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        close(p.grad, q.grad)
+
+
 def test_the_eager_path_never_calls_the_operators(monkeypatch):
     # outside compile the streamed forward is the autograd Functions' path:
     # the operators' implementations are not reached
