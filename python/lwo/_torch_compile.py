@@ -16,8 +16,8 @@ at the end of the backward pass), so a compiled step does what an eager one
 does, call for call.
 
 - ``key`` names the streamed module: a CPU int64 scalar tensor holding an id
-  that this module's registry maps to the module's state while its handle is
-  open. It is a tensor, not an int, so that Dynamo takes it as a graph input
+  that the registry here (_live) maps to the module's state while its handle
+  is open. It is a tensor, not an int, so that Dynamo takes it as a graph input
   rather than a constant: a block compiled once (regional compilation) serves
   every block of its kind. An id is never reused; one whose handle was
   closed is an error that names the call and the id.
@@ -40,6 +40,7 @@ does, call for call.
 
 import itertools
 import weakref
+from typing import List, Optional
 
 import torch
 
@@ -119,7 +120,7 @@ def _define():
     tags = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
     T = torch.Tensor
 
-    def linear(x: T, weight: T, bias: T | None, key: T, grad: bool) -> T:
+    def linear(x: T, weight: T, bias: Optional[T], key: T, grad: bool) -> T:
         s = _state(key, "lwo::linear")
         if grad:
             s.handle._dw_ready(s)
@@ -128,7 +129,7 @@ def _define():
     def linear_fake(x, weight, bias, key, grad):
         return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
-    def linear_backward(dy: T, x: T | None, key: T, x_shape: list[int], need_dx: bool,
+    def linear_backward(dy: T, x: Optional[T], key: T, x_shape: List[int], need_dx: bool,
                         need_dw: bool) -> T:
         s = _state(key, "lwo::linear_backward")
         dx = s.handle._linear_backward(s, x, dy, need_dx, need_dw, s.dtype)
@@ -137,8 +138,8 @@ def _define():
     def backward_fake(dy, x, key, x_shape, need_dx, need_dw):
         return dy.new_empty(x_shape if need_dx else (0,))
 
-    def conv2d(x: T, weight: T, bias: T | None, key: T, stride: list[int], padding: list[int],
-               dilation: list[int], grad: bool) -> T:
+    def conv2d(x: T, weight: T, bias: Optional[T], key: T, stride: List[int], padding: List[int],
+               dilation: List[int], grad: bool) -> T:
         s = _state(key, "lwo::conv2d")
         if grad:
             s.handle._dw_ready(s)
@@ -151,7 +152,7 @@ def _define():
         ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
         return x.new_empty((n, weight.shape[0], oh, ow))
 
-    def conv2d_backward(dy: T, x: T | None, key: T, x_shape: list[int], need_dx: bool,
+    def conv2d_backward(dy: T, x: Optional[T], key: T, x_shape: List[int], need_dx: bool,
                         need_dw: bool) -> T:
         s = _state(key, "lwo::conv2d_backward")
         dx = s.handle._conv_backward(s, x, tuple(x_shape), dy, need_dx, need_dw, s.dtype)
@@ -195,8 +196,8 @@ def _define():
 
 # --------------------------------------------------------------------------
 # What Dynamo traces of a streamed module's forward (lwo.torch's forward
-# takes this path where torch.compiler.is_compiling(), which Dynamo folds to
-# True while it traces; eager calls never come here).
+# takes this path where torch.compiler.is_dynamo_compiling(), which Dynamo
+# folds to True while it traces; eager calls never come here).
 # --------------------------------------------------------------------------
 def _cast(s, x):
     """x in the layer's dtype under autocast (as the eager path does); an

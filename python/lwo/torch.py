@@ -96,11 +96,13 @@ except AttributeError:  # pragma: no cover
 
 try:
     _compiler_disable = torch.compiler.disable
-    _is_compiling = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True
-except AttributeError:  # pragma: no cover - torch < 2.3
+except AttributeError:  # pragma: no cover - torch < 2.1
     def _compiler_disable(fn=None, recursive=True):
         return fn
 
+try:  # False when called; Dynamo folds it to True while it traces
+    _is_compiling = torch.compiler.is_dynamo_compiling
+except AttributeError:  # pragma: no cover - older torch: no operators traced
     def _is_compiling():
         return False
 
@@ -659,8 +661,8 @@ def _module_forward(fn, apply, forward, traced):
         return disabled
 
     def streamed_forward(self, input):
-        # Dynamo, tracing it, folds is_compiling() to True: it records the
-        # module's custom operator. Under torch.compile's frame evaluation
+        # Dynamo, tracing it, folds is_dynamo_compiling() to True: it
+        # records the module's custom operator. Under torch.compile's frame evaluation
         # elsewhere (a frame Dynamo runs without tracing it), the disabled
         # wrapper, so that no frame below is traced. Outside compile,
         # module_forward written out (one Python call less).
