@@ -597,6 +597,30 @@ def test_registration_is_once_per_process_and_ids_are_never_reused():
     close(torch.compile(m3, backend=BACKEND)(x), m3(x))
 
 
+def test_opcheck():
+    # torch.library.opcheck: the schema (nothing mutated), the autograd
+    # registration, the fake implementation's shapes against the real one,
+    # and AOTAutograd's dispatch (forward and backward) against eager
+    opcheck = getattr(torch.library, "opcheck", None)
+    if opcheck is None:
+        pytest.skip("torch.library.opcheck is missing in torch %s" % torch.__version__)
+    lin = nn.Linear(6, 4)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    hl, _ = offload(lin)
+    hc, _ = offload(conv)
+    x = torch.randn(3, 6, requires_grad=True)
+    xc = torch.randn(2, 3, 7, 7, requires_grad=True)
+    for op, args in ((torch.ops.lwo.linear.default,
+                      (x, lin.weight, lin.bias, hl.states[0].key, True)),
+                     (torch.ops.lwo.linear.default,
+                      (x.detach(), lin.weight, lin.bias, hl.states[0].key, False)),
+                     (torch.ops.lwo.conv2d.default,
+                      (xc, conv.weight, conv.bias, hc.states[0].key, [2, 2], [1, 1], [1, 1],
+                       True))):
+        got = opcheck(op, args)
+        assert set(got.values()) == {"SUCCESS"}, got
+
+
 def test_a_freed_handles_ids_are_stale():
     m = mlp()
     h, _ = offload(m)
