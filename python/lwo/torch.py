@@ -32,10 +32,11 @@ The contract (docs/PYTHON.md says more):
   load_state_dict) is noticed through the tensor's version counter and
   makes the ring copy the record again at its next stage. Writes that
   bypass it (``param.data``, raw pointers) need ``handle.mark_changed()``.
-- The streamed modules' forwards are excluded from torch.compile (Dynamo
-  skips them and runs them as torch.compiler.disable would; outside
-  compile they run without that wrapper): a compiled model breaks its
-  graph at each one.
+- Under torch.compile each streamed module is one call of a custom
+  operator in Dynamo's graph (lwo::linear, lwo::conv2d and their
+  backwards, lwo._torch_compile): no graph break; the operators run the
+  same per-call code as an eager call. Outside compile the forward is the
+  autograd Functions' path, as before.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -61,6 +62,7 @@ import torch.nn as nn
 from . import _capi as C
 from . import _core
 from . import _tune
+from . import _torch_compile
 from . import _errors
 from ._errors import ArgumentError, StateError, check
 from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
@@ -98,11 +100,16 @@ except AttributeError:  # pragma: no cover - torch < 2.1
     def _compiler_disable(fn=None, recursive=True):
         return fn
 
+try:  # False when called; Dynamo folds it to True while it traces
+    _is_compiling = torch.compiler.is_dynamo_compiling
+except AttributeError:  # pragma: no cover - older torch: no operators traced
+    def _is_compiling():
+        return False
+
 try:  # a streamed forward without torch.compiler.disable's wrapper outside compile
     _eval_frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
-    from torch._dynamo.decorators import skip as _dynamo_skip
-except (AttributeError, ImportError):  # pragma: no cover - older torch: the wrapper always
-    _eval_frame_callback = _dynamo_skip = None
+except AttributeError:  # pragma: no cover - older torch: the wrapper always
+    _eval_frame_callback = None
 
 
 def _host_tensor(address, nbytes, dtype, shape, owner):
@@ -474,7 +481,7 @@ class _Module:
     __slots__ = ("handle", "name", "kind", "record", "module", "weight", "bias", "w_idx",
                  "b_idx", "w_off", "b_off", "dtype", "lwo_dtype", "has_bias", "desc",
                  "desc_acc", "in_f", "out_f", "w_bytes", "b_bytes", "out_sizes", "padding",
-                 "quant", "__weakref__")
+                 "quant", "uid", "key", "__weakref__")
 
     def needs_dw(self):
         b = self.bias
@@ -623,10 +630,12 @@ _linear_apply = super(torch.autograd.Function, _LinearFn).apply
 _conv_apply = super(torch.autograd.Function, _ConvFn).apply
 
 
-def _module_forward(fn, apply, forward):
+def _module_forward(fn, apply, forward, traced):
     """The forward a streamed module is given: through the autograd Function
     `fn` (`apply`: its apply without the Python layer, when functorch is not
-    active) where a gradient is needed, else straight through lwo."""
+    active) where a gradient is needed, else straight through lwo; while
+    Dynamo traces it, `traced` (lwo._torch_compile: the module's custom
+    operator, recorded in the graph)."""
 
     def module_forward(self, input):
         s = self._lwo_state
@@ -648,19 +657,36 @@ def _module_forward(fn, apply, forward):
         return forward(s.handle, s, input, False)
 
     disabled = _compiler_disable(module_forward)
-    if _dynamo_skip is None or _eval_frame_callback is None:
+    if _eval_frame_callback is None:
         return disabled
 
-    def module_forward_outside_compile(self, input):
-        # Without torch.compile's frame evaluation (its callback unset) the
-        # forward runs straight, without the disabled wrapper's host time;
-        # under it, through the wrapper, so that no frame below is traced.
-        if _eval_frame_callback() is None:
-            return module_forward(self, input)
-        return disabled(self, input)
+    def streamed_forward(self, input):
+        # Dynamo, tracing it, folds is_dynamo_compiling() to True: it
+        # records the module's custom operator. Under torch.compile's frame evaluation
+        # elsewhere (a frame Dynamo runs without tracing it), the disabled
+        # wrapper, so that no frame below is traced. Outside compile,
+        # module_forward written out (one Python call less).
+        if _is_compiling():
+            return traced(self, input, disabled)
+        if _eval_frame_callback() is not None:
+            return disabled(self, input)
+        s = self._lwo_state
+        w = self._parameters.get("weight")
+        if w is not s.weight:
+            _check_params(self, s)
+        if torch.is_grad_enabled():
+            if input.requires_grad:
+                if _functorch_active():
+                    return fn.apply(input, s)
+                return apply(input, s)
+            if s.needs_dw():
+                anchor = s.weight if s.weight.requires_grad else s.bias
+                if _functorch_active():
+                    return fn.apply(input, s, anchor)
+                return apply(input, s, anchor)
+        return forward(s.handle, s, input, False)
 
-    # Dynamo neither traces nor inlines it (it breaks the graph there).
-    return _dynamo_skip(module_forward_outside_compile)
+    return streamed_forward
 
 try:
     _functorch_active = torch._C._are_functorch_transforms_active
@@ -915,9 +941,12 @@ class Offload:
         self.ring = backend.ring(self.pool, self.depth, self._timing)
         self._make_grads()
 
-        # The modules become streamed ones.
+        # The modules become streamed ones (each with its id for the custom
+        # operators that torch.compile records).
+        _torch_compile.register()
         for s in states:
             m = s.module
+            _torch_compile.add(s)
             m._lwo_state = s
             m.__class__ = _streamed_class(type(m))
         if freed_cuda and torch.cuda.is_available():
@@ -1050,6 +1079,17 @@ class Offload:
         max_rec = max([r.bytes for r in self.records] + [0])
         max_tr = max([r.bytes for r in self.records if r.trainable] + [0])
         return 2 * max_rec + self.grads_depth * max_tr
+
+    def _dw_ready(self, s):
+        """Before a forward with a backward (the custom operator's, under
+        torch.compile; the autograd Functions do it inline): a module that
+        needs dW is one whose weights may train (else the error), in the
+        gradient set (made again if its record was not)."""
+        if s.needs_dw():
+            if s.quant and not self._quant_trains(s):
+                _refuse_quantized_grad(s)
+            if not s.record.trainable:
+                self._make_grads(extra=s.record)
 
     def _quant_trains(self, s):
         """Module s streams quantized and may train (quant_trainable=, a
@@ -2269,6 +2309,7 @@ class Offload:
                 m = s.module
                 m.__class__ = type(m)._lwo_base_class
                 del m._lwo_state
+                _torch_compile.remove(s)
                 for p in (s.weight, s.bias):
                     if p is None:
                         continue
@@ -2791,8 +2832,10 @@ def handle_of(model):
 
 
 # The streamed modules' forwards (after Offload, whose methods they call).
-_linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward)
-_conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward)
+_linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward,
+                                         _torch_compile.linear_forward)
+_conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward,
+                                       _torch_compile.conv_forward)
 
 
 # lwo.torch.optim: AdamW and SGD over lwo's host optimizer.
