@@ -238,6 +238,15 @@ class _Optim:
     def step_groups(self, n, groups, max_norm=0.0, extra_sumsq=0.0):
         self.obj.step_groups(n, groups, max_norm=max_norm, extra_sumsq=extra_sumsq)
 
+    def step_open(self, n, groups):
+        self.obj.step_open(n, groups)
+
+    def step_add(self, layer):
+        check(_lib.lwo_optim_step_add(self.obj.handle, layer))
+
+    def step_close(self):
+        self.obj.step_close()
+
     def set_group(self, layer, name, group):
         self.obj.set_group(layer, name, group)
 
@@ -451,7 +460,7 @@ class _Record:
 
     __slots__ = ("index", "name", "modules", "params", "names", "version", "trainable",
                  "bytes", "n_stages", "n_hits", "bytes_copied", "copy_ms", "stall_ms",
-                 "n_accesses", "quantized", "saved_bytes", "resident")
+                 "n_accesses", "quantized", "saved_bytes", "resident", "nodes", "unsafe")
 
     def __init__(self, index, name):
         self.index = index
@@ -463,6 +472,12 @@ class _Record:
         self.trainable = False
         self.quantized = False  # its modules' weights are quantized (a record apart)
         self.resident = False   # kept on the device by the ring (a plan's choice)
+        # This backward pass: the autograd nodes with a weight gradient made
+        # for it outside a backward pass and not yet run (see _end_span), and
+        # whether a no-grad access since the last pass makes that count
+        # unsure (a reentrant checkpoint recomputes it inside the pass).
+        self.nodes = 0
+        self.unsafe = False
         self.bytes = 0
         self.saved_bytes = 0    # what quantization saves against the dense record
         self.n_stages = self.n_hits = self.bytes_copied = self.n_accesses = 0
@@ -564,6 +579,8 @@ class _LinearFn(torch.autograd.Function):
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
+            if s.handle._count_nodes and _graph_task_id() == -1:
+                s.record.nodes += 1
         return y
 
     @staticmethod
@@ -589,6 +606,8 @@ class _ConvFn(torch.autograd.Function):
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
+            if s.handle._count_nodes and _graph_task_id() == -1:
+                s.record.nodes += 1
         return y
 
     @staticmethod
@@ -1021,6 +1040,9 @@ class Offload:
         self._carry = {}           # (record, tensor) -> a sum to add after the next fence
         self._pass_layers = set()  # records whose dW this backward pass sent
         self._optims = []          # lwo.torch.optim bindings over the gradient set
+        self._open_optims = ()     # those whose step is open in this backward pass
+        self._add_after = None     # a record to add to them after this node's dx
+        self._count_nodes = False  # count each record's nodes (an in_backward step opens)
         _LIVE_HANDLES.add(self)
 
     @classmethod
@@ -1269,6 +1291,8 @@ class Offload:
         planner = self.planner
         between = planner.kind is None
         planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if not grad:
+            rec.unsafe = True  # its node count is unsure in this step (see _end_span)
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         return rec
@@ -1811,6 +1835,14 @@ class Offload:
             self._pass_layers = set()
             if self.grads is not None:
                 self._start_sums()
+            opened = []
+            for b in list(self._optims):
+                b.backward_started()  # lwo.torch.optim's in_backward: the step opens here
+                if b.open:
+                    opened.append(b)
+            self._open_optims = tuple(opened)
+            if opened:
+                self._count_nodes = True
 
     def _start_sums(self):
         """At the start of a backward pass: a param.grad set to None since
@@ -1861,6 +1893,10 @@ class Offload:
             return  # an inner (reentrant) pass: the outer one ends the step
         if self._span is not None:
             self._end_span()
+        self._open_optims = ()
+        for rec in self.records:
+            rec.nodes = 0
+            rec.unsafe = False
         self._release_all()
         self.planner.end()
         ev = self._step_events
@@ -1916,7 +1952,11 @@ class Offload:
         self._span = sp
         return sp
 
-    def _end_span(self):
+    def _end_span(self, defer=False):
+        """Sends the span's gradient slot to the host (lwo_grads_end); where
+        the record has no node left in the pass, its update may start
+        (lwo.torch.optim's open step). defer: in the record's own backward,
+        whose dx still reads the record: added by _flush_add after it."""
         sp = self._span
         self._span = None
         rec = sp.rec
@@ -1926,6 +1966,24 @@ class Offload:
                     n = math.prod(self._tensor_shape(rec, i))
                     self.backend.zero_device(addr, n * _core.dtype_size(dt), sp.stream)
         self.grads.end(rec.index, sp.stream)
+        if self._open_optims and rec.nodes == 0 and not rec.unsafe and len(self._cb_tasks) == 1:
+            # Every node the forward made for the record has run its
+            # backward, so no gradient of it comes later in this pass: its
+            # update may start once this one lands. (A reentrant checkpoint's
+            # nested pass, or a record the forward also reached without grad,
+            # leaves it to the close.)
+            if defer:
+                self._add_after = rec.index
+            else:
+                for b in self._open_optims:
+                    b.layer_done(rec.index)
+
+    def _flush_add(self):
+        """The deferred add of _end_span, once the node's dx is enqueued (a
+        stage after the update starts would copy the new weights)."""
+        layer, self._add_after = self._add_after, None
+        for b in self._open_optims:
+            b.layer_done(layer)
 
     def _tensor_shape(self, rec, i):
         for s in rec.modules:
@@ -1960,10 +2018,11 @@ class Offload:
         sp.written.add(s.w_idx)
         if s.has_bias:
             sp.written.add(s.b_idx)
+        rec.nodes -= 1
         self._got_grad.add(s)
         self._pass_layers.add(rec.index)
         if not self.planner.next_is(rec.index):
-            self._end_span()
+            self._end_span(defer=True)
 
     # ----------------------------------------------------------------
     # Linear
@@ -2012,6 +2071,8 @@ class Offload:
         planner = self.planner
         between = planner.kind is None
         planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if not grad:
+            rec.unsafe = True  # its node count is unsure in this step (see _end_span)
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         stream = self._cur_stream(self._dev_index)
@@ -2073,6 +2134,8 @@ class Offload:
         finally:
             if cal is not None:
                 self._cal_end()
+            if self._add_after is not None:
+                self._flush_add()
 
     # ----------------------------------------------------------------
     # Conv2d
@@ -2159,6 +2222,8 @@ class Offload:
         finally:
             if cal is not None:
                 self._cal_end()
+            if self._add_after is not None:
+                self._flush_add()
 
     # ----------------------------------------------------------------
     # Public
