@@ -1377,8 +1377,6 @@ class Offload:
             if idx in pre:
                 continue
             r = self.records[idx]
-            if r.resident:
-                continue  # on the device already: its stage is a hit when it comes
             if next_step and r.trainable and planner.kind != _FORWARD:
                 # A training step's optimizer writes trainable records before
                 # the next step: copying them now would be wasted (a write
@@ -1393,6 +1391,11 @@ class Offload:
             except StateError:
                 break
             pre[idx] = (t, v)
+            if r.resident:
+                # Its own slot: a hit, or (written since: lwo.torch.optim's
+                # update of a trainable record) its copy, queued ahead of its
+                # compute like a streamed record's. It takes no room.
+                continue
             room -= 1
             if room <= 0:
                 break

@@ -298,6 +298,56 @@ def test_in_backward_opens_the_step_and_adds_each_record_once_its_nodes_have_run
     h.close()
 
 
+
+class _ResidentLast(host_lwo.PlanningBackend):
+    """The planner stand-in with one record per module, the last resident."""
+
+    def plan(self, pool, fwd_ms, bwd_ms, trainable, train, budget_bytes, depths=None,
+             group=True, grad_depth=2):
+        p = super().plan(pool, fwd_ms, bwd_ms, trainable, train, budget_bytes, depths, False,
+                         grad_depth)
+        n = len(fwd_ms)
+        p["groups"] = [(i, 1, i == n - 1) for i in range(n)]
+        return p
+
+
+def test_a_resident_record_updated_on_the_host_is_copied_ahead_of_its_compute():
+    """A trainable record the plan keeps resident is written by every host
+    update: the next forward stages it (its copy into its own slot) ahead of
+    its access, with the streamed records' prefetch, not at the access; the
+    weights equal PyTorch's AdamW on the resident model."""
+    torch.manual_seed(5)
+    layers = []
+    for _ in range(6):
+        layers += [nn.Linear(12, 12), nn.GELU()]
+    m = nn.Sequential(*layers, nn.Linear(12, 8))
+    ref = copy.deepcopy(m)
+    be = _ResidentLast(group_size=1)
+    h = lt.offload(m, _backend=be)
+    opt = lopt.AdamW(m.parameters(), lr=1e-2, in_backward=True)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(6)
+    for step in range(7):
+        x = torch.randn(4, 12, generator=gen)
+        g = torch.randn(4, 8, generator=gen)
+        ring = be.rings[-1]
+        start = len(ring.log)
+        for mm, oo in ((m, opt), (ref, opt_r)):
+            mm(x).backward(g)
+            oo.step()
+            oo.zero_grad()
+        if step >= 5:  # the plan applied (step 3) and a step of it done
+            assert h.resident == (6,) and ring is be.rings[-1]
+            log = ring.log[start:]
+            fwd = log[:next(i for i, e in enumerate(log) if e == ("acquire", 6)) + 1]
+            staged = [i for i, e in enumerate(fwd) if e[:2] == ("stage", 6)]
+            assert staged and not fwd[staged[0]][2], fwd  # a copy (the update wrote it)
+            assert staged[0] < fwd.index(("acquire", 5)), fwd  # ahead of its access
+        opt.synchronize()
+        same_params(m, ref)
+    h.close()
+
+
 def test_accumulation_over_two_backward_passes():
     m, ref, h, be = pair(seed=11)
     opt = lopt.AdamW(m.parameters(), lr=1e-2)
