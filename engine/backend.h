@@ -80,6 +80,18 @@ class Backend {
   virtual void* capture_end(StreamH stream);
   virtual void graph_launch(void* graph, StreamH stream);
   virtual void graph_destroy(void* graph) noexcept {}
+  // Whether `stream` is capturing now (cudaStreamGetCaptureInfo), whoever
+  // began it: None, Active, or Invalidated (a call the capture could not
+  // hold failed it; its origin must still end it). The default throws
+  // LWO_ERR_UNSUPPORTED as capture_begin does.
+  enum class CaptureStatus { None, Active, Invalidated };
+  virtual CaptureStatus capture_status(StreamH stream);
+  // The calling thread's capture mode made relaxed until restore_capture_mode
+  // with the value returned (cudaThreadExchangeStreamCaptureMode): a host
+  // wait on events outside any capture is then allowed while a capture the
+  // caller began in global or thread-local mode runs. Defaults: nothing.
+  virtual int relax_capture_mode() { return 0; }
+  virtual void restore_capture_mode(int) noexcept {}
   // Collectives over a communicator.
   virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.

@@ -216,6 +216,23 @@ class CudaBackend final : public Backend {
     LWO_CUDA(e, "cudaGraphInstantiate of the graph captured on stream %p", s);
     return exec;
   }
+  CaptureStatus capture_status(StreamH s) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    LWO_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &st),
+             "cudaStreamIsCapturing on stream %p", s);
+    return st == cudaStreamCaptureStatusActive  ? CaptureStatus::Active
+           : st == cudaStreamCaptureStatusNone ? CaptureStatus::None
+                                               : CaptureStatus::Invalidated;
+  }
+  int relax_capture_mode() override {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    LWO_CUDA(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    return static_cast<int>(mode);
+  }
+  void restore_capture_mode(int previous) noexcept override {
+    cudaStreamCaptureMode mode = static_cast<cudaStreamCaptureMode>(previous);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  }
   void graph_launch(void* g, StreamH s) override {
     LWO_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(s)),
              "cudaGraphLaunch on stream %p", s);

@@ -226,6 +226,7 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
     }
     // In the order the layers were ended: the order they land.
     std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : jobs) pool_.check_not_held(j.layer, "updating the layer");
     for (const Job& j : jobs) {
       layers_[j.layer].pending = true;
       layers_[j.layer].reading = true;
@@ -581,6 +582,7 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
   std::lock_guard<std::mutex> lock(mu_);
   Tensor& t = tensor_of(layer, name);
   void* dst = state_of(t, layer, name, which, bytes, src, "src", "lwo_optim_write");
+  if (which == LWO_OPTIM_MASTER) pool_.check_not_held(layer, "writing the layer's master");
   if (which == LWO_OPTIM_MASTER && t.quant != LWO_QUANT_NONE) {
     // Quantized first: a NaN or infinite master (which quantization refuses)
     // leaves the masters and the pool as they were.
