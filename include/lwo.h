@@ -877,11 +877,14 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * does not depend on what the slots held before it), begins a capture on
  * `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
  * stream; LWO_ERR_CAPTURING if `stream` already captures: see
- * lwo_ring_capture_join) and joins the engine's transfer stream to it. Then the
- * caller stages,
- * acquires, computes on `stream` and releases as in an eager pass, or drives a
- * schedule of the ring made before the capture (since 0.6.0; it must hold no
- * ticket at lwo_ring_capture_begin: at its start, reset, or at its LWO_END).
+ * lwo_ring_capture_join) and joins the engine's transfer stream to it. Then
+ * the caller stages, acquires, computes on `stream` and releases as in an
+ * eager pass (run the pass once eagerly on `stream` first: a layer compute
+ * call's first use of a shape times its algorithms with a host wait, and of a
+ * stream allocates its workspace, neither of which a capture holds), or drives
+ * a schedule of the ring made before the capture (since 0.6.0; it must hold
+ * no ticket at lwo_ring_capture_begin: at its start, reset, or at its
+ * LWO_END).
  * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
  * of other pools, new rings, pools, schedules and gradient sets,
  * lwo_ring_query, lwo_grads_wait and lwo_engine_synchronize of the engine are
