@@ -611,8 +611,9 @@ void Grads::check_capture(const char* what) {
          "it with lwo_graph_launch", what, owner);
   if (engine_.capture_pool() != &pool_)
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph of another "
-         "pool, and the gradient stream would join its capture; end it first "
-         "(lwo_ring_capture_end)", what, owner);
+         "pool, and the gradient stream would join its capture; %s", what, owner,
+         engine_.capture_joined() ? "leave it first (lwo_ring_capture_leave)"
+                                  : "end it first (lwo_ring_capture_end)");
   if (capture_ == Capture::None) join_capture(what);
 }
 

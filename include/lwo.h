@@ -989,11 +989,12 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * calls lwo_ring_capture_release once it will launch the graph no more
  * (typically as it destroys it), on a stream that every launch was enqueued
  * on or ordered before (the legacy default stream, NULL, if the launches ran
- * on blocking streams); it enqueues an event there, waits for nothing, and
- * orders the ring's later copies after it, so the last replays may still be
- * running. LWO_ERR_CAPTURING if `stream` captures or the ring is held by no
- * graph of the caller's. A graph instantiated from the caller's capture must
- * not be launched after the release.
+ * on blocking streams); it enqueues an event there and orders the ring's
+ * later copies after it, waiting for nothing (the last replays may still
+ * run); call it also when the caller's capture failed after the leave. A graph
+ * instantiated from that capture must not be launched after the release.
+ * LWO_ERR_CAPTURING if `stream` captures, or if the ring is held by no graph
+ * of the caller's (not left yet, or held by an lwo_graph).
  *
  * Threads: as lwo_ring_capture_begin's capture: the calls from one thread at
  * a time, in the pass's order. */
