@@ -224,6 +224,60 @@ TEST_F(CaptureJoin, ResidentLayersAreHeldUntilTheRelease) {
   destroy(ring, pool);
 }
 
+// The host optimizer may not update a held resident layer: after an eager
+// step whose gradients reach layers 0 and 1 (1 resident), a joined capture's
+// graph holds the ring; lwo_optim_step is LWO_ERR_BUSY naming layer 1 and
+// starts nothing, and so is writing layer 1's masters; after the release the
+// step runs and the next stage uploads the updated layer.
+TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = resident_ring(pool, 1, {1});
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  StreamH s = gpu->new_stream();
+  ASSERT_LWO(lwo_grads_zero(grads));
+  for (uint32_t l : {1u, 0u}) {
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(grads, l, stream(s), &g));
+    std::memset(g.base, 0, g.record_bytes);
+    gpu->write(s, g.base, g.record_bytes);
+    ASSERT_LWO(lwo_grads_end(grads, l, stream(s)));
+  }
+  ASSERT_LWO(lwo_grads_wait(grads));
+  gpu->caller_capture_begin(s);
+  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+  pass(ring, s, {0, 1, 2});
+  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
+  void* g = caller_end(s);
+  ASSERT_NE(g, nullptr);
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.step = 1;
+  EXPECT_EQ(lwo_optim_step(optim, &p), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "layer 1 is resident")) << msg();
+  lwo_optim_info info{};
+  info.size = sizeof info;
+  ASSERT_LWO(lwo_optim_get_info(optim, &info));
+  EXPECT_EQ(info.last_step, 0u);  // nothing started
+  std::vector<float> master(74);
+  EXPECT_EQ(lwo_optim_write(optim, 1, "bias", LWO_OPTIM_MASTER, master.data(), 74 * 4),
+            LWO_ERR_BUSY);
+  gpu->graph_launch(g, s);
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  ASSERT_LWO(lwo_optim_step(optim, &p));
+  ASSERT_LWO(lwo_optim_wait(optim));
+  pass(ring, s, {1, 0}, pool);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  destroy(grads, ring, pool);
+}
+
 // Misuse, each with its status and nothing changed: a join on a stream that
 // is not capturing, on NULL, of a timed ring, of a second ring; a
 // lwo_ring_capture_begin on a stream the caller captures; a leave or release
