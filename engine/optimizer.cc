@@ -503,9 +503,17 @@ void Optimizer::wait_all() {
 void Optimizer::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !running_; });
-  if (cfg_.delayed)  // the pool catches up with the masters
+  // The pool catches up with the masters, but for a layer a caller's CUDA
+  // graph holds resident (Pool::hold), which keeps its update until a later
+  // wait.
+  int64_t held = -1;
+  if (cfg_.delayed)
     for (uint32_t li = 0; li < layers_.size(); ++li)
       if (layers_[li].dirty) {
+        if (pool_.held(li)) {
+          if (held < 0) held = li;
+          continue;
+        }
         publish_next(layers_[li]);
         pool_.changed(li);
       }
@@ -515,6 +523,11 @@ void Optimizer::wait() {
     fail(LWO_ERR_INTERNAL, "the update of step %llu failed: %s",
          static_cast<unsigned long long>(last_step_), e.c_str());
   }
+  if (held >= 0)
+    fail(LWO_ERR_BUSY, "step %llu is done, but layer %lld's update stays in the masters: the "
+         "layer is resident in a ring whose pass a CUDA graph the caller captured holds "
+         "(lwo_ring_capture_join); lwo_optim_wait again after lwo_ring_capture_release",
+         static_cast<unsigned long long>(last_step_), static_cast<long long>(held));
 }
 
 bool Optimizer::done() {

@@ -98,8 +98,10 @@ class Pool {
   // reach them. hold() counts per layer; check_not_held throws LWO_ERR_BUSY,
   // naming `what` and the layer, while one is held. Writers of the host bytes
   // (lwo_pool_write, _write_quantized, _layer_changed, lwo_optim_step and
-  // lwo_optim_write of a master) check first.
+  // lwo_optim_write of a master) check first; a delayed optimizer's
+  // lwo_optim_wait keeps a held layer's update in its masters.
   void hold(uint32_t layer, int delta) { held_[layer].fetch_add(delta); }
+  bool held(uint32_t layer) const { return layer < layers_.size() && held_[layer].load() > 0; }
   void check_not_held(uint32_t layer, const char* what) const;
 
   // Throws LWO_ERR_BUSY while rings or gradient sets of the pool exist.

@@ -605,24 +605,6 @@ void Ring::reset_stats() {
 
 // ---- CUDA graph capture ----
 
-namespace {
-
-// The calling thread's capture mode relaxed for the scope: a capture the
-// caller began in global or thread-local mode refuses host waits otherwise.
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(Backend& gpu) : gpu_(gpu), previous_(gpu.relax_capture_mode()) {}
-  ~RelaxedCapture() { gpu_.restore_capture_mode(previous_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  Backend& gpu_;
-  int previous_;
-};
-
-}  // namespace
-
 void Ring::check_not_bound(const char* what) const {
   if (bound_ && joined_)
     fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph the caller captured "
@@ -733,9 +715,8 @@ void Ring::prepare_capture(StreamH stream, const char* what, bool join) {
   if (!join && status != Backend::CaptureStatus::None)
     fail(LWO_ERR_CAPTURING, "stream %p is already capturing (a capture the caller began): join "
          "it with lwo_ring_capture_join", stream);
-  // Host waits below are outside the caller's capture.
-  std::unique_ptr<RelaxedCapture> relaxed;
-  if (join) relaxed = std::make_unique<RelaxedCapture>(gpu);
+  // The host waits below are of nothing in the caller's capture (the backend
+  // makes them with the thread's capture mode relaxed).
   // Resident layers changed since their upload (or whose upload failed) go
   // up now, outside the capture: a captured stage of one is a hit.
   if (!checking_)

@@ -956,9 +956,12 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * lwo_ring_capture_join, while `stream` captures (cudaStreamBeginCapture by
  * the caller, any mode; else LWO_ERR_CAPTURING), does what
  * lwo_ring_capture_begin does but begin a capture: the same refusals, the
- * upload of changed resident layers, the wait until nothing of the ring runs
- * (with the thread's capture mode relaxed for it), the slots taken as empty,
- * the transfer stream joined to the caller's capture. The caller then stages,
+ * upload of changed resident layers, the wait until nothing of the ring runs,
+ * the slots taken as empty, the transfer stream joined to the caller's
+ * capture. (lwo's host waits and queries are never of captured work, and
+ * are made with the calling thread's capture mode relaxed: a capture in
+ * global mode, torch's default, refuses neither the join's waits nor those
+ * of lwo's own threads, such as an optimizer's wait for a landing.) The caller then stages,
  * acquires, computes and releases on `stream`, by hand or with a schedule of
  * the ring, as in lwo_ring_capture_begin's capture, with its refusals.
  * lwo_ring_capture_leave, on the same stream and with every ticket released
@@ -1605,7 +1608,10 @@ LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_ste
 /* The fence: blocks until the step's every update is written into the
  * pool (with LWO_OPTIM_DELAYED: writes the masters' rounding into the pool
  * now, and marks the layers changed); reports an error the step met on the host (LWO_ERR_INTERNAL, or the
- * gradient set's own status) once. */
+ * gradient set's own status) once. With LWO_OPTIM_DELAYED, a layer held as
+ * for lwo_pool_write keeps its update in the masters and the call is
+ * LWO_ERR_BUSY after the rest are written (since 0.6.0): wait again once the
+ * layer is no longer held. */
 LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim);
 
 /* Non-blocking: *done = 1 if no step is running, else 0. */

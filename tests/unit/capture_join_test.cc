@@ -278,6 +278,78 @@ TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
   destroy(grads, ring, pool);
 }
 
+// A delayed optimizer's lwo_optim_wait keeps a held resident layer's update
+// in its masters: layers 0 and 1 (1 resident) zero, a gradient of ones each,
+// SGD at lr 1 with LWO_OPTIM_DELAYED; the step starts before the join, and
+// the wait during the caller's graph writes layer 0's -1s into the pool, not
+// layer 1's, and is LWO_ERR_BUSY naming layer 1; after the release a wait
+// writes layer 1's, and the next stage uploads them.
+TEST_F(CaptureJoin, ADelayedOptimizersWaitKeepsAHeldLayersUpdate) {
+  lwo_pool* pool = make_pool(3);
+  for (uint32_t l : {0u, 1u}) {
+    lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+    for (uint32_t t = 0; t < (l % 2 ? 2u : 1u); ++t) {
+      ASSERT_LWO(lwo_pool_tensor_info(pool, l, t, &ti));
+      const std::vector<uint8_t> zero(ti.bytes, 0);
+      ASSERT_LWO(lwo_pool_write(pool, l, ti.name, zero.data(), zero.size()));
+    }
+  }
+  lwo_ring* ring = resident_ring(pool, 1, {1});
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  oc.flags = LWO_OPTIM_DELAYED;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  StreamH s = gpu->new_stream();
+  ASSERT_LWO(lwo_grads_zero(grads));
+  for (uint32_t l : {1u, 0u}) {
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(grads, l, stream(s), &g));
+    std::vector<float> ones(g.record_bytes / 4, 1.0f);
+    std::memcpy(g.base, ones.data(), ones.size() * 4);
+    gpu->write(s, g.base, g.record_bytes);
+    ASSERT_LWO(lwo_grads_end(grads, l, stream(s)));
+  }
+  ASSERT_LWO(lwo_grads_wait(grads));
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.step = 1;
+  p.lr = 1;
+  p.weight_decay = 0;
+  ASSERT_LWO(lwo_optim_step(optim, &p));
+  // The first bf16 of each layer's weight: 0, or -1 (0xbf80) once updated.
+  auto first = [&](uint32_t l) {
+    void* data = nullptr;
+    uint64_t bytes = 0;
+    EXPECT_EQ(lwo_pool_tensor_host(pool, l, "weight", &data, &bytes), LWO_OK) << msg();
+    uint16_t v = 0;
+    std::memcpy(&v, data, 2);
+    return v;
+  };
+  gpu->caller_capture_begin(s);
+  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+  pass(ring, s, {0, 1, 2});
+  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
+  void* g = caller_end(s);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(lwo_optim_wait(optim), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "layer 1's update stays in the masters")) << msg();
+  EXPECT_EQ(first(0), 0xbf80u);
+  EXPECT_EQ(first(1), 0u);
+  gpu->graph_launch(g, s);
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  ASSERT_LWO(lwo_optim_wait(optim));
+  EXPECT_EQ(first(1), 0xbf80u);
+  pass(ring, s, {1, 0}, pool);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  destroy(grads, ring, pool);
+}
+
 // Misuse, each with its status and nothing changed: a join on a stream that
 // is not capturing, on NULL, of a timed ring, of a second ring; a
 // lwo_ring_capture_begin on a stream the caller captures; a leave or release

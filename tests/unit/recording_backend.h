@@ -28,10 +28,12 @@
 // on a captured stream) is checked again at the launch as an access of the
 // launch's stream, so replays are ordered against the work around them by the
 // same rules. capture_end fails, as cudaStreamEndCapture does, if a stream
-// that joined the capture was not joined back into its origin. A capture a
-// test begins itself (caller_capture_begin) stands for one a framework began
-// in global mode: while it runs, a host wait (stream_sync, event_sync) is a
-// violation unless the thread's capture mode is relaxed (relax_capture_mode).
+// that joined the capture was not joined back into its origin. A host wait
+// or query of captured work (stream_sync of a captured stream, event_sync or
+// event_done of an event last recorded in the capture under way) is a
+// violation: CUDA refuses it in every capture mode (the CUDA backend makes
+// the others with the thread's capture mode relaxed). A test may begin and
+// end a capture itself (caller_capture_begin / _end), as a framework would.
 #pragma once
 
 #include <algorithm>
@@ -193,8 +195,10 @@ class RecordingBackend final : public Backend {
   // The host waits for the stream: work enqueued after this, on any stream,
   // is ordered after the stream's work so far.
   void stream_sync(StreamH stream) override {
-    check_host_wait("stream_sync");
-    merge(host_clock_, streams_[stream_index(stream)].clock);
+    const size_t s = stream_index(stream);
+    if (capturing(s))
+      violations.push_back(strf("stream_sync of stream s%zu, which is part of a capture", s));
+    merge(host_clock_, streams_[s].clock);
   }
   void stream_check(StreamH) override {}
 
@@ -229,9 +233,19 @@ class RecordingBackend final : public Backend {
                                 s, event_index(e)));
     merge(streams_[s].clock, ev.clock);
   }
-  bool event_done(EventH) override { return true; }
+  bool event_done(EventH e) override {
+    check_not_captured(e, "event_done");
+    return true;
+  }
+  // A host wait or query of an event last recorded in the capture under way.
+  void check_not_captured(EventH e, const char* what) {
+    const Event& ev = event(e);
+    if (ev.recorded && ev.in_capture && !capturing_.empty())
+      violations.push_back(strf("%s of event e%zu, last recorded in the capture under way", what,
+                                event_index(e)));
+  }
   void event_sync(EventH e) override {
-    check_host_wait("event_sync");
+    check_not_captured(e, "event_sync");
     if (on_event_sync) on_event_sync();
     resume();  // a host wait lets a paused launch finish (every event is after it)
     const Event& ev = event(e);
@@ -352,7 +366,6 @@ class RecordingBackend final : public Backend {
     std::vector<size_t> joined;
     joined.swap(capturing_);
     end_capture_accesses();
-    global_capture_ = false;
     const bool invalid = invalidated_;
     invalidated_ = false;
     if (invalid) {
@@ -377,18 +390,9 @@ class RecordingBackend final : public Backend {
     if (!capturing(stream_index(stream))) return CaptureStatus::None;
     return invalidated_ ? CaptureStatus::Invalidated : CaptureStatus::Active;
   }
-  int relax_capture_mode() override {
-    const int previous = relaxed_ ? 1 : 0;
-    relaxed_ = true;
-    return previous;
-  }
-  void restore_capture_mode(int previous) noexcept override { relaxed_ = previous != 0; }
-  // A capture the test begins as a framework would (global mode), and ends
-  // (returning the graph, as capture_end does).
-  void caller_capture_begin(StreamH stream) {
-    capture_begin(stream);
-    global_capture_ = true;
-  }
+  // A capture the test begins as a framework would, and ends (returning the
+  // graph, as capture_end does).
+  void caller_capture_begin(StreamH stream) { capture_begin(stream); }
   void* caller_capture_end(StreamH stream) { return capture_end(stream); }
   // A call the capture cannot hold failed it: it stays under way, invalidated,
   // until its origin ends it (which then fails).
@@ -485,16 +489,7 @@ class RecordingBackend final : public Backend {
   };
   std::vector<Acc> captured_acc_;
   std::vector<std::vector<Acc>> graph_acc_;
-  bool global_capture_ = false;  // the capture under way is the test's, in global mode
-  bool relaxed_ = false;         // relax_capture_mode is in effect
   bool invalidated_ = false;
-  // A host wait while a global-mode capture runs, not relaxed: CUDA refuses
-  // it (cudaErrorStreamCaptureUnsupported).
-  void check_host_wait(const char* what) {
-    if (global_capture_ && !relaxed_)
-      violations.push_back(strf("%s while a global-mode capture runs, with the thread's capture "
-                                "mode not relaxed", what));
-  }
   std::vector<GraphOp> paused_;  // the rest of a paused launch
   struct Access {
     size_t begin, end;  // offsets within the allocation
