@@ -958,33 +958,36 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * lwo_ring_capture_begin does but begin a capture: the same refusals, the
  * upload of changed resident layers, the wait until nothing of the ring runs,
  * the slots taken as empty, the transfer stream joined to the caller's
- * capture. (lwo's host waits and queries are never of captured work, and
- * are made with the calling thread's capture mode relaxed: a capture in
- * global mode, torch's default, refuses neither the join's waits nor those
- * of lwo's own threads, such as an optimizer's wait for a landing.) The caller then stages,
- * acquires, computes and releases on `stream`, by hand or with a schedule of
- * the ring, as in lwo_ring_capture_begin's capture, with its refusals.
- * lwo_ring_capture_leave, on the same stream and with every ticket released
- * (else LWO_ERR_TICKET_STATE with nothing changed: release them in the
- * capture and leave again), joins the transfer stream back into `stream`; it
- * ends nothing and instantiates nothing. The caller ends its capture after
+ * capture. (lwo's host waits and queries are never of captured work, and are
+ * made with the calling thread's capture mode relaxed: a capture in global
+ * mode, torch's default, refuses neither the join's waits nor those of lwo's
+ * own threads, such as an optimizer's wait for a landing.) The caller then
+ * stages, acquires, computes and releases on `stream`, by hand or with a
+ * schedule of the ring, as in lwo_ring_capture_begin's capture, with its
+ * refusals. lwo_ring_capture_leave, on the same stream and with every ticket
+ * released (else LWO_ERR_TICKET_STATE with nothing changed: release them in
+ * the capture and leave again), joins the transfer stream back into `stream`;
+ * it ends nothing and instantiates nothing. The caller ends its capture after
  * it (before it, cudaStreamEndCapture fails: the transfer stream is unjoined).
  * If the caller's capture ended or was invalidated before the leave, the leave
  * is LWO_ERR_CAPTURING and drops the ring's part: its tickets end and the ring
  * stages eagerly again (once the caller ends an invalidated capture).
  *
- * What a replay does: each is the caller's cudaGraphLaunch, so nothing of
- * lwo runs on the host at a launch. The copies into streamed slots read the
- * pool's host bytes as they are when they run, as lwo_graph_launch's do; the
- * caller writes the pool only while no replay runs (call lwo_optim_wait before
- * a replay if an optimizer writes the pool) and orders its replays one after
- * another (they share the slots: launch them on one stream). Resident layers
- * are read as they were at the join, so while the ring is joined or held, a
- * change of one (lwo_pool_write, _write_quantized, _layer_changed,
- * lwo_optim_step, lwo_optim_write of a master) is LWO_ERR_BUSY with nothing
- * changed. Not supported in a joined capture (LWO_ERR_UNSUPPORTED): gradient
- * sets (their ends need host bookkeeping at each launch: capture a training
- * step with lwo_ring_capture_begin), and what lwo_ring_capture_begin refuses.
+ * What a replay does: each is the caller's cudaGraphLaunch, so nothing of lwo
+ * runs on the host at a launch. Fixed at the capture: the layers of the pass,
+ * their order and their slots (every view's pointers), and the resident
+ * layers' bytes; the caller's buffers are its own to keep in place. The copies
+ * into streamed slots read the pool's host bytes as they are when they run, as
+ * lwo_graph_launch's do; the caller writes the pool only while no replay runs
+ * (call lwo_optim_wait before a replay if an optimizer writes the pool) and
+ * orders its replays one after another (they share the slots: launch them on
+ * one stream). Resident layers are read as they were at the join, so while the
+ * ring is joined or held, a change of one (lwo_pool_write, _write_quantized,
+ * _layer_changed, lwo_optim_step, lwo_optim_write of a master) is LWO_ERR_BUSY
+ * with nothing changed. Not supported in a joined capture
+ * (LWO_ERR_UNSUPPORTED): gradient sets (their ends need host bookkeeping at
+ * each launch: capture a training step with lwo_ring_capture_begin), and what
+ * lwo_ring_capture_begin refuses.
  *
  * Lifetime: from lwo_ring_capture_leave until lwo_ring_capture_release the
  * caller's graph holds the ring: its stages, acquires, releases, schedules'
