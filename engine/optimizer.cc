@@ -167,12 +167,15 @@ Optimizer::~Optimizer() {
 }
 
 void Optimizer::check_idle(const char* what) {
+  if (open_)
+    fail(LWO_ERR_BUSY, "%s: step %llu is open (lwo_optim_step_close first)", what,
+         static_cast<unsigned long long>(last_step_));
   if (running_)
     fail(LWO_ERR_BUSY, "%s: step %llu is still running (lwo_optim_wait first)", what,
          static_cast<unsigned long long>(last_step_));
 }
 
-void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
+void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups, bool open) {
   if (n_groups == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_groups is 0 (at least one set)");
   const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
   for (uint32_t gi = 0; gi < n_groups; ++gi) {
@@ -203,6 +206,12 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
            p.max_norm);
   }
   const lwo_optim_step_params& p = groups[0];
+  if (open && p.max_norm > 0)
+    fail(LWO_ERR_UNSUPPORTED, "max_norm %g: an open step updates each layer as it is added, "
+         "before the global norm is known (clip with lwo_optim_step_groups)", p.max_norm);
+  if (open && cfg_.delayed)
+    fail(LWO_ERR_UNSUPPORTED, "the optimizer is LWO_OPTIM_DELAYED: its updates run after "
+         "every layer has landed, which an open step does not know before its close");
   std::vector<Job> jobs;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -233,11 +242,70 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups) {
       layers_[j.layer].used_serial = j.serial;
       pool_.changed(j.layer);  // before any byte is written: no ring reuses the old copy
     }
+    if (open)
+      for (const Job& j : jobs) layers_[j.layer].taken = true;
     jobs_ = std::move(jobs);
     params_.assign(groups, groups + n_groups);
     last_step_ = p.step;
     running_ = true;
     have_job_ = true;
+    open_ = open;
+  }
+  cv_.notify_all();
+}
+
+Optimizer::Job Optimizer::take(uint32_t layer, const char* call) {
+  if (layer >= layers_.size())
+    fail(LWO_ERR_OUT_OF_RANGE, "%s: layer %u is out of range (pool has %zu layers)", call, layer,
+         layers_.size());
+  Layer& l = layers_[layer];
+  if (!l.trainable) fail(LWO_ERR_INVALID_ARGUMENT, "%s: layer %u is frozen", call, layer);
+  bool stale = false;
+  const uint64_t serial = grads_.last_end(layer, &stale);
+  if (l.taken)
+    fail(LWO_ERR_TICKET_STATE, "%s: layer %u is already in step %llu", call, layer,
+         static_cast<unsigned long long>(last_step_));
+  if (stale || serial == 0 || serial == l.used_serial)
+    fail(LWO_ERR_TICKET_STATE, "%s: layer %u has no gradient ended (lwo_grads_end) since its "
+         "last update or lwo_grads_zero", call, layer);
+  l.pending = l.reading = l.taken = true;
+  l.used_serial = serial;
+  pool_.changed(layer);  // before any byte is written: no ring reuses the old copy
+  return {layer, serial};
+}
+
+void Optimizer::add(uint32_t layer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!open_)
+      fail(LWO_ERR_TICKET_STATE, "no step is open (lwo_optim_step_open first; step %llu %s)",
+           static_cast<unsigned long long>(last_step_), running_ ? "runs" : "has ended");
+    jobs_.push_back(take(layer, "lwo_optim_step_add"));
+  }
+  cv_.notify_all();
+}
+
+void Optimizer::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!open_)
+      fail(LWO_ERR_TICKET_STATE, "no step is open (step %llu %s)",
+           static_cast<unsigned long long>(last_step_), running_ ? "runs" : "has ended");
+    // The layers ended since their last update and not added: as
+    // lwo_optim_step takes them, in the order they were ended.
+    std::vector<Job> rest;
+    for (uint32_t li = 0; li < layers_.size(); ++li) {
+      const Layer& l = layers_[li];
+      if (!l.trainable || l.tensors.empty() || l.taken) continue;
+      bool stale = false;
+      const uint64_t serial = grads_.last_end(li, &stale);
+      if (!stale && serial != 0 && serial != l.used_serial) rest.push_back({li, serial});
+    }
+    std::sort(rest.begin(), rest.end(),
+              [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : rest) jobs_.push_back(take(j.layer, "lwo_optim_step_close"));
+    for (const Job& j : jobs_) layers_[j.layer].taken = false;
+    open_ = false;
   }
   cv_.notify_all();
 }
@@ -246,22 +314,28 @@ void Optimizer::dispatch() {
   for (;;) {
     std::vector<Job> jobs;
     Groups p;
+    bool open = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || have_job_; });
       if (!have_job_) return;
       have_job_ = false;
-      jobs = jobs_;
+      open = open_;
+      if (!open) jobs = jobs_;
       p = params_;
     }
     const uint64_t t0 = now_ns();
     std::string err;
     try {
-      run_step(jobs, p);
+      if (open)
+        run_open(p);
+      else
+        run_step(jobs, p);
     } catch (const std::exception& e) {
       err = e.what();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (open) jobs = jobs_;  // run_open returns after the close: every layer of the step
     for (const Job& j : jobs) layers_[j.layer].pending = layers_[j.layer].reading = false;
     if (!err.empty() && async_error_.empty()) async_error_ = err;
     last_step_ns_ = now_ns() - t0;
@@ -426,6 +500,55 @@ void Optimizer::run_step(const std::vector<Job>& jobs, const Groups& g) {
   last_tail_ns_ = now_ns() - last_landed;
 }
 
+// An open step (no clipping, not delayed): each job as it was added (the
+// order its gradients were ended, so the order they land), waited for as
+// the dispatcher reaches it; then the next, waiting for add() or close().
+// A failed update is reported at lwo_optim_wait; the rest of the step's
+// layers are released unchanged as they come, so no stage waits forever.
+void Optimizer::run_open(const Groups& g) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    order_.clear();
+  }
+  uint64_t last_landed = now_ns();
+  std::string err;
+  for (size_t next = 0;; ++next) {
+    Job j;
+    uint64_t w0 = now_ns();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return next < jobs_.size() || !open_; });
+      if (next == jobs_.size()) break;  // closed, every layer taken
+      j = jobs_[next];
+      order_.push_back(j.layer);
+    }
+    Layer& l = layers_[j.layer];
+    if (err.empty()) {
+      try {
+        grads_.wait_landed(j.layer, j.serial);
+        last_landed = now_ns();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          landing_wait_ns_ += last_landed - w0;  // waiting for its add, then its landing
+        }
+        update(l, j.layer, g, 1.0f, l.cur, l.cur);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // The last layer is released with the end of the step (dispatch), as in
+    // run_step.
+    if (!open_ && next + 1 == jobs_.size()) break;
+    l.pending = l.reading = false;
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  last_norm_ = 0;
+  last_tail_ns_ = now_ns() - last_landed;
+  if (!err.empty()) throw Error(LWO_ERR_INTERNAL, err);
+}
+
 void Optimizer::update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to) {
   const uint64_t t0 = now_ns();
   uint64_t n = 0;
@@ -492,16 +615,28 @@ void Optimizer::wait_layer(uint32_t layer) {
 void Optimizer::wait_reading(uint32_t layer) {
   std::unique_lock<std::mutex> lock(mu_);
   if (layer >= layers_.size()) return;
+  // A new gradient of a layer the open step has taken would land after (or
+  // under) the update that reads its sum.
+  if (layers_[layer].taken)
+    fail(LWO_ERR_TICKET_STATE, "layer %u is in the open step %llu (lwo_optim_step_add), whose "
+         "update reads the gradients ended before: a further gradient of it belongs after "
+         "lwo_optim_step_close", layer, static_cast<unsigned long long>(last_step_));
   cv_.wait(lock, [&] { return !layers_[layer].pending && !layers_[layer].reading; });
 }
 
 void Optimizer::wait_all() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (open_)
+    fail(LWO_ERR_BUSY, "the optimizer's step %llu is open (lwo_optim_step_close first)",
+         static_cast<unsigned long long>(last_step_));
   cv_.wait(lock, [&] { return !running_; });
 }
 
 void Optimizer::wait() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (open_)
+    fail(LWO_ERR_BUSY, "step %llu is open: it ends after lwo_optim_step_close",
+         static_cast<unsigned long long>(last_step_));
   cv_.wait(lock, [&] { return !running_; });
   // The pool catches up with the masters, but for a layer a caller's CUDA
   // graph holds resident (Pool::hold), which keeps its update until a later
@@ -644,6 +779,11 @@ void Optimizer::stats(lwo_optim_stats* out) {
   out->last_norm = last_norm_;
 }
 
-void Optimizer::check_destroyable() {}
+void Optimizer::check_destroyable() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_)
+    fail(LWO_ERR_BUSY, "step %llu is open (lwo_optim_step_close first)",
+         static_cast<unsigned long long>(last_step_));
+}
 
 }  // namespace lwo

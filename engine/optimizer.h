@@ -83,7 +83,10 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   // One set of hyperparameters per group (lwo_optim_step_groups; a tensor's
   // group is set_group's, 0 by default), its step number included; max_norm
   // and extra_sumsq are group 0's.
-  void step(const lwo_optim_step_params* groups, uint32_t n_groups);
+  // open: lwo_optim_step_open, a step that add() gives layers until close().
+  void step(const lwo_optim_step_params* groups, uint32_t n_groups, bool open = false);
+  void add(uint32_t layer);  // lwo_optim_step_add
+  void close();              // lwo_optim_step_close
   void set_group(uint32_t layer, const char* name, uint32_t group);
   void wait();
   bool done();
@@ -133,6 +136,7 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
     bool dirty = false;          // delayed: next is newer than the pool
     int cur = 0;                 // the set that holds the state
     uint64_t used_serial = 0;    // the end serial of the last step's update
+    bool taken = false;          // given to the open step: no further gradient until close
     std::vector<Tensor> tensors;
     void* block = nullptr;       // the mapping that holds the masters and state
     uint64_t block_bytes = 0;
@@ -145,6 +149,8 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   void dispatch();                    // the dispatcher thread's loop
   using Groups = std::vector<lwo_optim_step_params>;
   void run_step(const std::vector<Job>& jobs, const Groups& g);
+  void run_open(const Groups& g);  // an open step's jobs, in the order given
+  Job take(uint32_t layer, const char* call);  // under mu_: a job, its layer marked
   void update(Layer& l, uint32_t li, const Groups& g, float scale, int from, int to);
   void publish_next(Layer& l);  // delayed: next -> the pool
   Tensor& tensor_of(uint32_t layer, const char* name);
@@ -166,7 +172,8 @@ class Optimizer final : public Pool::Writer, public Grads::Reader {
   bool running_ = false;  // a step is armed and not finished
   bool stop_ = false;
   bool have_job_ = false;
-  std::vector<Job> jobs_;
+  bool open_ = false;     // the running step takes more layers (add) until close
+  std::vector<Job> jobs_;  // an open step's grow under mu_
   Groups params_;  // the running or last step's, one per group
   uint64_t last_step_ = 0;
   std::string async_error_;

@@ -1608,6 +1608,32 @@ LWO_API lwo_status_t lwo_optim_set_group(lwo_optim* optim, uint32_t layer, const
 LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_step_params* params,
                                            uint32_t n_groups);
 
+/* Since 0.6.0: a step opened before its gradients are ended, so that its
+ * updates start with the first gradient that lands rather than once the last
+ * lwo_grads_end is enqueued. lwo_optim_step_open takes the layers
+ * lwo_optim_step_groups would take now (none, typically) and the parameters
+ * of the whole step; each lwo_optim_step_add(layer) then gives the step a
+ * layer whose last gradient of the step has been ended (lwo_grads_end), and
+ * the layer is updated once that gradient lands, in the order added;
+ * lwo_optim_step_close takes every other layer ended since its last update,
+ * as lwo_optim_step does, and from then on the step is an ordinary running
+ * step (lwo_optim_wait is its fence). Until the close: lwo_optim_wait,
+ * lwo_optim_destroy, a step, lwo_optim_read / _write / _set_group and, in
+ * checking mode, lwo_grads_zero are LWO_ERR_BUSY; lwo_grads_begin of a layer
+ * the step has taken is LWO_ERR_TICKET_STATE (its update reads the sum
+ * ended before; a later gradient of it belongs to the next step). A stage of
+ * a taken layer waits for its update, as after lwo_optim_step.
+ * lwo_optim_step_open: as lwo_optim_step_groups, and LWO_ERR_UNSUPPORTED for
+ * max_norm > 0 (the norm is known only at the end) or an LWO_OPTIM_DELAYED
+ * optimizer. lwo_optim_step_add: LWO_ERR_TICKET_STATE if no step is open, the
+ * layer is already in it, or it has no gradient ended since its last update
+ * or lwo_grads_zero; LWO_ERR_OUT_OF_RANGE, LWO_ERR_INVALID_ARGUMENT (frozen).
+ * lwo_optim_step_close: LWO_ERR_TICKET_STATE if no step is open. */
+LWO_API lwo_status_t lwo_optim_step_open(lwo_optim* optim, const lwo_optim_step_params* params,
+                                         uint32_t n_groups);
+LWO_API lwo_status_t lwo_optim_step_add(lwo_optim* optim, uint32_t layer);
+LWO_API lwo_status_t lwo_optim_step_close(lwo_optim* optim);
+
 /* The fence: blocks until the step's every update is written into the
  * pool (with LWO_OPTIM_DELAYED: writes the masters' rounding into the pool
  * now, and marks the layers changed); reports an error the step met on the host (LWO_ERR_INTERNAL, or the

@@ -8,6 +8,31 @@
 using namespace lwo::abi;
 using lwo::fail;
 
+namespace {
+// lwo_optim_step_groups' and lwo_optim_step_open's array: each element read
+// like a config, its own size the caller's stride.
+std::vector<lwo_optim_step_params> read_groups(const lwo_optim_step_params* params,
+                                               uint32_t n_groups) {
+  need(params, "params");
+  if (n_groups == 0 || n_groups > (1u << 20))
+    fail(LWO_ERR_INVALID_ARGUMENT, "n_groups %u is outside [1, 2^20]", n_groups);
+  const size_t stride = params[0].size;
+  if (stride < offsetof(lwo_optim_step_params, step) + sizeof(uint64_t))
+    fail(LWO_ERR_INVALID_ARGUMENT, "params[0].size %zu is too small for a step's parameters",
+         stride);
+  std::vector<lwo_optim_step_params> g(n_groups);
+  for (uint32_t i = 0; i < n_groups; ++i) {
+    const auto* e = reinterpret_cast<const lwo_optim_step_params*>(
+        reinterpret_cast<const char*>(params) + i * stride);
+    if (e->size != stride)
+      fail(LWO_ERR_INVALID_ARGUMENT, "params[%u].size %zu differs from params[0].size %zu "
+           "(one array of one struct size)", i, e->size, stride);
+    g[i] = read_config(e, lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT, "params");
+  }
+  return g;
+}
+}  // namespace
+
 extern "C" {
 
 LWO_API void lwo_optim_config_init(lwo_optim_config* c) {
@@ -76,25 +101,26 @@ LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_ste
                                            uint32_t n_groups) {
   return guard("lwo_optim_step_groups", [&] {
     lwo_optim* o = check_handle(optim);
-    need(params, "params");
-    if (n_groups == 0 || n_groups > (1u << 20))
-      fail(LWO_ERR_INVALID_ARGUMENT, "n_groups %u is outside [1, 2^20]", n_groups);
-    // Each element is read like a config: its own size, the caller's stride.
-    const size_t stride = params[0].size;
-    if (stride < offsetof(lwo_optim_step_params, step) + sizeof(uint64_t))
-      fail(LWO_ERR_INVALID_ARGUMENT, "params[0].size %zu is too small for a step's parameters",
-           stride);
-    std::vector<lwo_optim_step_params> g(n_groups);
-    for (uint32_t i = 0; i < n_groups; ++i) {
-      const auto* e = reinterpret_cast<const lwo_optim_step_params*>(
-          reinterpret_cast<const char*>(params) + i * stride);
-      if (e->size != stride)
-        fail(LWO_ERR_INVALID_ARGUMENT, "params[%u].size %zu differs from params[0].size %zu "
-             "(one array of one struct size)", i, e->size, stride);
-      g[i] = read_config(e, lwo_optim_step_params LWO_OPTIM_STEP_PARAMS_INIT, "params");
-    }
+    std::vector<lwo_optim_step_params> g = read_groups(params, n_groups);
     o->impl->step(g.data(), n_groups);
   });
+}
+
+LWO_API lwo_status_t lwo_optim_step_open(lwo_optim* optim, const lwo_optim_step_params* params,
+                                         uint32_t n_groups) {
+  return guard("lwo_optim_step_open", [&] {
+    lwo_optim* o = check_handle(optim);
+    std::vector<lwo_optim_step_params> g = read_groups(params, n_groups);
+    o->impl->step(g.data(), n_groups, true);
+  });
+}
+
+LWO_API lwo_status_t lwo_optim_step_add(lwo_optim* optim, uint32_t layer) {
+  return guard("lwo_optim_step_add", [&] { check_handle(optim)->impl->add(layer); });
+}
+
+LWO_API lwo_status_t lwo_optim_step_close(lwo_optim* optim) {
+  return guard("lwo_optim_step_close", [&] { check_handle(optim)->impl->close(); });
 }
 
 LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim) {

@@ -763,6 +763,9 @@ FUNCTIONS = {
     "lwo_optim_step": (_S, [lwo_optim_p, _P(lwo_optim_step_params)]),
     "lwo_optim_set_group": (_S, [lwo_optim_p, _u32, _cp, _u32]),  # since 0.6.0
     "lwo_optim_step_groups": (_S, [lwo_optim_p, _P(lwo_optim_step_params), _u32]),  # since 0.6.0
+    "lwo_optim_step_open": (_S, [lwo_optim_p, _P(lwo_optim_step_params), _u32]),  # since 0.6.0
+    "lwo_optim_step_add": (_S, [lwo_optim_p, _u32]),  # since 0.6.0
+    "lwo_optim_step_close": (_S, [lwo_optim_p]),  # since 0.6.0
     "lwo_optim_wait": (_S, [lwo_optim_p]),
     "lwo_optim_query": (_S, [lwo_optim_p, _P(_u32)]),
     "lwo_optim_read": (_S, [lwo_optim_p, _u32, _cp, lwo_optim_state_t, _vp, _u64]),

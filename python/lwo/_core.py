@@ -1557,11 +1557,8 @@ class Optimizer(_Handle):
         p.extra_sumsq = extra_sumsq
         check(_lib.lwo_optim_step(self._h(), _byref(p)))
 
-    def step_groups(self, step, groups, max_norm=0.0, extra_sumsq=0.0):
-        """lwo_optim_step_groups: `groups` a list of dicts, one per group, of
-        lr, beta1, beta2, eps, weight_decay, momentum, dampening (missing
-        keys: lwo_optim_step_params_init's); max_norm and extra_sumsq go
-        with group 0."""
+    @staticmethod
+    def _groups(step, groups, max_norm, extra_sumsq):
         n = len(groups)
         arr = (C.lwo_optim_step_params * max(n, 1))()
         for i, g in enumerate(groups):
@@ -1571,7 +1568,32 @@ class Optimizer(_Handle):
             for k, v in g.items():
                 setattr(p, k, v)
         arr[0].max_norm, arr[0].extra_sumsq = max_norm, extra_sumsq
+        return arr, n
+
+    def step_groups(self, step, groups, max_norm=0.0, extra_sumsq=0.0):
+        """lwo_optim_step_groups: `groups` a list of dicts, one per group, of
+        lr, beta1, beta2, eps, weight_decay, momentum, dampening (missing
+        keys: lwo_optim_step_params_init's); max_norm and extra_sumsq go
+        with group 0."""
+        arr, n = self._groups(step, groups, max_norm, extra_sumsq)
         check(_lib.lwo_optim_step_groups(self._h(), arr, n))
+
+    def step_open(self, step, groups):
+        """lwo_optim_step_open: a step that step_add gives layers as their
+        gradients are ended, each updated once it lands, until step_close;
+        `groups` as step_groups'."""
+        arr, n = self._groups(step, groups, 0.0, 0.0)
+        check(_lib.lwo_optim_step_open(self._h(), arr, n))
+
+    def step_add(self, layer):
+        """lwo_optim_step_add: `layer`'s gradients of the open step are all
+        ended."""
+        check(_lib.lwo_optim_step_add(self._h(), int(layer)))
+
+    def step_close(self):
+        """lwo_optim_step_close: the open step takes the other layers ended
+        since their last update, and runs on as an ordinary step."""
+        check(_lib.lwo_optim_step_close(self._h()))
 
     def set_group(self, layer, name, group):
         """lwo_optim_set_group: the tensor's hyperparameter group."""

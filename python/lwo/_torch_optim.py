@@ -48,7 +48,8 @@ class _Binding:
         self.lwo = None
         self.keys = {}        # param -> (record index, tensor name), while attached
         self.saved = {}       # param -> {"master"|"m"|"v": tensor}, while detached
-        self.started = False  # a step begun at the end of a backward pass (in_backward)
+        self.started = False  # a step begun in a backward pass (in_backward)
+        self.open = False     # that step is open: layers are added as they are done
         self.closed = False
         self.groups = {}      # param -> its param_group's index, while attached
         self.lost = False     # the state went with the handle's close()
@@ -99,6 +100,9 @@ class _Binding:
         """Waits for the step, keeps the state in tensors (unless not
         `keep`), destroys the lwo optimizer (final: the binding ends)."""
         if self.lwo is not None:
+            if self.open:
+                self.open = False
+                self.lwo.step_close()
             self.lwo.wait()
             self.sync_params()
             self.lost = bool(self.keys) and not keep
@@ -198,19 +202,60 @@ class _Binding:
         self.stale = bool(self.quantized)
         return True
 
+    def _second_pass(self):
+        return StateError(C.LWO_ERR_BUSY, (
+            "lwo.torch.optim: a second backward pass ended without optimizer.step() "
+            "since the first, but in_backward=True takes a step in each backward pass "
+            "(the first's update is already applied); to accumulate gradients over "
+            "several backward passes use in_backward=False"))
+
+    def backward_started(self):
+        """The handle's backward pass begins: with in_backward=True the step
+        opens here (lwo_optim_step_open), and each record is added as its
+        last gradient of the pass is ended (layer_done), so its update
+        starts as soon as that gradient lands."""
+        opt = self.opt_ref()
+        if opt is None or not opt._in_backward or opt._delayed or self.closed or self.open:
+            return  # (a delayed update runs after every layer has landed: begun at the end)
+        if self.started:
+            return  # a second pass without a step: refused at its end
+        hyper = opt._streamed_hyper()
+        if hyper is None:
+            return
+        if self.lwo is not None and opt._group_signature(self.keys, self.handle) != self.groups:
+            self.detach()  # parameters added or regrouped since: made again
+        if self.lwo is None:
+            self.attach()
+            if self.lwo is None:
+                return
+        self.owns_all()
+        self.lwo.wait()  # the last step's tail (its last layers were staged by now)
+        self.lwo.step_open(opt._n_steps + 1, hyper)
+        self.open = True
+
+    def layer_done(self, layer):
+        """Every gradient of pool layer `layer` in this backward pass has
+        been ended: the open step updates it once they land."""
+        if self.open:
+            self.lwo.step_add(layer)
+
     def backward_ended(self):
         """The handle's backward pass has ended every gradient slot (its
-        fence comes next): with in_backward=True the step starts here, each
-        layer updated as it lands."""
+        fence comes next): with in_backward=True the open step takes the
+        rest of the layers and closes (or, where none was opened, the step
+        starts here, each layer updated as it lands)."""
         opt = self.opt_ref()
         if opt is None or not opt._in_backward or self.closed:
             return
+        if self.open:
+            self.open = False
+            self.handle._unstage_trainable()  # a copy made before the update is old
+            self.lwo.step_close()
+            self.started = True
+            self.stale = bool(self.quantized)
+            return
         if self.started:
-            raise StateError(C.LWO_ERR_BUSY, (
-                "lwo.torch.optim: a second backward pass ended without optimizer.step() "
-                "since the first, but in_backward=True takes a step at the end of each "
-                "backward pass (the first's update is already applied); to accumulate "
-                "gradients over several backward passes use in_backward=False"))
+            raise self._second_pass()
         hyper = opt._streamed_hyper()
         if hyper is None:
             return
@@ -586,10 +631,10 @@ class AdamW(_Optimizer):
       host memory).
     - delayed: the one-step-delayed update of the streamed parameters (the
       pool lags the masters by one step; see lwo_optim's LWO_OPTIM_DELAYED).
-    - in_backward: the streamed update starts at the end of each backward
-      pass, each layer as its gradients land, while the GPU finishes the
-      pass; every backward pass is then a step (no accumulation over
-      several).
+    - in_backward: the streamed step opens as each backward pass begins,
+      and each layer is updated as its last gradient of the pass lands,
+      while the GPU goes on with the pass; every backward pass is then a
+      step (no accumulation over several).
     - n_threads: lwo's update threads (0: one per CPU).
     - fused: PyTorch's fused AdamW for the parameters on the GPU (None:
       fused where they are all CUDA tensors)."""

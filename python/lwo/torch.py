@@ -32,10 +32,11 @@ The contract (docs/PYTHON.md says more):
   load_state_dict) is noticed through the tensor's version counter and
   makes the ring copy the record again at its next stage. Writes that
   bypass it (``param.data``, raw pointers) need ``handle.mark_changed()``.
-- The streamed modules' forwards are excluded from torch.compile (Dynamo
-  skips them and runs them as torch.compiler.disable would; outside
-  compile they run without that wrapper): a compiled model breaks its
-  graph at each one.
+- Under torch.compile each streamed module is one call of a custom
+  operator in Dynamo's graph (lwo::linear, lwo::conv2d and their
+  backwards, lwo._torch_compile): no graph break; the operators run the
+  same per-call code as an eager call. Outside compile the forward is the
+  autograd Functions' path, as before.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -61,6 +62,7 @@ import torch.nn as nn
 from . import _capi as C
 from . import _core
 from . import _tune
+from . import _torch_compile
 from . import _errors
 from ._errors import ArgumentError, StateError, check
 from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
@@ -98,11 +100,16 @@ except AttributeError:  # pragma: no cover - torch < 2.1
     def _compiler_disable(fn=None, recursive=True):
         return fn
 
+try:  # False when called; Dynamo folds it to True while it traces
+    _is_compiling = torch.compiler.is_dynamo_compiling
+except AttributeError:  # pragma: no cover - older torch: no operators traced
+    def _is_compiling():
+        return False
+
 try:  # a streamed forward without torch.compiler.disable's wrapper outside compile
     _eval_frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
-    from torch._dynamo.decorators import skip as _dynamo_skip
-except (AttributeError, ImportError):  # pragma: no cover - older torch: the wrapper always
-    _eval_frame_callback = _dynamo_skip = None
+except AttributeError:  # pragma: no cover - older torch: the wrapper always
+    _eval_frame_callback = None
 
 
 def _host_tensor(address, nbytes, dtype, shape, owner):
@@ -230,6 +237,15 @@ class _Optim:
 
     def step_groups(self, n, groups, max_norm=0.0, extra_sumsq=0.0):
         self.obj.step_groups(n, groups, max_norm=max_norm, extra_sumsq=extra_sumsq)
+
+    def step_open(self, n, groups):
+        self.obj.step_open(n, groups)
+
+    def step_add(self, layer):
+        check(_lib.lwo_optim_step_add(self.obj.handle, layer))
+
+    def step_close(self):
+        self.obj.step_close()
 
     def set_group(self, layer, name, group):
         self.obj.set_group(layer, name, group)
@@ -444,7 +460,7 @@ class _Record:
 
     __slots__ = ("index", "name", "modules", "params", "names", "version", "trainable",
                  "bytes", "n_stages", "n_hits", "bytes_copied", "copy_ms", "stall_ms",
-                 "n_accesses", "quantized", "saved_bytes", "resident")
+                 "n_accesses", "quantized", "saved_bytes", "resident", "nodes", "unsafe")
 
     def __init__(self, index, name):
         self.index = index
@@ -456,6 +472,12 @@ class _Record:
         self.trainable = False
         self.quantized = False  # its modules' weights are quantized (a record apart)
         self.resident = False   # kept on the device by the ring (a plan's choice)
+        # This backward pass: the autograd nodes with a weight gradient made
+        # for it outside a backward pass and not yet run (see _end_span), and
+        # whether a no-grad access since the last pass makes that count
+        # unsure (a reentrant checkpoint recomputes it inside the pass).
+        self.nodes = 0
+        self.unsafe = False
         self.bytes = 0
         self.saved_bytes = 0    # what quantization saves against the dense record
         self.n_stages = self.n_hits = self.bytes_copied = self.n_accesses = 0
@@ -474,7 +496,7 @@ class _Module:
     __slots__ = ("handle", "name", "kind", "record", "module", "weight", "bias", "w_idx",
                  "b_idx", "w_off", "b_off", "dtype", "lwo_dtype", "has_bias", "desc",
                  "desc_acc", "in_f", "out_f", "w_bytes", "b_bytes", "out_sizes", "padding",
-                 "quant", "__weakref__")
+                 "quant", "uid", "key", "__weakref__")
 
     def needs_dw(self):
         b = self.bias
@@ -557,6 +579,8 @@ class _LinearFn(torch.autograd.Function):
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
+            if s.handle._count_nodes and _graph_task_id() == -1:
+                s.record.nodes += 1
         return y
 
     @staticmethod
@@ -582,6 +606,8 @@ class _ConvFn(torch.autograd.Function):
             if not s.record.trainable:
                 s.handle._make_grads(extra=s.record)
             ctx.save_for_backward(x)
+            if s.handle._count_nodes and _graph_task_id() == -1:
+                s.record.nodes += 1
         return y
 
     @staticmethod
@@ -623,10 +649,12 @@ _linear_apply = super(torch.autograd.Function, _LinearFn).apply
 _conv_apply = super(torch.autograd.Function, _ConvFn).apply
 
 
-def _module_forward(fn, apply, forward):
+def _module_forward(fn, apply, forward, traced):
     """The forward a streamed module is given: through the autograd Function
     `fn` (`apply`: its apply without the Python layer, when functorch is not
-    active) where a gradient is needed, else straight through lwo."""
+    active) where a gradient is needed, else straight through lwo; while
+    Dynamo traces it, `traced` (lwo._torch_compile: the module's custom
+    operator, recorded in the graph)."""
 
     def module_forward(self, input):
         s = self._lwo_state
@@ -648,19 +676,36 @@ def _module_forward(fn, apply, forward):
         return forward(s.handle, s, input, False)
 
     disabled = _compiler_disable(module_forward)
-    if _dynamo_skip is None or _eval_frame_callback is None:
+    if _eval_frame_callback is None:
         return disabled
 
-    def module_forward_outside_compile(self, input):
-        # Without torch.compile's frame evaluation (its callback unset) the
-        # forward runs straight, without the disabled wrapper's host time;
-        # under it, through the wrapper, so that no frame below is traced.
-        if _eval_frame_callback() is None:
-            return module_forward(self, input)
-        return disabled(self, input)
+    def streamed_forward(self, input):
+        # Dynamo, tracing it, folds is_dynamo_compiling() to True: it
+        # records the module's custom operator. Under torch.compile's frame evaluation
+        # elsewhere (a frame Dynamo runs without tracing it), the disabled
+        # wrapper, so that no frame below is traced. Outside compile,
+        # module_forward written out (one Python call less).
+        if _is_compiling():
+            return traced(self, input, disabled)
+        if _eval_frame_callback() is not None:
+            return disabled(self, input)
+        s = self._lwo_state
+        w = self._parameters.get("weight")
+        if w is not s.weight:
+            _check_params(self, s)
+        if torch.is_grad_enabled():
+            if input.requires_grad:
+                if _functorch_active():
+                    return fn.apply(input, s)
+                return apply(input, s)
+            if s.needs_dw():
+                anchor = s.weight if s.weight.requires_grad else s.bias
+                if _functorch_active():
+                    return fn.apply(input, s, anchor)
+                return apply(input, s, anchor)
+        return forward(s.handle, s, input, False)
 
-    # Dynamo neither traces nor inlines it (it breaks the graph there).
-    return _dynamo_skip(module_forward_outside_compile)
+    return streamed_forward
 
 try:
     _functorch_active = torch._C._are_functorch_transforms_active
@@ -915,9 +960,12 @@ class Offload:
         self.ring = backend.ring(self.pool, self.depth, self._timing)
         self._make_grads()
 
-        # The modules become streamed ones.
+        # The modules become streamed ones (each with its id for the custom
+        # operators that torch.compile records).
+        _torch_compile.register()
         for s in states:
             m = s.module
+            _torch_compile.add(s)
             m._lwo_state = s
             m.__class__ = _streamed_class(type(m))
         if freed_cuda and torch.cuda.is_available():
@@ -992,6 +1040,9 @@ class Offload:
         self._carry = {}           # (record, tensor) -> a sum to add after the next fence
         self._pass_layers = set()  # records whose dW this backward pass sent
         self._optims = []          # lwo.torch.optim bindings over the gradient set
+        self._open_optims = ()     # those whose step is open in this backward pass
+        self._add_after = None     # a record to add to them after this node's dx
+        self._count_nodes = False  # count each record's nodes (an in_backward step opens)
         _LIVE_HANDLES.add(self)
 
     @classmethod
@@ -1050,6 +1101,17 @@ class Offload:
         max_rec = max([r.bytes for r in self.records] + [0])
         max_tr = max([r.bytes for r in self.records if r.trainable] + [0])
         return 2 * max_rec + self.grads_depth * max_tr
+
+    def _dw_ready(self, s):
+        """Before a forward with a backward (the custom operator's, under
+        torch.compile; the autograd Functions do it inline): a module that
+        needs dW is one whose weights may train (else the error), in the
+        gradient set (made again if its record was not)."""
+        if s.needs_dw():
+            if s.quant and not self._quant_trains(s):
+                _refuse_quantized_grad(s)
+            if not s.record.trainable:
+                self._make_grads(extra=s.record)
 
     def _quant_trains(self, s):
         """Module s streams quantized and may train (quant_trainable=, a
@@ -1229,6 +1291,8 @@ class Offload:
         planner = self.planner
         between = planner.kind is None
         planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if not grad:
+            rec.unsafe = True  # its node count is unsure in this step (see _end_span)
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         return rec
@@ -1771,6 +1835,14 @@ class Offload:
             self._pass_layers = set()
             if self.grads is not None:
                 self._start_sums()
+            opened = []
+            for b in list(self._optims):
+                b.backward_started()  # lwo.torch.optim's in_backward: the step opens here
+                if b.open:
+                    opened.append(b)
+            self._open_optims = tuple(opened)
+            if opened:
+                self._count_nodes = True
 
     def _start_sums(self):
         """At the start of a backward pass: a param.grad set to None since
@@ -1821,6 +1893,10 @@ class Offload:
             return  # an inner (reentrant) pass: the outer one ends the step
         if self._span is not None:
             self._end_span()
+        self._open_optims = ()
+        for rec in self.records:
+            rec.nodes = 0
+            rec.unsafe = False
         self._release_all()
         self.planner.end()
         ev = self._step_events
@@ -1876,7 +1952,11 @@ class Offload:
         self._span = sp
         return sp
 
-    def _end_span(self):
+    def _end_span(self, defer=False):
+        """Sends the span's gradient slot to the host (lwo_grads_end); where
+        the record has no node left in the pass, its update may start
+        (lwo.torch.optim's open step). defer: in the record's own backward,
+        whose dx still reads the record: added by _flush_add after it."""
         sp = self._span
         self._span = None
         rec = sp.rec
@@ -1886,6 +1966,24 @@ class Offload:
                     n = math.prod(self._tensor_shape(rec, i))
                     self.backend.zero_device(addr, n * _core.dtype_size(dt), sp.stream)
         self.grads.end(rec.index, sp.stream)
+        if self._open_optims and rec.nodes == 0 and not rec.unsafe and len(self._cb_tasks) == 1:
+            # Every node the forward made for the record has run its
+            # backward, so no gradient of it comes later in this pass: its
+            # update may start once this one lands. (A reentrant checkpoint's
+            # nested pass, or a record the forward also reached without grad,
+            # leaves it to the close.)
+            if defer:
+                self._add_after = rec.index
+            else:
+                for b in self._open_optims:
+                    b.layer_done(rec.index)
+
+    def _flush_add(self):
+        """The deferred add of _end_span, once the node's dx is enqueued (a
+        stage after the update starts would copy the new weights)."""
+        layer, self._add_after = self._add_after, None
+        for b in self._open_optims:
+            b.layer_done(layer)
 
     def _tensor_shape(self, rec, i):
         for s in rec.modules:
@@ -1920,10 +2018,11 @@ class Offload:
         sp.written.add(s.w_idx)
         if s.has_bias:
             sp.written.add(s.b_idx)
+        rec.nodes -= 1
         self._got_grad.add(s)
         self._pass_layers.add(rec.index)
         if not self.planner.next_is(rec.index):
-            self._end_span()
+            self._end_span(defer=True)
 
     # ----------------------------------------------------------------
     # Linear
@@ -1972,6 +2071,8 @@ class Offload:
         planner = self.planner
         between = planner.kind is None
         planner.observe(rec.index, grad, _graph_task_id() != -1)
+        if not grad:
+            rec.unsafe = True  # its node count is unsure in this step (see _end_span)
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         stream = self._cur_stream(self._dev_index)
@@ -2033,6 +2134,8 @@ class Offload:
         finally:
             if cal is not None:
                 self._cal_end()
+            if self._add_after is not None:
+                self._flush_add()
 
     # ----------------------------------------------------------------
     # Conv2d
@@ -2119,6 +2222,8 @@ class Offload:
         finally:
             if cal is not None:
                 self._cal_end()
+            if self._add_after is not None:
+                self._flush_add()
 
     # ----------------------------------------------------------------
     # Public
@@ -2269,6 +2374,7 @@ class Offload:
                 m = s.module
                 m.__class__ = type(m)._lwo_base_class
                 del m._lwo_state
+                _torch_compile.remove(s)
                 for p in (s.weight, s.bias):
                     if p is None:
                         continue
@@ -2791,8 +2897,10 @@ def handle_of(model):
 
 
 # The streamed modules' forwards (after Offload, whose methods they call).
-_linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward)
-_conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward)
+_linear_module_forward = _module_forward(_LinearFn, _linear_apply, Offload._linear_forward,
+                                         _torch_compile.linear_forward)
+_conv_module_forward = _module_forward(_ConvFn, _conv_apply, Offload._conv_forward,
+                                       _torch_compile.conv_forward)
 
 
 # lwo.torch.optim: AdamW and SGD over lwo's host optimizer.

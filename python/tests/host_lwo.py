@@ -128,18 +128,33 @@ class Grads(lt._Grads):
 
 
 class Optim(lt._Optim):
-    """lt._Optim, counting its steps (n_steps), with the groups set per
-    (layer, tensor name) (group) and whether it was closed."""
+    """lt._Optim, counting its steps (n_steps), with the calls of its open
+    steps (log), the groups set per (layer, tensor name) (group) and whether
+    it was closed."""
 
     def __init__(self, obj):
         super().__init__(obj)
         self.n_steps = 0
+        self.log = []  # ("open", step), ("add", layer, layer updates so far), ("close",)
         self.group = {}
         self.closed = False
 
     def step_groups(self, n, groups, max_norm=0.0, extra_sumsq=0.0):
         super().step_groups(n, groups, max_norm=max_norm, extra_sumsq=extra_sumsq)
         self.n_steps += 1
+
+    def step_open(self, n, groups):
+        super().step_open(n, groups)
+        self.n_steps += 1
+        self.log.append(("open", n))
+
+    def step_add(self, layer):
+        super().step_add(layer)
+        self.log.append(("add", layer, self.obj.stats().n_layer_updates))
+
+    def step_close(self):
+        super().step_close()
+        self.log.append(("close",))
 
     def set_group(self, layer, name, group):
         super().set_group(layer, name, group)

@@ -536,7 +536,8 @@ def test_inference_under_no_grad_has_its_own_plan():
     assert late <= 1
 
 
-def test_compile_breaks_the_graph_at_streamed_modules():
+def test_compile_matches_resident():
+    # (test_torch_compile.py has the rest: the graph, its operators, training)
     m = mlp()
     ref = copy.deepcopy(m)
     h, be = offload(m)
@@ -552,9 +553,10 @@ def test_compile_breaks_the_graph_at_streamed_modules():
 
 
 def test_no_frame_of_lwo_is_traced_under_compile():
-    # under torch.compile each streamed module's call runs with the frame
-    # evaluation off (nothing of lwo.torch traced); outside it, the same
-    # forward runs with no callback to turn off
+    # under torch.compile each streamed module's call runs inside the graph's
+    # custom operator, with the frame evaluation off (nothing of lwo.torch
+    # below the operator traced); outside it, the same forward runs with no
+    # callback to turn off
     cb = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
     if cb is None or not hasattr(cb, "get_eval_frame_callback"):
         pytest.skip("this torch has no eval_frame.get_eval_frame_callback")

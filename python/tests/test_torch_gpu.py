@@ -248,14 +248,40 @@ def test_lora_on_a_frozen_base_with_peft():
         opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
 
 
-def test_compile_breaks_the_graph_cleanly():
-    dtype = torch.float32
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_training_matches_resident(mode, dtype):
+    # inductor on the device, the streamed modules as lwo's custom operators
+    # (test_torch_compile.py proves the rest on the CPU); reduce-overhead:
+    # CUDA graphs around them, never of them (their host work runs each call)
+    torch._dynamo.reset()
     m = mlp(dtype)
     ref = copy.deepcopy(m).to(DEV)
-    lt.offload(m, device=DEV)
-    cm = torch.compile(m, backend="eager")
-    x = torch.randn(8, 192, device=DEV)
-    close(cm(x), ref(x), dtype, "compiled output")
+    lt.offload(m, device=DEV, plan=False)
+    x = torch.randn(8, 192, device=DEV, dtype=dtype)
+    assert torch._dynamo.explain(m)(x).graph_break_count == 0
+    torch._dynamo.reset()
+    cm = torch.compile(m, mode=mode)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=1e-2)
+    for step in range(4):
+        x = torch.randn(8, 192, device=DEV, dtype=dtype)
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = cm(xa), ref(xb)
+        close(ya, yb, dtype, "compiled output, step %d" % step)
+        g = torch.randn_like(yb)
+        ya.backward(g)
+        yb.backward(g)
+        close(xa.grad, xb.grad, dtype, "compiled dx, step %d" % step)
+        pa = dict(m.named_parameters())
+        for k, q in ref.named_parameters():
+            assert pa[k].grad is not None and pa[k].grad.device.type == "cpu", k
+            close(pa[k].grad, q.grad, dtype, "compiled grad %s, step %d" % (k, step))
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    with torch.no_grad():
+        x = torch.randn(8, 192, device=DEV, dtype=dtype)
+        close(cm(x), ref(x), dtype, "compiled output under no_grad")
+    torch._dynamo.reset()
 
 
 def test_layer_stats_on_the_device():

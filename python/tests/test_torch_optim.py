@@ -220,6 +220,84 @@ def test_in_backward_steps_at_the_end_of_each_pass_and_refuses_accumulation():
         m(xs[1]).backward(gs[1])
 
 
+
+class Blocks(nn.Module):
+    """Streamed linears in blocks, each block optionally under activation
+    checkpointing (reentrant or not), then a head outside them (so that the
+    outer backward pass is lwo's, a reentrant checkpoint's passes nested in
+    it); `shared` calls block 0's first linear again at the end (two nodes of
+    one record in a pass)."""
+
+    def __init__(self, ckpt=None, shared=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 12))
+                                    for _ in range(3))
+        self.head = nn.Linear(12, 12)
+        self.ckpt, self.shared = ckpt, shared
+
+    def forward(self, x):
+        for b in self.blocks:
+            if self.ckpt is None:
+                x = b(x)
+            else:
+                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.ckpt == "reentrant")
+        x = self.head(torch.tanh(x))
+        if self.shared:
+            x = self.blocks[0][0](x)
+        return x
+
+
+@pytest.mark.parametrize("ckpt,shared", [(None, False), ("non-reentrant", False),
+                                         ("reentrant", False), (None, True)])
+def test_in_backward_opens_the_step_and_adds_each_record_once_its_nodes_have_run(ckpt, shared):
+    """With in_backward=True the step opens when the backward pass begins,
+    and each record joins it (lwo_optim_step_add) once every autograd node
+    the forward made for it has run, before the pass ends; the rest join at
+    the close. A reentrant checkpoint (its forward without grad) and an
+    evaluation under no_grad leave those records to the close. The weights
+    equal PyTorch's AdamW on the resident model throughout."""
+    torch.manual_seed(3)
+    m = Blocks(ckpt, shared)
+    ref = copy.deepcopy(m)
+    be = host_lwo.Backend()
+    h = lt.offload(m, _backend=be, plan=False)
+    n_rec = len(h.records)
+    assert n_rec == 7
+    opt = lopt.AdamW(m.parameters(), lr=1e-2, in_backward=True)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(4):
+        x = torch.randn(5, 12, generator=gen, requires_grad=True)
+        g = torch.randn(5, 12, generator=gen)
+        if step == 2:  # an evaluation pass between training steps
+            with torch.no_grad():
+                m(x)
+        for mm, oo in ((m, opt), (ref, opt_r)):
+            mm(x).backward(g)
+            oo.step()
+            oo.zero_grad()
+        log = be.optims[-1].log
+        k = max(i for i, e in enumerate(log) if e[0] == "open")
+        this = log[k:]
+        assert this[0] == ("open", step + 1) and this[-1] == ("close",), this
+        added = [e[1] for e in this if e[0] == "add"]
+        assert len(set(added)) == len(added)
+        if step in (0, 2):
+            # no count yet (the first pass), or every record reached without grad
+            assert added == [], (step, added)
+        elif ckpt == "reentrant":
+            # the head (in the outer pass); the blocks' records (their forward
+            # without grad, their nodes in nested passes) at the close
+            assert added == [n_rec - 1], (step, added)
+        else:
+            # in the backward's order (with the shared linear called last, its
+            # record 0 waits for its second node, which runs last)
+            assert added == list(range(n_rec))[::-1], (step, added)
+        opt.synchronize()
+        same_params(m, ref)
+    h.close()
+
+
 def test_accumulation_over_two_backward_passes():
     m, ref, h, be = pair(seed=11)
     opt = lopt.AdamW(m.parameters(), lr=1e-2)

@@ -4,7 +4,9 @@
 // stages) against an f64 reference of the same updates on the gradients as
 // they landed; the pool's bytes and the ring's slots equal the masters'
 // rounding; clipping; skipped layers; checkpoint state; misuse statuses.
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <map>
 #include <random>
@@ -667,6 +669,131 @@ TEST_F(OptimTest, StepWhileOneRunsIsBusy) {
   ASSERT_LWO(lwo_optim_destroy(o));     // waits for it
   ASSERT_LWO(lwo_grads_destroy(g));
   ASSERT_LWO(lwo_pool_destroy(pool));
+}
+
+// An open step (lwo_optim_step_open, _add, _close): each layer added is
+// updated while the step is still open (before any later layer is even
+// ended), the last layers come with the close; the masters follow the f64
+// reference and equal, bit for bit, an optimizer of the same pool and
+// gradients stepped with lwo_optim_step; then the calls refused while a
+// step is open, and after.
+TEST_F(OptimTest, AnOpenStepUpdatesEachLayerAsItIsAdded) {
+  const uint32_t L = 4;
+  lwo_pool* pool = make_model(L, 31);
+  lwo_pool* twin = make_model(L, 31);
+  lwo_grads* g = make_grads(pool);
+  lwo_grads* gt = make_grads(twin);
+  lwo_optim* o = make_optim(g, LWO_DTYPE_F32, 0, 2);
+  lwo_optim* ot = make_optim(gt, LWO_DTYPE_F32, 0, 2);
+  lwo_ring* ring = make_ring(pool, 2);
+  auto ref = reference(pool, L);
+  StreamH s = gpu->new_stream();
+  std::mt19937 rng(3), rng_t(3);
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1e-2;
+  p.weight_decay = 0.05;
+  auto updates = [&] {
+    lwo_optim_stats st{};
+    st.size = sizeof st;
+    EXPECT_EQ(lwo_optim_get_stats(o, &st), LWO_OK);
+    return st.n_layer_updates;
+  };
+  for (uint64_t step = 1; step <= 3; ++step) {
+    p.step = step;
+    ASSERT_LWO(lwo_grads_zero(g));
+    ASSERT_LWO(lwo_grads_zero(gt));
+    ASSERT_LWO(lwo_optim_step_open(o, &p, 1));
+    // Layers L-1 .. 1 added one at a time, each updated before the next is
+    // ended; layer 0 is ended and left to the close.
+    for (uint32_t l = L; l-- > 0;) {
+      backward(g, pool, l, s, rng, 0.5f);
+      backward(gt, twin, l, s, rng_t, 0.5f);
+      if (l == 0) break;
+      const uint64_t before = updates();
+      ASSERT_LWO(lwo_optim_step_add(o, l));
+      auto t0 = std::chrono::steady_clock::now();
+      while (updates() == before &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      ASSERT_EQ(updates(), before + 1) << "step " << step << ": layer " << l
+                                       << " was not updated while the step was open";
+      // A stage of an updated layer while the step is open copies its new bytes.
+      lwo_ticket t{};
+      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
+      ASSERT_TRUE(holds_layer(pool, v)) << "step " << step << " layer " << l;
+      ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
+    }
+    ASSERT_LWO(lwo_optim_step_close(o));
+    ASSERT_LWO(lwo_optim_step(ot, &p));
+    ASSERT_LWO(lwo_optim_wait(o));
+    ASSERT_LWO(lwo_optim_wait(ot));
+    ASSERT_LWO(lwo_grads_wait(g));
+    for (auto& kv : ref) adam_ref(kv.second, landed(g, kv.first.first, kv.first.second), p, 1.0);
+    check_state(o, pool, ref, 10 * 1e-4, p.lr);
+    for (auto& kv : ref) {
+      const uint32_t l = kv.first.first;
+      const char* name = kv.first.second.c_str();
+      std::vector<float> a(kv.second.p.size()), b(a.size());
+      ASSERT_LWO(lwo_optim_read(o, l, name, LWO_OPTIM_MASTER, a.data(), a.size() * 4));
+      ASSERT_LWO(lwo_optim_read(ot, l, name, LWO_OPTIM_MASTER, b.data(), b.size() * 4));
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "layer " << l << " " << name;
+    }
+  }
+  EXPECT_EQ(updates(), 3u * L);
+  // Refused while open; then usable.
+  ASSERT_LWO(lwo_grads_zero(g));
+  EXPECT_EQ(lwo_optim_step_add(o, 1), LWO_ERR_TICKET_STATE);  // no step open
+  EXPECT_NE(std::string(lwo_last_error_message()).find("no step is open"), std::string::npos);
+  EXPECT_EQ(lwo_optim_step_close(o), LWO_ERR_TICKET_STATE);
+  p.step = 4;
+  ASSERT_LWO(lwo_optim_step_open(o, &p, 1));
+  EXPECT_EQ(lwo_optim_step_add(o, 1), LWO_ERR_TICKET_STATE);  // no gradient since zero
+  EXPECT_NE(std::string(lwo_last_error_message()).find("has no gradient ended"), std::string::npos);
+  EXPECT_EQ(lwo_optim_step_add(o, L), LWO_ERR_OUT_OF_RANGE);
+  backward(g, pool, 1, s, rng, 0.5f);
+  ASSERT_LWO(lwo_optim_step_add(o, 1));
+  EXPECT_EQ(lwo_optim_step_add(o, 1), LWO_ERR_TICKET_STATE);  // already in the step
+  EXPECT_NE(std::string(lwo_last_error_message()).find("already in step 4"), std::string::npos);
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_grads_begin(g, 1, stream(s), &v), LWO_ERR_TICKET_STATE);  // taken
+  EXPECT_NE(std::string(lwo_last_error_message()).find("open step 4"), std::string::npos);
+  EXPECT_EQ(lwo_optim_wait(o), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_optim_step(o, &p), LWO_ERR_BUSY);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("is open"), std::string::npos);
+  EXPECT_EQ(lwo_optim_step_open(o, &p, 1), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_optim_set_group(o, 1, "weight", 0), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_optim_destroy(o), LWO_ERR_BUSY);
+  backward(g, pool, 0, s, rng, 0.5f);  // another layer: fine while open
+  ASSERT_LWO(lwo_optim_step_close(o));
+  ASSERT_LWO(lwo_optim_wait(o));
+  EXPECT_EQ(updates(), 3u * L + 2);  // layer 1 added, layer 0 by the close
+  backward(g, pool, 1, s, rng, 0.5f);  // the next step's gradient: accepted again
+  ASSERT_LWO(lwo_grads_wait(g));
+  // Clipping and a delayed optimizer are not for open steps.
+  lwo_optim_destroy(ot);
+  lwo_optim_step_params q = LWO_OPTIM_STEP_PARAMS_INIT;
+  q.max_norm = 1.0;
+  lwo_optim* oc = make_optim(gt, LWO_DTYPE_F32, LWO_OPTIM_CLIPPING, 1);
+  EXPECT_EQ(lwo_optim_step_open(oc, &q, 1), LWO_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("max_norm"), std::string::npos);
+  ASSERT_LWO(lwo_optim_destroy(oc));
+  lwo_optim* od = make_optim(gt, LWO_DTYPE_F32, LWO_OPTIM_DELAYED, 1);
+  EXPECT_EQ(lwo_optim_step_open(od, &p, 1), LWO_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("DELAYED"), std::string::npos);
+  ASSERT_LWO(lwo_optim_destroy(od));
+  EXPECT_EQ(lwo_optim_step_open(o, nullptr, 1), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_optim_step_open(o, &p, 0), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_optim_step_add(nullptr, 0), LWO_ERR_INVALID_HANDLE);
+  ASSERT_LWO(lwo_ring_release_all(ring, stream(s), nullptr));
+  ASSERT_LWO(lwo_optim_destroy(o));
+  ASSERT_LWO(lwo_ring_destroy(ring));
+  ASSERT_LWO(lwo_grads_destroy(g));
+  ASSERT_LWO(lwo_grads_destroy(gt));
+  ASSERT_LWO(lwo_pool_destroy(pool));
+  ASSERT_LWO(lwo_pool_destroy(twin));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
 }
 
 }  // namespace
