@@ -268,6 +268,7 @@ Optimizer::Job Optimizer::take(uint32_t layer, const char* call) {
   if (stale || serial == 0 || serial == l.used_serial)
     fail(LWO_ERR_TICKET_STATE, "%s: layer %u has no gradient ended (lwo_grads_end) since its "
          "last update or lwo_grads_zero", call, layer);
+  pool_.check_not_held(layer, "updating the layer");
   l.pending = l.reading = l.taken = true;
   l.used_serial = serial;
   pool_.changed(layer);  // before any byte is written: no ring reuses the old copy
@@ -303,6 +304,7 @@ void Optimizer::close() {
     }
     std::sort(rest.begin(), rest.end(),
               [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : rest) pool_.check_not_held(j.layer, "updating the layer");  // before any
     for (const Job& j : rest) jobs_.push_back(take(j.layer, "lwo_optim_step_close"));
     for (const Job& j : jobs_) layers_[j.layer].taken = false;
     open_ = false;
