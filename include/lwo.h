@@ -1629,8 +1629,8 @@ LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_ste
  * layer is already in it, or it has no gradient ended since its last update
  * or lwo_grads_zero; LWO_ERR_OUT_OF_RANGE, LWO_ERR_INVALID_ARGUMENT (frozen).
  * lwo_optim_step_close: LWO_ERR_TICKET_STATE if no step is open. Each is
- * LWO_ERR_BUSY, taking nothing, for a layer held as for lwo_pool_write (the
- * step stays open). */
+ * LWO_ERR_BUSY, taking nothing, for a layer held as for lwo_pool_write (an
+ * open step stays open). */
 LWO_API lwo_status_t lwo_optim_step_open(lwo_optim* optim, const lwo_optim_step_params* params,
                                          uint32_t n_groups);
 LWO_API lwo_status_t lwo_optim_step_add(lwo_optim* optim, uint32_t layer);

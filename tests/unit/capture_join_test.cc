@@ -226,9 +226,10 @@ TEST_F(CaptureJoin, ResidentLayersAreHeldUntilTheRelease) {
 
 // The host optimizer may not update a held resident layer: after an eager
 // step whose gradients reach layers 0 and 1 (1 resident), a joined capture's
-// graph holds the ring; lwo_optim_step is LWO_ERR_BUSY naming layer 1 and
-// starts nothing, and so is writing layer 1's masters; after the release the
-// step runs and the next stage uploads the updated layer.
+// graph holds the ring; lwo_optim_step and lwo_optim_step_open are
+// LWO_ERR_BUSY naming layer 1 and start nothing, and so is writing layer 1's
+// masters; after the release the step runs and the next stage uploads the
+// updated layer.
 TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = resident_ring(pool, 1, {1});
@@ -259,6 +260,8 @@ TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
   lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
   p.step = 1;
   EXPECT_EQ(lwo_optim_step(optim, &p), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "layer 1 is resident")) << msg();
+  EXPECT_EQ(lwo_optim_step_open(optim, &p, 1), LWO_ERR_BUSY);
   EXPECT_TRUE(contains(msg(), "layer 1 is resident")) << msg();
   lwo_optim_info info{};
   info.size = sizeof info;
