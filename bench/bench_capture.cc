@@ -37,6 +37,31 @@
 //                       before and after the timed iterations); a mismatch
 //                       stops the benchmark with an error instead
 // Runs in a few seconds on an H200.
+//
+// The training step (capture/linear256x512/step/T:16): the same chain
+// trainable, a forward and a backward whose weight gradients (f32) go to
+// host memory through a gradient set, in four variants of one step:
+//   streamed           eager: lwo_grads_zero, a schedule over the forward and
+//                      backward order (testkit::ChainRun::enqueue_streamed_step),
+//                      lwo_grads_wait
+//   replayed           the same calls on a second ring, schedule and gradient
+//                      set, captured once; a step is lwo_grads_zero,
+//                      lwo_graph_launch, lwo_grads_wait
+//   resident           eager: the same compute calls on device copies of the
+//                      records, gradients into device buffers
+//   resident_captured  those calls captured; a step is one cudaGraphLaunch
+// Counters as above, per step: host_us_per_layer_<variant> over the 1,024
+// layer calls of a step (the enqueue: for replayed, the zero and the launch);
+// <variant>_ms the wall time from the enqueue's start to the step's end (the
+// gradients landed and the stream drained); step_bytes the bytes a streamed
+// step copies to the device (ring statistics of one eager step), copy_ms their
+// time at copy_GBps, grad_bytes the gradient bytes it sends to the host;
+// floor_ms max(resident_captured_ms, copy_ms), ratio replayed_ms / floor_ms;
+// matches_resident 1 when the streamed and replayed steps' output, input
+// gradient and host gradients of the first and last records equal the
+// resident step's bit for bit and the captured resident step's output and
+// input gradient equal the eager one's (checked before and after the timed
+// steps; a mismatch stops the benchmark).
 #include <algorithm>
 #include <memory>
 
@@ -249,19 +274,222 @@ void bm_capture(benchmark::State& state) {
   });
 }
 
+void bm_capture_step(benchmark::State& state) {
+  run_guarded(state, [&] {
+    const uint32_t depth = static_cast<uint32_t>(state.range(0));
+    const uint32_t per_record = static_cast<uint32_t>(state.range(1));
+    testkit::ChainSpec spec = testkit::linear_chain("linear256x512", kDim, kLayers, per_record);
+    testkit::ChainWeights W(engine(), spec);
+    W.make_resident();
+    const uint32_t R = W.n_records();
+    if (depth >= R)
+      fail(strf("depth %u holds all %u records: every eager stage after the first pass would be "
+                "a hit", depth, R));
+    Stream stream = make_stream();
+    const cudaStream_t st = stream.get();
+    testkit::ChainRun run(W, kTokens, st, /*trainable=*/true, LWO_DTYPE_F32);
+    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+    rc.depth = depth;
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = LWO_GRADS_F32;
+    Ring eager_ring, graph_ring;
+    check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
+    check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
+    Grads eager_grads, graph_grads;
+    check(lwo_grads_create(W.pool(), nullptr, &gc, eager_grads.out()), "lwo_grads_create");
+    check(lwo_grads_create(W.pool(), nullptr, &gc, graph_grads.out()), "lwo_grads_create");
+    const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/true);
+    const uint32_t n_order = static_cast<uint32_t>(order.size());
+    Schedule eager_schedule, graph_schedule;
+    check(lwo_schedule_create(eager_ring.get(), order.data(), n_order, eager_schedule.out()),
+          "lwo_schedule_create");
+    check(lwo_schedule_create(graph_ring.get(), order.data(), n_order, graph_schedule.out()),
+          "lwo_schedule_create");
+    auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
+    auto streamed_step = [&](lwo_schedule* schedule, lwo_grads* grads) {
+      check(lwo_grads_zero(grads), "lwo_grads_zero");
+      run.enqueue_streamed_step(schedule, grads);
+    };
+    // Eager first (the compute's plans, workspaces and gradient buffers are
+    // made outside the captures); the bytes of one eager step.
+    lwo_ring_stats r0{};
+    r0.size = sizeof r0;
+    lwo_grads_stats g0{};
+    g0.size = sizeof g0;
+    for (int k = 0; k < std::max(1, g_warmup); ++k) {
+      check(lwo_ring_get_stats(eager_ring.get(), &r0), "lwo_ring_get_stats");
+      check(lwo_grads_get_stats(eager_grads.get(), &g0), "lwo_grads_get_stats");
+      streamed_step(eager_schedule.get(), eager_grads.get());
+      check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
+      run.enqueue_resident_step();
+      drain();
+    }
+    lwo_ring_stats r1{};
+    r1.size = sizeof r1;
+    lwo_grads_stats g1{};
+    g1.size = sizeof g1;
+    check(lwo_ring_get_stats(eager_ring.get(), &r1), "lwo_ring_get_stats");
+    check(lwo_grads_get_stats(eager_grads.get(), &g1), "lwo_grads_get_stats");
+    const uint64_t step_bytes = r1.bytes_copied - r0.bytes_copied;
+    const uint64_t grad_bytes = g1.bytes - g0.bytes;
+
+    const double c0 = now_seconds();
+    check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
+    check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
+    try {
+      run.enqueue_streamed_step(graph_schedule.get(), graph_grads.get());
+    } catch (...) {
+      lwo_schedule_reset(graph_schedule.get(), st);  // lets go of its tickets
+      lwo_graph* discarded = nullptr;
+      lwo_ring_capture_end(graph_ring.get(), st, &discarded);
+      lwo_graph_destroy(discarded);
+      throw;
+    }
+    testkit::Graph graph;
+    check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
+    const double capture_ms = (now_seconds() - c0) * 1e3;
+    testkit::GraphExec resident_graph;
+    {
+      check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+      cudaGraph_t g = nullptr;
+      try {
+        run.enqueue_resident_step();
+      } catch (...) {
+        cudaStreamEndCapture(st, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
+      const cudaError_t e = cudaGraphInstantiate(resident_graph.out(), g, 0);
+      cudaGraphDestroy(g);
+      check(e, "cudaGraphInstantiate");
+    }
+
+    // One step of variant v: its host enqueue time into *host_s; returns
+    // when the step is over (gradients landed, stream drained).
+    auto step = [&](int v, double* host_s) {
+      const double t0 = now_seconds();
+      switch (v) {
+        case kStreamed: streamed_step(eager_schedule.get(), eager_grads.get()); break;
+        case kReplayed:
+          check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
+          check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch");
+          break;
+        case kResident: run.enqueue_resident_step(); break;
+        default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
+      }
+      *host_s = now_seconds() - t0;
+      if (v == kStreamed) check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
+      if (v == kReplayed) check(lwo_grads_wait(graph_grads.get()), "lwo_grads_wait");
+      drain();
+    };
+
+    // The check, each step on activations and input gradients poisoned first.
+    const uint32_t N = spec.n_ops();
+    auto poison = [&] {
+      for (uint32_t i = 1; i <= N; ++i)
+        check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
+              "cudaMemsetAsync");
+      check(cudaMemsetAsync(run.dx_out(0), 0xff, run.input_bytes(), st), "cudaMemsetAsync");
+    };
+    auto outputs = [&] {
+      drain();
+      std::vector<uint8_t> y = testkit::copy_back(run.x(N), run.output_bytes());
+      const std::vector<uint8_t> dx = testkit::copy_back(run.dx_out(0), run.input_bytes());
+      y.insert(y.end(), dx.begin(), dx.end());
+      return y;
+    };
+    auto check_steps = [&](const char* when) {
+      double unused = 0;
+      for (int v : {kStreamed, kReplayed}) {
+        poison();
+        step(v, &unused);
+        const testkit::ChainCheck c =
+            run.compare_with_resident(v == kStreamed ? eager_grads.get() : graph_grads.get(), true);
+        if (!c.same) fail(strf("%s: the %s step: %s", when, kNames[v], c.first.c_str()));
+      }
+      poison();
+      step(kResident, &unused);
+      const std::vector<uint8_t> want = outputs();
+      poison();
+      step(kResidentCaptured, &unused);
+      const std::vector<uint8_t> got = outputs();
+      const uint64_t es = lwo_dtype_size(spec.dtype);
+      const std::string diff = testkit::compare_bits(
+          strf("%s: the resident_captured step's output and input gradient", when), got.data(),
+          want.data(), got.size() / es, spec.dtype, kDim);
+      if (!diff.empty()) fail(diff);
+    };
+    check_steps("before the timed steps");
+
+    std::vector<double> host_us[kVariants], step_ms[kVariants];
+    for (int k = 0; k < g_warmup; ++k)
+      for (int v = 0; v < kVariants; ++v) {
+        double unused = 0;
+        step(v, &unused);
+      }
+    for (auto _ : state) {
+      for (int v = 0; v < kVariants; ++v) {
+        double host_s = 0;
+        const double t0 = now_seconds();
+        step(v, &host_s);
+        step_ms[v].push_back((now_seconds() - t0) * 1e3);
+        host_us[v].push_back(host_s * 1e6 / (2.0 * kLayers));
+      }
+      state.SetIterationTime(step_ms[kReplayed].back() / 1e3);
+    }
+    check(lwo_engine_check(engine()), "lwo_engine_check");
+    check_steps("after the timed steps");
+
+    const std::vector<testkit::HostRange> hosts = W.record_hosts();
+    uint64_t largest = 0;
+    for (const testkit::HostRange& h : hosts) largest = std::max(largest, h.bytes);
+    const testkit::CopyResult copies = testkit::time_h2d_copies(hosts, largest, {1, 5});
+    const double copy_gbps = copies.best_gbps();
+    const double copy_ms = copy_gbps > 0 ? static_cast<double>(step_bytes) / (copy_gbps * 1e6) : 0;
+
+    auto& c = state.counters;
+    double ms[kVariants];
+    for (int v = 0; v < kVariants; ++v) {
+      ms[v] = median(step_ms[v]);
+      c[strf("host_us_per_layer_%s", kNames[v])] = median(host_us[v]);
+      c[strf("%s_ms", kNames[v])] = ms[v];
+    }
+    const double floor_ms = std::max(ms[kResidentCaptured], copy_ms);
+    c["copy_GBps"] = copy_gbps;
+    c["step_bytes"] = static_cast<double>(step_bytes);
+    c["grad_bytes"] = static_cast<double>(grad_bytes);
+    c["copy_ms"] = copy_ms;
+    c["floor_ms"] = floor_ms;
+    c["ratio"] = floor_ms > 0 ? ms[kReplayed] / floor_ms : 0;
+    c["replayed_over_streamed"] = ms[kStreamed] > 0 ? ms[kReplayed] / ms[kStreamed] : 0;
+    c["capture_ms"] = capture_ms;
+    c["matches_resident"] = 1;  // else the check above stopped the benchmark
+    c["layers"] = kLayers;
+    c["records"] = R;
+    c["per_record"] = per_record;
+    c["depth"] = depth;
+    c["rows"] = kTokens;
+  });
+}
+
 void register_benchmarks() {
   auto* b = benchmark::RegisterBenchmark("capture/linear256x512/fwd/T:16", bm_capture);
   for (uint64_t d : g_depths)
     for (uint64_t p : g_per_record) b->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
   timed_ms(b->ArgNames({"depth", "per_record"}), g_iterations);
+  auto* t = benchmark::RegisterBenchmark("capture/linear256x512/step/T:16", bm_capture_step);
+  for (uint64_t d : g_depths)
+    for (uint64_t p : g_per_record) t->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
+  timed_ms(t->ArgNames({"depth", "per_record"}), g_iterations);
 }
 
 }  // namespace
 
 const MainSpec kMain = {
     "bench_capture",
-    "a streamed forward (512 x Linear(256), T=16) captured and replayed, against eager and "
-    "resident",
+    "a streamed forward and training step (512 x Linear(256), T=16) captured and replayed, "
+    "against eager and resident",
     register_benchmarks,
     {},
     {{"--per-record", "layers per record, comma-separated divisors of 512 (default 32)",

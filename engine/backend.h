@@ -43,6 +43,10 @@ class Backend {
 
   virtual StreamH stream_create() = 0;  // non-blocking w.r.t. the legacy stream
   virtual void stream_destroy(StreamH stream) noexcept = 0;
+  // Host waits and queries (stream_sync, stream_check, event_sync,
+  // event_done) are never of work in a capture under way; the CUDA
+  // implementation makes them with the calling thread's capture mode relaxed,
+  // so that a capture in global mode, on any thread, does not refuse them.
   virtual void stream_sync(StreamH stream) = 0;
   // Throws if work on the stream has failed; does not block.
   virtual void stream_check(StreamH stream) = 0;
@@ -80,6 +84,12 @@ class Backend {
   virtual void* capture_end(StreamH stream);
   virtual void graph_launch(void* graph, StreamH stream);
   virtual void graph_destroy(void* graph) noexcept {}
+  // Whether `stream` is capturing now (cudaStreamGetCaptureInfo), whoever
+  // began it: None, Active, or Invalidated (a call the capture could not
+  // hold failed it; its origin must still end it). The default throws
+  // LWO_ERR_UNSUPPORTED as capture_begin does.
+  enum class CaptureStatus { None, Active, Invalidated };
+  virtual CaptureStatus capture_status(StreamH stream);
   // Collectives over a communicator.
   virtual void comm_info(void* comm, int* n_ranks, int* rank) = 0;
   // recv[k*bytes .. (k+1)*bytes) = rank k's send, for every rank k.

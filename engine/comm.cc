@@ -109,6 +109,10 @@ void* Backend::capture_end(StreamH stream) {
   fail(LWO_ERR_UNSUPPORTED, "capture on stream %p: this backend records no CUDA graphs", stream);
 }
 
+Backend::CaptureStatus Backend::capture_status(StreamH stream) {
+  fail(LWO_ERR_UNSUPPORTED, "capture on stream %p: this backend records no CUDA graphs", stream);
+}
+
 void Backend::graph_launch(void* graph, StreamH stream) {
   fail(LWO_ERR_UNSUPPORTED, "graph %p on stream %p: this backend records no CUDA graphs", graph,
        stream);

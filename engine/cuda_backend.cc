@@ -58,6 +58,26 @@ lwo_status_t status_of(cudaError_t e) {
     }                                                                         \
   } while (0)
 
+// The calling thread's capture mode relaxed for the scope
+// (cudaThreadExchangeStreamCaptureMode): the library's host waits and queries
+// (stream_sync, stream_check, event_sync, event_done) are never of captured
+// work, and a capture some thread runs in global mode (torch.cuda.graph's
+// default), or this thread in thread-local mode, would otherwise refuse them,
+// on the caller's thread (lwo_ring_capture_join) and on the library's own
+// (an optimizer waiting for a gradient's landing) alike.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    LWO_CUDA(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode");
+  }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }  // the thread's own again
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -174,9 +194,11 @@ class CudaBackend final : public Backend {
     if (s) (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
   }
   void stream_sync(StreamH s) override {
+    RelaxedCapture relaxed;
     LWO_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize(%p)", s);
   }
   void stream_check(StreamH s) override {
+    RelaxedCapture relaxed;
     cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(s));
     if (e == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -216,6 +238,14 @@ class CudaBackend final : public Backend {
     LWO_CUDA(e, "cudaGraphInstantiate of the graph captured on stream %p", s);
     return exec;
   }
+  CaptureStatus capture_status(StreamH s) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    LWO_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &st),
+             "cudaStreamIsCapturing on stream %p", s);
+    return st == cudaStreamCaptureStatusActive  ? CaptureStatus::Active
+           : st == cudaStreamCaptureStatusNone ? CaptureStatus::None
+                                               : CaptureStatus::Invalidated;
+  }
   void graph_launch(void* g, StreamH s) override {
     LWO_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(s)),
              "cudaGraphLaunch on stream %p", s);
@@ -224,6 +254,7 @@ class CudaBackend final : public Backend {
     if (g) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   }
   bool event_done(EventH ev) override {
+    RelaxedCapture relaxed;
     cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
     if (e == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -233,6 +264,7 @@ class CudaBackend final : public Backend {
     return true;
   }
   void event_sync(EventH ev) override {
+    RelaxedCapture relaxed;
     LWO_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
   }
   float event_elapsed_ms(EventH a, EventH b) override {

@@ -279,9 +279,13 @@ uint64_t default_host_limit() {
 }
 
 void Engine::check_not_capturing(const char* what) const {
-  if (const void* r = capture_owner_.load())
+  if (const void* r = capture_owner_.load()) {
+    if (capture_joined_.load())
+      fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine has joined a CUDA graph capture "
+           "(lwo_ring_capture_join); leave it first (lwo_ring_capture_leave)", what, r);
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph "
          "(lwo_ring_capture_begin); end the capture first (lwo_ring_capture_end)", what, r);
+  }
 }
 
 void Engine::join_capture(CapturePart* part) {

@@ -127,10 +127,14 @@ class Engine {
   const void* capture_owner() const { return capture_owner_.load(); }
   // The capturing ring's pool (null: none), set with the owner.
   const void* capture_pool() const { return capture_pool_.load(); }
-  void set_capture_owner(const void* ring, const void* pool = nullptr) {
+  // `joined`: the capture is one the caller began, which the ring joined
+  // (lwo_ring_capture_join): the caller's cudaGraphLaunch replays it.
+  void set_capture_owner(const void* ring, const void* pool = nullptr, bool joined = false) {
     capture_pool_.store(ring ? pool : nullptr);
+    capture_joined_.store(ring && joined);
     capture_owner_.store(ring);
   }
+  bool capture_joined() const { return capture_joined_.load(); }
   void check_not_capturing(const char* what) const;
   // A participant of the capture under way (once); the capturing ring takes
   // them all when the capture ends.
@@ -198,6 +202,7 @@ class Engine {
   bool checking_ = false;
   std::atomic<const void*> capture_owner_{nullptr};
   std::atomic<const void*> capture_pool_{nullptr};
+  std::atomic<bool> capture_joined_{false};
   std::mutex parts_mu_;
   std::vector<CapturePart*> capture_parts_;
   bool tune_gemms_ = true;

@@ -603,10 +603,17 @@ void Grads::check_capture(const char* what) {
          "until lwo_graph_destroy", what);
   const void* owner = engine_.capture_owner();
   if (!owner) return;
+  if (engine_.capture_joined() && engine_.capture_pool() == &pool_)
+    fail(LWO_ERR_UNSUPPORTED, "%s: ring %p of the engine joined a capture the caller began "
+         "(lwo_ring_capture_join), whose replays are the caller's cudaGraphLaunch: nothing "
+         "would do a gradient end's host side at each replay (its serial, the zero check, the "
+         "optimizer's waits); capture the training step with lwo_ring_capture_begin and replay "
+         "it with lwo_graph_launch", what, owner);
   if (engine_.capture_pool() != &pool_)
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph of another "
-         "pool, and the gradient stream would join its capture; end it first "
-         "(lwo_ring_capture_end)", what, owner);
+         "pool, and the gradient stream would join its capture; %s", what, owner,
+         engine_.capture_joined() ? "leave it first (lwo_ring_capture_leave)"
+                                  : "end it first (lwo_ring_capture_end)");
   if (capture_ == Capture::None) join_capture(what);
 }
 

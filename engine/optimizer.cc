@@ -235,6 +235,7 @@ void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups, boo
     }
     // In the order the layers were ended: the order they land.
     std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : jobs) pool_.check_not_held(j.layer, "updating the layer");
     for (const Job& j : jobs) {
       layers_[j.layer].pending = true;
       layers_[j.layer].reading = true;
@@ -267,6 +268,7 @@ Optimizer::Job Optimizer::take(uint32_t layer, const char* call) {
   if (stale || serial == 0 || serial == l.used_serial)
     fail(LWO_ERR_TICKET_STATE, "%s: layer %u has no gradient ended (lwo_grads_end) since its "
          "last update or lwo_grads_zero", call, layer);
+  pool_.check_not_held(layer, "updating the layer");
   l.pending = l.reading = l.taken = true;
   l.used_serial = serial;
   pool_.changed(layer);  // before any byte is written: no ring reuses the old copy
@@ -302,6 +304,7 @@ void Optimizer::close() {
     }
     std::sort(rest.begin(), rest.end(),
               [](const Job& a, const Job& b) { return a.serial < b.serial; });
+    for (const Job& j : rest) pool_.check_not_held(j.layer, "updating the layer");  // before any
     for (const Job& j : rest) jobs_.push_back(take(j.layer, "lwo_optim_step_close"));
     for (const Job& j : jobs_) layers_[j.layer].taken = false;
     open_ = false;
@@ -637,9 +640,17 @@ void Optimizer::wait() {
     fail(LWO_ERR_BUSY, "step %llu is open: it ends after lwo_optim_step_close",
          static_cast<unsigned long long>(last_step_));
   cv_.wait(lock, [&] { return !running_; });
-  if (cfg_.delayed)  // the pool catches up with the masters
+  // The pool catches up with the masters, but for a layer a caller's CUDA
+  // graph holds resident (Pool::hold), which keeps its update until a later
+  // wait.
+  int64_t held = -1;
+  if (cfg_.delayed)
     for (uint32_t li = 0; li < layers_.size(); ++li)
       if (layers_[li].dirty) {
+        if (pool_.held(li)) {
+          if (held < 0) held = li;
+          continue;
+        }
         publish_next(layers_[li]);
         pool_.changed(li);
       }
@@ -649,6 +660,11 @@ void Optimizer::wait() {
     fail(LWO_ERR_INTERNAL, "the update of step %llu failed: %s",
          static_cast<unsigned long long>(last_step_), e.c_str());
   }
+  if (held >= 0)
+    fail(LWO_ERR_BUSY, "step %llu is done, but layer %lld's update stays in the masters: the "
+         "layer is resident in a ring whose pass a CUDA graph the caller captured holds "
+         "(lwo_ring_capture_join); lwo_optim_wait again after lwo_ring_capture_release",
+         static_cast<unsigned long long>(last_step_), static_cast<long long>(held));
 }
 
 bool Optimizer::done() {
@@ -716,6 +732,7 @@ void Optimizer::write(uint32_t layer, const char* name, lwo_optim_state_t which,
   std::lock_guard<std::mutex> lock(mu_);
   Tensor& t = tensor_of(layer, name);
   void* dst = state_of(t, layer, name, which, bytes, src, "src", "lwo_optim_write");
+  if (which == LWO_OPTIM_MASTER) pool_.check_not_held(layer, "writing the layer's master");
   if (which == LWO_OPTIM_MASTER && t.quant != LWO_QUANT_NONE) {
     // Quantized first: a NaN or infinite master (which quantization refuses)
     // leaves the masters and the pool as they were.

@@ -35,6 +35,8 @@ void Pool::build_layouts(const lwo_layer_desc* layers, uint32_t n_layers, bool w
 void Pool::finish_layers() {
   versions_.reset(new std::atomic<uint64_t>[layers_.size()]);
   for (size_t i = 0; i < layers_.size(); ++i) versions_[i].store(0);
+  held_.reset(new std::atomic<int>[layers_.size()]);
+  for (size_t i = 0; i < layers_.size(); ++i) held_[i].store(0);
   for (Layer& l : layers_) {
     if (!communicator_) l.shard_bytes = l.layout.record_bytes;  // one shard: the record
     l.tensor_bytes.clear();
@@ -486,6 +488,7 @@ void Pool::write(uint32_t layer_id, const char* name, uint64_t offset, const voi
   uint32_t ti = tensor_index(layer_id, name);
   const Layer& l = layers_[layer_id];
   const TensorLayout& t = l.layout.tensors[ti];
+  check_not_held(layer_id, "writing the layer");
   if (whole && bytes != t.bytes)
     fail(LWO_ERR_SIZE_MISMATCH, "layer %u tensor '%s' holds %llu bytes, given %llu", layer_id,
          name, static_cast<unsigned long long>(t.bytes), static_cast<unsigned long long>(bytes));
@@ -533,6 +536,7 @@ void Pool::write_quantized(uint32_t layer_id, const char* name, const void* src,
          "layer %u tensor '%s' is not quantized (no LWO_EXT_TENSOR_QUANT in its description): "
          "use lwo_pool_write",
          layer_id, t.name.c_str());
+  check_not_held(layer_id, "writing the layer");
   const quant::Layout ql = quant::layout_of(t.quant, t.dtype, t.shape[0], t.shape[1]);
   const uint64_t want = static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(t.shape[1]) *
                         dtype_size(src_dtype);
@@ -548,6 +552,15 @@ void Pool::write_quantized(uint32_t layer_id, const char* name, const void* src,
     fail(e.status(), "layer %u tensor '%s': %s", layer_id, t.name.c_str(), e.what());
   }
   changed(layer_id);
+}
+
+void Pool::check_not_held(uint32_t layer_id, const char* what) const {
+  layer(layer_id);
+  if (held_[layer_id].load() > 0)
+    fail(LWO_ERR_BUSY, "%s: layer %u is resident in a ring whose pass a CUDA graph the caller "
+         "captured holds (lwo_ring_capture_join): its replays copy nothing into the layer's "
+         "slot, so the change would never reach them; lwo_ring_capture_release first", what,
+         layer_id);
 }
 
 void Pool::changed(uint32_t layer_id) {

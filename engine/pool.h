@@ -92,6 +92,17 @@ class Pool {
   // a slot that holds the old bytes. write() calls it itself.
   void changed(uint32_t layer);
   uint64_t version(uint32_t layer) const { return versions_[layer].load(std::memory_order_acquire); }
+  // Resident layers of a ring in a CUDA graph the caller captured
+  // (lwo_ring_capture_join until lwo_ring_capture_release) are held: that
+  // graph's replays copy nothing into their slots, so a change could never
+  // reach them. hold() counts per layer; check_not_held throws LWO_ERR_BUSY,
+  // naming `what` and the layer, while one is held. Writers of the host bytes
+  // (lwo_pool_write, _write_quantized, _layer_changed, lwo_optim_step and
+  // lwo_optim_write of a master) check first; a delayed optimizer's
+  // lwo_optim_wait keeps a held layer's update in its masters.
+  void hold(uint32_t layer, int delta) { held_[layer].fetch_add(delta); }
+  bool held(uint32_t layer) const { return layer < layers_.size() && held_[layer].load() > 0; }
+  void check_not_held(uint32_t layer, const char* what) const;
 
   // Throws LWO_ERR_BUSY while rings or gradient sets of the pool exist.
   void check_destroyable() const;
@@ -126,6 +137,7 @@ class Pool {
   lwo_pool_kind_t kind_;
   std::vector<Layer> layers_;
   std::unique_ptr<std::atomic<uint64_t>[]> versions_;  // per layer, bumped on change
+  std::unique_ptr<std::atomic<int>[]> held_;           // per layer, hold() counts
   uint64_t total_bytes_ = 0;
   uint64_t max_record_ = 0;
   PinnedArena arena_;            // pinned and sharded pools

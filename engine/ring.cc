@@ -239,7 +239,10 @@ int32_t Ring::choose_slot(uint32_t layer, int32_t* hit_slot) {
            "(ticket 0x%llx); release it first", layer, state_name(o.state), ri,
            static_cast<unsigned long long>(ticket_id(ri)));
     // Changed since its upload (or a failed upload): fill the same slot again.
-    if (o.state == State::Empty || o.version != version) return static_cast<int32_t>(ri);
+    // In a capture a resident layer is a hit whatever its version: each launch
+    // uploads a change before the replay (refresh_resident).
+    if (o.state == State::Empty || (!capture_stream_ && o.version != version))
+      return static_cast<int32_t>(ri);
     *hit_slot = static_cast<int32_t>(ri);
     return -1;
   }
@@ -301,6 +304,8 @@ lwo_ticket Ring::stage(uint32_t layer) {
     ++n_stages_;
     ++n_hits_;
     if (static_cast<uint32_t>(hit_slot) >= slots_.size()) ++n_resident_hits_;
+    // A resident layer the graph reads as it was before the capture.
+    if (capture_stream_ && o.ready_outside) captured_resident_.push_back(layer);
     return lwo_ticket{ticket_id(static_cast<uint32_t>(hit_slot))};
   }
   fill_slot(static_cast<uint32_t>(victim), layer);
@@ -339,6 +344,7 @@ void Ring::fill_slot(uint32_t si, uint32_t layer) {
     if (!resident && o.state == State::Released && slot_of_layer_[o.layer] == static_cast<int32_t>(si))
       slot_of_layer_[o.layer] = -1;
     o.state = State::Empty;
+    o.ready_outside = false;
     slot_emptied(si);
     throw;
   }
@@ -358,6 +364,7 @@ void Ring::fill_slot(uint32_t si, uint32_t layer) {
   o.version = pool_.version(layer);
   o.id = id;
   o.merge_free = false;
+  o.ready_outside = false;
   o.tensor_ptrs.resize(l.layout.tensors.size());
   for (size_t i = 0; i < l.layout.tensors.size(); ++i)
     o.tensor_ptrs[i] = s.dev + l.layout.tensors[i].offset;
@@ -431,7 +438,9 @@ void Ring::acquire(lwo_ticket t, StreamH stream, lwo_layer_view* view) {
     t1 = timing_event();
     gpu.event_record(t0, stream);
   }
-  gpu.stream_wait(stream, slot(si).ready);
+  // A resident slot filled before the capture (the host waited for it) is
+  // ready for every replay: a launch orders its own uploads (refresh_resident).
+  if (!(capture_stream_ && o.ready_outside)) gpu.stream_wait(stream, slot(si).ready);
   if (o.merge_free) gpu.stream_wait(stream, slot(si).free);
   if (timing_) {
     gpu.event_record(t1, stream);
@@ -478,7 +487,7 @@ void Ring::release_locked(uint32_t si, StreamH stream) {
     // Checking mode: the record is overwritten with the pattern after every
     // read ordered before the release (and after the fill, which a ticket
     // released unacquired has not waited for); the free event covers it.
-    gpu.stream_wait(stream, slot(si).ready);
+    if (!(capture_stream_ && o.ready_outside)) gpu.stream_wait(stream, slot(si).ready);
     const uint64_t bytes = pool_.layer(o.layer).layout.record_bytes;
     if (bytes) gpu.fill_device(slot(si).dev, kCheckingByte, bytes, stream);
   }
@@ -530,9 +539,15 @@ bool Ring::layer_busy(uint32_t layer) {
 
 void Ring::check_destroyable() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (capture_stream_ && joined_)
+    fail(LWO_ERR_BUSY, "the ring is in a CUDA graph capture it joined; leave it first "
+         "(lwo_ring_capture_leave)");
   if (capture_stream_)
     fail(LWO_ERR_BUSY, "the ring is capturing a CUDA graph; end the capture first "
          "(lwo_ring_capture_end)");
+  if (bound_ && joined_)
+    fail(LWO_ERR_BUSY, "a CUDA graph the caller captured holds the ring "
+         "(lwo_ring_capture_leave); give it back first (lwo_ring_capture_release)");
   if (bound_)
     fail(LWO_ERR_BUSY, "a CUDA graph of the ring exists (lwo_ring_capture_end); destroy it "
          "first (lwo_graph_destroy)");
@@ -591,6 +606,9 @@ void Ring::reset_stats() {
 // ---- CUDA graph capture ----
 
 void Ring::check_not_bound(const char* what) const {
+  if (bound_ && joined_)
+    fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph the caller captured "
+         "(lwo_ring_capture_leave) until lwo_ring_capture_release", what);
   if (bound_)
     fail(LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph (lwo_ring_capture_end) until "
          "lwo_graph_destroy", what);
@@ -599,10 +617,14 @@ void Ring::check_not_bound(const char* what) const {
 
 void Ring::check_not_captured_elsewhere(const char* what) const {
   const void* owner = pool_.engine().capture_owner();
-  if (owner && owner != this)
+  if (owner && owner != this) {
+    if (pool_.engine().capture_joined())
+      fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine has joined a CUDA graph capture and the "
+           "transfer stream is part of it; leave it first (lwo_ring_capture_leave)", what, owner);
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph and the "
          "transfer stream is part of its capture; end it first (lwo_ring_capture_end)", what,
          owner);
+  }
 }
 
 const char* Ring::schedules_hint() const {
@@ -623,21 +645,53 @@ void Ring::forget_slots() {
   table_epoch_.fetch_add(1);
 }
 
-void Ring::capture_begin(StreamH stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Ring::resident_into_capture() {
+  for (uint32_t k = 0; k < resident_.size(); ++k) {
+    Occupancy& o = occ_[slots_.size() + k];
+    resident_[k].ever_freed = false;  // the host waited for every reader
+    o.merge_free = false;
+    if (checking_) {
+      // Releases poison the slot: every replay must fill it itself.
+      o.state = State::Empty;
+      o.ready_outside = false;
+    } else {
+      o.ready_outside = o.state != State::Empty;  // uploaded and waited for
+    }
+  }
+}
+
+void Ring::resident_out_of_capture() {
+  for (uint32_t k = 0; k < resident_.size(); ++k) {
+    Occupancy& o = occ_[slots_.size() + k];
+    // Its free event (and, in checking mode, its ready) was last recorded in
+    // the capture: later work is ordered by the capture's or the graph's end.
+    resident_[k].ever_freed = false;
+    o.merge_free = false;
+    o.ready_outside = false;
+    // Tickets of a discarded capture end; outside checking mode the slot
+    // still holds what was uploaded before the capture (a capture fills no
+    // resident slot then).
+    if (o.state == State::Staged || o.state == State::Acquired) o.state = State::Released;
+    if (checking_) o.state = State::Empty;
+  }
+}
+
+void Ring::hold_resident(int delta) {
+  for (uint32_t l = 0; l < resident_index_.size(); ++l)
+    if (resident_index_[l] >= 0) pool_.hold(l, delta);
+}
+
+void Ring::prepare_capture(StreamH stream, const char* what, bool join) {
   Engine& e = pool_.engine();
   if (!stream)
     fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: the legacy default stream cannot be captured");
-  check_not_bound("beginning a capture");
+  check_not_bound(what);
   if (capture_stream_ || e.capture_owner())
-    fail(LWO_ERR_CAPTURING, "ring %p of the engine is already capturing a CUDA graph",
-         e.capture_owner());
+    fail(LWO_ERR_CAPTURING, "ring %p of the engine is already %s", e.capture_owner(),
+         e.capture_joined() ? "in a CUDA graph capture it joined" : "capturing a CUDA graph");
   if (timing_)
     fail(LWO_ERR_UNSUPPORTED, "a ring made with LWO_RING_TIMING cannot be captured: its timing "
          "events are read on the host");
-  if (resident_.size() != 0)
-    fail(LWO_ERR_UNSUPPORTED, "a ring with resident layers (%zu) cannot be captured",
-         resident_.size());
   if (pool_.kind() == LWO_POOL_CHECKPOINT_STAGED || pool_.kind() == LWO_POOL_SHARDED)
     fail(LWO_ERR_UNSUPPORTED, "a ring of a %s pool cannot be captured: its copies are packed "
          "by host threads or gathered by a collective",
@@ -650,6 +704,29 @@ void Ring::capture_begin(StreamH stream) {
            static_cast<unsigned long long>(ticket_id(i)), schedules_hint());
   DeviceScope scope(e);
   Backend& gpu = e.gpu();
+  const Backend::CaptureStatus status = gpu.capture_status(stream);
+  if (join && status == Backend::CaptureStatus::None)
+    fail(LWO_ERR_CAPTURING, "stream %p is not capturing: begin the capture on it first "
+         "(cudaStreamBeginCapture), or let the ring capture a graph of its own "
+         "(lwo_ring_capture_begin)", stream);
+  if (join && status == Backend::CaptureStatus::Invalidated)
+    fail(LWO_ERR_CAPTURING, "the capture on stream %p was invalidated by an earlier call; end it "
+         "(cudaStreamEndCapture) and capture again", stream);
+  if (!join && status != Backend::CaptureStatus::None)
+    fail(LWO_ERR_CAPTURING, "stream %p is already capturing (a capture the caller began): join "
+         "it with lwo_ring_capture_join", stream);
+  // The host waits below are of nothing in the caller's capture (the backend
+  // makes them with the thread's capture mode relaxed).
+  // Resident layers changed since their upload (or whose upload failed) go
+  // up now, outside the capture: a captured stage of one is a hit.
+  if (!checking_)
+    for (uint32_t k = 0; k < resident_.size(); ++k) {
+      const uint32_t si = static_cast<uint32_t>(slots_.size()) + k;
+      Occupancy& o = occ_[si];
+      if (o.state != State::Empty && o.version == pool_.version(o.layer)) continue;
+      fill_slot(si, o.layer);
+      o.state = State::Released;
+    }
   // Nothing of the ring may still run: the capture takes its slots as empty.
   for (uint32_t i = 0; i < occ_.size(); ++i) {
     if (occ_[i].state != State::Empty || occ_[i].ready_elsewhere) gpu.event_sync(slot(i).ready);
@@ -659,6 +736,23 @@ void Ring::capture_begin(StreamH stream) {
     capture_event_ = gpu.event_create(false);
     all_events_.push_back(capture_event_);
   }
+}
+
+// An optimizer's update of a resident layer lands before the capture's
+// upload of it (as before a stage).
+static void wait_resident_writers(Pool& pool, const std::vector<int32_t>& resident_index) {
+  if (Pool::Writer* w = pool.writer.load())
+    for (uint32_t l = 0; l < resident_index.size(); ++l)
+      if (resident_index[l] >= 0) w->wait_layer(l);
+}
+
+void Ring::capture_begin(StreamH stream) {
+  wait_resident_writers(pool_, resident_index_);
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  prepare_capture(stream, "beginning a capture", /*join=*/false);
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
   gpu.capture_begin(stream);
   try {
     gpu.event_record(capture_event_, stream);
@@ -671,10 +765,106 @@ void Ring::capture_begin(StreamH stream) {
     throw;
   }
   forget_slots();
+  resident_into_capture();
   captured_layers_.clear();
+  captured_resident_.clear();
   capture_stream_ = stream;
+  joined_ = false;
   e.take_capture_parts();  // none: the last capture took its own
   e.set_capture_owner(this, &pool_);
+}
+
+void Ring::capture_join(StreamH stream) {
+  wait_resident_writers(pool_, resident_index_);
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  prepare_capture(stream, "joining a capture", /*join=*/true);
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  // The transfer stream joins the caller's capture (if the wait fails, the
+  // record left in the caller's capture orders nothing).
+  gpu.event_record(capture_event_, stream);
+  gpu.stream_wait(e.h2d(), capture_event_);
+  forget_slots();
+  resident_into_capture();
+  captured_layers_.clear();
+  captured_resident_.clear();
+  capture_stream_ = stream;
+  joined_ = true;
+  hold_resident(+1);
+  e.take_capture_parts();
+  e.set_capture_owner(this, &pool_, /*joined=*/true);
+}
+
+void Ring::capture_leave(StreamH stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  if (!capture_stream_)
+    fail(LWO_ERR_CAPTURING, "the ring is in no capture (lwo_ring_capture_join)");
+  if (!joined_)
+    fail(LWO_ERR_CAPTURING, "the ring captures a graph of its own (lwo_ring_capture_begin): end "
+         "it with lwo_ring_capture_end");
+  if (stream != capture_stream_)
+    fail(LWO_ERR_INVALID_ARGUMENT, "stream %p is not the stream %p the ring joined the capture "
+         "on", stream, capture_stream_);
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  const Backend::CaptureStatus status = gpu.capture_status(stream);
+  if (status != Backend::CaptureStatus::Active) {
+    // The caller's capture ended, or failed, without the ring: nothing of the
+    // ring's part runs, and the ring stages eagerly again.
+    capture_stream_ = nullptr;
+    joined_ = false;
+    e.set_capture_owner(nullptr);
+    e.take_capture_parts();
+    forget_slots();
+    resident_out_of_capture();
+    hold_resident(-1);
+    if (status == Backend::CaptureStatus::None) {
+      try {  // later fills after the stream's work
+        gpu.event_record(capture_event_, stream);
+        gpu.stream_wait(e.h2d(), capture_event_);
+      } catch (...) {
+      }
+    }
+    fail(LWO_ERR_CAPTURING, "the capture on stream %p %s before lwo_ring_capture_leave: the "
+         "ring's part of it is dropped, its tickets ended, and the ring stages eagerly again%s",
+         stream, status == Backend::CaptureStatus::None ? "ended" : "was invalidated",
+         status == Backend::CaptureStatus::None ? "" : " once the caller ends the capture");
+  }
+  for (uint32_t i = 0; i < occ_.size(); ++i)
+    if (occ_[i].state == State::Staged || occ_[i].state == State::Acquired)
+      fail(LWO_ERR_TICKET_STATE, "slot %u holds layer %u %s (ticket 0x%llx): release every "
+           "ticket in the capture, then leave it (the capture is the caller's: the ring cannot "
+           "discard it)%s", i, occ_[i].layer, state_name(occ_[i].state),
+           static_cast<unsigned long long>(ticket_id(i)), schedules_hint());
+  gpu.event_record(capture_event_, e.h2d());
+  gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+  capture_stream_ = nullptr;
+  e.set_capture_owner(nullptr);
+  e.take_capture_parts();  // none: gradient sets refuse a joined capture
+  resident_out_of_capture();
+  bound_ = true;  // the caller's graph holds the ring (joined_ says whose)
+}
+
+void Ring::capture_release(StreamH stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  if (!bound_ || !joined_)
+    fail(LWO_ERR_CAPTURING, "%s", bound_ ? "the ring belongs to a CUDA graph of its own "
+         "(lwo_ring_capture_end): lwo_graph_destroy gives it back"
+         : capture_stream_ && joined_ ? "the ring is still in the caller's capture: leave it "
+         "first (lwo_ring_capture_leave)" : "the ring belongs to no CUDA graph the caller "
+         "captured (lwo_ring_capture_join, lwo_ring_capture_leave)");
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  if (stream && gpu.capture_status(stream) != Backend::CaptureStatus::None)
+    fail(LWO_ERR_CAPTURING, "stream %p is capturing: the release orders the ring's later work "
+         "after the stream's, which must run outside any capture", stream);
+  gpu.event_record(capture_event_, stream);
+  give_back(capture_event_, nullptr);
+  joined_ = false;
+  hold_resident(-1);
 }
 
 std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
@@ -682,6 +872,9 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   Engine& e = pool_.engine();
   if (!capture_stream_)
     fail(LWO_ERR_CAPTURING, "the ring is not capturing (lwo_ring_capture_begin)");
+  if (joined_)
+    fail(LWO_ERR_CAPTURING, "the ring joined a capture the caller began (lwo_ring_capture_join): "
+         "leave it with lwo_ring_capture_leave; the caller ends the capture");
   if (stream != capture_stream_)
     fail(LWO_ERR_INVALID_ARGUMENT, "stream %p is not the stream %p the capture began on", stream,
          capture_stream_);
@@ -703,6 +896,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
     capture_stream_ = nullptr;
     e.set_capture_owner(nullptr);
     forget_slots();
+    resident_out_of_capture();
     // The next fills come after the stream's work (nothing of the discarded
     // capture runs; this orders them for a checking backend as well).
     try {
@@ -735,7 +929,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   }
   std::unique_ptr<Graph> g;
   try {
-    g = std::make_unique<Graph>(*this, exec, captured_layers_, parts);
+    g = std::make_unique<Graph>(*this, exec, captured_layers_, captured_resident_, parts);
   } catch (...) {
     gpu.graph_destroy(exec);
     leave();
@@ -743,33 +937,64 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   }
   capture_stream_ = nullptr;
   e.set_capture_owner(nullptr);
+  resident_out_of_capture();
   bound_ = true;  // the table holds what every replay leaves in the slots
   for (CapturePart* p : parts) p->ended(true, stream);  // the graph holds them now
   gpu.event_record(capture_event_, stream);  // after the capture: graph_released's order
   return g;
 }
 
-void Ring::graph_released(EventH last_launch) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Ring::give_back(EventH after, EventH last_launch) {
   Engine& e = pool_.engine();
   try {
     DeviceScope scope(e);
     // The slots' last readers are the graph's (its launches, done by now):
     // fills after it are ordered after them on the transfer stream too.
-    e.gpu().stream_wait(e.h2d(), capture_event_);
+    e.gpu().stream_wait(e.h2d(), after);
     if (last_launch) e.gpu().stream_wait(e.h2d(), last_launch);
   } catch (...) {
   }
   forget_slots();
+  resident_out_of_capture();
   bound_ = false;
 }
 
-Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers,
+void Ring::graph_released(EventH last_launch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  give_back(capture_event_, last_launch);
+}
+
+void Ring::refresh_resident(const std::vector<uint32_t>& layers, StreamH stream,
+                            EventH last_launch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  bool ordered = false;
+  for (uint32_t l : layers) {
+    const uint32_t si = static_cast<uint32_t>(slots_.size()) + static_cast<uint32_t>(resident_index_[l]);
+    Occupancy& o = occ_[si];
+    if (o.state != State::Empty && o.version == pool_.version(l)) continue;
+    if (!ordered) {
+      // After every reader of the old bytes: the last replay (or, before the
+      // first, the capture, whose readers never ran).
+      gpu.stream_wait(e.h2d(), last_launch ? last_launch : capture_event_);
+      ordered = true;
+    }
+    fill_slot(si, l);
+    o.state = State::Released;
+    gpu.stream_wait(stream, slot(si).ready);  // the replay reads the new bytes
+  }
+}
+
+Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
              std::vector<CapturePart*> parts)
     : ring_(ring), exec_(exec), done_(ring.engine().gpu().event_create(false)),
-      layers_(std::move(layers)), parts_(std::move(parts)) {
-  std::sort(layers_.begin(), layers_.end());
-  layers_.erase(std::unique(layers_.begin(), layers_.end()), layers_.end());
+      layers_(std::move(layers)), resident_(std::move(resident)), parts_(std::move(parts)) {
+  for (std::vector<uint32_t>* v : {&layers_, &resident_}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
 }
 
 Graph::~Graph() {
@@ -794,6 +1019,9 @@ void Graph::launch(StreamH stream) {
   for (CapturePart* p : parts_) p->check_launch();
   if (Pool::Writer* w = ring_.pool().writer.load())
     for (uint32_t l : layers_) w->wait_layer(l);
+  // Resident layers the host changed since the capture or the last launch go
+  // up first, after the last replay, and the replay waits for them.
+  if (!resident_.empty()) ring_.refresh_resident(resident_, stream, launched_ ? done_ : nullptr);
   size_t armed = 0;
   auto disarm = [&] {
     while (armed) parts_[--armed]->disarm();

@@ -88,9 +88,29 @@ class Ring {
   // graph gives it back (graph_released: its launches are done, the last one
   // recorded `last_launch` (null: none); the slots are empty again). The
   // layers staged during the capture are the graph's.
+  //
+  // Resident layers in a capture: capture_begin first uploads those changed
+  // since their last upload and waits for them; a captured stage of one is a
+  // hit whose acquire waits on nothing from before the capture, so the graph
+  // copies nothing into resident slots. Graph::launch calls refresh_resident,
+  // which uploads a resident layer the graph reads and the host changed since
+  // (lwo_pool_layer_changed, lwo_pool_write) before the replay, on `stream`.
+  // In checking mode the slots are taken as empty instead: each resident
+  // layer's first stage in the capture is a copy, as its releases poison it.
   void capture_begin(StreamH stream);
   std::unique_ptr<class Graph> capture_end(StreamH stream);
   void graph_released(EventH last_launch);
+  void refresh_resident(const std::vector<uint32_t>& layers, StreamH stream, EventH last_launch);
+  // Joining a capture the caller began on `stream` (lwo_ring_capture_join):
+  // as capture_begin, but the capture is the caller's (LWO_ERR_CAPTURING if
+  // `stream` is not capturing); capture_leave joins the transfer stream back
+  // and binds the ring to the caller's graph until capture_release, whose
+  // `stream` orders the ring's later work after the graph's replays. While
+  // joined or bound, the pool's resident layers of the ring are held
+  // (Pool::hold). No gradient set takes part (LWO_ERR_UNSUPPORTED).
+  void capture_join(StreamH stream);
+  void capture_leave(StreamH stream);
+  void capture_release(StreamH stream);
   // Throws LWO_ERR_CAPTURING, naming `what`, while another ring of the engine
   // captures (the transfer stream is part of that capture).
   void check_not_captured_elsewhere(const char* what) const;
@@ -106,6 +126,8 @@ class Ring {
     bool merge_free = false;       // hit: next acquire/release must wait slot.free
     bool ready_elsewhere = false;  // the last fill recorded ready off the
                                    // transfer stream: the next fill waits for it
+    bool ready_outside = false;    // a resident slot in a capture: filled before
+                                   // it (the host waited), so acquires wait on nothing
     std::vector<void*> tensor_ptrs;
   };
   struct Timed {
@@ -150,6 +172,20 @@ class Ring {
   // Every slot empty, never freed, nothing in the table (no device work of
   // the ring may still run or be waited for).
   void forget_slots();
+  // Checks and waits shared by capture_begin and capture_join (under mu_):
+  // what cannot be captured, live tickets; then uploads the resident layers
+  // that changed and waits until nothing of the ring runs.
+  void prepare_capture(StreamH stream, const char* what, bool join);
+  // The resident slots as a capture takes them (after the waits) and as it
+  // leaves them: never freed, their readiness from before it; in checking
+  // mode empty. `live_ends`: tickets still live end (a discarded capture).
+  void resident_into_capture();
+  void resident_out_of_capture();
+  // Holds (+1) or lets go of (-1) the pool's resident layers of the ring.
+  void hold_resident(int delta);
+  // The ring is given back (graph_released, capture_release): the transfer
+  // stream waits for `after` and the slots are empty again.
+  void give_back(EventH after, EventH last_launch);
   // For messages about live tickets: how a schedule of the ring lets go of
   // its own ("" without schedules).
   const char* schedules_hint() const;
@@ -178,6 +214,8 @@ class Ring {
   // Graph capture.
   StreamH capture_stream_ = nullptr;  // the capture's stream while capturing
   bool bound_ = false;                // a graph holds the ring
+  bool joined_ = false;               // the capture or graph is the caller's (capture_join)
+  std::vector<uint32_t> captured_resident_;  // resident layers hit in the capture
   EventH capture_event_ = nullptr;    // the transfer stream's join and leave
   std::vector<uint32_t> captured_layers_;
   std::atomic<uint64_t> table_epoch_{0};
@@ -189,7 +227,10 @@ class Graph {
  public:
   // `parts`: what else the capture holds (gradient sets), told of each
   // launch and of the graph's end.
-  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<CapturePart*> parts);
+  // `resident`: the resident layers the graph reads without copying them,
+  // uploaded before a launch if they changed (Ring::refresh_resident).
+  Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
+        std::vector<CapturePart*> parts);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
@@ -204,6 +245,7 @@ class Graph {
   EventH done_;
   bool launched_ = false;
   std::vector<uint32_t> layers_;
+  std::vector<uint32_t> resident_;
   std::vector<CapturePart*> parts_;
 };
 

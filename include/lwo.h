@@ -659,7 +659,9 @@ LWO_API lwo_status_t lwo_pool_record_bytes(const lwo_pool* pool, uint32_t layer,
  * pool keeps only the part of the tensor in this rank's shard. Marks the
  * layer changed (lwo_pool_layer_changed). Writing a layer while a ring may be
  * copying it is a data race the caller must avoid: write before staging, or
- * after the ring's copies of that layer finished. */
+ * after the ring's copies of that layer finished. LWO_ERR_BUSY, writing
+ * nothing, while the layer is resident in a ring a CUDA graph the caller
+ * captured holds (lwo_ring_capture_join; since 0.6.0). */
 LWO_API lwo_status_t lwo_pool_write(lwo_pool* pool, uint32_t layer, const char* name,
                                     const void* src, uint64_t bytes);
 
@@ -691,7 +693,8 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
  * optimizer step): the next lwo_ring_stage of the layer copies it again
  * instead of reusing a slot that still holds the old bytes. lwo_pool_write
  * does this itself. Copies already enqueued are not affected: change a layer
- * only while no ring may be copying it. */
+ * only while no ring may be copying it. LWO_ERR_BUSY as for lwo_pool_write
+ * (since 0.6.0). */
 LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer);
 
 /* The host address and size of one tensor (read-only for checkpoint pools).
@@ -873,10 +876,15 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * as empty (so each layer's first stage in the capture is a copy and a replay
  * does not depend on what the slots held before it), begins a capture on
  * `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
- * stream) and joins the engine's transfer stream to it. Then the caller stages,
- * acquires, computes on `stream` and releases as in an eager pass, or drives a
- * schedule of the ring made before the capture (since 0.6.0; it must hold no
- * ticket at lwo_ring_capture_begin: at its start, reset, or at its LWO_END).
+ * stream; LWO_ERR_CAPTURING if `stream` already captures: see
+ * lwo_ring_capture_join) and joins the engine's transfer stream to it. Then
+ * the caller stages, acquires, computes on `stream` and releases as in an
+ * eager pass (run the pass once eagerly on `stream` first: a layer compute
+ * call's first use of a shape times its algorithms with a host wait, and of a
+ * stream allocates its workspace, neither of which a capture holds), or drives
+ * a schedule of the ring made before the capture (since 0.6.0; it must hold
+ * no ticket at lwo_ring_capture_begin: at its start, reset, or at its
+ * LWO_END).
  * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
  * of other pools, new rings, pools, schedules and gradient sets,
  * lwo_ring_query, lwo_grads_wait and lwo_engine_synchronize of the engine are
@@ -902,6 +910,17 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * lwo_optim_step after a launch updates each layer once its replayed gradient
  * has landed.
  *
+ * Resident layers (since 0.6.0): lwo_ring_capture_begin first uploads those
+ * changed since their last upload (lwo_pool_layer_changed, lwo_pool_write, an
+ * optimizer's update) and waits for them; in the capture their stages are
+ * hits and the graph copies nothing into their slots. lwo_graph_launch
+ * uploads each one the graph reads that changed since the capture or the
+ * last launch, after the last replay and before this one, on `stream`: a
+ * replay reads the pool's resident bytes as they are at its launch, moving
+ * only the changed ones. (With the engine's checking mode, whose releases
+ * poison slots, each replay copies its resident layers as it does streamed
+ * ones.)
+ *
  * The caller owns the graph; from lwo_ring_capture_end until lwo_graph_destroy
  * the graph owns the ring and the gradient sets it ends: the ring's stages,
  * acquires and releases, lwo_ring_destroy, the sets' begins and ends and
@@ -919,8 +938,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * of the pass (other threads' CUDA work stays out of the graph unless it
  * enqueues on a captured stream); a graph's launches and destruction, one
  * thread at a time. Not captured (LWO_ERR_UNSUPPORTED): rings with
- * LWO_RING_TIMING or resident layers, staged and sharded pools; the host-only
- * test backend records no graphs. */
+ * LWO_RING_TIMING, staged and sharded pools; the host-only test backend
+ * records no graphs. */
 typedef struct lwo_graph lwo_graph;
 
 LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream);
@@ -929,6 +948,65 @@ LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream,
 LWO_API lwo_status_t lwo_graph_launch(lwo_graph* graph, lwo_stream_t stream);
 /* NULL does nothing. */
 LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
+
+/* Joining a capture the caller began (since 0.6.0): what a framework that
+ * captures and replays on its own needs (torch.cuda.graph begins the capture
+ * on its stream and replays with cudaGraphLaunch; lwo never sees a launch).
+ *
+ * lwo_ring_capture_join, while `stream` captures (cudaStreamBeginCapture by
+ * the caller, any mode; else LWO_ERR_CAPTURING), does what
+ * lwo_ring_capture_begin does but begin a capture: the same refusals, the
+ * upload of changed resident layers, the wait until nothing of the ring runs,
+ * the slots taken as empty, the transfer stream joined to the caller's
+ * capture. (lwo's host waits and queries are never of captured work, and are
+ * made with the calling thread's capture mode relaxed: a capture in global
+ * mode, torch's default, refuses neither the join's waits nor those of lwo's
+ * own threads, such as an optimizer's wait for a landing.) The caller then
+ * stages, acquires, computes and releases on `stream`, by hand or with a
+ * schedule of the ring, as in lwo_ring_capture_begin's capture, with its
+ * refusals. lwo_ring_capture_leave, on the same stream and with every ticket
+ * released (else LWO_ERR_TICKET_STATE with nothing changed: release them in
+ * the capture and leave again), joins the transfer stream back into `stream`;
+ * it ends nothing and instantiates nothing. The caller ends its capture after
+ * it (before it, cudaStreamEndCapture fails: the transfer stream is unjoined).
+ * If the caller's capture ended or was invalidated before the leave, the leave
+ * is LWO_ERR_CAPTURING and drops the ring's part: its tickets end and the ring
+ * stages eagerly again (once the caller ends an invalidated capture).
+ *
+ * What a replay does: each is the caller's cudaGraphLaunch, so nothing of lwo
+ * runs on the host at a launch. Fixed at the capture: the layers of the pass,
+ * their order and their slots (every view's pointers), and the resident
+ * layers' bytes; the caller's buffers are its own to keep in place. The copies
+ * into streamed slots read the pool's host bytes as they are when they run, as
+ * lwo_graph_launch's do; the caller writes the pool only while no replay runs
+ * (call lwo_optim_wait before a replay if an optimizer writes the pool) and
+ * orders its replays one after another (they share the slots: launch them on
+ * one stream). Resident layers are read as they were at the join, so while the
+ * ring is joined or held, a change of one (lwo_pool_write, _write_quantized,
+ * _layer_changed, lwo_optim_step, lwo_optim_write of a master) is LWO_ERR_BUSY
+ * with nothing changed. Not supported in a joined capture
+ * (LWO_ERR_UNSUPPORTED): gradient sets (their ends need host bookkeeping at
+ * each launch: capture a training step with lwo_ring_capture_begin), and what
+ * lwo_ring_capture_begin refuses.
+ *
+ * Lifetime: from lwo_ring_capture_leave until lwo_ring_capture_release the
+ * caller's graph holds the ring: its stages, acquires, releases, schedules'
+ * nexts and destruction are LWO_ERR_BUSY, as under an lwo_graph. The caller
+ * calls lwo_ring_capture_release once it will launch the graph no more
+ * (typically as it destroys it), on a stream that every launch was enqueued
+ * on or ordered before (the legacy default stream, NULL, if the launches ran
+ * on blocking streams); it enqueues an event there and orders the ring's
+ * later copies after it, waiting for nothing (the last replays may still
+ * run); call it also when the caller's capture failed after the leave. A graph
+ * instantiated from that capture must not be launched after the release.
+ * LWO_ERR_CAPTURING if `stream` captures, or if the ring is held by no graph
+ * of the caller's (not left yet, or held by an lwo_graph).
+ *
+ * Threads: as lwo_ring_capture_begin's capture: the calls from one thread at
+ * a time, in the pass's order. */
+LWO_API lwo_status_t lwo_ring_capture_join(lwo_ring* ring, lwo_stream_t stream);
+LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream);
+LWO_API lwo_status_t lwo_ring_capture_release(lwo_ring* ring, lwo_stream_t stream);
 
 typedef struct lwo_ring_info {
   size_t size;            /* sizeof(lwo_ring_info), set by the caller */
@@ -1508,7 +1586,9 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
  * LWO_OPTIM_CLIPPING; LWO_ERR_BUSY while the previous step is still
  * running (lwo_optim_wait, or a stage of every updated layer, ends it).
  * With LWO_OPTIM_DELAYED the call first waits for the previous step's
- * updates instead (they run on through the next forward and backward). */
+ * updates instead (they run on through the next forward and backward).
+ * LWO_ERR_BUSY, starting nothing, if a layer it would update is held as for
+ * lwo_pool_write (since 0.6.0). */
 LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params);
 
 /* Since 0.6.0: hyperparameter groups, as PyTorch's param_groups. Each tensor
@@ -1548,7 +1628,9 @@ LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_ste
  * optimizer. lwo_optim_step_add: LWO_ERR_TICKET_STATE if no step is open, the
  * layer is already in it, or it has no gradient ended since its last update
  * or lwo_grads_zero; LWO_ERR_OUT_OF_RANGE, LWO_ERR_INVALID_ARGUMENT (frozen).
- * lwo_optim_step_close: LWO_ERR_TICKET_STATE if no step is open. */
+ * lwo_optim_step_close: LWO_ERR_TICKET_STATE if no step is open. Each is
+ * LWO_ERR_BUSY, taking nothing, for a layer held as for lwo_pool_write (an
+ * open step stays open). */
 LWO_API lwo_status_t lwo_optim_step_open(lwo_optim* optim, const lwo_optim_step_params* params,
                                          uint32_t n_groups);
 LWO_API lwo_status_t lwo_optim_step_add(lwo_optim* optim, uint32_t layer);
@@ -1557,7 +1639,10 @@ LWO_API lwo_status_t lwo_optim_step_close(lwo_optim* optim);
 /* The fence: blocks until the step's every update is written into the
  * pool (with LWO_OPTIM_DELAYED: writes the masters' rounding into the pool
  * now, and marks the layers changed); reports an error the step met on the host (LWO_ERR_INTERNAL, or the
- * gradient set's own status) once. */
+ * gradient set's own status) once. With LWO_OPTIM_DELAYED, a layer held as
+ * for lwo_pool_write keeps its update in the masters and the call is
+ * LWO_ERR_BUSY after the rest are written (since 0.6.0): wait again once the
+ * layer is no longer held. */
 LWO_API lwo_status_t lwo_optim_wait(lwo_optim* optim);
 
 /* Non-blocking: *done = 1 if no step is running, else 0. */
@@ -1581,7 +1666,8 @@ typedef enum lwo_optim_state_t {
  * element, and nothing changes).
  * LWO_ERR_SIZE_MISMATCH for other bytes; LWO_ERR_INVALID_ARGUMENT for
  * LWO_OPTIM_V of SGD or a frozen layer; LWO_ERR_NOT_FOUND for a name the
- * layer lacks; LWO_ERR_BUSY while a step runs. The step number is the
+ * layer lacks; LWO_ERR_BUSY while a step runs, or, for masters, while the
+ * layer is held as for lwo_pool_write (since 0.6.0). The step number is the
  * caller's (lwo_optim_info.last_step says the last one). */
 LWO_API lwo_status_t lwo_optim_read(lwo_optim* optim, uint32_t layer, const char* name,
                                     lwo_optim_state_t which, void* dst, uint64_t bytes);
@@ -2136,7 +2222,8 @@ typedef struct lwo_tensor_quant_ext {
  * as lwo_pool_write (LWO_ERR_UNSUPPORTED for the others). Checks, in order:
  * the handle, NULL src, src_dtype (LWO_ERR_INVALID_ARGUMENT), the layer
  * (LWO_ERR_OUT_OF_RANGE), the name (LWO_ERR_NOT_FOUND), the pool kind, a
- * tensor that is not quantized (LWO_ERR_INVALID_ARGUMENT), the size, then a
+ * tensor that is not quantized (LWO_ERR_INVALID_ARGUMENT), a layer held as
+ * for lwo_pool_write (LWO_ERR_BUSY, since 0.6.0), the size, then a
  * NaN or infinity in src (LWO_ERR_INVALID_ARGUMENT naming its row and
  * column; the tensor is left as it was). Marks the layer changed. Threads:
  * as the pool's. Since 0.4.0. */

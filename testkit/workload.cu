@@ -787,6 +787,55 @@ StepStats ChainRun::streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_gr
                   calls);
 }
 
+void ChainRun::enqueue_streamed_step(lwo_schedule* schedule, lwo_grads* grads) {
+  if (passes() != 1) fail("testkit::ChainRun: an enqueued step is one pass (one micro-batch pass)");
+  const uint32_t R = spec_.n_records();
+  const bool with_grads = grads && trainable_;
+  check(lwo_schedule_reset(schedule, stream_), "lwo_schedule_reset");
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  for (uint32_t i = 0; i < 2 * R; ++i) {
+    check(lwo_schedule_next(schedule, stream_, &v), "lwo_schedule_next");
+    const uint32_t r = i < R ? i : 2 * R - 1 - i;
+    if (v.layer != r)
+      fail(strf("lwo_schedule_next returned layer %u at position %u; expected layer %u", v.layer,
+                i, r));
+    if (i < R) {
+      forward_record(r, v.tensors, 0, micro_);
+      continue;
+    }
+    if (!with_grads) {
+      backward_record(r, v.tensors, nullptr, [] {}, 0, micro_);
+      continue;
+    }
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+    check(lwo_grads_begin(grads, r, stream_, &g), "lwo_grads_begin");
+    for (uint32_t k = 0; k < g.n_tensors; ++k)
+      if (g.tensor_dtypes && g.tensor_dtypes[k] != wire_)
+        fail(strf("testkit::ChainRun: record %u's gradient slot holds %s, the run computes %s "
+                  "gradients", r, lwo_dtype_name(g.tensor_dtypes[k]), lwo_dtype_name(wire_)));
+    backward_record(r, v.tensors, g.tensors, [&] {
+      check(lwo_grads_end(grads, r, stream_), "lwo_grads_end");
+    }, 0, micro_);
+  }
+  const lwo_status_t s = lwo_schedule_next(schedule, stream_, &v);
+  if (s != LWO_END) {
+    check(s, "lwo_schedule_next");
+    fail(strf("the schedule did not end after its %u layers", 2 * R));
+  }
+}
+
+void ChainRun::enqueue_resident_step() {
+  if (!weights_.all_resident()) fail("testkit::ChainRun: not every record is resident");
+  if (passes() != 1) fail("testkit::ChainRun: an enqueued step is one pass (one micro-batch pass)");
+  const uint32_t R = spec_.n_records();
+  std::vector<std::vector<const void*>> w(R);
+  std::vector<std::vector<void*>> g(R);
+  for (uint32_t r = 0; r < R; ++r) resident_views(r, w[r], g[r], trainable_);
+  for (uint32_t r = 0; r < R; ++r) forward_record(r, w[r].data(), 0, micro_);
+  for (uint32_t r = R; r-- > 0;)
+    backward_record(r, w[r].data(), trainable_ ? g[r].data() : nullptr, [] {}, 0, micro_);
+}
+
 // --- the check ---------------------------------------------------------------------------
 
 std::vector<uint8_t> copy_back(const void* device, uint64_t bytes) {

@@ -348,6 +348,17 @@ class ChainRun {
   // backward pass: frozen.
   StepStats streamed_pass(lwo_schedule* schedule, lwo_ring* ring, lwo_grads* grads,
                           const StepOptions& options);
+  // One training step's calls, enqueued only (no wait, no statistics, no
+  // allocation: the body a capture holds; one pass, so passes() must be 1):
+  // `schedule` (over step_order(R, true)) reset and driven to its LWO_END,
+  // each record's forward, then each record's backward, its weight gradients
+  // between lwo_grads_begin and lwo_grads_end of `grads` (null: a frozen
+  // backward). A failure throws.
+  void enqueue_streamed_step(lwo_schedule* schedule, lwo_grads* grads);
+  // The same calls on the resident records (make_resident), the weight
+  // gradients into device buffers as resident_pass, enqueued only (the
+  // buffers are made on the first call: make it outside a capture).
+  void enqueue_resident_step();
   // Compares what the last streamed pass left (the output; with backward the
   // input gradient and, with grads, the host gradients of the first and the
   // last record) bit for bit with the resident computation, recomputed now:

@@ -144,7 +144,11 @@ LWO_API lwo_status_t lwo_pool_layer_host(lwo_pool* pool, uint32_t layer, void** 
 }
 
 LWO_API lwo_status_t lwo_pool_layer_changed(lwo_pool* pool, uint32_t layer) {
-  return guard("lwo_pool_layer_changed", [&] { check_handle(pool)->impl->changed(layer); });
+  return guard("lwo_pool_layer_changed", [&] {
+    lwo::Pool& p = *check_handle(pool)->impl;
+    p.check_not_held(layer, "marking the layer changed");
+    p.changed(layer);
+  });
 }
 
 LWO_API lwo_status_t lwo_pool_tensor_host(lwo_pool* pool, uint32_t layer, const char* name,

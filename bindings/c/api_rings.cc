@@ -169,6 +169,19 @@ LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream, l
   });
 }
 
+LWO_API lwo_status_t lwo_ring_capture_join(lwo_ring* ring, lwo_stream_t stream) {
+  return guard("lwo_ring_capture_join", [&] { check_handle(ring)->impl->capture_join(stream); });
+}
+
+LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream) {
+  return guard("lwo_ring_capture_leave", [&] { check_handle(ring)->impl->capture_leave(stream); });
+}
+
+LWO_API lwo_status_t lwo_ring_capture_release(lwo_ring* ring, lwo_stream_t stream) {
+  return guard("lwo_ring_capture_release",
+               [&] { check_handle(ring)->impl->capture_release(stream); });
+}
+
 LWO_API lwo_status_t lwo_graph_launch(lwo_graph* graph, lwo_stream_t stream) {
   return guard("lwo_graph_launch", [&] { check_handle(graph)->impl->launch(stream); });
 }

@@ -717,6 +717,9 @@ FUNCTIONS = {
     "lwo_ring_capture_end": (_S, [lwo_ring_p, lwo_stream_t, _P(lwo_graph_p)]),
     "lwo_graph_launch": (_S, [lwo_graph_p, lwo_stream_t]),
     "lwo_graph_destroy": (_S, [lwo_graph_p]),
+    "lwo_ring_capture_join": (_S, [lwo_ring_p, lwo_stream_t]),
+    "lwo_ring_capture_leave": (_S, [lwo_ring_p, lwo_stream_t]),
+    "lwo_ring_capture_release": (_S, [lwo_ring_p, lwo_stream_t]),
     # schedules
     "lwo_schedule_create": (_S, [lwo_ring_p, _P(_u32), _u32, _P(lwo_schedule_p)]),
     "lwo_schedule_destroy": (_S, [lwo_schedule_p]),

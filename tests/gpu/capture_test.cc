@@ -7,7 +7,12 @@
 // row are ordered by the library; the ring belongs to the graph until it is
 // destroyed, then an eager pass equals the resident chain again. The same
 // with the pass driven by a schedule made before the capture; and a training
-// step with its gradients to host memory, replayed 100 times.
+// step with its gradients to host memory, replayed 100 times. A ring keeping
+// layers resident: its replays read them in place, and a launch uploads those
+// the host rewrote since the last. A pass captured inside a capture the test
+// begins itself in global mode, as torch.cuda.graph does
+// (lwo_ring_capture_join / _leave), replayed with cudaGraphLaunch alone, its
+// resident layers held until lwo_ring_capture_release.
 #include <cstdlib>
 #include <random>
 
@@ -87,6 +92,27 @@ class CaptureGpu : public GpuTest {
       EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
     }
     return fetch(Y[kLayers - 1], kAct);
+  }
+  // A ring of depth `depth` keeping `resident` on the device.
+  void resident_ring(uint32_t depth, const std::vector<uint32_t>& resident, Ring* out) {
+    lwo_ring_config cfg = LWO_RING_CONFIG_INIT;
+    cfg.depth = depth;
+    cfg.resident_layers = resident.data();
+    cfg.n_resident = uint32_t(resident.size());
+    CHECK_LWO(lwo_ring_create(pool_.get(), &cfg, out->out()));
+    ASSERT_NE(nullptr, out->get());
+  }
+  // One pass by hand over the ring on `s`: stage, acquire, the layer's
+  // forward, release (eager, or captured).
+  void hand_pass(lwo_ring* ring, cudaStream_t s) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      lwo_ticket tk{};
+      CHECK_LWO(lwo_ring_stage(ring, l, &tk));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      CHECK_LWO(lwo_ring_acquire(ring, tk, s, &v));
+      forward(v, s);
+      CHECK_LWO(lwo_ring_release(ring, tk, s));
+    }
   }
   // Layer v.layer's forward from its view, enqueued on s.
   void forward(const lwo_layer_view& v, cudaStream_t s) {
@@ -368,6 +394,126 @@ TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
     check(want, "eager step after the graph");
     if (HasFatalFailure()) return;
   }
+}
+
+// A ring of depth 2 keeping layers 1 and 4 of the chain resident: the
+// captured forward copies only the streamed layers; replays, with the host
+// rewriting a resident layer, a streamed one, both or neither before each
+// (fresh random weights), equal the resident chain bit for bit, each launch
+// uploading only the resident layers that changed; a launch on a second
+// stream right after one held back by a delay is ordered after it; after the
+// graph an eager pass equals the chain again.
+TEST_F(CaptureGpu, ResidentLayersReplayedEqualTheResidentChainOverHostChanges) {
+  Ring ring;
+  resident_ring(2, {1, 4}, &ring);
+  if (HasFatalFailure()) return;
+  const cudaStream_t st = stream(0), st2 = stream(1);
+  std::vector<uint8_t> want = resident();
+  hand_pass(ring.get(), st);  // eager first
+  ASSERT_EQ(output(st), want) << "eager pass";
+  rewrite(4);  // changed before the capture: lwo_ring_capture_begin uploads it
+  want = resident();
+  CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
+  hand_pass(ring.get(), st);
+  testkit::Graph graph;
+  CHECK_LWO(lwo_ring_capture_end(ring.get(), st, graph.out()));
+  const lwo_ring_stats st0 = ring_stats(ring.get());
+  poison();
+  CHECK_LWO(lwo_graph_launch(graph.get(), st));
+  ASSERT_EQ(output(st), want) << "first replay";
+  EXPECT_EQ(ring_stats(ring.get()).n_resident_uploads, st0.n_resident_uploads);
+  // Before replay k the host rewrites these layers.
+  const std::vector<std::vector<uint32_t>> changes = {{1}, {2}, {1, 4}, {}, {4, 0}, {1}, {5}};
+  for (size_t k = 0; k < changes.size(); ++k) {
+    uint64_t n_resident = 0;
+    for (uint32_t l : changes[k]) {
+      rewrite(l);
+      n_resident += l == 1 || l == 4;
+    }
+    if (!changes[k].empty()) {
+      const std::vector<uint8_t> next = resident();
+      ASSERT_NE(next, want) << "replay " << k;
+      want = next;
+    }
+    poison();
+    const lwo_ring_stats before = ring_stats(ring.get());
+    const cudaStream_t on = k == 5 ? st2 : st;
+    if (k == 5) CUDA_OK(stream_delay(st, 20000));  // the replay before may still run
+    if (k == 5) CHECK_LWO(lwo_graph_launch(graph.get(), st));
+    CHECK_LWO(lwo_graph_launch(graph.get(), on));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(fetch(X_[kLayers - 1], kAct), want) << "replay " << k;
+    EXPECT_EQ(ring_stats(ring.get()).n_resident_uploads - before.n_resident_uploads, n_resident)
+        << "replay " << k;
+  }
+  graph.destroy();
+  rewrite(1);
+  want = resident();
+  poison();
+  hand_pass(ring.get(), st);
+  ASSERT_EQ(output(st), want) << "eager pass after the graph";
+}
+
+// The caller's own capture (cudaStreamBeginCapture in global mode, as
+// torch.cuda.graph begins it) with lwo's pass joined into it: a ring of depth
+// 2 keeping layer 3 resident, stage / acquire / forward / release by hand,
+// lwo_ring_capture_leave, cudaStreamEndCapture and cudaGraphInstantiate by
+// the test; every replay is cudaGraphLaunch alone. Over replays with the host
+// rewriting a streamed layer before each (fresh random weights), the output
+// equals the resident chain bit for bit; a write of the resident layer is
+// LWO_ERR_BUSY and changes nothing; after lwo_ring_capture_release the write
+// goes through and an eager pass equals the chain with it.
+TEST_F(CaptureGpu, AJoinedForwardReplayedByCudaGraphLaunchEqualsTheResidentChain) {
+  Ring ring;
+  resident_ring(2, {3}, &ring);
+  if (HasFatalFailure()) return;
+  const cudaStream_t st = stream(0);
+  std::vector<uint8_t> want = resident();
+  hand_pass(ring.get(), st);  // eager first: plans and workspaces outside the capture
+  ASSERT_EQ(output(st), want) << "eager pass";
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  CHECK_LWO(lwo_ring_capture_join(ring.get(), st));
+  hand_pass(ring.get(), st);
+  CHECK_LWO(lwo_ring_capture_leave(ring.get(), st));
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+  CUDA_OK(cudaGraphDestroy(g));
+  CUDA_OK(inst);
+  auto destroy_exec = defer([&] {
+    if (exec) EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  });
+  for (uint32_t k = 0; k < 8; ++k) {
+    if (k) {
+      rewrite(k % 2 ? 0 : kLayers - 1);  // streamed layers
+      const std::vector<uint8_t> next = resident();
+      ASSERT_NE(next, want);
+      want = next;
+    }
+    poison();
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    ASSERT_EQ(output(st), want) << "replay " << k;
+  }
+  // The resident layer is held while the caller's graph holds the ring.
+  const HostMat new3 = random_mat(DT, NW, 0.12f, rng_);
+  EXPECT_EQ(lwo_pool_write(pool_.get(), 3, "weight", new3.bytes.data(), new3.bytes.size()),
+            LWO_ERR_BUSY) << lwo_last_error_message();
+  poison();
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  ASSERT_EQ(output(st), want) << "replay after the refused write";
+  lwo_ticket tk{};
+  EXPECT_EQ(lwo_ring_stage(ring.get(), 0, &tk), LWO_ERR_BUSY) << lwo_last_error_message();
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  exec = nullptr;
+  CHECK_LWO(lwo_ring_capture_release(ring.get(), st));
+  W_[3] = new3;
+  write(3);
+  want = resident();
+  poison();
+  hand_pass(ring.get(), st);
+  ASSERT_EQ(output(st), want) << "eager pass after the release";
 }
 
 // During a capture, calls that wait or query are LWO_ERR_CAPTURING, and a

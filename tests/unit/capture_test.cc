@@ -134,6 +134,25 @@ class Capture : public AbiTest {
       }
     }
   }
+  // A ring of `depth` slots keeping `resident` on the device.
+  lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident) {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    c.depth = depth;
+    c.resident_layers = resident.data();
+    c.n_resident = static_cast<uint32_t>(resident.size());
+    lwo_ring* ring = nullptr;
+    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << msg();
+    return ring;
+  }
+  // New random bytes for the pool's `layer`, written with lwo_pool_write.
+  void rewrite(lwo_pool* pool, uint32_t layer, uint64_t seed) {
+    lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
+    for (uint32_t t = 0; lwo_pool_tensor_info(pool, layer, t, &ti) == LWO_OK; ++t) {
+      std::vector<uint8_t> b(ti.bytes);
+      fill_random(b.data(), b.size(), seed + t);
+      ASSERT_LWO(lwo_pool_write(pool, layer, ti.name, b.data(), b.size()));
+    }
+  }
   lwo_grads_stats grads_stats(lwo_grads* grads) {
     lwo_grads_stats st{};
     st.size = sizeof st;
@@ -211,7 +230,7 @@ TEST_F(Capture, ReplaysMoveThePoolsBytesAtEachLaunch) {
 }
 
 // What a capture refuses, each leaving the objects usable: a NULL stream,
-// a timed ring, a ring with resident layers, a live ticket, a second capture;
+// a timed ring, a live ticket, a second capture;
 // during one, another ring's stage, a new ring, pool, gradient set or
 // schedule, lwo_ring_query, lwo_engine_synchronize; lwo_ring_capture_end on
 // another stream or without a capture; a capture ended with a live ticket is
@@ -226,18 +245,6 @@ TEST_F(Capture, RefusalsLeaveEveryObjectUsable) {
   EXPECT_TRUE(contains(msg(), "legacy default stream")) << msg();
   EXPECT_EQ(lwo_ring_capture_begin(timed, stream(s)), LWO_ERR_UNSUPPORTED);
   EXPECT_TRUE(contains(msg(), "LWO_RING_TIMING")) << msg();
-  {
-    lwo_ring_config c = LWO_RING_CONFIG_INIT;
-    c.depth = 1;
-    const uint32_t res[] = {2};
-    c.resident_layers = res;
-    c.n_resident = 1;
-    lwo_ring* with_resident = nullptr;
-    ASSERT_LWO(lwo_ring_create(pool, &c, &with_resident));
-    EXPECT_EQ(lwo_ring_capture_begin(with_resident, stream(s)), LWO_ERR_UNSUPPORTED);
-    EXPECT_TRUE(contains(msg(), "resident layers (1)")) << msg();
-    destroy(with_resident);
-  }
   lwo_ticket live{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &live));
   EXPECT_EQ(lwo_ring_capture_begin(ring, stream(s)), LWO_ERR_BUSY);
@@ -670,6 +677,146 @@ TEST_F(Capture, AnOptimizerUpdatesFromEachReplaysGradients) {
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
   ASSERT_LWO(lwo_optim_destroy(optim));
   destroy(grads, ring, pool);
+}
+
+// Resident layers in a captured pass (a ring of depth 2 keeping layers 1 and
+// 3): lwo_ring_capture_begin uploads the one changed before it, outside the
+// capture; the graph copies only the streamed layers, and each launch uploads
+// the resident layers the host changed since the last (none, one, both, on a
+// second stream), after the last replay's reads and before this one's: the
+// recording backend checks each replay's reads and copies at its launch. After
+// the graph, an eager pass finds the resident layers as the pool holds them.
+TEST_F(Capture, ResidentLayersAreReadInPlaceAndUploadedBeforeALaunchThatNeedsThem) {
+  lwo_pool* pool = make_pool(4);
+  lwo_ring* ring = resident_ring(pool, 2, {1, 3});
+  StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+  pass(ring, s, {0, 1, 2, 3}, pool);
+  rewrite(pool, 3, 31);
+  const lwo_ring_stats st0 = ring_stats(ring);
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  EXPECT_EQ(ring_stats(ring).n_resident_uploads - st0.n_resident_uploads, 1u);
+  const uint64_t copies_before = gpu->stats.copies;
+  const std::vector<const uint8_t*> bases = pass(ring, s, {0, 1, 2, 3});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  EXPECT_EQ(gpu->stats.copies - copies_before, 2u);
+  const auto& ops = gpu->graph_ops();
+  ASSERT_EQ(ops.size(), 2u);
+  uint64_t bytes[4] = {};
+  const uint8_t* host[4];
+  for (uint32_t l = 0; l < 4; ++l) host[l] = host_of(pool, l, &bytes[l]);
+  EXPECT_EQ(ops[0].src, host[0]);
+  EXPECT_EQ(ops[0].dst, bases[0]);
+  EXPECT_EQ(ops[1].src, host[2]);
+  EXPECT_EQ(ops[1].dst, bases[2]);
+  EXPECT_EQ(ring_stats(ring).n_resident_hits - st0.n_resident_hits, 2u);
+  // Launch k: which resident layers the host changed before it, and on
+  // which stream it runs.
+  struct Launch {
+    std::vector<uint32_t> changed;
+    StreamH on;
+  };
+  const Launch launches[] = {{{}, s}, {{1}, s}, {{1, 3}, s}, {{}, s}, {{3}, s2}, {{1}, s}};
+  for (size_t k = 0; k < sizeof launches / sizeof launches[0]; ++k) {
+    const Launch& L = launches[k];
+    for (uint32_t l : L.changed) rewrite(pool, l, 100 * k + l);
+    std::memset(const_cast<uint8_t*>(bases[0]), 0, bytes[0]);
+    std::memset(const_cast<uint8_t*>(bases[2]), 0, bytes[2]);
+    const lwo_ring_stats st = ring_stats(ring);
+    ASSERT_LWO(lwo_graph_launch(graph, stream(L.on)));
+    const lwo_ring_stats after = ring_stats(ring);
+    EXPECT_EQ(after.n_resident_uploads - st.n_resident_uploads, L.changed.size()) << "launch " << k;
+    for (uint32_t l = 0; l < 4; ++l)
+      EXPECT_EQ(0, std::memcmp(bases[l], host[l], bytes[l])) << "launch " << k << " layer " << l;
+  }
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  rewrite(pool, 1, 999);
+  const lwo_ring_stats before = ring_stats(ring);
+  pass(ring, s, {3, 2, 1, 0}, pool);
+  const lwo_ring_stats after = ring_stats(ring);
+  EXPECT_EQ(after.n_resident_uploads - before.n_resident_uploads, 1u);  // layer 1 only
+  EXPECT_EQ(after.n_resident_hits - before.n_resident_hits, 1u);        // layer 3
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(ring, pool);
+}
+
+// A schedule's forward and backward (0 1 2 2 1 0) over a ring of depth 2
+// keeping layer 1: both of layer 1's stages are hits on its resident slot
+// (the second after the first's release, in the capture), the graph copies
+// only layers 0 and 2, and replays with layer 1 rewritten before each read it
+// as the pool holds it.
+TEST_F(Capture, AScheduleReadsAResidentLayerTwiceInACapturedPass) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = resident_ring(pool, 2, {1});
+  StreamH s = gpu->new_stream();
+  const uint32_t order[] = {0, 1, 2, 2, 1, 0};
+  lwo_schedule* sch = nullptr;
+  ASSERT_LWO(lwo_schedule_create(ring, order, 6, &sch));
+  EXPECT_EQ(drive(sch, s, pool).size(), 6u);
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  const std::vector<lwo_layer_view> views = drive(sch, s, nullptr);
+  ASSERT_EQ(views.size(), 6u);
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  EXPECT_EQ(views[1].base, views[4].base);
+  uint64_t b1 = 0;
+  const uint8_t* h1 = host_of(pool, 1, &b1);
+  for (const auto& op : gpu->graph_ops()) {
+    EXPECT_EQ(op.kind, RecordingBackend::GraphOp::Copy);
+    EXPECT_NE(op.dst, views[1].base);
+  }
+  for (int k = 0; k < 3; ++k) {
+    rewrite(pool, 1, 700 + k);
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    EXPECT_EQ(0, std::memcmp(views[1].base, h1, b1)) << "launch " << k;
+  }
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  ASSERT_LWO(lwo_schedule_reset(sch, stream(s)));
+  EXPECT_EQ(drive(sch, s, pool).size(), 6u);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(sch, ring, pool);
+}
+
+// In checking mode releases poison slots, resident ones too: the captured
+// pass copies its resident layer like a streamed one (each replay fills the
+// slot, then poisons it at the release), and after the graph an eager pass
+// uploads it again.
+TEST_F(Capture, InCheckingModeAReplayCopiesItsResidentLayers) {
+  engine_set_checking(engine, true);
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = resident_ring(pool, 2, {1});
+  StreamH s = gpu->new_stream();
+  pass(ring, s, {0, 1, 2}, pool);
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  const std::vector<const uint8_t*> bases = pass(ring, s, {0, 1, 2});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  uint64_t b1 = 0;
+  const uint8_t* h1 = host_of(pool, 1, &b1);
+  // Layer 1's copy into its slot comes before its release's fill.
+  const auto& ops = gpu->graph_ops();
+  size_t copy1 = ops.size(), fill1 = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].dst != bases[1]) continue;
+    if (ops[i].kind == RecordingBackend::GraphOp::Copy && ops[i].src == h1) copy1 = std::min(copy1, i);
+    if (ops[i].kind == RecordingBackend::GraphOp::Fill) fill1 = std::min(fill1, i);
+  }
+  ASSERT_LT(copy1, ops.size());
+  ASSERT_LT(fill1, ops.size());
+  EXPECT_LT(copy1, fill1);
+  for (int k = 0; k < 2; ++k) {
+    const uint64_t replayed = gpu->stats.replayed_copies;
+    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+    EXPECT_EQ(gpu->stats.replayed_copies - replayed, 3u);
+    EXPECT_EQ(bases[1][0], LWO_CHECKING_BYTE);  // released: poisoned
+  }
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  const lwo_ring_stats before = ring_stats(ring);
+  pass(ring, s, {1, 0}, pool);
+  EXPECT_EQ(ring_stats(ring).n_resident_uploads - before.n_resident_uploads, 1u);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(ring, pool);
 }
 
 // The host-only test backend records no graphs: LWO_ERR_UNSUPPORTED, and the

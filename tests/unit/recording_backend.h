@@ -23,6 +23,17 @@
 // host function with the argument it was captured with). A test reads what a
 // graph holds (graph_ops: each operation's kind, destination, source and
 // bytes, in the capture's order) and what the launches did (stats.replayed_*).
+// A launch is one operation of its stream: every access the capture made
+// (copies, fills, host functions' spans, and the test's read() and write()
+// on a captured stream) is checked again at the launch as an access of the
+// launch's stream, so replays are ordered against the work around them by the
+// same rules. capture_end fails, as cudaStreamEndCapture does, if a stream
+// that joined the capture was not joined back into its origin. A host wait
+// or query of captured work (stream_sync of a captured stream, event_sync or
+// event_done of an event last recorded in the capture under way) is a
+// violation: CUDA refuses it in every capture mode (the CUDA backend makes
+// the others with the thread's capture mode relaxed). A test may begin and
+// end a capture itself (caller_capture_begin / _end), as a framework would.
 #pragma once
 
 #include <algorithm>
@@ -128,6 +139,7 @@ class RecordingBackend final : public Backend {
       return;
     }
     accesses_.erase(it->first);
+    shadowed_.erase(it->first);
     allocs_.erase(it);
     delete[] static_cast<uint8_t*>(p);
   }
@@ -156,6 +168,7 @@ class RecordingBackend final : public Backend {
       return;
     }
     accesses_.erase(it->first);
+    shadowed_.erase(it->first);
     pinned_.erase(it);
     delete[] static_cast<uint8_t*>(p);
   }
@@ -171,6 +184,7 @@ class RecordingBackend final : public Backend {
     if (!registered_.erase(reinterpret_cast<uintptr_t>(p)))
       violations.push_back("host_unregister of memory not registered");
     accesses_.erase(reinterpret_cast<uintptr_t>(p));
+    shadowed_.erase(reinterpret_cast<uintptr_t>(p));
   }
 
   StreamH stream_create() override {
@@ -180,7 +194,12 @@ class RecordingBackend final : public Backend {
   void stream_destroy(StreamH) noexcept override {}
   // The host waits for the stream: work enqueued after this, on any stream,
   // is ordered after the stream's work so far.
-  void stream_sync(StreamH stream) override { merge(host_clock_, streams_[stream_index(stream)].clock); }
+  void stream_sync(StreamH stream) override {
+    const size_t s = stream_index(stream);
+    if (capturing(s))
+      violations.push_back(strf("stream_sync of stream s%zu, which is part of a capture", s));
+    merge(host_clock_, streams_[s].clock);
+  }
   void stream_check(StreamH) override {}
 
   EventH event_create(bool) override {
@@ -214,8 +233,19 @@ class RecordingBackend final : public Backend {
                                 s, event_index(e)));
     merge(streams_[s].clock, ev.clock);
   }
-  bool event_done(EventH) override { return true; }
+  bool event_done(EventH e) override {
+    check_not_captured(e, "event_done");
+    return true;
+  }
+  // A host wait or query of an event last recorded in the capture under way.
+  void check_not_captured(EventH e, const char* what) {
+    const Event& ev = event(e);
+    if (ev.recorded && ev.in_capture && !capturing_.empty())
+      violations.push_back(strf("%s of event e%zu, last recorded in the capture under way", what,
+                                event_index(e)));
+  }
   void event_sync(EventH e) override {
+    check_not_captured(e, "event_sync");
     if (on_event_sync) on_event_sync();
     resume();  // a host wait lets a paused launch finish (every event is after it)
     const Event& ev = event(e);
@@ -327,20 +357,60 @@ class RecordingBackend final : public Backend {
     if (!capturing_.empty()) fail(LWO_ERR_CUDA, "recording backend: a capture is under way");
     capturing_.push_back(s);
     captured_.clear();
+    captured_acc_.clear();
   }
   void* capture_end(StreamH stream) override {
     if (capturing_.empty() || capturing_[0] != stream_index(stream))
       fail(LWO_ERR_CUDA, "recording backend: stream %p began no capture", stream);
-    capturing_.clear();
+    const size_t origin = capturing_[0];
+    std::vector<size_t> joined;
+    joined.swap(capturing_);
+    end_capture_accesses();
+    const bool invalid = invalidated_;
+    invalidated_ = false;
+    if (invalid) {
+      captured_.clear();
+      fail(LWO_ERR_CUDA, "recording backend: the capture was invalidated "
+           "(cudaErrorStreamCaptureInvalidated)");
+    }
+    const Clock& oc = streams_[origin].clock;
+    for (size_t j : joined)
+      if (j != origin && (j >= oc.size() || oc[j] < streams_[j].clock[j])) {
+        captured_.clear();
+        fail(LWO_ERR_CUDA, "recording backend: stream s%zu joined the capture and was not "
+             "joined back (cudaErrorStreamCaptureUnjoined)", j);
+      }
     graphs_.push_back(std::move(captured_));
+    graph_acc_.push_back(std::move(captured_acc_));
     captured_.clear();
+    captured_acc_.clear();
     return reinterpret_cast<void*>(graphs_.size());  // 1-based
   }
+  CaptureStatus capture_status(StreamH stream) override {
+    if (!capturing(stream_index(stream))) return CaptureStatus::None;
+    return invalidated_ ? CaptureStatus::Invalidated : CaptureStatus::Active;
+  }
+  // A capture the test begins as a framework would, and ends (returning the
+  // graph, as capture_end does).
+  void caller_capture_begin(StreamH stream) { capture_begin(stream); }
+  void* caller_capture_end(StreamH stream) { return capture_end(stream); }
+  // A call the capture cannot hold failed it: it stays under way, invalidated,
+  // until its origin ends it (which then fails).
+  void invalidate_capture() { invalidated_ = !capturing_.empty(); }
   void graph_launch(void* g, StreamH stream) override {
     size_t i = reinterpret_cast<size_t>(g);
     if (i == 0 || i > graphs_.size()) fail(LWO_ERR_CUDA, "recording backend: unknown graph");
-    tick(stream_index(stream));
+    const size_t L = stream_index(stream);
+    tick(L);
     ++launches;
+    // The replay's accesses, as accesses of the launch's stream.
+    for (const Acc& a : graph_acc_[i - 1]) {
+      const std::string what = std::string("replayed ") + a.what;
+      if (a.device)
+        access(L, a.p, a.n, a.write, what.c_str());
+      else
+        host_access(L, a.p, a.n, a.write, what.c_str());
+    }
     const std::vector<GraphOp>& ops = graphs_[i - 1];
     for (size_t k = 0; k < ops.size(); ++k) {
       if (pause_at_host_func && ops[k].kind == GraphOp::HostFunc) {
@@ -362,7 +432,10 @@ class RecordingBackend final : public Backend {
   }
   void graph_destroy(void* g) noexcept override {
     size_t i = reinterpret_cast<size_t>(g);
-    if (i && i <= graphs_.size()) graphs_[i - 1].clear();
+    if (i && i <= graphs_.size()) {
+      graphs_[i - 1].clear();
+      graph_acc_[i - 1].clear();
+    }
   }
   uint64_t launches = 0;
   size_t captured_ops() const { return captured_.size(); }
@@ -407,13 +480,40 @@ class RecordingBackend final : public Backend {
   std::vector<size_t> capturing_;                    // the capture's streams, its origin first
   std::vector<GraphOp> captured_;                    // the capture's copies and fills
   std::vector<std::vector<GraphOp>> graphs_;
+  // An access a capture made, checked again at each launch.
+  struct Acc {
+    const void* p;
+    size_t n;
+    bool write, device;
+    std::string what;
+  };
+  std::vector<Acc> captured_acc_;
+  std::vector<std::vector<Acc>> graph_acc_;
+  bool invalidated_ = false;
   std::vector<GraphOp> paused_;  // the rest of a paused launch
   struct Access {
     size_t begin, end;  // offsets within the allocation
     size_t stream;
     uint64_t epoch;     // the stream's own clock value at the access
     bool write;
+    bool captured = false;  // made in a capture: checked there, gone at its end
   };
+  // Accesses from outside a capture that a captured write covered: back at
+  // the capture's end (the captured write never ran; its launches run it).
+  std::map<uintptr_t, std::vector<Access>> shadowed_;
+  // The capture ended: its accesses never ran (each launch makes them anew).
+  void end_capture_accesses() {
+    for (auto& kv : accesses_) {
+      std::vector<Access>& list = kv.second;
+      list.erase(std::remove_if(list.begin(), list.end(), [](const Access& a) { return a.captured; }),
+                 list.end());
+    }
+    for (auto& kv : shadowed_) {
+      std::vector<Access>& list = accesses_[kv.first];
+      list.insert(list.begin(), kv.second.begin(), kv.second.end());
+    }
+    shadowed_.clear();
+  }
 
   size_t stream_index(StreamH s) {
     size_t i = reinterpret_cast<size_t>(s);
@@ -460,6 +560,7 @@ class RecordingBackend final : public Backend {
     return std::prev(it);
   }
   void access(size_t s, const void* p, size_t n, bool write, const char* what) {
+    if (capturing(s)) captured_acc_.push_back({p, n, write, true, what});
     auto it = region(allocs_, p, n);
     if (it == allocs_.end()) {
       violations.push_back(strf("%s of %zu bytes at %p outside any device allocation", what, n, p));
@@ -471,6 +572,7 @@ class RecordingBackend final : public Backend {
   // memory is not tracked).
   void host_access(size_t s, const void* p, size_t n, bool write, const char* what) {
     if (n == 0) return;
+    if (capturing(s)) captured_acc_.push_back({p, n, write, false, what});
     auto it = region(registered_, p, n);
     if (it != registered_.end()) return check_access(it->first, s, p, n, write, what);
     it = region(pinned_, p, n);
@@ -481,7 +583,7 @@ class RecordingBackend final : public Backend {
     auto it = accesses_.emplace(base, std::vector<Access>()).first;
     size_t off = reinterpret_cast<uintptr_t>(p) - base;
     std::vector<Access>& list = it->second;
-    Access me{off, off + n, s, streams_[s].clock[s], write};
+    Access me{off, off + n, s, streams_[s].clock[s], write, capturing(s)};
     for (const Access& a : list) {
       bool overlap = a.begin < me.end && me.begin < a.end;
       if (!overlap) continue;
@@ -496,7 +598,10 @@ class RecordingBackend final : public Backend {
     if (write)  // accesses wholly overwritten are covered by this one from now on
       list.erase(std::remove_if(list.begin(), list.end(),
                                 [&](const Access& a) {
-                                  return a.begin >= me.begin && a.end <= me.end;
+                                  const bool covered = a.begin >= me.begin && a.end <= me.end;
+                                  if (covered && me.captured && !a.captured)
+                                    shadowed_[base].push_back(a);
+                                  return covered;
                                 }),
                  list.end());
     list.push_back(me);
