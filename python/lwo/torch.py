@@ -2779,12 +2779,14 @@ class Offload:
         that the model runs eagerly again; that graph refuses to replay from
         then on (lwo.StateError from its replay). Dropping the graph (del, or
         graph.reset()) does the same. Returns False if no graph held it."""
+        if self._joined is not None:
+            raise StateError(C.LWO_ERR_CAPTURING, "lwo.torch: release_graph() during a CUDA "
+                             "graph capture the ring is in (stream 0x%x): the ring leaves as "
+                             "the capture ends, and its graph holds it from then on"
+                             % (self._joined.stream or 0))
         hold = self._hold
         if hold is None:
             return False
-        if self._joined is not None:
-            raise StateError(C.LWO_ERR_CAPTURING, "lwo.torch: release_graph() during a CUDA "
-                             "graph capture the ring is in: it leaves as the capture ends")
         self._release_hold(hold, "handle.release_graph()")
         return True
 
