@@ -37,6 +37,11 @@ The contract (docs/PYTHON.md says more):
   backwards, lwo._torch_compile): no graph break; the operators run the
   same per-call code as an eager call. Outside compile the forward is the
   autograd Functions' path, as before.
+- A forward pass that needs no gradient is captured by torch.cuda.graph
+  (and make_graphed_callables): the ring joins torch's capture at its first
+  streamed access and leaves before torch ends it; the graph then holds the
+  ring until it is destroyed or reset, or ``handle.release_graph()``. Eager
+  calls meanwhile, and training in a capture, are refused.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
