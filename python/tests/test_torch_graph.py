@@ -625,3 +625,24 @@ def test_close_during_a_capture_is_refused(state):
             h.release_graph()
     h.close()
     assert [c[0] for c in be.rings[-1].log][-1] == "release_graph"
+
+
+def test_the_streams_lwo_computed_on_are_those_of_its_step_starts(monkeypatch):
+    """_Backend.record (every eager step's first access records its step
+    event) notes the stream per engine; stream_warm answers from it."""
+    class Engine:
+        handle = None
+    eng = Engine()
+    stream = [0x55]
+    monkeypatch.setattr(lt, "_raw_stream", lambda index: stream[0])
+    monkeypatch.setattr(lt, "_record_event", lambda e, s: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: ("stream", stream[0]))
+    a, b = lt._Backend(0, engine=eng), lt._Backend(0, engine=eng)
+    assert not a.stream_warm(0x55)
+    a.record(None)
+    assert a.stream_warm(0x55) and b.stream_warm(0x55)  # the engine's, not the handle's
+    assert not a.stream_warm(0x66)
+    assert not lt._Backend(0, engine=Engine()).stream_warm(0x55)
+    stream[0] = 0x66
+    b.record(None)
+    assert a.stream_warm(0x66)
