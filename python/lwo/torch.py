@@ -2581,6 +2581,7 @@ class Offload:
             raise _errors.error_class(why[0])(why[0], "%s: %s" % (what, why[1]))
         planner = self.planner
         planner.restore(saved)
+        steps = planner.steps  # the eager steps so far
         planner.end()  # an eager forward-only step ends here, in what is put back
         planner.observe(s.record.index, False, False)
         # What the ring holds from eager steps goes back outside the capture: a
@@ -2616,7 +2617,7 @@ class Offload:
             self._cal = None
             if tuner is not None and tuner.phase == "measure":
                 tuner.phase = "warmup"
-                tuner.warmup = saved[4] + 1
+                tuner.warmup = steps + 1
         ev = self._step_events
         if ev and ev[-1][2] is None:
             ev.pop()

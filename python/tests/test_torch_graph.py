@@ -582,6 +582,32 @@ def test_resident_records_are_uploaded_at_the_join_and_a_write_refuses_the_repla
         assert torch.allclose(m(x), ref(x), atol=1e-5)  # eager again, every write seen
 
 
+class CapturePlanningBackend(CaptureBackend, host_lwo.PlanningBackend):
+    """CaptureBackend with PlanningBackend's planner stand-in."""
+
+
+def test_the_automatic_plan_measures_eager_steps_only(state):
+    m = mlp()
+    be = CapturePlanningBackend(state)
+    h = lt.offload(m, _backend=be)
+    x = torch.randn(5, 12)
+    warm_up(m, x, steps=2)  # a warm-up step, then a measured one under way
+    assert h._tuner.phase == "measure" and h._cal
+    g, _ = captured(m, x, state)
+    assert h._tuner.phase == "warmup" and h._cal is None  # measured again after it
+    assert h.plan_info is None
+    del g
+    gc.collect()
+    warm_up(m, x, steps=5)
+    assert h.plan_info is not None and len(be.plan_calls) == 1
+    assert h.record_names() == [["0", "2"], ["4"]] and be.rings[-1].depth == 3
+    with torch.no_grad():
+        y = m(x)
+    g, y2 = captured(m, x, state)  # the plan's ring joins in turn
+    assert torch.equal(y, y2) and h.cuda_graph is g
+    assert [c[0] for c in be.rings[-1].log].count("join") == 1
+
+
 def test_statistics_do_not_count_the_capture(state):
     m = mlp()
     h, be = offload(m, state, stats=True)
