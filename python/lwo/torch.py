@@ -911,10 +911,10 @@ def _install_capture_hooks():
 def _capture_started(graph):
     """torch's hook as a capture begins (live on the current stream: nothing
     here enqueues device work)."""
-    _CAPTURES[_capture_stream()] = weakref.ref(graph)
     for h in list(_LIVE_HANDLES):
         if not h.closed and h.ring is not None:
             h._capture_begun()
+    _CAPTURES[_capture_stream()] = weakref.ref(graph)
 
 
 def _capture_ended(graph):
@@ -1002,7 +1002,7 @@ class _GraphHold:
         stream (the release is ordered after it)."""
         h = self.handle
         if self.state != "held":
-            raise StateError(C.LWO_ERR_BUSY, (
+            raise StateError(C.LWO_ERR_CAPTURING, (
                 "lwo.torch: torch.cuda.CUDAGraph.replay: this graph captured streamed modules "
                 "of an lwo.torch handle, and no longer holds that handle's ring (%s): capture "
                 "the model again") % (self.why or "its capture failed"))

@@ -346,6 +346,7 @@ def test_a_released_graph_refuses_to_replay(state):
     assert h.release_graph() is True and h.release_graph() is False
     with pytest.raises(lwo.StateError) as e:
         g.replay()
+    assert e.value.status == C.LWO_ERR_CAPTURING
     assert "handle.release_graph()" in str(e.value) and "replay" in str(e.value)
     assert g.replays == 1
     g.reset()  # nothing more to release
@@ -574,6 +575,7 @@ def test_resident_records_are_uploaded_at_the_join_and_a_write_refuses_the_repla
         ref[0].bias.add_(1.0)
     with pytest.raises(lwo.StateError) as e:
         g.replay()
+    assert e.value.status == C.LWO_ERR_BUSY
     assert "record 0" in str(e.value) and "resident" in str(e.value)
     assert g.replays == 2
     del g, e  # (the error's traceback holds the graph)
