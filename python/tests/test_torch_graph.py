@@ -674,3 +674,22 @@ def test_the_streams_lwo_computed_on_are_those_of_its_step_starts(monkeypatch):
     stream[0] = 0x66
     b.record(None)
     assert a.stream_warm(0x66)
+
+
+def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g, _ = captured(m, x, state)
+    other = FakeGraph(state)
+    with capture(other):  # another capture on the same stream (torch.cuda.graph's own)
+        del g
+        gc.collect()  # dropped while its stream captures: the library refuses the release
+        assert h._hold is not None and h._hold.gone and h.cuda_graph is None
+    assert "release_graph" not in [c[0] for c in ring.log]
+    with torch.no_grad():
+        y = m(x)  # the release comes first
+    assert ring.log[ring.log.index(("release_graph", CAPTURE_STREAM)) + 1][0] == "stage"
+    assert torch.equal(y, y0) and h._hold is None
