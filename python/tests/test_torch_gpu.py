@@ -882,6 +882,8 @@ def test_cuda_graph_resident_records_and_their_writes():
         for mm in (m, twin, ref):
             mm[0].weight.mul_(0.5)
     g, static_y = _capture(m, static_x, s)
+    with pytest.raises(lwo.StateError, match="lwo_pool_layer_changed"):
+        h.mark_changed(m[0])  # the library holds a resident layer for the graph
     _replays(g, static_x, static_y, m, twin, ref, _scale_weight("4.weight"), dtype, n=9)
     with torch.no_grad():
         m[0].weight.mul_(2.0)
