@@ -2,8 +2,8 @@
 same models resident in PyTorch (bf16 and f32, stated tolerances), bit for
 bit against lwo's own compute on resident weights, LoRA (peft) on a frozen
 base, groups, a changed module order, activation checkpointing, compile,
-per-record statistics. Skipped without torch, without CUDA, or where lwo
-finds no device.
+per-record statistics, forward passes captured by torch.cuda.graph.
+Skipped without torch, without CUDA, or where lwo finds no device.
 
 Tolerances, as the largest absolute difference over the largest absolute
 value of the reference: f32 1e-4 (lwo and PyTorch both compute in full f32:
