@@ -2549,7 +2549,9 @@ class Offload:
         if hold is not None:
             why = (C.LWO_ERR_BUSY, "an earlier CUDA graph (captured on stream 0x%x) still holds "
                    "this handle's ring: one graph at a time holds a ring; release it first (del "
-                   "graph, graph.reset() or handle.release_graph())" % (hold.stream or 0))
+                   "graph, graph.reset() or handle.release_graph())%s" % (
+                       hold.stream or 0, ": it was dropped, and its release waits for its stream "
+                       "to capture no more" if hold.gone else ""))
         elif grad:
             why = (C.LWO_ERR_UNSUPPORTED, "a forward whose output needs a gradient: lwo.torch "
                    "captures forward passes only (a training step's gradients need lwo's host "
