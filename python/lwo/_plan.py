@@ -177,6 +177,22 @@ class Planner:
             self.pos = j + 1
         return False
 
+    def save(self):
+        """The planner's whole state (plans kept, the step in progress, the
+        counts), for :meth:`restore`: what a CUDA graph capture observes is
+        put aside this way (lwo.torch)."""
+        return (self.kind, self.pos, list(self.trace), self.deviated, self.steps, self.replans,
+                self.switches, self.mispredictions, self.saw_backward, self.last_kind,
+                self._current, {k: list(v) for k, v in self.candidates.items()})
+
+    def restore(self, state):
+        """Puts back a state :meth:`save` returned."""
+        (self.kind, self.pos, trace, self.deviated, self.steps, self.replans, self.switches,
+         self.mispredictions, self.saw_backward, self.last_kind, self._current,
+         cands) = state
+        self.trace = list(trace)
+        self.candidates = {k: list(v) for k, v in cands.items()}
+
     def remap(self, mapping):
         """The records were rebuilt: record r is now mapping[r]. Every plan
         kept is renamed (same accesses, same order); the current step, if

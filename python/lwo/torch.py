@@ -37,6 +37,11 @@ The contract (docs/PYTHON.md says more):
   backwards, lwo._torch_compile): no graph break; the operators run the
   same per-call code as an eager call. Outside compile the forward is the
   autograd Functions' path, as before.
+- A forward pass that needs no gradient is captured by torch.cuda.graph
+  (and make_graphed_callables): the ring joins torch's capture at its first
+  streamed access and leaves before torch ends it; the graph then holds the
+  ring until it is destroyed or reset, or ``handle.release_graph()``. Eager
+  calls meanwhile, and training in a capture, are refused.
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -64,7 +69,7 @@ from . import _core
 from . import _tune
 from . import _torch_compile
 from . import _errors
-from ._errors import ArgumentError, StateError, check
+from ._errors import ArgumentError, Error, StateError, check
 from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
 
 __all__ = ["offload", "Offload", "is_offloaded", "handle_of", "optim"]
@@ -192,6 +197,16 @@ class _Ring(_HotCalls):
 
     def info(self):
         return self.obj.info()
+
+    # Joining a CUDA graph capture that torch began (see "CUDA graphs" below).
+    def capture_join(self, stream):
+        check(_lib.lwo_ring_capture_join(self._h, stream))
+
+    def capture_leave(self, stream):
+        check(_lib.lwo_ring_capture_leave(self._h, stream))
+
+    def capture_release(self, stream):
+        check(_lib.lwo_ring_capture_release(self._h, stream))
 
 
 class _Grads(_HotCalls):
@@ -344,15 +359,43 @@ class _Backend:
         object is made once per raw stream (torch.cuda.current_stream(),
         which Event.record() calls by default, costs more host time than the
         record itself, and host time added to a measured step shows as
-        device time between accesses once the host falls behind)."""
+        device time between accesses once the host falls behind). Every
+        step's first access records one, so the streams seen here are those
+        lwo.torch computed on (stream_warm)."""
         raw = _raw_stream(self.device_index)
         s = self._streams.get(raw)
         if s is None:
             if len(self._streams) > 64:
                 self._streams.clear()
             s = self._streams[raw] = torch.cuda.current_stream(self.device_index)
+            _Backend._warm.setdefault(id(self.engine), set()).add(raw)
         _record_event(e, s)
         return e
+
+    # id(engine) -> raw streams on which lwo.torch began a step
+    _warm = {}
+
+    def stream_warm(self, raw):
+        """True if lwo.torch began a step on stream `raw` of this engine: the
+        engine's compute workspace of that stream exists (lwo allocates it at
+        a stream's first compute call, which a CUDA graph capture cannot
+        hold)."""
+        return raw in _Backend._warm.get(id(self.engine), ())
+
+    def order_streams(self, last, others):
+        """Makes stream `last` wait for the work enqueued so far on the
+        streams `others` (raw streams of the device; 0 is the default
+        stream)."""
+        dev = torch.device("cuda", self.device_index)
+
+        def stream(raw):
+            return torch.cuda.ExternalStream(raw, device=dev) if raw else \
+                torch.cuda.default_stream(dev)
+        target = stream(last)
+        for raw in others:
+            e = torch.cuda.Event()
+            e.record(stream(raw))
+            target.wait_event(e)
 
     @staticmethod
     def elapsed_ms(a, b):
@@ -816,6 +859,185 @@ class _Span:
 
 
 # --------------------------------------------------------------------------
+# CUDA graphs: a capture that torch began (torch.cuda.graph,
+# make_graphed_callables), joined by the rings of the handles it calls
+# --------------------------------------------------------------------------
+# torch's hook at each capture's start notes the capture's stream and its
+# torch.cuda.CUDAGraph, and has every open handle look at its next streamed
+# access (Offload._capture_step, reached through _new_step at no cost to the
+# accesses of an eager step). The first access in the capture joins the ring
+# to it (lwo_ring_capture_join) and replaces the graph's capture_end_pre, on
+# that graph object only, so that the ring leaves the capture
+# (lwo_ring_capture_leave) before torch ends it (cudaStreamEndCapture needs
+# the transfer stream joined back). The graph then holds the ring: its
+# replay hook refuses a replay that cannot be right, and its destroy callback
+# (the graph collected, or reset()) gives the ring back
+# (lwo_ring_capture_release).
+_CAPTURES = {}         # raw stream -> weakref of the CUDAGraph whose capture began on it
+_capture_hooks = None  # torch's RemovableHandles of the two hooks (False: no such API)
+
+
+def _capturing():
+    """True while torch's current stream captures a CUDA graph."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _capture_stream():
+    """The raw stream a capture beginning now captures (torch's current one)."""
+    return _raw_stream(torch.cuda.current_device())
+
+
+def _install_capture_hooks():
+    """Registers the capture hooks with torch, once per process (at the first
+    offload()). A torch without them (register_graph_capture_start_hook and
+    CUDAGraph's capture_end_pre, replay start hooks and destroy callbacks:
+    torch 2.15 has them) gets none: a streamed access in a capture is then
+    the library's error from the GPU."""
+    global _capture_hooks
+    if _capture_hooks is not None:
+        return
+    graphs = getattr(torch.cuda, "graphs", None)
+    start = getattr(graphs, "register_graph_capture_start_hook", None)
+    end = getattr(graphs, "register_graph_capture_end_hook", None)
+    cls = getattr(graphs, "CUDAGraph", None)
+    if start is None or end is None or not all(
+            hasattr(cls, m) for m in ("capture_end_pre", "register_replay_start_hook",
+                                      "register_destroy_callback")):
+        _capture_hooks = False  # pragma: no cover - a torch before these hooks
+        return
+    _capture_hooks = (start(_capture_started), end(_capture_ended))
+
+
+def _capture_started(graph):
+    """torch's hook as a capture begins (live on the current stream: nothing
+    here enqueues device work)."""
+    for h in list(_LIVE_HANDLES):
+        if not h.closed and h.ring is not None:
+            h._capture_begun()
+    _CAPTURES[_capture_stream()] = weakref.ref(graph)
+
+
+def _capture_ended(graph):
+    """torch's hook once a capture ended (not run when the end failed: a
+    stale entry is only ever looked up while its stream captures)."""
+    for raw, ref in list(_CAPTURES.items()):
+        g = ref()
+        if g is None or g is graph:
+            del _CAPTURES[raw]
+
+
+def _end_before_torch(graph, hold):
+    """Makes the capture of `graph` leave `hold`'s ring before torch ends it:
+    the graph's capture_end_pre (which capture_end and torch.cuda.graph's exit
+    call) is replaced on this graph object until the capture ends."""
+    d = graph.__dict__
+    holds = d.get("_lwo_holds")
+    if holds is None:
+        holds = d["_lwo_holds"] = []
+        ref = weakref.ref(graph)
+        prev = d.get("capture_end_pre")
+        d["capture_end_pre"] = lambda: _capture_end_pre(ref, prev)
+    holds.append(hold)
+
+
+def _capture_end_pre(ref, prev):
+    """The graph's capture_end_pre while rings joined its capture: each ring
+    leaves (releasing what it still holds, in the capture), then torch ends the
+    capture; the graph holds the rings from then on."""
+    graph = ref()
+    d = graph.__dict__
+    holds = d.pop("_lwo_holds", [])
+    if prev is None:
+        d.pop("capture_end_pre", None)
+    else:
+        d["capture_end_pre"] = prev
+    first = None
+    for hold in holds:
+        try:
+            hold.handle._leave_capture(hold)
+        except BaseException as e:  # torch ends its capture all the same
+            first = first or e
+    try:
+        if prev is not None:
+            prev()
+        else:
+            type(graph).capture_end_pre(graph)
+    except BaseException:
+        for hold in holds:
+            hold.handle._capture_failed(hold)
+        raise
+    for hold in holds:
+        hold.handle._graph_bound(hold, graph)
+    if first is not None:
+        raise first
+
+
+class _GraphHold:
+    """One torch CUDA graph whose capture a handle's ring joined: from the join
+    (state "joined") and the leave ("held": the graph holds the ring) to the
+    release ("released"), or "dropped" where the capture ended without the
+    ring. The graph's replay hook and destroy callback hold this, never the
+    graph (torch's rule for them); `graph` is a weak reference."""
+
+    __slots__ = ("handle", "graph", "stream", "state", "streams", "watch", "planner", "stats",
+                 "error", "why", "gone")
+
+    def __init__(self, handle, graph, stream):
+        self.handle = handle
+        self.graph = weakref.ref(graph)
+        self.stream = stream     # the capture's stream (raw)
+        self.state = "joined"
+        self.streams = []        # raw streams the graph was replayed on, the last one last
+        self.watch = ()          # (record, its version at the capture) a replay reads as it was
+        self.planner = None      # the prefetch planner's state before the capture
+        self.stats = False       # the handle's stats= before the capture
+        self.error = None        # what lwo.torch refused in the capture (it is then void)
+        self.why = None          # what released the ring
+        self.gone = False        # the graph was collected or reset
+
+    def replay_started(self, graph):
+        """torch's replay start hook of the graph: refuses a replay that would
+        read a ring the graph no longer holds, or records that changed since
+        the capture where a replay cannot see the change; notes the replay's
+        stream (the release is ordered after it)."""
+        h = self.handle
+        if self.state != "held":
+            raise StateError(C.LWO_ERR_CAPTURING, (
+                "lwo.torch: torch.cuda.CUDAGraph.replay: this graph captured streamed modules "
+                "of an lwo.torch handle, and no longer holds that handle's ring (%s): capture "
+                "the model again") % (self.why or "its capture failed"))
+        for rec, v in self.watch:
+            now = rec.current_version()
+            if now != v:
+                raise StateError(C.LWO_ERR_BUSY, (
+                    "lwo.torch: torch.cuda.CUDAGraph.replay: record %d (%s) of the captured "
+                    "model was written after the capture (its parameters' version went from "
+                    "%d to %d), and a replay reads it as it was then: it is %s. Release the "
+                    "graph (del graph, graph.reset() or handle.release_graph()) and capture "
+                    "again; writes to streamed records are seen by the next replay") % (
+                        rec.index, rec.name, v, now,
+                        "resident on the device" if rec.resident else
+                        "quantized in the pool from its parameter at its stage"
+                        if rec.quantized else "a checkpoint's record"))
+        st = h._cur_stream(h._dev_index)
+        s = self.streams
+        if not s or s[-1] != st:
+            if st in s:
+                s.remove(st)
+            s.append(st)
+
+    def destroyed(self):
+        """torch's destroy callback of the graph (collected, or reset()): the
+        ring goes back now, or at the handle's next call if it cannot yet."""
+        self.gone = True
+        try:
+            if not self.handle.closed:
+                self.handle._release_hold(self, "the graph was destroyed or reset")
+        except Exception:
+            pass  # retried by the handle's next streamed access
+
+
+# --------------------------------------------------------------------------
 # The handle
 # --------------------------------------------------------------------------
 class Offload:
@@ -958,6 +1180,7 @@ class Offload:
 
         self._init_state([s.record.index for s in states])
         self.ring = backend.ring(self.pool, self.depth, self._timing)
+        _install_capture_hooks()
         self._make_grads()
 
         # The modules become streamed ones (each with its id for the custom
@@ -1043,6 +1266,14 @@ class Offload:
         self._open_optims = ()     # those whose step is open in this backward pass
         self._add_after = None     # a record to add to them after this node's dx
         self._count_nodes = False  # count each record's nodes (an in_backward step opens)
+        # CUDA graphs (see "CUDA graphs" above Offload): a capture began, or a
+        # graph holds the ring, so the next access goes to _capture_step
+        # (_steps_seen is -1 meanwhile, _steps_real its value)
+        self._cap_check = False
+        self._steps_real = 0
+        self._cap_planner = None   # the planner's state as the capture began
+        self._joined = None        # the _GraphHold of the capture the ring is in
+        self._hold = None          # the _GraphHold of the graph that holds the ring
         _LIVE_HANDLES.add(self)
 
     @classmethod
@@ -1293,6 +1524,8 @@ class Offload:
         planner.observe(rec.index, grad, _graph_task_id() != -1)
         if not grad:
             rec.unsafe = True  # its node count is unsure in this step (see _end_span)
+        elif self._joined is not None:
+            self._refuse_in_capture(s, "a forward whose output needs a gradient")
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         return rec
@@ -1377,10 +1610,12 @@ class Offload:
             if idx in pre:
                 continue
             r = self.records[idx]
-            if next_step and r.trainable and planner.kind != _FORWARD:
+            if next_step and (r.trainable and planner.kind != _FORWARD or
+                              self._joined is not None):
                 # A training step's optimizer writes trainable records before
                 # the next step: copying them now would be wasted (a write
                 # is caught all the same: the version check stages again).
+                # In a CUDA graph capture the next step is not in the graph.
                 break
             v = r.current_version()
             if v != r.version:
@@ -1429,6 +1664,10 @@ class Offload:
         warm-up steps one step is measured, and at the start of the step
         after it the plan is made and applied. Returns s's record (a new
         one if the records were rebuilt)."""
+        if self._cap_check:
+            got = self._capture_step(s, grad)
+            if got is not None:
+                return got
         planner = self.planner
         self._steps_seen = planner.steps
         tuner = self._tuner
@@ -1829,6 +2068,8 @@ class Offload:
         task = _graph_task_id()
         if task in self._cb_tasks:
             return
+        if self._cap_check:
+            self._capture_backward()
         first = not self._cb_tasks
         self._cb_tasks.add(task)
         if task != -1:
@@ -2076,6 +2317,8 @@ class Offload:
         planner.observe(rec.index, grad, _graph_task_id() != -1)
         if not grad:
             rec.unsafe = True  # its node count is unsure in this step (see _end_span)
+        elif self._joined is not None:
+            self._refuse_in_capture(s, "a forward whose output needs a gradient")
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         stream = self._cur_stream(self._dev_index)
@@ -2229,12 +2472,331 @@ class Offload:
                 self._flush_add()
 
     # ----------------------------------------------------------------
+    # CUDA graphs (the module's "CUDA graphs" section says how they come)
+    # ----------------------------------------------------------------
+    def _capture_begun(self):
+        """torch's hook: a capture began somewhere. The next streamed access
+        goes through _capture_step, with the planner's state as it is now
+        kept: what that access observes is put aside if it joins."""
+        if self._joined is not None:
+            return  # its accesses are checked as they come (_capture_step)
+        if not self._cap_check:
+            self._cap_check = True
+            self._steps_real = self._steps_seen
+        self._steps_seen = -1
+        self._cap_planner = self.planner.save()
+
+    def _capture_step(self, s, grad):
+        """A step's first access while _cap_check is set (a capture began, the
+        ring is in one, or a graph holds it). Joins the capture at its first
+        streamed access, refuses what a joined capture cannot hold, and an
+        eager call while a graph holds the ring. Returns s's record when the
+        access is handled here, None when it begins an eager step as usual."""
+        planner = self.planner
+        stream = self._cur_stream(self._dev_index)
+        j = self._joined
+        if j is not None:
+            if stream != j.stream or not _capturing():
+                self._refuse_in_capture(s, "a call on stream 0x%x outside the capture" % (
+                    stream or 0))
+            if grad:
+                self._refuse_in_capture(s, "a forward whose output needs a gradient")
+            self._steps_seen = planner.steps  # another pass in the same capture
+            return s.record
+        if not _capturing():
+            hold = self._hold
+            if hold is not None and hold.gone:
+                try:
+                    self._release_hold(hold, "the graph was destroyed or reset")
+                except Error:
+                    pass
+                hold = self._hold
+            if hold is not None:
+                planner.restore(self._cap_planner)  # the refused access leaves no trace
+                raise StateError(C.LWO_ERR_BUSY, (
+                    "lwo.torch: %s %r (record %d): a CUDA graph captured on stream 0x%x holds "
+                    "this handle's lwo ring (lwo_ring_capture_release not called yet), so the "
+                    "module cannot run eagerly: replay the graph, or release it first (del "
+                    "graph, graph.reset() or handle.release_graph())") % (
+                        s.kind, s.name, s.record.index, hold.stream or 0))
+            # No capture here: back to eager accesses at no cost.
+            self._cap_check = False
+            self._cap_planner = None
+            real = self._steps_real
+            self._steps_seen = real
+            if planner.steps != real or len(planner.trace) == 1:
+                return None  # this access began a step
+            return s.record
+        return self._join(s, grad, stream)
+
+    def _join(self, s, grad, stream):
+        """The first streamed access in a capture on `stream`: the ring joins
+        it (lwo_ring_capture_join), after what it held from before was released
+        outside the capture and the resident records written since were marked
+        changed (the join uploads them). The pass is a forward-only step of the
+        planner's, whose state is put back at the leave."""
+        what = "lwo.torch: %s %r (record %d) in a CUDA graph capture on stream 0x%x" % (
+            s.kind, s.name, s.record.index, stream or 0)
+        saved = self._cap_planner
+        hold = self._hold
+        if hold is not None and hold.gone:
+            try:
+                self._release_hold(hold, "the graph was destroyed or reset")
+            except Error:
+                pass
+            hold = self._hold
+        why = None
+        if hold is not None:
+            why = (C.LWO_ERR_BUSY, "an earlier CUDA graph (captured on stream 0x%x) still holds "
+                   "this handle's ring: one graph at a time holds a ring; release it first (del "
+                   "graph, graph.reset() or handle.release_graph())%s" % (
+                       hold.stream or 0, ": it was dropped, and its release waits for its stream "
+                       "to capture no more" if hold.gone else ""))
+        elif grad:
+            why = (C.LWO_ERR_UNSUPPORTED, "a forward whose output needs a gradient: lwo.torch "
+                   "captures forward passes only (a training step's gradients need lwo's host "
+                   "work at each replay, which a torch graph cannot run); capture under "
+                   "torch.no_grad() or torch.inference_mode(), with inputs and streamed "
+                   "parameters that need no gradient")
+        elif self._timing:
+            why = (C.LWO_ERR_UNSUPPORTED, "the handle was made with offload(timing=True), whose "
+                   "ring timing is read on the host: a timed ring cannot be captured")
+        else:
+            ref = _CAPTURES.get(stream)
+            graph = ref() if ref is not None else None
+            if graph is None:
+                why = (C.LWO_ERR_UNSUPPORTED, "the capture was not begun by "
+                       "torch.cuda.CUDAGraph.capture_begin (torch.cuda.graph, "
+                       "make_graphed_callables): lwo.torch must leave a capture before it "
+                       "ends and sees only those")
+            elif not self.backend.stream_warm(stream):
+                why = (C.LWO_ERR_CAPTURING, "lwo has not computed on this stream yet: its "
+                       "first call on a stream allocates the stream's workspace, and its "
+                       "first call of a shape times its algorithms, neither of which a "
+                       "capture can hold. Run the model eagerly on the capture stream first, "
+                       "with the shapes of the capture: s = torch.cuda.Stream(); with "
+                       "torch.cuda.stream(s): model(x); then torch.cuda.graph(g, stream=s)")
+        if why is not None:
+            planner = self.planner
+            if saved is not None:
+                planner.restore(saved)
+            raise _errors.error_class(why[0])(why[0], "%s: %s" % (what, why[1]))
+        planner = self.planner
+        planner.restore(saved)
+        steps = planner.steps  # the eager steps so far
+        planner.end()  # an eager forward-only step ends here, in what is put back
+        planner.observe(s.record.index, False, False)
+        # What the ring holds from eager steps goes back outside the capture: a
+        # staged record (never acquired) on the transfer stream, after its copy;
+        # a held one on the stream that read it, or where that is the capture's,
+        # on the transfer stream too (torch.cuda.graph synchronized the device
+        # before it began the capture: nothing reads it any more).
+        ts = None
+        held = self._held
+        if held is not None:
+            self._held = None
+            rs = held[2]
+            if rs == stream:
+                rs = ts = self.backend.transfer_stream()
+            self._release(held[0], held[1], rs)
+        if self._prefetched:
+            if ts is None:
+                ts = self.backend.transfer_stream()
+            for idx, (t, _v) in list(self._prefetched.items()):
+                self._release(self.records[idx], t, ts)
+            self._prefetched.clear()
+        self._live = 0
+        for rec in self.records:
+            if rec.resident:
+                v = rec.current_version()
+                if v != rec.version:
+                    self._layer_changed(rec)  # uploaded by the join
+                    rec.version = v
+        # No timing in a capture: a measured step starts again after it, and a
+        # forward-only step before it is not timed (it would end after it).
+        tuner = self._tuner
+        if self._cal is not None:
+            self._cal = None
+            if tuner is not None and tuner.phase == "measure":
+                tuner.phase = "warmup"
+                tuner.warmup = steps + 1
+        ev = self._step_events
+        if ev and ev[-1][2] is None:
+            ev.pop()
+        hold = _GraphHold(self, graph, stream)
+        hold.planner = saved
+        hold.stats = self._stats_on
+        self._stats_on = False
+        try:
+            self.ring.capture_join(stream)
+        except Error as e:
+            self._stats_on = hold.stats
+            planner.restore(saved)
+            raise type(e)(e.status, "%s: %s" % (what, e.message)) from None
+        _end_before_torch(graph, hold)
+        self._joined = hold
+        self._steps_seen = planner.steps
+        return s.record
+
+    def _refuse_in_capture(self, s, what):
+        """Refuses an access the joined capture cannot hold; the graph is void
+        from here (released as its capture ends, its replays refused)."""
+        j = self._joined
+        msg = ("lwo.torch: %s %r (record %d) in a CUDA graph capture on stream 0x%x: %s: "
+               "lwo.torch captures forward passes that need no gradient, on the capture's "
+               "stream; this capture's graph will not replay") % (
+                   s.kind, s.name, s.record.index, (j.stream if j else 0) or 0, what)
+        if j is not None and j.error is None:
+            j.error = msg
+        raise ArgumentError(C.LWO_ERR_UNSUPPORTED, msg)
+
+    def _capture_backward(self):
+        """A backward pass begins while _cap_check is set: refused in a
+        capture (lwo's gradient path cannot be replayed by a torch graph) and
+        while a graph holds the ring."""
+        j = self._joined
+        capturing = j is not None or _capturing()
+        if capturing:
+            msg = ("lwo.torch: a backward pass through streamed modules in a CUDA graph "
+                   "capture: training steps are not captured (lwo's weight gradients need "
+                   "host work at each replay, which a graph torch replays cannot run; "
+                   "make_graphed_callables captures a backward and is refused likewise); "
+                   "capture forward passes under torch.no_grad()")
+            if j is not None and j.error is None:
+                j.error = msg
+            raise ArgumentError(C.LWO_ERR_UNSUPPORTED, msg)
+        hold = self._hold
+        if hold is not None and hold.gone:
+            try:
+                self._release_hold(hold, "the graph was destroyed or reset")
+            except Error:
+                pass
+            hold = self._hold
+        if hold is not None:
+            raise StateError(C.LWO_ERR_BUSY, (
+                "lwo.torch: a backward pass through streamed modules: a CUDA graph captured on "
+                "stream 0x%x holds this handle's lwo ring: release it first (del graph, "
+                "graph.reset() or handle.release_graph())") % (hold.stream or 0))
+
+    def _leave_capture(self, hold):
+        """Before torch ends the capture: releases what the pass still holds
+        (in the capture, on its stream), puts the planner and the statistics
+        back as they were before it, and leaves (lwo_ring_capture_leave). The
+        graph holds the ring from here."""
+        stream = hold.stream
+        self._joined = None
+        first = None
+        try:
+            held = self._held
+            if held is not None:
+                self._held = None
+                try:
+                    self._release(held[0], held[1], held[2])
+                except Error as e:
+                    first = e
+            for idx, (t, _v) in list(self._prefetched.items()):
+                try:
+                    self._release(self.records[idx], t, stream)
+                except Error as e:
+                    first = first or e
+        finally:
+            self._prefetched.clear()
+            self._live = 0
+            self.planner.restore(hold.planner)
+            self._cap_planner = hold.planner
+            self._stats_on = hold.stats
+            self._steps_seen = -1
+        try:
+            self.ring.capture_leave(stream)
+        except Error as e:
+            # The capture ended or failed without the ring (the library then
+            # dropped the ring's part of it), or a ticket is live (it stays in
+            # the capture: _capture_failed drops it once torch's end failed).
+            if e.status == C.LWO_ERR_CAPTURING:
+                hold.state = "dropped"
+            raise type(e)(e.status, "lwo.torch: leaving the CUDA graph capture on stream "
+                          "0x%x before torch ends it: %s" % (stream or 0, e.message)) from None
+        hold.state = "held"
+        self._hold = hold
+        if first is not None:
+            raise first
+
+    def _capture_failed(self, hold):
+        """torch could not end the capture: the ring is given back."""
+        try:
+            if hold.state == "joined":  # still in it: the leave now drops its part
+                self.ring.capture_leave(hold.stream)
+            elif hold.state == "held":
+                self._release_hold(hold, "its capture failed")
+        except Error:
+            pass
+        if hold.state != "held":
+            hold.state = "dropped"
+        if self._hold is hold and hold.state != "held":
+            self._hold = None
+
+    def _graph_bound(self, hold, graph):
+        """torch ended the capture: the graph holds the ring. Its replay hook
+        and destroy callback are registered; a capture in which lwo.torch
+        refused a call gives the ring back at once (its replays are
+        refused)."""
+        if hold.state != "held":
+            return
+        hold.watch = tuple((rec, rec.current_version()) for rec in self.records
+                           if rec.resident or rec.quantized or self._checkpoint is not None)
+        graph.register_replay_start_hook(hold.replay_started)
+        graph.register_destroy_callback(hold.destroyed)
+        if hold.error is not None:
+            self._release_hold(hold, "lwo.torch refused a call in its capture: %s" % hold.error)
+
+    def _release_hold(self, hold, why):
+        """lwo_ring_capture_release of the graph's hold, ordered after its
+        replays: on the stream of the last one (the others joined into it
+        first), or on the capture's stream if it never replayed. From here
+        the graph refuses to replay."""
+        if hold.state != "held":
+            return
+        streams = hold.streams
+        last = streams[-1] if streams else hold.stream
+        if len(streams) > 1:
+            self.backend.order_streams(last, streams[:-1])
+        self.ring.capture_release(last)
+        hold.state = "released"
+        hold.why = why
+        if self._hold is hold:
+            self._hold = None
+
+    # ----------------------------------------------------------------
     # Public
     # ----------------------------------------------------------------
     @property
     def modules(self):
         """The streamed modules, by name."""
         return {s.name: s.module for s in self.states}
+
+    @property
+    def cuda_graph(self):
+        """The torch.cuda.CUDAGraph that holds the ring (captured with
+        torch.cuda.graph, or by make_graphed_callables), or None."""
+        hold = self._hold
+        return None if hold is None else hold.graph()
+
+    def release_graph(self):
+        """Gives the ring back from the CUDA graph that holds it
+        (lwo_ring_capture_release, ordered after the graph's replays), so
+        that the model runs eagerly again; that graph refuses to replay from
+        then on (lwo.StateError from its replay). Dropping the graph (del, or
+        graph.reset()) does the same. Returns False if no graph held it."""
+        if self._joined is not None:
+            raise StateError(C.LWO_ERR_CAPTURING, "lwo.torch: release_graph() during a CUDA "
+                             "graph capture the ring is in (stream 0x%x): the ring leaves as "
+                             "the capture ends, and its graph holds it from then on"
+                             % (self._joined.stream or 0))
+        hold = self._hold
+        if hold is None:
+            return False
+        self._release_hold(hold, "handle.release_graph()")
+        return True
 
     def record_names(self):
         """For each record (in pool order), the names of its modules."""
@@ -2361,6 +2923,12 @@ class Offload:
         param.grad are copied likewise."""
         if self.closed:
             return
+        if self._joined is not None:
+            raise StateError(C.LWO_ERR_CAPTURING, "lwo.torch: close() during a CUDA graph "
+                             "capture the handle's ring is in (stream 0x%x): end the capture "
+                             "first" % (self._joined.stream or 0))
+        if self._hold is not None:
+            self._release_hold(self._hold, "its handle was closed")
         target = torch.device(device) if device is not None else self.device
         for b in list(self._optims):
             b.detach(final=True, keep=False)  # the state ends with the handle

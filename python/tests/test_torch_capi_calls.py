@@ -1,5 +1,6 @@
 """lwo.torch's C calls without a device: each hot call that the adapter
-makes through ctypes (ring stage/acquire/release, gradient begin/end, linear
+makes through ctypes (ring stage/acquire/release and capture join/leave/
+release, gradient begin/end, linear
 and convolution forward/backward, layer changed) is made with a NULL handle,
 so that liblwo answers LWO_ERR_INVALID_HANDLE naming the call: the arguments
 the adapter passes convert to the declared C types (a wrong one would be a
@@ -36,6 +37,14 @@ def test_ring_calls():
     invalid_handle("lwo_ring_acquire", r.acquire, 12345, 0)
     invalid_handle("lwo_ring_acquire", r.acquire, 12345, 0x7f00_0000_1000)
     invalid_handle("lwo_ring_release", r.release, 12345, 0)
+
+
+def test_ring_capture_calls():
+    # joining a CUDA graph capture torch began, leaving it, giving the ring back
+    r = lt._Ring(Null())
+    invalid_handle("lwo_ring_capture_join", r.capture_join, 0x7f00_0000_1000)
+    invalid_handle("lwo_ring_capture_leave", r.capture_leave, 0x7f00_0000_1000)
+    invalid_handle("lwo_ring_capture_release", r.capture_release, 0)
 
 
 def test_grads_calls():

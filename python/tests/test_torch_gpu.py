@@ -2,8 +2,8 @@
 same models resident in PyTorch (bf16 and f32, stated tolerances), bit for
 bit against lwo's own compute on resident weights, LoRA (peft) on a frozen
 base, groups, a changed module order, activation checkpointing, compile,
-per-record statistics. Skipped without torch, without CUDA, or where lwo
-finds no device.
+per-record statistics, forward passes captured by torch.cuda.graph.
+Skipped without torch, without CUDA, or where lwo finds no device.
 
 Tolerances, as the largest absolute difference over the largest absolute
 value of the reference: f32 1e-4 (lwo and PyTorch both compute in full f32:
@@ -736,3 +736,231 @@ def test_host_adamw_delayed_update_on_the_device():
     assert torch.equal(sd["state"][0]["master"].to(m.a.weight.dtype), m.a.weight.detach().cpu())
     assert not torch.equal(m(x).detach(), y0)
     h.close()
+
+
+# --------------------------------------------------------------------------
+# CUDA graphs: forward passes captured with torch.cuda.graph (the ring joins
+# torch's capture) and replayed, against a twin handle run eagerly (bit for
+# bit) and the model resident (within tolerance). The host rewrites streamed
+# weights through their parameters between replays, after a synchronize;
+# a replay copies them as they are then.
+# --------------------------------------------------------------------------
+def _warm(m, x, stream, steps=3):
+    """The eager warm-up on the stream the capture will use (lwo allocates a
+    stream's workspace and times a shape's algorithms at their first call)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.no_grad():
+        for _ in range(steps):
+            y = m(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    return y
+
+
+def _capture(m, x, stream):
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g, stream=stream):
+        y = m(x)
+    return g, y
+
+
+def _replays(g, static_x, static_y, m, twin, ref, writes, dtype, n=20):
+    """n replays of g, new inputs each time; before every third one the host
+    writes `writes(model)` into m, twin and ref alike. Each output equals
+    twin's eager output bit for bit and ref's within tolerance."""
+    changed = 0
+    for i in range(n):
+        static_x.copy_(torch.randn_like(static_x))
+        if i % 3 == 1:
+            torch.cuda.synchronize()  # no replay reads the pool while the host writes it
+            with torch.no_grad():
+                for mm in (m, twin, ref):
+                    writes(mm)
+            changed += 1
+        g.replay()
+        with torch.no_grad():
+            yt, yr = twin(static_x), ref(static_x)
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, yt), "replay %d differs from eager lwo" % i
+        close(static_y, yr, dtype, "replay %d against resident" % i)
+    assert changed == len(range(1, n, 3))
+
+
+def _scale_weight(name):
+    def write(mm):
+        p = dict(mm.named_parameters())[name]
+        p.mul_(0.75)
+        p.add_(0.01)
+    return write
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_of_an_mlp_replays_with_the_hosts_writes(dtype):
+    m = mlp(dtype).requires_grad_(False)
+    twin, ref = copy.deepcopy(m), copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, plan=False)
+    lt.offload(twin, device=DEV, plan=False)
+    s = torch.cuda.Stream()
+    static_x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    _warm(m, static_x, s)
+    g, static_y = _capture(m, static_x, s)
+    assert h.cuda_graph is g
+    _replays(g, static_x, static_y, m, twin, ref, _scale_weight("2.weight"), dtype)
+    # eager use waits for the graph's release
+    with pytest.raises(lwo.StateError, match="holds this handle's lwo ring"):
+        with torch.no_grad():
+            m(static_x)
+    del g
+    torch.cuda.synchronize()
+    assert h.cuda_graph is None
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        assert torch.equal(m(x), twin(x))
+
+
+class _Block(nn.Module):
+    """The benchmark's block (scripts/torch-offload-bench) at a small size."""
+
+    def __init__(self, d=128, ff=512, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.norm2 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, ff)
+        self.down = nn.Linear(ff, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm1(x)
+        q, k, v = (f(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+def test_cuda_graph_of_the_block_model_with_its_plan():
+    dtype = torch.bfloat16
+    m = nn.Sequential(*[_Block() for _ in range(6)]).to(dtype).requires_grad_(False)
+    twin, ref = copy.deepcopy(m), copy.deepcopy(m).to(DEV)
+    groups = ["%d" % i for i in range(6)]
+    h = lt.offload(m, device=DEV, group=groups)  # the automatic plan: depth, residents
+    lt.offload(twin, device=DEV, group=groups, plan=False)
+    s = torch.cuda.Stream()
+    static_x = torch.randn(2, 64, 128, device=DEV, dtype=dtype)
+    _warm(m, static_x, s, steps=6)
+    assert h.plan_info is not None and "error" not in h.plan_info, h.plan_info
+    g, static_y = _capture(m, static_x, s)
+    streamed = [r for r in h.records if not r.resident]
+    assert streamed
+    name = streamed[-1].modules[0].name + ".weight"
+    _replays(g, static_x, static_y, m, twin, ref, _scale_weight(name), dtype)
+    if h.resident:  # a resident record written after the capture: the replay is refused
+        rname = h.records[h.resident[0]].modules[0].name + ".bias"
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            dict(m.named_parameters())[rname].add_(1.0)
+        with pytest.raises(lwo.StateError, match="resident"):
+            g.replay()
+    assert h.release_graph()
+    with pytest.raises(lwo.StateError, match="no longer holds"):
+        g.replay()
+
+
+def test_cuda_graph_resident_records_and_their_writes():
+    dtype = torch.float32
+    m = mlp(dtype).requires_grad_(False)
+    twin, ref = copy.deepcopy(m), copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, plan=False)
+    h._apply([(0, 1, True), (1, 1, False), (2, 1, False)], 2)  # the first record resident
+    lt.offload(twin, device=DEV, plan=False)
+    s = torch.cuda.Stream()
+    static_x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    _warm(m, static_x, s)
+    torch.cuda.synchronize()
+    with torch.no_grad():  # written before the capture: the join uploads it
+        for mm in (m, twin, ref):
+            mm[0].weight.mul_(0.5)
+    g, static_y = _capture(m, static_x, s)
+    with pytest.raises(lwo.StateError, match="lwo_pool_layer_changed"):
+        h.mark_changed(m[0])  # the library holds a resident layer for the graph
+    _replays(g, static_x, static_y, m, twin, ref, _scale_weight("4.weight"), dtype, n=9)
+    with torch.no_grad():
+        m[0].weight.mul_(2.0)
+    with pytest.raises(lwo.StateError, match="record 0"):
+        g.replay()
+    g.reset()  # gives the ring back
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        twin[0].weight.mul_(2.0)
+        assert torch.equal(m(x), twin(x))
+
+
+def test_cuda_graph_of_convolutions():
+    dtype = torch.float32
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(32 * 8 * 8, 10)).to(dtype).requires_grad_(False)
+    twin, ref = copy.deepcopy(m), copy.deepcopy(m).to(DEV)
+    lt.offload(m, device=DEV, plan=False)
+    lt.offload(twin, device=DEV, plan=False)
+    s = torch.cuda.Stream()
+    static_x = torch.randn(4, 3, 16, 16, device=DEV, dtype=dtype)
+    _warm(m, static_x, s)
+    g, static_y = _capture(m, static_x, s)
+    _replays(g, static_x, static_y, m, twin, ref, _scale_weight("2.weight"), dtype, n=9)
+
+
+def test_cuda_graph_refusals():
+    dtype = torch.bfloat16
+    m = mlp(dtype)  # trainable
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, plan=False)
+    s = torch.cuda.Stream()
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    _warm(m, x, s)
+    # a forward that needs gradients (training) is not captured
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(lwo.ArgumentError, match="needs a gradient"):
+        with torch.cuda.graph(g, stream=s):
+            m(x)
+    assert h.cuda_graph is None
+    del g
+    # nor make_graphed_callables' training: its warm-up's torch.autograd.grad over
+    # the parameters fails first (lwo's weight gradients never go through
+    # autograd), and with allow_unused_input=True its capture is refused
+    xg = x.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="allow_unused"):
+        torch.cuda.make_graphed_callables(m, (xg,))
+    with pytest.raises(lwo.ArgumentError, match="needs a gradient"):
+        torch.cuda.make_graphed_callables(m, (xg,), allow_unused_input=True)
+    assert h.cuda_graph is None
+    m.zero_grad()  # the warm-ups' backward passes summed into param.grad
+    # a capture on a stream lwo never computed on (torch.cuda.graph's own)
+    g = torch.cuda.CUDAGraph()
+    cap = torch.cuda.graph(g)
+    if not h.backend.stream_warm(cap.capture_stream.cuda_stream):
+        with pytest.raises(lwo.StateError, match="stream=s"):
+            with torch.no_grad(), cap:
+                m(x)
+        assert h.cuda_graph is None
+    del g, cap
+    # training goes on eagerly, right
+    compare_training(m, ref, lambda: torch.randn(48, 192, device=DEV, dtype=dtype), dtype,
+                     steps=2)
+
+
+def test_make_graphed_callables_for_inference():
+    dtype = torch.bfloat16
+    m = mlp(dtype).requires_grad_(False)
+    ref = copy.deepcopy(m).to(DEV)
+    h = lt.offload(m, device=DEV, plan=False)
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    gm = torch.cuda.make_graphed_callables(m, (x,))
+    assert h.cuda_graph is not None
+    for i in range(5):
+        xi = torch.randn_like(x)
+        close(gm(xi), ref(xi), dtype, "graphed call %d" % i)
+    assert h.release_graph()
+    with pytest.raises(lwo.StateError, match="no longer holds"):
+        gm(x)

@@ -196,3 +196,19 @@ def test_upcoming_is_the_same_at_every_position_of_a_run():
     assert p.steps == 1 and p.mispredictions == 0
     # past the end of the step: the next step's records
     assert p.upcoming(2) == _upcoming_by_scan(p.plans[TRAIN], 0, 2)
+
+
+def test_save_and_restore_put_every_plan_and_the_step_back():
+    p = Planner([0, 1, 2])
+    run_step(p, [0, 1, 2], [2, 1, 0])
+    p.observe(0, grad_enabled=False)  # a forward-only step under way
+    state = p.save()
+    before = (p.plans, p.stats(), p.kind, p.pos, list(p.trace), p.upcoming(2))
+    run_step(p, [2, 0], [0, 2])  # other orders, a step ended
+    run_step(p, [1], grad=False)
+    assert p.stats() != before[1]
+    p.restore(state)
+    assert (p.plans, p.stats(), p.kind, p.pos, list(p.trace), p.upcoming(2)) == before
+    p.restore(state)  # a state restores more than once
+    assert p.observe(1, grad_enabled=False) and p.observe(2, grad_enabled=False)
+    assert p.mispredictions == before[1]["mispredictions"]

@@ -1,0 +1,695 @@
+"""lwo.torch and CUDA graph captures (torch.cuda.graph) without a GPU: the
+plumbing of a capture that torch begins around a streamed model, on the
+host backend (host_lwo). The host backend records no graphs, so two
+stand-ins play what a GPU would: FakeGraph plays torch.cuda.CUDAGraph as
+lwo.torch uses it (torch's global capture start and end hooks, the graph's
+capture_end_pre, replay start hooks and destroy callbacks), with the capture
+state lwo.torch reads (lt._capturing, lt._capture_stream) set while it
+captures; CaptureRing plays the library's lwo_ring_capture_join / _leave /
+_release over the real ring (each call logged, with the library's
+refusals: a live ticket at a join or a leave, stages, acquires and releases
+while a graph holds the ring). Stages, acquires, releases and the compute
+are the real library's on the host backend, eager, so a "captured" pass
+computes its output. The real captures and replays run in
+test_torch_gpu.py. Skipped without torch."""
+
+import contextlib
+import copy
+import gc
+import types
+import weakref
+
+import pytest
+
+try:
+    import torch
+except ImportError as e:  # not installed, or not importable here
+    pytest.skip("torch is not importable: %s" % e, allow_module_level=True)
+nn = torch.nn
+
+import lwo  # noqa: E402
+import lwo.torch as lt  # noqa: E402
+from lwo import _capi as C  # noqa: E402
+from lwo import _core  # noqa: E402
+
+import host_lwo  # noqa: E402
+
+torch.manual_seed(0)
+graphs = torch.cuda.graphs
+if not hasattr(graphs, "register_graph_capture_start_hook"):
+    pytest.skip("this torch has no CUDA graph capture hooks", allow_module_level=True)
+
+CAPTURE_STREAM = 0x10
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph, as lwo.torch uses it."""
+
+    def __init__(self, state):
+        self.state = state
+        self.replay_hooks = []
+        self.callbacks = []
+        self.replays = 0
+        weakref.finalize(self, FakeGraph._fire, self.callbacks)
+
+    @staticmethod
+    def _fire(callbacks):  # torch's destroy callbacks (never holding the graph)
+        for cb in list(callbacks):
+            cb()
+        callbacks.clear()
+
+    def capture_begin(self):
+        self.state.active = True
+        self.state.log.append("torch begin")
+        # torch runs its global start hooks with the capture live (it swallows
+        # their errors; these calls let them show)
+        for hook in list(graphs._global_capture_start_hooks.values()):
+            hook(self)
+
+    def capture_end_pre(self):
+        self.state.log.append("torch end")
+        self.state.active = False
+        if self.state.fail_end:
+            raise RuntimeError("cudaStreamEndCapture failed (stand-in)")
+
+    def capture_end(self):
+        self.capture_end_pre()
+        for hook in list(graphs._global_capture_end_hooks.values()):
+            hook(self)
+
+    def register_replay_start_hook(self, hook):
+        self.replay_hooks.append(hook)
+
+    def register_destroy_callback(self, cb):
+        self.callbacks.append(cb)
+
+    def replay(self):
+        for hook in list(self.replay_hooks):
+            hook(self)
+        self.replays += 1
+
+    def reset(self):
+        FakeGraph._fire(self.callbacks)
+
+
+@contextlib.contextmanager
+def capture(g):
+    """torch.cuda.graph(g): the capture ends however the block ends."""
+    g.capture_begin()
+    try:
+        yield g
+    finally:
+        g.capture_end()
+
+
+class CaptureRing(host_lwo.Ring):
+    """host_lwo.Ring with the library's joined-capture calls stood in."""
+
+    def __init__(self, obj, depth, resident, state):
+        super().__init__(obj, depth, resident)
+        self.state = state
+        self.mode = None  # "joined", then "held" until the release
+
+    def _busy(self, call):
+        if self.mode == "held":
+            raise lwo.StateError(C.LWO_ERR_BUSY, "%s: the ring belongs to a CUDA graph the "
+                                 "caller captured (stand-in)" % call)
+
+    def stage(self, layer):
+        self._busy("lwo_ring_stage")
+        return super().stage(layer)
+
+    def acquire(self, ticket, stream):
+        self._busy("lwo_ring_acquire")
+        return super().acquire(ticket, stream)
+
+    def release(self, ticket, stream):
+        self._busy("lwo_ring_release")
+        super().release(ticket, stream)
+
+    def capture_join(self, stream):
+        if not self.state.active:
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_join: not capturing")
+        if self.mode is not None:
+            raise lwo.StateError(C.LWO_ERR_BUSY, "lwo_ring_capture_join: ring %s" % self.mode)
+        if self._layer:  # the library: every ticket released before a capture
+            raise lwo.StateError(C.LWO_ERR_BUSY, "lwo_ring_capture_join: live tickets of "
+                                 "layers %s" % sorted(self._layer.values()))
+        self.mode = "joined"
+        self.log.append(("join", stream))
+        self.state.log.append("join")
+
+    def capture_leave(self, stream):
+        if self.mode != "joined":
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_leave: in no capture")
+        if not self.state.active:
+            self.mode = None
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_leave: the capture "
+                                 "ended first; dropped")
+        if self._layer:
+            raise lwo.StateError(C.LWO_ERR_TICKET_STATE, "lwo_ring_capture_leave: live "
+                                 "tickets of layers %s" % sorted(self._layer.values()))
+        self.mode = "held"
+        self.log.append(("leave", stream))
+        self.state.log.append("leave")
+
+    def capture_release(self, stream):
+        if self.mode != "held":
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_release: not held")
+        if self.state.active and stream == self.state.stream:
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_release: stream "
+                                 "0x%x is capturing" % stream)
+        self.mode = None
+        self.log.append(("release_graph", stream))
+        self.state.log.append("release")
+
+
+class CaptureBackend(host_lwo.Backend):
+    """host_lwo.Backend whose rings are CaptureRings and whose current stream
+    is the state's."""
+
+    def __init__(self, state, warm=True, fake_ring=True):
+        super().__init__()
+        self.state = state
+        self.warm = warm
+        self.fake_ring = fake_ring
+        self.ordered = []
+
+    def current_stream(self, device_index):
+        return self.state.stream
+
+    def ring(self, pool, depth, timing, resident=()):
+        if not self.fake_ring:
+            return super().ring(pool, depth, timing, resident)
+        r = CaptureRing(_core.Ring(pool, depth=depth, timing=timing, resident=resident), depth,
+                        resident, self.state)
+        self.rings.append(r)
+        return r
+
+    def stream_warm(self, raw):
+        return self.warm
+
+    def order_streams(self, last, others):
+        self.ordered.append((last, list(others)))
+
+    def layer_changed(self, pool, layer):
+        super().layer_changed(pool, layer)
+        self.state.log.append(("changed", layer))
+
+
+@pytest.fixture
+def state(monkeypatch):
+    st = types.SimpleNamespace(active=False, stream=CAPTURE_STREAM, log=[], fail_end=False,
+                               capturing_calls=0)
+
+    def capturing():
+        st.capturing_calls += 1
+        return st.active
+    monkeypatch.setattr(lt, "_capturing", capturing)
+    monkeypatch.setattr(lt, "_capture_stream", lambda: st.stream)
+    yield st
+    gc.collect()  # graphs of the test release their rings before its handles go
+
+
+def offload(model, state, **kw):
+    be = CaptureBackend(state, warm=kw.pop("warm", True), fake_ring=kw.pop("fake_ring", True))
+    return lt.offload(model, _backend=be, **kw), be
+
+
+def mlp(frozen=True):
+    m = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 24), nn.Tanh(),
+                      nn.Linear(24, 8))
+    if frozen:
+        m.requires_grad_(False)
+    return m
+
+
+def warm_up(m, x, steps=2):
+    with torch.no_grad():
+        for _ in range(steps):
+            y = m(x)
+    return y
+
+
+def captured(m, x, state):
+    g = FakeGraph(state)
+    with torch.no_grad(), capture(g):
+        y = m(x)
+    return g, y
+
+
+def ring_calls(ring, since):
+    return [e for e in ring.log[since:]]
+
+
+# --------------------------------------------------------------------------
+def test_the_ring_joins_before_the_first_stage_and_leaves_after_the_last_release(state):
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    assert h._prefetched  # the eager steps staged the next step's first records
+    n0 = len(ring.log)
+    g, y = captured(m, x, state)
+    calls = ring_calls(ring, n0)
+    kinds = [c[0] for c in calls]
+    j = kinds.index("join")
+    # what the eager steps left staged goes back before the join (outside the capture)
+    assert kinds[:j] and set(kinds[:j]) == {"release"}
+    assert "stage" in kinds and kinds.index("stage") > j
+    # the leave is the ring's last call, after every release of the captured pass
+    assert kinds[-1] == "leave" and kinds.count("leave") == 1
+    staged = [c[1] for c in calls[j:] if c[0] == "stage"]
+    released = [c[1] for c in calls[j:] if c[0] == "release"]
+    assert sorted(staged) == sorted(released) == [0, 1, 2]  # no next-step prefetch in a capture
+    assert calls[j] == ("join", CAPTURE_STREAM) and calls[-1] == ("leave", CAPTURE_STREAM)
+    assert state.log == ["torch begin", "join", "leave", "torch end"]
+    assert torch.equal(y, y0)
+    assert torch.allclose(y, ref(x), atol=1e-5)
+    assert h.cuda_graph is g and h._joined is None
+    assert not h._prefetched and h._held is None and h._live == 0 and ring.live() == 0
+    assert "capture_end_pre" not in g.__dict__  # the graph's own again
+
+
+def test_replays_then_the_ring_is_released_when_the_graph_is_dropped(state):
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g, _ = captured(m, x, state)
+    for _ in range(3):
+        g.replay()
+    assert g.replays == 3
+    state.stream = 0x20  # replays on another stream: the release is ordered after them
+    g.replay()
+    state.stream = CAPTURE_STREAM
+    n0 = len(ring.log)
+    del g
+    gc.collect()
+    assert ring.log[n0:] == [("release_graph", 0x20)]
+    assert h.cuda_graph is None
+    with torch.no_grad():
+        y = m(x)
+    assert torch.equal(y, y0)
+    assert not h._cap_check  # eager accesses are plain again
+
+
+def test_the_release_follows_every_stream_the_graph_replayed_on(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g, _ = captured(m, x, state)
+    for s in (0x20, 0x30, 0x20, 0x40):
+        state.stream = s
+        g.replay()
+    assert h.release_graph() is True
+    assert be.rings[-1].log[-1] == ("release_graph", 0x40)
+    assert be.ordered == [(0x40, [0x30, 0x20])]
+
+
+def test_eager_use_while_a_graph_holds_the_ring_is_refused(state):
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    planner_before = h.stats()["planner"]
+    g, _ = captured(m, x, state)
+    n0 = len(ring.log)
+    for _ in range(2):
+        with pytest.raises(lwo.StateError) as e:
+            with torch.no_grad():
+                m(x)
+        assert e.value.status == C.LWO_ERR_BUSY
+        msg = str(e.value)
+        assert "linear '0'" in msg and "0x10" in msg and "handle.release_graph()" in msg, msg
+    assert ring.log[n0:] == []  # nothing staged
+    assert h.stats()["planner"] == planner_before  # the refused calls left no trace
+    g.reset()  # torch's reset fires the destroy callbacks: the ring goes back
+    assert ring.log[-1] == ("release_graph", CAPTURE_STREAM)
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+    assert h.stats()["planner"]["mispredictions"] == planner_before["mispredictions"]
+
+
+def test_a_released_graph_refuses_to_replay(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g, _ = captured(m, x, state)
+    g.replay()
+    assert h.release_graph() is True and h.release_graph() is False
+    with pytest.raises(lwo.StateError) as e:
+        g.replay()
+    assert e.value.status == C.LWO_ERR_CAPTURING
+    assert "handle.release_graph()" in str(e.value) and "replay" in str(e.value)
+    assert g.replays == 1
+    g.reset()  # nothing more to release
+    assert [c for c in be.rings[-1].log if c[0] == "release_graph"] == [
+        ("release_graph", CAPTURE_STREAM)]
+    # a new capture after the release
+    g2, y2 = captured(m, x, state)
+    assert h.cuda_graph is g2
+    h.close()  # releases it: its replays are refused
+    assert be.rings[-1].closed
+    with pytest.raises(lwo.StateError) as e:
+        g2.replay()
+    assert "closed" in str(e.value)
+
+
+def test_a_second_graph_is_refused_while_the_first_holds_the_ring(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g, _ = captured(m, x, state)
+    g2 = FakeGraph(state)
+    with pytest.raises(lwo.StateError) as e:
+        with torch.no_grad(), capture(g2):
+            m(x)
+    assert e.value.status == C.LWO_ERR_BUSY and "one graph at a time" in str(e.value)
+    assert h.cuda_graph is g
+    del g
+    gc.collect()
+    g3, _ = captured(m, x, state)
+    assert h.cuda_graph is g3
+
+
+def test_a_forward_that_needs_a_gradient_is_not_captured(state):
+    m = mlp(frozen=False)
+    ref = copy.deepcopy(m)
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    n0 = len(ring.log)
+    g = FakeGraph(state)
+    with pytest.raises(lwo.ArgumentError) as e:
+        with capture(g):
+            m(x)
+    assert e.value.status == C.LWO_ERR_UNSUPPORTED
+    msg = str(e.value)
+    assert "needs a gradient" in msg and "torch.no_grad()" in msg and "linear '0'" in msg, msg
+    assert "join" not in [c[0] for c in ring.log[n0:]]
+    assert state.log == ["torch begin", "torch end"] and h.cuda_graph is None
+    # training goes on eagerly, right
+    opt, opt_r = (torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, ref))
+    for _ in range(2):
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = m(xa), ref(xb)
+        assert torch.allclose(ya, yb, atol=1e-5)
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            assert torch.allclose(p.grad, q.grad, atol=1e-5)
+        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+
+
+def test_a_backward_in_a_capture_is_refused(state):
+    m = mlp(frozen=False)
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y = m(x)  # eager, with its autograd graph
+    n0 = len(ring.log)
+    g = FakeGraph(state)
+    with pytest.raises(lwo.ArgumentError) as e:
+        with capture(g):
+            y.sum().backward()
+    assert e.value.status == C.LWO_ERR_UNSUPPORTED
+    assert "backward pass" in str(e.value) and "make_graphed_callables" in str(e.value)
+    assert ring.log[n0:] == [] and h.grads.log[-1:] != [("begin", 2)]
+    # the step goes on eagerly
+    y = m(x)
+    y.sum().backward()
+    assert m[0].weight.grad is not None
+
+
+def test_a_gradient_needed_inside_a_joined_capture_voids_its_graph(state):
+    m = mlp()
+    m[4].requires_grad_(True)  # a trainable head on a frozen base
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g = FakeGraph(state)
+    with pytest.raises(lwo.ArgumentError) as e:
+        with capture(g):
+            with torch.no_grad():
+                z = m[2](m[1](m[0](x)))  # joins
+            m[4](m[3](z))  # the head needs its gradient
+    assert e.value.status == C.LWO_ERR_UNSUPPORTED and "linear '4'" in str(e.value)
+    kinds = [c[0] for c in ring.log]
+    assert kinds.count("join") == 1 and kinds[-2:] == ["leave", "release_graph"]
+    assert h.cuda_graph is None
+    with pytest.raises(lwo.StateError) as e:
+        g.replay()
+    assert "refused a call in its capture" in str(e.value)
+    with torch.no_grad():
+        m(x)  # eager again
+
+
+def test_a_capture_on_a_stream_lwo_never_computed_on_is_refused(state):
+    m = mlp()
+    h, be = offload(m, state, warm=False)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    n0 = len(ring.log)
+    g = FakeGraph(state)
+    with pytest.raises(lwo.StateError) as e:
+        with torch.no_grad(), capture(g):
+            m(x)
+    assert e.value.status == C.LWO_ERR_CAPTURING
+    assert "torch.cuda.graph(g, stream=s)" in str(e.value) and "workspace" in str(e.value)
+    assert ring.log[n0:] == []  # nothing released, staged or joined in the capture
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+
+
+def test_a_capture_torch_did_not_begin_is_refused(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g = FakeGraph(state)
+    with pytest.raises(lwo.ArgumentError) as e:
+        with torch.no_grad(), capture(g):
+            state.stream = 0x30  # a stream capturing, but not one torch began a capture on
+            try:
+                m(x)
+            finally:
+                state.stream = CAPTURE_STREAM
+    assert "torch.cuda.CUDAGraph.capture_begin" in str(e.value) and "0x30" in str(e.value)
+    assert h.cuda_graph is None
+
+
+def test_the_librarys_refusal_of_the_join_leaves_the_handle_usable(state):
+    """The real lwo_ring_capture_join (the host backend captures nothing):
+    its error, named, and the handle as before."""
+    m = mlp()
+    h, be = offload(m, state, fake_ring=False)
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    planner_before = h.stats()["planner"]
+    g = FakeGraph(state)
+    with pytest.raises(lwo.Error) as e:
+        with torch.no_grad(), capture(g):
+            m(x)
+    msg = str(e.value)
+    assert "lwo.torch: linear '0'" in msg and "lwo_ring_capture_join" in msg, msg
+    assert h._joined is None and h.cuda_graph is None and h._live == 0
+    assert h.stats()["planner"] == planner_before
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+    assert not h._cap_check
+
+
+def test_the_plan_is_as_before_the_capture(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x, steps=3)
+    before = (h.stats()["planner"], h.plan("forward"), h.plan("train"))
+    g = FakeGraph(state)
+    with torch.no_grad(), capture(g):
+        m[4](m[3](m[2](m[1](m[0](x)))))
+        m[4](m[3](m[2](torch.randn(5, 32))))  # another order in the same capture
+    assert [c[0] for c in be.rings[-1].log].count("join") == 1
+    assert (h.stats()["planner"], h.plan("forward"), h.plan("train")) == before
+    del g
+    gc.collect()
+    warm_up(m, x, steps=2)
+    st = h.stats()["planner"]
+    assert st["mispredictions"] == before[0]["mispredictions"] and st["replans"] == 0
+
+
+def test_eager_steps_do_not_look_for_captures(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x, steps=3)
+    assert state.capturing_calls == 0
+    g, _ = captured(m, x, state)
+    del g
+    gc.collect()
+    n = state.capturing_calls
+    warm_up(m, x, steps=1)  # the first access after the graph looks once
+    assert state.capturing_calls == n + 1 and not h._cap_check
+    warm_up(m, x, steps=3)
+    assert state.capturing_calls == n + 1
+    # a capture elsewhere (no streamed module in it): one look at the next access
+    g2 = FakeGraph(state)
+    with capture(g2):
+        pass
+    warm_up(m, x, steps=2)
+    assert state.capturing_calls == n + 2 and h.cuda_graph is None
+
+
+def test_resident_records_are_uploaded_at_the_join_and_a_write_refuses_the_replay(state):
+    m = mlp()
+    ref = copy.deepcopy(m)
+    h, be = offload(m, state)
+    h._apply([(0, 1, True), (1, 1, False), (2, 1, False)], 2)  # record 0 resident
+    assert h.resident == (0,)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    with torch.no_grad():
+        m[0].weight.mul_(0.5)  # written after its last stage
+        ref[0].weight.mul_(0.5)
+    state.log.clear()
+    g, y = captured(m, x, state)
+    assert state.log.index(("changed", 0)) < state.log.index("join")  # uploaded by the join
+    g.replay()
+    with torch.no_grad():
+        assert torch.allclose(y, ref(x), atol=1e-5)  # the join uploaded the write
+        m[2].weight.mul_(2.0)  # a streamed record: the next replay copies it
+        ref[2].weight.mul_(2.0)
+    g.replay()
+    with torch.no_grad():
+        m[0].bias.add_(1.0)  # the resident one: a replay cannot see it
+        ref[0].bias.add_(1.0)
+    with pytest.raises(lwo.StateError) as e:
+        g.replay()
+    assert e.value.status == C.LWO_ERR_BUSY
+    assert "record 0" in str(e.value) and "resident" in str(e.value)
+    assert g.replays == 2
+    del g, e  # (the error's traceback holds the graph)
+    gc.collect()
+    with torch.no_grad():
+        assert torch.allclose(m(x), ref(x), atol=1e-5)  # eager again, every write seen
+
+
+class CapturePlanningBackend(CaptureBackend, host_lwo.PlanningBackend):
+    """CaptureBackend with PlanningBackend's planner stand-in."""
+
+
+def test_the_automatic_plan_measures_eager_steps_only(state):
+    m = mlp()
+    be = CapturePlanningBackend(state)
+    h = lt.offload(m, _backend=be)
+    x = torch.randn(5, 12)
+    warm_up(m, x, steps=2)  # a warm-up step, then a measured one under way
+    assert h._tuner.phase == "measure" and h._cal
+    g, _ = captured(m, x, state)
+    assert h._tuner.phase == "warmup" and h._cal is None  # measured again after it
+    assert h.plan_info is None
+    del g
+    gc.collect()
+    warm_up(m, x, steps=5)
+    assert h.plan_info is not None and len(be.plan_calls) == 1
+    assert h.record_names() == [["0", "2"], ["4"]] and be.rings[-1].depth == 3
+    with torch.no_grad():
+        y = m(x)
+    g, y2 = captured(m, x, state)  # the plan's ring joins in turn
+    assert torch.equal(y, y2) and h.cuda_graph is g
+    assert [c[0] for c in be.rings[-1].log].count("join") == 1
+
+
+def test_statistics_do_not_count_the_capture(state):
+    m = mlp()
+    h, be = offload(m, state, stats=True)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    before = [r["stages"] for r in h.layer_stats()]
+    g, _ = captured(m, x, state)
+    assert h._stats_on
+    assert [r["stages"] for r in h.layer_stats()] == before
+
+
+def test_the_ring_is_given_back_when_torch_cannot_end_the_capture(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g = FakeGraph(state)
+    state.fail_end = True
+    with pytest.raises(RuntimeError, match="cudaStreamEndCapture"):
+        with torch.no_grad(), capture(g):
+            m(x)
+    state.fail_end = False
+    kinds = [c[0] for c in be.rings[-1].log]
+    assert kinds[-2:] == ["leave", "release_graph"] and h.cuda_graph is None
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+
+
+def test_close_during_a_capture_is_refused(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    warm_up(m, x)
+    g = FakeGraph(state)
+    with torch.no_grad(), capture(g):
+        m(x)
+        with pytest.raises(lwo.StateError) as e:
+            h.close()
+        assert "close() during a CUDA graph capture" in str(e.value)
+        with pytest.raises(lwo.StateError):
+            h.release_graph()
+    h.close()
+    assert [c[0] for c in be.rings[-1].log][-1] == "release_graph"
+
+
+def test_the_streams_lwo_computed_on_are_those_of_its_step_starts(monkeypatch):
+    """_Backend.record (every eager step's first access records its step
+    event) notes the stream per engine; stream_warm answers from it."""
+    class Engine:
+        handle = None
+    eng = Engine()
+    stream = [0x55]
+    monkeypatch.setattr(lt, "_raw_stream", lambda index: stream[0])
+    monkeypatch.setattr(lt, "_record_event", lambda e, s: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: ("stream", stream[0]))
+    a, b = lt._Backend(0, engine=eng), lt._Backend(0, engine=eng)
+    assert not a.stream_warm(0x55)
+    a.record(None)
+    assert a.stream_warm(0x55) and b.stream_warm(0x55)  # the engine's, not the handle's
+    assert not a.stream_warm(0x66)
+    assert not lt._Backend(0, engine=Engine()).stream_warm(0x55)
+    stream[0] = 0x66
+    b.record(None)
+    assert a.stream_warm(0x66)
+
+
+def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g, _ = captured(m, x, state)
+    other = FakeGraph(state)
+    with capture(other):  # another capture on the same stream (torch.cuda.graph's own)
+        del g
+        gc.collect()  # dropped while its stream captures: the library refuses the release
+        assert h._hold is not None and h._hold.gone and h.cuda_graph is None
+    assert "release_graph" not in [c[0] for c in ring.log]
+    with torch.no_grad():
+        y = m(x)  # the release comes first
+    assert ring.log[ring.log.index(("release_graph", CAPTURE_STREAM)) + 1][0] == "stage"
+    assert torch.equal(y, y0) and h._hold is None
