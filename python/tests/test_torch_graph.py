@@ -791,3 +791,171 @@ def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
         y = m(x)  # the release comes first
     assert ring.log[ring.log.index(("release_graph", CAPTURE_STREAM)) + 1][0] == "stage"
     assert torch.equal(y, y0) and h._hold is None
+
+
+def test_a_graph_object_captures_again_after_its_reset(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g, _ = captured(m, x, state)
+    g.replay()
+    g.reset()  # gives the ring back; its replay start hook goes
+    assert h.cuda_graph is None
+    with torch.no_grad(), capture(g):
+        y = m(x)
+    assert h.cuda_graph is g and torch.equal(y, y0)
+    g.replay()
+    assert g.replays == 2
+    assert h.release_graph()
+    with pytest.raises(lwo.StateError, match="no longer holds"):
+        g.replay()
+    assert g.replays == 2
+
+
+def test_a_capture_lwo_did_not_join_is_refused(state):
+    """A step of streamed modules begun while the current stream captures a
+    graph lwo.torch learned nothing of (cudaStreamBeginCapture, or a capture
+    begun before offload()): refused at the step's start, before lwo
+    enqueues anything, naming the module and what to do."""
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    n0 = len(ring.log)
+    state.active = True  # nothing told lwo.torch of this capture
+    try:
+        with pytest.raises(lwo.StateError) as e:
+            with torch.no_grad():
+                m(x)
+    finally:
+        state.active = False
+    assert e.value.status == C.LWO_ERR_CAPTURING
+    msg = str(e.value)
+    for part in ("lwo.torch: linear '0' (record 0)", "stream 0x10", "has not joined",
+                 "torch.cuda.graph(g, stream=s)", "outside the capture",
+                 "torch's capture hooks" if lt._capture_hooks == "hooks" else
+                 "its wrappers of torch.cuda.CUDAGraph's methods"):
+        assert part in msg, msg
+    assert ring.log[n0:] == [] and state.log == []  # nothing staged, released or joined
+    assert not h._cap_check and h.cuda_graph is None
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)  # eager again
+    # a backward pass begun in such a capture
+    mt = mlp(frozen=False)
+    ref = copy.deepcopy(mt)
+    ht, bt = offload(mt, state)
+    y = mt(x)
+    state.active = True
+    try:
+        with pytest.raises(lwo.StateError, match="a backward pass through streamed modules"):
+            y.sum().backward()
+    finally:
+        state.active = False
+    assert mt[0].weight.grad is None
+    ya, yb = mt(x), ref(x)
+    ya.sum().backward()
+    yb.sum().backward()
+    for p, q in zip(mt.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    # a capture begun before the handle existed
+    h.close()
+    ht.close()
+    m2 = mlp()
+    g = new_graph(state)
+    with capture(g):
+        h2, be2 = offload(m2, state)
+        with pytest.raises(lwo.StateError, match="has not joined"):
+            with torch.no_grad():
+                m2(x)
+    assert be2.rings[-1].log == [] and h2.cuda_graph is None
+    with torch.no_grad():
+        m2(x)
+
+
+class RecordingGraph:
+    """A graph class whose methods record how they were called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        """Begins (stand-in)."""
+        self.calls.append(("capture_begin", pool, capture_error_mode))
+        return "begun"
+
+    def capture_end(self, *args, **kwargs):
+        self.calls.append(("capture_end", args, kwargs))
+        if kwargs.get("fail"):
+            raise RuntimeError("capture_end failed (stand-in)")
+        return "ended"
+
+    def replay(self, *args, **kwargs):
+        self.calls.append(("replay", args, kwargs))
+        if kwargs.get("fail"):
+            raise RuntimeError("replay failed (stand-in)")
+        return "replayed"
+
+    def reset(self, *args, **kwargs):
+        self.calls.append(("reset", args, kwargs))
+        return "reset"
+
+
+def test_the_wrappers_leave_graphs_without_lwo_alone(monkeypatch):
+    """The wrappers of a torch without capture hooks (_wrap_cuda_graph) call
+    torch's methods with the same arguments, return what they return, let
+    their errors through and leave nothing on a graph that captures nothing
+    of lwo's: with no handle open, and with one open."""
+    cls = type("CUDAGraph", (RecordingGraph,), {})
+    monkeypatch.setattr(lt, "_LIVE_HANDLES", weakref.WeakSet())  # no handle open
+    monkeypatch.setattr(lt, "_CAPTURES", {})
+    monkeypatch.setattr(lt, "_capture_stream", lambda: CAPTURE_STREAM)
+    monkeypatch.setattr(lt, "_capturing", lambda: False)
+    assert lt._wrap_cuda_graph(cls)
+    try:
+        for name in ("capture_begin", "capture_end", "replay", "reset"):
+            w, f = getattr(cls, name), getattr(RecordingGraph, name)
+            assert w is not f and w.__wrapped__ is f and w.__name__ == name
+            assert w.__doc__ == f.__doc__
+        assert lt._wrap_cuda_graph(cls)  # once: no wrapper of a wrapper
+        assert cls.replay.__wrapped__ is RecordingGraph.replay
+        assert not lt._wrap_cuda_graph(type("NoGraph", (), {"replay": lambda self: None}))
+
+        def run(g):
+            assert g.capture_begin() == "begun"
+            assert g.capture_begin(7, capture_error_mode="relaxed") == "begun"
+            assert g.capture_begin(pool=(1, 2)) == "begun"
+            assert g.capture_end() == "ended"
+            with pytest.raises(RuntimeError, match="capture_end failed"):
+                g.capture_end(fail=True)
+            assert g.replay() == "replayed" and g.replay(3, k=4) == "replayed"
+            with pytest.raises(RuntimeError, match="replay failed"):
+                g.replay(fail=True)
+            assert g.reset() == "reset" and g.reset(5) == "reset"
+            assert g.calls == [
+                ("capture_begin", None, "global"), ("capture_begin", 7, "relaxed"),
+                ("capture_begin", (1, 2), "global"), ("capture_end", (), {}),
+                ("capture_end", (), {"fail": True}), ("replay", (), {}),
+                ("replay", (3,), {"k": 4}), ("replay", (), {"fail": True}),
+                ("reset", (), {}), ("reset", (5,), {})]
+            assert list(g.__dict__) == ["calls"]  # nothing of lwo's on the graph
+            assert lt._CAPTURES == {} and weakref.getweakrefcount(g) == 0
+
+        run(cls())
+        # a handle open whose modules the graph does not capture: the same
+        m = mlp()
+        h = lt.offload(m, _backend=host_lwo.Backend())
+        x = torch.randn(5, 12)
+        y0 = warm_up(m, x)
+        g = cls()
+        run(g)
+        assert h._cap_check and h.cuda_graph is None  # it noticed the captures
+        with torch.no_grad():
+            assert torch.equal(m(x), y0)
+        assert not h._cap_check
+        h.close()
+    finally:
+        lt._unwrap_cuda_graph(cls)
+    for name in ("capture_begin", "capture_end", "replay", "reset"):
+        assert getattr(cls, name) is getattr(RecordingGraph, name)
