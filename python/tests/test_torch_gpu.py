@@ -1001,6 +1001,15 @@ def test_make_graphed_callables_for_inference():
     ref = copy.deepcopy(m).to(DEV)
     h = lt.offload(m, device=DEV, plan=False)
     x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    if torch.torch_version.TorchVersion(torch.__version__) < "2.14":
+        # torch 2.10-2.13's make_graphed_callables warms up on a stream of its own and
+        # captures on torch.cuda.graph's: lwo must have computed on that one first
+        s = torch.cuda.graph(torch.cuda.CUDAGraph()).capture_stream
+        if not h.backend.stream_warm(s.cuda_stream):
+            with pytest.raises(lwo.StateError, match="lwo has not computed on this stream"):
+                torch.cuda.make_graphed_callables(m, (x,))
+            assert h.cuda_graph is None
+        _warm(m, x, s)
     gm = torch.cuda.make_graphed_callables(m, (x,))
     assert h.cuda_graph is not None
     for i in range(5):
