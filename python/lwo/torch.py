@@ -41,7 +41,9 @@ The contract (docs/PYTHON.md says more):
   (and make_graphed_callables): the ring joins torch's capture at its first
   streamed access and leaves before torch ends it; the graph then holds the
   ring until it is destroyed or reset, or ``handle.release_graph()``. Eager
-  calls meanwhile, and training in a capture, are refused.
+  calls meanwhile, and training in a capture, are refused; so is a step in
+  a capture lwo.torch was not told of. torch's capture hooks (torch 2.14
+  on) tell it, or its wrappers of torch.cuda.CUDAGraph's methods (before).
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -2814,15 +2816,15 @@ class Offload:
         its owner to end)."""
         stream = self._cur_stream(self._dev_index)
         if s is None:
-            what = "lwo.torch: a backward pass through streamed modules"
+            what = "lwo.torch: a backward pass through streamed modules began"
         else:
-            what = "lwo.torch: %s %r (record %d)" % (s.kind, s.name, s.record.index)
+            what = "lwo.torch: %s %r (record %d) was called" % (s.kind, s.name, s.record.index)
         how = {"hooks": "torch's capture hooks",
                "wrappers": "its wrappers of torch.cuda.CUDAGraph's methods (this torch has "
                            "no capture hooks)"}.get(_capture_hooks,
                                                    "nothing (this torch has no CUDAGraph)")
         raise StateError(C.LWO_ERR_CAPTURING, (
-            "%s was called while torch's current stream 0x%x captures a CUDA graph that "
+            "%s while torch's current stream 0x%x captures a CUDA graph that "
             "lwo.torch has not joined: lwo.torch joins the captures begun by "
             "torch.cuda.CUDAGraph.capture_begin after its first offload() "
             "(torch.cuda.graph, make_graphed_callables), which it learns of through %s, "
