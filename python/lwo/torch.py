@@ -41,7 +41,9 @@ The contract (docs/PYTHON.md says more):
   (and make_graphed_callables): the ring joins torch's capture at its first
   streamed access and leaves before torch ends it; the graph then holds the
   ring until it is destroyed or reset, or ``handle.release_graph()``. Eager
-  calls meanwhile, and training in a capture, are refused.
+  calls meanwhile, and training in a capture, are refused; so is a step in
+  a capture lwo.torch was not told of. torch's capture hooks (torch 2.14
+  on) tell it, or its wrappers of torch.cuda.CUDAGraph's methods (before).
 - ``model.to()``, ``.cuda()``, ``.half()`` leave the streamed weights where
   they are (in the pool, in their dtype).
 - ``offload(model)`` measures its first steps and applies the library's
@@ -862,19 +864,46 @@ class _Span:
 # CUDA graphs: a capture that torch began (torch.cuda.graph,
 # make_graphed_callables), joined by the rings of the handles it calls
 # --------------------------------------------------------------------------
-# torch's hook at each capture's start notes the capture's stream and its
+# At each capture's start lwo.torch notes the capture's stream and its
 # torch.cuda.CUDAGraph, and has every open handle look at its next streamed
 # access (Offload._capture_step, reached through _new_step at no cost to the
 # accesses of an eager step). The first access in the capture joins the ring
-# to it (lwo_ring_capture_join) and replaces the graph's capture_end_pre, on
-# that graph object only, so that the ring leaves the capture
+# to it (lwo_ring_capture_join) and makes the graph's capture leave the ring
 # (lwo_ring_capture_leave) before torch ends it (cudaStreamEndCapture needs
-# the transfer stream joined back). The graph then holds the ring: its
-# replay hook refuses a replay that cannot be right, and its destroy callback
-# (the graph collected, or reset()) gives the ring back
+# the transfer stream joined back). The graph then holds the ring: a replay
+# that cannot be right is refused before it launches, and the graph's
+# destruction (collected, or reset()) gives the ring back
 # (lwo_ring_capture_release).
+#
+# How lwo.torch learns of those moments depends on the torch (read in each
+# release's torch/cuda/graphs.py):
+# - torch 2.14.0 on (2.14.0, 2.14.1, 2.15.0): torch's hooks. The module's
+#   register_graph_capture_start_hook (its hooks run in
+#   CUDAGraph.capture_begin once the capture is live) and
+#   register_graph_capture_end_hook; CUDAGraph.capture_end_pre (a Python
+#   method that capture_end calls first: lwo.torch replaces it on the one
+#   graph object whose capture a ring joined); CUDAGraph's
+#   register_replay_start_hook and register_destroy_callback (fired by
+#   reset() and by a weakref.finalize of the graph). _capture_hooks "hooks".
+# - torch 2.10.0 to 2.13.0 (the GPU machine's 2.11.0 among them): none of
+#   these. CUDAGraph's capture_begin, capture_end, replay and reset are
+#   Python methods that call those of torch._C._CUDAGraph (torch.cuda.graph's
+#   exit and make_graphed_callables call capture_end, which ends the capture
+#   in C++). lwo.torch wraps those four, once per process, on
+#   torch.cuda.graphs.CUDAGraph (_wrap_cuda_graph): the same functions as the
+#   hooks are called at the same moments (capture_begin's wrapper after
+#   torch's, capture_end's before torch's and, once it returned, after it,
+#   replay's before it, reset's before it), and a graph that holds a ring has
+#   a weakref.finalize of its own. With no handle open the wrappers call
+#   torch's methods and do nothing else. _capture_hooks "wrappers".
+# A capture lwo.torch did not learn of (a raw cudaStreamBeginCapture,
+# torch._C._CUDAGraph's own capture_begin, one begun before the first
+# offload()) is refused at the first step a streamed module begins in it
+# (Offload._refuse_unjoined), before lwo enqueues anything.
 _CAPTURES = {}         # raw stream -> weakref of the CUDAGraph whose capture began on it
-_capture_hooks = None  # torch's RemovableHandles of the two hooks (False: no such API)
+_capture_hooks = None  # "hooks", "wrappers", or False (neither: this torch has no CUDAGraph)
+_hook_handles = ()     # torch's RemovableHandles of the two global hooks ("hooks")
+_WRAPPED = ("capture_begin", "capture_end", "replay", "reset")
 
 
 def _capturing():
@@ -888,29 +917,146 @@ def _capture_stream():
 
 
 def _install_capture_hooks():
-    """Registers the capture hooks with torch, once per process (at the first
-    offload()). A torch without them (register_graph_capture_start_hook and
-    CUDAGraph's capture_end_pre, replay start hooks and destroy callbacks:
-    torch 2.15 has them) gets none: a streamed access in a capture is then
-    the library's error from the GPU."""
-    global _capture_hooks
+    """How lwo.torch learns of captures, chosen once per process (at the
+    first offload()): torch's capture hooks where this torch has them all,
+    else wrappers of torch.cuda.CUDAGraph's Python methods."""
+    global _capture_hooks, _hook_handles
     if _capture_hooks is not None:
         return
     graphs = getattr(torch.cuda, "graphs", None)
     start = getattr(graphs, "register_graph_capture_start_hook", None)
     end = getattr(graphs, "register_graph_capture_end_hook", None)
     cls = getattr(graphs, "CUDAGraph", None)
-    if start is None or end is None or not all(
+    if cls is None:  # pragma: no cover - a torch without torch.cuda.graphs
+        _capture_hooks = False
+    elif start is not None and end is not None and all(
             hasattr(cls, m) for m in ("capture_end_pre", "register_replay_start_hook",
                                       "register_destroy_callback")):
-        _capture_hooks = False  # pragma: no cover - a torch before these hooks
-        return
-    _capture_hooks = (start(_capture_started), end(_capture_ended))
+        _hook_handles = (start(_capture_started), end(_capture_ended))
+        _capture_hooks = "hooks"
+    else:
+        _capture_hooks = "wrappers" if _wrap_cuda_graph(cls) else False
+
+
+def _wrap_cuda_graph(cls):
+    """Replaces cls's capture_begin, capture_end, replay and reset (torch's
+    Python methods) by wrappers that call them with the same arguments and
+    return what they return, and call lwo.torch's functions of the hooks
+    around them where an lwo.torch handle takes part. False (nothing
+    changed) if cls lacks one of them."""
+    orig = {}
+    for name in _WRAPPED:
+        f = getattr(cls, name, None)
+        if f is None:
+            return False
+        orig[name] = f
+    if getattr(orig["capture_begin"], "_lwo_wraps", None) is not None:
+        return True  # already wrapped (this class, or one it derives from)
+    t_begin, t_end, t_replay, t_reset = (orig[n] for n in _WRAPPED)  # torch's
+
+    def capture_begin(self, *args, **kwargs):
+        r = t_begin(self, *args, **kwargs)
+        if _LIVE_HANDLES:
+            try:
+                _capture_started(self)
+            except Exception:  # pragma: no cover - as torch's hook runner: the capture is live
+                pass
+        return r
+
+    def capture_end(self, *args, **kwargs):
+        d = getattr(self, "__dict__", None)
+        holds = d.pop("_lwo_holds", None) if d else None
+        if holds:
+            r = _end_capture(self, holds, lambda: t_end(self, *args, **kwargs))
+        else:
+            r = t_end(self, *args, **kwargs)
+        if _CAPTURES:
+            _capture_ended(self)
+        return r
+
+    def replay(self, *args, **kwargs):
+        d = getattr(self, "__dict__", None)
+        if d:
+            hooks = d.get("_lwo_replay")
+            if hooks:
+                for hook in list(hooks):
+                    hook(self)  # raises to refuse the replay (nothing launched)
+        return t_replay(self, *args, **kwargs)
+
+    def reset(self, *args, **kwargs):
+        d = getattr(self, "__dict__", None)
+        if d:
+            fin = d.pop("_lwo_finalizer", None)
+            if fin is not None:
+                fin()  # the destroy callbacks, once (as torch's reset() fires them first)
+        return t_reset(self, *args, **kwargs)
+
+    for name, w in zip(_WRAPPED, (capture_begin, capture_end, replay, reset)):
+        f = orig[name]
+        w.__name__ = name
+        w.__qualname__ = "%s.%s" % (cls.__qualname__, name)
+        w.__doc__ = getattr(f, "__doc__", None)
+        w.__wrapped__ = f
+        w._lwo_wraps = f
+        setattr(cls, name, w)
+    return True
+
+
+def _unwrap_cuda_graph(cls):
+    """Puts cls's own methods back (tests)."""
+    for name in _WRAPPED:
+        f = cls.__dict__.get(name)
+        if f is not None and getattr(f, "_lwo_wraps", None) is not None:
+            setattr(cls, name, f._lwo_wraps)
+
+
+def _fire_destroyed(callbacks):
+    """The graph's destroy callbacks ("wrappers"), fired once: by its reset()
+    or as it is collected (a weakref.finalize, which holds this list, never
+    the graph). Their errors are swallowed, as torch's are."""
+    for cb in list(callbacks):
+        try:
+            cb()
+        except Exception:
+            pass
+    callbacks.clear()
+
+
+def _graph_callbacks(graph, replay_started, destroyed):
+    """Registers a graph's replay start hook and destroy callback: torch's
+    ("hooks"), or the wrappers' ("wrappers": kept in the graph's __dict__,
+    the callbacks under a weakref.finalize of the graph).
+    Returns what removes the replay start hook (called once the graph was
+    destroyed or reset: a graph object captured again after reset() replays
+    without it)."""
+    if _capture_hooks == "hooks":
+        handle = graph.register_replay_start_hook(replay_started)
+        graph.register_destroy_callback(destroyed)
+        return handle.remove
+    d = graph.__dict__
+    hooks = d.setdefault("_lwo_replay", [])
+    hooks.append(replay_started)
+    fin = d.get("_lwo_finalizer")
+    if fin is None or not fin.alive:
+        callbacks = d["_lwo_destroy"] = []
+        d["_lwo_finalizer"] = weakref.finalize(graph, _fire_destroyed, callbacks)
+    d["_lwo_destroy"].append(destroyed)
+
+    def unhook():
+        if replay_started in hooks:
+            hooks.remove(replay_started)
+    return unhook
+
+
+def _open_handles():
+    return any(not h.closed and h.ring is not None for h in _LIVE_HANDLES)
 
 
 def _capture_started(graph):
-    """torch's hook as a capture begins (live on the current stream: nothing
-    here enqueues device work)."""
+    """A capture began (torch's start hook, or capture_begin's wrapper), live
+    on the current stream: nothing here enqueues device work."""
+    if not _open_handles():
+        return
     for h in list(_LIVE_HANDLES):
         if not h.closed and h.ring is not None:
             h._capture_begun()
@@ -918,8 +1064,9 @@ def _capture_started(graph):
 
 
 def _capture_ended(graph):
-    """torch's hook once a capture ended (not run when the end failed: a
-    stale entry is only ever looked up while its stream captures)."""
+    """A capture ended (torch's end hook, or capture_end's wrapper once
+    torch's returned; neither runs when the end failed: a stale entry is only
+    ever looked up while its stream captures)."""
     for raw, ref in list(_CAPTURES.items()):
         g = ref()
         if g is None or g is graph:
@@ -927,30 +1074,40 @@ def _capture_ended(graph):
 
 
 def _end_before_torch(graph, hold):
-    """Makes the capture of `graph` leave `hold`'s ring before torch ends it:
-    the graph's capture_end_pre (which capture_end and torch.cuda.graph's exit
-    call) is replaced on this graph object until the capture ends."""
+    """Makes the capture of `graph` leave `hold`'s ring before torch ends it.
+    "hooks": the graph's capture_end_pre (which capture_end and
+    torch.cuda.graph's exit call) is replaced on this graph object until the
+    capture ends. "wrappers": capture_end's wrapper finds the holds."""
     d = graph.__dict__
     holds = d.get("_lwo_holds")
     if holds is None:
         holds = d["_lwo_holds"] = []
-        ref = weakref.ref(graph)
-        prev = d.get("capture_end_pre")
-        d["capture_end_pre"] = lambda: _capture_end_pre(ref, prev)
+        if _capture_hooks == "hooks":
+            ref = weakref.ref(graph)
+            prev = d.get("capture_end_pre")
+            d["capture_end_pre"] = lambda: _capture_end_pre(ref, prev)
     holds.append(hold)
 
 
 def _capture_end_pre(ref, prev):
-    """The graph's capture_end_pre while rings joined its capture: each ring
-    leaves (releasing what it still holds, in the capture), then torch ends the
-    capture; the graph holds the rings from then on."""
+    """The graph's capture_end_pre while rings joined its capture ("hooks"):
+    the graph's own is put back, and _end_capture ends the capture with it."""
     graph = ref()
     d = graph.__dict__
     holds = d.pop("_lwo_holds", [])
     if prev is None:
         d.pop("capture_end_pre", None)
+        end = lambda: type(graph).capture_end_pre(graph)  # noqa: E731
     else:
         d["capture_end_pre"] = prev
+        end = prev
+    return _end_capture(graph, holds, end)
+
+
+def _end_capture(graph, holds, end):
+    """Each ring leaves the capture (releasing what it still holds, in the
+    capture), then end() (torch's) ends it; the graph holds the rings from
+    then on. If torch cannot end it, the rings are given back."""
     first = None
     for hold in holds:
         try:
@@ -958,10 +1115,7 @@ def _capture_end_pre(ref, prev):
         except BaseException as e:  # torch ends its capture all the same
             first = first or e
     try:
-        if prev is not None:
-            prev()
-        else:
-            type(graph).capture_end_pre(graph)
+        r = end()
     except BaseException:
         for hold in holds:
             hold.handle._capture_failed(hold)
@@ -970,6 +1124,7 @@ def _capture_end_pre(ref, prev):
         hold.handle._graph_bound(hold, graph)
     if first is not None:
         raise first
+    return r
 
 
 class _GraphHold:
@@ -980,7 +1135,7 @@ class _GraphHold:
     graph (torch's rule for them); `graph` is a weak reference."""
 
     __slots__ = ("handle", "graph", "stream", "state", "streams", "watch", "planner", "stats",
-                 "error", "why", "gone")
+                 "error", "why", "gone", "unhook")
 
     def __init__(self, handle, graph, stream):
         self.handle = handle
@@ -994,6 +1149,7 @@ class _GraphHold:
         self.error = None        # what lwo.torch refused in the capture (it is then void)
         self.why = None          # what released the ring
         self.gone = False        # the graph was collected or reset
+        self.unhook = None       # removes the graph's replay start hook (_graph_callbacks)
 
     def replay_started(self, graph):
         """torch's replay start hook of the graph: refuses a replay that would
@@ -1028,8 +1184,13 @@ class _GraphHold:
 
     def destroyed(self):
         """torch's destroy callback of the graph (collected, or reset()): the
-        ring goes back now, or at the handle's next call if it cannot yet."""
+        ring goes back now, or at the handle's next call if it cannot yet.
+        The replay start hook goes (reset() then a capture again: the graph
+        object replays its new capture)."""
         self.gone = True
+        unhook, self.unhook = self.unhook, None
+        if unhook is not None:
+            unhook()
         try:
             if not self.handle.closed:
                 self.handle._release_hold(self, "the graph was destroyed or reset")
@@ -1274,6 +1435,11 @@ class Offload:
         self._cap_planner = None   # the planner's state as the capture began
         self._joined = None        # the _GraphHold of the capture the ring is in
         self._hold = None          # the _GraphHold of the graph that holds the ring
+        # a step start asks whether the current stream captures a graph that
+        # nothing noticed (_refuse_unjoined): CUDA backends (a test backend
+        # may say capture_guard)
+        be = self.backend
+        self._cap_guard = bool(getattr(be, "capture_guard", be.device_type == "cuda"))
         _LIVE_HANDLES.add(self)
 
     @classmethod
@@ -1668,6 +1834,8 @@ class Offload:
             got = self._capture_step(s, grad)
             if got is not None:
                 return got
+        elif self._cap_guard and _capturing():
+            self._refuse_unjoined(s)
         planner = self.planner
         self._steps_seen = planner.steps
         tuner = self._tuner
@@ -2070,6 +2238,8 @@ class Offload:
             return
         if self._cap_check:
             self._capture_backward()
+        elif self._cap_guard and _capturing():
+            self._refuse_unjoined(None)
         first = not self._cb_tasks
         self._cb_tasks.add(task)
         if task != -1:
@@ -2638,6 +2808,32 @@ class Offload:
         self._steps_seen = planner.steps
         return s.record
 
+    def _refuse_unjoined(self, s):
+        """A step begins (s: its first streamed module; None: a backward pass)
+        while torch's current stream captures a graph lwo.torch knows nothing
+        of: refused before lwo enqueues anything, whose eager copies, waits
+        and first calls a capture cannot hold (the capture stays valid, for
+        its owner to end)."""
+        stream = self._cur_stream(self._dev_index)
+        if s is None:
+            what = "lwo.torch: a backward pass through streamed modules began"
+        else:
+            what = "lwo.torch: %s %r (record %d) was called" % (s.kind, s.name, s.record.index)
+        how = {"hooks": "torch's capture hooks",
+               "wrappers": "its wrappers of torch.cuda.CUDAGraph's methods (this torch has "
+                           "no capture hooks)"}.get(_capture_hooks,
+                                                   "nothing (this torch has no CUDAGraph)")
+        raise StateError(C.LWO_ERR_CAPTURING, (
+            "%s while torch's current stream 0x%x captures a CUDA graph that "
+            "lwo.torch has not joined: lwo.torch joins the captures begun by "
+            "torch.cuda.CUDAGraph.capture_begin after its first offload() "
+            "(torch.cuda.graph, make_graphed_callables), which it learns of through %s, "
+            "and this one began otherwise (cudaStreamBeginCapture, torch._C._CUDAGraph's "
+            "own capture_begin, or a capture begun before offload()), where lwo's eager "
+            "copies and waits would fail. Capture with torch.cuda.graph(g, stream=s) after "
+            "offload() and an eager warm-up on s, under torch.no_grad(); or call the model "
+            "outside the capture") % (what, stream or 0, how))
+
     def _refuse_in_capture(self, s, what):
         """Refuses an access the joined capture cannot hold; the graph is void
         from here (released as its capture ends, its replays refused)."""
@@ -2744,8 +2940,7 @@ class Offload:
             return
         hold.watch = tuple((rec, rec.current_version()) for rec in self.records
                            if rec.resident or rec.quantized or self._checkpoint is not None)
-        graph.register_replay_start_hook(hold.replay_started)
-        graph.register_destroy_callback(hold.destroyed)
+        hold.unhook = _graph_callbacks(graph, hold.replay_started, hold.destroyed)
         if hold.error is not None:
             self._release_hold(hold, "lwo.torch refused a call in its capture: %s" % hold.error)
 

@@ -743,8 +743,23 @@ def test_host_adamw_delayed_update_on_the_device():
 # torch's capture) and replayed, against a twin handle run eagerly (bit for
 # bit) and the model resident (within tolerance). The host rewrites streamed
 # weights through their parameters between replays, after a synchronize;
-# a replay copies them as they are then.
+# a replay copies them as they are then. They run on the way the installed
+# torch offers (test_cuda_graph_capture_path): torch's capture hooks (torch
+# 2.14 on), or lwo.torch's wrappers of torch.cuda.CUDAGraph's methods.
 # --------------------------------------------------------------------------
+def test_cuda_graph_capture_path():
+    lt.offload(mlp(torch.float32), device=DEV, plan=False)
+    graphs = torch.cuda.graphs
+    if hasattr(graphs, "register_graph_capture_start_hook"):
+        assert lt._capture_hooks == "hooks"
+        assert lt._capture_started in graphs._global_capture_start_hooks.values()
+    else:
+        assert lt._capture_hooks == "wrappers"
+        for name in ("capture_begin", "capture_end", "replay", "reset"):
+            assert getattr(torch.cuda.CUDAGraph, name)._lwo_wraps is not None, name
+    assert torch.cuda.graphs.CUDAGraph is torch.cuda.CUDAGraph
+
+
 def _warm(m, x, stream, steps=3):
     """The eager warm-up on the stream the capture will use (lwo allocates a
     stream's workspace and times a shape's algorithms at their first call)."""
@@ -950,12 +965,51 @@ def test_cuda_graph_refusals():
                      steps=2)
 
 
+def test_cuda_graph_a_capture_lwo_did_not_join_is_refused():
+    """A capture begun below torch's Python layer (torch._C._CUDAGraph's own
+    capture_begin: neither torch's hooks nor lwo.torch's wrappers see it):
+    the streamed model's step is refused before lwo enqueues anything, and
+    the capture ends as usual."""
+    dtype = torch.float32
+    m = mlp(dtype).requires_grad_(False)
+    twin = copy.deepcopy(m)
+    h = lt.offload(m, device=DEV, plan=False)
+    lt.offload(twin, device=DEV, plan=False)
+    s = torch.cuda.Stream()
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    _warm(m, x, s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        torch._C._CUDAGraph.capture_begin(g, pool=None, capture_error_mode="global")
+        try:
+            with pytest.raises(lwo.StateError, match="has not joined") as e:
+                with torch.no_grad():
+                    m(x)
+        finally:
+            g.capture_end()  # nothing of lwo's in it: it ends
+    assert "linear '0'" in str(e.value) and "torch.cuda.graph(g, stream=s)" in str(e.value)
+    assert h.cuda_graph is None
+    del g, e
+    with torch.no_grad():
+        assert torch.equal(m(x), twin(x))
+
+
 def test_make_graphed_callables_for_inference():
     dtype = torch.bfloat16
     m = mlp(dtype).requires_grad_(False)
     ref = copy.deepcopy(m).to(DEV)
     h = lt.offload(m, device=DEV, plan=False)
     x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    if torch.torch_version.TorchVersion(torch.__version__) < "2.14":
+        # torch 2.10-2.13's make_graphed_callables warms up on a stream of its own and
+        # captures on torch.cuda.graph's: lwo must have computed on that one first
+        s = torch.cuda.graph(torch.cuda.CUDAGraph()).capture_stream
+        if not h.backend.stream_warm(s.cuda_stream):
+            with pytest.raises(lwo.StateError, match="lwo has not computed on this stream"):
+                torch.cuda.make_graphed_callables(m, (x,))
+            assert h.cuda_graph is None
+        _warm(m, x, s)
     gm = torch.cuda.make_graphed_callables(m, (x,))
     assert h.cuda_graph is not None
     for i in range(5):

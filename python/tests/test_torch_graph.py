@@ -1,18 +1,28 @@
 """lwo.torch and CUDA graph captures (torch.cuda.graph) without a GPU: the
 plumbing of a capture that torch begins around a streamed model, on the
-host backend (host_lwo). The host backend records no graphs, so two
-stand-ins play what a GPU would: FakeGraph plays torch.cuda.CUDAGraph as
-lwo.torch uses it (torch's global capture start and end hooks, the graph's
-capture_end_pre, replay start hooks and destroy callbacks), with the capture
-state lwo.torch reads (lt._capturing, lt._capture_stream) set while it
-captures; CaptureRing plays the library's lwo_ring_capture_join / _leave /
-_release over the real ring (each call logged, with the library's
-refusals: a live ticket at a join or a leave, stages, acquires and releases
-while a graph holds the ring). Stages, acquires, releases and the compute
-are the real library's on the host backend, eager, so a "captured" pass
-computes its output. The real captures and replays run in
-test_torch_gpu.py. Skipped without torch."""
+host backend (host_lwo). The host backend records no graphs, so stand-ins
+play what a GPU would, with the capture state lwo.torch reads
+(lt._capturing, lt._capture_stream) set while they capture. Each test that
+captures runs on both of lwo.torch's ways of learning of a capture (the
+`path` fixture):
 
+- "hooks": FakeGraph plays torch.cuda.CUDAGraph of torch 2.14 on (torch's
+  global capture start and end hooks, the graph's capture_end_pre, replay
+  start hooks and destroy callbacks): torch's own hook registries where the
+  installed torch has them, stand-ins of them where it has not;
+- "wrappers": the hooks are taken away and OldGraph plays CUDAGraph of torch
+  2.10 to 2.13 (capture_begin, capture_end, replay, reset and nothing more),
+  which lwo.torch wraps at offload().
+
+CaptureRing plays the library's lwo_ring_capture_join / _leave / _release
+over the real ring (each call logged, with the library's refusals: a live
+ticket at a join or a leave, stages, acquires and releases while a graph
+holds the ring). Stages, acquires, releases and the compute are the real
+library's on the host backend, eager, so a "captured" pass computes its
+output. The real captures and replays run in test_torch_gpu.py. Skipped
+without torch."""
+
+import collections
 import contextlib
 import copy
 import gc
@@ -34,20 +44,21 @@ from lwo import _core  # noqa: E402
 
 import host_lwo  # noqa: E402
 
+from torch.utils.hooks import RemovableHandle  # noqa: E402
+
 torch.manual_seed(0)
 graphs = torch.cuda.graphs
-if not hasattr(graphs, "register_graph_capture_start_hook"):
-    pytest.skip("this torch has no CUDA graph capture hooks", allow_module_level=True)
+TORCH_HOOKS = hasattr(graphs, "register_graph_capture_start_hook")  # torch 2.14 on
 
 CAPTURE_STREAM = 0x10
 
 
 class FakeGraph:
-    """torch.cuda.CUDAGraph, as lwo.torch uses it."""
+    """torch.cuda.CUDAGraph of torch 2.14 on, as lwo.torch uses it."""
 
     def __init__(self, state):
         self.state = state
-        self.replay_hooks = []
+        self.replay_hooks = collections.OrderedDict()
         self.callbacks = []
         self.replays = 0
         weakref.finalize(self, FakeGraph._fire, self.callbacks)
@@ -63,7 +74,7 @@ class FakeGraph:
         self.state.log.append("torch begin")
         # torch runs its global start hooks with the capture live (it swallows
         # their errors; these calls let them show)
-        for hook in list(graphs._global_capture_start_hooks.values()):
+        for hook in list(self.state.start_hooks.values()):
             hook(self)
 
     def capture_end_pre(self):
@@ -74,22 +85,50 @@ class FakeGraph:
 
     def capture_end(self):
         self.capture_end_pre()
-        for hook in list(graphs._global_capture_end_hooks.values()):
+        for hook in list(self.state.end_hooks.values()):
             hook(self)
 
     def register_replay_start_hook(self, hook):
-        self.replay_hooks.append(hook)
+        h = RemovableHandle(self.replay_hooks)
+        self.replay_hooks[h.id] = hook
+        return h
 
     def register_destroy_callback(self, cb):
         self.callbacks.append(cb)
 
     def replay(self):
-        for hook in list(self.replay_hooks):
+        for hook in list(self.replay_hooks.values()):
             hook(self)
         self.replays += 1
 
     def reset(self):
         FakeGraph._fire(self.callbacks)
+
+
+class OldGraph:
+    """torch.cuda.CUDAGraph of torch 2.10 to 2.13: Python capture_begin,
+    capture_end, replay and reset over the C++ graph's, no hooks (lwo.torch
+    wraps these four)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.replays = 0
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.state.active = True
+        self.state.log.append("torch begin")
+
+    def capture_end(self):
+        self.state.log.append("torch end")
+        self.state.active = False
+        if self.state.fail_end:
+            raise RuntimeError("cudaStreamEndCapture failed (stand-in)")
+
+    def replay(self):
+        self.replays += 1
+
+    def reset(self):
+        pass
 
 
 @contextlib.contextmanager
@@ -168,6 +207,8 @@ class CaptureBackend(host_lwo.Backend):
     """host_lwo.Backend whose rings are CaptureRings and whose current stream
     is the state's."""
 
+    capture_guard = True  # a step start asks lt._capturing, as on a GPU
+
     def __init__(self, state, warm=True, fake_ring=True):
         super().__init__()
         self.state = state
@@ -197,10 +238,48 @@ class CaptureBackend(host_lwo.Backend):
         self.state.log.append(("changed", layer))
 
 
+def _stand_in_hook_registry(monkeypatch, name):
+    """A stand-in of torch 2.14's torch.cuda.graphs.<name> (a torch before it)."""
+    hooks = collections.OrderedDict()
+
+    def register(fn):
+        h = RemovableHandle(hooks)
+        hooks[h.id] = fn
+        return h
+    monkeypatch.setattr(graphs, name, register, raising=False)
+    return hooks
+
+
+@pytest.fixture(params=["hooks", "wrappers"])
+def path(request, monkeypatch):
+    """How lwo.torch learns of captures in this test: (the graph class the
+    test captures with, torch's start hook registry, its end hook registry).
+    The choice is made anew at the test's first offload()."""
+    if request.param == "hooks":
+        if TORCH_HOOKS:  # torch's own: lwo.torch registers in them once per process
+            return FakeGraph, graphs._global_capture_start_hooks, \
+                graphs._global_capture_end_hooks
+        monkeypatch.setattr(lt, "_capture_hooks", None)
+        monkeypatch.setattr(lt, "_hook_handles", ())
+        start = _stand_in_hook_registry(monkeypatch, "register_graph_capture_start_hook")
+        end = _stand_in_hook_registry(monkeypatch, "register_graph_capture_end_hook")
+        monkeypatch.setattr(graphs, "CUDAGraph", FakeGraph)
+        return FakeGraph, start, end
+    # torch 2.13 and before: no hooks; a class of this test's own is wrapped
+    for name in ("register_graph_capture_start_hook", "register_graph_capture_end_hook"):
+        monkeypatch.delattr(graphs, name, raising=False)
+    cls = type("CUDAGraph", (OldGraph,), {})
+    monkeypatch.setattr(graphs, "CUDAGraph", cls)
+    monkeypatch.setattr(lt, "_capture_hooks", None)
+    monkeypatch.setattr(lt, "_hook_handles", ())
+    return cls, {}, {}
+
+
 @pytest.fixture
-def state(monkeypatch):
+def state(monkeypatch, path):
     st = types.SimpleNamespace(active=False, stream=CAPTURE_STREAM, log=[], fail_end=False,
-                               capturing_calls=0)
+                               capturing_calls=0, graph_class=path[0], start_hooks=path[1],
+                               end_hooks=path[2], path=path)
 
     def capturing():
         st.capturing_calls += 1
@@ -213,7 +292,15 @@ def state(monkeypatch):
 
 def offload(model, state, **kw):
     be = CaptureBackend(state, warm=kw.pop("warm", True), fake_ring=kw.pop("fake_ring", True))
-    return lt.offload(model, _backend=be, **kw), be
+    h = lt.offload(model, _backend=be, **kw)
+    assert lt._capture_hooks == ("wrappers" if state.graph_class.__base__ is OldGraph
+                                 else "hooks")
+    return h, be
+
+
+def new_graph(state):
+    """A graph of the test's path (torch.cuda.CUDAGraph())."""
+    return state.graph_class(state)
 
 
 def mlp(frozen=True):
@@ -232,7 +319,7 @@ def warm_up(m, x, steps=2):
 
 
 def captured(m, x, state):
-    g = FakeGraph(state)
+    g = new_graph(state)
     with torch.no_grad(), capture(g):
         y = m(x)
     return g, y
@@ -368,7 +455,7 @@ def test_a_second_graph_is_refused_while_the_first_holds_the_ring(state):
     x = torch.randn(5, 12)
     warm_up(m, x)
     g, _ = captured(m, x, state)
-    g2 = FakeGraph(state)
+    g2 = new_graph(state)
     with pytest.raises(lwo.StateError) as e:
         with torch.no_grad(), capture(g2):
             m(x)
@@ -387,7 +474,7 @@ def test_a_forward_that_needs_a_gradient_is_not_captured(state):
     ring = be.rings[-1]
     x = torch.randn(5, 12)
     n0 = len(ring.log)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with capture(g):
             m(x)
@@ -416,7 +503,7 @@ def test_a_backward_in_a_capture_is_refused(state):
     x = torch.randn(5, 12)
     y = m(x)  # eager, with its autograd graph
     n0 = len(ring.log)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with capture(g):
             y.sum().backward()
@@ -436,7 +523,7 @@ def test_a_gradient_needed_inside_a_joined_capture_voids_its_graph(state):
     ring = be.rings[-1]
     x = torch.randn(5, 12)
     warm_up(m, x)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with capture(g):
             with torch.no_grad():
@@ -460,7 +547,7 @@ def test_a_capture_on_a_stream_lwo_never_computed_on_is_refused(state):
     x = torch.randn(5, 12)
     y0 = warm_up(m, x)
     n0 = len(ring.log)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.StateError) as e:
         with torch.no_grad(), capture(g):
             m(x)
@@ -476,7 +563,7 @@ def test_a_capture_torch_did_not_begin_is_refused(state):
     h, be = offload(m, state)
     x = torch.randn(5, 12)
     warm_up(m, x)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with torch.no_grad(), capture(g):
             state.stream = 0x30  # a stream capturing, but not one torch began a capture on
@@ -496,7 +583,7 @@ def test_the_librarys_refusal_of_the_join_leaves_the_handle_usable(state):
     x = torch.randn(5, 12)
     y0 = warm_up(m, x)
     planner_before = h.stats()["planner"]
-    g = FakeGraph(state)
+    g = new_graph(state)
     with pytest.raises(lwo.Error) as e:
         with torch.no_grad(), capture(g):
             m(x)
@@ -515,7 +602,7 @@ def test_the_plan_is_as_before_the_capture(state):
     x = torch.randn(5, 12)
     warm_up(m, x, steps=3)
     before = (h.stats()["planner"], h.plan("forward"), h.plan("train"))
-    g = FakeGraph(state)
+    g = new_graph(state)
     with torch.no_grad(), capture(g):
         m[4](m[3](m[2](m[1](m[0](x)))))
         m[4](m[3](m[2](torch.randn(5, 32))))  # another order in the same capture
@@ -528,26 +615,37 @@ def test_the_plan_is_as_before_the_capture(state):
     assert st["mispredictions"] == before[0]["mispredictions"] and st["replans"] == 0
 
 
-def test_eager_steps_do_not_look_for_captures(state):
-    m = mlp()
+def test_eager_steps_look_for_a_capture_once_per_step(state):
+    """One look (lt._capturing) at each step's start, none at the step's other
+    accesses: a capture nothing noticed is refused there (see
+    test_a_capture_lwo_did_not_join_is_refused), and a noticed one is handled
+    there."""
+    m = mlp()  # three streamed linears: a step is three accesses
     h, be = offload(m, state)
     x = torch.randn(5, 12)
     warm_up(m, x, steps=3)
-    assert state.capturing_calls == 0
+    assert state.capturing_calls == 3
     g, _ = captured(m, x, state)
+    n = state.capturing_calls
     del g
     gc.collect()
-    n = state.capturing_calls
-    warm_up(m, x, steps=1)  # the first access after the graph looks once
+    warm_up(m, x, steps=1)  # the first step after the graph: its one look
     assert state.capturing_calls == n + 1 and not h._cap_check
     warm_up(m, x, steps=3)
-    assert state.capturing_calls == n + 1
-    # a capture elsewhere (no streamed module in it): one look at the next access
-    g2 = FakeGraph(state)
+    assert state.capturing_calls == n + 4
+    # a capture elsewhere (no streamed module in it): still one look per step
+    g2 = new_graph(state)
     with capture(g2):
         pass
+    assert h._cap_check
     warm_up(m, x, steps=2)
-    assert state.capturing_calls == n + 2 and h.cuda_graph is None
+    assert state.capturing_calls == n + 6 and h.cuda_graph is None and not h._cap_check
+    # a backward pass looks once too (where it begins)
+    mt = mlp(frozen=False)
+    ht, _ = offload(mt, state)
+    n = state.capturing_calls
+    mt(x).sum().backward()
+    assert state.capturing_calls == n + 2  # the forward step's start, the backward's
 
 
 def test_resident_records_are_uploaded_at_the_join_and_a_write_refuses_the_replay(state):
@@ -626,7 +724,7 @@ def test_the_ring_is_given_back_when_torch_cannot_end_the_capture(state):
     h, be = offload(m, state)
     x = torch.randn(5, 12)
     y0 = warm_up(m, x)
-    g = FakeGraph(state)
+    g = new_graph(state)
     state.fail_end = True
     with pytest.raises(RuntimeError, match="cudaStreamEndCapture"):
         with torch.no_grad(), capture(g):
@@ -643,7 +741,7 @@ def test_close_during_a_capture_is_refused(state):
     h, be = offload(m, state)
     x = torch.randn(5, 12)
     warm_up(m, x)
-    g = FakeGraph(state)
+    g = new_graph(state)
     with torch.no_grad(), capture(g):
         m(x)
         with pytest.raises(lwo.StateError) as e:
@@ -683,7 +781,7 @@ def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
     x = torch.randn(5, 12)
     y0 = warm_up(m, x)
     g, _ = captured(m, x, state)
-    other = FakeGraph(state)
+    other = new_graph(state)
     with capture(other):  # another capture on the same stream (torch.cuda.graph's own)
         del g
         gc.collect()  # dropped while its stream captures: the library refuses the release
@@ -693,3 +791,171 @@ def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
         y = m(x)  # the release comes first
     assert ring.log[ring.log.index(("release_graph", CAPTURE_STREAM)) + 1][0] == "stage"
     assert torch.equal(y, y0) and h._hold is None
+
+
+def test_a_graph_object_captures_again_after_its_reset(state):
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    g, _ = captured(m, x, state)
+    g.replay()
+    g.reset()  # gives the ring back; its replay start hook goes
+    assert h.cuda_graph is None
+    with torch.no_grad(), capture(g):
+        y = m(x)
+    assert h.cuda_graph is g and torch.equal(y, y0)
+    g.replay()
+    assert g.replays == 2
+    assert h.release_graph()
+    with pytest.raises(lwo.StateError, match="no longer holds"):
+        g.replay()
+    assert g.replays == 2
+
+
+def test_a_capture_lwo_did_not_join_is_refused(state):
+    """A step of streamed modules begun while the current stream captures a
+    graph lwo.torch learned nothing of (cudaStreamBeginCapture, or a capture
+    begun before offload()): refused at the step's start, before lwo
+    enqueues anything, naming the module and what to do."""
+    m = mlp()
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    y0 = warm_up(m, x)
+    n0 = len(ring.log)
+    state.active = True  # nothing told lwo.torch of this capture
+    try:
+        with pytest.raises(lwo.StateError) as e:
+            with torch.no_grad():
+                m(x)
+    finally:
+        state.active = False
+    assert e.value.status == C.LWO_ERR_CAPTURING
+    msg = str(e.value)
+    for part in ("lwo.torch: linear '0' (record 0)", "stream 0x10", "has not joined",
+                 "torch.cuda.graph(g, stream=s)", "outside the capture",
+                 "torch's capture hooks" if lt._capture_hooks == "hooks" else
+                 "its wrappers of torch.cuda.CUDAGraph's methods"):
+        assert part in msg, msg
+    assert ring.log[n0:] == [] and state.log == []  # nothing staged, released or joined
+    assert not h._cap_check and h.cuda_graph is None
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)  # eager again
+    # a backward pass begun in such a capture
+    mt = mlp(frozen=False)
+    ref = copy.deepcopy(mt)
+    ht, bt = offload(mt, state)
+    y = mt(x)
+    state.active = True
+    try:
+        with pytest.raises(lwo.StateError, match="a backward pass through streamed modules"):
+            y.sum().backward()
+    finally:
+        state.active = False
+    assert mt[0].weight.grad is None
+    ya, yb = mt(x), ref(x)
+    ya.sum().backward()
+    yb.sum().backward()
+    for p, q in zip(mt.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    # a capture begun before the handle existed
+    h.close()
+    ht.close()
+    m2 = mlp()
+    g = new_graph(state)
+    with capture(g):
+        h2, be2 = offload(m2, state)
+        with pytest.raises(lwo.StateError, match="has not joined"):
+            with torch.no_grad():
+                m2(x)
+    assert be2.rings[-1].log == [] and h2.cuda_graph is None
+    with torch.no_grad():
+        m2(x)
+
+
+class RecordingGraph:
+    """A graph class whose methods record how they were called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        """Begins (stand-in)."""
+        self.calls.append(("capture_begin", pool, capture_error_mode))
+        return "begun"
+
+    def capture_end(self, *args, **kwargs):
+        self.calls.append(("capture_end", args, kwargs))
+        if kwargs.get("fail"):
+            raise RuntimeError("capture_end failed (stand-in)")
+        return "ended"
+
+    def replay(self, *args, **kwargs):
+        self.calls.append(("replay", args, kwargs))
+        if kwargs.get("fail"):
+            raise RuntimeError("replay failed (stand-in)")
+        return "replayed"
+
+    def reset(self, *args, **kwargs):
+        self.calls.append(("reset", args, kwargs))
+        return "reset"
+
+
+def test_the_wrappers_leave_graphs_without_lwo_alone(monkeypatch):
+    """The wrappers of a torch without capture hooks (_wrap_cuda_graph) call
+    torch's methods with the same arguments, return what they return, let
+    their errors through and leave nothing on a graph that captures nothing
+    of lwo's: with no handle open, and with one open."""
+    cls = type("CUDAGraph", (RecordingGraph,), {})
+    monkeypatch.setattr(lt, "_LIVE_HANDLES", weakref.WeakSet())  # no handle open
+    monkeypatch.setattr(lt, "_CAPTURES", {})
+    monkeypatch.setattr(lt, "_capture_stream", lambda: CAPTURE_STREAM)
+    monkeypatch.setattr(lt, "_capturing", lambda: False)
+    assert lt._wrap_cuda_graph(cls)
+    try:
+        for name in ("capture_begin", "capture_end", "replay", "reset"):
+            w, f = getattr(cls, name), getattr(RecordingGraph, name)
+            assert w is not f and w.__wrapped__ is f and w.__name__ == name
+            assert w.__doc__ == f.__doc__
+        assert lt._wrap_cuda_graph(cls)  # once: no wrapper of a wrapper
+        assert cls.replay.__wrapped__ is RecordingGraph.replay
+        assert not lt._wrap_cuda_graph(type("NoGraph", (), {"replay": lambda self: None}))
+
+        def run(g):
+            assert g.capture_begin() == "begun"
+            assert g.capture_begin(7, capture_error_mode="relaxed") == "begun"
+            assert g.capture_begin(pool=(1, 2)) == "begun"
+            assert g.capture_end() == "ended"
+            with pytest.raises(RuntimeError, match="capture_end failed"):
+                g.capture_end(fail=True)
+            assert g.replay() == "replayed" and g.replay(3, k=4) == "replayed"
+            with pytest.raises(RuntimeError, match="replay failed"):
+                g.replay(fail=True)
+            assert g.reset() == "reset" and g.reset(5) == "reset"
+            assert g.calls == [
+                ("capture_begin", None, "global"), ("capture_begin", 7, "relaxed"),
+                ("capture_begin", (1, 2), "global"), ("capture_end", (), {}),
+                ("capture_end", (), {"fail": True}), ("replay", (), {}),
+                ("replay", (3,), {"k": 4}), ("replay", (), {"fail": True}),
+                ("reset", (), {}), ("reset", (5,), {})]
+            assert list(g.__dict__) == ["calls"]  # nothing of lwo's on the graph
+            assert lt._CAPTURES == {} and weakref.getweakrefcount(g) == 0
+
+        run(cls())
+        # a handle open whose modules the graph does not capture: the same
+        m = mlp()
+        h = lt.offload(m, _backend=host_lwo.Backend())
+        x = torch.randn(5, 12)
+        y0 = warm_up(m, x)
+        g = cls()
+        run(g)
+        assert h._cap_check and h.cuda_graph is None  # it noticed the captures
+        with torch.no_grad():
+            assert torch.equal(m(x), y0)
+        assert not h._cap_check
+        h.close()
+    finally:
+        lt._unwrap_cuda_graph(cls)
+    for name in ("capture_begin", "capture_end", "replay", "reset"):
+        assert getattr(cls, name) is getattr(RecordingGraph, name)
