@@ -2308,9 +2308,10 @@ class Offload:
         if self._span is not None:
             self._end_span()
         self._open_optims = ()
-        for rec in self.records:
-            rec.nodes = 0
-            rec.unsafe = False
+        if self._count_nodes:
+            for rec in self.records:
+                rec.nodes = 0
+                rec.unsafe = False
         self._release_all()
         self.planner.end()
         ev = self._step_events

@@ -8,34 +8,14 @@
 // caller's graph holds the ring, and its resident layers, until the release,
 // whose stream orders the ring's later copies after the replays; and every
 // misuse gets its status, leaving every object usable.
-#include "abi_fixture.h"
+#include "capture_fixture.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-class CaptureJoin : public AbiTest {
+class CaptureJoin : public CaptureFixture {
  protected:
-  // Stage, acquire, a consumer's read on `s`, release, for each layer; with
-  // `pool` (an eager pass) each slot must hold its layer's host bytes.
-  // Returns each layer's slot address.
-  std::vector<const uint8_t*> pass(lwo_ring* ring, StreamH s, const std::vector<uint32_t>& layers,
-                                   lwo_pool* pool = nullptr) {
-    std::vector<const uint8_t*> bases;
-    for (uint32_t l : layers) {
-      lwo_ticket t{};
-      EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_OK) << msg();
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      EXPECT_EQ(lwo_ring_acquire(ring, t, stream(s), &v), LWO_OK) << msg();
-      if (pool) {
-        EXPECT_TRUE(holds_layer(pool, v)) << "layer " << l;
-      }
-      gpu->read(s, v.base, v.record_bytes);
-      EXPECT_EQ(lwo_ring_release(ring, t, stream(s)), LWO_OK) << msg();
-      bases.push_back(static_cast<const uint8_t*>(v.base));
-    }
-    return bases;
-  }
   lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident) {
     lwo_ring_config c = LWO_RING_CONFIG_INIT;
     c.depth = depth;

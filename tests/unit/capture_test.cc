@@ -10,35 +10,15 @@
 #include <functional>
 #include <thread>
 
-#include "abi_fixture.h"
+#include "capture_fixture.h"
 #include "bindings/c/lwo_test.h"
 
 namespace lwo {
 namespace testing {
 namespace {
 
-// One pass over `layers`: stage, acquire, a consumer's read of the slot on
-// `s`, release; returns each layer's slot address. With `pool` (an eager
-// pass), each acquired slot must hold its layer's host bytes.
-class Capture : public AbiTest {
+class Capture : public CaptureFixture {
  protected:
-  std::vector<const uint8_t*> pass(lwo_ring* ring, StreamH s, const std::vector<uint32_t>& layers,
-                                   lwo_pool* pool = nullptr) {
-    std::vector<const uint8_t*> bases;
-    for (uint32_t l : layers) {
-      lwo_ticket t{};
-      EXPECT_EQ(lwo_ring_stage(ring, l, &t), LWO_OK) << msg();
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      EXPECT_EQ(lwo_ring_acquire(ring, t, stream(s), &v), LWO_OK) << msg();
-      if (pool) {
-        EXPECT_TRUE(holds_layer(pool, v)) << "layer " << l;
-      }
-      gpu->read(s, v.base, v.record_bytes);
-      EXPECT_EQ(lwo_ring_release(ring, t, stream(s)), LWO_OK) << msg();
-      bases.push_back(static_cast<const uint8_t*>(v.base));
-    }
-    return bases;
-  }
   // Drives `sch` to its end on `s`: each view's slot is read on `s` (and,
   // with `pool`, must hold its layer's host bytes); returns the views.
   std::vector<lwo_layer_view> drive(lwo_schedule* sch, StreamH s, lwo_pool* pool) {
