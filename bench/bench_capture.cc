@@ -71,6 +71,25 @@
 namespace lwob {
 namespace {
 
+// `body`'s work on `st` captured (relaxed mode) and instantiated into `exec`;
+// a failure ends the capture before it propagates.
+template <typename Body>
+void capture_on(cudaStream_t st, testkit::GraphExec& exec, Body body) {
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  cudaGraph_t g = nullptr;
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(st, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
+  const cudaError_t e = cudaGraphInstantiate(exec.out(), g, 0);
+  cudaGraphDestroy(g);
+  check(e, "cudaGraphInstantiate");
+}
+
 constexpr int64_t kDim = 256;
 constexpr uint32_t kLayers = 512;
 constexpr int64_t kTokens = 16;
@@ -151,21 +170,7 @@ void bm_capture(benchmark::State& state) {
     check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
     const double capture_ms = (now_seconds() - c0) * 1e3;
     testkit::GraphExec resident_graph;
-    {
-      check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-      cudaGraph_t g = nullptr;
-      try {
-        resident_pass();
-      } catch (...) {
-        cudaStreamEndCapture(st, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
-      }
-      check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
-      const cudaError_t e = cudaGraphInstantiate(resident_graph.out(), g, 0);
-      cudaGraphDestroy(g);
-      check(e, "cudaGraphInstantiate");
-    }
+    capture_on(st, resident_graph, [&] { resident_pass(); });
 
     // One pass of variant v, its host enqueue time into *host_s.
     auto pass = [&](int v, double* host_s) {
@@ -349,21 +354,7 @@ void bm_capture_step(benchmark::State& state) {
     check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
     const double capture_ms = (now_seconds() - c0) * 1e3;
     testkit::GraphExec resident_graph;
-    {
-      check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-      cudaGraph_t g = nullptr;
-      try {
-        run.enqueue_resident_step();
-      } catch (...) {
-        cudaStreamEndCapture(st, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
-      }
-      check(cudaStreamEndCapture(st, &g), "cudaStreamEndCapture");
-      const cudaError_t e = cudaGraphInstantiate(resident_graph.out(), g, 0);
-      cudaGraphDestroy(g);
-      check(e, "cudaGraphInstantiate");
-    }
+    capture_on(st, resident_graph, [&] { run.enqueue_resident_step(); });
 
     // One step of variant v: its host enqueue time into *host_s; returns
     // when the step is over (gradients landed, stream drained).

@@ -318,6 +318,15 @@ def warm_up(m, x, steps=2):
     return y
 
 
+def warmed(state):
+    """An MLP offloaded over the stand-in, an input, and the output of its
+    eager warm-up (lwo has computed on the stream)."""
+    m = mlp()
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    return m, h, be, x, warm_up(m, x)
+
+
 def captured(m, x, state):
     g = new_graph(state)
     with torch.no_grad(), capture(g):
@@ -361,11 +370,8 @@ def test_the_ring_joins_before_the_first_stage_and_leaves_after_the_last_release
 
 
 def test_replays_then_the_ring_is_released_when_the_graph_is_dropped(state):
-    m = mlp()
-    h, be = offload(m, state)
+    m, h, be, x, y0 = warmed(state)
     ring = be.rings[-1]
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
     g, _ = captured(m, x, state)
     for _ in range(3):
         g.replay()
@@ -385,10 +391,7 @@ def test_replays_then_the_ring_is_released_when_the_graph_is_dropped(state):
 
 
 def test_the_release_follows_every_stream_the_graph_replayed_on(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g, _ = captured(m, x, state)
     for s in (0x20, 0x30, 0x20, 0x40):
         state.stream = s
@@ -399,11 +402,8 @@ def test_the_release_follows_every_stream_the_graph_replayed_on(state):
 
 
 def test_eager_use_while_a_graph_holds_the_ring_is_refused(state):
-    m = mlp()
-    h, be = offload(m, state)
+    m, h, be, x, y0 = warmed(state)
     ring = be.rings[-1]
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
     planner_before = h.stats()["planner"]
     g, _ = captured(m, x, state)
     n0 = len(ring.log)
@@ -424,10 +424,7 @@ def test_eager_use_while_a_graph_holds_the_ring_is_refused(state):
 
 
 def test_a_released_graph_refuses_to_replay(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g, _ = captured(m, x, state)
     g.replay()
     assert h.release_graph() is True and h.release_graph() is False
@@ -450,10 +447,7 @@ def test_a_released_graph_refuses_to_replay(state):
 
 
 def test_a_second_graph_is_refused_while_the_first_holds_the_ring(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g, _ = captured(m, x, state)
     g2 = new_graph(state)
     with pytest.raises(lwo.StateError) as e:
@@ -559,10 +553,7 @@ def test_a_capture_on_a_stream_lwo_never_computed_on_is_refused(state):
 
 
 def test_a_capture_torch_did_not_begin_is_refused(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with torch.no_grad(), capture(g):
@@ -720,10 +711,7 @@ def test_statistics_do_not_count_the_capture(state):
 
 
 def test_the_ring_is_given_back_when_torch_cannot_end_the_capture(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g = new_graph(state)
     state.fail_end = True
     with pytest.raises(RuntimeError, match="cudaStreamEndCapture"):
@@ -737,10 +725,7 @@ def test_the_ring_is_given_back_when_torch_cannot_end_the_capture(state):
 
 
 def test_close_during_a_capture_is_refused(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g = new_graph(state)
     with torch.no_grad(), capture(g):
         m(x)
@@ -775,11 +760,8 @@ def test_the_streams_lwo_computed_on_are_those_of_its_step_starts(monkeypatch):
 
 
 def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
-    m = mlp()
-    h, be = offload(m, state)
+    m, h, be, x, y0 = warmed(state)
     ring = be.rings[-1]
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
     g, _ = captured(m, x, state)
     other = new_graph(state)
     with capture(other):  # another capture on the same stream (torch.cuda.graph's own)
@@ -794,10 +776,7 @@ def test_a_release_the_stream_cannot_take_yet_comes_at_the_next_call(state):
 
 
 def test_a_graph_object_captures_again_after_its_reset(state):
-    m = mlp()
-    h, be = offload(m, state)
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
+    m, h, be, x, y0 = warmed(state)
     g, _ = captured(m, x, state)
     g.replay()
     g.reset()  # gives the ring back; its replay start hook goes
@@ -818,11 +797,8 @@ def test_a_capture_lwo_did_not_join_is_refused(state):
     graph lwo.torch learned nothing of (cudaStreamBeginCapture, or a capture
     begun before offload()): refused at the step's start, before lwo
     enqueues anything, naming the module and what to do."""
-    m = mlp()
-    h, be = offload(m, state)
+    m, h, be, x, y0 = warmed(state)
     ring = be.rings[-1]
-    x = torch.randn(5, 12)
-    y0 = warm_up(m, x)
     n0 = len(ring.log)
     state.active = True  # nothing told lwo.torch of this capture
     try:

@@ -16,6 +16,16 @@ namespace {
 
 class CaptureJoin : public CaptureFixture {
  protected:
+  // An f32 gradient set of `pool` and an SGD optimizer over it with `flags`.
+  void make_sgd(lwo_pool* pool, uint32_t flags, lwo_grads** grads, lwo_optim** optim) {
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = LWO_GRADS_F32;
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, grads));
+    lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+    oc.kind = LWO_OPTIM_SGD;
+    oc.flags = flags;
+    ASSERT_LWO(lwo_optim_create(*grads, &oc, optim));
+  }
   lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident) {
     lwo_ring_config c = LWO_RING_CONFIG_INIT;
     c.depth = depth;
@@ -213,14 +223,10 @@ TEST_F(CaptureJoin, ResidentLayersAreHeldUntilTheRelease) {
 TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = resident_ring(pool, 1, {1});
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
   lwo_grads* grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
-  oc.kind = LWO_OPTIM_SGD;
   lwo_optim* optim = nullptr;
-  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  make_sgd(pool, 0, &grads, &optim);
+  ASSERT_FALSE(HasFatalFailure());
   StreamH s = gpu->new_stream();
   ASSERT_LWO(lwo_grads_zero(grads));
   for (uint32_t l : {1u, 0u}) {
@@ -278,15 +284,10 @@ TEST_F(CaptureJoin, ADelayedOptimizersWaitKeepsAHeldLayersUpdate) {
     }
   }
   lwo_ring* ring = resident_ring(pool, 1, {1});
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
   lwo_grads* grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
-  oc.kind = LWO_OPTIM_SGD;
-  oc.flags = LWO_OPTIM_DELAYED;
   lwo_optim* optim = nullptr;
-  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  make_sgd(pool, LWO_OPTIM_DELAYED, &grads, &optim);
+  ASSERT_FALSE(HasFatalFailure());
   StreamH s = gpu->new_stream();
   ASSERT_LWO(lwo_grads_zero(grads));
   for (uint32_t l : {1u, 0u}) {

@@ -130,6 +130,16 @@ class OptimTest : public EngineTest {
       }
     }
   }
+  // Stages, acquires and releases `layer` on `s`: its slot must hold the
+  // pool's bytes (after an update: the updated ones).
+  void stage_holds(lwo_ring* ring, lwo_pool* pool, StreamH s, uint32_t layer) {
+    lwo_ticket t{};
+    ASSERT_LWO(lwo_ring_stage(ring, layer, &t));
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
+    ASSERT_TRUE(holds_layer(pool, v)) << "layer " << layer;
+    ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
+  }
   lwo_optim* make_optim(lwo_grads* g, lwo_dtype_t sd, uint32_t flags, uint32_t threads,
                         lwo_optim_kind_t kind = LWO_OPTIM_ADAMW) {
     lwo_optim_config c = LWO_OPTIM_CONFIG_INIT;
@@ -169,14 +179,8 @@ TEST_F(OptimTest, StreamedTrainingLoopMatchesAnF64Reference) {
     uint64_t n_clipped = 0;
     for (uint64_t step = 1; step <= 10; ++step) {
       // Forward: each layer staged (after the previous step: its update).
-      for (uint32_t l = 0; l < L; ++l) {
-        lwo_ticket t{};
-        ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
-        ASSERT_TRUE(holds_layer(pool, v)) << "step " << step << " layer " << l;
-        ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
-      }
+      for (uint32_t l = 0; l < L; ++l)
+        ASSERT_NO_FATAL_FAILURE(stage_holds(ring, pool, s, l)) << "step " << step;
       // Backward: two micro-batches in reverse order, then the step.
       ASSERT_LWO(lwo_grads_zero(g));
       for (int micro = 0; micro < 2; ++micro)
@@ -718,12 +722,7 @@ TEST_F(OptimTest, AnOpenStepUpdatesEachLayerAsItIsAdded) {
       ASSERT_EQ(updates(), before + 1) << "step " << step << ": layer " << l
                                        << " was not updated while the step was open";
       // A stage of an updated layer while the step is open copies its new bytes.
-      lwo_ticket t{};
-      ASSERT_LWO(lwo_ring_stage(ring, l, &t));
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      ASSERT_LWO(lwo_ring_acquire(ring, t, stream(s), &v));
-      ASSERT_TRUE(holds_layer(pool, v)) << "step " << step << " layer " << l;
-      ASSERT_LWO(lwo_ring_release(ring, t, stream(s)));
+      ASSERT_NO_FATAL_FAILURE(stage_holds(ring, pool, s, l)) << "step " << step;
     }
     ASSERT_LWO(lwo_optim_step_close(o));
     ASSERT_LWO(lwo_optim_step(ot, &p));
