@@ -84,6 +84,13 @@ class Backend {
   virtual void* capture_end(StreamH stream);
   virtual void graph_launch(void* graph, StreamH stream);
   virtual void graph_destroy(void* graph) noexcept {}
+  // In a capture under way on `stream`: a node of the graph that records
+  // `event` at each replay, once the work captured before it on `stream` is
+  // done (cudaEventRecordWithFlags with cudaEventRecordExternal), so that
+  // the host and other streams can wait for a replay that the caller
+  // launches (lwo_ring_capture_replay). The capture takes no dependency on
+  // the event. The default throws LWO_ERR_UNSUPPORTED as capture_begin does.
+  virtual void event_record_in_graph(EventH event, StreamH stream);
   // Whether `stream` is capturing now (cudaStreamGetCaptureInfo), whoever
   // began it: None, Active, or Invalidated (a call the capture could not
   // hold failed it; its origin must still end it). The default throws

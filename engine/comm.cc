@@ -113,6 +113,11 @@ Backend::CaptureStatus Backend::capture_status(StreamH stream) {
   fail(LWO_ERR_UNSUPPORTED, "capture on stream %p: this backend records no CUDA graphs", stream);
 }
 
+void Backend::event_record_in_graph(EventH event, StreamH stream) {
+  fail(LWO_ERR_UNSUPPORTED, "event %p in a capture on stream %p: this backend records no CUDA "
+       "graphs", event, stream);
+}
+
 void Backend::graph_launch(void* graph, StreamH stream) {
   fail(LWO_ERR_UNSUPPORTED, "graph %p on stream %p: this backend records no CUDA graphs", graph,
        stream);

@@ -246,6 +246,11 @@ class CudaBackend final : public Backend {
            : st == cudaStreamCaptureStatusNone ? CaptureStatus::None
                                                : CaptureStatus::Invalidated;
   }
+  void event_record_in_graph(EventH ev, StreamH s) override {
+    LWO_CUDA(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(s),
+                                      cudaEventRecordExternal),
+             "cudaEventRecordWithFlags (external: a node of the capture) on stream %p", s);
+  }
   void graph_launch(void* g, StreamH s) override {
     LWO_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), static_cast<cudaStream_t>(s)),
              "cudaGraphLaunch on stream %p", s);

@@ -35,12 +35,16 @@ class CapturePart {
   // participant brought into the capture back into `stream`.
   virtual void join_back(StreamH stream) = 0;
   // The capture ended, kept by a graph or discarded; later work of the
-  // participant is ordered after `stream`'s.
+  // participant is ordered after `stream`'s. A null `stream`: the ring left
+  // a capture the caller began, which goes on (lwo_ring_capture_leave), or
+  // one invalidated: nothing is ordered now; a kept graph is the caller's,
+  // given back by lwo_ring_capture_release (released).
   virtual void ended(bool kept, StreamH stream) noexcept = 0;
   // Each launch: check throws, changing nothing, where a replay now would be
   // wrong; arm does the host side of one replay (before the launch, so the
   // replay's host functions find it), disarm undoes it if the launch fails,
-  // launched gives the event recorded after it.
+  // launched gives the event recorded after it (for the caller's graph of a
+  // joined capture, by a node of it at each replay).
   virtual void check_launch() = 0;
   virtual void arm() = 0;
   virtual void disarm() noexcept = 0;

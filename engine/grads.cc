@@ -295,7 +295,18 @@ void Grads::replay_landed(void* p) {
   try {
     std::lock_guard<std::mutex> lock(g->q_mu_);
     std::deque<uint64_t>& q = g->replay_serials_[e->layer];
-    if (q.empty()) fail(LWO_ERR_INTERNAL, "a replay's end found no serial queued");
+    if (q.empty()) {
+      // A launch of the caller's graph that lwo_ring_capture_replay did not
+      // announce: nothing of it is taken in (no serial, no job); the bytes a
+      // direct copy landed are refused by the next lwo_grads_wait and
+      // lwo_ring_capture_replay until lwo_grads_zero.
+      std::lock_guard<std::mutex> elock(g->err_mu_);
+      if (g->unannounced_.empty())
+        g->unannounced_ = strf("gradient layer %u: a replay of the caller's CUDA graph was "
+                               "launched without lwo_ring_capture_replay before it", e->layer);
+      g->q_cv_.notify_all();
+      return;
+    }
     const uint64_t serial = q.front();
     if (e->direct)
       g->added_serial_[e->layer] = std::max(g->added_serial_[e->layer], serial);
@@ -378,7 +389,17 @@ void Grads::accumulate(const Job& job) {
           .count()));
 }
 
-void Grads::wait() {
+void Grads::wait() { wait_fence(true); }
+
+void Grads::check_announced(const char* what) {
+  std::lock_guard<std::mutex> elock(err_mu_);
+  if (!unannounced_.empty())
+    fail(LWO_ERR_CAPTURING, "%s: %s: what it landed was not taken in, and the gradients of the "
+         "graph's layers are unspecified; call lwo_grads_zero, then announce each launch",
+         what, unannounced_.c_str());
+}
+
+void Grads::wait_fence(bool report_unannounced) {
   engine_.check_not_capturing("waiting for the gradients");
   EventH replay = nullptr;
   {
@@ -403,6 +424,7 @@ void Grads::wait() {
     }
     for (uint32_t l : stale) r->wait_reading(l);
   }
+  if (report_unannounced) check_announced("the gradient fence");
   std::lock_guard<std::mutex> lock(mu_);
   {
     std::lock_guard<std::mutex> elock(err_mu_);
@@ -424,7 +446,12 @@ void Grads::wait() {
 }
 
 void Grads::zero() {
-  wait();
+  wait_fence(false);
+  {
+    // What an unannounced replay landed goes with the sums.
+    std::lock_guard<std::mutex> elock(err_mu_);
+    unannounced_.clear();
+  }
   // Checking mode overwrites the old sums at once: a reader (the optimizer)
   // must be done with every layer first.
   if (checking_)
@@ -575,8 +602,7 @@ void Grads::check_destroyable() {
     fail(LWO_ERR_BUSY, "the gradient set is part of a capture under way; end it first "
          "(lwo_ring_capture_end)");
   if (capture_ == Capture::Bound)
-    fail(LWO_ERR_BUSY, "a CUDA graph holds the gradient set; destroy it first "
-         "(lwo_graph_destroy)");
+    fail(LWO_ERR_BUSY, "a CUDA graph holds the gradient set; %s", holder());
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0) fail(LWO_ERR_BUSY, "layer %zu is begun and not ended", i);
 }
@@ -597,18 +623,17 @@ void Grads::set_counters(const Counters& c) {
   bytes_ = c.bytes;
 }
 
+const char* Grads::holder() const {
+  return replay_ && replay_->callers
+             ? "the caller's graph of a joined capture holds it until lwo_ring_capture_release"
+             : "the graph of lwo_ring_capture_end holds it until lwo_graph_destroy";
+}
+
 void Grads::check_capture(const char* what) {
   if (capture_ == Capture::Bound)
-    fail(LWO_ERR_BUSY, "%s: the gradient set belongs to a CUDA graph (lwo_ring_capture_end) "
-         "until lwo_graph_destroy", what);
+    fail(LWO_ERR_BUSY, "%s: the gradient set belongs to a CUDA graph: %s", what, holder());
   const void* owner = engine_.capture_owner();
   if (!owner) return;
-  if (engine_.capture_joined() && engine_.capture_pool() == &pool_)
-    fail(LWO_ERR_UNSUPPORTED, "%s: ring %p of the engine joined a capture the caller began "
-         "(lwo_ring_capture_join), whose replays are the caller's cudaGraphLaunch: nothing "
-         "would do a gradient end's host side at each replay (its serial, the zero check, the "
-         "optimizer's waits); capture the training step with lwo_ring_capture_begin and replay "
-         "it with lwo_graph_launch", what, owner);
   if (engine_.capture_pool() != &pool_)
     fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine is capturing a CUDA graph of another "
          "pool, and the gradient stream would join its capture; %s", what, owner,
@@ -621,7 +646,7 @@ void Grads::join_capture(const char* what) {
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0)
       fail(LWO_ERR_BUSY, "%s: layer %zu was begun before the capture; end it before "
-           "lwo_ring_capture_begin", what, i);
+           "the capture (lwo_ring_capture_begin, lwo_ring_capture_join)", what, i);
   DeviceScope scope(engine_);
   Backend& gpu = engine_.gpu();
   // Nothing of the set may still run: the capture's copies and host work find
@@ -682,17 +707,22 @@ void Grads::ended(bool kept, StreamH stream) noexcept {
   }
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
   set_counters(replay_->counters);
-  // Later begins are ordered after the capture's stream.
-  EventH after = nullptr;
-  try {
-    DeviceScope scope(engine_);
-    engine_.gpu().event_record(join_event_, stream);
-    after = join_event_;
-  } catch (...) {
+  // Later begins are ordered after the capture's stream. Without one the
+  // capture goes on (the caller's, joined): nothing is ordered now; a kept
+  // graph's release orders them (released), a dropped capture ran nothing.
+  if (stream) {
+    EventH after = nullptr;
+    try {
+      DeviceScope scope(engine_);
+      engine_.gpu().event_record(join_event_, stream);
+      after = join_event_;
+    } catch (...) {
+    }
+    free_slots_after(after);
   }
-  free_slots_after(after);
   if (kept) {
     capture_ = Capture::Bound;  // the graph holds the set (and a pointer to it)
+    replay_->callers = !stream;
   } else {
     capture_ = Capture::None;
     replay_.reset();
@@ -700,6 +730,7 @@ void Grads::ended(bool kept, StreamH stream) noexcept {
 }
 
 void Grads::check_launch() {
+  check_announced("replaying");
   std::lock_guard<std::mutex> lock(mu_);
   if (capture_ != Capture::Bound) return;
   for (uint32_t l : replay_->layers) {

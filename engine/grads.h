@@ -176,6 +176,7 @@ class Grads final : public CapturePart {
     std::vector<EndState> saved;   // every layer's state at the join
     Counters counters{};
     bool joined = false;           // the gradient stream is part of the capture
+    bool callers = false;          // the graph is the caller's (a joined capture's)
     // The last arm's, for disarm.
     std::vector<EndState> armed;   // the ended layers' states before it (per `layers`)
     Counters armed_counters{};
@@ -208,6 +209,12 @@ class Grads final : public CapturePart {
   // (LWO_ERR_CAPTURING) or a graph holds the set (LWO_ERR_BUSY); joins the
   // capture of a ring of this pool at the first call in it. Under mu_.
   void check_capture(const char* what);
+  // Throws LWO_ERR_CAPTURING, naming `what`, after a replay that was not
+  // announced (unannounced_), until lwo_grads_zero.
+  void check_announced(const char* what);
+  void wait_fence(bool report_unannounced);
+  // The graph that holds the set, for messages.
+  const char* holder() const;
   void join_capture(const char* what);
   EndState end_state(const Layer& g) const {
     return {g.fresh, g.stale, g.end_serial, g.end_direct, g.end_replayed};
@@ -259,6 +266,10 @@ class Grads final : public CapturePart {
   std::atomic<uint64_t> n_accumulated_{0}, accumulated_bytes_{0}, accumulate_ns_{0};
   std::mutex err_mu_;
   std::string async_error_;
+  // A replay of the caller's graph launched without lwo_ring_capture_replay
+  // before it: its first end that found no serial queued ("" if none), under
+  // err_mu_, until lwo_grads_zero.
+  std::string unannounced_;
   // The optimizer's hook.
   std::atomic<Reader*> reader_{nullptr};
   uint64_t end_counter_ = 0;            // under mu_

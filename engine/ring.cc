@@ -816,7 +816,7 @@ void Ring::capture_leave(StreamH stream) {
     capture_stream_ = nullptr;
     joined_ = false;
     e.set_capture_owner(nullptr);
-    e.take_capture_parts();
+    const std::vector<CapturePart*> parts = e.take_capture_parts();
     forget_slots();
     resident_out_of_capture();
     hold_resident(-1);
@@ -827,6 +827,10 @@ void Ring::capture_leave(StreamH stream) {
       } catch (...) {
       }
     }
+    // The gradient sets drop their part too (an invalidated capture is still
+    // under way: nothing is ordered on its stream).
+    for (CapturePart* p : parts)
+      p->ended(false, status == Backend::CaptureStatus::None ? stream : nullptr);
     fail(LWO_ERR_CAPTURING, "the capture on stream %p %s before lwo_ring_capture_leave: the "
          "ring's part of it is dropped, its tickets ended, and the ring stages eagerly again%s",
          stream, status == Backend::CaptureStatus::None ? "ended" : "was invalidated",
@@ -838,13 +842,63 @@ void Ring::capture_leave(StreamH stream) {
            "ticket in the capture, then leave it (the capture is the caller's: the ring cannot "
            "discard it)%s", i, occ_[i].layer, state_name(occ_[i].state),
            static_cast<unsigned long long>(ticket_id(i)), schedules_hint());
-  gpu.event_record(capture_event_, e.h2d());
-  gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+  // The gradient sets of the capture: a layer begun and not ended is refused
+  // as a live ticket is (they stay in the capture).
+  std::vector<CapturePart*> parts = e.take_capture_parts();
+  for (CapturePart* p : parts) {
+    const std::string live = p->live();
+    if (live.empty()) continue;
+    for (CapturePart* q : parts) e.join_capture(q);
+    fail(LWO_ERR_TICKET_STATE, "%s: end it in the capture, then leave it (the capture is the "
+         "caller's: the ring cannot discard it)", live.c_str());
+  }
+  std::unique_ptr<Graph> g;
+  try {
+    if (!joined_done_) {
+      joined_done_ = gpu.event_create(false);
+      all_events_.push_back(joined_done_);
+    }
+    gpu.event_record(capture_event_, e.h2d());
+    gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
+    for (CapturePart* p : parts) p->join_back(stream);
+    // The replay's end for the host and the next replay: a node of the
+    // caller's graph (the caller launches it after capture_replay, so no
+    // event lwo records then could follow it). Only with participants: a
+    // forward pass's replays need no host work after them.
+    if (!parts.empty()) gpu.event_record_in_graph(joined_done_, stream);
+    g = std::make_unique<Graph>(*this, nullptr, captured_layers_, captured_resident_, parts,
+                                joined_done_);
+  } catch (...) {
+    for (CapturePart* p : parts) e.join_capture(p);  // still in the capture
+    throw;
+  }
   capture_stream_ = nullptr;
   e.set_capture_owner(nullptr);
-  e.take_capture_parts();  // none: gradient sets refuse a joined capture
   resident_out_of_capture();
   bound_ = true;  // the caller's graph holds the ring (joined_ says whose)
+  joined_graph_ = std::move(g);
+  // The capture goes on (the caller's): the sets' host state is the join's
+  // again, and the graph holds them until the release.
+  for (CapturePart* p : parts) p->ended(true, nullptr);
+}
+
+void Ring::capture_replay(StreamH stream) {
+  Graph* g = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!bound_ || !joined_)
+      fail(LWO_ERR_CAPTURING, "%s", bound_ ? "the ring belongs to a CUDA graph of its own "
+           "(lwo_ring_capture_end): lwo_graph_launch replays it"
+           : capture_stream_ && joined_ ? "the ring is still in the caller's capture: leave it "
+           "(lwo_ring_capture_leave) and end the capture before launching its graph"
+           : "the ring belongs to no CUDA graph the caller captured (lwo_ring_capture_join, "
+           "lwo_ring_capture_leave)");
+    g = joined_graph_.get();
+  }
+  // Outside mu_: the replay's host side takes it (refresh_resident) and waits
+  // (the pool's writer, the optimizer's reads); the graph stays until the
+  // release, which the caller's thread does not run meanwhile.
+  g->replay(stream, "announcing a replay", [](Graph&, StreamH) {});
 }
 
 void Ring::capture_release(StreamH stream) {
@@ -862,6 +916,9 @@ void Ring::capture_release(StreamH stream) {
     fail(LWO_ERR_CAPTURING, "stream %p is capturing: the release orders the ring's later work "
          "after the stream's, which must run outside any capture", stream);
   gpu.event_record(capture_event_, stream);
+  // The gradient sets of the graph (if any) after the last replay's host work.
+  if (joined_graph_) joined_graph_->release_joined(capture_event_);
+  joined_graph_.reset();
   give_back(capture_event_, nullptr);
   joined_ = false;
   hold_resident(-1);
@@ -988,8 +1045,9 @@ void Ring::refresh_resident(const std::vector<uint32_t>& layers, StreamH stream,
 }
 
 Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
-             std::vector<CapturePart*> parts)
-    : ring_(ring), exec_(exec), done_(ring.engine().gpu().event_create(false)),
+             std::vector<CapturePart*> parts, EventH done)
+    : ring_(ring), exec_(exec), own_done_(!done),
+      done_(done ? done : ring.engine().gpu().event_create(false)),
       layers_(std::move(layers)), resident_(std::move(resident)), parts_(std::move(parts)) {
   for (std::vector<uint32_t>* v : {&layers_, &resident_}) {
     std::sort(v->begin(), v->end());
@@ -1000,28 +1058,46 @@ Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<u
 Graph::~Graph() {
   Engine& e = ring_.engine();
   Backend& gpu = e.gpu();
-  try {
-    DeviceScope scope(e);
-    if (launched_) gpu.event_sync(done_);
-  } catch (...) {
+  if (exec_) {  // an lwo_graph (the caller's was let go of by release_joined)
+    try {
+      DeviceScope scope(e);
+      if (launched_) gpu.event_sync(done_);
+    } catch (...) {
+    }
+    gpu.graph_destroy(exec_);
+    for (CapturePart* p : parts_) p->released(launched_ ? done_ : nullptr);
+    ring_.graph_released(launched_ ? done_ : nullptr);
   }
-  gpu.graph_destroy(exec_);
-  for (CapturePart* p : parts_) p->released(launched_ ? done_ : nullptr);
-  ring_.graph_released(launched_ ? done_ : nullptr);
-  gpu.event_destroy(done_);
+  if (own_done_) gpu.event_destroy(done_);
 }
 
 void Graph::launch(StreamH stream) {
+  replay(stream, "launching a graph", [](Graph& g, StreamH s) {
+    g.ring_.engine().gpu().graph_launch(g.exec_, s);
+  });
+}
+
+void Graph::replay(StreamH stream, const char* what, void (*enqueue)(Graph&, StreamH)) {
   Engine& e = ring_.engine();
   if (!stream)
-    fail(LWO_ERR_INVALID_ARGUMENT, "stream is NULL: launch the graph on a stream of the device");
-  e.check_not_capturing("launching a graph");
+    fail(LWO_ERR_INVALID_ARGUMENT, "%s: stream is NULL: name the stream of the launch, a stream "
+         "of the device", what);
+  e.check_not_capturing(what);
+  {
+    DeviceScope scope(e);
+    if (e.gpu().capture_status(stream) != Backend::CaptureStatus::None)
+      fail(LWO_ERR_CAPTURING, "%s: stream %p is capturing: a replay's host side runs once per "
+           "launch, which a capture would not repeat; launch outside any capture", what, stream);
+  }
   for (CapturePart* p : parts_) p->check_launch();
   if (Pool::Writer* w = ring_.pool().writer.load())
     for (uint32_t l : layers_) w->wait_layer(l);
   // Resident layers the host changed since the capture or the last launch go
-  // up first, after the last replay, and the replay waits for them.
+  // up first, after the last replay, and the replay waits for them (a joined
+  // graph's are held: none changed).
   if (!resident_.empty()) ring_.refresh_resident(resident_, stream, launched_ ? done_ : nullptr);
+  // The caller's graph records done_ only where participants need it.
+  const bool records_done = exec_ || !parts_.empty();
   size_t armed = 0;
   auto disarm = [&] {
     while (armed) parts_[--armed]->disarm();
@@ -1030,25 +1106,45 @@ void Graph::launch(StreamH stream) {
   Backend& gpu = e.gpu();
   try {
     for (; armed < parts_.size(); ++armed) parts_[armed]->arm();
-    if (launched_) gpu.stream_wait(stream, done_);  // replays never overlap: they share the slots
-    gpu.graph_launch(exec_, stream);
+    // Replays never overlap: they share the slots.
+    if (launched_ && records_done) gpu.stream_wait(stream, done_);
+    enqueue(*this, stream);
   } catch (...) {
     disarm();
     throw;
   }
   launched_ = true;
-  // The replay is enqueued: its participants hear of it even if the event
-  // cannot be recorded (the error then says the engine is broken).
+  // The replay is enqueued (or, for the caller's graph, comes next): its
+  // participants hear of it even if the event cannot be recorded (the error
+  // then says the engine is broken).
   auto tell = [&] {
     for (CapturePart* p : parts_) p->launched(done_);
   };
-  try {
-    gpu.event_record(done_, stream);
-  } catch (...) {
-    tell();
-    throw;
+  if (exec_) {
+    try {
+      gpu.event_record(done_, stream);
+    } catch (...) {
+      tell();
+      throw;
+    }
   }
   tell();
+}
+
+void Graph::release_joined(EventH after) noexcept {
+  Engine& e = ring_.engine();
+  if (!parts_.empty()) {
+    // The last replay's host functions take the participants' replay state
+    // (its gradient ends' serials): they must have run before it goes (also
+    // after a launch the ring was not told of).
+    try {
+      DeviceScope scope(e);
+      e.gpu().event_sync(done_);
+    } catch (...) {
+    }
+  }
+  for (CapturePart* p : parts_) p->released(after);
+  parts_.clear();
 }
 
 }  // namespace lwo

@@ -108,8 +108,18 @@ class Ring {
   // `stream` orders the ring's later work after the graph's replays. While
   // joined or bound, the pool's resident layers of the ring are held
   // (Pool::hold). No gradient set takes part (LWO_ERR_UNSUPPORTED).
+  //
+  // Gradient sets take part in a joined capture as in the ring's own
+  // (CapturePart): the leave takes them, joins their streams back and ends
+  // the ring's part of the capture with an event record node (the graph's
+  // `done`, recorded at each replay). capture_replay, before each of the
+  // caller's launches, does the host side of one replay that Graph::launch
+  // does before an lwo_graph's (Graph::replay); capture_release waits for the
+  // last replay's host work where gradient sets took part (their replayed
+  // ends refer to the set) and gives them back.
   void capture_join(StreamH stream);
   void capture_leave(StreamH stream);
+  void capture_replay(StreamH stream);
   void capture_release(StreamH stream);
   // Throws LWO_ERR_CAPTURING, naming `what`, while another ring of the engine
   // captures (the transfer stream is part of that capture).
@@ -218,30 +228,55 @@ class Ring {
   std::vector<uint32_t> captured_resident_;  // resident layers hit in the capture
   EventH capture_event_ = nullptr;    // the transfer stream's join and leave
   std::vector<uint32_t> captured_layers_;
+  // The caller's graph (from capture_leave until capture_release), and the
+  // event its record node records at each replay (made once per ring: a
+  // graph the caller keeps past the release may still refer to it).
+  std::unique_ptr<class Graph> joined_graph_;
+  EventH joined_done_ = nullptr;
   std::atomic<uint64_t> table_epoch_{0};
 };
 
-// An instantiated CUDA graph of one ring's pass (lwo_graph). Its destructor
-// waits for the last launch, destroys the graph and gives the ring back.
+// A CUDA graph of one ring's pass: an instantiated one that lwo launches
+// (lwo_graph, lwo_ring_capture_end), whose destructor waits for the last
+// launch, destroys the graph and gives the ring back; or the caller's graph
+// of a joined capture (exec null, the ring's from capture_leave until
+// capture_release), which the caller launches.
 class Graph {
  public:
   // `parts`: what else the capture holds (gradient sets), told of each
   // launch and of the graph's end.
   // `resident`: the resident layers the graph reads without copying them,
   // uploaded before a launch if they changed (Ring::refresh_resident).
+  // `done`: null for an lwo_graph (the graph makes its own, recorded after
+  // each launch); the caller's graph's event, recorded by a node of it.
   Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
-        std::vector<CapturePart*> parts);
+        std::vector<CapturePart*> parts, EventH done = nullptr);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
-  // One replay on `stream`, after the pool's writer is done with every layer
-  // and each participant checked and armed.
+  // One replay of an lwo_graph on `stream`: its host side (replay), then the
+  // launch and its done event.
   void launch(StreamH stream);
+  // The host side of one replay on `stream`, the same for both kinds, before
+  // the launch: the refusals (a capture of the engine under way, `stream`
+  // capturing, a participant's check), the pool writer's waits for every
+  // layer the graph copies, the upload of changed resident layers, the order
+  // after the last replay (its done event), the participants armed; then
+  // `enqueue` (the launch: for the caller's graph nothing, as the caller
+  // launches next), disarming them if it throws; then the participants are
+  // told of the replay (launched). `what` names the call in messages.
+  void replay(StreamH stream, const char* what, void (*enqueue)(Graph&, StreamH));
+  // The caller's graph is let go of (Ring::capture_release, `after` recorded
+  // where every launch is ordered before it): waits for the last replay's
+  // host work where participants took part, and gives them back.
+  void release_joined(EventH after) noexcept;
+  bool has_parts() const { return !parts_.empty(); }
   void check_destroyable() {}
 
  private:
   Ring& ring_;
   void* exec_;
+  bool own_done_;
   EventH done_;
   bool launched_ = false;
   std::vector<uint32_t> layers_;

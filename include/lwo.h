@@ -195,7 +195,8 @@ typedef enum lwo_status_t {
   /* The call cannot run while its engine captures a CUDA graph
    * (lwo_ring_capture_begin until lwo_ring_capture_end): it would wait for
    * or query device work, or enqueue work the graph would not hold; or the
-   * ring is not capturing. Since 0.6.0. */
+   * ring is not capturing; or a replay of the caller's graph was not
+   * announced (lwo_ring_capture_replay). Since 0.6.0. */
   LWO_ERR_CAPTURING = 206,
 
   /* -- resource (3xx) -- */
@@ -973,21 +974,49 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * is LWO_ERR_CAPTURING and drops the ring's part: its tickets end and the ring
  * stages eagerly again (once the caller ends an invalidated capture).
  *
- * What a replay does: each is the caller's cudaGraphLaunch, so nothing of lwo
- * runs on the host at a launch. Fixed at the capture: the layers of the pass,
- * their order and their slots (every view's pointers), and the resident
- * layers' bytes; the caller's buffers are its own to keep in place. The copies
- * into streamed slots read the pool's host bytes as they are when they run, as
- * lwo_graph_launch's do; the caller writes the pool only while no replay runs
- * (call lwo_optim_wait before a replay if an optimizer writes the pool) and
- * orders its replays one after another (they share the slots: launch them on
- * one stream). Resident layers are read as they were at the join, so while the
+ * What a replay does: each is the caller's cudaGraphLaunch. Fixed at the
+ * capture: the layers of the pass, their order and their slots (every view's
+ * pointers), and the resident layers' bytes; the caller's buffers are its own
+ * to keep in place. The copies into streamed slots read the pool's host bytes
+ * as they are when they run, as lwo_graph_launch's do; the caller orders its
+ * replays one after another (they share the slots: launch them on one
+ * stream). Resident layers are read as they were at the join, so while the
  * ring is joined or held, a change of one (lwo_pool_write, _write_quantized,
  * _layer_changed, lwo_optim_step, lwo_optim_write of a master) is LWO_ERR_BUSY
- * with nothing changed. Not supported in a joined capture
- * (LWO_ERR_UNSUPPORTED): gradient sets (their ends need host bookkeeping at
- * each launch: capture a training step with lwo_ring_capture_begin), and what
+ * with nothing changed. Not supported in a joined capture: what
  * lwo_ring_capture_begin refuses.
+ *
+ * A training step (since 0.6.0): gradient sets of the ring's pool take part
+ * as in lwo_ring_capture_begin's capture (begin and end in the capture; the
+ * leave is LWO_ERR_TICKET_STATE, nothing changed, while a gradient layer is
+ * begun and not ended), and the leave ends the ring's part with an event
+ * record node of the graph. Each launch of such a graph needs its host side,
+ * which lwo_ring_capture_replay does before it; without gradient sets the
+ * call is optional (it waits for the pool's writer, as lwo_optim_wait would).
+ *
+ * lwo_ring_capture_replay(ring, stream): call it right before each
+ * cudaGraphLaunch of the graph instantiated from the capture the ring joined
+ * and left (between lwo_ring_capture_leave and lwo_ring_capture_release),
+ * with the stream of that launch; then launch, once. It does what
+ * lwo_graph_launch does before its launch: waits for the host optimizer's
+ * writes of the layers the graph copies and for its reads of the graph's
+ * gradient layers, refuses a replay that would land gradients wrongly
+ * (LWO_ERR_TICKET_STATE, as lwo_graph_launch: call lwo_grads_zero before each
+ * replay when the graph was captured after one), orders `stream` after the
+ * last replay, and takes each gradient end of the replay in (its serial: the
+ * fence and the optimizer then wait for its landing, as for an eager end).
+ * Refused, with nothing changed: LWO_ERR_INVALID_ARGUMENT for a NULL stream;
+ * LWO_ERR_CAPTURING if the ring holds no graph of the caller's (not left, or
+ * an lwo_graph's), if `stream` captures, or while a ring of the engine
+ * captures; LWO_ERR_CAPTURING too after a launch that was not announced,
+ * which lwo sees only once its gradient ends ran: that launch's gradients
+ * are not taken in, and this call and lwo_grads_wait say so until
+ * lwo_grads_zero. A launch without the call is the caller's error that lwo
+ * cannot prevent: its copies may race the optimizer's writes of the pool and
+ * reads of the gradients. A call not followed by its launch leaves the
+ * optimizer waiting for gradients that never land. Threads: the caller's
+ * thread of the capture's calls; it may block until the optimizer is done
+ * with the layers.
  *
  * Lifetime: from lwo_ring_capture_leave until lwo_ring_capture_release the
  * caller's graph holds the ring: its stages, acquires, releases, schedules'
@@ -996,8 +1025,11 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * (typically as it destroys it), on a stream that every launch was enqueued
  * on or ordered before (the legacy default stream, NULL, if the launches ran
  * on blocking streams); it enqueues an event there and orders the ring's
- * later copies after it, waiting for nothing (the last replays may still
- * run); call it also when the caller's capture failed after the leave. A graph
+ * (and its gradient sets') later copies after it, waiting for nothing (the
+ * last replays may still run) unless gradient sets took part: then it waits
+ * on the host for the last replay's gradient ends to run (their host work
+ * refers to the sets) and gives the sets back. Call it also when the caller's
+ * capture failed after the leave. A graph
  * instantiated from that capture must not be launched after the release.
  * LWO_ERR_CAPTURING if `stream` captures, or if the ring is held by no graph
  * of the caller's (not left yet, or held by an lwo_graph).
@@ -1006,6 +1038,7 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * a time, in the pass's order. */
 LWO_API lwo_status_t lwo_ring_capture_join(lwo_ring* ring, lwo_stream_t stream);
 LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream);
+LWO_API lwo_status_t lwo_ring_capture_replay(lwo_ring* ring, lwo_stream_t stream);
 LWO_API lwo_status_t lwo_ring_capture_release(lwo_ring* ring, lwo_stream_t stream);
 
 typedef struct lwo_ring_info {
@@ -1380,7 +1413,8 @@ LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
  * reading the layer's gradients, the call first blocks until it is done
  * (and lwo_grads_wait, so lwo_grads_zero, until it is done with the layers
  * it zeroes). Since 0.6.0 lwo_grads_begin and lwo_grads_end are captured
- * while a ring of the set's pool captures (lwo_ring_capture_begin, below). */
+ * while a ring of the set's pool captures (lwo_ring_capture_begin, or
+ * lwo_ring_capture_join with lwo_ring_capture_replay before each launch). */
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
                                      lwo_layer_view* view);
 
@@ -1394,7 +1428,9 @@ LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_
 /* The fence: blocks until every gradient ended so far has landed in host
  * memory and been accumulated (since 0.6.0 those of a CUDA graph's launches
  * too). The only way the host may safely read the buffers. LWO_ERR_BUSY
- * (after waiting for the rest) if a layer is begun and not ended. */
+ * (after waiting for the rest) if a layer is begun and not ended;
+ * LWO_ERR_CAPTURING after a launch of the caller's graph that
+ * lwo_ring_capture_replay did not announce, until lwo_grads_zero. */
 LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads);
 
 /* Waits as lwo_grads_wait does, then starts new sums: the next gradient of

@@ -177,6 +177,11 @@ LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream)
   return guard("lwo_ring_capture_leave", [&] { check_handle(ring)->impl->capture_leave(stream); });
 }
 
+LWO_API lwo_status_t lwo_ring_capture_replay(lwo_ring* ring, lwo_stream_t stream) {
+  return guard("lwo_ring_capture_replay",
+               [&] { check_handle(ring)->impl->capture_replay(stream); });
+}
+
 LWO_API lwo_status_t lwo_ring_capture_release(lwo_ring* ring, lwo_stream_t stream) {
   return guard("lwo_ring_capture_release",
                [&] { check_handle(ring)->impl->capture_release(stream); });

@@ -337,10 +337,10 @@ TEST_F(CaptureJoin, ADelayedOptimizersWaitKeepsAHeldLayersUpdate) {
 // Misuse, each with its status and nothing changed: a join on a stream that
 // is not capturing, on NULL, of a timed ring, of a second ring; a
 // lwo_ring_capture_begin on a stream the caller captures; a leave or release
-// with nothing joined; lwo_ring_capture_end of a joined ring; a gradient
-// set's begin in a joined capture (LWO_ERR_UNSUPPORTED); a leave on another
-// stream or with a ticket live (then released in the capture and left); a
-// release before the leave, or on a stream that captures.
+// with nothing joined; lwo_ring_capture_end of a joined ring; a leave on
+// another stream or with a ticket live (then released in the capture and
+// left); a release before the leave, or on a stream that captures. (Gradient
+// sets in a joined capture: capture_test.cc, CaptureJoinTrain.)
 TEST_F(CaptureJoin, MisuseGetsItsStatusAndChangesNothing) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
@@ -374,9 +374,6 @@ TEST_F(CaptureJoin, MisuseGetsItsStatusAndChangesNothing) {
   EXPECT_EQ(lwo_ring_capture_end(ring, stream(s), &graph), LWO_ERR_CAPTURING);
   EXPECT_TRUE(contains(msg(), "leave it with lwo_ring_capture_leave")) << msg();
   EXPECT_EQ(graph, nullptr);
-  lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
-  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(s), &gv), LWO_ERR_UNSUPPORTED);
-  EXPECT_TRUE(contains(msg(), "capture the training step with lwo_ring_capture_begin")) << msg();
   lwo_ticket t{};
   EXPECT_EQ(lwo_ring_stage(other, 0, &t), LWO_ERR_CAPTURING);
   EXPECT_TRUE(contains(msg(), "lwo_ring_capture_leave")) << msg();
@@ -407,6 +404,7 @@ TEST_F(CaptureJoin, MisuseGetsItsStatusAndChangesNothing) {
   // Everything is usable: the rings stage, the set takes a gradient.
   pass(ring, s, {1, 0}, pool);
   pass(other, s2, {2}, pool);
+  lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &gv));
   gpu->write(s, gv.base, gv.record_bytes);
   ASSERT_LWO(lwo_grads_end(grads, 0, stream(s)));

@@ -20,7 +20,8 @@
 // host functions are checked as they are enqueued (the graph keeps the
 // capture's order) but kept, not run, until graph_launch runs them in order
 // (so a replay moves the bytes as they are at the launch, and calls each
-// host function with the argument it was captured with). A test reads what a
+// host function with the argument it was captured with; an event record node
+// records its event at the launch's position). A test reads what a
 // graph holds (graph_ops: each operation's kind, destination, source and
 // bytes, in the capture's order) and what the launches did (stats.replayed_*).
 // A launch is one operation of its stream: every access the capture made
@@ -64,9 +65,9 @@ class RecordingBackend final : public Backend {
   };
   // One operation of a captured graph.
   struct GraphOp {
-    enum Kind { Copy, CopyD2H, Fill, HostFunc } kind;
-    void* dst;        // null for a host function
-    const void* src;  // a copy's source; null for a fill and a host function
+    enum Kind { Copy, CopyD2H, Fill, HostFunc, EventRecord } kind;
+    void* dst;        // null for a host function and an event record
+    const void* src;  // a copy's source; null for the others
     size_t bytes;
     size_t stream;    // the capture's stream it was enqueued on
     std::function<void()> run;
@@ -390,6 +391,22 @@ class RecordingBackend final : public Backend {
     if (!capturing(stream_index(stream))) return CaptureStatus::None;
     return invalidated_ ? CaptureStatus::Invalidated : CaptureStatus::Active;
   }
+  // An event record node: at each replay the event takes the launch's
+  // position on its stream (a launch is one operation), as an eager record
+  // there would; the capture itself records nothing.
+  void event_record_in_graph(EventH e, StreamH stream) override {
+    const size_t s = stream_index(stream);
+    if (!capturing(s)) fail(LWO_ERR_CUDA, "recording backend: stream s%zu is not capturing", s);
+    event(e);  // a known event
+    if (keep_log) log.push_back(strf("record e%zu in the graph on s%zu", event_index(e), s));
+    captured_.push_back({GraphOp::EventRecord, nullptr, nullptr, 0, s, [this, e] {
+                           ++stats.records;
+                           Event& ev = event(e);
+                           ev.recorded = true;
+                           ev.clock = launch_clock_;
+                           ev.in_capture = false;
+                         }});
+  }
   // A capture the test begins as a framework would, and ends (returning the
   // graph, as capture_end does).
   void caller_capture_begin(StreamH stream) { capture_begin(stream); }
@@ -403,6 +420,7 @@ class RecordingBackend final : public Backend {
     const size_t L = stream_index(stream);
     tick(L);
     ++launches;
+    launch_clock_ = streams_[L].clock;
     // The replay's accesses, as accesses of the launch's stream.
     for (const Acc& a : graph_acc_[i - 1]) {
       const std::string what = std::string("replayed ") + a.what;
@@ -452,6 +470,7 @@ class RecordingBackend final : public Backend {
   }
 
  private:
+  Clock launch_clock_;  // the last launch's position on its stream (event record nodes')
   struct StreamState {
     Clock clock;
   };
