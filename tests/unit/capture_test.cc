@@ -799,6 +799,374 @@ TEST_F(Capture, InCheckingModeAReplayCopiesItsResidentLayers) {
   destroy(ring, pool);
 }
 
+// A training step in a capture the caller began (lwo_ring_capture_join /
+// _leave / _replay / _release): the test plays the framework, as in
+// capture_join_test.cc, announcing each of its launches.
+class CaptureJoinTrain : public Capture {
+ protected:
+  // The caller's end of its capture: the graph, or null (with a failure)
+  // where the recording backend refuses it as CUDA would.
+  void* caller_end(StreamH s) {
+    try {
+      return gpu->caller_capture_end(s);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "the caller's capture did not end: " << e.what();
+      return nullptr;
+    }
+  }
+  // The caller's capture of `step` on `s` with the ring joined into it.
+  void* capture_joined(lwo_ring* ring, StreamH s, const std::function<void()>& step) {
+    gpu->caller_capture_begin(s);
+    EXPECT_EQ(lwo_ring_capture_join(ring, stream(s)), LWO_OK) << msg();
+    step();
+    EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_OK) << msg();
+    return caller_end(s);
+  }
+  // One replay as the caller does it: announced, then launched.
+  lwo_status_t replay(lwo_ring* ring, void* graph, StreamH s) {
+    const lwo_status_t st = lwo_ring_capture_replay(ring, stream(s));
+    if (st == LWO_OK) gpu->graph_launch(graph, s);
+    return st;
+  }
+};
+
+// The training step of GradientsOfACapturedStepLandAtEachLaunch (forward
+// over 3 layers, backward {2, 1, 1, 0} with f32 host gradients, layer 1's
+// added), captured inside the caller's capture: the graph holds the four
+// copies down, their five host functions and one event record (the replay's
+// end); the capture changes no host state. Every announced replay after
+// lwo_grads_zero lands that replay's slot bytes, summed, exactly as the eager
+// step does (lwo_grads_wait waits for the replay's host work, also when it
+// comes late); a replay without the zero is refused at its announcement
+// (LWO_ERR_TICKET_STATE) with nothing launched; the caller's graph holds the
+// set until lwo_ring_capture_release, then eager steps land again.
+TEST_F(CaptureJoinTrain, AnnouncedReplaysOfAJoinedStepLandItsGradients) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  gc.depth = 4;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  StreamH s = gpu->new_stream();
+  const std::vector<uint32_t> bwd = {2, 1, 1, 0};
+  auto eager_step = [&](uint64_t k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    const std::vector<GradEnd> ends =
+        train_step(ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, ends, k);
+  };
+  eager_step(0);
+  const lwo_grads_stats before = grads_stats(grads);
+
+  ASSERT_LWO(lwo_grads_zero(grads));
+  std::vector<GradEnd> ends;
+  void* g = capture_joined(ring, s, [&] {
+    ends = train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+  });
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);  // nothing ran
+  const auto& ops = gpu->graph_ops();
+  EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::CopyD2H), 4u);
+  EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::HostFunc), 5u);
+  EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::EventRecord), 1u);
+  EXPECT_EQ(ops.back().kind, RecordingBackend::GraphOp::EventRecord);
+  for (uint64_t k = 1; k <= 5; ++k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+    const RecordingBackend::Stats st = gpu->stats;
+    gpu->pause_at_host_func = k == 3;  // the fence waits for the replay's host work
+    ASSERT_LWO(replay(ring, g, s));
+    gpu->pause_at_host_func = false;
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, ends, k);
+    EXPECT_EQ(gpu->stats.replayed_d2h_copies - st.replayed_d2h_copies, 4u);
+    EXPECT_EQ(gpu->stats.replayed_host_funcs - st.replayed_host_funcs, 5u);
+    EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 4 * k);
+  }
+  // Without the zero the replay would overwrite the last one's gradients.
+  const uint64_t launches = gpu->launches;
+  EXPECT_EQ(replay(ring, g, s), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(starts_with(msg(), "lwo_ring_capture_replay: gradient layer ")) << msg();
+  EXPECT_TRUE(contains(msg(), "call lwo_grads_zero before each replay")) << msg();
+  EXPECT_EQ(gpu->launches, launches);
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 20);
+  expect_host_grads(grads, pool, ends, 5);
+  ASSERT_LWO(lwo_grads_zero(grads));
+  for (size_t i = 0; i < ends.size(); ++i) write_grad(6, i, ends[i]);
+  ASSERT_LWO(replay(ring, g, s));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, ends, 6);
+  // The caller's graph holds the set.
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(s), &v), LWO_ERR_BUSY);
+  EXPECT_TRUE(starts_with(msg(), "lwo_grads_begin: a gradient's begin: the gradient set belongs "
+                                 "to a CUDA graph: the caller's graph")) << msg();
+  EXPECT_TRUE(contains(msg(), "lwo_ring_capture_release")) << msg();
+  EXPECT_EQ(lwo_grads_destroy(grads), LWO_ERR_BUSY);
+  EXPECT_TRUE(contains(msg(), "lwo_ring_capture_release")) << msg();
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  eager_step(7);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(grads, ring, pool);
+}
+
+// The host optimizer on a joined step's replays, as in eager training: SGD
+// (lr 1) after each announced launch, and no lwo_optim_wait before the next
+// one. Each replay's copies read the weights the last step wrote (the
+// announcement waits for the optimizer's writes of the graph's layers, and
+// for its reads of the gradients the replay lands), every step updates each
+// layer by that replay's gradients, and a replay whose host work comes late
+// updates nothing before it.
+TEST_F(CaptureJoinTrain, AnOptimizerUpdatesFromEachAnnouncedReplaysGradients) {
+  constexpr uint32_t kL = 3, kN = 4096;
+  lwo_tensor_desc t = tensor("w", LWO_DTYPE_F32, {kN});
+  std::vector<lwo_layer_desc> layers(kL, lwo_layer_desc{&t, 1, nullptr});
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_pinned(engine, layers.data(), kL, nullptr, &pool));
+  std::vector<std::vector<float>> w(kL, std::vector<float>(kN));
+  for (uint32_t l = 0; l < kL; ++l) {
+    for (uint32_t j = 0; j < kN; ++j) w[l][j] = static_cast<float>((l * 31 + j * 7) % 53);
+    ASSERT_LWO(lwo_pool_write(pool, l, "w", w[l].data(), kN * 4));
+  }
+  lwo_ring* ring = make_ring(pool, kL);  // a slot per layer: the backward hits
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.depth = kL;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));  // f32: straight to host
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  StreamH s = gpu->new_stream();
+  ASSERT_LWO(lwo_grads_zero(grads));
+  std::vector<GradEnd> ends;
+  void* g = capture_joined(ring, s, [&] {
+    ends = train_step(ring, grads, s, kL, {2, 1, 0}, [](size_t, const GradEnd&) {});
+  });
+  ASSERT_NE(g, nullptr);
+  // Where each layer's replayed copy lands.
+  std::vector<const float*> slot(kL, nullptr);
+  for (const auto& op : gpu->graph_ops())
+    if (op.kind == RecordingBackend::GraphOp::Copy)
+      for (uint32_t l = 0; l < kL; ++l) {
+        void* host = nullptr;
+        uint64_t bytes = 0;
+        ASSERT_LWO(lwo_pool_layer_host(pool, l, &host, &bytes));
+        if (op.src == host) slot[l] = static_cast<const float*>(op.dst);
+      }
+  for (uint32_t l = 0; l < kL; ++l) ASSERT_NE(slot[l], nullptr) << "layer " << l;
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1;
+  p.weight_decay = 0;
+  for (uint64_t k = 1; k <= 6; ++k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+    gpu->pause_at_host_func = k == 2;
+    ASSERT_LWO(replay(ring, g, s));
+    // The replay copied the weights as the last step left them.
+    for (uint32_t l = 0; l < kL; ++l)
+      ASSERT_EQ(0, std::memcmp(slot[l], w[l].data(), kN * 4)) << "replay " << k << " layer " << l;
+    p.step = k;
+    ASSERT_LWO(lwo_optim_step(optim, &p));
+    if (k == 2) {
+      // The replay's host functions come late: no layer may be updated
+      // before its landing, though its bytes are in place.
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      uint32_t done = 7;
+      ASSERT_LWO(lwo_optim_query(optim, &done));
+      EXPECT_EQ(done, 0u);
+      gpu->pause_at_host_func = false;
+      gpu->resume();
+    }
+    for (size_t i = 0; i < ends.size(); ++i)
+      for (uint32_t j = 0; j < kN; ++j) w[ends[i].layer][j] -= grad_value(k, i, j);
+  }
+  ASSERT_LWO(lwo_optim_wait(optim));
+  for (uint32_t l = 0; l < kL; ++l) {
+    void* host = nullptr;
+    uint64_t bytes = 0;
+    ASSERT_LWO(lwo_pool_layer_host(pool, l, &host, &bytes));
+    EXPECT_EQ(0, std::memcmp(host, w[l].data(), kN * 4)) << "layer " << l;
+  }
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  destroy(grads, ring, pool);
+}
+
+// Misuse of a joined training step, each with its status and every object
+// usable after it: an announcement with no caller's graph (before any join,
+// during the capture, for an lwo_graph), on NULL, on a stream that captures,
+// while another ring captures; a leave with a gradient layer begun
+// (LWO_ERR_TICKET_STATE; ended in the capture, then left); a set of another
+// pool in the capture (LWO_ERR_CAPTURING). A launch the caller did not
+// announce: nothing of it is taken in, and lwo_grads_wait and the next
+// announcement are LWO_ERR_CAPTURING naming lwo_ring_capture_replay until
+// lwo_grads_zero, after which announced replays land again. A forward-only
+// joined graph may be announced too.
+TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
+  lwo_pool* pool = make_pool(3);
+  lwo_pool* other_pool = make_pool(2, 2);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(other_pool, 1);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  gc.depth = 4;
+  lwo_grads *grads = nullptr, *other_grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other_grads));
+  StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_ring_capture_replay: the ring belongs to no CUDA graph "
+                                 "the caller captured")) << msg();
+  // An lwo_graph is launched by lwo_graph_launch.
+  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  pass(ring, s, {0, 1});
+  lwo_graph* graph = nullptr;
+  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "lwo_graph_launch replays it")) << msg();
+  ASSERT_LWO(lwo_graph_destroy(graph));
+
+  const std::vector<uint32_t> bwd = {2, 1, 0};
+  ASSERT_LWO(lwo_grads_zero(grads));
+  gpu->caller_capture_begin(s);
+  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "still in the caller's capture")) << msg();
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_grads_begin(other_grads, 0, stream(s), &v), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "of another pool")) << msg();
+  EXPECT_TRUE(contains(msg(), "leave it first (lwo_ring_capture_leave)")) << msg();
+  const std::vector<GradEnd> ends =
+      train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+  ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &v));  // a second micro-batch's, begun
+  EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_TICKET_STATE);
+  EXPECT_TRUE(contains(msg(), "gradient layer 0 begun and not ended: end it in the capture, "
+                              "then leave it")) << msg();
+  EXPECT_EQ(lwo_engine_synchronize(engine), LWO_ERR_CAPTURING);  // still joined
+  gpu->write(s, v.base, v.record_bytes);
+  std::memset(v.base, 0, v.record_bytes);  // adds nothing
+  ASSERT_LWO(lwo_grads_end(grads, 0, stream(s)));
+  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
+  void* g = caller_end(s);
+  ASSERT_NE(g, nullptr);
+  auto write_step = [&](uint64_t k) {
+    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+  };
+  // Announcements refused, nothing changed.
+  EXPECT_EQ(lwo_ring_capture_replay(ring, nullptr), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(msg(), "stream is NULL")) << msg();
+  gpu->caller_capture_begin(s2);
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s2)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "is capturing")) << msg();
+  gpu->graph_destroy(caller_end(s2));
+  ASSERT_LWO(lwo_ring_capture_begin(other, stream(s2)));
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "is capturing a CUDA graph")) << msg();
+  ASSERT_LWO(lwo_ring_capture_end(other, stream(s2), &graph));
+  ASSERT_LWO(lwo_graph_destroy(graph));
+  const lwo_grads_stats before = grads_stats(grads);
+  EXPECT_EQ(before.n_transfers, 0u);  // nothing announced
+  write_step(1);
+  ASSERT_LWO(replay(ring, g, s));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, ends, 1);
+  // A launch not announced.
+  ASSERT_LWO(lwo_grads_zero(grads));
+  write_step(2);
+  gpu->graph_launch(g, s);
+  EXPECT_EQ(lwo_grads_wait(grads), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_grads_wait: the gradient fence: gradient layer ")) << msg();
+  EXPECT_TRUE(contains(msg(), "launched without lwo_ring_capture_replay before it")) << msg();
+  EXPECT_TRUE(contains(msg(), "call lwo_grads_zero")) << msg();
+  EXPECT_EQ(lwo_grads_wait(grads), LWO_ERR_CAPTURING);  // until the zero
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "launched without lwo_ring_capture_replay")) << msg();
+  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 4);  // taken in: the first only
+  ASSERT_LWO(lwo_grads_zero(grads));
+  write_step(3);
+  ASSERT_LWO(replay(ring, g, s));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, ends, 3);
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
+  // A forward-only joined graph: the announcement is optional, and accepted.
+  g = capture_joined(ring, s, [&] { pass(ring, s, {0, 1, 2}); });
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(count_ops(gpu->graph_ops(), RecordingBackend::GraphOp::EventRecord), 0u);
+  gpu->graph_launch(g, s);
+  ASSERT_LWO(replay(ring, g, s));
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  // Everything is usable.
+  pass(ring, s, {1, 0}, pool);
+  ASSERT_LWO(lwo_grads_zero(grads));
+  const std::vector<GradEnd> eager =
+      train_step(ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(4, i, e); });
+  ASSERT_LWO(lwo_grads_wait(grads));
+  expect_host_grads(grads, pool, eager, 4);
+  ASSERT_LWO(lwo_grads_begin(other_grads, 1, stream(s2), &v));
+  gpu->write(s2, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_grads_end(other_grads, 1, stream(s2)));
+  ASSERT_LWO(lwo_grads_wait(other_grads));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(other_grads, grads, other, ring, other_pool, pool);
+}
+
+// The caller's capture of a training step ends without the leave, or is
+// invalidated: the leave is LWO_ERR_CAPTURING and drops the gradient set's
+// part with the ring's (its begun layer ends, its host state is as before the
+// capture), and the set takes gradients eagerly again.
+TEST_F(CaptureJoinTrain, ACallersCaptureEndedFirstDropsTheGradientSetsPart) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  gc.depth = 4;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  StreamH s = gpu->new_stream();
+  uint64_t k = 0;
+  for (const bool invalidate : {false, true}) {
+    SCOPED_TRACE(invalidate ? "invalidated" : "ended");
+    ASSERT_LWO(lwo_grads_zero(grads));
+    const std::vector<GradEnd> held = train_step(
+        ring, grads, s, 3, {2}, [&](size_t i, const GradEnd& e) { write_grad(++k, i, e); });
+    const lwo_grads_stats before = grads_stats(grads);
+    gpu->caller_capture_begin(s);
+    ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+    train_step(ring, grads, s, 3, {1}, [](size_t, const GradEnd&) {});
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &v));
+    if (invalidate) {
+      gpu->invalidate_capture();
+      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
+      EXPECT_TRUE(contains(msg(), "was invalidated before lwo_ring_capture_leave")) << msg();
+      EXPECT_THROW(gpu->caller_capture_end(s), Error);
+    } else {
+      EXPECT_THROW(gpu->caller_capture_end(s), Error);  // unjoined
+      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
+      EXPECT_TRUE(contains(msg(), "ended before lwo_ring_capture_leave")) << msg();
+    }
+    EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, held, k);  // as before the capture
+    const std::vector<GradEnd> ends = train_step(
+        ring, grads, s, 3, {1, 0}, [&](size_t i, const GradEnd& e) { write_grad(k + 1, i, e); });
+    ASSERT_LWO(lwo_grads_wait(grads));
+    expect_host_grads(grads, pool, ends, k + 1);
+    ++k;
+  }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(grads, ring, pool);
+}
+
 // The host-only test backend records no graphs: LWO_ERR_UNSUPPORTED, and the
 // ring stays usable.
 TEST(CaptureHost, TheHostOnlyBackendRecordsNoGraphs) {
