@@ -921,7 +921,7 @@ TEST_F(CaptureJoinTrain, AnnouncedReplaysOfAJoinedStepLandItsGradients) {
 // layer by that replay's gradients, and a replay whose host work comes late
 // updates nothing before it.
 TEST_F(CaptureJoinTrain, AnOptimizerUpdatesFromEachAnnouncedReplaysGradients) {
-  constexpr uint32_t kL = 3, kN = 4096;
+  constexpr uint32_t kL = 3, kN = 1u << 20;  // updates long enough to overlap a launch
   lwo_tensor_desc t = tensor("w", LWO_DTYPE_F32, {kN});
   std::vector<lwo_layer_desc> layers(kL, lwo_layer_desc{&t, 1, nullptr});
   lwo_pool* pool = nullptr;
@@ -961,14 +961,20 @@ TEST_F(CaptureJoinTrain, AnOptimizerUpdatesFromEachAnnouncedReplaysGradients) {
   lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
   p.lr = 1;
   p.weight_decay = 0;
+  for (size_t i = 0; i < ends.size(); ++i) write_grad(1, i, ends[i]);
   for (uint64_t k = 1; k <= 6; ++k) {
+    // Right after the last step began: its updates may still run.
     ASSERT_LWO(lwo_grads_zero(grads));
-    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
     gpu->pause_at_host_func = k == 2;
     ASSERT_LWO(replay(ring, g, s));
     // The replay copied the weights as the last step left them.
     for (uint32_t l = 0; l < kL; ++l)
       ASSERT_EQ(0, std::memcmp(slot[l], w[l].data(), kN * 4)) << "replay " << k << " layer " << l;
+    // The next backward's gradients, in the slots the replay copied down.
+    if (k != 2)
+      for (size_t i = 0; i < ends.size(); ++i) write_grad(k + 1, i, ends[i]);
+    for (size_t i = 0; i < ends.size(); ++i)  // what the step will write
+      for (uint32_t j = 0; j < kN; ++j) w[ends[i].layer][j] -= grad_value(k, i, j);
     p.step = k;
     ASSERT_LWO(lwo_optim_step(optim, &p));
     if (k == 2) {
@@ -980,9 +986,8 @@ TEST_F(CaptureJoinTrain, AnOptimizerUpdatesFromEachAnnouncedReplaysGradients) {
       EXPECT_EQ(done, 0u);
       gpu->pause_at_host_func = false;
       gpu->resume();
+      for (size_t i = 0; i < ends.size(); ++i) write_grad(k + 1, i, ends[i]);
     }
-    for (size_t i = 0; i < ends.size(); ++i)
-      for (uint32_t j = 0; j < kN; ++j) w[ends[i].layer][j] -= grad_value(k, i, j);
   }
   ASSERT_LWO(lwo_optim_wait(optim));
   for (uint32_t l = 0; l < kL; ++l) {
@@ -991,6 +996,59 @@ TEST_F(CaptureJoinTrain, AnOptimizerUpdatesFromEachAnnouncedReplaysGradients) {
     ASSERT_LWO(lwo_pool_layer_host(pool, l, &host, &bytes));
     EXPECT_EQ(0, std::memcmp(host, w[l].data(), kN * 4)) << "layer " << l;
   }
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  destroy(grads, ring, pool);
+}
+
+// An announced replay of a joined forward pass waits for the host
+// optimizer's writes of the layers it copies: each step's gradients end
+// eagerly (the set is not in the graph), SGD (lr 1) starts and the replay is
+// announced and launched at once; its copies hold the updated weights.
+TEST_F(CaptureJoinTrain, AnAnnouncedForwardReplayWaitsForTheOptimizersWrites) {
+  constexpr uint32_t kL = 2, kN = 1u << 20;  // updates long enough to overlap a launch
+  lwo_tensor_desc t = tensor("w", LWO_DTYPE_F32, {kN});
+  std::vector<lwo_layer_desc> layers(kL, lwo_layer_desc{&t, 1, nullptr});
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_pinned(engine, layers.data(), kL, nullptr, &pool));
+  std::vector<std::vector<float>> w(kL, std::vector<float>(kN, 0.0f));
+  for (uint32_t l = 0; l < kL; ++l) ASSERT_LWO(lwo_pool_write(pool, l, "w", w[l].data(), kN * 4));
+  lwo_ring* ring = make_ring(pool, kL);
+  lwo_grads* grads = nullptr;
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  StreamH s = gpu->new_stream();
+  std::vector<const uint8_t*> bases;
+  void* g = capture_joined(ring, s, [&] { bases = pass(ring, s, {0, 1}); });
+  ASSERT_NE(g, nullptr);
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 1;
+  p.weight_decay = 0;
+  for (uint64_t k = 1; k <= 4; ++k) {
+    ASSERT_LWO(lwo_grads_zero(grads));
+    for (uint32_t l = 0; l < kL; ++l) {
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_LWO(lwo_grads_begin(grads, l, stream(s), &v));
+      GradEnd e = grad_end(v);
+      gpu->write(s, v.base, v.record_bytes);
+      write_grad(k, l, e);
+      ASSERT_LWO(lwo_grads_end(grads, l, stream(s)));
+      for (uint32_t j = 0; j < kN; ++j) w[l][j] -= grad_value(k, l, j);
+    }
+    ASSERT_LWO(lwo_grads_wait(grads));
+    p.step = k;
+    ASSERT_LWO(lwo_optim_step(optim, &p));
+    ASSERT_LWO(replay(ring, g, s));
+    for (uint32_t l = 0; l < kL; ++l)
+      ASSERT_EQ(0, std::memcmp(bases[l], w[l].data(), kN * 4)) << "replay " << k << " layer " << l;
+  }
+  ASSERT_LWO(lwo_optim_wait(optim));
   gpu->graph_destroy(g);
   ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
