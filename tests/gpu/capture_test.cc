@@ -12,7 +12,9 @@
 // the host rewrote since the last. A pass captured inside a capture the test
 // begins itself in global mode, as torch.cuda.graph does
 // (lwo_ring_capture_join / _leave), replayed with cudaGraphLaunch alone, its
-// resident layers held until lwo_ring_capture_release.
+// resident layers held until lwo_ring_capture_release; and a training step
+// so joined, each launch announced (lwo_ring_capture_replay), with the host
+// optimizer stepping between replays.
 #include <cstdlib>
 #include <random>
 
@@ -130,12 +132,115 @@ class CaptureGpu : public GpuTest {
     return fetch(X_[kLayers - 1], kAct);
   }
 
+  // ---- A training step: forward, then backward with the weights' gradients ----
+  // Its output gradient DY_ (random) and each layer's input gradient DX_[l].
+  void train_buffers() {
+    const HostMat dy = random_mat(DT, size_t(kTokens * kDim), 0.05f, rng_);
+    DY_ = upload(dy.bytes);
+    for (uint32_t l = 0; l < kLayers; ++l) DX_.push_back(poisoned(kAct));
+  }
+  // The schedule's order: forward over the chain, then backward.
+  static std::vector<uint32_t> step_order() {
+    std::vector<uint32_t> order;
+    for (uint32_t l = 0; l < kLayers; ++l) order.push_back(l);
+    for (uint32_t l = kLayers; l-- > 0;) order.push_back(l);
+    return order;
+  }
+  // The step from resident weights: each layer's dW and db (bf16), and dx_0.
+  struct Step {
+    std::vector<std::vector<uint8_t>> dw, db;
+    std::vector<uint8_t> dx0;
+  };
+  Step resident_step() {
+    const cudaStream_t st = stream(0);
+    std::vector<testkit::DeviceMem> w, b, Y, dX, dW, dB;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      w.push_back(upload(W_[l].bytes));
+      b.push_back(upload(B_[l].bytes));
+      Y.push_back(poisoned(kAct));
+      dX.push_back(poisoned(kAct));
+      dW.push_back(poisoned(NW * 2));
+      dB.push_back(poisoned(NB * 2));
+      EXPECT_LWO_OK(lwo_linear_forward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                       w[l].get(), b[l].get(), Y[l].get(), st));
+    }
+    for (uint32_t l = kLayers; l-- > 0;)
+      EXPECT_LWO_OK(lwo_linear_backward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
+                                        l + 1 < kLayers ? dX[l + 1].get() : DY_.get(), w[l].get(),
+                                        dX[l].get(), dW[l].get(), dB[l].get(), DT, st));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+    Step r;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      r.dw.push_back(fetch(dW[l], NW * 2));
+      r.db.push_back(fetch(dB[l], NB * 2));
+    }
+    r.dx0 = fetch(dX[0], kAct);
+    return r;
+  }
+  // The host gradient of `name` as the resident step's bf16 bytes: itself, or
+  // widened to f32 (exact) where the set holds f32.
+  static std::vector<uint8_t> as_host(const std::vector<uint8_t>& bf16, lwo_dtype_t host) {
+    if (host == LWO_DTYPE_BF16) return bf16;
+    std::vector<uint8_t> f32(bf16.size() * 2);
+    for (size_t i = 0; i < bf16.size() / 2; ++i) {
+      const uint32_t bits = uint32_t(bf16[2 * i] | (bf16[2 * i + 1] << 8)) << 16;
+      std::memcpy(&f32[4 * i], &bits, 4);
+    }
+    return f32;
+  }
+  // One streamed step on st driven by `sch` (step_order()): forward, then
+  // backward with the gradients to `grads` (eager, or captured).
+  void streamed_step(lwo_schedule* sch, lwo_grads* grads, cudaStream_t st) {
+    CHECK_LWO(lwo_schedule_reset(sch, st));
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    for (uint32_t k = 0; k < kLayers; ++k) {
+      CHECK_LWO(lwo_schedule_next(sch, st, &v));
+      forward(v, st);
+    }
+    for (uint32_t k = 0; k < kLayers; ++k) {
+      CHECK_LWO(lwo_schedule_next(sch, st, &v));
+      const uint32_t l = v.layer;
+      lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+      CHECK_LWO(lwo_grads_begin(grads, l, st, &g));
+      CHECK_LWO(lwo_linear_backward(engine_, &desc_, kTokens, l ? X_[l - 1].get() : X0_.get(),
+                                    l + 1 < kLayers ? DX_[l + 1].get() : DY_.get(), v.tensors[0],
+                                    DX_[l].get(), g.tensors[0], g.tensors[1], DT, st));
+      CHECK_LWO(lwo_grads_end(grads, l, st));
+    }
+    lwo_status_t end = lwo_schedule_next(sch, st, &v);
+    EXPECT_EQ(end, LWO_END) << lwo_last_error_message();
+  }
+  // After a step: the host gradients and dx_0 against the resident step.
+  void check_step(lwo_grads* grads, const Step& want, cudaStream_t st, const char* what) {
+    CHECK_LWO(lwo_grads_wait(grads));
+    CUDA_OK(cudaStreamSynchronize(st));
+    ASSERT_EQ(fetch(DX_[0], kAct), want.dx0) << what << ": dx_0";
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (const char* name : {"weight", "bias"}) {
+        lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
+        CHECK_LWO(lwo_grads_tensor(grads, l, name, &gt));
+        const std::vector<uint8_t> ref = as_host(*name == 'w' ? want.dw[l] : want.db[l], gt.dtype);
+        ASSERT_EQ(ref.size(), gt.n_elements * lwo_dtype_size(gt.dtype));
+        ASSERT_EQ(0, std::memcmp(gt.data, ref.data(), ref.size()))
+            << what << ": layer " << l << " " << name;
+      }
+  }
+  // Poisoned activations and input gradients, and new sums in `grads`.
+  void fresh_train_buffers(lwo_grads* grads) {
+    poison();
+    for (testkit::DeviceMem& m : DX_) CUDA_OK(cudaMemset(m.get(), 0xff, kAct));
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK_LWO(lwo_grads_zero(grads));
+  }
+
   std::mt19937_64 rng_{fresh_seed() + 77};
   lwo_tensor_desc t_[2];
   testkit::Pool pool_;
   std::vector<HostMat> W_, B_;
   testkit::DeviceMem X0_;
   std::vector<testkit::DeviceMem> X_;
+  testkit::DeviceMem DY_;
+  std::vector<testkit::DeviceMem> DX_;
   const lwo_linear_desc desc_ = linear_desc();
 };
 
@@ -262,55 +367,8 @@ TEST_F(CaptureGpu, AScheduleDrivenForwardReplayedEqualsTheResidentChain) {
 // step computed from resident weights bit for bit.
 TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
   const cudaStream_t st = stream(0);
-  const HostMat dy = random_mat(DT, size_t(kTokens * kDim), 0.05f, rng_);
-  testkit::DeviceMem DY = upload(dy.bytes);
-  std::vector<testkit::DeviceMem> DX;
-  for (uint32_t l = 0; l < kLayers; ++l) DX.push_back(poisoned(kAct));
-  // The step from resident weights: each layer's dW and db (bf16), and dx_0.
-  struct Step {
-    std::vector<std::vector<uint8_t>> dw, db;
-    std::vector<uint8_t> dx0;
-  };
-  auto resident_step = [&] {
-    std::vector<testkit::DeviceMem> w, b, Y, dX, dW, dB;
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      w.push_back(upload(W_[l].bytes));
-      b.push_back(upload(B_[l].bytes));
-      Y.push_back(poisoned(kAct));
-      dX.push_back(poisoned(kAct));
-      dW.push_back(poisoned(NW * 2));
-      dB.push_back(poisoned(NB * 2));
-      EXPECT_LWO_OK(lwo_linear_forward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
-                                       w[l].get(), b[l].get(), Y[l].get(), st));
-    }
-    for (uint32_t l = kLayers; l-- > 0;)
-      EXPECT_LWO_OK(lwo_linear_backward(engine_, &desc_, kTokens, l ? Y[l - 1].get() : X0_.get(),
-                                        l + 1 < kLayers ? dX[l + 1].get() : DY.get(), w[l].get(),
-                                        dX[l].get(), dW[l].get(), dB[l].get(), DT, st));
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
-    Step r;
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      r.dw.push_back(fetch(dW[l], NW * 2));
-      r.db.push_back(fetch(dB[l], NB * 2));
-    }
-    r.dx0 = fetch(dX[0], kAct);
-    return r;
-  };
-  // The host gradient of `name` as the resident step's bf16 bytes: itself, or
-  // widened to f32 (exact) where the set holds f32.
-  auto as_host = [](const std::vector<uint8_t>& bf16, lwo_dtype_t host) {
-    if (host == LWO_DTYPE_BF16) return bf16;
-    std::vector<uint8_t> f32(bf16.size() * 2);
-    for (size_t i = 0; i < bf16.size() / 2; ++i) {
-      const uint32_t bits = uint32_t(bf16[2 * i] | (bf16[2 * i + 1] << 8)) << 16;
-      std::memcpy(&f32[4 * i], &bits, 4);
-    }
-    return f32;
-  };
-  std::vector<uint32_t> order;
-  for (uint32_t l = 0; l < kLayers; ++l) order.push_back(l);
-  for (uint32_t l = kLayers; l-- > 0;) order.push_back(l);
-
+  train_buffers();
+  const std::vector<uint32_t> order = step_order();
   for (uint32_t flags : {0u, uint32_t(LWO_GRADS_NATIVE_WIRE)}) {
     SCOPED_TRACE(flags ? "f32 host gradients" : "bf16 host gradients");
     Ring ring;
@@ -322,48 +380,11 @@ TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
     CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
     testkit::Schedule sch;
     CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), uint32_t(order.size()), sch.out()));
-    // One streamed step on st: forward, then backward with the gradients.
-    auto step = [&] {
-      CHECK_LWO(lwo_schedule_reset(sch.get(), st));
-      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      for (uint32_t k = 0; k < kLayers; ++k) {
-        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
-        forward(v, st);
-      }
-      for (uint32_t k = 0; k < kLayers; ++k) {
-        CHECK_LWO(lwo_schedule_next(sch.get(), st, &v));
-        const uint32_t l = v.layer;
-        lwo_layer_view g = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_grads_begin(grads.get(), l, st, &g));
-        CHECK_LWO(lwo_linear_backward(engine_, &desc_, kTokens, l ? X_[l - 1].get() : X0_.get(),
-                                      l + 1 < kLayers ? DX[l + 1].get() : DY.get(), v.tensors[0],
-                                      DX[l].get(), g.tensors[0], g.tensors[1], DT, st));
-        CHECK_LWO(lwo_grads_end(grads.get(), l, st));
-      }
-      lwo_status_t end = lwo_schedule_next(sch.get(), st, &v);
-      EXPECT_EQ(end, LWO_END) << lwo_last_error_message();
-    };
-    // After a step: the host gradients and dx_0 against the resident step.
+    auto step = [&] { streamed_step(sch.get(), grads.get(), st); };
     auto check = [&](const Step& want, const char* what) {
-      CHECK_LWO(lwo_grads_wait(grads.get()));
-      CUDA_OK(cudaStreamSynchronize(st));
-      ASSERT_EQ(fetch(DX[0], kAct), want.dx0) << what << ": dx_0";
-      for (uint32_t l = 0; l < kLayers; ++l)
-        for (const char* name : {"weight", "bias"}) {
-          lwo_grad_tensor gt = LWO_GRAD_TENSOR_INIT;
-          CHECK_LWO(lwo_grads_tensor(grads.get(), l, name, &gt));
-          const std::vector<uint8_t> ref = as_host(*name == 'w' ? want.dw[l] : want.db[l], gt.dtype);
-          ASSERT_EQ(ref.size(), gt.n_elements * lwo_dtype_size(gt.dtype));
-          ASSERT_EQ(0, std::memcmp(gt.data, ref.data(), ref.size()))
-              << what << ": layer " << l << " " << name;
-        }
+      check_step(grads.get(), want, st, what);
     };
-    auto fresh_buffers = [&] {
-      poison();
-      for (testkit::DeviceMem& m : DX) CUDA_OK(cudaMemset(m.get(), 0xff, kAct));
-      CUDA_OK(cudaDeviceSynchronize());
-      CHECK_LWO(lwo_grads_zero(grads.get()));
-    };
+    auto fresh_buffers = [&] { fresh_train_buffers(grads.get()); };
     Step want = resident_step();
     fresh_buffers();
     step();  // eager first: the compute's plans are made outside the capture
@@ -514,6 +535,100 @@ TEST_F(CaptureGpu, AJoinedForwardReplayedByCudaGraphLaunchEqualsTheResidentChain
   poison();
   hand_pass(ring.get(), st);
   ASSERT_EQ(output(st), want) << "eager pass after the release";
+}
+
+// A training step in the caller's own capture (cudaStreamBeginCapture in
+// global mode, as torch.cuda.graph begins it) with lwo's ring and gradient
+// set joined into it (lwo_ring_capture_join / _leave; f32 host gradients):
+// the schedule-driven step of ACapturedTrainingStepsGradientsEqualTheResidentStep,
+// instantiated by the test and replayed by cudaGraphLaunch, each launch
+// announced first (lwo_ring_capture_replay). The host optimizer (SGD) steps
+// after each replay as in eager training, writing new weights into the pool
+// that the next replay copies; over the replays every gradient and the input
+// gradient equal the step computed from resident copies of the pool's
+// weights bit for bit, and the weights move. After lwo_ring_capture_release
+// an eager step equals it again.
+TEST_F(CaptureGpu, AJoinedTrainingStepReplayedByCudaGraphLaunchEqualsTheResidentStep) {
+  const cudaStream_t st = stream(0);
+  train_buffers();
+  const std::vector<uint32_t> order = step_order();
+  Ring ring;
+  create_ring(pool_.get(), 2, 0, &ring);
+  if (HasFatalFailure()) return;
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_NATIVE_WIRE;
+  testkit::Grads grads;
+  CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  CHECK_LWO(lwo_optim_create(grads.get(), &oc, &optim));
+  auto destroy_optim = defer([&] { EXPECT_LWO_OK(lwo_optim_destroy(optim)); });
+  testkit::Schedule sch;
+  CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), uint32_t(order.size()), sch.out()));
+  // W_ and B_ from the pool, as the optimizer left it.
+  auto read_back = [&] {
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (HostMat* m : {&W_[l], &B_[l]}) {
+        void* p = nullptr;
+        uint64_t n = 0;
+        CHECK_LWO(lwo_pool_tensor_host(pool_.get(), l, m == &W_[l] ? "weight" : "bias", &p, &n));
+        ASSERT_EQ(n, m->bytes.size());
+        std::memcpy(m->bytes.data(), p, n);
+      }
+  };
+  Step want = resident_step();
+  fresh_train_buffers(grads.get());
+  streamed_step(sch.get(), grads.get(), st);  // eager first: plans outside the capture
+  check_step(grads.get(), want, st, "eager step");
+  if (HasFatalFailure()) return;
+
+  CHECK_LWO(lwo_grads_zero(grads.get()));
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  CHECK_LWO(lwo_ring_capture_join(ring.get(), st));
+  streamed_step(sch.get(), grads.get(), st);
+  CHECK_LWO(lwo_ring_capture_leave(ring.get(), st));
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+  CUDA_OK(cudaGraphDestroy(g));
+  CUDA_OK(inst);
+  auto destroy_exec = defer([&] {
+    if (exec) {
+      EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+      EXPECT_LWO_OK(lwo_ring_capture_release(ring.get(), st));
+    }
+  });
+  const std::vector<uint8_t> w0 = W_[0].bytes;
+  lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
+  p.lr = 0.01f;
+  p.weight_decay = 0;
+  const uint32_t replays = std::min(step_replays(), 20u);
+  for (uint32_t k = 0; k < replays; ++k) {
+    fresh_train_buffers(grads.get());
+    CHECK_LWO(lwo_ring_capture_replay(ring.get(), st));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    check_step(grads.get(), want, st, "replay");
+    if (HasFatalFailure()) {
+      ADD_FAILURE() << "replay " << k;
+      return;
+    }
+    p.step = k + 1;
+    CHECK_LWO(lwo_optim_step(optim, &p));
+    CHECK_LWO(lwo_optim_wait(optim));
+    read_back();
+    if (HasFatalFailure()) return;
+    want = resident_step();
+  }
+  EXPECT_NE(W_[0].bytes, w0) << "the optimizer moved no weight";
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  exec = nullptr;
+  CHECK_LWO(lwo_ring_capture_release(ring.get(), st));
+  fresh_train_buffers(grads.get());
+  streamed_step(sch.get(), grads.get(), st);
+  check_step(grads.get(), want, st, "eager step after the release");
 }
 
 // During a capture, calls that wait or query are LWO_ERR_CAPTURING, and a

@@ -852,8 +852,8 @@ TEST_F(CaptureJoinTrain, AnnouncedReplaysOfAJoinedStepLandItsGradients) {
   const std::vector<uint32_t> bwd = {2, 1, 1, 0};
   auto eager_step = [&](uint64_t k) {
     ASSERT_LWO(lwo_grads_zero(grads));
-    const std::vector<GradEnd> ends =
-        train_step(ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
+    const std::vector<GradEnd> ends = train_step(
+        ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
     ASSERT_LWO(lwo_grads_wait(grads));
     expect_host_grads(grads, pool, ends, k);
   };
