@@ -719,6 +719,7 @@ FUNCTIONS = {
     "lwo_graph_destroy": (_S, [lwo_graph_p]),
     "lwo_ring_capture_join": (_S, [lwo_ring_p, lwo_stream_t]),
     "lwo_ring_capture_leave": (_S, [lwo_ring_p, lwo_stream_t]),
+    "lwo_ring_capture_replay": (_S, [lwo_ring_p, lwo_stream_t]),
     "lwo_ring_capture_release": (_S, [lwo_ring_p, lwo_stream_t]),
     # schedules
     "lwo_schedule_create": (_S, [lwo_ring_p, _P(_u32), _u32, _P(lwo_schedule_p)]),

@@ -207,6 +207,9 @@ class _Ring(_HotCalls):
     def capture_leave(self, stream):
         check(_lib.lwo_ring_capture_leave(self._h, stream))
 
+    def capture_replay(self, stream):
+        check(_lib.lwo_ring_capture_replay(self._h, stream))
+
     def capture_release(self, stream):
         check(_lib.lwo_ring_capture_release(self._h, stream))
 
