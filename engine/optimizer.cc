@@ -175,7 +175,15 @@ void Optimizer::check_idle(const char* what) {
          static_cast<unsigned long long>(last_step_));
 }
 
+// A step or an open step's add or close takes the layers' last gradient ends,
+// which in a capture under way are ends that never land (the capture runs
+// nothing): LWO_ERR_CAPTURING until it ends; step after each replay instead.
+static void check_not_capturing(Grads& grads, const char* what) {
+  grads.pool().engine().check_not_capturing(what);
+}
+
 void Optimizer::step(const lwo_optim_step_params* groups, uint32_t n_groups, bool open) {
+  check_not_capturing(grads_, open ? "opening an optimizer step" : "an optimizer step");
   if (n_groups == 0) fail(LWO_ERR_INVALID_ARGUMENT, "n_groups is 0 (at least one set)");
   const bool adam = cfg_.kind == LWO_OPTIM_ADAMW;
   for (uint32_t gi = 0; gi < n_groups; ++gi) {
@@ -276,6 +284,7 @@ Optimizer::Job Optimizer::take(uint32_t layer, const char* call) {
 }
 
 void Optimizer::add(uint32_t layer) {
+  check_not_capturing(grads_, "adding a layer to the open step");
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!open_)
@@ -287,6 +296,7 @@ void Optimizer::add(uint32_t layer) {
 }
 
 void Optimizer::close() {
+  check_not_capturing(grads_, "closing the open step");
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!open_)

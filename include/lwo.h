@@ -1624,7 +1624,9 @@ LWO_API void lwo_optim_step_params_init(lwo_optim_step_params* params);
  * With LWO_OPTIM_DELAYED the call first waits for the previous step's
  * updates instead (they run on through the next forward and backward).
  * LWO_ERR_BUSY, starting nothing, if a layer it would update is held as for
- * lwo_pool_write (since 0.6.0). */
+ * lwo_pool_write (since 0.6.0). LWO_ERR_CAPTURING, starting nothing, while a
+ * ring of the engine captures (since 0.6.0: the captured gradient ends never
+ * land; step after each replay). */
 LWO_API lwo_status_t lwo_optim_step(lwo_optim* optim, const lwo_optim_step_params* params);
 
 /* Since 0.6.0: hyperparameter groups, as PyTorch's param_groups. Each tensor
@@ -1666,7 +1668,8 @@ LWO_API lwo_status_t lwo_optim_step_groups(lwo_optim* optim, const lwo_optim_ste
  * or lwo_grads_zero; LWO_ERR_OUT_OF_RANGE, LWO_ERR_INVALID_ARGUMENT (frozen).
  * lwo_optim_step_close: LWO_ERR_TICKET_STATE if no step is open. Each is
  * LWO_ERR_BUSY, taking nothing, for a layer held as for lwo_pool_write (an
- * open step stays open). */
+ * open step stays open), and LWO_ERR_CAPTURING while a ring of the engine
+ * captures (as lwo_optim_step). */
 LWO_API lwo_status_t lwo_optim_step_open(lwo_optim* optim, const lwo_optim_step_params* params,
                                          uint32_t n_groups);
 LWO_API lwo_status_t lwo_optim_step_add(lwo_optim* optim, uint32_t layer);

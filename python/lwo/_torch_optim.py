@@ -441,6 +441,14 @@ class _Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._classify()
+        for b in self._bindings.values():
+            j = b.handle._joined
+            if j is not None:
+                raise StateError(C.LWO_ERR_CAPTURING, (
+                    "lwo.torch.optim: step() in a CUDA graph capture (stream 0x%x) of a "
+                    "streamed model: lwo's optimizer updates the weights on the host, "
+                    "which a graph does not replay; step after each replay instead "
+                    "(graph.replay(); optimizer.step())") % (j.stream or 0))
         n = self._n_steps + 1
         hyper = self._streamed_hyper()
         resident = [p for g in (self._inner_params or []) for p in g if p.grad is not None]

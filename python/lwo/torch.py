@@ -1138,7 +1138,7 @@ class _GraphHold:
     graph (torch's rule for them); `graph` is a weak reference."""
 
     __slots__ = ("handle", "graph", "stream", "state", "streams", "watch", "planner", "stats",
-                 "error", "why", "gone", "unhook")
+                 "error", "why", "gone", "unhook", "train", "fresh", "got")
 
     def __init__(self, handle, graph, stream):
         self.handle = handle
@@ -1153,6 +1153,9 @@ class _GraphHold:
         self.why = None          # what released the ring
         self.gone = False        # the graph was collected or reset
         self.unhook = None       # removes the graph's replay start hook (_graph_callbacks)
+        self.train = False       # a training step: its gradients' host side at each replay
+        self.fresh = False       # ... captured on new sums (each replay starts new ones)
+        self.got = set()         # ... the modules whose gradients it sends
 
     def replay_started(self, graph):
         """torch's replay start hook of the graph: refuses a replay that would
@@ -1179,6 +1182,8 @@ class _GraphHold:
                         "quantized in the pool from its parameter at its stage"
                         if rec.quantized else "a checkpoint's record"))
         st = h._cur_stream(h._dev_index)
+        if self.train:
+            h._replay_step(self, st)
         s = self.streams
         if not s or s[-1] != st:
             if st in s:
@@ -1693,8 +1698,10 @@ class Offload:
         planner.observe(rec.index, grad, _graph_task_id() != -1)
         if not grad:
             rec.unsafe = True  # its node count is unsure in this step (see _end_span)
-        elif self._joined is not None:
-            self._refuse_in_capture(s, "a forward whose output needs a gradient")
+        elif self._joined is not None and not self._joined.train:
+            self._refuse_in_capture(s, "a forward whose output needs a gradient, after the "
+                                    "capture's first streamed module ran without one (a "
+                                    "training step's sums start at its first)")
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         return rec
@@ -2239,8 +2246,9 @@ class Offload:
         task = _graph_task_id()
         if task in self._cb_tasks:
             return
+        captured = False
         if self._cap_check:
-            self._capture_backward()
+            captured = self._capture_backward()
         elif self._cap_guard and _capturing():
             self._refuse_unjoined(None)
         first = not self._cb_tasks
@@ -2248,6 +2256,12 @@ class Offload:
         if task != -1:
             torch.autograd.Variable._execution_engine.queue_callback(
                 lambda: self._backward_ended(task))
+        if first and captured:
+            # In the capture: the sums started at the join; lwo.torch.optim
+            # steps after each replay (its in_backward step is not captured).
+            self._pass_layers = set()
+            self._open_optims = ()
+            return
         if first:
             self._pass_layers = set()
             if self.grads is not None:
@@ -2264,21 +2278,22 @@ class Offload:
     def _start_sums(self):
         """At the start of a backward pass: a param.grad set to None since
         the last pass starts a new sum; one replaced by another tensor is
-        copied in (PyTorch would add to it)."""
+        copied in (PyTorch would add to it). True if every sum starts anew
+        (a zero)."""
         exposed = self._exposed
         if not exposed:
             if self._got_grad:
                 self.grads.zero()
                 self._got_grad.clear()
                 self._carry.clear()
-            return
+            return True
         nones = [p for p, t in exposed.items() if p.grad is None]
         if len(nones) == len(exposed):
             self.grads.zero()
             exposed.clear()
             self._got_grad.clear()
             self._carry.clear()
-            return
+            return True
         waited = False
         zeroed = set()
         for p, t in list(exposed.items()):
@@ -2303,6 +2318,38 @@ class Offload:
                 ps = [q for q in (s.weight, s.bias) if q is not None and q.requires_grad]
                 if ps and all(q in zeroed for q in ps):
                     self._got_grad.discard(s)
+        return False
+
+    def _sums_uniform(self):
+        """Whether every exposed param.grad is None, or none is (what a
+        captured training step's replays can repeat)."""
+        nones = sum(1 for p in self._exposed if p.grad is None)
+        return nones in (0, len(self._exposed))
+
+    def _replay_step(self, hold, stream):
+        """Before each replay of a captured training step (the graph's replay
+        start hook): the sums start anew where the capture's did
+        (lwo_grads_zero, whatever param.grad holds: the replay overwrites
+        them, as torch's graphed backward does), then the replay's host side
+        (lwo_ring_capture_replay: the optimizer's waits, the gradient ends'
+        serials, refusing a replay that would land its gradients wrongly).
+        Its gradients are read after the fence (handle.synchronize(), or
+        lwo.torch.optim's step, which waits for each layer)."""
+        if self.grads is not None and hold.fresh:
+            self.grads.zero()
+            self._got_grad.clear()
+            self._carry.clear()
+        try:
+            self.ring.capture_replay(stream)
+            self._got_grad |= hold.got
+            self._expose_grads()  # param.grad set to None since: the replay's sums again
+        except Error as e:
+            raise type(e)(e.status, (
+                "lwo.torch: torch.cuda.CUDAGraph.replay of a captured training step: %s%s") % (
+                    e.message, "" if hold.fresh else " (the step was captured adding to the "
+                    "sums of earlier passes, so each replay adds too: do not zero the "
+                    "gradients between its replays, or capture after optimizer.zero_grad())"
+                )) from None
 
     def _backward_ended(self, task):
         self._cb_tasks.discard(task)
@@ -2317,6 +2364,14 @@ class Offload:
                 rec.unsafe = False
         self._release_all()
         self.planner.end()
+        if self._joined is not None:
+            # A captured backward: nothing is waited for or timed in the
+            # capture; param.grad is the host sums' view from here, which each
+            # replay fills (read them after the fence), and lwo.torch.optim
+            # steps after each replay.
+            self._joined.got |= self._got_grad
+            self._expose_grads()
+            return
         ev = self._step_events
         if ev and ev[-1][2] is None:
             ev[-1][0] = "train"
@@ -2338,6 +2393,12 @@ class Offload:
                         t = self._grad_view(layer, name)
                         t.copy_((t.float() + c.float()).to(t.dtype))
                 self._carry.clear()
+            self._expose_grads()
+
+    def _expose_grads(self):
+        """param.grad of each module that got a gradient: its view of the
+        host sums."""
+        if self.grads is not None and self._got_grad:
             for s in list(self._got_grad):
                 for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                     if p is None or not p.requires_grad:
@@ -2491,8 +2552,10 @@ class Offload:
         planner.observe(rec.index, grad, _graph_task_id() != -1)
         if not grad:
             rec.unsafe = True  # its node count is unsure in this step (see _end_span)
-        elif self._joined is not None:
-            self._refuse_in_capture(s, "a forward whose output needs a gradient")
+        elif self._joined is not None and not self._joined.train:
+            self._refuse_in_capture(s, "a forward whose output needs a gradient, after the "
+                                    "capture's first streamed module ran without one (a "
+                                    "training step's sums start at its first)")
         if between or planner.steps != self._steps_seen:
             rec = self._new_step(s, grad)
         stream = self._cur_stream(self._dev_index)
@@ -2673,8 +2736,10 @@ class Offload:
             if stream != j.stream or not _capturing():
                 self._refuse_in_capture(s, "a call on stream 0x%x outside the capture" % (
                     stream or 0))
-            if grad:
-                self._refuse_in_capture(s, "a forward whose output needs a gradient")
+            if grad and not j.train:
+                self._refuse_in_capture(s, "a forward whose output needs a gradient, after "
+                                        "the capture's first streamed module ran without one "
+                                        "(a training step's sums start at its first)")
             self._steps_seen = planner.steps  # another pass in the same capture
             return s.record
         if not _capturing():
@@ -2726,12 +2791,12 @@ class Offload:
                    "graph, graph.reset() or handle.release_graph())%s" % (
                        hold.stream or 0, ": it was dropped, and its release waits for its stream "
                        "to capture no more" if hold.gone else ""))
-        elif grad:
-            why = (C.LWO_ERR_UNSUPPORTED, "a forward whose output needs a gradient: lwo.torch "
-                   "captures forward passes only (a training step's gradients need lwo's host "
-                   "work at each replay, which a torch graph cannot run); capture under "
-                   "torch.no_grad() or torch.inference_mode(), with inputs and streamed "
-                   "parameters that need no gradient")
+        elif grad and self.grads is not None and not self._sums_uniform():
+            why = (C.LWO_ERR_UNSUPPORTED, "a training step whose streamed parameters' grad "
+                   "is None for some and a sum for others: each replay starts new sums, or "
+                   "adds to them, as the capture did, for every parameter alike; set every "
+                   "streamed parameter's grad to None (optimizer.zero_grad()) before the "
+                   "capture, or none")
         elif self._timing:
             why = (C.LWO_ERR_UNSUPPORTED, "the handle was made with offload(timing=True), whose "
                    "ring timing is read on the host: a timed ring cannot be captured")
@@ -2800,6 +2865,13 @@ class Offload:
         hold = _GraphHold(self, graph, stream)
         hold.planner = saved
         hold.stats = self._stats_on
+        if grad:
+            # A training step: its sums start here, outside the ring's part of
+            # the capture (lwo's waits of the gradient fence are not captured),
+            # as they would at its backward pass; each replay does the same.
+            hold.train = True
+            if self.grads is not None:
+                hold.fresh = self._start_sums()
         self._stats_on = False
         try:
             self.ring.capture_join(stream)
@@ -2843,7 +2915,7 @@ class Offload:
         from here (released as its capture ends, its replays refused)."""
         j = self._joined
         msg = ("lwo.torch: %s %r (record %d) in a CUDA graph capture on stream 0x%x: %s: "
-               "lwo.torch captures forward passes that need no gradient, on the capture's "
+               "lwo.torch captures forward passes, and training steps, on the capture's "
                "stream; this capture's graph will not replay") % (
                    s.kind, s.name, s.record.index, (j.stream if j else 0) or 0, what)
         if j is not None and j.error is None:
@@ -2851,17 +2923,23 @@ class Offload:
         raise ArgumentError(C.LWO_ERR_UNSUPPORTED, msg)
 
     def _capture_backward(self):
-        """A backward pass begins while _cap_check is set: refused in a
-        capture (lwo's gradient path cannot be replayed by a torch graph) and
-        while a graph holds the ring."""
+        """A backward pass begins while _cap_check is set. In the capture the
+        ring joined with a training step's forward: captured (True), its
+        gradients' host side done at each replay (_replay_step). Refused in
+        another capture (one the ring is not in, or after a forward that
+        needed no gradient) and while a graph holds the ring."""
         j = self._joined
-        capturing = j is not None or _capturing()
-        if capturing:
+        if j is not None and j.train and _capturing():
+            return True
+        if j is not None or _capturing():
             msg = ("lwo.torch: a backward pass through streamed modules in a CUDA graph "
-                   "capture: training steps are not captured (lwo's weight gradients need "
-                   "host work at each replay, which a graph torch replays cannot run; "
-                   "make_graphed_callables captures a backward and is refused likewise); "
-                   "capture forward passes under torch.no_grad()")
+                   "capture %s: lwo.torch captures a whole training step in one graph "
+                   "(torch.cuda.graph around forward and backward, the forward needing a "
+                   "gradient; make_graphed_callables captures the backward as a second "
+                   "graph while the first holds the ring, and is refused), or forward passes "
+                   "under torch.no_grad()") % (
+                       "whose forward needed no gradient" if j is not None else
+                       "that lwo.torch's ring is not in")
             if j is not None and j.error is None:
                 j.error = msg
             raise ArgumentError(C.LWO_ERR_UNSUPPORTED, msg)
@@ -3053,8 +3131,12 @@ class Offload:
         self._got_grad.clear()
 
     def synchronize(self):
-        """Waits for every copy and computation of the handle's engine."""
+        """Waits for every copy and computation of the handle's engine, and
+        for the gradients (the fence: after a replay of a captured training
+        step, param.grad holds its sums from here)."""
         self.backend.synchronize()
+        if self.grads is not None and self._joined is None:
+            self.grads.wait()
 
     def stats(self, reset=False):
         """The ring's and the gradient set's statistics (lwo_ring_stats,

@@ -14,10 +14,10 @@ captures runs on both of lwo.torch's ways of learning of a capture (the
   2.10 to 2.13 (capture_begin, capture_end, replay, reset and nothing more),
   which lwo.torch wraps at offload().
 
-CaptureRing plays the library's lwo_ring_capture_join / _leave / _release
-over the real ring (each call logged, with the library's refusals: a live
-ticket at a join or a leave, stages, acquires and releases while a graph
-holds the ring). Stages, acquires, releases and the compute are the real
+CaptureRing plays the library's lwo_ring_capture_join / _leave / _replay /
+_release over the real ring (each call logged, with the library's refusals: a
+live ticket at a join or a leave, stages, acquires and releases while a graph
+holds the ring, an announcement with no graph held). Stages, acquires, releases and the compute are the real
 library's on the host backend, eager, so a "captured" pass computes its
 output. The real captures and replays run in test_torch_gpu.py. Skipped
 without torch."""
@@ -191,6 +191,17 @@ class CaptureRing(host_lwo.Ring):
         self.mode = "held"
         self.log.append(("leave", stream))
         self.state.log.append("leave")
+
+    def capture_replay(self, stream):
+        if self.mode != "held":
+            raise lwo.StateError(C.LWO_ERR_CAPTURING, "lwo_ring_capture_replay: the ring "
+                                 "belongs to no CUDA graph the caller captured (stand-in)")
+        if self.refuse_replay is not None:  # the library's check of the gradient sums
+            raise lwo.StateError(C.LWO_ERR_TICKET_STATE, self.refuse_replay)
+        self.log.append(("replay", stream))
+        self.state.log.append("replay")
+
+    refuse_replay = None
 
     def capture_release(self, stream):
         if self.mode != "held":
@@ -461,33 +472,144 @@ def test_a_second_graph_is_refused_while_the_first_holds_the_ring(state):
     assert h.cuda_graph is g3
 
 
-def test_a_forward_that_needs_a_gradient_is_not_captured(state):
+def train_step(m, x):
+    loss = m(x).square().sum()
+    loss.backward()
+    return loss
+
+
+def grads_of(m):
+    return [None if p.grad is None else p.grad.detach().clone() for p in m.parameters()]
+
+
+def test_a_training_step_is_captured_and_each_replay_is_announced(state):
     m = mlp(frozen=False)
     ref = copy.deepcopy(m)
     h, be = offload(m, state)
     ring = be.rings[-1]
     x = torch.randn(5, 12)
+    train_step(m, x)  # eager first, as on a GPU
+    m.zero_grad(set_to_none=True)
+    n0, g0 = len(ring.log), len(h.grads.log)
+    g = new_graph(state)
+    with capture(g):
+        train_step(m, x)
+    assert state.log == ["torch begin", "join", "leave", "torch end"]
+    kinds = [c[0] for c in ring.log[n0:]]
+    j = kinds.index("join")
+    assert set(kinds[:j]) <= {"release"} and kinds[-1] == "leave" and kinds.count("leave") == 1
+    # the backward's stages are in the capture, before the leave
+    assert sorted(c[1] for c in ring.log[n0 + j:] if c[0] == "stage") == [0, 0, 1, 1, 2, 2]
+    # the sums start at the join, outside the ring's part of the capture: no
+    # fence in it (the stand-in ran the step: the fence is handle.synchronize())
+    glog = h.grads.log[g0:]
+    assert glog[0] == ("zero",) and ("wait",) not in glog, glog
+    assert sorted(c[1] for c in glog if c[0] == "end") == [0, 1, 2]
+    assert h.cuda_graph is g and all(p.grad is not None for p in m.parameters())
+    h.synchronize()
+    assert h.grads.log[-1] == ("wait",)
+    train_step(ref, x)
+    for got, want in zip(grads_of(m), grads_of(ref)):
+        assert torch.allclose(got, want, atol=1e-4)
+    # each replay: the sums start anew, then the replay is announced, on its stream
+    for k, st in enumerate((CAPTURE_STREAM, 0x20)):
+        state.stream = st
+        m.zero_grad(set_to_none=True)  # the replay sets param.grad again
+        n1, g1 = len(ring.log), len(h.grads.log)
+        g.replay()
+        assert ring.log[n1:] == [("replay", st)]
+        assert h.grads.log[g1:] == [("zero",)]
+        assert all(p.grad is not None for p in m.parameters()), k
+    state.stream = CAPTURE_STREAM
+    g.reset()
+    assert ring.log[-1][0] == "release_graph"
+    # eager training goes on, right
+    m.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    train_step(m, x)
+    train_step(ref, x)
+    for got, want in zip(grads_of(m), grads_of(ref)):
+        assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_a_step_captured_on_running_sums_adds_at_each_replay(state):
+    m = mlp(frozen=False)
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    train_step(m, x)  # param.grad holds the sums: the capture adds to them
+    g0 = len(h.grads.log)
+    g = new_graph(state)
+    with capture(g):
+        train_step(m, x)
+    assert ("zero",) not in h.grads.log[g0:]
+    g1 = len(h.grads.log)
+    g.replay()
+    assert ("zero",) not in h.grads.log[g1:] and ring.log[-1] == ("replay", CAPTURE_STREAM)
+    # the library refuses a replay whose sums are not as at the capture: the
+    # message says how the replays of this graph go
+    ring.refuse_replay = "lwo_ring_capture_replay: gradient layer 0 was zeroed (stand-in)"
+    with pytest.raises(lwo.StateError) as e:
+        g.replay()
+    assert e.value.status == C.LWO_ERR_TICKET_STATE
+    msg = str(e.value)
+    assert "captured training step" in msg and "each replay adds too" in msg, msg
+    ring.refuse_replay = None
+    g.replay()
+    g.reset()
+    assert ring.log[-1][0] == "release_graph"
+
+
+def test_a_training_capture_with_some_gradients_set_to_none_is_refused(state):
+    m = mlp(frozen=False)
+    h, be = offload(m, state)
+    ring = be.rings[-1]
+    x = torch.randn(5, 12)
+    train_step(m, x)
+    m[0].weight.grad = None  # and the others keep their sums
     n0 = len(ring.log)
     g = new_graph(state)
     with pytest.raises(lwo.ArgumentError) as e:
         with capture(g):
-            m(x)
+            train_step(m, x)
     assert e.value.status == C.LWO_ERR_UNSUPPORTED
-    msg = str(e.value)
-    assert "needs a gradient" in msg and "torch.no_grad()" in msg and "linear '0'" in msg, msg
-    assert "join" not in [c[0] for c in ring.log[n0:]]
-    assert state.log == ["torch begin", "torch end"] and h.cuda_graph is None
-    # training goes on eagerly, right
-    opt, opt_r = (torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, ref))
-    for _ in range(2):
-        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-        ya, yb = m(xa), ref(xb)
-        assert torch.allclose(ya, yb, atol=1e-5)
-        ya.square().sum().backward()
-        yb.square().sum().backward()
-        for p, q in zip(m.parameters(), ref.parameters()):
-            assert torch.allclose(p.grad, q.grad, atol=1e-5)
-        opt.step(); opt_r.step(); opt.zero_grad(); opt_r.zero_grad()
+    assert "optimizer.zero_grad()" in str(e.value), str(e.value)
+    assert "join" not in [c[0] for c in ring.log[n0:]] and h.cuda_graph is None
+    m.zero_grad(set_to_none=True)
+    train_step(m, x)  # eagerly, as before
+    assert m[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_lwo_optim_steps_after_each_replay_not_in_the_capture(state, in_backward):
+    from lwo.torch import optim as lopt
+    m = mlp(frozen=False)
+    h, be = offload(m, state)
+    x = torch.randn(5, 12)
+    opt = lopt.SGD(m.parameters(), lr=0.01, in_backward=in_backward)
+    train_step(m, x)
+    opt.step()
+    opt.zero_grad()
+    b = opt._bindings[h]
+    steps, log = b.lwo.n_steps, list(b.lwo.log)
+    g = new_graph(state)
+    with capture(g):
+        train_step(m, x)
+        with pytest.raises(lwo.StateError) as e:
+            opt.step()
+    assert e.value.status == C.LWO_ERR_CAPTURING
+    assert "after each replay" in str(e.value), str(e.value)
+    # in_backward: no step opened or started in the capture
+    assert not b.open and not b.started and b.lwo.log == log and b.lwo.n_steps == steps
+    for k in range(2):
+        g.replay()
+        opt.step()  # lwo's step on the replay's gradients (it waits for each layer)
+        assert b.lwo.n_steps == steps + k + 1 and b.lwo.log == log
+        opt.synchronize()
+    g.reset()
+    train_step(m, x)  # eager again
+    opt.step()
+    assert b.lwo.n_steps == steps + 3
 
 
 def test_a_backward_in_a_capture_is_refused(state):

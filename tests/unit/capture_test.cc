@@ -1061,7 +1061,8 @@ TEST_F(CaptureJoinTrain, AnAnnouncedForwardReplayWaitsForTheOptimizersWrites) {
 // during the capture, for an lwo_graph), on NULL, on a stream that captures,
 // while another ring captures; a leave with a gradient layer begun
 // (LWO_ERR_TICKET_STATE; ended in the capture, then left); a set of another
-// pool in the capture (LWO_ERR_CAPTURING). A launch the caller did not
+// pool in the capture, and an optimizer step (LWO_ERR_CAPTURING: it steps
+// after the replay). A launch the caller did not
 // announce: nothing of it is taken in, and lwo_grads_wait and the next
 // announcement are LWO_ERR_CAPTURING naming lwo_ring_capture_replay until
 // lwo_grads_zero, after which announced replays land again. A forward-only
@@ -1077,6 +1078,10 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
   lwo_grads *grads = nullptr, *other_grads = nullptr;
   ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
   ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other_grads));
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  oc.kind = LWO_OPTIM_SGD;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
   StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
   EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
   EXPECT_TRUE(starts_with(msg(), "lwo_ring_capture_replay: the ring belongs to no CUDA graph "
@@ -1102,6 +1107,12 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
   EXPECT_TRUE(contains(msg(), "leave it first (lwo_ring_capture_leave)")) << msg();
   const std::vector<GradEnd> ends =
       train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+  // The host optimizer steps after each replay: the captured ends never land.
+  lwo_optim_step_params sp = LWO_OPTIM_STEP_PARAMS_INIT;
+  sp.step = 1;
+  EXPECT_EQ(lwo_optim_step(optim, &sp), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_optim_step: an optimizer step: ring ")) << msg();
+  EXPECT_EQ(lwo_optim_step_open(optim, &sp, 1), LWO_ERR_CAPTURING);
   ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &v));  // a second micro-batch's, begun
   EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_TICKET_STATE);
   EXPECT_TRUE(contains(msg(), "gradient layer 0 begun and not ended: end it in the capture, "
@@ -1151,6 +1162,8 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
   ASSERT_LWO(replay(ring, g, s));
   ASSERT_LWO(lwo_grads_wait(grads));
   expect_host_grads(grads, pool, ends, 3);
+  ASSERT_LWO(lwo_optim_step(optim, &sp));  // after the replay
+  ASSERT_LWO(lwo_optim_wait(optim));
   gpu->graph_destroy(g);
   ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
   EXPECT_EQ(lwo_ring_capture_replay(ring, stream(s)), LWO_ERR_CAPTURING);
@@ -1174,6 +1187,7 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
   ASSERT_LWO(lwo_grads_end(other_grads, 1, stream(s2)));
   ASSERT_LWO(lwo_grads_wait(other_grads));
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_optim_destroy(optim));
   destroy(other_grads, grads, other, ring, other_pool, pool);
 }
 
