@@ -909,7 +909,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * before each launch (else lwo_graph_launch is LWO_ERR_TICKET_STATE with
  * nothing enqueued). lwo_grads_wait is the fence of the launches;
  * lwo_optim_step after a launch updates each layer once its replayed gradient
- * has landed.
+ * has landed (it is LWO_ERR_CAPTURING during a capture: the captured ends
+ * never land).
  *
  * Resident layers (since 0.6.0): lwo_ring_capture_begin first uploads those
  * changed since their last upload (lwo_pool_layer_changed, lwo_pool_write, an
@@ -931,9 +932,10 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * engine's device, after an optimizer's pending writes of the captured layers
  * and reads of the gradients it ends, and after the graph's previous replay
  * (replays share the slots); the caller writes the pool's layers only while no
- * replay runs, as before eager stages. lwo_graph_destroy waits for the last
- * replay and gives the ring back with its slots empty; a schedule then drives
- * it eagerly from its position.
+ * replay runs, as before eager stages (LWO_ERR_CAPTURING if `stream`
+ * captures: a replay's host side runs once per launch). lwo_graph_destroy
+ * waits for the last replay and gives the ring back with its slots empty; a
+ * schedule then drives it eagerly from its position.
  *
  * Threads: the calls of a capture come from one thread at a time, in the order
  * of the pass (other threads' CUDA work stays out of the graph unless it

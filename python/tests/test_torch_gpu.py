@@ -2,7 +2,8 @@
 same models resident in PyTorch (bf16 and f32, stated tolerances), bit for
 bit against lwo's own compute on resident weights, LoRA (peft) on a frozen
 base, groups, a changed module order, activation checkpointing, compile,
-per-record statistics, forward passes captured by torch.cuda.graph.
+per-record statistics, forward passes and training steps captured by
+torch.cuda.graph.
 Skipped without torch, without CUDA, or where lwo finds no device.
 
 Tolerances, as the largest absolute difference over the largest absolute
@@ -11,6 +12,7 @@ TF32 is off for both), bf16 3e-2 (outputs rounded to bf16, sums in another
 order)."""
 
 import copy
+import gc
 
 import pytest
 
@@ -934,21 +936,17 @@ def test_cuda_graph_refusals():
     s = torch.cuda.Stream()
     x = torch.randn(48, 192, device=DEV, dtype=dtype)
     _warm(m, x, s)
-    # a forward that needs gradients (training) is not captured
-    g = torch.cuda.CUDAGraph()
-    with pytest.raises(lwo.ArgumentError, match="needs a gradient"):
-        with torch.cuda.graph(g, stream=s):
-            m(x)
-    assert h.cuda_graph is None
-    del g
-    # nor make_graphed_callables' training: its warm-up's torch.autograd.grad over
-    # the parameters fails first (lwo's weight gradients never go through
-    # autograd), and with allow_unused_input=True its capture is refused
+    # make_graphed_callables' training is not captured: its warm-up's
+    # torch.autograd.grad over the parameters fails first (lwo's weight
+    # gradients never go through autograd), and with allow_unused_input=True
+    # its backward is a second graph while the forward's holds the ring
     xg = x.clone().requires_grad_(True)
     with pytest.raises(RuntimeError, match="allow_unused"):
         torch.cuda.make_graphed_callables(m, (xg,))
-    with pytest.raises(lwo.ArgumentError, match="needs a gradient"):
+    with pytest.raises(lwo.ArgumentError, match="make_graphed_callables"):
         torch.cuda.make_graphed_callables(m, (xg,), allow_unused_input=True)
+    gc.collect()
+    h.release_graph()  # the forward's graph, if something still keeps it
     assert h.cuda_graph is None
     m.zero_grad()  # the warm-ups' backward passes summed into param.grad
     # a capture on a stream lwo never computed on (torch.cuda.graph's own)
@@ -963,6 +961,68 @@ def test_cuda_graph_refusals():
     # training goes on eagerly, right
     compare_training(m, ref, lambda: torch.randn(48, 192, device=DEV, dtype=dtype), dtype,
                      steps=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_of_a_training_step_replays_equal_eager_steps(dtype):
+    """A training step (forward and backward) captured with torch.cuda.graph,
+    lwo.torch.optim's SGD stepping after each replay, against a twin handle
+    trained eagerly on the same inputs: the gradients and the weights equal
+    the twin's bit for bit over the replays, and the model trains eagerly
+    after the graph."""
+    from lwo.torch import optim as lopt
+    m = mlp(dtype)
+    twin = copy.deepcopy(m)
+    h = lt.offload(m, device=DEV, plan=False)
+    lt.offload(twin, device=DEV, plan=False)
+    opt, opt_t = (lopt.SGD(mm.parameters(), lr=1e-2) for mm in (m, twin))
+    s = torch.cuda.Stream()
+    static_x = torch.randn(48, 192, device=DEV, dtype=dtype)
+
+    def step(mm, x):
+        loss = mm(x).float().square().mean()
+        loss.backward()
+        return loss
+
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up on the stream of the capture
+        for mm, o in ((m, opt), (twin, opt_t)):
+            step(mm, static_x)
+            o.step()
+            o.zero_grad()
+    torch.cuda.current_stream().wait_stream(s)
+    opt.synchronize()
+    opt_t.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        static_loss = step(m, static_x)
+    assert h.cuda_graph is g
+    for i in range(6):
+        static_x.copy_(torch.randn_like(static_x))
+        g.replay()
+        torch.cuda.synchronize()
+        h.synchronize()  # the gradient fence
+        loss_t = step(twin, static_x)
+        torch.cuda.synchronize()
+        assert torch.equal(static_loss, loss_t), "replay %d: the loss" % i
+        for (n, p), q in zip(m.named_parameters(), twin.parameters()):
+            assert torch.equal(p.grad, q.grad), "replay %d: %s.grad" % (i, n)
+        opt.step()
+        opt_t.step()
+        opt_t.zero_grad()
+        opt.synchronize()
+        opt_t.synchronize()
+        for (n, p), q in zip(m.named_parameters(), twin.parameters()):
+            assert torch.equal(p.detach(), q.detach()), "replay %d: %s" % (i, n)
+    del g
+    torch.cuda.synchronize()
+    assert h.cuda_graph is None
+    opt.zero_grad()
+    x = torch.randn(48, 192, device=DEV, dtype=dtype)
+    step(m, x)
+    step(twin, x)
+    for p, q in zip(m.parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad)
 
 
 def test_cuda_graph_a_capture_lwo_did_not_join_is_refused():

@@ -17,10 +17,11 @@ captures runs on both of lwo.torch's ways of learning of a capture (the
 CaptureRing plays the library's lwo_ring_capture_join / _leave / _replay /
 _release over the real ring (each call logged, with the library's refusals: a
 live ticket at a join or a leave, stages, acquires and releases while a graph
-holds the ring, an announcement with no graph held). Stages, acquires, releases and the compute are the real
-library's on the host backend, eager, so a "captured" pass computes its
-output. The real captures and replays run in test_torch_gpu.py. Skipped
-without torch."""
+holds the ring, an announcement with no graph held). Stages, acquires,
+releases, gradients and the compute are the real library's on the host
+backend, eager, so a "captured" pass computes its output (and a captured
+training step its gradients; a replay computes nothing). The real captures
+and replays run in test_torch_gpu.py. Skipped without torch."""
 
 import collections
 import contextlib
