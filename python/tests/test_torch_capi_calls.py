@@ -40,10 +40,12 @@ def test_ring_calls():
 
 
 def test_ring_capture_calls():
-    # joining a CUDA graph capture torch began, leaving it, giving the ring back
+    # joining a CUDA graph capture torch began, leaving it, announcing a
+    # replay, giving the ring back
     r = lt._Ring(Null())
     invalid_handle("lwo_ring_capture_join", r.capture_join, 0x7f00_0000_1000)
     invalid_handle("lwo_ring_capture_leave", r.capture_leave, 0x7f00_0000_1000)
+    invalid_handle("lwo_ring_capture_replay", r.capture_replay, 0x7f00_0000_1000)
     invalid_handle("lwo_ring_capture_release", r.capture_release, 0)
 
 
