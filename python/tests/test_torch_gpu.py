@@ -640,7 +640,10 @@ def test_host_optimizer_matches_pytorchs_on_the_device(variant):
     m = NormNet()
     ref = copy.deepcopy(m).to(DEV)
     start = {k: p.detach().float().clone() for k, p in m.named_parameters()}
-    h = lt.offload(m, device=DEV, budget="64MiB")  # the plan regroups at step 3
+    # the plan regroups at step 3; the budget holds lwo's compute workspaces
+    # (32 MiB for each stream the process used it on, 98 MiB after the suite's
+    # earlier tests)
+    h = lt.offload(m, device=DEV, budget="512MiB")
     kw = {"clip": {"max_norm": 0.5}, "in_backward": {"in_backward": True},
           "bf16_state": {"state": "bf16"}}.get(variant, {})
     if variant == "sgd":
