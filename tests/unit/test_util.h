@@ -130,6 +130,18 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
     return ring;
   }
+  // A ring of `depth` slots keeping `resident` on the device.
+  lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident,
+                          uint32_t flags = 0) {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    c.depth = depth;
+    c.flags = flags;
+    c.resident_layers = resident.data();
+    c.n_resident = static_cast<uint32_t>(resident.size());
+    lwo_ring* ring = nullptr;
+    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
+    return ring;
+  }
   // Does the acquired view hold exactly the host record of its layer?
   bool holds_layer(lwo_pool* pool, const lwo_layer_view& v) {
     void* host = nullptr;
