@@ -207,6 +207,12 @@ def _cast(s, x):
     return x
 
 
+def _needs_grad(x, w, b):
+    """Whether autograd wants the operator's backward for x, w and b."""
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+        b is not None and b.requires_grad))
+
+
 def linear_forward(self, input, fallback):
     s = self._lwo_state
     if _ops is None:
@@ -216,8 +222,7 @@ def linear_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, input)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
     return _ops[0](x, w, b, s.key, grad)
 
 
@@ -232,8 +237,7 @@ def conv_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, x)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
     m = self
     y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad)
     return y.squeeze(0) if unbatched else y
