@@ -142,6 +142,18 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
     return ring;
   }
+  // A pool of `n` layers (make_pool), a ring of `depth` slots over it
+  // (make_ring) and then a consumer stream, made in that order: for
+  // `auto [pool, ring, c] = pool_ring_stream(n, depth);`.
+  struct PoolRingStream {
+    lwo_pool* pool;
+    lwo_ring* ring;
+    StreamH c;
+  };
+  PoolRingStream pool_ring_stream(uint32_t n, uint32_t depth) {
+    lwo_pool* pool = make_pool(n);
+    return {pool, make_ring(pool, depth), gpu->new_stream()};
+  }
   // Does the acquired view hold exactly the host record of its layer?
   bool holds_layer(lwo_pool* pool, const lwo_layer_view& v) {
     void* host = nullptr;
