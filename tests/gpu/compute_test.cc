@@ -679,8 +679,7 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, Wt[l]->dev, B[l]->dev, yr.dev, st));
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, st, &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, st, &t, &v));
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, v.tensors[0], v.tensors[1], ys.dev, st));
     CHECK_LWO(lwo_ring_release(ring.get(), t, st));
     CUDA_OK(cudaStreamSynchronize(st));

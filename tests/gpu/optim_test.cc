@@ -130,9 +130,8 @@ void run_loop(bool clip) {
     // Forward: every device copy is the masters' rounding.
     for (uint32_t l = 0; l < L; ++l) {
       lwo_ticket t{};
-      CHECK_LWO(lwo_ring_stage(ring, l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring, t, s, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, s, &t, &v));
       CUDA_OK(cudaMemcpyAsync(seen + l * (wbytes + bbytes), v.tensors[0], wbytes, cudaMemcpyDeviceToHost, s));
       CUDA_OK(cudaMemcpyAsync(seen + l * (wbytes + bbytes) + wbytes, v.tensors[1], bbytes, cudaMemcpyDeviceToHost, s));
       CHECK_LWO(lwo_ring_release(ring, t, s));
@@ -165,9 +164,8 @@ void run_loop(bool clip) {
     for (int mb = 0; mb < micros; ++mb)
       for (uint32_t l = L; l-- > 0;) {
         lwo_ticket t{};
-        CHECK_LWO(lwo_ring_stage(ring, l, &t));
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_ring_acquire(ring, t, s, &v));
+        ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, s, &t, &v));
         lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
         CHECK_LWO(lwo_grads_begin(grads, l, s, &gv));
         uint8_t* w = src + (l * 2 + mb) * (wbytes + bbytes);
