@@ -230,6 +230,12 @@ def _cast(s, x):
     return x
 
 
+def _needs_grad(x, w, b):
+    """Whether autograd wants the operator's backward for x, w and b."""
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+        b is not None and b.requires_grad))
+
+
 def linear_forward(self, input, fallback):
     s = self._lwo_state
     if _ops is None:
@@ -239,8 +245,7 @@ def linear_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, input)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
     if grad and not x.requires_grad and not _DW_ONLY:
         return fallback(self, input)
     return _ops[0](x, w, b, s.key, grad)
@@ -257,8 +262,7 @@ def conv_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, x)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
     if grad and not x.requires_grad and not _DW_ONLY:
         return fallback(self, input)
     m = self

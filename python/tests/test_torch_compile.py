@@ -22,6 +22,7 @@ import lwo.torch as lt  # noqa: E402
 from lwo import _torch_compile  # noqa: E402
 
 import host_lwo  # noqa: E402
+from torch_models import CheckpointedBlocks  # noqa: E402
 
 # AOTAutograd and the operators, with no code generation (fast, and the same
 # graphs inductor gets); inductor itself where a C++ compiler is found.
@@ -514,20 +515,8 @@ def test_lwo_host_optimizer_under_compile():
 
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_compiled_activation_checkpointing(reentrant):
-    from torch.utils.checkpoint import checkpoint
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
-                                                       nn.Linear(16, 8)) for _ in range(3)])
-
-        def forward(self, x):
-            for b in self.blocks:
-                x = x + checkpoint(b, x, use_reentrant=reentrant)
-            return x
-
-    cm, m, h, be, eager, bee, ref = three_ways(Net)
+    cm, m, h, be, eager, bee, ref = three_ways(
+        lambda: CheckpointedBlocks(8, 16, 3, nn.ReLU, reentrant))
     n, why = graph_breaks(m, torch.randn(4, 8))
     assert n == 0, why
     torch._dynamo.reset()
