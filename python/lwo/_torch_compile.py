@@ -231,9 +231,12 @@ def _cast(s, x):
 
 
 def _needs_grad(x, w, b):
-    """Whether autograd wants the operator's backward for x, w and b."""
-    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+    """Whether autograd wants the operator's backward for x, w and b; None
+    where this torch cannot compile that backward (a dW-only one before
+    2.15, _DW_ONLY): the module then breaks the graph."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
         b is not None and b.requires_grad))
+    return None if grad and not x.requires_grad and not _DW_ONLY else grad
 
 
 def linear_forward(self, input, fallback):
@@ -246,7 +249,7 @@ def linear_forward(self, input, fallback):
     x = _cast(s, input)
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
-    if grad and not x.requires_grad and not _DW_ONLY:
+    if grad is None:
         return fallback(self, input)
     return _ops[0](x, w, b, s.key, grad)
 
@@ -263,7 +266,7 @@ def conv_forward(self, input, fallback):
     x = _cast(s, x)
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
-    if grad and not x.requires_grad and not _DW_ONLY:
+    if grad is None:
         return fallback(self, input)
     m = self
     y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad)
