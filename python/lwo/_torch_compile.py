@@ -51,6 +51,15 @@ _ids = itertools.count(1)
 _live = {}         # id -> weakref to the streamed module's state (lwo.torch._Module)
 _ops = None        # (linear, conv2d) OpOverloads once registered
 _why_not = None    # why the operators could not be registered (then: graph breaks)
+# A backward that sends only dW (the module's input needs no gradient) under
+# compile: on torch 2.11 the compiled graph lost it (no gradient reached
+# param.grad; seen on the GPU machine); proven on 2.15. Before 2.15 such a
+# module breaks the graph and runs eagerly.
+_DW_ONLY = torch.torch_version.TorchVersion(torch.__version__) >= "2.15"
+# Inductor partitions its CUDA graphs around these (an operator's host work
+# must run at every call); its tag check misses operators with effects.
+_PARTITION_AROUND = ("lwo::linear", "lwo::linear_backward", "lwo::conv2d",
+                     "lwo::conv2d_backward")
 
 
 def add(s):
@@ -101,6 +110,7 @@ def register():
         return
     try:
         _ops = _define()
+        _partition_around()
     except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
         # (RuntimeError: the names taken already, by another copy of lwo.torch)
         _why_not = "%s: %s" % (type(e).__name__, e)
@@ -108,6 +118,19 @@ def register():
 
 def why_not():
     return _why_not
+
+
+def _partition_around():
+    """Names the operators in inductor's custom_should_partition_ops (where
+    this torch has it), so that mode="reduce-overhead" captures the graph
+    around them, never them."""
+    try:
+        from torch._inductor import config
+    except ImportError:  # pragma: no cover - a torch without inductor
+        return
+    names = getattr(config, "custom_should_partition_ops", None)
+    if isinstance(names, list):
+        names.extend(n for n in _PARTITION_AROUND if n not in names)
 
 
 def _define():
@@ -207,6 +230,15 @@ def _cast(s, x):
     return x
 
 
+def _needs_grad(x, w, b):
+    """Whether autograd wants the operator's backward for x, w and b; None
+    where this torch cannot compile that backward (a dW-only one before
+    2.15, _DW_ONLY): the module then breaks the graph."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+        b is not None and b.requires_grad))
+    return None if grad and not x.requires_grad and not _DW_ONLY else grad
+
+
 def linear_forward(self, input, fallback):
     s = self._lwo_state
     if _ops is None:
@@ -216,8 +248,9 @@ def linear_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, input)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
+    if grad is None:
+        return fallback(self, input)
     return _ops[0](x, w, b, s.key, grad)
 
 
@@ -232,8 +265,9 @@ def conv_forward(self, input, fallback):
                            % (s.name, s.in_f, tuple(input.shape)))
     x = _cast(s, x)
     w, b = self.weight, self.bias
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
-        b is not None and b.requires_grad))
+    grad = _needs_grad(x, w, b)
+    if grad is None:
+        return fallback(self, input)
     m = self
     y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad)
     return y.squeeze(0) if unbatched else y

@@ -20,6 +20,7 @@ import lwo  # noqa: E402
 import lwo.torch as lt  # noqa: E402
 
 import host_lwo  # noqa: E402
+from torch_models import QV, lora_twins  # noqa: E402
 
 torch.manual_seed(0)
 
@@ -431,23 +432,7 @@ def test_hooks_and_wrappers_on_a_streamed_module():
 
 def test_lora_with_peft_on_a_frozen_base():
     peft = pytest.importorskip("peft")
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q = nn.Linear(16, 16)
-            self.v = nn.Linear(16, 16)
-            self.out = nn.Linear(16, 4)
-
-        def forward(self, x):
-            return self.out(torch.tanh(self.q(x)) * self.v(x))
-
-    base = Net()
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], lora_dropout=0.0,
-                          init_lora_weights=False)
-    m = peft.get_peft_model(copy.deepcopy(base), cfg)
-    ref = peft.get_peft_model(copy.deepcopy(base), cfg)
-    ref.load_state_dict(m.state_dict())
+    m, ref = lora_twins(peft, QV(16, 4), 4)
     h, be = offload(m, filter=lambda name, mod: "lora_" not in name)
     streamed = sorted(h.modules)
     assert all("base_layer" in n or n.endswith("out") for n in streamed), streamed

@@ -22,6 +22,7 @@ import lwo.torch as lt  # noqa: E402
 from lwo import _torch_compile  # noqa: E402
 
 import host_lwo  # noqa: E402
+from torch_models import CheckpointedBlocks  # noqa: E402
 
 # AOTAutograd and the operators, with no code generation (fast, and the same
 # graphs inductor gets); inductor itself where a C++ compiler is found.
@@ -321,7 +322,12 @@ def test_a_module_called_twice_on_one_input_sums_both_gradients():
         sum(1 for e in bee.rings[-1].log if e[0] == "acquire")
 
 
-def test_frozen_layers_and_requires_grad_turned_on():
+# dw_only False: a torch before 2.15, where a streamed module whose input
+# needs no gradient but whose weight does breaks the graph (_DW_ONLY)
+@pytest.mark.parametrize("dw_only", [False] + ([True] if _torch_compile._DW_ONLY else []))
+def test_frozen_layers_and_requires_grad_turned_on(dw_only, monkeypatch):
+    monkeypatch.setattr(_torch_compile, "_DW_ONLY", dw_only)
+
     def make():
         m = mlp()
         m[0].requires_grad_(False)   # frozen at offload(): no gradient slot for it
@@ -336,6 +342,9 @@ def test_frozen_layers_and_requires_grad_turned_on():
         sgd(m, eager, ref)
     for mod in (m, eager, ref):
         mod[0].weight.requires_grad_(True)   # Dynamo's guard sees it: a new graph
+    n, why = graph_breaks(m, torch.randn(3, 12))
+    assert n == (0 if dw_only else 1), why
+    torch._dynamo.reset()
     for _ in range(2):
         step_all((cm, eager, ref), torch.randn(3, 12), x_grad=False)
         grads_match(m, eager, ref)
@@ -506,20 +515,8 @@ def test_lwo_host_optimizer_under_compile():
 
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_compiled_activation_checkpointing(reentrant):
-    from torch.utils.checkpoint import checkpoint
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
-                                                       nn.Linear(16, 8)) for _ in range(3)])
-
-        def forward(self, x):
-            for b in self.blocks:
-                x = x + checkpoint(b, x, use_reentrant=reentrant)
-            return x
-
-    cm, m, h, be, eager, bee, ref = three_ways(Net)
+    cm, m, h, be, eager, bee, ref = three_ways(
+        lambda: CheckpointedBlocks(8, 16, 3, nn.ReLU, reentrant))
     n, why = graph_breaks(m, torch.randn(4, 8))
     assert n == 0, why
     torch._dynamo.reset()

@@ -109,9 +109,8 @@ class CaptureGpu : public GpuTest {
   void hand_pass(lwo_ring* ring, cudaStream_t s) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       lwo_ticket tk{};
-      CHECK_LWO(lwo_ring_stage(ring, l, &tk));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring, tk, s, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, s, &tk, &v));
       forward(v, s);
       CHECK_LWO(lwo_ring_release(ring, tk, s));
     }
@@ -253,9 +252,8 @@ TEST_F(CaptureGpu, ReplayedForwardEqualsTheResidentChainAndSeesPoolChanges) {
   auto pass = [&](cudaStream_t s) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       lwo_ticket tk{};
-      CHECK_LWO(lwo_ring_stage(ring.get(), l, &tk));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.get(), tk, s, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, s, &tk, &v));
       forward(v, s);
       CHECK_LWO(lwo_ring_release(ring.get(), tk, s));
     }

@@ -53,9 +53,8 @@ TEST_F(Checking, KernelAfterAnEarlyReleaseReadsThePattern) {
   for (uint32_t l = 0; l < tp_.n_layers(); ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));
     lwo_ticket t{0};
-    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, stream(0), &t, &v));
     const LayerRef& lr = tp_.layers[l];
     // Before the release the kernel reads the layer...
     EXPECT_EQ(lr.whole_sum, device_checksum(v.base, lr.whole_bytes));
@@ -67,9 +66,8 @@ TEST_F(Checking, KernelAfterAnEarlyReleaseReadsThePattern) {
   // Staged again, each layer is copied again and arrives whole.
   for (uint32_t l = 0; l < tp_.n_layers(); ++l) {
     lwo_ticket t{0};
-    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, stream(0), &t, &v));
     EXPECT_EQ(tp_.layers[l].whole_sum, device_checksum(v.base, tp_.layers[l].whole_bytes));
     CHECK_LWO(lwo_ring_release(ring.get(), t, stream(0)));
   }

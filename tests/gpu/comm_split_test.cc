@@ -60,8 +60,7 @@ TEST_F(CommSplit, AChildOfTheCallersCommunicatorStreamsAShardedPool) {
     for (uint32_t l : {0u, 1u, 2u, 3u, 1u}) {
       lwo_ticket t{};
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
-      CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, stream(0), &t, &v));
       ASSERT_EQ(v.record_bytes, rec[l].size());
       back.assign(rec[l].size(), 0xEE);
       CUDA_OK(cudaMemcpyAsync(back.data(), v.base, back.size(), cudaMemcpyDeviceToHost, stream(0)));

@@ -5,6 +5,7 @@
 #include "testkit/conv_ref.h"
 #include "testkit/dtype.h"
 #include "testkit/spin.h"
+#include "unit/conv_desc.h"
 
 namespace lwo_test {
 namespace {
@@ -646,13 +647,7 @@ TEST_F(Compute, Conv2dMatchesFp64Reference) {
 TEST_F(Compute, Conv2dStreamedEqualsResident) {
   std::mt19937_64 rng(test_seed(34));
   const int32_t N = 4, C = 16, H = 12, W = 12, K = 24;
-  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
-  d.dtype = LWO_DTYPE_BF16;
-  d.flags = LWO_CONV_BIAS;
-  d.in_channels = C;
-  d.out_channels = K;
-  d.kernel_h = d.kernel_w = 3;
-  d.pad_h = d.pad_w = 1;
+  const lwo_conv2d_desc d = lwo_conv_test::conv3x3_desc(C, K, LWO_CONV_BIAS);
   lwo_tensor_desc td[2] = {};
   td[0] = tensor_desc("weight", LWO_DTYPE_BF16, {K, 3, 3, C});
   td[1] = tensor_desc("bias", LWO_DTYPE_BF16, {K});
@@ -684,8 +679,7 @@ TEST_F(Compute, Conv2dStreamedEqualsResident) {
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, Wt[l]->dev, B[l]->dev, yr.dev, st));
     lwo_ticket t{};
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
-    CHECK_LWO(lwo_ring_acquire(ring.get(), t, st, &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, st, &t, &v));
     CHECK_LWO(lwo_conv2d_forward(engine_, &d, N, H, W, x.dev, v.tensors[0], v.tensors[1], ys.dev, st));
     CHECK_LWO(lwo_ring_release(ring.get(), t, st));
     CUDA_OK(cudaStreamSynchronize(st));

@@ -92,9 +92,8 @@ void run_loop(lwo_engine* engine, cudaStream_t st, bool clip) {
     std::vector<std::vector<uint8_t>> seen(kLayers, std::vector<uint8_t>(rec_bytes + NB * es));
     for (uint32_t l = 0; l < kLayers; ++l) {
       lwo_ticket t{};
-      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.get(), t, st, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, st, &t, &v));
       X.push_back(poisoned(act));
       CHECK_LWO(lwo_linear_forward(engine, &d, kTokens, X[l].get(), v.tensors[0], v.tensors[1],
                                    X[l + 1].get(), st));
@@ -150,9 +149,8 @@ void run_loop(lwo_engine* engine, cudaStream_t st, bool clip) {
     const void* dyr = Xr[kLayers].get();
     for (uint32_t l = kLayers; l-- > 0;) {
       lwo_ticket t{};
-      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.get(), t, st, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, st, &t, &v));
       DX.push_back(poisoned(act));
       DXr.push_back(poisoned(act));
       DWr.push_back(poisoned(NW * es));

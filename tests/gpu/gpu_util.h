@@ -211,6 +211,14 @@ inline std::vector<LayerSpec> random_layer_specs(std::mt19937_64& rng, uint32_t 
   return layers;
 }
 
+// The same, drawn from a generator of their own seeded with `seed`.
+inline std::vector<LayerSpec> random_layer_specs(uint64_t seed, uint32_t n_layers,
+                                                 uint64_t min_bytes, uint64_t max_bytes,
+                                                 uint32_t max_tensors) {
+  std::mt19937_64 rng(seed);
+  return random_layer_specs(rng, n_layers, min_bytes, max_bytes, max_tensors);
+}
+
 // The lwo descriptions of `specs` (names point into `specs`, which must
 // outlive them). host_data stays NULL; registered pools fill it in.
 struct Descs {
@@ -692,6 +700,14 @@ class GpuTest : public GpuOnlyTest {
   lwo_engine* engine_ = nullptr;
   Stream streams_[2];
 };
+
+// Stages `layer` on `ring` and acquires it on `stream`: its ticket in *t, its
+// view in *v.
+inline void stage_and_acquire(lwo_ring* ring, uint32_t layer, cudaStream_t stream, lwo_ticket* t,
+                              lwo_layer_view* v) {
+  CHECK_LWO(lwo_ring_stage(ring, layer, t));
+  CHECK_LWO(lwo_ring_acquire(ring, *t, stream, v));
+}
 
 // One round trip through a ring: stages `layer`, acquires it on `stream`,
 // checksums the record prefix and every tensor, releases. Adds to `checks`

@@ -277,9 +277,8 @@ TEST_F(Misuse, NotFound) {
   Ring ring;
   ASSERT_NO_FATAL_FAILURE(create_ring(tp_.pool, 2, 0, &ring));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.get(), 3, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 3, stream(0), &t, &v));
   void* p = nullptr;
   EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "nope", &p));
   EXPECT_LWO_ERR(LWO_ERR_NOT_FOUND, "lwo_ring_tensor", lwo_ring_tensor(ring.get(), t, "only_in_2", &p));
@@ -330,9 +329,8 @@ TEST_F(Misuse, Busy) {
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_pool_destroy", lwo_pool_destroy(tp_.pool));
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_engine_destroy", lwo_engine_destroy(engine_));
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring.get(), 2, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(1), &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 2, stream(1), &t, &v));
   EXPECT_LWO_ERR(LWO_ERR_BUSY, "lwo_ring_destroy", lwo_ring_destroy(ring.get()));
   // The ring survived: its ticket is still good.
   CUDA_OK(checks_.add(v.base, tp_.layers[2].whole_bytes, tp_.layers[2].whole_sum, stream(1),

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "gpu_util.h"
+#include "unit/adamw_ref.h"
 
 namespace lwo_test {
 namespace {
@@ -114,17 +115,9 @@ void run_loop(bool clip) {
     }
     const double c = clip ? std::min(1.0, p.max_norm / (std::sqrt(sq) + 1e-6)) : 1.0;
     clipped += c < 1;
-    const double bc1 = 1 - std::pow(p.beta1, double(k)), bc2 = 1 - std::pow(p.beta2, double(k));
     for (auto& kv : ref) {
       RefTensor& r = kv.second;
-      const std::vector<double>& x = g[kv.first];
-      for (size_t i = 0; i < r.p.size(); ++i) {
-        const double gi = x[i] * c;
-        r.p[i] *= 1 - p.lr * p.weight_decay;
-        r.m[i] = p.beta1 * r.m[i] + (1 - p.beta1) * gi;
-        r.v[i] = p.beta2 * r.v[i] + (1 - p.beta2) * gi * gi;
-        r.p[i] -= p.lr / bc1 * r.m[i] / (std::sqrt(r.v[i]) / std::sqrt(bc2) + p.eps);
-      }
+      lwo_optim_test::adamw_ref(r, g[kv.first], p, c, k);
       std::vector<float> master(r.p.size());
       CHECK_LWO(lwo_optim_read(optim, kv.first.first, kv.first.second ? "bias" : "weight",
                                LWO_OPTIM_MASTER, master.data(), master.size() * 4));
@@ -137,9 +130,8 @@ void run_loop(bool clip) {
     // Forward: every device copy is the masters' rounding.
     for (uint32_t l = 0; l < L; ++l) {
       lwo_ticket t{};
-      CHECK_LWO(lwo_ring_stage(ring, l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring, t, s, &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, s, &t, &v));
       CUDA_OK(cudaMemcpyAsync(seen + l * (wbytes + bbytes), v.tensors[0], wbytes, cudaMemcpyDeviceToHost, s));
       CUDA_OK(cudaMemcpyAsync(seen + l * (wbytes + bbytes) + wbytes, v.tensors[1], bbytes, cudaMemcpyDeviceToHost, s));
       CHECK_LWO(lwo_ring_release(ring, t, s));
@@ -172,9 +164,8 @@ void run_loop(bool clip) {
     for (int mb = 0; mb < micros; ++mb)
       for (uint32_t l = L; l-- > 0;) {
         lwo_ticket t{};
-        CHECK_LWO(lwo_ring_stage(ring, l, &t));
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_ring_acquire(ring, t, s, &v));
+        ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, s, &t, &v));
         lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
         CHECK_LWO(lwo_grads_begin(grads, l, s, &gv));
         uint8_t* w = src + (l * 2 + mb) * (wbytes + bbytes);

@@ -143,9 +143,8 @@ TEST_F(QuantConv, SlotEqualsDenseOnDequantizedWeightsBitForBit) {
         create_ring(m.pool.get(), 1, 0, &ring);
         if (HasFatalFailure()) return;
         lwo_ticket tk{0};
-        CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+        ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 0, st, &tk, &v));
         ASSERT_EQ(v.tensor_bytes[0], qbytes.size());
         const Result slot = run_conv(engine_, dq, s, xd.get(), dyd.get(), v.tensors[0], v.tensors[1], dt, st);
         CHECK_LWO(lwo_ring_release(ring.get(), tk, st));
@@ -282,9 +281,8 @@ TEST_F(QuantConv, GradientsOfQuantizedWeightsAreRefused) {
   if (HasFatalFailure()) return;
   cudaStream_t st = stream(0);
   lwo_ticket tk{0};
-  CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 0, st, &tk, &v));
   lwo_conv2d_desc d = conv_desc(s, DT, LWO_QUANT_INT8_CHANNEL);
   EXPECT_LWO_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_conv2d_backward",
                  lwo_conv2d_backward(engine_, &d, s.n, s.h, s.w, xd.get(), dyd.get(), v.tensors[0],

@@ -83,9 +83,8 @@ TEST_F(QuantLinear, SlotMatchesFp64ReferenceOnDequantizedWeights) {
         testkit::DeviceMem yd = poisoned(T * OUT * es), dxd = poisoned(T * IN * es);
         cudaStream_t st = stream(0);
         lwo_ticket tk{0};
-        CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+        ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 0, st, &tk, &v));
         ASSERT_EQ(v.tensor_bytes[0], qb);
         const lwo_linear_desc d = linear(f, dt, OUT, IN);
         CHECK_LWO(lwo_linear_forward(engine_, &d, T, xd.get(), v.tensors[0], v.tensors[1],
@@ -295,9 +294,8 @@ TEST_F(QuantLinear, GradientsOfQuantizedWeightsAreRefused) {
   create_ring(m.pool.get(), 1, 0, &ring);
   cudaStream_t st = stream(0);
   lwo_ticket tk{0};
-  CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 0, st, &tk, &v));
   lwo_linear_desc d = linear(LWO_QUANT_INT8_CHANNEL, DT, OUT, IN);
   EXPECT_LWO_ERR(LWO_ERR_QUANTIZED_WEIGHT, "lwo_linear_backward",
                  lwo_linear_backward(engine_, &d, T, xd.get(), dyd.get(), v.tensors[0], dxd.get(),

@@ -227,9 +227,8 @@ TEST_F(Quant, FromARingSlot) {
     CUDA_OK(cudaMemset(dst.get(), 0xff, want.size()));
     cudaStream_t st = stream(0);
     lwo_ticket tk{0};
-    CHECK_LWO(lwo_ring_stage(ring.get(), 0, &tk));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring.get(), tk, st, &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 0, st, &tk, &v));
     CHECK_LWO(lwo_dequantize(engine_, &d, v.tensors[0], dst.get(), st));
     CHECK_LWO(lwo_ring_release(ring.get(), tk, st));
     std::vector<uint8_t> got(want.size());

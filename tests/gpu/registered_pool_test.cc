@@ -52,10 +52,9 @@ TEST_F(GpuTest, RegisteredContiguousLayersMoveInOneCopy) {
   SCOPED_TRACE(read_only_support());
   std::printf("[ register ] %s\n", read_only_support().c_str());
   const uint64_t seed = test_seed(0x4E6u);
-  std::mt19937_64 rng(seed);
   TestPool tp;
   ASSERT_NO_FATAL_FAILURE(create_registered_pool(
-      engine_, random_layer_specs(rng, 7, 3, uint64_t(1) << 20, 4), seed, Placement::kContiguous,
+      engine_, random_layer_specs(seed, 7, 3, uint64_t(1) << 20, 4), seed, Placement::kContiguous,
       &tp));
   uint64_t runs = 0, bytes = 0;
   for (uint32_t l = 0; l < tp.n_layers(); ++l) {
@@ -98,10 +97,9 @@ TEST_F(GpuTest, RegisteredContiguousLayersMoveInOneCopy) {
 TEST_F(GpuTest, RegisteredScatteredTensorsMoveInSeveralCopies) {
   SCOPED_TRACE(read_only_support());
   const uint64_t seed = test_seed(0x5CA7u);
-  std::mt19937_64 rng(seed);
   TestPool tp;
   ASSERT_NO_FATAL_FAILURE(create_registered_pool(
-      engine_, random_layer_specs(rng, 6, 1, uint64_t(512) << 10, 5), seed, Placement::kScattered,
+      engine_, random_layer_specs(seed, 6, 1, uint64_t(512) << 10, 5), seed, Placement::kScattered,
       &tp));
   uint64_t runs = 0;
   bool some_layer_several = false;
@@ -129,10 +127,9 @@ TEST_F(GpuTest, RegisteredMixedPlacementCopyPlan) {
   for (uint64_t round = 0; round < 3; ++round) {
     const uint64_t seed = test_seed(0x313u + round);
     SCOPED_TRACE("seed " + std::to_string(seed));
-    std::mt19937_64 rng(seed);
     TestPool tp;
     ASSERT_NO_FATAL_FAILURE(create_registered_pool(
-        engine_, random_layer_specs(rng, 8, 2, uint64_t(256) << 10, 5), seed, Placement::kMixed,
+        engine_, random_layer_specs(seed, 8, 2, uint64_t(256) << 10, 5), seed, Placement::kMixed,
         &tp));
     Checks checks;
     ASSERT_NO_FATAL_FAILURE(checks.init(1024));
@@ -193,9 +190,8 @@ TEST_F(GpuTest, RegisteredMemoryIsRegisteredOnlyWhileThePoolLives) {
     ASSERT_NO_FATAL_FAILURE(checks.init(16));
     for (uint32_t l = 0; l < 2; ++l) {
       lwo_ticket t{0};
-      CHECK_LWO(lwo_ring_stage(ring.get(), l, &t));
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-      CHECK_LWO(lwo_ring_acquire(ring.get(), t, stream(0), &v));
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, stream(0), &t, &v));
       for (uint32_t i = 0; i < v.n_tensors; ++i) {
         lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;
         CHECK_LWO(lwo_pool_tensor_info(pool, l, i, &ti));

@@ -131,8 +131,7 @@ TEST_F(Resident, ReuploadWaitsForEveryReaderOfTheOldBytes) {
   std::memset(out, 0, bytes);
   lwo_ticket t{0};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_stage(ring, 2, &t));
-  CHECK_LWO(lwo_ring_acquire(ring, t, stream(0), &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, 2, stream(0), &t, &v));
   CUDA_OK(lwo::kernels::spin_async(300000, stream(0)));  // 300 ms
   CUDA_OK(cudaMemcpyAsync(out, v.base, bytes, cudaMemcpyDeviceToHost, stream(0)));
   CHECK_LWO(lwo_ring_release(ring, t, stream(0)));
@@ -222,8 +221,7 @@ TEST_F(Resident, TrainableResidentLayerGradientsMatchStreamed) {
         uint32_t l = order[pos];
         lwo_ticket t{0};
         lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-        CHECK_LWO(lwo_ring_stage(ring, l, &t));
-        CHECK_LWO(lwo_ring_acquire(ring, t, st, &v));
+        ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring, l, st, &t, &v));
         if (pos == 0) {
           CHECK_LWO(lwo_linear_forward(engine_, &d, T, x.get(), v.tensors[0], nullptr, y.get(), st));
           CUDA_OK(cudaMemcpyAsync(y_got.data(), y.get(), y_got.size(), cudaMemcpyDeviceToHost, st));

@@ -38,9 +38,8 @@ class RingOrder : public GpuTest {
   // `stall`), releases it on `s`.
   void slow_read(uint32_t layer, cudaStream_t s, bool stall, const char* what) {
     lwo_ticket t{0};
-    CHECK_LWO(lwo_ring_stage(ring_.get(), layer, &t));
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    CHECK_LWO(lwo_ring_acquire(ring_.get(), t, s, &v));
+    ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring_.get(), layer, s, &t, &v));
     if (stall) CUDA_OK(stream_delay(s, kStallUs));
     ASSERT_NO_FATAL_FAILURE(read(v, s, what));
     CHECK_LWO(lwo_ring_release(ring_.get(), t, s));
@@ -90,9 +89,8 @@ TEST_F(RingOrder, EvictionWaitsAfterAnUnacquiredHit) {
 // pattern), all finish before the slot is overwritten.
 TEST_F(RingOrder, ReadersJoinedIntoTheReleasingStream) {
   lwo_ticket t{0};
-  CHECK_LWO(lwo_ring_stage(ring_.get(), 1, &t));
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring_.get(), t, stream(0), &v));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring_.get(), 1, stream(0), &t, &v));
   Event acquired, read_done;
   CUDA_OK(cudaEventCreateWithFlags(acquired.out(), cudaEventDisableTiming));
   CUDA_OK(cudaEventCreateWithFlags(read_done.out(), cudaEventDisableTiming));

@@ -15,13 +15,12 @@ TEST_P(RingRandomWalk, PinnedPool) {
   const uint32_t depth = GetParam();
   const uint64_t seed = test_seed(0xC0FFEE00u + depth);
   SCOPED_TRACE("seed " + std::to_string(seed) + " (LWO_TEST_SEED varies it)");
-  std::mt19937_64 rng(seed);
   // More layers than slots, so that slots are reused; tensors of 3 bytes to
   // 3 MiB, 1..5 per layer, mixed dtypes; layer 1 is an empty record.
   const uint32_t n_layers = 9 + depth;
   TestPool tp;
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(
-      engine_, random_layer_specs(rng, n_layers, 3, uint64_t(3) << 20, 5), seed, &tp));
+      engine_, random_layer_specs(seed, n_layers, 3, uint64_t(3) << 20, 5), seed, &tp));
 
   WalkOptions opt;
   opt.depth = depth;
@@ -53,10 +52,9 @@ TEST_F(GpuTest, RingRandomWalkRegisteredMixed) {
   for (uint32_t depth : {1u, 3u, 6u}) {
     const uint64_t seed = test_seed(0xBEEF00u + depth);
     SCOPED_TRACE("depth " + std::to_string(depth) + ", seed " + std::to_string(seed));
-    std::mt19937_64 rng(seed);
     TestPool tp;
     ASSERT_NO_FATAL_FAILURE(create_registered_pool(
-        engine_, random_layer_specs(rng, 10, 5, uint64_t(1) << 20, 4), seed, Placement::kMixed,
+        engine_, random_layer_specs(seed, 10, 5, uint64_t(1) << 20, 4), seed, Placement::kMixed,
         &tp));
     WalkOptions opt;
     opt.depth = depth;
@@ -77,10 +75,9 @@ TEST_F(GpuTest, RingRandomWalkRegisteredMixed) {
 TEST_F(GpuTest, RingRandomWalkDeeperThanPool) {
   const uint64_t seed = test_seed(0xD0D0u);
   SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
   TestPool tp;
   ASSERT_NO_FATAL_FAILURE(
-      create_pinned_pool(engine_, random_layer_specs(rng, 4, 16, 256 << 10, 3), seed, &tp));
+      create_pinned_pool(engine_, random_layer_specs(seed, 4, 16, 256 << 10, 3), seed, &tp));
   WalkOptions opt;
   opt.depth = 8;
   opt.n_ops = 300;
@@ -98,10 +95,9 @@ TEST_F(GpuTest, RingRandomWalkDeeperThanPool) {
 TEST_F(GpuTest, RingRandomWalkTwoThreadsSharedPool) {
   const uint64_t seed = test_seed(0x7777u);
   SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
   TestPool tp;
   ASSERT_NO_FATAL_FAILURE(create_pinned_pool(
-      engine_, random_layer_specs(rng, 10, 8, uint64_t(1) << 20, 4), seed, &tp));
+      engine_, random_layer_specs(seed, 10, 8, uint64_t(1) << 20, 4), seed, &tp));
   WalkResult r[2];
   std::thread threads[2];
   for (int i = 0; i < 2; ++i) {

@@ -257,9 +257,8 @@ TEST_F(GpuTest, ScheduleSharesRingWithCallerTickets) {
   ASSERT_NO_FATAL_FAILURE(create_ring(tp.pool, 3, 0, &ring));
   // The caller holds layer 7 for the whole pass.
   lwo_ticket mine{0};
-  CHECK_LWO(lwo_ring_stage(ring.get(), 7, &mine));
   lwo_layer_view mv = LWO_LAYER_VIEW_INIT;
-  CHECK_LWO(lwo_ring_acquire(ring.get(), mine, stream(1), &mv));
+  ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), 7, stream(1), &mine, &mv));
   std::vector<uint32_t> order = {0, 1, 2, 3, 0, 0, 4, 5, 6, 1, 2};
   Schedule sched;
   CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), static_cast<uint32_t>(order.size()),

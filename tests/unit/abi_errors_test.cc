@@ -18,9 +18,7 @@ using AbiErrors = AbiTest;
 // layer names lwo_schedule_next, then the position and layer, then the
 // staging error); the schedule's position does not advance.
 TEST_F(AbiErrors, MessagesStartWithTheCallersCall) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 1);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 1);
   lwo_ticket held{};
   ASSERT_LWO(lwo_ring_stage(ring, 1, &held));
   uint32_t order[2] = {1, 2};

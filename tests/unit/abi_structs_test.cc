@@ -17,9 +17,7 @@ using AbiStructs = AbiTest;
 // Conventions: a written struct's size below sizeof(size_t) is
 // LWO_ERR_INVALID_ARGUMENT, for every call that writes an lwo_layer_view.
 TEST_F(AbiStructs, ViewSizeBelowSizeTIsRefused) {
-  lwo_pool* pool = make_pool(2);
-  lwo_ring* ring = make_ring(pool, 2);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(2, 2);
   lwo_ticket t{};
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
   uint32_t order[2] = {1, 1};

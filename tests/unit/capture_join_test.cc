@@ -26,15 +26,6 @@ class CaptureJoin : public CaptureFixture {
     oc.flags = flags;
     ASSERT_LWO(lwo_optim_create(*grads, &oc, optim));
   }
-  lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident) {
-    lwo_ring_config c = LWO_RING_CONFIG_INIT;
-    c.depth = depth;
-    c.resident_layers = resident.data();
-    c.n_resident = static_cast<uint32_t>(resident.size());
-    lwo_ring* ring = nullptr;
-    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << msg();
-    return ring;
-  }
   // New random bytes for the first tensor of `layer` ("weight").
   lwo_status_t rewrite(lwo_pool* pool, uint32_t layer, uint64_t seed) {
     void* data = nullptr;

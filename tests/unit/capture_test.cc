@@ -114,16 +114,6 @@ class Capture : public CaptureFixture {
       }
     }
   }
-  // A ring of `depth` slots keeping `resident` on the device.
-  lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident) {
-    lwo_ring_config c = LWO_RING_CONFIG_INIT;
-    c.depth = depth;
-    c.resident_layers = resident.data();
-    c.n_resident = static_cast<uint32_t>(resident.size());
-    lwo_ring* ring = nullptr;
-    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << msg();
-    return ring;
-  }
   // New random bytes for the pool's `layer`, written with lwo_pool_write.
   void rewrite(lwo_pool* pool, uint32_t layer, uint64_t seed) {
     lwo_tensor_info ti = LWO_TENSOR_INFO_INIT;

@@ -58,9 +58,7 @@ class CheckingTest : public EngineTest {
 };
 
 TEST_F(CheckingTest, ReleasedSlotHoldsThePatternAndIsFilledAgain) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 2);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 2);
   for (int round = 0; round < 2; ++round)
     for (uint32_t l = 0; l < 3; ++l) {
       lwo_ticket t{0};

@@ -18,6 +18,7 @@
 #include "bindings/c/lwo_test.h"
 #include "src/common/dtype.h"
 #include "test_util.h"
+#include "unit/conv_desc.h"
 #include "unit/quant_formats.h"
 
 namespace lwo {
@@ -536,13 +537,7 @@ TEST_F(Fp8Train, OnlyFp8Block128Trains) {
 // dequantization, as the forward does).
 TEST_F(Fp8Train, ConvolutionWeightGradientsWithAnFp8Weight) {
   const int32_t n = 2, h = 6, w = 6, c = 16, k = 8;
-  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
-  d.dtype = LWO_DTYPE_BF16;
-  d.flags = LWO_CONV_BIAS;
-  d.in_channels = c;
-  d.out_channels = k;
-  d.kernel_h = d.kernel_w = 3;
-  d.pad_h = d.pad_w = 1;
+  lwo_conv2d_desc d = lwo_conv_test::conv3x3_desc(c, k, LWO_CONV_BIAS);
   const int64_t cols = int64_t(c) * 9;  // weight [k, c * 3 * 3]
   std::mt19937 rng(5);
   const std::vector<float> wf = normal(size_t(k * cols), 0.1f, rng);

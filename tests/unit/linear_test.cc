@@ -1,6 +1,7 @@
 // Argument validation of the linear-layer calls (no GPU: every case fails
 // before any device work).
 #include "test_util.h"
+#include "unit/conv_desc.h"
 
 namespace lwo {
 namespace testing {
@@ -94,11 +95,7 @@ TEST_F(LinearArgs, BackwardRejectsBadArguments) {
 }
 
 TEST_F(LinearArgs, Conv2dRejectsBadArguments) {
-  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
-  d.in_channels = 8;
-  d.out_channels = 16;
-  d.kernel_h = d.kernel_w = 3;
-  d.pad_h = d.pad_w = 1;
+  lwo_conv2d_desc d = lwo_conv_test::conv3x3_desc(8, 16, 0);
   int32_t oh = 0, ow = 0;
   ASSERT_LWO(lwo_conv2d_output_size(&d, 10, 7, &oh, &ow));
   EXPECT_EQ(oh, 10);

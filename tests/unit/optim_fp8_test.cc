@@ -21,6 +21,7 @@
 #include "src/optim/workers.h"
 #include "src/quant/codec.h"
 #include "src/quant/quant.h"
+#include "unit/optim_buffers.h"
 
 namespace lwo {
 namespace optim {
@@ -28,19 +29,17 @@ namespace {
 
 // One tensor's buffers: masters, moments (f32 or bf16), bf16 gradients,
 // bf16 weights, and the fp8 record (quant::Layout's, codes then scales).
-struct Case {
+struct Case : Buf {
   int64_t rows, cols;
   uint64_t n;
   lwo_dtype_t sd;
-  std::vector<float> master;
-  std::vector<uint8_t> m, v;
-  std::vector<uint16_t> grad, weights;
+  std::vector<uint16_t> grad;
   quant::Layout layout;
   std::vector<uint8_t> record;
 
   Case(int64_t r, int64_t c, lwo_dtype_t state, uint32_t seed)
-      : rows(r), cols(c), n(uint64_t(r) * uint64_t(c)), sd(state), master(n),
-        m(n * dtype_size(state)), v(n * dtype_size(state)), grad(n), weights(n) {
+      : Buf(uint64_t(r) * uint64_t(c), state), rows(r), cols(c), n(uint64_t(r) * uint64_t(c)),
+        sd(state), grad(n) {
     layout = quant::layout_of(LWO_QUANT_FP8_E4M3_BLOCK128, LWO_DTYPE_F32, rows, cols);
     record.assign(layout.total_bytes, 0xcd);
     std::mt19937 rng(seed);
@@ -73,16 +72,10 @@ struct Case {
   uint8_t* codes() { return record.data(); }
   float* scales() { return reinterpret_cast<float*>(record.data() + layout.scale_offset); }
   Tensor tensor(bool fp8, bool with_weights = true) {
-    Tensor t;
-    t.n = n;
-    t.master = master.data();
-    t.m = m.data();
-    t.v = v.data();
-    t.state_dtype = sd;
+    Tensor t = Buf::tensor(sd);
     t.grad = grad.data();
     t.grad_dtype = LWO_DTYPE_BF16;
-    t.weights = with_weights ? weights.data() : nullptr;
-    t.weight_dtype = LWO_DTYPE_BF16;
+    if (!with_weights) t.weights = nullptr;
     if (fp8) {
       t.quant_format = LWO_QUANT_FP8_E4M3_BLOCK128;
       t.rows = rows;

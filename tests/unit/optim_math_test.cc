@@ -20,6 +20,7 @@
 #include "src/optim/optim.h"
 #include "src/optim/workers.h"
 #include "test_util.h"
+#include "unit/optim_buffers.h"
 
 namespace lwo {
 namespace optim {
@@ -38,25 +39,6 @@ struct Ref {
       p[i] -= h.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + h.eps);
     }
   }
-};
-
-// A tensor's buffers for state of either dtype.
-struct Buf {
-  std::vector<float> master;
-  std::vector<uint8_t> m, v;
-  std::vector<uint16_t> weights;
-  Tensor tensor(lwo_dtype_t sd) {
-    Tensor t;
-    t.n = master.size();
-    t.master = master.data();
-    t.m = m.data();
-    t.v = v.data();
-    t.state_dtype = sd;
-    t.weights = weights.data();
-    t.weight_dtype = LWO_DTYPE_BF16;
-    return t;
-  }
-  Buf(uint64_t n, lwo_dtype_t sd) : master(n), m(n * dtype_size(sd)), v(n * dtype_size(sd)), weights(n) {}
 };
 
 // 100 steps with bf16 state (nearest, stochastic) and with f32 state, each

@@ -15,6 +15,7 @@
 #include "src/common/dtype.h"
 
 #include "test_util.h"
+#include "unit/adamw_ref.h"
 
 namespace lwo {
 namespace testing {
@@ -99,14 +100,7 @@ class OptimTest : public EngineTest {
   }
   static void adam_ref(Ref& t, const std::vector<double>& g, const lwo_optim_step_params& p,
                        double c) {
-    const double bc1 = 1 - std::pow(p.beta1, double(p.step)), bc2 = 1 - std::pow(p.beta2, double(p.step));
-    for (size_t i = 0; i < t.p.size(); ++i) {
-      const double gi = g[i] * c;
-      t.p[i] *= 1 - p.lr * p.weight_decay;
-      t.m[i] = p.beta1 * t.m[i] + (1 - p.beta1) * gi;
-      t.v[i] = p.beta2 * t.v[i] + (1 - p.beta2) * gi * gi;
-      t.p[i] -= p.lr / bc1 * t.m[i] / (std::sqrt(t.v[i]) / std::sqrt(bc2) + p.eps);
-    }
+    lwo_optim_test::adamw_ref(t, g, p, c, p.step);
   }
   // The masters against the reference, the pool's bytes their rounding.
   void check_state(lwo_optim* o, lwo_pool* pool, std::map<Key, Ref>& ref, double tol_lr,

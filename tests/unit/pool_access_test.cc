@@ -190,9 +190,7 @@ TEST_F(PoolAccess, GradsShardOnUnshardedPoolIsTheWholeTensor) {
 // tensor and marks the layer changed: a released slot holding it is no
 // longer a hit.
 TEST_F(PoolAccess, WriteRangeWritesExactlyTheRangeAndMarksTheLayerChanged) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 3);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 3);
   use(ring, pool, 0, c);
   use(ring, pool, 1, c);
   use(ring, pool, 1, c);

@@ -11,6 +11,7 @@
 
 #include "src/common/dtype.h"
 #include "test_util.h"
+#include "unit/conv_desc.h"
 #include "unit/quant_formats.h"
 
 namespace lwo {
@@ -367,12 +368,7 @@ TEST_F(QuantLinearArgs, QuantizedWeightsAreCheckedAndFrozen) {
 using QuantConvArgs = EngineTest;
 
 lwo_conv2d_desc quant_conv(lwo_quant_format_t f) {
-  lwo_conv2d_desc d = LWO_CONV2D_DESC_INIT;
-  d.flags = LWO_CONV_BIAS;
-  d.in_channels = 128;
-  d.out_channels = 48;
-  d.kernel_h = d.kernel_w = 3;
-  d.pad_h = d.pad_w = 1;
+  lwo_conv2d_desc d = lwo_conv_test::conv3x3_desc(128, 48, LWO_CONV_BIAS);
   d.weight_format = f;  // cols 128 * 3 * 3 = 1152: 9 groups of 128
   return d;
 }

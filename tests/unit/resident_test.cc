@@ -14,17 +14,6 @@ namespace {
 
 class ResidentTest : public EngineTest {
  protected:
-  lwo_ring* make_resident_ring(lwo_pool* pool, uint32_t depth, std::vector<uint32_t> resident,
-                               uint32_t flags = 0) {
-    lwo_ring_config c = LWO_RING_CONFIG_INIT;
-    c.depth = depth;
-    c.flags = flags;
-    c.resident_layers = resident.data();
-    c.n_resident = static_cast<uint32_t>(resident.size());
-    lwo_ring* ring = nullptr;
-    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
-    return ring;
-  }
   lwo_status_t try_ring(lwo_pool* pool, uint32_t depth, const uint32_t* resident, uint32_t n,
                         lwo_ring** ring) {
     lwo_ring_config c = LWO_RING_CONFIG_INIT;
@@ -56,7 +45,7 @@ TEST_F(ResidentTest, ResidentLayersAreHitsThatMoveNothing) {
   // Layers 4 and 9 % 5 are the largest (5 x 37 rows): make 4 resident, so the
   // slots shrink to the largest streamed record.
   uint64_t copies0 = gpu->stats.copies, bytes0 = gpu->stats.bytes;
-  lwo_ring* ring = make_resident_ring(pool, 2, {4, 1});
+  lwo_ring* ring = resident_ring(pool, 2, {4, 1});
   ASSERT_NE(ring, nullptr);
   EXPECT_EQ(gpu->stats.copies, copies0 + 2);  // the two uploads
   EXPECT_EQ(gpu->stats.bytes, bytes0 + record_bytes(pool, 4) + record_bytes(pool, 1));
@@ -104,7 +93,7 @@ TEST_F(ResidentTest, ResidentLayersAreHitsThatMoveNothing) {
 // acquired, staging it again is LAYER_BUSY.
 TEST_F(ResidentTest, ChangedResidentLayerIsUploadedAfterEveryReader) {
   lwo_pool* pool = make_pool(3, 11);
-  lwo_ring* ring = make_resident_ring(pool, 1, {0});
+  lwo_ring* ring = resident_ring(pool, 1, {0});
   StreamH a = gpu->new_stream(), b = gpu->new_stream(), c = gpu->new_stream();
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
@@ -164,7 +153,7 @@ TEST_F(ResidentTest, RandomSequencesWithResidentLayersKeepHappensBefore) {
   uint64_t changes_of_resident = 0;
   for (uint32_t depth = 1; depth <= 4; ++depth) {
     std::vector<uint32_t> resident = {depth % kLayers, (depth + 3) % kLayers, 8};
-    lwo_ring* ring = make_resident_ring(pool, depth, resident);
+    lwo_ring* ring = resident_ring(pool, depth, resident);
     ASSERT_NE(ring, nullptr);
     ASSERT_LWO(lwo_ring_reset_stats(ring));
     auto is_res = [&](uint32_t l) {
@@ -252,7 +241,7 @@ TEST_F(ResidentTest, RandomSequencesWithResidentLayersKeepHappensBefore) {
 // the resident layers are hits on every pass.
 TEST_F(ResidentTest, SchedulesRunOverResidentLayers) {
   lwo_pool* pool = make_pool(6, 3);
-  lwo_ring* ring = make_resident_ring(pool, 2, {0, 5});
+  lwo_ring* ring = resident_ring(pool, 2, {0, 5});
   std::vector<uint32_t> order = {0, 1, 2, 3, 4, 5, 5, 4, 3, 2, 1, 0};
   lwo_schedule* sch = nullptr;
   ASSERT_LWO(lwo_schedule_create(ring, order.data(), static_cast<uint32_t>(order.size()), &sch));
@@ -318,7 +307,7 @@ TEST_F(ResidentTest, BadResidentListsGiveDistinctStatuses) {
 // again (never a hit of half-written bytes).
 TEST_F(ResidentTest, FailedReuploadIsRetried) {
   lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_resident_ring(pool, 1, {2});
+  lwo_ring* ring = resident_ring(pool, 1, {2});
   StreamH c = gpu->new_stream();
   use(ring, pool, 2, c);
   ASSERT_LWO(lwo_pool_layer_changed(pool, 2));
@@ -380,7 +369,7 @@ TEST_F(ResidentTest, BudgetCountsSlotsResidentLayersAndGradients) {
   EXPECT_EQ(m.budget, slots + res - 1);
 
   ASSERT_LWO(lwo_engine_set_budget(engine, slots + res, 0.0, 0));
-  ring = make_resident_ring(pool, 2, {4});
+  ring = resident_ring(pool, 2, {4});
   ASSERT_NE(ring, nullptr);
   ASSERT_LWO(lwo_engine_get_memory(engine, &m));
   EXPECT_EQ(m.ring_slots, slots);

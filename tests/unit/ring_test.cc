@@ -191,9 +191,7 @@ TEST_F(RingTest, HitOnAnotherStreamStillCoversEarlierReaders) {
 // After the host bytes of a layer change, a slot holding the old bytes is
 // never a hit again.
 TEST_F(RingTest, ChangedLayersAreCopiedAgain) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 2);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 2);
   use(ring, pool, 0, c);
   use(ring, pool, 1, c);
   uint64_t copies = gpu->stats.copies;
@@ -322,9 +320,7 @@ TEST_F(RingTest, ManyTicketsOfOneRingNeverRepeat) {
 // A copy that fails half-way leaves the slot empty: the old layer must not be
 // a hit any more (its bytes may be partly overwritten) and the ring works on.
 TEST_F(RingTest, FailedCopyNeverBecomesAHit) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 1);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 1);
   lwo_ticket t{};
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_ring_stage(ring, 0, &t));

@@ -162,9 +162,7 @@ TEST_F(RingTickets, ReleaseAllOfAHitCoversEarlierReaders) {
 // lwo_ring_release_all is LWO_ERR_BUSY while a schedule of the ring exists,
 // and then releases nothing (n_released left as it was).
 TEST_F(RingTickets, ReleaseAllIsBusyWhileAScheduleExists) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 2);
-  StreamH c = gpu->new_stream();
+  auto [pool, ring, c] = pool_ring_stream(3, 2);
   lwo_ticket mine{};
   ASSERT_LWO(lwo_ring_stage(ring, 2, &mine));
   uint32_t order[2] = {0, 1};

@@ -130,6 +130,30 @@ class EngineTest : public ::testing::Test {
     EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
     return ring;
   }
+  // A ring of `depth` slots keeping `resident` on the device.
+  lwo_ring* resident_ring(lwo_pool* pool, uint32_t depth, const std::vector<uint32_t>& resident,
+                          uint32_t flags = 0) {
+    lwo_ring_config c = LWO_RING_CONFIG_INIT;
+    c.depth = depth;
+    c.flags = flags;
+    c.resident_layers = resident.data();
+    c.n_resident = static_cast<uint32_t>(resident.size());
+    lwo_ring* ring = nullptr;
+    EXPECT_EQ(lwo_ring_create(pool, &c, &ring), LWO_OK) << lwo_last_error_message();
+    return ring;
+  }
+  // A pool of `n` layers (make_pool), a ring of `depth` slots over it
+  // (make_ring) and then a consumer stream, made in that order: for
+  // `auto [pool, ring, c] = pool_ring_stream(n, depth);`.
+  struct PoolRingStream {
+    lwo_pool* pool;
+    lwo_ring* ring;
+    StreamH c;
+  };
+  PoolRingStream pool_ring_stream(uint32_t n, uint32_t depth) {
+    lwo_pool* pool = make_pool(n);
+    return {pool, make_ring(pool, depth), gpu->new_stream()};
+  }
   // Does the acquired view hold exactly the host record of its layer?
   bool holds_layer(lwo_pool* pool, const lwo_layer_view& v) {
     void* host = nullptr;
