@@ -106,6 +106,22 @@ class CaptureGpu : public GpuTest {
   }
   // One pass by hand over the ring on `s`: stage, acquire, the layer's
   // forward, release (eager, or captured).
+  // `pass` enqueued on `st` in a capture the test begins (global mode) and
+  // ends itself, the ring joined and left around it; the graph instantiated
+  // into *exec, as a framework would.
+  template <typename F>
+  void capture_joined(lwo_ring* ring, cudaStream_t st, F pass, cudaGraphExec_t* exec) {
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CHECK_LWO(lwo_ring_capture_join(ring, st));
+    pass();
+    CHECK_LWO(lwo_ring_capture_leave(ring, st));
+    cudaGraph_t g = nullptr;
+    CUDA_OK(cudaStreamEndCapture(st, &g));
+    const cudaError_t inst = cudaGraphInstantiate(exec, g, 0);
+    CUDA_OK(cudaGraphDestroy(g));
+    CUDA_OK(inst);
+  }
+
   void hand_pass(lwo_ring* ring, cudaStream_t s) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       lwo_ticket tk{};
@@ -491,18 +507,13 @@ TEST_F(CaptureGpu, AJoinedForwardReplayedByCudaGraphLaunchEqualsTheResidentChain
   hand_pass(ring.get(), st);  // eager first: plans and workspaces outside the capture
   ASSERT_EQ(output(st), want) << "eager pass";
   CUDA_OK(cudaStreamSynchronize(st));
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  CHECK_LWO(lwo_ring_capture_join(ring.get(), st));
-  hand_pass(ring.get(), st);
-  CHECK_LWO(lwo_ring_capture_leave(ring.get(), st));
-  cudaGraph_t g = nullptr;
-  CUDA_OK(cudaStreamEndCapture(st, &g));
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
-  CUDA_OK(cudaGraphDestroy(g));
-  CUDA_OK(inst);
+  ASSERT_NO_FATAL_FAILURE(capture_joined(ring.get(), st, [&] { hand_pass(ring.get(), st); },
+                                         &exec));
   auto destroy_exec = defer([&] {
-    if (exec) EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+    if (exec) {
+      EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+    }
   });
   for (uint32_t k = 0; k < 8; ++k) {
     if (k) {
@@ -583,16 +594,9 @@ TEST_F(CaptureGpu, AJoinedTrainingStepReplayedByCudaGraphLaunchEqualsTheResident
 
   CHECK_LWO(lwo_grads_zero(grads.get()));
   CUDA_OK(cudaStreamSynchronize(st));
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  CHECK_LWO(lwo_ring_capture_join(ring.get(), st));
-  streamed_step(sch.get(), grads.get(), st);
-  CHECK_LWO(lwo_ring_capture_leave(ring.get(), st));
-  cudaGraph_t g = nullptr;
-  CUDA_OK(cudaStreamEndCapture(st, &g));
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
-  CUDA_OK(cudaGraphDestroy(g));
-  CUDA_OK(inst);
+  ASSERT_NO_FATAL_FAILURE(
+      capture_joined(ring.get(), st, [&] { streamed_step(sch.get(), grads.get(), st); }, &exec));
   auto destroy_exec = defer([&] {
     if (exec) {
       EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));

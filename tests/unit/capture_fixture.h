@@ -30,6 +30,33 @@ class CaptureFixture : public AbiTest {
     }
     return bases;
   }
+
+  // The caller's end of its capture: the graph, or null (with a failure)
+  // where the recording backend refuses it as CUDA would.
+  void* caller_end(StreamH s) {
+    try {
+      return gpu->caller_capture_end(s);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "the caller's capture did not end: " << e.what();
+      return nullptr;
+    }
+  }
+
+  // The caller's capture on `s`, which `ring` joined, ends (or, with
+  // `invalidate`, is invalidated) before the ring leaves it: the leave is
+  // LWO_ERR_CAPTURING and says which, and the caller's end fails.
+  void end_before_leave(lwo_ring* ring, StreamH s, bool invalidate) {
+    if (invalidate) {
+      gpu->invalidate_capture();
+      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
+      EXPECT_TRUE(contains(msg(), "was invalidated before lwo_ring_capture_leave")) << msg();
+      EXPECT_THROW(gpu->caller_capture_end(s), Error);
+    } else {
+      EXPECT_THROW(gpu->caller_capture_end(s), Error);  // unjoined
+      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
+      EXPECT_TRUE(contains(msg(), "ended before lwo_ring_capture_leave")) << msg();
+    }
+  }
 };
 
 }  // namespace testing

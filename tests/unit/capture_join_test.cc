@@ -40,16 +40,6 @@ class CaptureJoin : public CaptureFixture {
     EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, bytes), LWO_OK) << msg();
     return static_cast<const uint8_t*>(p);
   }
-  // The caller's end of its capture: the graph, or null (with a failure)
-  // where the recording backend refuses it as CUDA would.
-  void* caller_end(StreamH s) {
-    try {
-      return gpu->caller_capture_end(s);
-    } catch (const Error& e) {
-      ADD_FAILURE() << "the caller's capture did not end: " << e.what();
-      return nullptr;
-    }
-  }
 };
 
 // A pass over 3 layers in a ring of depth 2, captured inside the caller's
@@ -418,16 +408,7 @@ TEST_F(CaptureJoin, ACallersCaptureEndedFirstDropsTheRingsPart) {
     ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
     lwo_ticket t{};
     ASSERT_LWO(lwo_ring_stage(ring, 0, &t));
-    if (invalidate) {
-      gpu->invalidate_capture();
-      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
-      EXPECT_TRUE(contains(msg(), "was invalidated before lwo_ring_capture_leave")) << msg();
-      EXPECT_THROW(gpu->caller_capture_end(s), Error);
-    } else {
-      EXPECT_THROW(gpu->caller_capture_end(s), Error);  // unjoined
-      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
-      EXPECT_TRUE(contains(msg(), "ended before lwo_ring_capture_leave")) << msg();
-    }
+    end_before_leave(ring, s, invalidate);
     EXPECT_EQ(state(ring, t), LWO_TICKET_ENDED);
     ASSERT_LWO(rewrite(pool, 2, 5));  // not held any more
     pass(ring, s, {0, 1, 2}, pool);

@@ -84,6 +84,56 @@ class Capture : public CaptureFixture {
   static float grad_value(uint64_t k, size_t i, uint64_t j) {
     return static_cast<float>(static_cast<int64_t>((k * 13 + i * 5 + j) % 97) - 48);
   }
+  // The training step of GradientsOfACapturedStepLandAtEachLaunch and its
+  // joined twin: 3 layers, a ring of depth 2, f32 host gradients (depth 4),
+  // the backward {2, 1, 1, 0} (layer 1's gradient twice, the second added).
+  struct TrainSet {
+    lwo_pool* pool = nullptr;
+    lwo_ring* ring = nullptr;
+    lwo_grads* grads = nullptr;
+    StreamH s = nullptr;
+    std::vector<uint32_t> bwd = {2, 1, 1, 0};
+  };
+  // Makes the set and runs one eager step of it (gradients 0).
+  void train_set(TrainSet* t) {
+    t->pool = make_pool(3);
+    t->ring = make_ring(t->pool, 2);
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = LWO_GRADS_F32;
+    gc.depth = 4;
+    ASSERT_LWO(lwo_grads_create(t->pool, nullptr, &gc, &t->grads));
+    t->s = gpu->new_stream();
+    eager_train_step(*t, 0);
+  }
+  // One eager step with gradients k; the host gradients checked.
+  void eager_train_step(const TrainSet& t, uint64_t k) {
+    ASSERT_LWO(lwo_grads_zero(t.grads));
+    const std::vector<GradEnd> ends = train_step(
+        t.ring, t.grads, t.s, 3, t.bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
+    ASSERT_LWO(lwo_grads_wait(t.grads));
+    expect_host_grads(t.grads, t.pool, ends, k);
+  }
+
+  // Five replays of t's captured step, each after lwo_grads_zero and launched
+  // by `launch`, land that replay's slot bytes, summed, in the host
+  // gradients (the third's host work comes late: lwo_grads_wait waits for it).
+  void five_replays(const TrainSet& t, const std::vector<GradEnd>& ends,
+                    const lwo_grads_stats& before, const std::function<lwo_status_t()>& launch) {
+    for (uint64_t k = 1; k <= 5; ++k) {
+      ASSERT_LWO(lwo_grads_zero(t.grads));
+      for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
+      const RecordingBackend::Stats st = gpu->stats;
+      gpu->pause_at_host_func = k == 3;  // the fence waits for the replay's host work
+      ASSERT_LWO(launch());
+      gpu->pause_at_host_func = false;
+      ASSERT_LWO(lwo_grads_wait(t.grads));
+      expect_host_grads(t.grads, t.pool, ends, k);
+      EXPECT_EQ(gpu->stats.replayed_d2h_copies - st.replayed_d2h_copies, 4u);
+      EXPECT_EQ(gpu->stats.replayed_host_funcs - st.replayed_host_funcs, 5u);
+      EXPECT_EQ(grads_stats(t.grads).n_transfers, before.n_transfers + 4 * k);
+    }
+  }
+
   static void write_grad(uint64_t k, size_t i, const GradEnd& e) {
     std::vector<float> v(e.bytes / 4);
     for (uint64_t j = 0; j < v.size(); ++j) v[j] = grad_value(k, i, j);
@@ -437,73 +487,47 @@ size_t count_ops(const std::vector<RecordingBackend::GraphOp>& ops,
 // A launch without the zero is refused; the graph holds the set until it is
 // destroyed, then eager steps land again.
 TEST_F(Capture, GradientsOfACapturedStepLandAtEachLaunch) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 2);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  gc.depth = 4;
-  lwo_grads* grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  StreamH s = gpu->new_stream();
-  const std::vector<uint32_t> bwd = {2, 1, 1, 0};
-  auto eager_step = [&](uint64_t k) {
-    ASSERT_LWO(lwo_grads_zero(grads));
-    const std::vector<GradEnd> ends =
-        train_step(ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
-    ASSERT_LWO(lwo_grads_wait(grads));
-    expect_host_grads(grads, pool, ends, k);
-  };
-  eager_step(0);
-  const lwo_grads_stats before = grads_stats(grads);
+  TrainSet t;
+  ASSERT_NO_FATAL_FAILURE(train_set(&t));
+  const lwo_grads_stats before = grads_stats(t.grads);
 
-  ASSERT_LWO(lwo_grads_zero(grads));
-  ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+  ASSERT_LWO(lwo_grads_zero(t.grads));
+  ASSERT_LWO(lwo_ring_capture_begin(t.ring, stream(t.s)));
   const std::vector<GradEnd> ends =
-      train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+      train_step(t.ring, t.grads, t.s, 3, t.bwd, [](size_t, const GradEnd&) {});
   lwo_graph* graph = nullptr;
-  ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+  ASSERT_LWO(lwo_ring_capture_end(t.ring, stream(t.s), &graph));
   ASSERT_NE(graph, nullptr);
-  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);  // nothing ran
+  EXPECT_EQ(grads_stats(t.grads).n_transfers, before.n_transfers);  // nothing ran
   const auto& ops = gpu->graph_ops();
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::CopyD2H), 4u);
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::HostFunc), 5u);
   for (size_t i = 0; i < ends.size(); ++i)
     for (size_t j = 0; j < i; ++j) ASSERT_NE(ends[i].base, ends[j].base);  // one slot each
 
-  for (uint64_t k = 1; k <= 5; ++k) {
-    ASSERT_LWO(lwo_grads_zero(grads));
-    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
-    const RecordingBackend::Stats st = gpu->stats;
-    gpu->pause_at_host_func = k == 3;  // the fence waits for the replay's host work
-    ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
-    gpu->pause_at_host_func = false;
-    ASSERT_LWO(lwo_grads_wait(grads));
-    expect_host_grads(grads, pool, ends, k);
-    EXPECT_EQ(gpu->stats.replayed_d2h_copies - st.replayed_d2h_copies, 4u);
-    EXPECT_EQ(gpu->stats.replayed_host_funcs - st.replayed_host_funcs, 5u);
-    EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 4 * k);
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      five_replays(t, ends, before, [&] { return lwo_graph_launch(graph, stream(t.s)); }));
   // Without the zero the replay would overwrite the last one's gradients.
-  EXPECT_EQ(lwo_graph_launch(graph, stream(s)), LWO_ERR_TICKET_STATE);
+  EXPECT_EQ(lwo_graph_launch(graph, stream(t.s)), LWO_ERR_TICKET_STATE);
   EXPECT_TRUE(contains(msg(), "call lwo_grads_zero before each replay")) << msg();
-  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 20);
-  expect_host_grads(grads, pool, ends, 5);
-  ASSERT_LWO(lwo_grads_zero(grads));
+  EXPECT_EQ(grads_stats(t.grads).n_transfers, before.n_transfers + 20);
+  expect_host_grads(t.grads, t.pool, ends, 5);
+  ASSERT_LWO(lwo_grads_zero(t.grads));
   for (size_t i = 0; i < ends.size(); ++i) write_grad(6, i, ends[i]);
-  ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
-  ASSERT_LWO(lwo_grads_wait(grads));
-  expect_host_grads(grads, pool, ends, 6);
+  ASSERT_LWO(lwo_graph_launch(graph, stream(t.s)));
+  ASSERT_LWO(lwo_grads_wait(t.grads));
+  expect_host_grads(t.grads, t.pool, ends, 6);
   // The graph holds the set.
   lwo_layer_view g = LWO_LAYER_VIEW_INIT;
-  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(s), &g), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_grads_begin(t.grads, 0, stream(t.s), &g), LWO_ERR_BUSY);
   EXPECT_TRUE(starts_with(msg(), "lwo_grads_begin: a gradient's begin: the gradient set belongs "
                                  "to a CUDA graph")) << msg();
-  EXPECT_EQ(lwo_grads_destroy(grads), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_grads_destroy(t.grads), LWO_ERR_BUSY);
   EXPECT_TRUE(contains(msg(), "lwo_graph_destroy")) << msg();
   ASSERT_LWO(lwo_graph_destroy(graph));
-  eager_step(7);
+  eager_train_step(t, 7);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
-  destroy(grads, ring, pool);
+  destroy(t.grads, t.ring, t.pool);
 }
 
 // Gradient sets and a capture, each refusal leaving every object usable: a
@@ -794,16 +818,6 @@ TEST_F(Capture, InCheckingModeAReplayCopiesItsResidentLayers) {
 // capture_join_test.cc, announcing each of its launches.
 class CaptureJoinTrain : public Capture {
  protected:
-  // The caller's end of its capture: the graph, or null (with a failure)
-  // where the recording backend refuses it as CUDA would.
-  void* caller_end(StreamH s) {
-    try {
-      return gpu->caller_capture_end(s);
-    } catch (const Error& e) {
-      ADD_FAILURE() << "the caller's capture did not end: " << e.what();
-      return nullptr;
-    }
-  }
   // The caller's capture of `step` on `s` with the ring joined into it.
   void* capture_joined(lwo_ring* ring, StreamH s, const std::function<void()>& step) {
     gpu->caller_capture_begin(s);
@@ -831,76 +845,49 @@ class CaptureJoinTrain : public Capture {
 // (LWO_ERR_TICKET_STATE) with nothing launched; the caller's graph holds the
 // set until lwo_ring_capture_release, then eager steps land again.
 TEST_F(CaptureJoinTrain, AnnouncedReplaysOfAJoinedStepLandItsGradients) {
-  lwo_pool* pool = make_pool(3);
-  lwo_ring* ring = make_ring(pool, 2);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  gc.depth = 4;
-  lwo_grads* grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  StreamH s = gpu->new_stream();
-  const std::vector<uint32_t> bwd = {2, 1, 1, 0};
-  auto eager_step = [&](uint64_t k) {
-    ASSERT_LWO(lwo_grads_zero(grads));
-    const std::vector<GradEnd> ends = train_step(
-        ring, grads, s, 3, bwd, [&](size_t i, const GradEnd& e) { write_grad(k, i, e); });
-    ASSERT_LWO(lwo_grads_wait(grads));
-    expect_host_grads(grads, pool, ends, k);
-  };
-  eager_step(0);
-  const lwo_grads_stats before = grads_stats(grads);
+  TrainSet t;
+  ASSERT_NO_FATAL_FAILURE(train_set(&t));
+  const lwo_grads_stats before = grads_stats(t.grads);
 
-  ASSERT_LWO(lwo_grads_zero(grads));
+  ASSERT_LWO(lwo_grads_zero(t.grads));
   std::vector<GradEnd> ends;
-  void* g = capture_joined(ring, s, [&] {
-    ends = train_step(ring, grads, s, 3, bwd, [](size_t, const GradEnd&) {});
+  void* g = capture_joined(t.ring, t.s, [&] {
+    ends = train_step(t.ring, t.grads, t.s, 3, t.bwd, [](size_t, const GradEnd&) {});
   });
   ASSERT_NE(g, nullptr);
-  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);  // nothing ran
+  EXPECT_EQ(grads_stats(t.grads).n_transfers, before.n_transfers);  // nothing ran
   const auto& ops = gpu->graph_ops();
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::CopyD2H), 4u);
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::HostFunc), 5u);
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::EventRecord), 1u);
   EXPECT_EQ(ops.back().kind, RecordingBackend::GraphOp::EventRecord);
-  for (uint64_t k = 1; k <= 5; ++k) {
-    ASSERT_LWO(lwo_grads_zero(grads));
-    for (size_t i = 0; i < ends.size(); ++i) write_grad(k, i, ends[i]);
-    const RecordingBackend::Stats st = gpu->stats;
-    gpu->pause_at_host_func = k == 3;  // the fence waits for the replay's host work
-    ASSERT_LWO(replay(ring, g, s));
-    gpu->pause_at_host_func = false;
-    ASSERT_LWO(lwo_grads_wait(grads));
-    expect_host_grads(grads, pool, ends, k);
-    EXPECT_EQ(gpu->stats.replayed_d2h_copies - st.replayed_d2h_copies, 4u);
-    EXPECT_EQ(gpu->stats.replayed_host_funcs - st.replayed_host_funcs, 5u);
-    EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 4 * k);
-  }
+  ASSERT_NO_FATAL_FAILURE(five_replays(t, ends, before, [&] { return replay(t.ring, g, t.s); }));
   // Without the zero the replay would overwrite the last one's gradients.
   const uint64_t launches = gpu->launches;
-  EXPECT_EQ(replay(ring, g, s), LWO_ERR_TICKET_STATE);
+  EXPECT_EQ(replay(t.ring, g, t.s), LWO_ERR_TICKET_STATE);
   EXPECT_TRUE(starts_with(msg(), "lwo_ring_capture_replay: gradient layer ")) << msg();
   EXPECT_TRUE(contains(msg(), "call lwo_grads_zero before each replay")) << msg();
   EXPECT_EQ(gpu->launches, launches);
-  EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers + 20);
-  expect_host_grads(grads, pool, ends, 5);
-  ASSERT_LWO(lwo_grads_zero(grads));
+  EXPECT_EQ(grads_stats(t.grads).n_transfers, before.n_transfers + 20);
+  expect_host_grads(t.grads, t.pool, ends, 5);
+  ASSERT_LWO(lwo_grads_zero(t.grads));
   for (size_t i = 0; i < ends.size(); ++i) write_grad(6, i, ends[i]);
-  ASSERT_LWO(replay(ring, g, s));
-  ASSERT_LWO(lwo_grads_wait(grads));
-  expect_host_grads(grads, pool, ends, 6);
+  ASSERT_LWO(replay(t.ring, g, t.s));
+  ASSERT_LWO(lwo_grads_wait(t.grads));
+  expect_host_grads(t.grads, t.pool, ends, 6);
   // The caller's graph holds the set.
   lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(s), &v), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_grads_begin(t.grads, 0, stream(t.s), &v), LWO_ERR_BUSY);
   EXPECT_TRUE(starts_with(msg(), "lwo_grads_begin: a gradient's begin: the gradient set belongs "
                                  "to a CUDA graph: the caller's graph")) << msg();
   EXPECT_TRUE(contains(msg(), "lwo_ring_capture_release")) << msg();
-  EXPECT_EQ(lwo_grads_destroy(grads), LWO_ERR_BUSY);
+  EXPECT_EQ(lwo_grads_destroy(t.grads), LWO_ERR_BUSY);
   EXPECT_TRUE(contains(msg(), "lwo_ring_capture_release")) << msg();
   gpu->graph_destroy(g);
-  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
-  eager_step(7);
+  ASSERT_LWO(lwo_ring_capture_release(t.ring, stream(t.s)));
+  eager_train_step(t, 7);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
-  destroy(grads, ring, pool);
+  destroy(t.grads, t.ring, t.pool);
 }
 
 // The host optimizer on a joined step's replays, as in eager training: SGD
@@ -1206,16 +1193,7 @@ TEST_F(CaptureJoinTrain, ACallersCaptureEndedFirstDropsTheGradientSetsPart) {
     train_step(ring, grads, s, 3, {1}, [](size_t, const GradEnd&) {});
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
     ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &v));
-    if (invalidate) {
-      gpu->invalidate_capture();
-      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
-      EXPECT_TRUE(contains(msg(), "was invalidated before lwo_ring_capture_leave")) << msg();
-      EXPECT_THROW(gpu->caller_capture_end(s), Error);
-    } else {
-      EXPECT_THROW(gpu->caller_capture_end(s), Error);  // unjoined
-      EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_ERR_CAPTURING);
-      EXPECT_TRUE(contains(msg(), "ended before lwo_ring_capture_leave")) << msg();
-    }
+    end_before_leave(ring, s, invalidate);
     EXPECT_EQ(grads_stats(grads).n_transfers, before.n_transfers);
     ASSERT_LWO(lwo_grads_wait(grads));
     expect_host_grads(grads, pool, held, k);  // as before the capture
