@@ -104,8 +104,6 @@ class CaptureGpu : public GpuTest {
     CHECK_LWO(lwo_ring_create(pool_.get(), &cfg, out->out()));
     ASSERT_NE(nullptr, out->get());
   }
-  // One pass by hand over the ring on `s`: stage, acquire, the layer's
-  // forward, release (eager, or captured).
   // `pass` enqueued on `st` in a capture the test begins (global mode) and
   // ends itself, the ring joined and left around it; the graph instantiated
   // into *exec, as a framework would.
@@ -122,6 +120,18 @@ class CaptureGpu : public GpuTest {
     CUDA_OK(inst);
   }
 
+  // A ring of depth 2 over the pool and a gradient set of `flags` for the
+  // training-step tests.
+  void train_ring(uint32_t flags, Ring* ring, testkit::Grads* grads) {
+    create_ring(pool_.get(), 2, 0, ring);
+    if (HasFatalFailure()) return;
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = flags;
+    CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads->out()));
+  }
+
+  // One pass by hand over the ring on `s`: stage, acquire, the layer's
+  // forward, release (eager, or captured).
   void hand_pass(lwo_ring* ring, cudaStream_t s) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       lwo_ticket tk{};
@@ -386,12 +396,8 @@ TEST_F(CaptureGpu, ACapturedTrainingStepsGradientsEqualTheResidentStep) {
   for (uint32_t flags : {0u, uint32_t(LWO_GRADS_NATIVE_WIRE)}) {
     SCOPED_TRACE(flags ? "f32 host gradients" : "bf16 host gradients");
     Ring ring;
-    create_ring(pool_.get(), 2, 0, &ring);
-    if (HasFatalFailure()) return;
-    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-    gc.flags = flags;
     testkit::Grads grads;
-    CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
+    ASSERT_NO_FATAL_FAILURE(train_ring(flags, &ring, &grads));
     testkit::Schedule sch;
     CHECK_LWO(lwo_schedule_create(ring.get(), order.data(), uint32_t(order.size()), sch.out()));
     auto step = [&] { streamed_step(sch.get(), grads.get(), st); };
@@ -562,12 +568,8 @@ TEST_F(CaptureGpu, AJoinedTrainingStepReplayedByCudaGraphLaunchEqualsTheResident
   train_buffers();
   const std::vector<uint32_t> order = step_order();
   Ring ring;
-  create_ring(pool_.get(), 2, 0, &ring);
-  if (HasFatalFailure()) return;
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_NATIVE_WIRE;
   testkit::Grads grads;
-  CHECK_LWO(lwo_grads_create(pool_.get(), nullptr, &gc, grads.out()));
+  ASSERT_NO_FATAL_FAILURE(train_ring(LWO_GRADS_NATIVE_WIRE, &ring, &grads));
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   oc.kind = LWO_OPTIM_SGD;
   lwo_optim* optim = nullptr;

@@ -31,6 +31,13 @@ class CaptureFixture : public AbiTest {
     return bases;
   }
 
+  // The host bytes of `layer` in `pool` (and their count in *bytes).
+  const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, bytes), LWO_OK) << msg();
+    return static_cast<const uint8_t*>(p);
+  }
+
   // The caller's end of its capture: the graph, or null (with a failure)
   // where the recording backend refuses it as CUDA would.
   void* caller_end(StreamH s) {

@@ -35,11 +35,6 @@ class CaptureJoin : public CaptureFixture {
     fill_random(b.data(), b.size(), seed);
     return lwo_pool_write(pool, layer, "weight", b.data(), b.size());
   }
-  const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, bytes), LWO_OK) << msg();
-    return static_cast<const uint8_t*>(p);
-  }
 };
 
 // A pass over 3 layers in a ring of depth 2, captured inside the caller's

@@ -181,12 +181,6 @@ class Capture : public CaptureFixture {
   }
 };
 
-const uint8_t* host_of(lwo_pool* pool, uint32_t layer, uint64_t* bytes) {
-  void* p = nullptr;
-  EXPECT_EQ(lwo_pool_layer_host(pool, layer, &p, bytes), LWO_OK) << msg();
-  return static_cast<const uint8_t*>(p);
-}
-
 // Captured passes over 3 layers in a ring of depth 2 (layer 2 reuses layer
 // 0's slot): the capture copies nothing; each launch copies the bytes the
 // pool holds then (layer 1 rewritten between launches), into the slots the
