@@ -509,7 +509,7 @@ class Driver {
       c.depth = d % 16 == 0 ? 0u : 1 + d % 3;
       c.flags = in_.coin() ? LWO_GRADS_F32 : 0u;
       uint8_t tr[kPoolLayers];
-      for (uint32_t i = 0; i < n_layers_; ++i) tr[i] = in_.u8() % 4 != 0;
+      for (uint32_t i = 0; i < n_layers_ && i < kPoolLayers; ++i) tr[i] = in_.u8() % 4 != 0;
       const bool all = in_.coin();
       lwo_grads* g = nullptr;
       if (check(kGradsCreate, lwo_grads_create(pool_, all ? nullptr : tr, &c, &g))) {

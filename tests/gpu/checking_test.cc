@@ -23,8 +23,12 @@ class Checking : public GpuTest {
     ASSERT_NO_FATAL_FAILURE(create_pinned_pool(engine_, std::move(specs), test_seed(28), &tp_));
   }
   void TearDown() override {
-    if (stream(0)) EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
-    if (sum_) EXPECT_EQ(cudaSuccess, cudaFree(sum_));
+    if (stream(0)) {
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream(0)));
+    }
+    if (sum_) {
+      EXPECT_EQ(cudaSuccess, cudaFree(sum_));
+    }
     EXPECT_LWO_OK(tp_.destroy());
     GpuTest::TearDown();  // checks and destroys the engine
   }

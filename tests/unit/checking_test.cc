@@ -158,7 +158,9 @@ TEST_F(CheckingTest, GradientsHoldThePatternUntilTheyLand) {
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
       // A used staging slot holds its last end's pattern, not an old gradient.
-      if (micro > 0) EXPECT_TRUE(all_pattern(v.base, v.record_bytes)) << "begin of layer " << l;
+      if (micro > 0) {
+        EXPECT_TRUE(all_pattern(v.base, v.record_bytes)) << "begin of layer " << l;
+      }
       write_halves(c, v);
       ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
       EXPECT_TRUE(all_pattern(v.base, v.record_bytes)) << "end of layer " << l;
@@ -225,7 +227,9 @@ TEST(CheckingFlag, TheEngineFlagAndTheEnvironmentTurnItOn) {
   cfg.flags = LWO_ENGINE_CHECKING;
   lwo_status_t s = lwo_engine_create(&cfg, &e);
   EXPECT_NE(LWO_ERR_INVALID_ARGUMENT, s) << lwo_last_error_message();
-  if (s == LWO_OK) EXPECT_EQ(LWO_OK, lwo_engine_destroy(e));
+  if (s == LWO_OK) {
+    EXPECT_EQ(LWO_OK, lwo_engine_destroy(e));
+  }
   ASSERT_EQ(0, setenv("LWO_CHECKING", "1", 1));
   {
     Engine on(std::make_unique<RecordingBackend>(), 0);

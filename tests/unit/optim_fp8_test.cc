@@ -172,8 +172,9 @@ TEST(OptimFp8, MatchesAnF64Reference) {
       const double sc = c.scales()[s];
       ASSERT_EQ(sc, std::ldexp(1.0, std::ilogb(sc))) << sh.rows << "x" << sh.cols << " scale " << s;
       ASSERT_LE(amax[s] / sc, 464.0 * (1 + 1e-6)) << sh.rows << "x" << sh.cols << " scale " << s;
-      if (sc > quant::kMinScale)
+      if (sc > quant::kMinScale) {
         ASSERT_GT(amax[s] / sc, 232.0 * (1 - 1e-6)) << sh.rows << "x" << sh.cols << " scale " << s;
+      }
     }
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t k = 0; k < c.cols; ++k) {
