@@ -278,7 +278,25 @@ uint64_t default_host_limit() {
   return derive_host_limit(proc.c_str(), cg.c_str());
 }
 
+void Engine::check_left_capture(const char* what) const {
+  const void* r = left_capture_.load();
+  if (!r) return;
+  Engine& self = const_cast<Engine&>(*this);  // a query: nothing of the engine changes
+  DeviceScope scope(self);
+  Backend& gpu = self.gpu();
+  if (gpu.capture_status(h2d_) == Backend::CaptureStatus::None &&
+      gpu.capture_status(d2h_) == Backend::CaptureStatus::None) {
+    left_capture_.compare_exchange_strong(r, nullptr);  // the caller ended it
+    return;
+  }
+  fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine left a capture the caller began "
+       "(lwo_ring_capture_leave) that has not ended: the engine's transfer and gradient streams "
+       "are part of it until the caller ends it (cudaStreamEndCapture), and this call's work "
+       "would be captured into the caller's graph", what, r);
+}
+
 void Engine::check_not_capturing(const char* what) const {
+  check_left_capture(what);
   if (const void* r = capture_owner_.load()) {
     if (capture_joined_.load())
       fail(LWO_ERR_CAPTURING, "%s: ring %p of the engine has joined a CUDA graph capture "

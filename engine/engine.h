@@ -139,6 +139,19 @@ class Engine {
     capture_owner_.store(ring);
   }
   bool capture_joined() const { return capture_joined_.load(); }
+  // A ring that left a capture the caller began (lwo_ring_capture_leave),
+  // which the caller has not ended yet: until it does, the transfer stream
+  // (and the gradient stream, where gradient sets took part) are still
+  // streams of that capture, and eager work of the engine would be captured
+  // into the caller's graph. check_left_capture throws LWO_ERR_CAPTURING,
+  // naming `what`, while they capture, and forgets the ring once they do not.
+  void set_left_capture(const void* ring) { left_capture_.store(ring); }
+  void forget_left_capture(const void* ring) {
+    left_capture_.compare_exchange_strong(ring, nullptr);
+  }
+  void check_left_capture(const char* what) const;
+  // Throws LWO_ERR_CAPTURING while a ring captures, or while a capture that
+  // a ring left goes on (check_left_capture).
   void check_not_capturing(const char* what) const;
   // A participant of the capture under way (once); the capturing ring takes
   // them all when the capture ends.
@@ -207,6 +220,7 @@ class Engine {
   std::atomic<const void*> capture_owner_{nullptr};
   std::atomic<const void*> capture_pool_{nullptr};
   std::atomic<bool> capture_joined_{false};
+  mutable std::atomic<const void*> left_capture_{nullptr};
   std::mutex parts_mu_;
   std::vector<CapturePart*> capture_parts_;
   bool tune_gemms_ = true;

@@ -616,6 +616,7 @@ void Ring::check_not_bound(const char* what) const {
 }
 
 void Ring::check_not_captured_elsewhere(const char* what) const {
+  pool_.engine().check_left_capture(what);
   const void* owner = pool_.engine().capture_owner();
   if (owner && owner != this) {
     if (pool_.engine().capture_joined())
@@ -876,6 +877,7 @@ void Ring::capture_leave(StreamH stream) {
   e.set_capture_owner(nullptr);
   resident_out_of_capture();
   bound_ = true;  // the caller's graph holds the ring (joined_ says whose)
+  e.set_left_capture(this);  // until the caller ends its capture
   joined_graph_ = std::move(g);
   // The capture goes on (the caller's): the sets' host state is the join's
   // again, and the graph holds them until the release.
@@ -915,6 +917,7 @@ void Ring::capture_release(StreamH stream) {
   if (stream && gpu.capture_status(stream) != Backend::CaptureStatus::None)
     fail(LWO_ERR_CAPTURING, "stream %p is capturing: the release orders the ring's later work "
          "after the stream's, which must run outside any capture", stream);
+  e.check_left_capture("releasing the ring");  // the caller's capture must have ended
   gpu.event_record(capture_event_, stream);
   // The gradient sets of the graph (if any) after the last replay's host work.
   if (joined_graph_) joined_graph_->release_joined(capture_event_);
@@ -922,6 +925,7 @@ void Ring::capture_release(StreamH stream) {
   give_back(capture_event_, nullptr);
   joined_ = false;
   hold_resident(-1);
+  e.forget_left_capture(this);
 }
 
 std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {

@@ -971,7 +971,10 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * released (else LWO_ERR_TICKET_STATE with nothing changed: release them in
  * the capture and leave again), joins the transfer stream back into `stream`;
  * it ends nothing and instantiates nothing. The caller ends its capture after
- * it (before it, cudaStreamEndCapture fails: the transfer stream is unjoined).
+ * it (before it, cudaStreamEndCapture fails: the transfer stream is unjoined);
+ * until then the engine's streams are still streams of that capture, and the
+ * engine's other work (stages of other rings, waits, the release) is
+ * LWO_ERR_CAPTURING.
  * If the caller's capture ended or was invalidated before the leave, the leave
  * is LWO_ERR_CAPTURING and drops the ring's part: its tickets end and the ring
  * stages eagerly again (once the caller ends an invalidated capture).

@@ -86,6 +86,49 @@ TEST_F(CaptureJoin, AJoinedPassIsReplayedByTheCallersLaunches) {
   destroy(ring, pool);
 }
 
+// Between the leave and the caller's end of its capture the engine's transfer
+// stream is still a stream of that capture: another ring's stage, the
+// engine's synchronize and the release are LWO_ERR_CAPTURING (naming the
+// leave and cudaStreamEndCapture), and nothing of them is captured into the
+// caller's graph; once the caller ends it, each goes through.
+TEST_F(CaptureJoin, UntilTheCallerEndsItsCaptureTheEnginesWorkIsRefused) {
+  lwo_pool* pool = make_pool(3);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_ring* other = make_ring(pool, 1);
+  StreamH s = gpu->new_stream();
+  StreamH c = gpu->new_stream();
+  gpu->caller_capture_begin(s);
+  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+  pass(ring, s, {0, 1});
+  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
+  const uint64_t copies = gpu->stats.copies;
+  lwo_ticket t{};
+  EXPECT_EQ(lwo_ring_stage(other, 2, &t), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "left a capture the caller began (lwo_ring_capture_leave) that "
+                              "has not ended")) << msg();
+  EXPECT_TRUE(contains(msg(), "cudaStreamEndCapture")) << msg();
+  EXPECT_EQ(lwo_engine_synchronize(engine), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "has not ended")) << msg();
+  EXPECT_EQ(lwo_ring_capture_release(ring, stream(c)), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(contains(msg(), "has not ended")) << msg();
+  EXPECT_EQ(gpu->stats.copies, copies);  // nothing went into the caller's capture
+  void* g = caller_end(s);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(gpu->graph_ops().size(), 2u);  // the pass's two copies alone
+  ASSERT_LWO(lwo_ring_stage(other, 2, &t));
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_ring_acquire(other, t, stream(c), &v));
+  EXPECT_TRUE(holds_layer(pool, v));
+  ASSERT_LWO(lwo_ring_release(other, t, stream(c)));
+  ASSERT_LWO(lwo_engine_synchronize(engine));
+  gpu->graph_launch(g, s);
+  gpu->graph_destroy(g);
+  ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+  pass(ring, s, {2, 0}, pool);
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(other, ring, pool);
+}
+
 // A schedule of the ring drives the joined capture (forward and backward over
 // 4 layers in a ring of depth 2 with layer 2 resident); its next is
 // LWO_ERR_BUSY while the caller's graph holds the ring, and after the release
