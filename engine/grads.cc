@@ -632,6 +632,7 @@ const char* Grads::holder() const {
 void Grads::check_capture(const char* what) {
   if (capture_ == Capture::Bound)
     fail(LWO_ERR_BUSY, "%s: the gradient set belongs to a CUDA graph: %s", what, holder());
+  engine_.check_left_capture(what);  // the gradient stream may still be in the caller's capture
   const void* owner = engine_.capture_owner();
   if (!owner) return;
   if (engine_.capture_pool() != &pool_)

@@ -88,13 +88,15 @@ TEST_F(CaptureJoin, AJoinedPassIsReplayedByTheCallersLaunches) {
 
 // Between the leave and the caller's end of its capture the engine's transfer
 // stream is still a stream of that capture: another ring's stage, the
-// engine's synchronize and the release are LWO_ERR_CAPTURING (naming the
+// engine's synchronize, a gradient's begin and the release are LWO_ERR_CAPTURING (naming the
 // leave and cudaStreamEndCapture), and nothing of them is captured into the
 // caller's graph; once the caller ends it, each goes through.
 TEST_F(CaptureJoin, UntilTheCallerEndsItsCaptureTheEnginesWorkIsRefused) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ring* other = make_ring(pool, 1);
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
   StreamH s = gpu->new_stream();
   StreamH c = gpu->new_stream();
   gpu->caller_capture_begin(s);
@@ -109,6 +111,9 @@ TEST_F(CaptureJoin, UntilTheCallerEndsItsCaptureTheEnginesWorkIsRefused) {
   EXPECT_TRUE(contains(msg(), "cudaStreamEndCapture")) << msg();
   EXPECT_EQ(lwo_engine_synchronize(engine), LWO_ERR_CAPTURING);
   EXPECT_TRUE(contains(msg(), "has not ended")) << msg();
+  lwo_layer_view gv = LWO_LAYER_VIEW_INIT;
+  EXPECT_EQ(lwo_grads_begin(grads, 0, stream(c), &gv), LWO_ERR_CAPTURING);
+  EXPECT_TRUE(starts_with(msg(), "lwo_grads_begin: a gradient's begin: ring ")) << msg();
   EXPECT_EQ(lwo_ring_capture_release(ring, stream(c)), LWO_ERR_CAPTURING);
   EXPECT_TRUE(contains(msg(), "has not ended")) << msg();
   EXPECT_EQ(gpu->stats.copies, copies);  // nothing went into the caller's capture
@@ -121,12 +126,15 @@ TEST_F(CaptureJoin, UntilTheCallerEndsItsCaptureTheEnginesWorkIsRefused) {
   EXPECT_TRUE(holds_layer(pool, v));
   ASSERT_LWO(lwo_ring_release(other, t, stream(c)));
   ASSERT_LWO(lwo_engine_synchronize(engine));
+  ASSERT_LWO(lwo_grads_begin(grads, 0, stream(c), &gv));
+  ASSERT_LWO(lwo_grads_end(grads, 0, stream(c)));
+  ASSERT_LWO(lwo_grads_wait(grads));
   gpu->graph_launch(g, s);
   gpu->graph_destroy(g);
   ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
   pass(ring, s, {2, 0}, pool);
   EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
-  destroy(other, ring, pool);
+  destroy(grads, other, ring, pool);
 }
 
 // A schedule of the ring drives the joined capture (forward and backward over
