@@ -1,6 +1,7 @@
 // The capture tests' shared fixture: one eager or captured pass over a ring.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "abi_fixture.h"
@@ -47,6 +48,16 @@ class CaptureFixture : public AbiTest {
       ADD_FAILURE() << "the caller's capture did not end: " << e.what();
       return nullptr;
     }
+  }
+
+  // The caller's capture of `step` on `s` with the ring joined into it: the
+  // graph, or null (with a failure).
+  void* capture_joined(lwo_ring* ring, StreamH s, const std::function<void()>& step) {
+    gpu->caller_capture_begin(s);
+    EXPECT_EQ(lwo_ring_capture_join(ring, stream(s)), LWO_OK) << msg();
+    step();
+    EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_OK) << msg();
+    return caller_end(s);
   }
 
   // The caller's capture on `s`, which `ring` joined, ends (or, with

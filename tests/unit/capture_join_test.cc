@@ -264,11 +264,7 @@ TEST_F(CaptureJoin, TheOptimizerMayNotUpdateAHeldResidentLayer) {
     ASSERT_LWO(lwo_grads_end(grads, l, stream(s)));
   }
   ASSERT_LWO(lwo_grads_wait(grads));
-  gpu->caller_capture_begin(s);
-  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
-  pass(ring, s, {0, 1, 2});
-  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
-  void* g = caller_end(s);
+  void* g = capture_joined(ring, s, [&] { pass(ring, s, {0, 1, 2}); });
   ASSERT_NE(g, nullptr);
   lwo_optim_step_params p = LWO_OPTIM_STEP_PARAMS_INIT;
   p.step = 1;
@@ -340,11 +336,7 @@ TEST_F(CaptureJoin, ADelayedOptimizersWaitKeepsAHeldLayersUpdate) {
     std::memcpy(&v, data, 2);
     return v;
   };
-  gpu->caller_capture_begin(s);
-  ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
-  pass(ring, s, {0, 1, 2});
-  ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
-  void* g = caller_end(s);
+  void* g = capture_joined(ring, s, [&] { pass(ring, s, {0, 1, 2}); });
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(lwo_optim_wait(optim), LWO_ERR_BUSY);
   EXPECT_TRUE(contains(msg(), "layer 1's update stays in the masters")) << msg();

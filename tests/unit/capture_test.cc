@@ -812,14 +812,6 @@ TEST_F(Capture, InCheckingModeAReplayCopiesItsResidentLayers) {
 // capture_join_test.cc, announcing each of its launches.
 class CaptureJoinTrain : public Capture {
  protected:
-  // The caller's capture of `step` on `s` with the ring joined into it.
-  void* capture_joined(lwo_ring* ring, StreamH s, const std::function<void()>& step) {
-    gpu->caller_capture_begin(s);
-    EXPECT_EQ(lwo_ring_capture_join(ring, stream(s)), LWO_OK) << msg();
-    step();
-    EXPECT_EQ(lwo_ring_capture_leave(ring, stream(s)), LWO_OK) << msg();
-    return caller_end(s);
-  }
   // One replay as the caller does it: announced, then launched.
   lwo_status_t replay(lwo_ring* ring, void* graph, StreamH s) {
     const lwo_status_t st = lwo_ring_capture_replay(ring, stream(s));
