@@ -2743,13 +2743,7 @@ class Offload:
             self._steps_seen = planner.steps  # another pass in the same capture
             return s.record
         if not _capturing():
-            hold = self._hold
-            if hold is not None and hold.gone:
-                try:
-                    self._release_hold(hold, "the graph was destroyed or reset")
-                except Error:
-                    pass
-                hold = self._hold
+            hold = self._live_hold()
             if hold is not None:
                 planner.restore(self._cap_planner)  # the refused access leaves no trace
                 raise StateError(C.LWO_ERR_BUSY, (
@@ -2777,13 +2771,7 @@ class Offload:
         what = "lwo.torch: %s %r (record %d) in a CUDA graph capture on stream 0x%x" % (
             s.kind, s.name, s.record.index, stream or 0)
         saved = self._cap_planner
-        hold = self._hold
-        if hold is not None and hold.gone:
-            try:
-                self._release_hold(hold, "the graph was destroyed or reset")
-            except Error:
-                pass
-            hold = self._hold
+        hold = self._live_hold()
         why = None
         if hold is not None:
             why = (C.LWO_ERR_BUSY, "an earlier CUDA graph (captured on stream 0x%x) still holds "
@@ -2943,13 +2931,7 @@ class Offload:
             if j is not None and j.error is None:
                 j.error = msg
             raise ArgumentError(C.LWO_ERR_UNSUPPORTED, msg)
-        hold = self._hold
-        if hold is not None and hold.gone:
-            try:
-                self._release_hold(hold, "the graph was destroyed or reset")
-            except Error:
-                pass
-            hold = self._hold
+        hold = self._live_hold()
         if hold is not None:
             raise StateError(C.LWO_ERR_BUSY, (
                 "lwo.torch: a backward pass through streamed modules: a CUDA graph captured on "
@@ -3025,6 +3007,18 @@ class Offload:
         hold.unhook = _graph_callbacks(graph, hold.replay_started, hold.destroyed)
         if hold.error is not None:
             self._release_hold(hold, "lwo.torch refused a call in its capture: %s" % hold.error)
+
+    def _live_hold(self):
+        """The graph hold of this handle (or None), once a hold whose graph was
+        destroyed or reset is released."""
+        hold = self._hold
+        if hold is not None and hold.gone:
+            try:
+                self._release_hold(hold, "the graph was destroyed or reset")
+            except Error:
+                pass
+            hold = self._hold
+        return hold
 
     def _release_hold(self, hold, why):
         """lwo_ring_capture_release of the graph's hold, ordered after its
