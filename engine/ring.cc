@@ -1076,6 +1076,9 @@ Graph::~Graph() {
 }
 
 void Graph::launch(StreamH stream) {
+  if (!stream)
+    fail(LWO_ERR_INVALID_ARGUMENT, "launching a graph: stream is NULL: name the stream of the "
+         "launch, a stream of the device");
   replay(stream, "launching a graph", [](Graph& g, StreamH s) {
     g.ring_.engine().gpu().graph_launch(g.exec_, s);
   });
@@ -1083,9 +1086,6 @@ void Graph::launch(StreamH stream) {
 
 void Graph::replay(StreamH stream, const char* what, void (*enqueue)(Graph&, StreamH)) {
   Engine& e = ring_.engine();
-  if (!stream)
-    fail(LWO_ERR_INVALID_ARGUMENT, "%s: stream is NULL: name the stream of the launch, a stream "
-         "of the device", what);
   e.check_not_capturing(what);
   {
     DeviceScope scope(e);

@@ -1010,7 +1010,8 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * replay when the graph was captured after one), orders `stream` after the
  * last replay, and takes each gradient end of the replay in (its serial: the
  * fence and the optimizer then wait for its landing, as for an eager end).
- * Refused, with nothing changed: LWO_ERR_INVALID_ARGUMENT for a NULL stream;
+ * `stream` may be NULL, the legacy default stream (where a framework's
+ * replay on its default stream launches). Refused, with nothing changed:
  * LWO_ERR_CAPTURING if the ring holds no graph of the caller's (not left, or
  * an lwo_graph's), if `stream` captures, or while a ring of the engine
  * captures; LWO_ERR_CAPTURING too after a launch that was not announced,

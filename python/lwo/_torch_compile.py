@@ -51,11 +51,6 @@ _ids = itertools.count(1)
 _live = {}         # id -> weakref to the streamed module's state (lwo.torch._Module)
 _ops = None        # (linear, conv2d) OpOverloads once registered
 _why_not = None    # why the operators could not be registered (then: graph breaks)
-# A backward that sends only dW (the module's input needs no gradient) under
-# compile: on torch 2.11 the compiled graph lost it (no gradient reached
-# param.grad; seen on the GPU machine); proven on 2.15. Before 2.15 such a
-# module breaks the graph and runs eagerly.
-_DW_ONLY = torch.torch_version.TorchVersion(torch.__version__) >= "2.15"
 # Inductor partitions its CUDA graphs around these (an operator's host work
 # must run at every call); its tag check misses operators with effects.
 _PARTITION_AROUND = ("lwo::linear", "lwo::linear_backward", "lwo::conv2d",
@@ -231,12 +226,9 @@ def _cast(s, x):
 
 
 def _needs_grad(x, w, b):
-    """Whether autograd wants the operator's backward for x, w and b; None
-    where this torch cannot compile that backward (a dW-only one before
-    2.15, _DW_ONLY): the module then breaks the graph."""
-    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+    """Whether autograd wants the operator's backward for x, w or b."""
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
         b is not None and b.requires_grad))
-    return None if grad and not x.requires_grad and not _DW_ONLY else grad
 
 
 def linear_forward(self, input, fallback):
@@ -249,8 +241,6 @@ def linear_forward(self, input, fallback):
     x = _cast(s, input)
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
-    if grad is None:
-        return fallback(self, input)
     return _ops[0](x, w, b, s.key, grad)
 
 
@@ -266,8 +256,6 @@ def conv_forward(self, input, fallback):
     x = _cast(s, x)
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
-    if grad is None:
-        return fallback(self, input)
     m = self
     y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad)
     return y.squeeze(0) if unbatched else y

@@ -322,12 +322,7 @@ def test_a_module_called_twice_on_one_input_sums_both_gradients():
         sum(1 for e in bee.rings[-1].log if e[0] == "acquire")
 
 
-# dw_only False: a torch before 2.15, where a streamed module whose input
-# needs no gradient but whose weight does breaks the graph (_DW_ONLY)
-@pytest.mark.parametrize("dw_only", [False] + ([True] if _torch_compile._DW_ONLY else []))
-def test_frozen_layers_and_requires_grad_turned_on(dw_only, monkeypatch):
-    monkeypatch.setattr(_torch_compile, "_DW_ONLY", dw_only)
-
+def test_frozen_layers_and_requires_grad_turned_on():
     def make():
         m = mlp()
         m[0].requires_grad_(False)   # frozen at offload(): no gradient slot for it
@@ -343,7 +338,7 @@ def test_frozen_layers_and_requires_grad_turned_on(dw_only, monkeypatch):
     for mod in (m, eager, ref):
         mod[0].weight.requires_grad_(True)   # Dynamo's guard sees it: a new graph
     n, why = graph_breaks(m, torch.randn(3, 12))
-    assert n == (0 if dw_only else 1), why
+    assert n == 0, why
     torch._dynamo.reset()
     for _ in range(2):
         step_all((cm, eager, ref), torch.randn(3, 12), x_grad=False)
