@@ -515,6 +515,14 @@ def test_compiled_activation_checkpointing(reentrant):
     n, why = graph_breaks(m, torch.randn(4, 8))
     assert n == 0, why
     torch._dynamo.reset()
+    if torch.torch_version.TorchVersion(torch.__version__) < "2.14":
+        # torch 2.11-2.13: AOTAutograd refuses the None (the effect token)
+        # among a checkpointed region's saved values (docs/PYTHON.md, compile
+        # without torch.utils.checkpoint there); asserted, so that a torch
+        # that accepts it shows here
+        with pytest.raises(AssertionError, match="tensors_saved_with_vc_check"):
+            step_all((cm, eager, ref), torch.randn(4, 8))
+        return
     for _ in range(2):
         step_all((cm, eager, ref), torch.randn(4, 8))
         grads_match(m, eager, ref)
