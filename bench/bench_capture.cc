@@ -56,7 +56,8 @@
 // gradients landed and the stream drained); step_bytes the bytes a streamed
 // step copies to the device (ring statistics of one eager step), copy_ms their
 // time at copy_GBps, grad_bytes the gradient bytes it sends to the host;
-// floor_ms max(resident_captured_ms, copy_ms), ratio replayed_ms / floor_ms;
+// floor_ms max(resident_captured_ms, copy_ms), ratio replayed_ms / floor_ms
+// against the same targets (met, host_met), record_bytes and copy_GBps_median;
 // matches_resident 1 when the streamed and replayed steps' output, input
 // gradient and host gradients of the first and last records equal the
 // resident step's bit for bit and the captured resident step's output and
@@ -96,6 +97,56 @@ constexpr int64_t kTokens = 16;
 constexpr double kTarget = 1.10;       // replayed / floor
 constexpr double kHostTargetUs = 0.3;  // host time per layer of a replay
 
+// The chain both benchmarks stream: the ring's depth and the layers per
+// record from the benchmark's arguments, the weights resident for the
+// reference passes, and the stream of the passes.
+struct Chain {
+  uint32_t depth, per_record;
+  testkit::ChainSpec spec;
+  testkit::ChainWeights W;
+  uint32_t R;
+  Stream stream;
+  Ring eager_ring, graph_ring;  // two rings of `depth` over the pool
+
+  explicit Chain(const benchmark::State& state)
+      : depth(static_cast<uint32_t>(state.range(0))),
+        per_record(static_cast<uint32_t>(state.range(1))),
+        spec(testkit::linear_chain("linear256x512", kDim, kLayers, per_record)),
+        W(engine(), spec),
+        R((W.make_resident(), W.n_records())),
+        stream(make_stream()) {
+    if (depth >= R)
+      fail(strf("depth %u holds all %u records: every eager stage after the first pass would be "
+                "a hit", depth, R));
+    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+    rc.depth = depth;
+    check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
+    check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
+  }
+
+  // `body` captured into `graph` on the graph ring (lwo_ring_capture_begin to
+  // _end on the chain's stream); if it throws, `schedule` lets go of its
+  // tickets and the capture is ended and its graph discarded before the
+  // exception goes on. Returns the host time of the capture, in ms.
+  template <typename Body>
+  double capture(testkit::Graph& graph, lwo_schedule* schedule, Body body) {
+    const cudaStream_t st = stream.get();
+    const double c0 = now_seconds();
+    check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
+    try {
+      body();
+    } catch (...) {
+      lwo_schedule_reset(schedule, st);
+      lwo_graph* discarded = nullptr;
+      lwo_ring_capture_end(graph_ring.get(), st, &discarded);
+      lwo_graph_destroy(discarded);
+      throw;
+    }
+    check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
+    return (now_seconds() - c0) * 1e3;
+  }
+};
+
 std::vector<uint64_t> g_per_record{32};
 std::vector<uint64_t> g_depths{2};
 int g_iterations = 20;
@@ -103,6 +154,49 @@ int g_warmup = 3;
 
 enum Variant { kStreamed, kReplayed, kResident, kResidentCaptured, kVariants };
 const char* const kNames[kVariants] = {"streamed", "replayed", "resident", "resident_captured"};
+
+// The counters both benchmarks report: each variant's median time and host
+// cost per layer, the copy rate of the chain's records measured now, the
+// floor (max(resident_captured, `bytes`, named `bytes_name`, at that rate)),
+// the ratio against the targets, and the chain's shape.
+void report(benchmark::State& state, Chain& chain, const char* bytes_name, uint64_t bytes,
+            const std::vector<double> (&dev_ms)[kVariants],
+            const std::vector<double> (&host_us)[kVariants], double capture_ms) {
+  const std::vector<testkit::HostRange> hosts = chain.W.record_hosts();
+  uint64_t largest = 0;
+  for (const testkit::HostRange& h : hosts) largest = std::max(largest, h.bytes);
+  const testkit::CopyResult copies = testkit::time_h2d_copies(hosts, largest, {1, 5});
+  const double copy_gbps = copies.best_gbps();
+  const double copy_ms = copy_gbps > 0 ? static_cast<double>(bytes) / (copy_gbps * 1e6) : 0;
+  auto& c = state.counters;
+  double ms[kVariants];
+  for (int v = 0; v < kVariants; ++v) {
+    ms[v] = median(dev_ms[v]);
+    c[strf("host_us_per_layer_%s", kNames[v])] = median(host_us[v]);
+    c[strf("%s_ms", kNames[v])] = ms[v];
+  }
+  const double floor_ms = std::max(ms[kResidentCaptured], copy_ms);
+  const double ratio = floor_ms > 0 ? ms[kReplayed] / floor_ms : 0;
+  c["copy_GBps"] = copy_gbps;
+  c["copy_GBps_median"] = copies.median_gbps();
+  c[bytes_name] = static_cast<double>(bytes);
+  c["record_bytes"] = static_cast<double>(largest);
+  c["copy_ms"] = copy_ms;
+  c["floor_ms"] = floor_ms;
+  c["ratio"] = ratio;
+  c["target"] = kTarget;
+  c["met"] = ratio > 0 && ratio <= kTarget ? 1 : 0;
+  c["host_target_us"] = kHostTargetUs;
+  c["host_met"] = median(host_us[kReplayed]) <= kHostTargetUs ? 1 : 0;
+  c["replayed_over_streamed"] = ms[kStreamed] > 0 ? ms[kReplayed] / ms[kStreamed] : 0;
+  c["capture_ms"] = capture_ms;
+  c["matches_resident"] = 1;  // else the checks stopped the benchmark
+  c["layers"] = kLayers;
+  c["records"] = chain.R;
+  c["per_record"] = chain.per_record;
+  c["depth"] = chain.depth;
+  c["rows"] = kTokens;
+}
 
 // One pass over the records by `schedule` (over 0..R-1 on its ring): reset,
 // then each lwo_schedule_next and the record's forward, to LWO_END. The same
@@ -116,360 +210,260 @@ void streamed_pass(testkit::ChainRun& run, lwo_schedule* schedule) {
   if (st != LWO_END) check(st, "lwo_schedule_next");
 }
 
-void bm_capture(benchmark::State& state) {
-  run_guarded(state, [&] {
-    const uint32_t depth = static_cast<uint32_t>(state.range(0));
-    const uint32_t per_record = static_cast<uint32_t>(state.range(1));
-    testkit::ChainSpec spec = testkit::linear_chain("linear256x512", kDim, kLayers, per_record);
-    testkit::ChainWeights W(engine(), spec);
-    W.make_resident();
-    const uint32_t R = W.n_records();
-    if (depth >= R)
-      fail(strf("depth %u holds all %u records: every eager stage after the first pass would be "
-                "a hit", depth, R));
-    Stream stream = make_stream();
-    const cudaStream_t st = stream.get();
-    testkit::ChainRun run(W, kTokens, st, /*trainable=*/false);
-    std::vector<std::vector<const void*>> resident(R);
-    for (uint32_t r = 0; r < R; ++r) resident[r] = run.resident_tensors(r);
-    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-    rc.depth = depth;
-    Ring eager_ring, graph_ring;
-    check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
-    check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
-    const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/false);
-    Schedule eager_schedule, graph_schedule;
-    check(lwo_schedule_create(eager_ring.get(), order.data(), R, eager_schedule.out()),
-          "lwo_schedule_create");
-    check(lwo_schedule_create(graph_ring.get(), order.data(), R, graph_schedule.out()),
-          "lwo_schedule_create");
+void forward_pass(benchmark::State& state, Chain& chain) {
+  const uint32_t R = chain.R;
+  const testkit::ChainSpec& spec = chain.spec;
+  testkit::ChainWeights& W = chain.W;
+  const cudaStream_t st = chain.stream.get();
+  testkit::ChainRun run(W, kTokens, st, /*trainable=*/false);
+  std::vector<std::vector<const void*>> resident(R);
+  for (uint32_t r = 0; r < R; ++r) resident[r] = run.resident_tensors(r);
+  const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/false);
+  Schedule eager_schedule, graph_schedule;
+  check(lwo_schedule_create(chain.eager_ring.get(), order.data(), R, eager_schedule.out()),
+        "lwo_schedule_create");
+  check(lwo_schedule_create(chain.graph_ring.get(), order.data(), R, graph_schedule.out()),
+        "lwo_schedule_create");
 
-    // The passes, eager (the capture's calls too).
-    auto resident_pass = [&] {
-      for (uint32_t r = 0; r < R; ++r) run.forward(r, resident[r].data());
-    };
-    auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
-    // Eager first (the compute's plans and workspace are made outside the
-    // captures), then the two captures.
-    for (int k = 0; k < std::max(1, g_warmup); ++k) {
-      streamed_pass(run, eager_schedule.get());
-      resident_pass();
-      drain();
+  // The passes, eager (the capture's calls too).
+  auto resident_pass = [&] {
+    for (uint32_t r = 0; r < R; ++r) run.forward(r, resident[r].data());
+  };
+  auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
+  // Eager first (the compute's plans and workspace are made outside the
+  // captures), then the two captures.
+  for (int k = 0; k < std::max(1, g_warmup); ++k) {
+    streamed_pass(run, eager_schedule.get());
+    resident_pass();
+    drain();
+  }
+  testkit::Graph graph;
+  const double capture_ms =
+      chain.capture(graph, graph_schedule.get(), [&] { streamed_pass(run, graph_schedule.get()); });
+  testkit::GraphExec resident_graph;
+  capture_on(st, resident_graph, [&] { resident_pass(); });
+
+  // One pass of variant v, its host enqueue time into *host_s.
+  auto pass = [&](int v, double* host_s) {
+    const double t0 = now_seconds();
+    switch (v) {
+      case kStreamed: streamed_pass(run, eager_schedule.get()); break;
+      case kReplayed: check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch"); break;
+      case kResident: resident_pass(); break;
+      default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
     }
-    const double c0 = now_seconds();
-    check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
-    try {
-      streamed_pass(run, graph_schedule.get());
-    } catch (...) {
-      lwo_graph* discarded = nullptr;
-      lwo_ring_capture_end(graph_ring.get(), st, &discarded);  // ends the schedule's tickets
-      lwo_graph_destroy(discarded);
-      throw;
-    }
-    testkit::Graph graph;
-    check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
-    const double capture_ms = (now_seconds() - c0) * 1e3;
-    testkit::GraphExec resident_graph;
-    capture_on(st, resident_graph, [&] { resident_pass(); });
+    *host_s = now_seconds() - t0;
+  };
 
-    // One pass of variant v, its host enqueue time into *host_s.
-    auto pass = [&](int v, double* host_s) {
-      const double t0 = now_seconds();
-      switch (v) {
-        case kStreamed: streamed_pass(run, eager_schedule.get()); break;
-        case kReplayed: check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch"); break;
-        case kResident: resident_pass(); break;
-        default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
-      }
-      *host_s = now_seconds() - t0;
-    };
-
-    // The check: every variant's output equals the resident chain's bit for
-    // bit, each pass run on activations poisoned first.
-    const uint32_t N = spec.n_ops();
-    auto poison = [&] {
-      for (uint32_t i = 1; i <= N; ++i)
-        check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
-              "cudaMemsetAsync");
-    };
-    auto output = [&] {
-      drain();
-      return testkit::copy_back(run.x(N), run.output_bytes());
-    };
-    auto check_outputs = [&](const char* when) {
-      double unused = 0;
+  // The check: every variant's output equals the resident chain's bit for
+  // bit, each pass run on activations poisoned first.
+  const uint32_t N = spec.n_ops();
+  auto poison = [&] {
+    for (uint32_t i = 1; i <= N; ++i)
+      check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
+            "cudaMemsetAsync");
+  };
+  auto output = [&] {
+    drain();
+    return testkit::copy_back(run.x(N), run.output_bytes());
+  };
+  auto check_outputs = [&](const char* when) {
+    double unused = 0;
+    poison();
+    pass(kResident, &unused);
+    const std::vector<uint8_t> want = output();
+    for (int v : {kStreamed, kReplayed, kResidentCaptured}) {
       poison();
-      pass(kResident, &unused);
-      const std::vector<uint8_t> want = output();
-      for (int v : {kStreamed, kReplayed, kResidentCaptured}) {
-        poison();
-        pass(v, &unused);
-        const std::vector<uint8_t> got = output();
-        const std::string diff =
-            testkit::compare_bits(strf("%s: the %s pass's output", when, kNames[v]), got.data(),
-                                  want.data(), run.output_bytes() / lwo_dtype_size(spec.dtype),
-                                  spec.dtype, kDim);
-        if (!diff.empty()) fail(diff);
-      }
-    };
-    check_outputs("before the timed passes");
-
-    Event ev0 = make_event(), ev1 = make_event();
-    std::vector<double> host_us[kVariants], dev_ms[kVariants];
-    for (int k = 0; k < g_warmup; ++k)
-      for (int v = 0; v < kVariants; ++v) {
-        double unused = 0;
-        pass(v, &unused);
-        drain();
-      }
-    for (auto _ : state) {
-      for (int v = 0; v < kVariants; ++v) {
-        double host_s = 0;
-        check(cudaEventRecord(ev0.get(), st), "cudaEventRecord");
-        pass(v, &host_s);
-        check(cudaEventRecord(ev1.get(), st), "cudaEventRecord");
-        drain();
-        host_us[v].push_back(host_s * 1e6 / kLayers);
-        dev_ms[v].push_back(elapsed_ms(ev0, ev1));
-      }
-      state.SetIterationTime(dev_ms[kReplayed].back() / 1e3);
+      pass(v, &unused);
+      const std::vector<uint8_t> got = output();
+      const std::string diff =
+          testkit::compare_bits(strf("%s: the %s pass's output", when, kNames[v]), got.data(),
+                                want.data(), run.output_bytes() / lwo_dtype_size(spec.dtype),
+                                spec.dtype, kDim);
+      if (!diff.empty()) fail(diff);
     }
-    check(lwo_engine_check(engine()), "lwo_engine_check");
-    check_outputs("after the timed passes");
+  };
+  check_outputs("before the timed passes");
 
-    // The copy rate of these records, now.
-    const std::vector<testkit::HostRange> hosts = W.record_hosts();
-    uint64_t pass_bytes = 0, largest = 0;
-    for (const testkit::HostRange& h : hosts) {
-      pass_bytes += h.bytes;
-      largest = std::max(largest, h.bytes);
-    }
-    const testkit::CopyResult copies = testkit::time_h2d_copies(hosts, largest, {1, 5});
-    const double copy_gbps = copies.best_gbps();
-    const double copy_ms = copy_gbps > 0 ? static_cast<double>(pass_bytes) / (copy_gbps * 1e6) : 0;
-
-    auto& c = state.counters;
-    double ms[kVariants];
+  Event ev0 = make_event(), ev1 = make_event();
+  std::vector<double> host_us[kVariants], dev_ms[kVariants];
+  for (int k = 0; k < g_warmup; ++k)
     for (int v = 0; v < kVariants; ++v) {
-      ms[v] = median(dev_ms[v]);
-      c[strf("host_us_per_layer_%s", kNames[v])] = median(host_us[v]);
-      c[strf("%s_ms", kNames[v])] = ms[v];
+      double unused = 0;
+      pass(v, &unused);
+      drain();
     }
-    const double floor_ms = std::max(ms[kResidentCaptured], copy_ms);
-    const double ratio = floor_ms > 0 ? ms[kReplayed] / floor_ms : 0;
-    c["copy_GBps"] = copy_gbps;
-    c["copy_GBps_median"] = copies.median_gbps();
-    c["pass_bytes"] = static_cast<double>(pass_bytes);
-    c["record_bytes"] = static_cast<double>(largest);
-    c["copy_ms"] = copy_ms;
-    c["floor_ms"] = floor_ms;
-    c["ratio"] = ratio;
-    c["target"] = kTarget;
-    c["met"] = ratio > 0 && ratio <= kTarget ? 1 : 0;
-    c["host_target_us"] = kHostTargetUs;
-    c["host_met"] = median(host_us[kReplayed]) <= kHostTargetUs ? 1 : 0;
-    c["replayed_over_streamed"] = ms[kStreamed] > 0 ? ms[kReplayed] / ms[kStreamed] : 0;
-    c["capture_ms"] = capture_ms;
-    c["matches_resident"] = 1;  // else the check above stopped the benchmark
-    c["layers"] = kLayers;
-    c["records"] = R;
-    c["per_record"] = per_record;
-    c["depth"] = depth;
-    c["rows"] = kTokens;
-  });
+  for (auto _ : state) {
+    for (int v = 0; v < kVariants; ++v) {
+      double host_s = 0;
+      check(cudaEventRecord(ev0.get(), st), "cudaEventRecord");
+      pass(v, &host_s);
+      check(cudaEventRecord(ev1.get(), st), "cudaEventRecord");
+      drain();
+      host_us[v].push_back(host_s * 1e6 / kLayers);
+      dev_ms[v].push_back(elapsed_ms(ev0, ev1));
+    }
+    state.SetIterationTime(dev_ms[kReplayed].back() / 1e3);
+  }
+  check(lwo_engine_check(engine()), "lwo_engine_check");
+  check_outputs("after the timed passes");
+
+  // The bytes a pass streams: every record's, once.
+  uint64_t pass_bytes = 0;
+  for (const testkit::HostRange& h : W.record_hosts()) pass_bytes += h.bytes;
+  report(state, chain, "pass_bytes", pass_bytes, dev_ms, host_us, capture_ms);
 }
 
-void bm_capture_step(benchmark::State& state) {
-  run_guarded(state, [&] {
-    const uint32_t depth = static_cast<uint32_t>(state.range(0));
-    const uint32_t per_record = static_cast<uint32_t>(state.range(1));
-    testkit::ChainSpec spec = testkit::linear_chain("linear256x512", kDim, kLayers, per_record);
-    testkit::ChainWeights W(engine(), spec);
-    W.make_resident();
-    const uint32_t R = W.n_records();
-    if (depth >= R)
-      fail(strf("depth %u holds all %u records: every eager stage after the first pass would be "
-                "a hit", depth, R));
-    Stream stream = make_stream();
-    const cudaStream_t st = stream.get();
-    testkit::ChainRun run(W, kTokens, st, /*trainable=*/true, LWO_DTYPE_F32);
-    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-    rc.depth = depth;
-    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-    gc.flags = LWO_GRADS_F32;
-    Ring eager_ring, graph_ring;
-    check(lwo_ring_create(W.pool(), &rc, eager_ring.out()), "lwo_ring_create");
-    check(lwo_ring_create(W.pool(), &rc, graph_ring.out()), "lwo_ring_create");
-    Grads eager_grads, graph_grads;
-    check(lwo_grads_create(W.pool(), nullptr, &gc, eager_grads.out()), "lwo_grads_create");
-    check(lwo_grads_create(W.pool(), nullptr, &gc, graph_grads.out()), "lwo_grads_create");
-    const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/true);
-    const uint32_t n_order = static_cast<uint32_t>(order.size());
-    Schedule eager_schedule, graph_schedule;
-    check(lwo_schedule_create(eager_ring.get(), order.data(), n_order, eager_schedule.out()),
-          "lwo_schedule_create");
-    check(lwo_schedule_create(graph_ring.get(), order.data(), n_order, graph_schedule.out()),
-          "lwo_schedule_create");
-    auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
-    auto streamed_step = [&](lwo_schedule* schedule, lwo_grads* grads) {
-      check(lwo_grads_zero(grads), "lwo_grads_zero");
-      run.enqueue_streamed_step(schedule, grads);
-    };
-    // Eager first (the compute's plans, workspaces and gradient buffers are
-    // made outside the captures); the bytes of one eager step.
-    lwo_ring_stats r0{};
-    r0.size = sizeof r0;
-    lwo_grads_stats g0{};
-    g0.size = sizeof g0;
-    for (int k = 0; k < std::max(1, g_warmup); ++k) {
-      check(lwo_ring_get_stats(eager_ring.get(), &r0), "lwo_ring_get_stats");
-      check(lwo_grads_get_stats(eager_grads.get(), &g0), "lwo_grads_get_stats");
-      streamed_step(eager_schedule.get(), eager_grads.get());
-      check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
-      run.enqueue_resident_step();
-      drain();
+void training_step(benchmark::State& state, Chain& chain) {
+  const uint32_t R = chain.R;
+  const testkit::ChainSpec& spec = chain.spec;
+  testkit::ChainWeights& W = chain.W;
+  const cudaStream_t st = chain.stream.get();
+  testkit::ChainRun run(W, kTokens, st, /*trainable=*/true, LWO_DTYPE_F32);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  Grads eager_grads, graph_grads;
+  check(lwo_grads_create(W.pool(), nullptr, &gc, eager_grads.out()), "lwo_grads_create");
+  check(lwo_grads_create(W.pool(), nullptr, &gc, graph_grads.out()), "lwo_grads_create");
+  const std::vector<uint32_t> order = testkit::step_order(R, /*backward=*/true);
+  const uint32_t n_order = static_cast<uint32_t>(order.size());
+  Schedule eager_schedule, graph_schedule;
+  check(lwo_schedule_create(chain.eager_ring.get(), order.data(), n_order, eager_schedule.out()),
+        "lwo_schedule_create");
+  check(lwo_schedule_create(chain.graph_ring.get(), order.data(), n_order, graph_schedule.out()),
+        "lwo_schedule_create");
+  auto drain = [&] { check(cudaStreamSynchronize(st), "cudaStreamSynchronize"); };
+  auto streamed_step = [&](lwo_schedule* schedule, lwo_grads* grads) {
+    check(lwo_grads_zero(grads), "lwo_grads_zero");
+    run.enqueue_streamed_step(schedule, grads);
+  };
+  // Eager first (the compute's plans, workspaces and gradient buffers are
+  // made outside the captures); the bytes of one eager step.
+  lwo_ring_stats r0{};
+  r0.size = sizeof r0;
+  lwo_grads_stats g0{};
+  g0.size = sizeof g0;
+  for (int k = 0; k < std::max(1, g_warmup); ++k) {
+    check(lwo_ring_get_stats(chain.eager_ring.get(), &r0), "lwo_ring_get_stats");
+    check(lwo_grads_get_stats(eager_grads.get(), &g0), "lwo_grads_get_stats");
+    streamed_step(eager_schedule.get(), eager_grads.get());
+    check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
+    run.enqueue_resident_step();
+    drain();
+  }
+  lwo_ring_stats r1{};
+  r1.size = sizeof r1;
+  lwo_grads_stats g1{};
+  g1.size = sizeof g1;
+  check(lwo_ring_get_stats(chain.eager_ring.get(), &r1), "lwo_ring_get_stats");
+  check(lwo_grads_get_stats(eager_grads.get(), &g1), "lwo_grads_get_stats");
+  const uint64_t step_bytes = r1.bytes_copied - r0.bytes_copied;
+  const uint64_t grad_bytes = g1.bytes - g0.bytes;
+
+  check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
+  testkit::Graph graph;
+  const double capture_ms = chain.capture(graph, graph_schedule.get(), [&] {
+    run.enqueue_streamed_step(graph_schedule.get(), graph_grads.get());
+  });
+  testkit::GraphExec resident_graph;
+  capture_on(st, resident_graph, [&] { run.enqueue_resident_step(); });
+
+  // One step of variant v: its host enqueue time into *host_s; returns
+  // when the step is over (gradients landed, stream drained).
+  auto step = [&](int v, double* host_s) {
+    const double t0 = now_seconds();
+    switch (v) {
+      case kStreamed: streamed_step(eager_schedule.get(), eager_grads.get()); break;
+      case kReplayed:
+        check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
+        check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch");
+        break;
+      case kResident: run.enqueue_resident_step(); break;
+      default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
     }
-    lwo_ring_stats r1{};
-    r1.size = sizeof r1;
-    lwo_grads_stats g1{};
-    g1.size = sizeof g1;
-    check(lwo_ring_get_stats(eager_ring.get(), &r1), "lwo_ring_get_stats");
-    check(lwo_grads_get_stats(eager_grads.get(), &g1), "lwo_grads_get_stats");
-    const uint64_t step_bytes = r1.bytes_copied - r0.bytes_copied;
-    const uint64_t grad_bytes = g1.bytes - g0.bytes;
+    *host_s = now_seconds() - t0;
+    if (v == kStreamed) check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
+    if (v == kReplayed) check(lwo_grads_wait(graph_grads.get()), "lwo_grads_wait");
+    drain();
+  };
 
-    const double c0 = now_seconds();
-    check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
-    check(lwo_ring_capture_begin(graph_ring.get(), st), "lwo_ring_capture_begin");
-    try {
-      run.enqueue_streamed_step(graph_schedule.get(), graph_grads.get());
-    } catch (...) {
-      lwo_schedule_reset(graph_schedule.get(), st);  // lets go of its tickets
-      lwo_graph* discarded = nullptr;
-      lwo_ring_capture_end(graph_ring.get(), st, &discarded);
-      lwo_graph_destroy(discarded);
-      throw;
-    }
-    testkit::Graph graph;
-    check(lwo_ring_capture_end(graph_ring.get(), st, graph.out()), "lwo_ring_capture_end");
-    const double capture_ms = (now_seconds() - c0) * 1e3;
-    testkit::GraphExec resident_graph;
-    capture_on(st, resident_graph, [&] { run.enqueue_resident_step(); });
-
-    // One step of variant v: its host enqueue time into *host_s; returns
-    // when the step is over (gradients landed, stream drained).
-    auto step = [&](int v, double* host_s) {
-      const double t0 = now_seconds();
-      switch (v) {
-        case kStreamed: streamed_step(eager_schedule.get(), eager_grads.get()); break;
-        case kReplayed:
-          check(lwo_grads_zero(graph_grads.get()), "lwo_grads_zero");
-          check(lwo_graph_launch(graph.get(), st), "lwo_graph_launch");
-          break;
-        case kResident: run.enqueue_resident_step(); break;
-        default: check(cudaGraphLaunch(resident_graph.get(), st), "cudaGraphLaunch"); break;
-      }
-      *host_s = now_seconds() - t0;
-      if (v == kStreamed) check(lwo_grads_wait(eager_grads.get()), "lwo_grads_wait");
-      if (v == kReplayed) check(lwo_grads_wait(graph_grads.get()), "lwo_grads_wait");
-      drain();
-    };
-
-    // The check, each step on activations and input gradients poisoned first.
-    const uint32_t N = spec.n_ops();
-    auto poison = [&] {
-      for (uint32_t i = 1; i <= N; ++i)
-        check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
-              "cudaMemsetAsync");
-      check(cudaMemsetAsync(run.dx_out(0), 0xff, run.input_bytes(), st), "cudaMemsetAsync");
-    };
-    auto outputs = [&] {
-      drain();
-      std::vector<uint8_t> y = testkit::copy_back(run.x(N), run.output_bytes());
-      const std::vector<uint8_t> dx = testkit::copy_back(run.dx_out(0), run.input_bytes());
-      y.insert(y.end(), dx.begin(), dx.end());
-      return y;
-    };
-    auto check_steps = [&](const char* when) {
-      double unused = 0;
-      for (int v : {kStreamed, kReplayed}) {
-        poison();
-        step(v, &unused);
-        const testkit::ChainCheck c =
-            run.compare_with_resident(v == kStreamed ? eager_grads.get() : graph_grads.get(), true);
-        if (!c.same) fail(strf("%s: the %s step: %s", when, kNames[v], c.first.c_str()));
-      }
+  // The check, each step on activations and input gradients poisoned first.
+  const uint32_t N = spec.n_ops();
+  auto poison = [&] {
+    for (uint32_t i = 1; i <= N; ++i)
+      check(cudaMemsetAsync(run.x(i), 0xff, run.act_bytes(spec.ops[i - 1].second), st),
+            "cudaMemsetAsync");
+    check(cudaMemsetAsync(run.dx_out(0), 0xff, run.input_bytes(), st), "cudaMemsetAsync");
+  };
+  auto outputs = [&] {
+    drain();
+    std::vector<uint8_t> y = testkit::copy_back(run.x(N), run.output_bytes());
+    const std::vector<uint8_t> dx = testkit::copy_back(run.dx_out(0), run.input_bytes());
+    y.insert(y.end(), dx.begin(), dx.end());
+    return y;
+  };
+  auto check_steps = [&](const char* when) {
+    double unused = 0;
+    for (int v : {kStreamed, kReplayed}) {
       poison();
-      step(kResident, &unused);
-      const std::vector<uint8_t> want = outputs();
-      poison();
-      step(kResidentCaptured, &unused);
-      const std::vector<uint8_t> got = outputs();
-      const uint64_t es = lwo_dtype_size(spec.dtype);
-      const std::string diff = testkit::compare_bits(
-          strf("%s: the resident_captured step's output and input gradient", when), got.data(),
-          want.data(), got.size() / es, spec.dtype, kDim);
-      if (!diff.empty()) fail(diff);
-    };
-    check_steps("before the timed steps");
-
-    std::vector<double> host_us[kVariants], step_ms[kVariants];
-    for (int k = 0; k < g_warmup; ++k)
-      for (int v = 0; v < kVariants; ++v) {
-        double unused = 0;
-        step(v, &unused);
-      }
-    for (auto _ : state) {
-      for (int v = 0; v < kVariants; ++v) {
-        double host_s = 0;
-        const double t0 = now_seconds();
-        step(v, &host_s);
-        step_ms[v].push_back((now_seconds() - t0) * 1e3);
-        host_us[v].push_back(host_s * 1e6 / (2.0 * kLayers));
-      }
-      state.SetIterationTime(step_ms[kReplayed].back() / 1e3);
+      step(v, &unused);
+      const testkit::ChainCheck c =
+          run.compare_with_resident(v == kStreamed ? eager_grads.get() : graph_grads.get(), true);
+      if (!c.same) fail(strf("%s: the %s step: %s", when, kNames[v], c.first.c_str()));
     }
-    check(lwo_engine_check(engine()), "lwo_engine_check");
-    check_steps("after the timed steps");
+    poison();
+    step(kResident, &unused);
+    const std::vector<uint8_t> want = outputs();
+    poison();
+    step(kResidentCaptured, &unused);
+    const std::vector<uint8_t> got = outputs();
+    const uint64_t es = lwo_dtype_size(spec.dtype);
+    const std::string diff = testkit::compare_bits(
+        strf("%s: the resident_captured step's output and input gradient", when), got.data(),
+        want.data(), got.size() / es, spec.dtype, kDim);
+    if (!diff.empty()) fail(diff);
+  };
+  check_steps("before the timed steps");
 
-    const std::vector<testkit::HostRange> hosts = W.record_hosts();
-    uint64_t largest = 0;
-    for (const testkit::HostRange& h : hosts) largest = std::max(largest, h.bytes);
-    const testkit::CopyResult copies = testkit::time_h2d_copies(hosts, largest, {1, 5});
-    const double copy_gbps = copies.best_gbps();
-    const double copy_ms = copy_gbps > 0 ? static_cast<double>(step_bytes) / (copy_gbps * 1e6) : 0;
-
-    auto& c = state.counters;
-    double ms[kVariants];
+  std::vector<double> host_us[kVariants], step_ms[kVariants];
+  for (int k = 0; k < g_warmup; ++k)
     for (int v = 0; v < kVariants; ++v) {
-      ms[v] = median(step_ms[v]);
-      c[strf("host_us_per_layer_%s", kNames[v])] = median(host_us[v]);
-      c[strf("%s_ms", kNames[v])] = ms[v];
+      double unused = 0;
+      step(v, &unused);
     }
-    const double floor_ms = std::max(ms[kResidentCaptured], copy_ms);
-    c["copy_GBps"] = copy_gbps;
-    c["step_bytes"] = static_cast<double>(step_bytes);
-    c["grad_bytes"] = static_cast<double>(grad_bytes);
-    c["copy_ms"] = copy_ms;
-    c["floor_ms"] = floor_ms;
-    c["ratio"] = floor_ms > 0 ? ms[kReplayed] / floor_ms : 0;
-    c["replayed_over_streamed"] = ms[kStreamed] > 0 ? ms[kReplayed] / ms[kStreamed] : 0;
-    c["capture_ms"] = capture_ms;
-    c["matches_resident"] = 1;  // else the check above stopped the benchmark
-    c["layers"] = kLayers;
-    c["records"] = R;
-    c["per_record"] = per_record;
-    c["depth"] = depth;
-    c["rows"] = kTokens;
+  for (auto _ : state) {
+    for (int v = 0; v < kVariants; ++v) {
+      double host_s = 0;
+      const double t0 = now_seconds();
+      step(v, &host_s);
+      step_ms[v].push_back((now_seconds() - t0) * 1e3);
+      host_us[v].push_back(host_s * 1e6 / (2.0 * kLayers));
+    }
+    state.SetIterationTime(step_ms[kReplayed].back() / 1e3);
+  }
+  check(lwo_engine_check(engine()), "lwo_engine_check");
+  check_steps("after the timed steps");
+
+  report(state, chain, "step_bytes", step_bytes, step_ms, host_us, capture_ms);
+  state.counters["grad_bytes"] = static_cast<double>(grad_bytes);
+}
+
+// A benchmark of `Body` over the chain its arguments describe.
+template <void (*Body)(benchmark::State&, Chain&)>
+void on_chain(benchmark::State& state) {
+  run_guarded(state, [&] {
+    Chain chain(state);
+    Body(state, chain);
   });
 }
 
 void register_benchmarks() {
-  auto* b = benchmark::RegisterBenchmark("capture/linear256x512/fwd/T:16", bm_capture);
+  auto* b = benchmark::RegisterBenchmark("capture/linear256x512/fwd/T:16", on_chain<forward_pass>);
   for (uint64_t d : g_depths)
     for (uint64_t p : g_per_record) b->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
   timed_ms(b->ArgNames({"depth", "per_record"}), g_iterations);
-  auto* t = benchmark::RegisterBenchmark("capture/linear256x512/step/T:16", bm_capture_step);
+  auto* t = benchmark::RegisterBenchmark("capture/linear256x512/step/T:16",
+                                         on_chain<training_step>);
   for (uint64_t d : g_depths)
     for (uint64_t p : g_per_record) t->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
   timed_ms(t->ArgNames({"depth", "per_record"}), g_iterations);
