@@ -186,6 +186,7 @@ class CudaBackend final : public Backend {
   }
 
   StreamH stream_create() override {
+    RelaxedCapture relaxed;  // a gradient set makes its landing stream in a capture
     cudaStream_t s = nullptr;
     LWO_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     return s;

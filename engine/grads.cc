@@ -88,6 +88,8 @@ Grads::~Grads() {
     engine_.gpu().stream_sync(engine_.d2h());  // every job is posted
     engine_.gpu().event_destroy(done_);
     engine_.gpu().event_destroy(join_event_);
+    engine_.gpu().event_destroy(land_event_);
+    if (land_stream_) engine_.gpu().stream_destroy(land_stream_);
     for (Layer& g : layers_)
       if (g.landed) engine_.gpu().event_destroy(g.landed);
   } catch (...) {
@@ -202,7 +204,7 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     if (bytes) gpu.copy_d2h(host_.data() + g.host_base, s.dev + gl.lo, bytes, d2h);
     poison_slot(g, s, d2h);
     gpu.event_record(s.free, d2h);
-    if (re) gpu.host_func(d2h, &Grads::replay_landed, re, {});
+    if (re) land_aside(re, d2h);
   } else {
     if (staging_.size() < slots_.size()) {
       staging_.emplace_back(engine_, max_wire_, 1, "gradient staging buffer");  // small, made once on first use
@@ -217,6 +219,8 @@ void Grads::end_locked(uint32_t layer, StreamH stream) {
     if (re) {
       re->staging = k;
       re->src = st.data();
+      // A layer's landings take its serials in the capture's order.
+      order_landings(d2h);
       gpu.host_func(d2h, &Grads::replay_wait_staging, re, {});
     } else {
       auto wait = std::make_unique<StagingWait>(StagingWait{this, k});
@@ -656,6 +660,8 @@ void Grads::join_capture(const char* what) {
   gpu.stream_sync(engine_.d2h());
   wait_worker();
   if (!join_event_) join_event_ = gpu.event_create(false);
+  if (!land_event_) land_event_ = gpu.event_create(false);
+  if (!land_stream_) land_stream_ = gpu.stream_create();
   auto r = std::make_unique<Replay>();
   r->fresh.assign(layers_.size(), -1);
   for (const Layer& g : layers_) r->saved.push_back(end_state(g));
@@ -680,8 +686,29 @@ void Grads::join_back(StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!replay_ || !replay_->joined) return;
   DeviceScope scope(engine_);
-  engine_.gpu().event_record(join_event_, engine_.d2h());
-  engine_.gpu().stream_wait(stream, join_event_);
+  Backend& gpu = engine_.gpu();
+  gpu.event_record(join_event_, engine_.d2h());
+  gpu.stream_wait(stream, join_event_);
+  if (replay_->land_joined) {
+    gpu.event_record(join_event_, land_stream_);
+    gpu.stream_wait(stream, join_event_);
+  }
+}
+
+void Grads::land_aside(ReplayEnd* end, StreamH d2h) {
+  Backend& gpu = engine_.gpu();
+  gpu.event_record(land_event_, d2h);
+  gpu.stream_wait(land_stream_, land_event_);
+  gpu.host_func(land_stream_, &Grads::replay_landed, end, {});
+  replay_->land_joined = replay_->land_pending = true;
+}
+
+void Grads::order_landings(StreamH d2h) {
+  if (!replay_->land_pending) return;
+  Backend& gpu = engine_.gpu();
+  gpu.event_record(land_event_, land_stream_);
+  gpu.stream_wait(d2h, land_event_);
+  replay_->land_pending = false;
 }
 
 void Grads::free_slots_after(EventH after) noexcept {

@@ -34,7 +34,9 @@
 // state is saved. Each captured end is one ReplayEnd, the persistent
 // argument of its host functions (a staging buffer's wait, and the landing:
 // the job posted to the worker, or for a copy straight into the host buffer
-// the landing marked); the gradient stream joins the capture through the
+// the landing marked: on a landing stream of the set's own for a direct copy,
+// so that no later copy down waits for its host function, all of them in the
+// capture's order); the gradient stream joins the capture through the
 // sink's wait, and back before it ends. The capture runs nothing, so the
 // saved host state comes back when it ends; the graph then holds the set
 // (begin, end: LWO_ERR_BUSY) until it is destroyed. Each launch checks that
@@ -176,6 +178,10 @@ class Grads final : public CapturePart {
     std::vector<EndState> saved;   // every layer's state at the join
     Counters counters{};
     bool joined = false;           // the gradient stream is part of the capture
+    // The landing stream joined the capture (its host functions are rejoined
+    // before it ends), and has landings the gradient stream is not yet
+    // ordered after.
+    bool land_joined = false, land_pending = false;
     bool callers = false;          // the graph is the caller's (a joined capture's)
     // The last arm's, for disarm.
     std::vector<EndState> armed;   // the ended layers' states before it (per `layers`)
@@ -278,6 +284,14 @@ class Grads final : public CapturePart {
   Capture capture_ = Capture::None;
   std::unique_ptr<Replay> replay_;
   EventH join_event_ = nullptr;   // the gradient stream's join and leave
+  // A replay's landings of direct ends: host functions on a stream of their
+  // own, ordered after their copy but not before the next one (a host
+  // function on the gradient stream would hold every later copy down for its
+  // round trip to the host).
+  StreamH land_stream_ = nullptr;
+  EventH land_event_ = nullptr;
+  void land_aside(ReplayEnd* end, StreamH d2h);  // under mu_, capturing
+  void order_landings(StreamH d2h);             // d2h after every landing so far
   EventH last_replay_ = nullptr;  // the graph's event after its last launch
   std::vector<std::deque<uint64_t>> replay_serials_;  // per layer: armed ends not yet landed
 };

@@ -498,6 +498,22 @@ TEST_F(Capture, GradientsOfACapturedStepLandAtEachLaunch) {
   EXPECT_EQ(count_ops(ops, RecordingBackend::GraphOp::HostFunc), 5u);
   for (size_t i = 0; i < ends.size(); ++i)
     for (size_t j = 0; j < i; ++j) ASSERT_NE(ends[i].base, ends[j].base);  // one slot each
+  // The graph's edges: the host functions run in the capture's order (each
+  // layer's landings take its serials in turn), but a copy down waits for no
+  // landing of a copy straight into host memory (layers 2 and 1 first): only
+  // a staging buffer's wait (before the added copy of layer 1) holds copies.
+  std::vector<const RecordingBackend::GraphOp*> fns, downs;
+  for (const RecordingBackend::GraphOp& op : ops) {
+    if (op.kind == RecordingBackend::GraphOp::HostFunc) fns.push_back(&op);
+    if (op.kind == RecordingBackend::GraphOp::CopyD2H) downs.push_back(&op);
+  }
+  ASSERT_EQ(fns.size(), 5u);
+  ASSERT_EQ(downs.size(), 4u);
+  for (size_t i = 1; i < fns.size(); ++i)
+    EXPECT_TRUE(RecordingBackend::ordered(*fns[i - 1], *fns[i])) << "host function " << i;
+  EXPECT_TRUE(RecordingBackend::ordered(*downs[0], *fns[0]));   // layer 2's landing after its copy
+  EXPECT_FALSE(RecordingBackend::ordered(*fns[0], *downs[1]));  // layer 1's copy not after it
+  EXPECT_TRUE(RecordingBackend::ordered(*fns[2], *downs[2]));   // the staging buffer's wait
 
   ASSERT_NO_FATAL_FAILURE(
       five_replays(t, ends, before, [&] { return lwo_graph_launch(graph, stream(t.s)); }));

@@ -71,7 +71,14 @@ class RecordingBackend final : public Backend {
     size_t bytes;
     size_t stream;    // the capture's stream it was enqueued on
     std::function<void()> run;
+    Clock clock{};    // its stream's clock once enqueued: what it is ordered after
   };
+  // Whether captured operation `a` is ordered before `b` (by streams and
+  // events, as the graph's edges will be).
+  static bool ordered(const GraphOp& a, const GraphOp& b) {
+    return a.stream < a.clock.size() && a.stream < b.clock.size() &&
+           b.clock[a.stream] >= a.clock[a.stream];
+  }
 
   // Runs in host_func before the host function itself: a test's way in
   // between the enqueue and the host work (say, to cut a mapped file short).
@@ -293,7 +300,7 @@ class RecordingBackend final : public Backend {
     stats.fill_bytes += bytes;
     access(s, dst, bytes, /*write=*/true, "fill");
     if (capturing(s))
-      captured_.push_back({GraphOp::Fill, dst, nullptr, bytes, s,
+      keep_op({GraphOp::Fill, dst, nullptr, bytes, s,
                            [=] { std::memset(dst, value, bytes); }});
     else
       std::memset(dst, value, bytes);
@@ -345,7 +352,7 @@ class RecordingBackend final : public Backend {
       fn(arg);  // the stream's earlier work is already done here
     };
     if (capturing(s))
-      captured_.push_back({GraphOp::HostFunc, nullptr, nullptr, 0, s, [this, run] {
+      keep_op({GraphOp::HostFunc, nullptr, nullptr, 0, s, [this, run] {
                              ++stats.replayed_host_funcs;
                              run();
                            }});
@@ -399,7 +406,7 @@ class RecordingBackend final : public Backend {
     if (!capturing(s)) fail(LWO_ERR_CUDA, "recording backend: stream s%zu is not capturing", s);
     event(e);  // a known event
     if (keep_log) log.push_back(strf("record e%zu in the graph on s%zu", event_index(e), s));
-    captured_.push_back({GraphOp::EventRecord, nullptr, nullptr, 0, s, [this, e] {
+    keep_op({GraphOp::EventRecord, nullptr, nullptr, 0, s, [this, e] {
                            ++stats.records;
                            Event& ev = event(e);
                            ev.recorded = true;
@@ -490,11 +497,16 @@ class RecordingBackend final : public Backend {
       std::memcpy(dst, src, bytes);
       return;
     }
-    captured_.push_back({kind, dst, src, bytes, s, [dst, src, bytes, n, b] {
+    keep_op({kind, dst, src, bytes, s, [dst, src, bytes, n, b] {
                            std::memcpy(dst, src, bytes);
                            ++*n;
                            *b += bytes;
                          }});
+  }
+  // A captured operation, with its stream's clock.
+  void keep_op(GraphOp op) {
+    op.clock = streams_[op.stream].clock;
+    captured_.push_back(std::move(op));
   }
   std::vector<size_t> capturing_;                    // the capture's streams, its origin first
   std::vector<GraphOp> captured_;                    // the capture's copies and fills
