@@ -7,6 +7,7 @@
 // pointers (cudaStream_t / cudaEvent_t in the CUDA implementation).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -107,6 +108,9 @@ class Backend {
   // afterwards rank q's buf[bounds[q], bounds[q+1]) is the sum over every
   // rank of that range. The rest of buf is left unspecified.
   virtual void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH stream) = 0;
+  // Sums `n_floats` f32 values at `buf` over the ranks, in place: afterwards
+  // every rank's buf holds the sum of every rank's (ncclAllReduce).
+  virtual void all_reduce(void* buf, size_t n_floats, void* comm, StreamH stream) = 0;
 
   // Host memory a host function reads or writes, declared so that a checker
   // of the ordering (the recording backend of the unit tests) can see it;
@@ -146,6 +150,21 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // compute runs on the CPU. With `poison`, a released ring slot reads as
 // 0xff bytes until it is acquired again or filled anew, and a gradient slot
 // is 0xff when handed out.
+// Its communicators have one rank, or N ranks in one process: N host
+// engines, each driven from its own thread, meet by the unique id's bytes
+// (any kNcclUniqueIdBytes bytes the ranks share). comm_create blocks until
+// every rank has joined, and each collective (and comm_split) until every
+// rank of the communicator has made the same call (all_gather, reduce_owned
+// and all_reduce of the same bytes, or LWO_ERR_COLLECTIVE_MISMATCH on every
+// rank); the reductions sum in rank order, so every rank gets the same bits.
+// A rank missing for kHostCommTimeout fails the ranks waiting for it with
+// LWO_ERR_NCCL, naming the call and the missing ranks, and leaves the
+// communicator unusable.
 std::unique_ptr<Backend> make_host_backend(bool poison);
+constexpr std::chrono::seconds kHostCommTimeout{120};
+// Sets the host backend's deadline (kHostCommTimeout until set; tests
+// shorten it through lwo_test_host_comm_timeout, bindings/c/lwo_test.h) for
+// the calls that start from now on; returns the previous.
+std::chrono::milliseconds set_host_comm_timeout(std::chrono::milliseconds timeout);
 
 }  // namespace lwo

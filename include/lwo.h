@@ -1368,9 +1368,23 @@ typedef struct lwo_grads_config {
   uint32_t n_threads;  /* host threads for first-touching the buffers (at
                           most 64) and for accumulating (at most 32); 0 = one
                           per core, within those limits */
+  lwo_nccl_comm_t replica_comm; /* since 0.6.0; NULL (and for a caller's
+                          smaller struct): none. With a sharded pool, the
+                          communicator of the ranks that hold this rank's
+                          shard in other groups (the same rank of the pool's
+                          communicator on the other nodes): lwo_grads_end
+                          sums this rank's part, after the sum over the
+                          pool's communicator, over it too, on the
+                          collective stream before the copy to host, so each
+                          rank's host shard is the sum over every rank of
+                          both. Every rank of it must end the same layers in
+                          the same order. The caller keeps it alive while
+                          the set exists. LWO_ERR_UNSUPPORTED with a pool that
+                          is not sharded; LWO_ERR_INVALID_ARGUMENT if it is
+                          the pool's communicator or on another device. */
 } lwo_grads_config;
 
-#define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
+#define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u, NULL}
 LWO_API void lwo_grads_config_init(lwo_grads_config* config);
 
 /* Creates host gradient buffers (in each tensor's dtype, or f32: see
@@ -2056,7 +2070,8 @@ LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_uni
  * LWO_ERR_INVALID_ARGUMENT for a NULL parent, a negative color or a parent on
  * another device; LWO_ERR_UNSUPPORTED where lwo was built with an older NCCL;
  * LWO_ERR_NCCL with NCCL's message. On the test host backend the parent must
- * be one of its one-rank communicators, and so is the child. */
+ * be one of its communicators (of one rank, or of N ranks of one process),
+ * and so is the child. */
 LWO_API lwo_status_t lwo_nccl_comm_split(lwo_engine* engine, lwo_nccl_comm_t parent,
                                          int32_t color, int32_t key, lwo_nccl_comm_t* comm);
 /* ncclCommDestroy of a communicator that lwo_nccl_comm_create or
