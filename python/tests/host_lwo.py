@@ -21,6 +21,8 @@ import collections
 import ctypes
 import time
 
+import torch
+
 import lwo
 import lwo.torch as lt
 from lwo import _capi as C
@@ -175,6 +177,7 @@ class Backend(lt._Backend):
 
     def __init__(self, poison=True):
         super().__init__(-1, engine=host_engine(poison))
+        lt._note_derived_host_limit(self.engine)  # made here, as lt._Backend makes its own
         self.pools, self.rings, self.grads_sets, self.optims = [], [], [], []
         self.changed = []
         self.calls = collections.Counter()
@@ -219,13 +222,17 @@ class Backend(lt._Backend):
         self.rings.append(r)
         return r
 
-    def grads(self, pool, mask, depth):
-        g = Grads(_core.Grads(pool, trainable=mask, depth=depth), mask)
+    def grads(self, pool, mask, depth, n_threads=0, replica_comm=None):
+        kw = {"replica_comm": replica_comm} if replica_comm is not None else {}
+        g = Grads(_core.Grads(pool, trainable=mask, depth=depth, n_threads=n_threads, **kw),
+                  mask)
+        g.n_threads, g.replica_comm = n_threads, replica_comm
         self.grads_sets.append(g)
         return g
 
     def optimizer(self, grads, kind, state, flags, n_threads, seed):
         o = Optim(super().optimizer(grads, kind, state, flags, n_threads, seed).obj)
+        o.n_threads = n_threads
         self.optims.append(o)
         return o
 
@@ -280,6 +287,12 @@ class Backend(lt._Backend):
     def zero_device(self, address, nbytes, stream):
         if nbytes:
             ctypes.memset(int(address), 0, int(nbytes))
+
+    def read_device(self, address, dtype, shape, stream):
+        t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            ctypes.memmove(t.data_ptr(), int(address), t.numel() * t.element_size())
+        return t
 
     def synchronize(self):
         self.engine.synchronize()

@@ -8,6 +8,7 @@ rank) into the shard's f32 host buffer, which lwo.torch.optim updates the
 shard from: with f32 weights, exactly as without a group."""
 
 import copy
+import re
 
 import pytest
 
@@ -233,12 +234,24 @@ def test_bad_arguments_are_refused(world, monkeypatch):
                            "through a sharded pool" % what):
             lt.offload(m, _backend=host_lwo.Backend(), process_group=world, **kw)
         assert lt.handle_of(m) is None and not lt.is_offloaded(m)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    m = mlp()
-    with pytest.raises(NotImplementedError, match="2 ranks: the sharded path is written for "
-                       "any number of ranks but untested.*scripts/torch-dist-check with 2 ranks"):
-        lt.offload(m, _backend=host_lwo.Backend(), process_group=world)
-    assert lt.handle_of(m) is None and not lt.is_offloaded(m)  # nothing changed
+    with pytest.raises(ValueError, match="node_size goes with process_group"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), node_size=1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    for bad in (3, 0, -2, 2.0, True, "2"):
+        m = mlp()
+        with pytest.raises(ValueError, match="node_size %s: it must be a positive integer that "
+                           "divides the group's 4 ranks" % re.escape(repr(bad))):
+            lt.offload(m, _backend=host_lwo.Backend(), process_group=world, node_size=bad)
+        assert lt.handle_of(m) is None and not lt.is_offloaded(m)  # nothing changed
+
+
+def test_the_node_size_defaults_to_local_world_size(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert lt._node_size(None, 4) == 4          # one node
+    for env, want in (("2", 2), ("4", 4), ("3", 4), ("8", 4), ("x", 4), ("0", 4)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+        assert lt._node_size(None, 4) == want, env  # where it divides the group's ranks
+    assert lt._node_size(1, 4) == 1
 
 
 def test_a_group_needs_torch_distributed():
