@@ -7,6 +7,7 @@
 // pointers (cudaStream_t / cudaEvent_t in the CUDA implementation).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -146,6 +147,20 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // compute runs on the CPU. With `poison`, a released ring slot reads as
 // 0xff bytes until it is acquired again or filled anew, and a gradient slot
 // is 0xff when handed out.
+// Its communicators have one rank, or N ranks in one process: N host
+// engines, each driven from its own thread, meet by the unique id's bytes
+// (any kNcclUniqueIdBytes bytes the ranks share). comm_create blocks until
+// every rank has joined, and each collective (and comm_split) until every
+// rank of the communicator has made the same call (all_gather and
+// reduce_owned of the same bytes, or LWO_ERR_COLLECTIVE_MISMATCH on every
+// rank); reduce_owned sums in rank order, so every rank gets the same bits.
+// A rank missing for kHostCommTimeout fails the ranks waiting for it with
+// LWO_ERR_NCCL, naming the call and the missing ranks, and leaves the
+// communicator unusable.
 std::unique_ptr<Backend> make_host_backend(bool poison);
+constexpr std::chrono::seconds kHostCommTimeout{120};
+// Sets the host backend's deadline (kHostCommTimeout until set; tests
+// shorten it) for the calls that start from now on; returns the previous.
+std::chrono::milliseconds set_host_comm_timeout(std::chrono::milliseconds timeout);
 
 }  // namespace lwo

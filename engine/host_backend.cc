@@ -1,12 +1,17 @@
 // The host backend (backend.h, make_host_backend): the engine on host memory,
 // for tests of the library's users on machines with no GPU.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -19,17 +24,232 @@ namespace {
 constexpr size_t kAlign = 256;                      // as cudaMalloc's alignment (at least)
 constexpr uint64_t kTotalBytes = uint64_t(64) << 30;  // the "device" the budget sees
 
-// A one-rank communicator of the host backend: a heap byte, never read.
-void destroy_comm(void* comm) { delete static_cast<char*>(comm); }
-void* make_comm() {
-  char* c = new char(0);
+// ---- Communicators: in-process worlds of N ranks ----
+// Each rank of a world is an engine driven from its own thread of this
+// process. A rank's communicator is a Member (its world and its rank);
+// the world lives until its last member is destroyed. Every collective is a
+// rendezvous (World::meet) run when enqueued, as all host backend work is.
+
+std::atomic<int64_t> g_timeout_ms{
+    std::chrono::duration_cast<std::chrono::milliseconds>(kHostCommTimeout).count()};
+
+double timeout_s() { return static_cast<double>(g_timeout_ms.load()) / 1000.0; }
+
+// "1, 3" for the ranks k with done[k] < seq.
+std::string missing_ranks(const std::vector<uint64_t>& done, uint64_t seq) {
+  std::string s;
+  for (size_t k = 0; k < done.size(); ++k)
+    if (done[k] < seq) s += strf("%s%zu", s.empty() ? "" : ", ", k);
+  return s;
+}
+
+enum class Op { AllGather, ReduceOwned, Split };
+
+// One rank's side of a collective: what it is, and what it reads from.
+struct Post {
+  Op op = Op::AllGather;
+  uint64_t bytes = 0;           // per rank (all-gather), of the buffer (reduce_owned)
+  const void* src = nullptr;    // its input
+  std::vector<uint64_t> bounds; // reduce_owned
+  int color = 0, key = 0;       // split
+};
+
+std::string describe(const Post& p) {
+  switch (p.op) {
+    case Op::AllGather:
+      return strf("all_gather of %llu bytes per rank", static_cast<unsigned long long>(p.bytes));
+    case Op::ReduceOwned:
+      return strf("reduce_owned of %llu bytes", static_cast<unsigned long long>(p.bytes));
+    case Op::Split:
+      return "comm_split";
+  }
+  return "?";
+}
+
+bool agree(const Post& a, const Post& b) {
+  return a.op == b.op && a.bytes == b.bytes && a.bounds == b.bounds;
+}
+
+struct World {
+  explicit World(int n_ranks) : n(n_ranks), posted(n_ranks, 0), read(n_ranks, 0), posts(n_ranks) {}
+  const int n;
+  std::mutex mu;
+  std::condition_variable cv;
+  // Per rank, the number of its collectives posted and read: rank k's c-th
+  // collective is posted (its Post in posts[k]) once posted[k] == c, and
+  // read (it no longer reads any rank's input) once read[k] == c.
+  std::vector<uint64_t> posted, read;
+  std::vector<Post> posts;
+  std::string broken;  // a rank missed a deadline: every later call fails with this
+  // The worlds a split makes, by (collective number, color), until each of
+  // their ranks has taken its own.
+  struct Child {
+    std::shared_ptr<World> world;
+    int taken = 0;
+  };
+  std::map<std::pair<uint64_t, int>, Child> children;
+
+  // Waits (lock held) until every rank's done[k] reaches seq; past the
+  // deadline, breaks the world and throws LWO_ERR_NCCL naming `what`, the
+  // ranks missing and the stage.
+  void wait_all(std::unique_lock<std::mutex>& lock, const std::vector<uint64_t>& done,
+                uint64_t seq, int rank, const std::string& what, const char* stage,
+                std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      if (!broken.empty())
+        fail(LWO_ERR_NCCL, "rank %d of %d, %s: %s", rank, n, what.c_str(), broken.c_str());
+      if (missing_ranks(done, seq).empty()) return;
+      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+          !missing_ranks(done, seq).empty() && broken.empty()) {
+        broken = strf("host communicator of %d ranks: rank(s) %s did not %s collective %llu "
+                      "(%s) within %.3g s; the communicator is unusable now",
+                      n, missing_ranks(done, seq).c_str(), stage,
+                      static_cast<unsigned long long>(seq), what.c_str(), timeout_s());
+        cv.notify_all();
+      }
+    }
+  }
+
+  // Rank `rank`'s collective number `seq`: posts `mine`, waits until every
+  // rank has posted its collective number `seq`, checks that they agree
+  // (LWO_ERR_COLLECTIVE_MISMATCH on every rank otherwise), runs
+  // read(posts) with the lock held (it reads the others' inputs into memory
+  // of its own and writes nothing another rank reads), then waits until
+  // every rank has read: only then may the caller write its output, which
+  // may be its own input (reduce_owned is in place).
+  template <class Read>
+  void meet(int rank, uint64_t seq, Post mine, Read&& read_inputs) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
+    const std::string what = describe(mine);
+    std::unique_lock<std::mutex> lock(mu);
+    if (!broken.empty())
+      fail(LWO_ERR_NCCL, "rank %d of %d, %s: %s", rank, n, what.c_str(), broken.c_str());
+    posts[rank] = std::move(mine);
+    posted[rank] = seq;
+    cv.notify_all();
+    wait_all(lock, posted, seq, rank, what, "reach", deadline);
+    // Every rank compares every post with its own: all see the same posts,
+    // so either all agree or every rank finds one that differs from its own.
+    std::string diff;
+    for (int k = 0; k < n; ++k)
+      if (!agree(posts[k], posts[rank])) diff = "differs";
+    if (!diff.empty()) {
+      diff.clear();
+      for (int k = 0; k < n; ++k)
+        diff += strf("%srank %d: %s", k ? "; " : "", k, describe(posts[k]).c_str());
+    } else {
+      read_inputs(posts);
+    }
+    this->read[rank] = seq;
+    cv.notify_all();
+    wait_all(lock, this->read, seq, rank, what, "finish reading the inputs of", deadline);
+    if (!diff.empty())
+      fail(LWO_ERR_COLLECTIVE_MISMATCH,
+           "rank %d of %d, collective %llu of the host communicator: the ranks are not making "
+           "the same call (%s)",
+           rank, n, static_cast<unsigned long long>(seq), diff.c_str());
+  }
+};
+
+struct Member {
+  std::shared_ptr<World> world;
+  int rank;
+  uint64_t seq = 0;  // this rank's collectives so far (under the world's lock)
+};
+
+void destroy_comm(void* comm) { delete static_cast<Member*>(comm); }
+
+void* make_comm(std::shared_ptr<World> world, int rank) {
+  auto* m = new Member{std::move(world), rank};
   try {
-    register_comm(c, destroy_comm);
+    register_comm(m, destroy_comm);
   } catch (...) {
-    delete c;
+    delete m;
     throw;
   }
-  return c;
+  return m;
+}
+
+// The worlds being formed by lwo_nccl_comm_create, by unique id.
+struct Forming {
+  explicit Forming(int n_ranks)
+      : n(n_ranks), joined(n_ranks, false), world(std::make_shared<World>(n_ranks)) {}
+  const int n;
+  std::vector<bool> joined;
+  int count = 0;
+  std::shared_ptr<World> world;
+  lwo_status_t status = LWO_OK;  // failed: every rank waiting fails with this
+  std::string failed;
+};
+struct Forum {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::shared_ptr<Forming>> forming;
+};
+Forum& forum() {
+  static Forum* f = new Forum;  // never destroyed: usable at exit
+  return *f;
+}
+
+std::string id_hex(const std::string& id) {
+  std::string s;
+  for (size_t i = 0; i < 4 && i < id.size(); ++i)
+    s += strf("%02x", static_cast<unsigned>(static_cast<uint8_t>(id[i])));
+  return s + "..";
+}
+
+// Rank `rank` of `n` joins the world of unique id `id` (kNcclUniqueIdBytes
+// bytes), blocking until all n have joined.
+std::shared_ptr<World> join_world(const void* id, int n, int rank) {
+  const std::string key(static_cast<const char*>(id), kNcclUniqueIdBytes);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
+  Forum& f = forum();
+  std::unique_lock<std::mutex> lock(f.mu);
+  std::shared_ptr<Forming>& slot = f.forming[key];
+  if (!slot) slot = std::make_shared<Forming>(n);
+  std::shared_ptr<Forming> w = slot;
+  // Bad input fails the ranks waiting too: the world can never form.
+  auto refuse = [&](lwo_status_t status, const std::string& msg) {
+    w->status = status;
+    w->failed = msg;
+    f.forming.erase(key);
+    f.cv.notify_all();
+    fail(status, "%s", msg.c_str());
+  };
+  if (w->n != n)
+    refuse(LWO_ERR_COLLECTIVE_MISMATCH,
+           strf("rank %d of %d ranks: the ranks that joined communicator id %s first gave "
+                "n_ranks %d; every rank must give the same n_ranks",
+                rank, n, id_hex(key).c_str(), w->n));
+  if (w->joined[rank])
+    refuse(LWO_ERR_INVALID_ARGUMENT,
+           strf("rank %d of %d ranks: rank %d has joined communicator id %s already (each rank "
+                "joins once)",
+                rank, n, rank, id_hex(key).c_str()));
+  w->joined[rank] = true;
+  if (++w->count == n) {
+    f.forming.erase(key);
+    f.cv.notify_all();
+    return w->world;
+  }
+  while (w->count < n && w->status == LWO_OK) {
+    if (f.cv.wait_until(lock, deadline) == std::cv_status::timeout && w->count < n &&
+        w->status == LWO_OK) {
+      std::string missing;
+      for (int k = 0; k < n; ++k)
+        if (!w->joined[k]) missing += strf("%s%d", missing.empty() ? "" : ", ", k);
+      w->status = LWO_ERR_NCCL;
+      w->failed = strf("communicator id %s of %d ranks: rank(s) %s did not join within %.3g s",
+                       id_hex(key).c_str(), n, missing.c_str(), timeout_s());
+      auto it = f.forming.find(key);
+      if (it != f.forming.end() && it->second == w) f.forming.erase(it);
+      f.cv.notify_all();
+    }
+  }
+  if (w->status != LWO_OK) fail(w->status, "rank %d of %d ranks: %s", rank, n, w->failed.c_str());
+  return w->world;
 }
 
 class HostBackend final : public Backend {
@@ -114,39 +334,81 @@ class HostBackend final : public Backend {
     std::memcpy(dst, src, bytes);
   }
 
-  // Communicators: one-rank stand-ins (no NCCL), registered like NCCL's
-  // (engine/comm.h) so lwo_nccl_comm_destroy destroys them. With one rank,
-  // an all-gather moves the rank's part to where it already belongs and a
-  // reduction leaves every byte as it is.
-  void* comm_create(const void*, int n_ranks, int rank) override {
-    if (n_ranks != 1)
-      fail(LWO_ERR_UNSUPPORTED,
-           "rank %d of %d ranks: the host backend's communicators have one rank", rank, n_ranks);
-    return make_comm();
+  // Communicators (no NCCL), registered like NCCL's (engine/comm.h) so
+  // lwo_nccl_comm_destroy destroys them: one rank, or N ranks of one process
+  // that meet by the unique id's bytes, each an engine on its own thread.
+  // Collectives run when enqueued: each blocks its thread until every rank
+  // of the communicator has made the same call (World::meet).
+  void* comm_create(const void* id, int n_ranks, int rank) override {
+    if (n_ranks == 1) return make_comm(std::make_shared<World>(1), 0);
+    return make_comm(join_world(id, n_ranks, rank), rank);
   }
-  void* comm_split(void* parent, int, int) override {
-    int n = 0, r = 0;
-    comm_info(parent, &n, &r);
-    return make_comm();
+  void* comm_split(void* parent, int color, int key) override {
+    Member& m = member(parent);
+    World& w = *m.world;
+    std::shared_ptr<World> child;
+    int child_rank = 0;
+    Post mine;
+    mine.op = Op::Split;
+    mine.color = color;
+    mine.key = key;
+    const uint64_t seq = next_seq(m);
+    w.meet(m.rank, seq, std::move(mine), [&](const std::vector<Post>& posts) {
+      // The ranks of this color, by key, ties by parent rank (as NCCL).
+      std::vector<int> group;
+      for (int k = 0; k < w.n; ++k)
+        if (posts[k].color == color) group.push_back(k);
+      std::stable_sort(group.begin(), group.end(),
+                       [&](int a, int b) { return posts[a].key < posts[b].key; });
+      child_rank = static_cast<int>(std::find(group.begin(), group.end(), m.rank) - group.begin());
+      World::Child& c = w.children[{seq, color}];
+      if (!c.world) c.world = std::make_shared<World>(static_cast<int>(group.size()));
+      child = c.world;
+      if (++c.taken == c.world->n) w.children.erase({seq, color});
+    });
+    return make_comm(std::move(child), child_rank);
   }
   void comm_info(void* comm, int* n_ranks, int* rank) override {
-    if (!registered_with(comm, destroy_comm))
-      fail(LWO_ERR_UNSUPPORTED,
-           "communicator %p: the host backend has collectives only over the one-rank "
-           "communicators it makes (lwo_nccl_comm_create of 1 rank, lwo_nccl_comm_split)",
-           comm);
-    *n_ranks = 1;
-    *rank = 0;
+    const Member& m = member(comm);
+    *n_ranks = m.world->n;
+    *rank = m.rank;
   }
   void all_gather(const void* send, void* recv, size_t bytes, void* comm, StreamH) override {
-    int n = 0, r = 0;
-    comm_info(comm, &n, &r);
-    unpoison(recv, bytes);
-    if (send != recv) std::memmove(recv, send, bytes);
+    Member& m = member(comm);
+    const int n = m.world->n;
+    std::vector<uint8_t> got(bytes * static_cast<size_t>(n));
+    Post mine;
+    mine.op = Op::AllGather;
+    mine.bytes = bytes;
+    mine.src = send;
+    m.world->meet(m.rank, next_seq(m), std::move(mine), [&](const std::vector<Post>& posts) {
+      for (int k = 0; k < n; ++k)
+        if (bytes) std::memcpy(got.data() + bytes * static_cast<size_t>(k), posts[k].src, bytes);
+    });
+    unpoison(recv, got.size());
+    if (!got.empty()) std::memcpy(recv, got.data(), got.size());
   }
-  void reduce_owned(void*, const uint64_t*, void* comm, StreamH) override {
-    int n = 0, r = 0;
-    comm_info(comm, &n, &r);
+  // Rank q's part is the f32 sum over the ranks in rank order, so every
+  // rank's sums are the same bits whichever rank computes them.
+  void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH) override {
+    Member& m = member(comm);
+    const int n = m.world->n;
+    const uint64_t lo = bounds[m.rank], hi = bounds[m.rank + 1];
+    std::vector<float> sum((hi - lo) / sizeof(float));
+    Post mine;
+    mine.op = Op::ReduceOwned;
+    mine.bytes = bounds[n];
+    mine.src = buf;
+    mine.bounds.assign(bounds, bounds + n + 1);
+    m.world->meet(m.rank, next_seq(m), std::move(mine), [&](const std::vector<Post>& posts) {
+      if (sum.empty()) return;
+      std::memcpy(sum.data(), static_cast<const uint8_t*>(posts[0].src) + lo, hi - lo);
+      for (int k = 1; k < n; ++k) {
+        const auto* in = reinterpret_cast<const float*>(static_cast<const uint8_t*>(posts[k].src) + lo);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += in[i];
+      }
+    });
+    if (!sum.empty()) std::memcpy(static_cast<uint8_t*>(buf) + lo, sum.data(), hi - lo);
   }
 
   void host_func(StreamH, void (*fn)(void*), void* arg, const std::vector<HostSpan>&) override {
@@ -191,6 +453,22 @@ class HostBackend final : public Backend {
     }
   }
 
+  // The host backend's own communicator, or LWO_ERR_UNSUPPORTED.
+  static Member& member(void* comm) {
+    if (!registered_with(comm, destroy_comm))
+      fail(LWO_ERR_UNSUPPORTED,
+           "communicator %p: the host backend has collectives only over the communicators it "
+           "makes (its one-rank communicators and its in-process ones of N ranks: "
+           "lwo_nccl_comm_create, lwo_nccl_comm_split)",
+           comm);
+    return *static_cast<Member*>(comm);
+  }
+  // The number of rank m's next collective.
+  static uint64_t next_seq(Member& m) {
+    std::lock_guard<std::mutex> lock(m.world->mu);
+    return ++m.seq;
+  }
+
   const bool poison_;
   int device_ = 0;
   std::mutex mu_;
@@ -202,6 +480,10 @@ class HostBackend final : public Backend {
 
 std::unique_ptr<Backend> make_host_backend(bool poison) {
   return std::make_unique<HostBackend>(poison);
+}
+
+std::chrono::milliseconds set_host_comm_timeout(std::chrono::milliseconds timeout) {
+  return std::chrono::milliseconds(g_timeout_ms.exchange(timeout.count()));
 }
 
 }  // namespace lwo

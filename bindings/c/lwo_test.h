@@ -19,7 +19,13 @@ extern "C" {
  * runs its work when it is enqueued, and layer compute (lwo_linear_*,
  * lwo_conv2d_*, lwo_dequantize) runs on the CPU in f32, each output rounded
  * once to its dtype. Everything else is the library as it is. Destroyed with
- * lwo_engine_destroy. LWO_ERR_INVALID_ARGUMENT for unknown flags. */
+ * lwo_engine_destroy. LWO_ERR_INVALID_ARGUMENT for unknown flags.
+ * Its communicators (lwo_nccl_comm_create, lwo_nccl_comm_split) have one rank
+ * or N ranks of this process: N such engines, each driven from its own
+ * thread, meet by the id's 128 bytes (any bytes the ranks share), each call
+ * blocking until all N make it; ranks that make different collective calls
+ * fail with LWO_ERR_COLLECTIVE_MISMATCH, and a rank missing for 120 s fails
+ * the others with LWO_ERR_NCCL. */
 LWO_API lwo_status_t lwo_test_engine_create_host(uint32_t flags, lwo_engine** engine);
 
 #ifdef __cplusplus

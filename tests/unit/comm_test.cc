@@ -105,14 +105,16 @@ class HostComm : public EngineTest {
   void SetUp() override { ASSERT_LWO(lwo_test_engine_create_host(0, &engine)); }
 };
 
-TEST_F(HostComm, CreateRefusesMoreThanOneRank) {
+TEST_F(HostComm, CreateRefusesARankOutOfRange) {
+  // (Communicators of more than one rank: host_comm_test.cc.)
   lwo_nccl_unique_id id{};
   lwo_nccl_comm_t comm = nullptr;
-  EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 2, 0, &comm), LWO_ERR_UNSUPPORTED);
-  std::string m = lwo_last_error_message();
-  EXPECT_NE(m.find("rank 0 of 2"), std::string::npos) << m;
-  EXPECT_EQ(comm, nullptr);
   EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 1, 1, &comm), LWO_ERR_INVALID_ARGUMENT);
+  std::string m = lwo_last_error_message();
+  EXPECT_NE(m.find("rank 1 of 1 ranks"), std::string::npos) << m;
+  EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 2, -1, &comm), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lwo_nccl_comm_create(engine, &id, 0, 0, &comm), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(comm, nullptr);
 }
 
 TEST_F(HostComm, SplitOfAForeignPointerIsRefusedAndLeftAlone) {

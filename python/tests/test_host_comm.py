@@ -1,0 +1,89 @@
+"""The host backend's communicators of N ranks from Python: N threads, each
+with its own host engine (host_lwo.host_engine()), make one world with
+Engine.nccl_comm_create(id, n, rank), where the id is any 128 bytes the ranks
+share; Engine.nccl_comm_split splits it; a sharded pool over either stages
+the whole record, gathered from every rank's shard. (ctypes releases the GIL
+around each call, so the ranks' blocking calls meet.)"""
+
+import ctypes
+import os
+import threading
+
+import lwo
+
+import host_lwo
+
+
+def run_ranks(n, fn):
+    """fn(rank, engine) on n threads, each with a host engine; the errors
+    raised, by rank."""
+    errors = {}
+
+    def body(r):
+        try:
+            fn(r, host_lwo.host_engine())
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+LAYERS = [[("w", "f32", [37, 19]), ("b", "f32", [19])], [("w", "f32", [300])]]
+
+
+def test_ranks_meet_split_and_gather():
+    n = 3
+    uid = os.urandom(128)
+    got = {}
+
+    def rank(r, engine):
+        world = engine.nccl_comm_create(uid, n, r)
+        half = engine.nccl_comm_split(world, color=r % 2, key=-r)
+        pool = lwo.Pool.create_sharded(engine, LAYERS, world)
+        info = pool.info()
+        halves = lwo.Pool.create_sharded(engine, LAYERS, half).info()
+        shards = []
+        for layer in range(len(LAYERS)):
+            s = pool.shard_host(layer)
+            ctypes.memset(s.address, 0x10 * (r + 1) + layer, s.bytes)
+            shards.append((s.record_offset, s.bytes))
+        ring = pool.ring(depth=2)
+        staged = []
+        for layer in range(len(LAYERS)):
+            t = ring.stage(layer)
+            v = ring.acquire(t)
+            staged.append(ctypes.string_at(v.base, v.record_bytes))
+            ring.release(t)
+        got[r] = (info.rank, info.n_ranks, halves.rank, halves.n_ranks, shards, staged)
+        ring.close()
+        pool.close()
+        half.close()
+        world.close()
+
+    errors = run_ranks(n, rank)
+    assert not errors, errors
+    for r in range(n):
+        rank_, n_ranks, half_rank, half_n, _, staged = got[r]
+        assert (rank_, n_ranks) == (r, n)
+        same = [k for k in range(n) if k % 2 == r % 2]
+        assert half_n == len(same)
+        assert half_rank == sum(1 for k in same if k > r)  # key -r: reversed
+        for layer, record in enumerate(staged):
+            want = b"".join(bytes([0x10 * (q + 1) + layer]) * got[q][4][layer][1]
+                            for q in range(n))
+            assert record == want[:len(record)]
+
+
+def test_a_rank_that_disagrees_fails_every_rank():
+    uid = os.urandom(128)
+    errors = run_ranks(2, lambda r, e: e.nccl_comm_create(uid, 2 + r, r))
+    assert set(errors) == {0, 1}
+    for e in errors.values():
+        assert isinstance(e, lwo.Error)
+        assert "same n_ranks" in str(e)
