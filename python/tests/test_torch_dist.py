@@ -481,6 +481,10 @@ def test_two_ranks_state_dicts(threads):
     import warnings
     models = [mlp() for _ in range(2)]
     xs = [torch.randn(5, 12, generator=torch.Generator().manual_seed(30 + r)) for r in range(2)]
+    gen = torch.Generator().manual_seed(31)
+    wholes = [{k: torch.rand(p.numel(), generator=gen) for k in ("exp_avg", "exp_avg_sq",
+                                                                   "master")}
+              for p in mlp().parameters()]
 
     def body(r, g, wait):
         m = models[r]
@@ -503,14 +507,27 @@ def test_two_ranks_state_dicts(threads):
         for i in st["state"]:
             for k in ("exp_avg", "exp_avg_sq", "master"):
                 assert torch.equal(st["state"][i][k], st2["state"][i][k])
+        # whole tensors (PyTorch's own optimizer's state, say): the rank's part is taken
+        shards = list(h.param_shards().values())
+        whole = copy.deepcopy(st)
+        for i, sh in zip(whole["state"], shards):
+            for k in ("exp_avg", "exp_avg_sq", "master"):
+                whole["state"][i][k] = wholes[i][k].view(sh.shape)
+        opt2.load_state_dict(whole)
+        st3 = opt2.state_dict()
+        for i, sh in zip(whole["state"], shards):
+            for k in ("exp_avg", "exp_avg_sq", "master"):
+                want = wholes[i][k][sh.first:sh.first + sh.n_elements]
+                assert torch.equal(st3["state"][i][k], want), (i, k)
         m(xs[r]).square().sum().backward()
         wait()
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            h.close()
-        assert any("gradients of 6 parameters split over 2 ranks were dropped" in
-                   str(x.message) for x in w)
+        h.close()
         return {k: (tuple(p.shape), p.grad) for k, p in m.named_parameters()}
-    for rep in threads(2, body):
+    with warnings.catch_warnings(record=True) as w:  # (the process's: both ranks')
+        warnings.simplefilter("always")
+        reps = threads(2, body)
+    assert sum("close(): the gradients of 6 parameters split over 2 ranks were dropped" in
+               str(x.message) for x in w) == 2
+    for rep in reps:
         for k, p in mlp().named_parameters():
             assert rep[k] == (tuple(p.shape), None), k
