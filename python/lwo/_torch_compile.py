@@ -41,6 +41,7 @@ does, call for call.
 """
 
 import itertools
+import threading
 import weakref
 from typing import List, Optional
 
@@ -53,6 +54,7 @@ _ids = itertools.count(1)
 _live = {}         # id -> weakref to the streamed module's state (lwo.torch._Module)
 _ops = None        # (linear, conv2d) OpOverloads once registered
 _why_not = None    # why the operators could not be registered (then: graph breaks)
+_register_lock = threading.Lock()  # offload() in several threads (ranks) at once
 # Inductor partitions its CUDA graphs around these (an operator's host work
 # must run at every call); its tag check misses operators with effects.
 _PARTITION_AROUND = ("lwo::linear", "lwo::linear_backward", "lwo::conv2d",
@@ -105,12 +107,15 @@ def register():
     global _ops, _why_not
     if _ops is not None or _why_not is not None:
         return
-    try:
-        _ops = _define()
-        _partition_around()
-    except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
-        # (RuntimeError: the names taken already, by another copy of lwo.torch)
-        _why_not = "%s: %s" % (type(e).__name__, e)
+    with _register_lock:
+        if _ops is not None or _why_not is not None:
+            return  # registered by another thread meanwhile
+        try:
+            _ops = _define()
+            _partition_around()
+        except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
+            # (RuntimeError: the names taken already, by another copy of lwo.torch)
+            _why_not = "%s: %s" % (type(e).__name__, e)
 
 
 def why_not():
