@@ -108,6 +108,9 @@ class Backend {
   // afterwards rank q's buf[bounds[q], bounds[q+1]) is the sum over every
   // rank of that range. The rest of buf is left unspecified.
   virtual void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH stream) = 0;
+  // Sums `n_floats` f32 values at `buf` over the ranks, in place: afterwards
+  // every rank's buf holds the sum of every rank's (ncclAllReduce).
+  virtual void all_reduce(void* buf, size_t n_floats, void* comm, StreamH stream) = 0;
 
   // Host memory a host function reads or writes, declared so that a checker
   // of the ordering (the recording backend of the unit tests) can see it;
@@ -151,9 +154,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 // engines, each driven from its own thread, meet by the unique id's bytes
 // (any kNcclUniqueIdBytes bytes the ranks share). comm_create blocks until
 // every rank has joined, and each collective (and comm_split) until every
-// rank of the communicator has made the same call (all_gather and
-// reduce_owned of the same bytes, or LWO_ERR_COLLECTIVE_MISMATCH on every
-// rank); reduce_owned sums in rank order, so every rank gets the same bits.
+// rank of the communicator has made the same call (all_gather, reduce_owned
+// and all_reduce of the same bytes, or LWO_ERR_COLLECTIVE_MISMATCH on every
+// rank); the reductions sum in rank order, so every rank gets the same bits.
 // A rank missing for kHostCommTimeout fails the ranks waiting for it with
 // LWO_ERR_NCCL, naming the call and the missing ranks, and leaves the
 // communicator unusable.

@@ -387,6 +387,13 @@ class CudaBackend final : public Backend {
     if (first != ncclSuccess)
       fail(LWO_ERR_NCCL, "ncclReduce to each of %d ranks: %s", n, ncclGetErrorString(first));
   }
+  void all_reduce(void* buf, size_t n_floats, void* comm, StreamH s) override {
+    if (n_floats == 0) return;
+    ncclResult_t r = ncclAllReduce(buf, buf, n_floats, ncclFloat32, ncclSum,
+                                   static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(s));
+    if (r != ncclSuccess)
+      fail(LWO_ERR_NCCL, "ncclAllReduce(%zu floats): %s", n_floats, ncclGetErrorString(r));
+  }
   void host_func(StreamH s, void (*fn)(void*), void* arg, const std::vector<HostSpan>&) override {
     LWO_CUDA(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
   }

@@ -3,10 +3,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -104,20 +106,43 @@ class Engine {
   // fails (so they fail instead of hanging) and rethrows its own error.
   // Blocks until all ranks arrive. Otherwise it only runs `plan`.
   // (A template: it runs on every stage, and the check is off but in debug.)
+  // A step over several communicators (nulls skipped; a gradient end of a
+  // set with a replica communicator) is exchanged on each in turn; a rank
+  // that fails on one announces the failure on the rest, so that no rank of
+  // those waits for it.
   template <class Plan>
-  void collective_step(void* comm, Step::Kind kind, uint32_t layer, Plan&& plan) {
+  void collective_step(std::initializer_list<void*> comms, Step::Kind kind, uint32_t layer,
+                       Plan&& plan) {
     Step step{kind, layer};
-    if (!comm || !check_collectives_) {
+    bool any = false;
+    for (void* c : comms) any = any || c;
+    if (!any || !check_collectives_) {
       plan(step);
       return;
     }
+    auto announce_from = [&](void* const* from) noexcept {
+      for (void* const* c = from; c != comms.end(); ++c)
+        if (*c) announce_failure(*c, kind, layer);
+    };
     try {
       plan(step);
     } catch (const Error&) {
-      announce_failure(comm, kind, layer);
+      announce_from(comms.begin());
       throw;
     }
-    exchange(comm, step);
+    for (void* const* c = comms.begin(); c != comms.end(); ++c) {
+      if (!*c) continue;
+      try {
+        exchange(*c, step);
+      } catch (const Error&) {
+        announce_from(c + 1);
+        throw;
+      }
+    }
+  }
+  template <class Plan>
+  void collective_step(void* comm, Step::Kind kind, uint32_t layer, Plan&& plan) {
+    collective_step({comm}, kind, layer, std::forward<Plan>(plan));
   }
   // Checking mode (LWO_ENGINE_CHECKING or the environment's LWO_CHECKING=1):
   // released ring slots, ended gradient slots and host gradients not yet

@@ -13,10 +13,10 @@
 namespace lwo {
 
 Grads::Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode,
-             uint32_t n_threads)
+             uint32_t n_threads, void* replica)
     : pool_(pool), engine_(pool.engine()), n_threads_(n_threads),
       checking_(pool.engine().checking()),
-      sink_(Sink::make(pool, mode)),
+      sink_(Sink::make(pool, mode, replica)),
       layers_(make_layers(pool, trainable, *sink_)),
       max_wire_(max_wire_bytes(layers_)),
       slot_charge_(max_wire_ ? Charge(pool.engine(), MemUse::Grads, max_wire_, depth,
@@ -153,10 +153,10 @@ void Grads::end(uint32_t layer, StreamH stream) {
   std::lock_guard<std::mutex> lock(mu_);
   check_capture("a gradient's end");
   // Where the sink sums over ranks, a gradient end is a collective step (the
-  // reduction): under the check every rank says what it will do, or that it
-  // fails here, first.
-  engine_.collective_step(sink_->communicator(), Engine::Step::GradsEnd, layer,
-                          [&](Engine::Step& step) {
+  // reduction, and the sum over the replicas): under the check every rank of
+  // both communicators says what it will do, or that it fails here, first.
+  engine_.collective_step({sink_->communicator(), sink_->replica_communicator()},
+                          Engine::Step::GradsEnd, layer, [&](Engine::Step& step) {
                             step.bytes = begun_layer(layer).layout.wire_bytes;
                           });
   end_locked(layer, stream);

@@ -65,7 +65,10 @@ namespace lwo {
 class Grads final : public CapturePart {
  public:
   using Mode = GradsMode;  // the dtypes of the wire and the host buffers
-  Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads);
+  // `replica`: a communicator the sharded pool's gradient parts are summed
+  // over too (Sink::make), or null.
+  Grads(Pool& pool, const uint8_t* trainable, uint32_t depth, Mode mode, uint32_t n_threads,
+        void* replica = nullptr);
   ~Grads() override;  // caller checks check_destroyable() first
   Grads(const Grads&) = delete;
   Grads& operator=(const Grads&) = delete;

@@ -43,7 +43,7 @@ std::string missing_ranks(const std::vector<uint64_t>& done, uint64_t seq) {
   return s;
 }
 
-enum class Op { AllGather, ReduceOwned, Split };
+enum class Op { AllGather, ReduceOwned, AllReduce, Split };
 
 // One rank's side of a collective: what it is, and what it reads from.
 struct Post {
@@ -60,6 +60,8 @@ std::string describe(const Post& p) {
       return strf("all_gather of %llu bytes per rank", static_cast<unsigned long long>(p.bytes));
     case Op::ReduceOwned:
       return strf("reduce_owned of %llu bytes", static_cast<unsigned long long>(p.bytes));
+    case Op::AllReduce:
+      return strf("all_reduce of %llu floats", static_cast<unsigned long long>(p.bytes / 4));
     case Op::Split:
       return "comm_split";
   }
@@ -393,22 +395,21 @@ class HostBackend final : public Backend {
   void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH) override {
     Member& m = member(comm);
     const int n = m.world->n;
-    const uint64_t lo = bounds[m.rank], hi = bounds[m.rank + 1];
-    std::vector<float> sum((hi - lo) / sizeof(float));
     Post mine;
     mine.op = Op::ReduceOwned;
     mine.bytes = bounds[n];
     mine.src = buf;
     mine.bounds.assign(bounds, bounds + n + 1);
-    m.world->meet(m.rank, next_seq(m), std::move(mine), [&](const std::vector<Post>& posts) {
-      if (sum.empty()) return;
-      std::memcpy(sum.data(), static_cast<const uint8_t*>(posts[0].src) + lo, hi - lo);
-      for (int k = 1; k < n; ++k) {
-        const auto* in = reinterpret_cast<const float*>(static_cast<const uint8_t*>(posts[k].src) + lo);
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += in[i];
-      }
-    });
-    if (!sum.empty()) std::memcpy(static_cast<uint8_t*>(buf) + lo, sum.data(), hi - lo);
+    sum_range(m, std::move(mine), bounds[m.rank], bounds[m.rank + 1]);
+  }
+  // Every rank's buf becomes the f32 sum in rank order.
+  void all_reduce(void* buf, size_t n_floats, void* comm, StreamH) override {
+    const uint64_t bytes = n_floats * sizeof(float);
+    Post mine;
+    mine.op = Op::AllReduce;
+    mine.bytes = bytes;
+    mine.src = buf;
+    sum_range(member(comm), std::move(mine), 0, bytes);
   }
 
   void host_func(StreamH, void (*fn)(void*), void* arg, const std::vector<HostSpan>&) override {
@@ -462,6 +463,23 @@ class HostBackend final : public Backend {
            "lwo_nccl_comm_create, lwo_nccl_comm_split)",
            comm);
     return *static_cast<Member*>(comm);
+  }
+  // A reduction (`mine`, in place at mine.src): bytes [lo, hi) of this
+  // rank's buffer become the f32 sum over the ranks, in rank order.
+  static void sum_range(Member& m, Post mine, uint64_t lo, uint64_t hi) {
+    const int n = m.world->n;
+    uint8_t* buf = static_cast<uint8_t*>(const_cast<void*>(mine.src));
+    std::vector<float> sum((hi - lo) / sizeof(float));
+    m.world->meet(m.rank, next_seq(m), std::move(mine), [&](const std::vector<Post>& posts) {
+      if (sum.empty()) return;
+      std::memcpy(sum.data(), static_cast<const uint8_t*>(posts[0].src) + lo, hi - lo);
+      for (int k = 1; k < n; ++k) {
+        const auto* in =
+            reinterpret_cast<const float*>(static_cast<const uint8_t*>(posts[k].src) + lo);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += in[i];
+      }
+    });
+    if (!sum.empty()) std::memcpy(buf + lo, sum.data(), hi - lo);
   }
   // The number of rank m's next collective.
   static uint64_t next_seq(Member& m) {

@@ -8,10 +8,27 @@
 
 namespace lwo {
 
-std::unique_ptr<Sink> Sink::make(Pool& pool, GradsMode mode) {
+std::unique_ptr<Sink> Sink::make(Pool& pool, GradsMode mode, void* replica) {
+  if (replica) {
+    if (!pool.communicator())
+      fail(LWO_ERR_UNSUPPORTED,
+           "replica communicator %p with a pool that is not sharded: a replica communicator "
+           "sums the gradient shards of a sharded pool (lwo_pool_create_sharded) over the "
+           "ranks that hold the same shard",
+           replica);
+    if (replica == pool.communicator())
+      fail(LWO_ERR_INVALID_ARGUMENT,
+           "replica communicator %p is the pool's own communicator: it must join the ranks "
+           "that hold the same shard (in other groups), not the ranks that share the records",
+           replica);
+    // A live communicator on the engine's device, or it throws.
+    DeviceScope scope(pool.engine());
+    int n = 0, r = 0;
+    pool.engine().gpu().comm_info(replica, &n, &r);
+  }
   if (pool.communicator())
     return std::make_unique<ShardedSink>(pool.engine(), mode, pool.communicator(), pool.rank(),
-                                         pool.n_ranks());
+                                         pool.n_ranks(), replica);
   return std::make_unique<LocalSink>(pool.engine(), mode);
 }
 
@@ -74,8 +91,9 @@ void LocalSink::reduce(const GradLayout&, DeviceSlot& slot, StreamH gradient_str
 // ---- ShardedSink ----
 
 ShardedSink::ShardedSink(Engine& engine, GradsMode mode, void* communicator, int rank,
-                         int n_ranks)
-    : Sink(engine, mode), communicator_(communicator), rank_(rank), n_ranks_(n_ranks) {
+                         int n_ranks, void* replica)
+    : Sink(engine, mode), communicator_(communicator), rank_(rank), n_ranks_(n_ranks),
+      replica_(replica) {
   if (mode == GradsMode::kNativeWire)
     fail(LWO_ERR_UNSUPPORTED,
          "the pool is sharded over %d ranks: its gradients are summed over the ranks in "
@@ -121,12 +139,13 @@ void ShardedSink::keep(const HostLayer& l, uint64_t, GradLayout& g) const {
 }
 
 void ShardedSink::reduce(const GradLayout& g, DeviceSlot& slot, StreamH gradient_stream) {
-  // Sum the layer over the ranks on the collective stream; this rank's part
-  // then goes down its own link.
+  // Sum the layer over the ranks on the collective stream (and this rank's
+  // part over its replicas after); the part then goes down its own link.
   Backend& gpu = engine_.gpu();
   StreamH cs = engine_.collective_stream();
   gpu.stream_wait(cs, slot.ready);
   gpu.reduce_owned(slot.dev, g.bounds.data(), communicator_, cs);
+  if (replica_) gpu.all_reduce(slot.dev + g.lo, (g.hi - g.lo) / 4, replica_, cs);
   gpu.event_record(slot.aux, cs);
   gpu.stream_wait(gradient_stream, slot.aux);
 }

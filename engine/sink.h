@@ -9,7 +9,9 @@
 //                goes down the gradient stream once the caller's writes are done
 //   ShardedSink  the f32 record is summed over the ranks on the collective
 //                stream, each rank keeping the gradients of its weight shard;
-//                only that part goes down
+//                with a replica communicator (the ranks that hold the same
+//                shard in other groups: other nodes) that part is then summed
+//                over it too; only that part goes down
 #pragma once
 
 #include <cstdint>
@@ -61,8 +63,12 @@ struct GradLayout {
 class Sink {
  public:
   // The pool's sink: sharded pools a ShardedSink, every other pool a
-  // LocalSink. Throws LWO_ERR_UNSUPPORTED for a mode the sink cannot carry.
-  static std::unique_ptr<Sink> make(Pool& pool, GradsMode mode);
+  // LocalSink. `replica` (null: none) is a communicator over which a sharded
+  // pool's parts are summed too. Throws LWO_ERR_UNSUPPORTED for a mode the
+  // sink cannot carry and for a replica communicator with a pool that is not
+  // sharded, LWO_ERR_INVALID_ARGUMENT for a replica communicator that is the
+  // pool's or on another device (Backend::comm_info).
+  static std::unique_ptr<Sink> make(Pool& pool, GradsMode mode, void* replica = nullptr);
   virtual ~Sink() = default;
   Sink(const Sink&) = delete;
   Sink& operator=(const Sink&) = delete;
@@ -70,9 +76,10 @@ class Sink {
   // The layout of a trainable layer's gradient. Throws
   // LWO_ERR_INVALID_ARGUMENT for a tensor that is not f32, bf16 or f16.
   GradLayout lay_out(uint32_t layer, const HostLayer& l) const;
-  // The communicator of the set's collective steps (Engine::collective_step),
-  // or null.
+  // The communicators of the set's collective steps (Engine::collective_step),
+  // or null: the pool's, and the replica communicator.
   virtual void* communicator() const { return nullptr; }
+  virtual void* replica_communicator() const { return nullptr; }
   // The caller's stream recorded slot.ready after its last write of the
   // layer's gradient: makes the gradient stream wait until the slot holds
   // this rank's part [lo, hi), summed over the ranks. May use slot.aux.
@@ -105,8 +112,12 @@ class LocalSink : public Sink {
 class ShardedSink : public Sink {
  public:
   // Throws LWO_ERR_UNSUPPORTED for LWO_GRADS_NATIVE_WIRE (the sum is f32).
-  ShardedSink(Engine& engine, GradsMode mode, void* communicator, int rank, int n_ranks);
+  // `replica`: null, or the communicator this rank's part is all-reduced
+  // over after the reduction over `communicator`.
+  ShardedSink(Engine& engine, GradsMode mode, void* communicator, int rank, int n_ranks,
+              void* replica = nullptr);
   void* communicator() const override { return communicator_; }
+  void* replica_communicator() const override { return replica_; }
   void reduce(const GradLayout& g, DeviceSlot& slot, StreamH gradient_stream) override;
 
  protected:
@@ -117,6 +128,7 @@ class ShardedSink : public Sink {
  private:
   void* communicator_;
   int rank_, n_ranks_;
+  void* replica_;
 };
 
 }  // namespace lwo

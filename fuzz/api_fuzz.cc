@@ -198,6 +198,10 @@ class LockedBackend final : public Backend {
     L l(m_);
     in_->reduce_owned(b, bo, c, st);
   }
+  void all_reduce(void* b, size_t n, void* c, StreamH st) override {
+    L l(m_);
+    in_->all_reduce(b, n, c, st);
+  }
   void host_func(StreamH st, void (*fn)(void*), void* arg, const std::vector<HostSpan>& spans) override {
     {
       L l(m_);

@@ -1368,9 +1368,23 @@ typedef struct lwo_grads_config {
   uint32_t n_threads;  /* host threads for first-touching the buffers (at
                           most 64) and for accumulating (at most 32); 0 = one
                           per core, within those limits */
+  lwo_nccl_comm_t replica_comm; /* since 0.6.0; NULL (and for a caller's
+                          smaller struct): none. With a sharded pool, the
+                          communicator of the ranks that hold this rank's
+                          shard in other groups (the same rank of the pool's
+                          communicator on the other nodes): lwo_grads_end
+                          sums this rank's part, after the sum over the
+                          pool's communicator, over it too, on the
+                          collective stream before the copy to host, so each
+                          rank's host shard is the sum over every rank of
+                          both. Every rank of it must end the same layers in
+                          the same order. The caller keeps it alive while
+                          the set exists. LWO_ERR_UNSUPPORTED with a pool that
+                          is not sharded; LWO_ERR_INVALID_ARGUMENT if it is
+                          the pool's communicator or on another device. */
 } lwo_grads_config;
 
-#define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u}
+#define LWO_GRADS_CONFIG_INIT {sizeof(lwo_grads_config), 2u, 0u, 0u, NULL}
 LWO_API void lwo_grads_config_init(lwo_grads_config* config);
 
 /* Creates host gradient buffers (in each tensor's dtype, or f32: see

@@ -50,7 +50,8 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
                lwo_quant_format_name(t.quant));
       }
     }
-    auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth, mode, cfg.n_threads);
+    auto impl = std::make_unique<lwo::Grads>(*p->impl, trainable, cfg.depth, mode, cfg.n_threads,
+                                             cfg.replica_comm);
     *grads = publish(std::make_unique<lwo_grads>(lwo_grads{std::move(impl)}));
   });
 }

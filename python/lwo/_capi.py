@@ -392,7 +392,8 @@ class lwo_linear_desc(_Struct):
 
 
 class lwo_grads_config(_Struct):
-    _fields_ = [("size", _size_t), ("depth", _u32), ("flags", _u32), ("n_threads", _u32)]
+    _fields_ = [("size", _size_t), ("depth", _u32), ("flags", _u32), ("n_threads", _u32),
+                ("replica_comm", lwo_nccl_comm_t)]  # since 0.6.0
 
 
 class lwo_grads_stats(_Struct):

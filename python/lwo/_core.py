@@ -1140,9 +1140,9 @@ class Pool(_Handle):
     def ring(self, depth=2, timing=False, resident=()):
         return Ring(self, depth=depth, timing=timing, resident=resident)
 
-    def grads(self, trainable=None, depth=2, native_wire=False, n_threads=0):
+    def grads(self, trainable=None, depth=2, native_wire=False, n_threads=0, replica_comm=None):
         return Grads(self, trainable=trainable, depth=depth, native_wire=native_wire,
-                     n_threads=n_threads)
+                     n_threads=n_threads, replica_comm=replica_comm)
 
     def _closed_hook(self):
         self._keep = None
@@ -1444,18 +1444,25 @@ class Grads(_Handle):
     """lwo_grads: host gradient buffers of the trainable layers of a pool
     (kept alive), in each tensor's dtype (f32=True: f32 on the wire and on
     the host; native_wire=True: the tensor's dtype on the wire, f32 on the
-    host). trainable: None (every layer) or one bool per layer."""
+    host). trainable: None (every layer) or one bool per layer.
+    replica_comm (since 0.6.0, sharded pools): None, or the NcclComm (or the
+    integer address of a ncclComm_t) of the ranks that hold this rank's
+    shard on the other nodes: each gradient part is summed over it too
+    (lwo_grads_config.replica_comm); it is kept alive with the set."""
 
     _destroy = "lwo_grads_destroy"
 
     def __init__(self, pool, trainable=None, depth=2, native_wire=False, n_threads=0, flags=0,
-                 f32=False):
+                 f32=False, replica_comm=None):
         cfg = C.lwo_grads_config()
         _lib.lwo_grads_config_init(cfg)
         cfg.depth = int(depth)
         cfg.flags = (int(flags) | (C.LWO_GRADS_NATIVE_WIRE if native_wire else 0)
                      | (C.LWO_GRADS_F32 if f32 else 0))
         cfg.n_threads = int(n_threads)
+        cfg.replica_comm = (replica_comm._h() if isinstance(replica_comm, NcclComm)
+                            else replica_comm)
+        self.replica_comm = replica_comm
         mask = None
         if trainable is not None:
             flags_ = [1 if t else 0 for t in trainable]

@@ -9,6 +9,8 @@ import ctypes
 import os
 import threading
 
+import pytest
+
 import lwo
 
 import host_lwo
@@ -87,3 +89,46 @@ def test_a_rank_that_disagrees_fails_every_rank():
     for e in errors.values():
         assert isinstance(e, lwo.Error)
         assert "same n_ranks" in str(e)
+
+
+def test_grads_replica_comm_sums_the_shards_over_the_nodes():
+    # 2 nodes of 2 ranks: shards within a node (color rank // 2), the ranks
+    # holding the same shard across the nodes (color rank % 2) as the
+    # replica communicator. Rank r's gradient is (r + 1) * (i % 7), so every
+    # rank's shard must be 10 * (i % 7).
+    n = 4
+    uid = os.urandom(128)
+    got = {}
+
+    def rank(r, engine):
+        world = engine.nccl_comm_create(uid, n, r)
+        node = engine.nccl_comm_split(world, color=r // 2, key=r)
+        replicas = engine.nccl_comm_split(world, color=r % 2, key=r)
+        pool = lwo.Pool.create_sharded(engine, LAYERS, node)
+        grads = pool.grads(replica_comm=replicas)
+        for layer in reversed(range(len(LAYERS))):
+            view = grads.begin(layer)
+            for t in view:
+                count = t.bytes // 4
+                vals = (ctypes.c_float * count)(*[(r + 1) * (i % 7) for i in range(count)])
+                ctypes.memmove(t.data, vals, t.bytes)
+            grads.end(layer)
+        grads.wait()
+        got[r] = {(layer, name): (s.first_element, list(s.memoryview()))
+                  for layer, tensors in enumerate(LAYERS) for name, _, _ in tensors
+                  for s in [grads.shard(layer, name)]}
+        grads.close()
+        pinned = lwo.Pool.create_pinned(engine, LAYERS)
+        with pytest.raises(lwo.Error, match="not sharded"):
+            pinned.grads(replica_comm=replicas)
+        pinned.close()
+        pool.close()
+        for c in (replicas, node, world):
+            c.close()
+
+    errors = run_ranks(n, rank)
+    assert not errors, errors
+    for r in range(n):
+        for (layer, name), (first, vals) in got[r].items():
+            assert vals == [10.0 * ((first + i) % 7) for i in range(len(vals))], (r, layer, name)
+        assert got[r] == got[r % 2]  # replicas hold the same shard

@@ -473,6 +473,149 @@ TEST_F(HostRanks, AMissingRankFailsTheOthersAtTheDeadline) {
   EXPECT_NE(message[1].find("unusable"), std::string::npos) << message[1];
 }
 
+// The hierarchical layout on 4 ranks (2 nodes of 2): a world split into
+// shard communicators (color rank / 2: the ranks of a node) and replica
+// communicators (color rank % 2: the ranks holding the same shard on each
+// node). A sharded pool over the shard communicator and gradients with the
+// replica communicator: every rank's host shard is the sum of all 4 ranks'
+// random gradients, (g0 + g1) + (g2 + g3) bit for bit (within a node in
+// rank order, then over the nodes); an AdamW step then gives every rank the
+// bytes of a whole pool stepped with that sum, so replicas stay identical.
+TEST_F(HostRanks, ReplicaCommunicatorsSumTheShardsOverTheNodes) {
+  const uint32_t L = 4;
+  const int n = 4;
+  ModelDesc m(L);
+  std::vector<RankGrads> per_rank;
+  for (int r = 0; r < n; ++r) per_rank.push_back(rank_grads(m, r, 77));
+  RankGrads sum = sum_in_rank_order({per_rank[0], per_rank[1]});
+  const RankGrads node1 = sum_in_rank_order({per_rank[2], per_rank[3]});
+  for (size_t l = 0; l < sum.size(); ++l)
+    for (size_t k = 0; k < sum[l].size(); ++k)
+      for (size_t i = 0; i < sum[l][k].size(); ++i) sum[l][k][i] += node1[l][k][i];
+  std::vector<std::vector<uint8_t>> before, after;
+  ASSERT_NO_FATAL_FAILURE(reference(m, sum, &before, &after));
+  const lwo_nccl_unique_id id = random_id(600);
+  std::vector<RankOut> out(n);
+  run_ranks(n, [&](int r, lwo_engine* e) {
+    RankOut& o = out[r];
+    lwo_nccl_comm_t world = nullptr, node = nullptr, replicas = nullptr;
+    ASSERT_LWO(lwo_nccl_comm_create(e, &id, n, r, &world));
+    ASSERT_LWO(lwo_nccl_comm_split(e, world, r / 2, r, &node));
+    ASSERT_LWO(lwo_nccl_comm_split(e, world, r % 2, r, &replicas));
+    lwo_pool* pool = nullptr;
+    ASSERT_LWO(lwo_pool_create_sharded(e, m.layers.data(), L, node, nullptr, &pool));
+    for (uint32_t l = 0; l < L; ++l) {
+      void* shard = nullptr;
+      uint64_t off = 0, bytes = 0;
+      ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+      const uint64_t rb = before[l].size();
+      if (off < rb) std::memcpy(shard, before[l].data() + off, std::min(bytes, rb - off));
+      o.shard_off.push_back(off);
+      o.shard_bytes.push_back(bytes);
+    }
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.replica_comm = replicas;
+    lwo_grads* grads = nullptr;
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+    ASSERT_NO_FATAL_FAILURE(send_grads(grads, per_rank[r]));
+    o.grads.resize(L);
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+        float* g = nullptr;
+        uint64_t first = 0, count = 0;
+        ASSERT_LWO(lwo_grads_shard(grads, l, m.layers[l].tensors[k].name, &g, &first, &count));
+        o.grads[l].push_back({first, std::vector<float>(g, g + count)});
+      }
+    lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+    lwo_optim* optim = nullptr;
+    ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+    lwo_optim_step_params p = step_params();
+    ASSERT_LWO(lwo_optim_step(optim, &p));
+    ASSERT_LWO(lwo_optim_wait(optim));
+    for (uint32_t l = 0; l < L; ++l) {
+      void* shard = nullptr;
+      uint64_t off = 0, bytes = 0;
+      ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+      o.after.emplace_back(static_cast<uint8_t*>(shard), static_cast<uint8_t*>(shard) + bytes);
+    }
+    ASSERT_LWO(lwo_optim_destroy(optim));
+    ASSERT_LWO(lwo_grads_destroy(grads));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    for (lwo_nccl_comm_t c : {world, node, replicas}) ASSERT_LWO(lwo_nccl_comm_destroy(c));
+  });
+  if (HasFailure()) return;
+  for (uint32_t l = 0; l < L; ++l) {
+    SCOPED_TRACE(l);
+    const uint64_t rb = before[l].size();
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE(r);
+      EXPECT_EQ(out[r].shard_off[l], out[r % 2].shard_off[l]);  // replicas: the same shard
+      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+        const RankOut::Grad& g = out[r].grads[l][k];
+        ASSERT_LE(g.first + g.values.size(), sum[l][k].size());
+        for (size_t i = 0; i < g.values.size(); ++i)
+          ASSERT_EQ(g.values[i], sum[l][k][g.first + i]) << "tensor " << k << " element " << i;
+      }
+      const uint64_t off = out[r].shard_off[l];
+      const uint64_t in = off < rb ? std::min<uint64_t>(rb - off, out[r].after[l].size()) : 0;
+      EXPECT_EQ(std::memcmp(out[r].after[l].data(), after[l].data() + off, in), 0);
+      EXPECT_NE(std::memcmp(before[l].data() + off, after[l].data() + off, in), 0);
+      EXPECT_EQ(out[r].after[l], out[r % 2].after[l]);  // bit-identical replicas
+    }
+  }
+}
+
+// Under the collective check, a rank that ends another layer than its node
+// peer fails on the shard communicator and tells its replica communicator
+// so: every rank of the 4 fails with LWO_ERR_COLLECTIVE_MISMATCH, none waits
+// for a rank that has given up, and all go on once they agree again.
+TEST_F(HostRanks, ACheckedEndThatDiffersFailsEveryRankOfBothCommunicators) {
+  const int n = 4;
+  ModelDesc m(2);
+  const lwo_nccl_unique_id id = random_id(700);
+  std::vector<lwo_status_t> status(n, LWO_OK);
+  std::vector<std::string> message(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(n, [&](int r, lwo_engine* e) {
+    engine_set_check_collectives(e, true);
+    lwo_nccl_comm_t world = nullptr, node = nullptr, replicas = nullptr;
+    ASSERT_LWO(lwo_nccl_comm_create(e, &id, n, r, &world));
+    ASSERT_LWO(lwo_nccl_comm_split(e, world, r / 2, r, &node));
+    ASSERT_LWO(lwo_nccl_comm_split(e, world, r % 2, r, &replicas));
+    lwo_pool* pool = nullptr;
+    ASSERT_LWO(lwo_pool_create_sharded(e, m.layers.data(), 2, node, nullptr, &pool));
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.replica_comm = replicas;
+    lwo_grads* grads = nullptr;
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+    const uint32_t layer = r == 3 ? 0 : 1;  // rank 3 differs from rank 2
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(grads, layer, nullptr, &v));
+    std::memset(v.base, 0, v.record_bytes);
+    status[r] = lwo_grads_end(grads, layer, nullptr);
+    message[r] = lwo_last_error_message();
+    // Nothing was enqueued and the layer is still begun: the ranks go on
+    // alike, ending layer 1 and then layer 0.
+    if (r == 3) {
+      ASSERT_LWO(lwo_grads_begin(grads, 1, nullptr, &v));
+      std::memset(v.base, 0, v.record_bytes);
+      ASSERT_LWO(lwo_grads_end(grads, 1, nullptr));
+    } else {
+      ASSERT_LWO(lwo_grads_end(grads, 1, nullptr));
+      ASSERT_LWO(lwo_grads_begin(grads, 0, nullptr, &v));
+      std::memset(v.base, 0, v.record_bytes);
+    }
+    ASSERT_LWO(lwo_grads_end(grads, 0, nullptr));
+    ASSERT_LWO(lwo_grads_wait(grads));
+    ASSERT_LWO(lwo_grads_destroy(grads));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    for (lwo_nccl_comm_t c : {world, node, replicas}) ASSERT_LWO(lwo_nccl_comm_destroy(c));
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(status[r], LWO_ERR_COLLECTIVE_MISMATCH) << "rank " << r << ": " << message[r];
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace lwo

@@ -59,6 +59,7 @@ class RecordingBackend final : public Backend {
   struct Stats {
     uint64_t copies = 0, bytes = 0, records = 0, waits = 0, reads = 0;
     uint64_t d2h_copies = 0, d2h_bytes = 0, host_funcs = 0, gathers = 0, reduces = 0;
+    uint64_t all_reduces = 0, all_reduce_floats = 0;
     uint64_t fills = 0, fill_bytes = 0;
     uint64_t replayed_copies = 0, replayed_bytes = 0;  // H2D copies run by graph launches
     uint64_t replayed_d2h_copies = 0, replayed_d2h_bytes = 0, replayed_host_funcs = 0;
@@ -99,8 +100,15 @@ class RecordingBackend final : public Backend {
   // The communicator seen by comm_info: this process plays rank `fake_rank`
   // of `fake_ranks`, and every other rank sends the same bytes as this one
   // (so all-gathers replicate the send part and reductions multiply by
-  // fake_ranks), unless `peer_send` rewrites what rank k sent.
+  // fake_ranks), unless `peer_send` rewrites what rank k sent. A
+  // communicator in `fake_comms` has its own ranks instead (and, with a
+  // device >= 0, lives on that device: comm_info refuses it on another, as
+  // the CUDA backend does).
   int fake_ranks = 1, fake_rank = 0;
+  struct FakeComm {
+    int n_ranks = 1, rank = 0, device = -1;
+  };
+  std::map<const void*, FakeComm> fake_comms;
   std::function<void(int k, uint8_t* part, size_t bytes)> peer_send;
   int set_device_calls = 0;
 
@@ -281,6 +289,7 @@ class RecordingBackend final : public Backend {
       violations.push_back(strf("copy to host %p (%zu bytes) that is not pinned or registered",
                                 dst, bytes));
     access(s, src, bytes, /*write=*/false, "d2h copy");
+    if (keep_log) log.push_back(strf("d2h %zu bytes on s%zu", bytes, s));
     host_access(s, dst, bytes, /*write=*/true, "copy to host");
     copy(s, GraphOp::CopyD2H, dst, src, bytes, &stats.replayed_d2h_copies,
          &stats.replayed_d2h_bytes);
@@ -299,40 +308,61 @@ class RecordingBackend final : public Backend {
       std::memset(dst, value, bytes);
     if (keep_log) log.push_back(strf("fill %zu bytes on s%zu", bytes, s));
   }
-  // A communicator of one rank: all-gather reads the send part and writes
-  // the whole receive range (which holds it).
-  void comm_info(void*, int* n_ranks, int* rank) override {
-    *n_ranks = fake_ranks;
-    *rank = fake_rank;
+  void comm_info(void* comm, int* n_ranks, int* rank) override {
+    auto it = fake_comms.find(comm);
+    if (it != fake_comms.end() && it->second.device >= 0 && it->second.device != current_device)
+      fail(LWO_ERR_INVALID_ARGUMENT, "communicator %p is on device %d, the engine on device %d",
+           comm, it->second.device, current_device);
+    ranks(comm, n_ranks, rank);
   }
-  void all_gather(const void* send, void* recv, size_t bytes, void*, StreamH stream) override {
+  // All-gather reads the send part and writes the whole receive range.
+  void all_gather(const void* send, void* recv, size_t bytes, void* comm, StreamH stream) override {
     size_t s = stream_index(stream);
     tick(s);
     ++stats.gathers;
+    int n_ranks = 1, rank = 0;  // the communicator's
+    ranks(comm, &n_ranks, &rank);
     access(s, send, bytes, /*write=*/false, "all-gather send");
     std::vector<uint8_t> mine(static_cast<const uint8_t*>(send),
                               static_cast<const uint8_t*>(send) + bytes);
-    for (int k = 0; k < fake_ranks; ++k) {
+    for (int k = 0; k < n_ranks; ++k) {
       uint8_t* part = static_cast<uint8_t*>(recv) + bytes * static_cast<size_t>(k);
       std::memcpy(part, mine.data(), bytes);
-      if (k != fake_rank && peer_send) peer_send(k, part, bytes);
+      if (k != rank && peer_send) peer_send(k, part, bytes);
     }
-    access(s, recv, bytes * static_cast<size_t>(fake_ranks), /*write=*/true, "all-gather receive");
+    access(s, recv, bytes * static_cast<size_t>(n_ranks), /*write=*/true, "all-gather receive");
   }
-  void reduce_owned(void* buf, const uint64_t* bounds, void*, StreamH stream) override {
+  void reduce_owned(void* buf, const uint64_t* bounds, void* comm, StreamH stream) override {
     size_t s = stream_index(stream);
     tick(s);
     ++stats.reduces;
+    if (keep_log) log.push_back(strf("reduce on s%zu", s));
+    int n_ranks = 1, rank = 0;  // the communicator's
+    ranks(comm, &n_ranks, &rank);
     uint8_t* b = static_cast<uint8_t*>(buf);
-    for (int q = 0; q < fake_ranks; ++q) {
+    for (int q = 0; q < n_ranks; ++q) {
       if (bounds[q + 1] < bounds[q] || bounds[q] % 4 || bounds[q + 1] % 4)
         violations.push_back("reduce: bad bounds");
     }
-    access(s, b + bounds[0], bounds[fake_ranks] - bounds[0], /*write=*/false, "reduce send");
-    float* own = reinterpret_cast<float*>(b + bounds[fake_rank]);
-    for (uint64_t i = 0; i < (bounds[fake_rank + 1] - bounds[fake_rank]) / 4; ++i)
-      own[i] *= static_cast<float>(fake_ranks);
-    access(s, own, bounds[fake_rank + 1] - bounds[fake_rank], /*write=*/true, "reduce receive");
+    access(s, b + bounds[0], bounds[n_ranks] - bounds[0], /*write=*/false, "reduce send");
+    float* own = reinterpret_cast<float*>(b + bounds[rank]);
+    for (uint64_t i = 0; i < (bounds[rank + 1] - bounds[rank]) / 4; ++i)
+      own[i] *= static_cast<float>(n_ranks);
+    access(s, own, bounds[rank + 1] - bounds[rank], /*write=*/true, "reduce receive");
+  }
+  // Every rank sends the same floats: the sum is n_ranks times them.
+  void all_reduce(void* buf, size_t n_floats, void* comm, StreamH stream) override {
+    size_t s = stream_index(stream);
+    tick(s);
+    ++stats.all_reduces;
+    stats.all_reduce_floats += n_floats;
+    if (keep_log) log.push_back(strf("all_reduce %zu floats on s%zu", n_floats, s));
+    int n = 1, r = 0;
+    ranks(comm, &n, &r);
+    access(s, buf, n_floats * 4, /*write=*/false, "all-reduce send");
+    float* f = static_cast<float*>(buf);
+    for (size_t i = 0; i < n_floats; ++i) f[i] *= static_cast<float>(n);
+    access(s, buf, n_floats * 4, /*write=*/true, "all-reduce receive");
   }
   void host_func(StreamH stream, void (*fn)(void*), void* arg,
                  const std::vector<HostSpan>& spans) override {
@@ -470,6 +500,12 @@ class RecordingBackend final : public Backend {
   }
 
  private:
+  // The ranks of `comm`: its fake_comms entry, or fake_ranks / fake_rank.
+  void ranks(const void* comm, int* n_ranks, int* rank) const {
+    auto it = fake_comms.find(comm);
+    *n_ranks = it != fake_comms.end() ? it->second.n_ranks : fake_ranks;
+    *rank = it != fake_comms.end() ? it->second.rank : fake_rank;
+  }
   Clock launch_clock_;  // the last launch's position on its stream (event record nodes')
   struct StreamState {
     Clock clock;

@@ -455,3 +455,181 @@ TEST_F(ShardedTest, RankLocalAndShardedPoolsCoexist) {
 }  // namespace
 }  // namespace testing
 }  // namespace lwo
+
+namespace lwo {
+namespace testing {
+namespace {
+
+// The hierarchical layout: shards within a node (the pool's communicator of
+// `per_node` ranks), each rank's gradient part summed over the ranks that
+// hold the same shard on the other nodes too (a replica communicator of
+// `nodes` ranks). This process plays every rank of the pool's communicator
+// in turn; every rank sends the same gradient, so the host shard is
+// per_node x nodes times this rank's part. The all-reduce runs on the
+// collective stream after the reduction and before the copy down (the
+// log's order; an unordered copy would be a violation), over this rank's
+// part only.
+TEST_F(ShardedTest, AReplicaCommunicatorSumsEachShardOverTheNodes) {
+  const uint32_t L = 3;
+  ModelDesc m(L);
+  int pool_comm = 0, replica_comm = 0;
+  auto value = [](uint32_t layer, uint32_t k, uint64_t i) {
+    return static_cast<float>(static_cast<int>((layer * 131 + k * 17 + i * 7) % 97) - 48) / 8.0f;
+  };
+  struct Shape {
+    int per_node, nodes;
+  };
+  for (Shape sh : {Shape{2, 2}, Shape{1, 3}, Shape{3, 1}}) {
+    SCOPED_TRACE(::testing::Message() << sh.per_node << " ranks per node x " << sh.nodes);
+    for (int r = 0; r < sh.per_node; ++r) {
+      SCOPED_TRACE(r);
+      gpu->fake_comms[&pool_comm] = {sh.per_node, r, -1};
+      gpu->fake_comms[&replica_comm] = {sh.nodes, (r + 1) % sh.nodes, -1};
+      lwo_pool* pool = nullptr;
+      ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), L,
+                                         reinterpret_cast<lwo_nccl_comm_t>(&pool_comm), nullptr,
+                                         &pool));
+      lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+      EXPECT_EQ(gc.replica_comm, nullptr);
+      gc.replica_comm = reinterpret_cast<lwo_nccl_comm_t>(&replica_comm);
+      lwo_grads* g = nullptr;
+      ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+      StreamH c = gpu->new_stream();
+      const uint64_t all_reduces = gpu->stats.all_reduces;
+      const uint64_t floats = gpu->stats.all_reduce_floats;
+      uint64_t kept = 0;  // this rank's gradient elements
+      gpu->log.clear();
+      gpu->keep_log = true;
+      for (uint32_t l = L; l-- > 0;) {
+        lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+        ASSERT_LWO(lwo_grads_begin(g, l, stream(c), &v));
+        for (uint32_t k = 0; k < v.n_tensors; ++k) {
+          const uint64_t ne = v.tensor_bytes[k] / 4;
+          gpu->write(c, v.tensors[k], ne * 4);
+          for (uint64_t i = 0; i < ne; ++i) static_cast<float*>(v.tensors[k])[i] = value(l, k, i);
+        }
+        ASSERT_LWO(lwo_grads_end(g, l, stream(c)));
+      }
+      gpu->keep_log = false;
+      ASSERT_LWO(lwo_grads_wait(g));
+      const float times = static_cast<float>(sh.per_node * sh.nodes);
+      for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+          float* h = nullptr;
+          uint64_t first = 0, n = 0;
+          ASSERT_LWO(lwo_grads_shard(g, l, m.layers[l].tensors[k].name, &h, &first, &n));
+          kept += n;
+          for (uint64_t i = 0; i < n; ++i)
+            ASSERT_EQ(h[i], times * value(l, k, first + i)) << "layer " << l << " tensor " << k;
+        }
+      EXPECT_EQ(gpu->stats.all_reduces - all_reduces, L);
+      // This rank's part of each layer: its elements, and the padding after
+      // a tensor (less than LWO_RECORD_ALIGN bytes) where the part goes on.
+      uint32_t n_tensors = 0;
+      for (uint32_t l = 0; l < L; ++l) n_tensors += m.layers[l].n_tensors;
+      EXPECT_GE(gpu->stats.all_reduce_floats - floats, kept);
+      EXPECT_LT(gpu->stats.all_reduce_floats - floats, kept + n_tensors * LWO_RECORD_ALIGN / 4);
+      // Per end: the reduction, then the all-reduce, then the copy down.
+      std::vector<std::string> order;
+      for (const std::string& line : gpu->log)
+        if (line.rfind("reduce", 0) == 0 || line.rfind("all_reduce", 0) == 0 ||
+            line.rfind("d2h", 0) == 0)
+          order.push_back(line.substr(0, line.find(' ')));
+      std::vector<std::string> want;
+      for (uint32_t l = 0; l < L; ++l) want.insert(want.end(), {"reduce", "all_reduce", "d2h"});
+      EXPECT_EQ(order, want);
+      EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+      destroy(g, pool);
+    }
+  }
+  gpu->fake_comms.clear();
+}
+
+// The refusals of a replica communicator, each naming it: with a pool that
+// is not sharded (LWO_ERR_UNSUPPORTED), the pool's own communicator, and one
+// on another device (LWO_ERR_INVALID_ARGUMENT). A caller's struct that ends
+// before replica_comm means none, whatever follows it in memory.
+TEST_F(ShardedTest, AReplicaCommunicatorIsRefusedWhereItCannotSum) {
+  ModelDesc m(2);
+  int pool_comm = 0, replica_comm = 0;
+  gpu->fake_comms[&pool_comm] = {2, 1, -1};
+  gpu->fake_comms[&replica_comm] = {2, 0, 3};  // on device 3
+  auto msg = [] { return std::string(lwo_last_error_message()); };
+  lwo_pool* pinned = make_pool(2);
+  lwo_pool* sharded = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 2,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&pool_comm), nullptr,
+                                     &sharded));
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.replica_comm = reinterpret_cast<lwo_nccl_comm_t>(&replica_comm);
+  lwo_grads* g = nullptr;
+  EXPECT_EQ(lwo_grads_create(pinned, nullptr, &gc, &g), LWO_ERR_UNSUPPORTED);
+  EXPECT_NE(msg().find("lwo_grads_create: replica communicator"), std::string::npos) << msg();
+  EXPECT_NE(msg().find("sums the gradient shards of a sharded pool"), std::string::npos) << msg();
+  EXPECT_EQ(g, nullptr);
+  gc.replica_comm = reinterpret_cast<lwo_nccl_comm_t>(&pool_comm);
+  EXPECT_EQ(lwo_grads_create(sharded, nullptr, &gc, &g), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("is the pool's own communicator"), std::string::npos) << msg();
+  gc.replica_comm = reinterpret_cast<lwo_nccl_comm_t>(&replica_comm);
+  EXPECT_EQ(lwo_grads_create(sharded, nullptr, &gc, &g), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("is on device 3, the engine on device 0"), std::string::npos) << msg();
+  EXPECT_EQ(g, nullptr);
+  // An older caller's struct: its size ends before replica_comm.
+  struct Old {
+    lwo_grads_config cfg;
+  } old;
+  std::memset(&old, 0xab, sizeof old);
+  old.cfg.size = offsetof(lwo_grads_config, replica_comm);
+  old.cfg.depth = 2;
+  old.cfg.flags = 0;
+  old.cfg.n_threads = 0;
+  const uint64_t all_reduces = gpu->stats.all_reduces;
+  ASSERT_LWO(lwo_grads_create(sharded, nullptr, &old.cfg, &g));
+  StreamH c = gpu->new_stream();
+  lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+  ASSERT_LWO(lwo_grads_begin(g, 0, stream(c), &v));
+  gpu->write(c, v.base, v.record_bytes);
+  ASSERT_LWO(lwo_grads_end(g, 0, stream(c)));
+  ASSERT_LWO(lwo_grads_wait(g));
+  EXPECT_EQ(gpu->stats.all_reduces, all_reduces);  // no replica communicator
+  destroy(g, sharded, pinned);
+  gpu->fake_comms.clear();
+}
+
+// Under the collective check (LWO_ENGINE_CHECK_COLLECTIVES) a gradient end
+// with a replica communicator is exchanged on both communicators: two tag
+// all-gathers per end.
+TEST_F(ShardedTest, TheCollectiveCheckOfAnEndCoversTheReplicaCommunicator) {
+  ModelDesc m(2);
+  int pool_comm = 0, replica_comm = 0;
+  gpu->fake_comms[&pool_comm] = {2, 0, -1};
+  gpu->fake_comms[&replica_comm] = {2, 1, -1};
+  engine_set_check_collectives(engine, true);
+  lwo_pool* pool = nullptr;
+  ASSERT_LWO(lwo_pool_create_sharded(engine, m.layers.data(), 2,
+                                     reinterpret_cast<lwo_nccl_comm_t>(&pool_comm), nullptr,
+                                     &pool));
+  for (bool replica : {false, true}) {
+    SCOPED_TRACE(replica);
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    if (replica) gc.replica_comm = reinterpret_cast<lwo_nccl_comm_t>(&replica_comm);
+    lwo_grads* g = nullptr;
+    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+    StreamH c = gpu->new_stream();
+    const uint64_t gathers = gpu->stats.gathers;
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(g, 1, stream(c), &v));
+    gpu->write(c, v.base, v.record_bytes);
+    ASSERT_LWO(lwo_grads_end(g, 1, stream(c)));
+    ASSERT_LWO(lwo_grads_wait(g));
+    EXPECT_EQ(gpu->stats.gathers - gathers, replica ? 2u : 1u);
+    EXPECT_TRUE(gpu->violations.empty()) << gpu->violations[0];
+    ASSERT_LWO(lwo_grads_destroy(g));
+  }
+  destroy(pool);
+  gpu->fake_comms.clear();
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace lwo
