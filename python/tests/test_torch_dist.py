@@ -412,16 +412,17 @@ def _whole(reps, name):
     for rep in reps:
         s = rep["shards"][name]
         assert s.shape == sh.shape
-        flat[s.first:s.first + s.n_elements] = rep["params"][name]
+        flat[s.first:s.first + s.n_elements] = rep["params"][name].reshape(-1)
     return flat.view(sh.shape)
 
 
 @pytest.mark.parametrize("n,node_size,opt_kind", [(2, 2, "lwo"), (4, 2, "lwo"),
-                                                   (2, 2, "torch")])
+                                                   (2, 1, "lwo"), (2, 2, "torch")])
 def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n, node_size,
                                                                       opt_kind):
-    # n ranks, node_size per node: 2 ranks of one node, and 2 nodes of 2;
-    # lwo.torch.optim.AdamW, or torch.optim.AdamW over the flat shards
+    # n ranks, node_size per node: 2 ranks of one node, 2 nodes of 2, and 2
+    # nodes of one rank (whole parameters); lwo.torch.optim.AdamW, or
+    # torch.optim.AdamW over the flat shards
     steps = 10
     batches, reps = _train_ranks(threads, n, node_size, opt_kind, steps)
     ref_outs, ref_grads, ref_params = _resident_steps(batches, steps, torch.optim.AdamW)
@@ -435,15 +436,17 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
         assert (rep["kind"], rep["n_ranks"]) == (lwo.LWO_POOL_SHARDED, node_size)
         assert rep["replica"] == (n_nodes > 1)
         # the node's host threads and memory limit, shared by its ranks
-        assert rep["grads_threads"] == max(1, cores // node_size)
+        threads_ = 0 if node_size == 1 else max(1, cores // node_size)  # 0: one per core
+        assert rep["grads_threads"] == threads_
         if opt_kind == "lwo":
-            assert rep["opt_threads"] == max(1, cores // node_size)
+            assert rep["opt_threads"] == threads_
         assert rep["derived_limit"] and rep["host_limit"] == rep["derived_limit"] // node_size
         # each parameter: a flat tensor of the rank's elements of the tensor
+        # (over one rank: the whole tensor)
         for k in names:
             sh = rep["shards"][k]
             assert sh.shape == tuple(ref_params[k].shape)
-            assert rep["shapes"][k] == (sh.n_elements,)
+            assert rep["shapes"][k] == (sh.shape if node_size == 1 else (sh.n_elements,))
         # forward: the resident model's outputs for the rank's micro-batch
         for i in range(steps):
             torch.testing.assert_close(rep["outs"][i], ref_outs[i][r], rtol=2e-5, atol=2e-5)
@@ -452,9 +455,11 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
         for k in names:
             sh = rep["shards"][k]
             want = ref_grads[0][k].reshape(-1)[sh.first:sh.first + sh.n_elements]
-            torch.testing.assert_close(rep["grad0"][k], want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(rep["grad0"][k].reshape(-1), want, rtol=1e-5,
+                                       atol=1e-6)
     # some rank holds none of some tensor (the mlp's first bias: all of it on rank 1)
-    assert any(rep["shards"][k].n_elements == 0 for rep in reps for k in names)
+    assert any(rep["shards"][k].n_elements == 0 for rep in reps for k in names) == (
+        node_size > 1)
     for node in range(n_nodes):
         mine = reps[node * node_size:(node + 1) * node_size]
         # the node's ranks hold one copy of the model between them
