@@ -3694,7 +3694,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              holds each rank's shards; ``handle.full_state_dict()`` the whole
              tensors, and close() puts them back whole (both collectives,
              through lwo's all-gather; close() drops the gradient shards).
-             Proven on the host backend with 2 ranks and 2 nodes of 2 (ranks
+             Proven on the host backend with 2 ranks, 2 nodes of 2 and of 1 (ranks
              as threads of one process: python/tests/test_torch_dist.py); on
              GPUs with one rank (scripts/torch-dist-check; it checks 2 ranks
              where a machine has two GPUs).
