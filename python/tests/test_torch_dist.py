@@ -345,6 +345,34 @@ def _resident_steps(batches, n_steps, torch_opt_cls, lr=1e-2, weight_decay=0.1):
     return outs, grads, {k: p.detach().clone() for k, p in ref.named_parameters()}
 
 
+def _twin_steps(batches, n_steps):
+    """An offload without a group, each step's micro-batches run one after
+    the other (its gradients added up on the host in rank order, as the
+    host backend's collectives sum them) before one lwo.torch.optim.AdamW
+    step: its outputs per step and rank, its first gradients and the final
+    parameters."""
+    m = mlp()
+    h = lt.offload(m, _backend=host_lwo.Backend())
+    opt = lopt.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    outs, grad0 = [], None
+    for i in range(n_steps):
+        ys = []
+        for rank_batches in batches:
+            x, dy = rank_batches[i]
+            y = m(x)
+            y.backward(dy)
+            ys.append(y.detach().clone())
+        outs.append(ys)
+        if i == 0:
+            grad0 = {k: p.grad.clone() for k, p in m.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    params = {k: p.detach().clone() for k, p in m.named_parameters()}
+    h.close()
+    return outs, grad0, params
+
+
 def _pool_bytes(h):
     """(this rank's pool bytes, the records' bytes) of every record."""
     return (sum(h.pool.shard_host(r.index).bytes for r in h.records),
@@ -426,6 +454,9 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
     steps = 10
     batches, reps = _train_ranks(threads, n, node_size, opt_kind, steps)
     ref_outs, ref_grads, ref_params = _resident_steps(batches, steps, torch.optim.AdamW)
+    # with two ranks (a sum of two: the same in any layout) and lwo's AdamW the
+    # run equals an offload without a group on the same micro-batches, bit for bit
+    twin = _twin_steps(batches, steps) if n == 2 and opt_kind == "lwo" else None
     cores = len(os.sched_getaffinity(0))
     names = list(ref_params)
     n_nodes = n // node_size
@@ -450,6 +481,8 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
         # forward: the resident model's outputs for the rank's micro-batch
         for i in range(steps):
             torch.testing.assert_close(rep["outs"][i], ref_outs[i][r], rtol=2e-5, atol=2e-5)
+            if twin is not None:
+                assert torch.equal(rep["outs"][i], twin[0][i][r]), (r, i)
         # the first gradient: the rank's elements of the sum over every rank
         assert rep["grad_is_shard"]
         for k in names:
@@ -457,6 +490,9 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
             want = ref_grads[0][k].reshape(-1)[sh.first:sh.first + sh.n_elements]
             torch.testing.assert_close(rep["grad0"][k].reshape(-1), want, rtol=1e-5,
                                        atol=1e-6)
+            if twin is not None:
+                assert torch.equal(rep["grad0"][k].reshape(-1), twin[1][k].reshape(-1)[
+                    sh.first:sh.first + sh.n_elements]), (r, k)
     # some rank holds none of some tensor (the mlp's first bias: all of it on rank 1)
     assert any(rep["shards"][k].n_elements == 0 for rep in reps for k in names) == (
         node_size > 1)
@@ -471,6 +507,8 @@ def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n,
             assert sum(rep["shards"][k].n_elements for rep in mine) == ref_params[k].numel()
             got = _whole(mine, k)
             torch.testing.assert_close(got, ref_params[k], rtol=2e-5, atol=2e-5)
+            if twin is not None:
+                assert torch.equal(got, twin[2][k]), k
             if node:  # the replicas: the same sums, the same updates, bit for bit
                 assert torch.equal(got, _whole(reps[:node_size], k)), k
             for rep in mine:
