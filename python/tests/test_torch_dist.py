@@ -574,3 +574,42 @@ def test_two_ranks_state_dicts(threads):
     for rep in reps:
         for k, p in mlp().named_parameters():
             assert rep[k] == (tuple(p.shape), None), k
+
+
+def test_two_ranks_of_a_bf16_model(threads):
+    # a bf16 parameter split over ranks: flat bf16 over the pool, its grad the
+    # f32 shard of the sum (torch's grad_dtype f32 until close(), which gives
+    # back bf16 and the whole tensor)
+    torch.manual_seed(4)
+    base = nn.Linear(16, 8).to(torch.bfloat16)
+    models = [copy.deepcopy(base) for _ in range(2)]
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(40 + r)).to(torch.bfloat16)
+          for r in range(2)]
+    ref = copy.deepcopy(base).float()
+    for x in xs:
+        ref(x.float()).square().sum().backward()
+
+    def body(r, g, wait):
+        m = models[r]
+        h = lt.offload(m, _backend=host_lwo.Backend(), process_group=g)
+        m(xs[r]).float().square().sum().backward()
+        out = {}
+        for k, p in m.named_parameters():
+            assert (p.dtype, p.grad.dtype, p.grad_dtype) == (torch.bfloat16, torch.float32,
+                                                             torch.float32), k
+            out[k] = (h.param_shards()[k], p.detach().clone(), p.grad.clone())
+        h.close()  # (drops the gradient shards)
+        for k, p in m.named_parameters():
+            assert (p.dtype, p.grad_dtype, p.grad) == (torch.bfloat16, torch.bfloat16, None), k
+            assert torch.equal(p, base.state_dict()[k]), k  # whole again, as it was
+        return out
+    with pytest.warns(RuntimeWarning, match="close"):
+        reps = threads(2, body)
+    for k, p in ref.named_parameters():
+        got = torch.zeros(p.numel())
+        for rep in reps:
+            sh, w, gr = rep[k]
+            assert w.shape == gr.shape == (sh.n_elements,)
+            assert torch.equal(w, base.state_dict()[k].reshape(-1)[sh.first:sh.first + w.numel()])
+            got[sh.first:sh.first + sh.n_elements] = gr
+        torch.testing.assert_close(got.view(p.shape), p.grad, rtol=2e-2, atol=2e-2)
