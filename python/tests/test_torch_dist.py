@@ -562,6 +562,23 @@ def test_two_ranks_state_dicts(threads):
             for k in ("exp_avg", "exp_avg_sq", "master"):
                 want = wholes[i][k][sh.first:sh.first + sh.n_elements]
                 assert torch.equal(st3["state"][i][k], want), (i, k)
+        # the whole tensors, gathered, load back (each rank takes its elements),
+        # and lwo.torch.optim's masters follow them
+        full = h.full_state_dict()
+        shards = h.param_shards()
+        half = {k: t * 0.5 for k, t in full.items()}
+        h.load_full_state_dict(half)
+        for k, p in m.named_parameters():
+            sh = shards[k]
+            assert torch.equal(p, half[k].reshape(-1)[sh.first:sh.first + sh.n_elements]), k
+        with torch.no_grad():
+            m(xs[r])  # (its stages notice the write: the masters follow)
+        masters = opt2.state_dict()["state"]
+        for (k, p), st in zip(m.named_parameters(), masters.values()):
+            assert torch.equal(st["master"], p.float()), k
+        with pytest.raises(ValueError, match=r"load_full_state_dict: '0.weight' has shape "
+                           r"\(12, 32\), not the model's \(32, 12\)"):
+            h.load_full_state_dict(dict(full, **{"0.weight": full["0.weight"].t()}))
         m(xs[r]).square().sum().backward()
         wait()
         h.close()
