@@ -659,7 +659,9 @@ class AdamW(_Optimizer):
       and each layer is updated as its last gradient of the pass lands,
       while the GPU goes on with the pass; every backward pass is then a
       step (no accumulation over several).
-    - n_threads: lwo's update threads (0: one per CPU).
+    - n_threads: lwo's update threads (0: one per CPU; for a model offloaded
+      with process_group= over nodes of several ranks, the node's CPUs /
+      node_size).
     - fused: PyTorch's fused AdamW for the parameters on the GPU (None:
       fused where they are all CUDA tensors)."""
 
