@@ -3354,6 +3354,29 @@ class Offload:
                 sd[k] = t
         return sd
 
+    def load_full_state_dict(self, state_dict, strict=True):
+        """model.load_state_dict(state_dict, strict) of whole tensors (as
+        full_state_dict() gives them, on any rank): each streamed parameter
+        split over ranks takes its rank's elements of its tensor (a tensor of
+        another shape is a ValueError naming it). Not a collective; the
+        writes are noticed as any in-place write is (the records copied
+        again, lwo.torch.optim's masters set from them)."""
+        model = self.model_ref()
+        if model is None or self.closed:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: load_full_state_dict() of a "
+                             "closed handle, or one whose model is gone")
+        sd = collections.OrderedDict(state_dict)
+        if self._split():
+            for k, sh in self.param_shards().items():
+                t = sd.get(k)
+                if t is None:
+                    continue
+                if tuple(t.shape) != tuple(sh.shape):
+                    raise ValueError("lwo.torch: load_full_state_dict: %r has shape %s, not the "
+                                     "model's %s" % (k, tuple(t.shape), tuple(sh.shape)))
+                sd[k] = t.reshape(-1)[sh.first:sh.first + sh.n_elements]
+        return model.load_state_dict(sd, strict=strict)
+
     def close(self, device=None):
         """Puts every streamed weight back into an ordinary tensor (the same
         Parameter objects, so optimizers keep them): on `device` (default:
@@ -3693,7 +3716,8 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              names each one's full shape and range). model.state_dict() then
              holds each rank's shards; ``handle.full_state_dict()`` the whole
              tensors, and close() puts them back whole (both collectives,
-             through lwo's all-gather; close() drops the gradient shards).
+             through lwo's all-gather; close() drops the gradient shards);
+             ``handle.load_full_state_dict()`` loads whole tensors.
              Proven on the host backend with 2 ranks, 2 nodes of 2 and of 1 (ranks
              as threads of one process: python/tests/test_torch_dist.py); on
              GPUs with one rank (scripts/torch-dist-check; it checks 2 ranks
