@@ -630,3 +630,54 @@ def test_two_ranks_of_a_bf16_model(threads):
             assert torch.equal(w, base.state_dict()[k].reshape(-1)[sh.first:sh.first + w.numel()])
             got[sh.first:sh.first + sh.n_elements] = gr
         torch.testing.assert_close(got.view(p.shape), p.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_two_ranks_of_a_convolution(threads):
+    # a Conv2d's 4-D weight split over 2 ranks (flat over the pool): two steps
+    # of lwo.torch.optim.AdamW, each rank on its own images, equal bit for bit
+    # to an offload without a group running both ranks' images in turn
+    def net():
+        torch.manual_seed(6)
+        return nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.GELU(), nn.Flatten(),
+                             nn.Linear(5 * 6 * 6, 4))
+    gen = torch.Generator().manual_seed(50)
+    xs = [[torch.randn(2, 3, 6, 6, generator=gen) for _ in range(2)] for _ in range(2)]
+    models = [net() for _ in range(2)]
+
+    def body(r, g, wait):
+        m = models[r]
+        h = lt.offload(m, _backend=host_lwo.Backend(), process_group=g)
+        wait()
+        opt = lopt.AdamW(m.parameters(), lr=1e-2)
+        ys = []
+        for i in range(2):
+            y = m(xs[r][i])
+            y.square().sum().backward()
+            ys.append(y.detach().clone())
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        shapes = {k: tuple(p.shape) for k, p in m.named_parameters()}
+        full = h.full_state_dict()
+        wait()
+        h.close()
+        return ys, shapes, full
+
+    reps = threads(2, body)
+    twin = net()
+    h = lt.offload(twin, _backend=host_lwo.Backend())
+    opt = lopt.AdamW(twin.parameters(), lr=1e-2)
+    for i in range(2):
+        for r in range(2):
+            y = twin(xs[r][i])
+            y.square().sum().backward()
+            assert torch.equal(y, reps[r][0][i]), (r, i)
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    for k, p in twin.named_parameters():
+        assert sum(rep[1][k][0] for rep in reps) == p.numel() and all(
+            len(rep[1][k]) == 1 for rep in reps), k   # flat, the elements split
+        for rep in reps:
+            assert torch.equal(rep[2][k], p.detach()), k
+    h.close()
