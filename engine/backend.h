@@ -163,7 +163,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 std::unique_ptr<Backend> make_host_backend(bool poison);
 constexpr std::chrono::seconds kHostCommTimeout{120};
 // Sets the host backend's deadline (kHostCommTimeout until set; tests
-// shorten it) for the calls that start from now on; returns the previous.
+// shorten it through lwo_test_host_comm_timeout, bindings/c/lwo_test.h) for
+// the calls that start from now on; returns the previous.
 std::chrono::milliseconds set_host_comm_timeout(std::chrono::milliseconds timeout);
 
 }  // namespace lwo

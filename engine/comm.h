@@ -1,6 +1,6 @@
 // NCCL communicators for sharded pools: made on the engine's device (by its
-// backend: NCCL on the CUDA backend, a one-rank stand-in on the host
-// backend), owned by the caller (lwo.h: lwo_nccl_comm_create,
+// backend: NCCL on the CUDA backend, in-process communicators of one or N
+// ranks on the host backend), owned by the caller (lwo.h: lwo_nccl_comm_create,
 // lwo_nccl_comm_split), and remembered so that lwo_nccl_comm_destroy
 // destroys only those. A communicator lwo did not make is used, never
 // destroyed.

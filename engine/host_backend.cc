@@ -48,10 +48,10 @@ enum class Op { AllGather, ReduceOwned, AllReduce, Split };
 // One rank's side of a collective: what it is, and what it reads from.
 struct Post {
   Op op = Op::AllGather;
-  uint64_t bytes = 0;           // per rank (all-gather), of the buffer (reduce_owned)
-  const void* src = nullptr;    // its input
-  std::vector<uint64_t> bounds; // reduce_owned
-  int color = 0, key = 0;       // split
+  uint64_t bytes = 0;            // per rank (all_gather), of the buffer (the reductions)
+  const void* src = nullptr;     // its input
+  std::vector<uint64_t> bounds;  // reduce_owned's
+  int color = 0, key = 0;        // comm_split's
 };
 
 std::string describe(const Post& p) {
@@ -73,7 +73,8 @@ bool agree(const Post& a, const Post& b) {
 }
 
 struct World {
-  explicit World(int n_ranks) : n(n_ranks), posted(n_ranks, 0), read(n_ranks, 0), posts(n_ranks) {}
+  explicit World(int n_ranks)
+      : n(n_ranks), posted(n_ranks, 0), read(n_ranks, 0), posts(n_ranks) {}
   const int n;
   std::mutex mu;
   std::condition_variable cv;
@@ -362,7 +363,8 @@ class HostBackend final : public Backend {
         if (posts[k].color == color) group.push_back(k);
       std::stable_sort(group.begin(), group.end(),
                        [&](int a, int b) { return posts[a].key < posts[b].key; });
-      child_rank = static_cast<int>(std::find(group.begin(), group.end(), m.rank) - group.begin());
+      child_rank =
+          static_cast<int>(std::find(group.begin(), group.end(), m.rank) - group.begin());
       World::Child& c = w.children[{seq, color}];
       if (!c.world) c.world = std::make_shared<World>(static_cast<int>(group.size()));
       child = c.world;

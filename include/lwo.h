@@ -2070,7 +2070,8 @@ LWO_API lwo_status_t lwo_nccl_comm_create(lwo_engine* engine, const lwo_nccl_uni
  * LWO_ERR_INVALID_ARGUMENT for a NULL parent, a negative color or a parent on
  * another device; LWO_ERR_UNSUPPORTED where lwo was built with an older NCCL;
  * LWO_ERR_NCCL with NCCL's message. On the test host backend the parent must
- * be one of its one-rank communicators, and so is the child. */
+ * be one of its communicators (of one rank, or of N ranks of one process),
+ * and so is the child. */
 LWO_API lwo_status_t lwo_nccl_comm_split(lwo_engine* engine, lwo_nccl_comm_t parent,
                                          int32_t color, int32_t key, lwo_nccl_comm_t* comm);
 /* ncclCommDestroy of a communicator that lwo_nccl_comm_create or

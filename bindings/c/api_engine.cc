@@ -1,4 +1,6 @@
 // lwo.h: Engine.
+#include <chrono>
+
 #include "abi.h"
 #include "lwo_test.h"
 #include "testing.h"
@@ -76,6 +78,15 @@ LWO_API lwo_status_t lwo_test_engine_create_host(uint32_t flags, lwo_engine** en
   if (s != LWO_OK) return s;
   return make_engine(call, lwo::make_host_backend((flags & LWO_TEST_HOST_POISON) != 0), 0,
                      lwo_engine_config LWO_ENGINE_CONFIG_INIT, engine);
+}
+
+LWO_API lwo_status_t lwo_test_host_comm_timeout(uint32_t timeout_ms, uint32_t* previous_ms) {
+  return guard("lwo_test_host_comm_timeout", [&] {
+    if (timeout_ms == 0)
+      fail(LWO_ERR_INVALID_ARGUMENT, "timeout_ms 0: a deadline is at least 1 ms");
+    const auto old = lwo::set_host_comm_timeout(std::chrono::milliseconds(timeout_ms));
+    if (previous_ms) *previous_ms = static_cast<uint32_t>(old.count());
+  });
 }
 
 LWO_API lwo_status_t lwo_engine_destroy(lwo_engine* engine) {

@@ -24,9 +24,16 @@ extern "C" {
  * or N ranks of this process: N such engines, each driven from its own
  * thread, meet by the id's 128 bytes (any bytes the ranks share), each call
  * blocking until all N make it; ranks that make different collective calls
- * fail with LWO_ERR_COLLECTIVE_MISMATCH, and a rank missing for 120 s fails
- * the others with LWO_ERR_NCCL. */
+ * fail with LWO_ERR_COLLECTIVE_MISMATCH, and a rank missing for 120 s
+ * (lwo_test_host_comm_timeout) fails the others with LWO_ERR_NCCL. */
 LWO_API lwo_status_t lwo_test_engine_create_host(uint32_t flags, lwo_engine** engine);
+
+/* The deadline of the host backend's communicators, for every host engine of
+ * the process: a rank that waits longer for the others, at
+ * lwo_nccl_comm_create or at a collective, fails with LWO_ERR_NCCL (120000
+ * ms until set). Applies to the calls that start after it; `previous_ms`
+ * (may be NULL) gets the one it replaces. LWO_ERR_INVALID_ARGUMENT for 0. */
+LWO_API lwo_status_t lwo_test_host_comm_timeout(uint32_t timeout_ms, uint32_t* previous_ms);
 
 #ifdef __cplusplus
 }

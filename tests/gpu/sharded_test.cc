@@ -312,5 +312,77 @@ TEST_F(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
   t1.join();
 }
 
+// Two GPUs as two nodes of one rank each (lwo_grads_config.replica_comm):
+// each rank's pool is sharded over a one-rank communicator split from the
+// world (so it holds the whole records) and its gradients are all-reduced
+// over the world as the replica communicator. Each rank's host gradients
+// must be, bit for bit, a + b over the ranks' gradients a, b (two ranks:
+// one f32 rounding), and the same on both ranks.
+void replica_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m,
+                  std::vector<std::vector<std::vector<float>>>* out) {
+  const uint32_t L = static_cast<uint32_t>(m.ld.size());
+  Engine eng;
+  lwo_nccl_comm_t world = nullptr, node = nullptr;
+  open_rank(rank, id, LWO_ENGINE_CHECK_COLLECTIVES, &eng, &world);
+  auto world_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(world)); });
+  if (::testing::Test::HasFatalFailure()) return;
+  CHECK_LWO(lwo_nccl_comm_split(eng.get(), world, rank, 0, &node));
+  auto node_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(node)); });
+  lwo_pool* pool = nullptr;
+  CHECK_LWO(lwo_pool_create_sharded(eng.get(), m.ld.data(), L, node, nullptr, &pool));
+  auto pool_guard = defer([&] { EXPECT_LWO_OK(lwo_pool_destroy(pool)); });
+  lwo_grads* g = nullptr;
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.replica_comm = world;
+  CHECK_LWO(lwo_grads_create(pool, nullptr, &gc, &g));
+  auto grads_guard = defer([&] { EXPECT_LWO_OK(lwo_grads_destroy(g)); });
+  Stream st;
+  CUDA_OK(cudaStreamCreateWithFlags(st.out(), cudaStreamNonBlocking));
+  std::vector<float> h;
+  for (uint32_t l = L; l-- > 0;) {
+    lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+    CHECK_LWO(lwo_grads_begin(g, l, st.get(), &v));
+    for (int k = 0; k < 2; ++k) {
+      CUDA_OK(cudaStreamSynchronize(st.get()));  // the previous copy from h is done
+      h.resize(m.n[l][k]);
+      for (uint64_t i = 0; i < h.size(); ++i) h[i] = grad_value(rank, l, k, i, 0);
+      CUDA_OK(cudaMemcpyAsync(v.tensors[k], h.data(), h.size() * 4, cudaMemcpyHostToDevice,
+                              st.get()));
+    }
+    CHECK_LWO(lwo_grads_end(g, l, st.get()));
+  }
+  CHECK_LWO(lwo_grads_wait(g));
+  out->assign(L, {});
+  for (uint32_t l = 0; l < L; ++l)
+    for (int k = 0; k < 2; ++k) {
+      float* data = nullptr;
+      uint64_t first = 9, n = 0;
+      CHECK_LWO(lwo_grads_shard(g, l, m.td[l][k].name, &data, &first, &n));
+      EXPECT_EQ(first, 0u);
+      EXPECT_EQ(n, m.n[l][k]);
+      (*out)[l].emplace_back(data, data + n);
+    }
+}
+
+TEST_F(Sharded, TwoGpusAsTwoNodesSumGradientsOverTheReplicaCommunicator) {
+  GradModel m(4);
+  std::vector<std::vector<std::vector<float>>> r0, r1;
+  std::thread t1(replica_rank, 1, std::cref(id), std::cref(m), &r1);
+  replica_rank(0, id, m, &r0);
+  t1.join();
+  if (::testing::Test::HasFailure()) return;
+  for (uint32_t l = 0; l < 4; ++l)
+    for (int k = 0; k < 2; ++k) {
+      uint64_t bad = 0;
+      for (uint64_t i = 0; i < m.n[l][k]; ++i) {
+        const float want = grad_value(0, l, k, i, 0) + grad_value(1, l, k, i, 0);
+        if ((r0[l][k][i] != want || r1[l][k][i] != want) && ++bad <= 5)
+          ADD_FAILURE() << "layer " << l << " tensor " << k << " element " << i << ": "
+                        << r0[l][k][i] << ", " << r1[l][k][i] << ", want " << want;
+      }
+      EXPECT_EQ(bad, 0u) << "layer " << l << " tensor " << k;
+    }
+}
+
 }  // namespace
 }  // namespace lwo_test

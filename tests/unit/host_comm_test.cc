@@ -41,14 +41,29 @@ lwo_nccl_unique_id random_id(uint64_t seed) {
   return id;
 }
 
+// Sets the deadline through the test export (lwo_test_host_comm_timeout).
+void set_deadline(uint32_t ms, uint32_t* previous = nullptr) {
+  ASSERT_LWO(lwo_test_host_comm_timeout(ms, previous));
+}
+
 // The deadline shortened for the tests of this file (a failed test then
 // ends in seconds, not minutes), put back after.
 class HostRanks : public ::testing::Test {
  protected:
-  void SetUp() override { old_ = set_host_comm_timeout(std::chrono::seconds(20)); }
-  void TearDown() override { set_host_comm_timeout(old_); }
-  std::chrono::milliseconds old_{};
+  void SetUp() override { set_deadline(20000, &old_); }
+  void TearDown() override { set_deadline(old_); }
+  uint32_t old_ = 0;
 };
+
+TEST_F(HostRanks, TheDeadlineIsOneTwentySecondsUntilSetAndNeverZero) {
+  uint32_t was = 0;
+  set_deadline(old_, &was);
+  EXPECT_EQ(was, 20000u);  // SetUp's
+  EXPECT_EQ(old_, 120000u);
+  EXPECT_EQ(std::chrono::milliseconds(old_), kHostCommTimeout);
+  EXPECT_EQ(lwo_test_host_comm_timeout(0, &was), LWO_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lwo_last_error_message()).find("timeout_ms 0"), std::string::npos);
+}
 
 TEST_F(HostRanks, CreateAndSplitGiveEachRankItsPlace) {
   for (int n : {2, 3}) {
@@ -142,7 +157,8 @@ RankGrads rank_grads(const ModelDesc& m, int rank, uint64_t seed) {
   RankGrads g(ne.size());
   for (size_t l = 0; l < ne.size(); ++l)
     for (size_t k = 0; k < ne[l].size(); ++k)
-      g[l].push_back(uniform(ne[l][k], seed * 1000003 + static_cast<uint64_t>(rank) * 1009 + l * 31 + k));
+      g[l].push_back(
+          uniform(ne[l][k], seed * 1000003 + static_cast<uint64_t>(rank) * 1009 + l * 31 + k));
   return g;
 }
 
@@ -383,8 +399,9 @@ TEST_F(HostRanks, DifferentCallsAreACollectiveMismatchOnEveryRank) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(status[r], LWO_ERR_COLLECTIVE_MISMATCH) << message[r];
     EXPECT_NE(message[r].find("not making the same call"), std::string::npos) << message[r];
-    EXPECT_NE(message[r].find("rank 0: all_gather of 768 bytes per rank"), std::string::npos) << message[r];
-    EXPECT_NE(message[r].find("rank 1: all_gather of 1792 bytes per rank"), std::string::npos) << message[r];
+    for (const char* call : {"rank 0: all_gather of 768 bytes per rank",
+                             "rank 1: all_gather of 1792 bytes per rank"})
+      EXPECT_NE(message[r].find(call), std::string::npos) << message[r];
   }
 }
 
@@ -396,9 +413,10 @@ TEST_F(HostRanks, CreateRefusesDisagreeingSizesAndDuplicateRanks) {
     int n[2], rank[2];
     lwo_status_t status;
     const char* says;
-  } cases[] = {{{2, 3}, {0, 1}, LWO_ERR_COLLECTIVE_MISMATCH, "every rank must give the same n_ranks"},
-               {{2, 2}, {1, 1}, LWO_ERR_INVALID_ARGUMENT, "rank 1 has joined communicator id"}};
-  set_host_comm_timeout(std::chrono::seconds(5));  // a wait would be the bug
+  } cases[] = {
+      {{2, 3}, {0, 1}, LWO_ERR_COLLECTIVE_MISMATCH, "every rank must give the same n_ranks"},
+      {{2, 2}, {1, 1}, LWO_ERR_INVALID_ARGUMENT, "rank 1 has joined communicator id"}};
+  set_deadline(5000);  // a wait would be the bug
   uint64_t seed = 400;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.says);
@@ -424,7 +442,7 @@ TEST_F(HostRanks, CreateRefusesDisagreeingSizesAndDuplicateRanks) {
 // LWO_ERR_NCCL naming the call and the missing rank, at creation and at a
 // collective; a rank arriving late at a broken communicator fails at once.
 TEST_F(HostRanks, AMissingRankFailsTheOthersAtTheDeadline) {
-  set_host_comm_timeout(std::chrono::milliseconds(300));
+  set_deadline(300);
   lwo_engine* e = nullptr;
   ASSERT_LWO(lwo_test_engine_create_host(0, &e));
   const lwo_nccl_unique_id lonely = random_id(500);
