@@ -41,6 +41,17 @@ def host_engine(poison=True):
     return e
 
 
+def set_comm_deadline(ms):
+    """lwo_test_host_comm_timeout (bindings/c/lwo_test.h): the host
+    communicators' deadline in ms; returns the previous one."""
+    fn = C.lib.lwo_test_host_comm_timeout
+    fn.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    fn.restype = ctypes.c_int
+    prev = ctypes.c_uint32()
+    assert fn(ms, ctypes.byref(prev)) == 0
+    return prev.value
+
+
 def is_checkpoint_pool(pool):
     """True for a pool that maps a checkpoint (lwo_pool_create_from_checkpoint)."""
     return pool.info().kind == C.LWO_POOL_CHECKPOINT_MAPPED

@@ -291,6 +291,10 @@ def threads(monkeypatch):
         return engine.nccl_comm_create(g.uid, world, rank), "unique-id"
     monkeypatch.setattr(lt, "_dist_comm", dist_comm)
 
+    # a rank that fails leaves the others waiting in a collective: they fail
+    # at the host communicators' deadline (120 s by default)
+    prev = host_lwo.set_comm_deadline(30000)
+
     def run(n, body):
         uid = os.urandom(128)
         barrier = threading.Barrier(n, timeout=120)
@@ -314,7 +318,8 @@ def threads(monkeypatch):
         assert sorted(made) == [(r, n) for r in range(n)]
         made.clear()
         return out
-    return run
+    yield run
+    host_lwo.set_comm_deadline(prev)
 
 
 def _batches(n_ranks, n_steps, seed):
