@@ -4,9 +4,9 @@ operators that Dynamo records in its graph, instead of a graph break.
 Four operators (torch.library.custom_op), registered once per process by
 the first offload():
 
-    lwo::linear(x, weight, bias, key, grad) -> y
+    lwo::linear(x, weight, bias, key, grad, out_features) -> y
     lwo::linear_backward(dy, x, key, x_shape, need_dx, need_dw) -> dx
-    lwo::conv2d(x, weight, bias, key, stride, padding, dilation, grad) -> y
+    lwo::conv2d(x, weight, bias, key, stride, padding, dilation, grad, kernel) -> y
     lwo::conv2d_backward(dy, x, key, x_shape, need_dx, need_dw) -> dx
 
 Each runs the adapter's own per-call code (Offload._linear_forward and the
@@ -23,12 +23,14 @@ does, call for call.
   closed is an error that names the call and the id.
 - ``weight`` and ``bias`` are the module's parameters: the operators never
   read them (lwo's weights travel through its ring), they are inputs so that
-  autograd knows the output depends on them, and for the shapes of the fake
-  (tracing) implementations. The backward returns None for them: their
+  autograd knows the output depends on them. The backward returns None for them: their
   gradients reach ``param.grad`` through lwo's gradient path and its fence,
   as in eager mode.
 - ``grad`` says whether this call has a backward (Dynamo decides it while
   tracing, from the grad mode and requires_grad, and guards on them).
+- ``out_features`` (linear) and ``kernel`` (conv2d: [out_channels, kh, kw])
+  give the fake (tracing) implementations the output's shape: the
+  parameters' shapes do not (a parameter split over ranks is flat).
 - Every operator is registered with an ordered effect
   (torch._library.effects.EffectType.ORDERED): AOTAutograd threads one token
   through them, so that no pass removes one whose output is unused (a
@@ -39,6 +41,7 @@ does, call for call.
 """
 
 import itertools
+import threading
 import weakref
 from typing import List, Optional
 
@@ -51,6 +54,7 @@ _ids = itertools.count(1)
 _live = {}         # id -> weakref to the streamed module's state (lwo.torch._Module)
 _ops = None        # (linear, conv2d) OpOverloads once registered
 _why_not = None    # why the operators could not be registered (then: graph breaks)
+_register_lock = threading.Lock()  # offload() in several threads (ranks) at once
 # Inductor partitions its CUDA graphs around these (an operator's host work
 # must run at every call); its tag check misses operators with effects.
 _PARTITION_AROUND = ("lwo::linear", "lwo::linear_backward", "lwo::conv2d",
@@ -103,12 +107,15 @@ def register():
     global _ops, _why_not
     if _ops is not None or _why_not is not None:
         return
-    try:
-        _ops = _define()
-        _partition_around()
-    except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
-        # (RuntimeError: the names taken already, by another copy of lwo.torch)
-        _why_not = "%s: %s" % (type(e).__name__, e)
+    with _register_lock:
+        if _ops is not None or _why_not is not None:
+            return  # registered by another thread meanwhile
+        try:
+            _ops = _define()
+            _partition_around()
+        except (AttributeError, ImportError, TypeError, ValueError, RuntimeError) as e:
+            # (RuntimeError: the names taken already, by another copy of lwo.torch)
+            _why_not = "%s: %s" % (type(e).__name__, e)
 
 
 def why_not():
@@ -138,14 +145,14 @@ def _define():
     tags = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
     T = torch.Tensor
 
-    def linear(x: T, weight: T, bias: Optional[T], key: T, grad: bool) -> T:
+    def linear(x: T, weight: T, bias: Optional[T], key: T, grad: bool, out_features: int) -> T:
         s = _state(key, "lwo::linear")
         if grad:
             s.handle._dw_ready(s)
         return s.handle._linear_forward(s, x, grad)
 
-    def linear_fake(x, weight, bias, key, grad):
-        return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    def linear_fake(x, weight, bias, key, grad, out_features):
+        return x.new_empty(x.shape[:-1] + (out_features,))
 
     def linear_backward(dy: T, x: Optional[T], key: T, x_shape: List[int], need_dx: bool,
                         need_dw: bool) -> T:
@@ -157,18 +164,18 @@ def _define():
         return dy.new_empty(x_shape if need_dx else (0,))
 
     def conv2d(x: T, weight: T, bias: Optional[T], key: T, stride: List[int], padding: List[int],
-               dilation: List[int], grad: bool) -> T:
+               dilation: List[int], grad: bool, kernel: List[int]) -> T:
         s = _state(key, "lwo::conv2d")
         if grad:
             s.handle._dw_ready(s)
         return s.handle._conv_forward(s, x, grad)
 
-    def conv2d_fake(x, weight, bias, key, stride, padding, dilation, grad):
+    def conv2d_fake(x, weight, bias, key, stride, padding, dilation, grad, kernel):
         n, _c, h, w = x.shape
-        kh, kw = weight.shape[2], weight.shape[3]
+        out_c, kh, kw = kernel
         oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        return x.new_empty((n, weight.shape[0], oh, ow))
+        return x.new_empty((n, out_c, oh, ow))
 
     def conv2d_backward(dy: T, x: Optional[T], key: T, x_shape: List[int], need_dx: bool,
                         need_dw: bool) -> T:
@@ -199,13 +206,13 @@ def _define():
         x, key = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         dx = lin_bwd(dy, x, key, ctx.x_shape, need_dx, ctx.need_dw)
-        return dx if need_dx else None, None, None, None, None
+        return dx if need_dx else None, None, None, None, None, None
 
     def conv2d_grad(ctx, dy):
         x, key = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         dx = conv_bwd(dy, x, key, ctx.x_shape, need_dx, ctx.need_dw)
-        return (dx if need_dx else None,) + (None,) * 7
+        return (dx if need_dx else None,) + (None,) * 8
 
     ops["linear"].register_autograd(linear_grad, setup_context=setup)
     ops["conv2d"].register_autograd(conv2d_grad, setup_context=setup)
@@ -241,7 +248,7 @@ def linear_forward(self, input, fallback):
     x = _cast(s, input)
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
-    return _ops[0](x, w, b, s.key, grad)
+    return _ops[0](x, w, b, s.key, grad, s.out_f)
 
 
 def conv_forward(self, input, fallback):
@@ -257,5 +264,6 @@ def conv_forward(self, input, fallback):
     w, b = self.weight, self.bias
     grad = _needs_grad(x, w, b)
     m = self
-    y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad)
+    y = _ops[1](x, w, b, s.key, list(m.stride), list(s.padding), list(m.dilation), grad,
+                [s.out_f] + list(m.kernel_size))
     return y.squeeze(0) if unbatched else y

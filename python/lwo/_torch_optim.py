@@ -35,6 +35,22 @@ _STATE_KEYS = {"adamw": (("exp_avg", "m"), ("exp_avg_sq", "v")),
                "sgd": (("momentum_buffer", "m"),)}
 
 
+def _rank_part(t, shard, what):
+    """The elements of tensor `t` (a streamed parameter or state of one) that
+    this rank holds, flat; shard: (first, n) of the rank's part (the
+    handle's _shard_of). `t` is the whole tensor (its part is sliced out) or
+    already the rank's n elements (a parameter split over ranks, or its
+    state as state_dict() gives it)."""
+    first, n = shard
+    flat = t.detach().reshape(-1)
+    if flat.numel() == n:
+        return flat
+    if flat.numel() >= first + n:
+        return flat[first:first + n]
+    raise ValueError("lwo.torch.optim: %s has %d elements: neither the whole tensor nor this "
+                     "rank's %d (elements [%d, %d))" % (what, flat.numel(), n, first, first + n))
+
+
 class _Binding:
     """lwo's optimizer over one offload handle's gradient set, for the
     streamed parameters of one lwo.torch.optim optimizer. The handle calls
@@ -70,8 +86,9 @@ class _Binding:
                 # and is dropped once it is gone)
                 gone = other.opt_ref() is None
                 other.detach(final=gone, keep=not gone)
+        # (0 threads: one per core, or with a group the rank's share of its node's)
         self.lwo = h.backend.optimizer(h.grads, opt._kind, opt._state_dtype, opt._flags(),
-                                       opt._n_threads, opt._seed)
+                                       opt._n_threads or h._host_threads, opt._seed)
         keys = h._param_key
         self.keys = {p: keys[p] for p in opt._streamed_of(h)}
         self.groups = opt._group_signature(self.keys)
@@ -159,9 +176,8 @@ class _Binding:
             if not done:
                 self.lwo.wait()
                 done = True
-            first, n = self.handle._shard_of(*key)
-            self.lwo.write(key[0], key[1], "master",
-                           q.detach().reshape(-1)[first:first + n].float())
+            self.lwo.write(key[0], key[1], "master", _rank_part(
+                q, self.handle._shard_of(*key), "parameter").float())
 
     # -- steps ------------------------------------------------------------
     def owns_all(self):
@@ -589,16 +605,16 @@ class _Optimizer(torch.optim.Optimizer):
             if keys is None:
                 keys = shard_keys[b] = b.handle._param_key
             # this rank's part of each tensor (a sharded pool's shard; else all)
-            first, n = b.handle._shard_of(*keys[p])
-            part = slice(first, first + n)
+            shard = b.handle._shard_of(*keys[p])
             new = {}
             for key, which in _STATE_KEYS[self._kind]:
                 if key in st:
-                    new[which] = st[key].detach().reshape(-1)[part].to("cpu", sdt).contiguous()
+                    new[which] = _rank_part(st[key], shard, "state %r of parameter %d"
+                                            % (key, i)).to("cpu", sdt).contiguous()
             m = st.get("master")
-            new["master"] = (m.detach().reshape(-1)[part].to("cpu", torch.float32)
-                             if m is not None
-                             else p.detach().reshape(-1)[part].float()).contiguous()
+            new["master"] = _rank_part(m if m is not None else p, shard,
+                                       "master of parameter %d" % i).to(
+                                           "cpu", torch.float32).contiguous()
             b.write(p, new)
             if "step" in st:
                 gi = group_of[i]
@@ -643,7 +659,9 @@ class AdamW(_Optimizer):
       and each layer is updated as its last gradient of the pass lands,
       while the GPU goes on with the pass; every backward pass is then a
       step (no accumulation over several).
-    - n_threads: lwo's update threads (0: one per CPU).
+    - n_threads: lwo's update threads (0: one per CPU; for a model offloaded
+      with process_group= over nodes of several ranks, the node's CPUs /
+      node_size).
     - fused: PyTorch's fused AdamW for the parameters on the GPU (None:
       fused where they are all CUDA tensors)."""
 

@@ -57,6 +57,7 @@ The contract (docs/PYTHON.md says more):
 import collections
 import ctypes
 import math
+import os
 import statistics
 import sys
 import time
@@ -74,7 +75,7 @@ from . import _errors
 from ._errors import ArgumentError, Error, StateError, check
 from ._plan import FORWARD as _FORWARD, TRAIN as _TRAIN, Planner
 
-__all__ = ["offload", "Offload", "is_offloaded", "handle_of", "optim"]
+__all__ = ["offload", "Offload", "ParamShard", "is_offloaded", "handle_of", "optim"]
 
 _lib = C.lib
 
@@ -82,6 +83,22 @@ _lib = C.lib
 _LWO_DTYPE = {torch.float32: C.LWO_DTYPE_F32, torch.bfloat16: C.LWO_DTYPE_BF16,
               torch.float16: C.LWO_DTYPE_F16}
 _TORCH_DTYPE = {v: k for k, v in _LWO_DTYPE.items()}
+
+
+class ParamShard(collections.namedtuple("ParamShard", "shape first n_elements")):
+    """Where a streamed parameter is in its tensor (Offload.param_shards):
+    the tensor's full shape, and the elements [first, first + n_elements),
+    in row-major order, that this rank's parameter holds."""
+    __slots__ = ()
+
+    @property
+    def numel(self):
+        """The tensor's element count (of every rank together)."""
+        return math.prod(self.shape)
+
+
+def _qualified(module_name, key):
+    return "%s.%s" % (module_name, key) if module_name else key
 
 try:
     _graph_task_id = torch._C._current_graph_task_id
@@ -291,6 +308,13 @@ class _Optim:
         self.obj.close()
 
 
+def _note_derived_host_limit(engine):
+    """Notes that `engine`'s host memory limit is the one lwo derived at its
+    creation (offload(process_group=) shares it among a node's ranks; see
+    _node_host_limit)."""
+    engine._lwo_derived_host_limit = engine.host_usage()[0]
+
+
 class _Backend:
     """lwo on one CUDA device."""
 
@@ -309,6 +333,7 @@ class _Backend:
         if eng is None:
             eng = _core.Engine(device_index)  # DeviceError (LWO_ERR_NO_DEVICE) without a GPU
             _Backend._engines[device_index] = eng  # one engine per device per process
+            _note_derived_host_limit(eng)
         self.engine = eng
         self.device_index = device_index
         self._eng = eng.handle
@@ -422,8 +447,12 @@ class _Backend:
         return _tune.plan(pool.handle, fwd_ms, bwd_ms, trainable, train, budget_bytes,
                           depths=depths, group=group, grad_depth=grad_depth)
 
-    def grads(self, pool, mask, depth):
-        return _Grads(_core.Grads(pool, trainable=mask, depth=depth))
+    def grads(self, pool, mask, depth, n_threads=0, replica_comm=None):
+        """The gradient set (n_threads: its host threads, 0 one per core;
+        replica_comm: the communicator its sums are all-reduced over across
+        the replicas of a sharded pool, or None)."""
+        kw = {"replica_comm": replica_comm} if replica_comm is not None else {}
+        return _Grads(_core.Grads(pool, trainable=mask, depth=depth, n_threads=n_threads, **kw))
 
     def optimizer(self, grads, kind, state, flags, n_threads, seed):
         return _Optim(_core.Optimizer(
@@ -496,6 +525,26 @@ class _Backend:
         with torch.cuda.stream(st):
             torch.as_tensor(_Raw(), device=dev).zero_()
 
+    def read_device(self, address, dtype, shape, stream):
+        """A new CPU tensor of `shape` and `dtype` copied from device memory at
+        `address`, ordered on `stream` (returns once the copy is done)."""
+        out = torch.empty(shape, dtype=dtype)
+        nbytes = out.numel() * out.element_size()
+        if not nbytes:
+            return out
+
+        class _Raw:
+            __cuda_array_interface__ = {"shape": (int(nbytes),), "typestr": "|u1",
+                                        "data": (int(address), False), "version": 3,
+                                        "strides": None}
+        dev = torch.device("cuda", self.device_index)
+        st = torch.cuda.ExternalStream(stream, device=dev) if stream else \
+            torch.cuda.default_stream(dev)
+        with torch.cuda.stream(st):
+            out.view(-1).view(torch.uint8).copy_(torch.as_tensor(_Raw(), device=dev))
+        st.synchronize()
+        return out
+
     def synchronize(self):
         self.engine.synchronize()
 
@@ -544,7 +593,7 @@ class _Module:
     __slots__ = ("handle", "name", "kind", "record", "module", "weight", "bias", "w_idx",
                  "b_idx", "w_off", "b_off", "dtype", "lwo_dtype", "has_bias", "desc",
                  "desc_acc", "in_f", "out_f", "w_bytes", "b_bytes", "out_sizes", "padding",
-                 "quant", "uid", "key", "__weakref__")
+                 "quant", "uid", "key", "w_shape", "b_shape", "__weakref__")
 
     def needs_dw(self):
         b = self.bias
@@ -1314,6 +1363,10 @@ class Offload:
                     bar.add(w.numel() * w.element_size())
                     s.dtype = w.dtype
                     s.lwo_dtype = _LWO_DTYPE[w.dtype]
+                    # the tensors' true shapes (a parameter split over ranks is
+                    # this rank's elements, flat: see param_shards)
+                    s.w_shape = tuple(w.shape)
+                    s.b_shape = tuple(m.bias.shape) if m.bias is not None else None
                     self._bind(s, infos)
                     if s.quant:
                         s.weight = self._adopt_quantized(m, rec, s)
@@ -1566,9 +1619,12 @@ class Offload:
         if self._checkpoint is not None:
             return self._checkpoint.adopt(self, m, key, rec, idx)
         old = m._parameters[key]
-        addr, nbytes = self._param_host(self.pool, rec.index, rec.names[idx], old)
-        host = _host_tensor(addr, nbytes, old.dtype, tuple(old.shape), self.pool)
-        host.copy_(old.detach())
+        host, first = self._param_home(self.pool, rec.index, rec.names[idx], old.dtype,
+                                       tuple(old.shape))
+        src = old.detach()
+        if host.shape != src.shape:  # split over ranks: this rank's elements
+            src = src.reshape(-1)[first:first + host.numel()]
+        host.copy_(src)
         p = nn.Parameter(host, requires_grad=old.requires_grad)
         m._parameters[key] = p
         return p
@@ -1577,22 +1633,54 @@ class Offload:
         """The pool of `layers`: pinned, or with a process group this rank's
         shard of every record (made collectively over lwo's communicator)."""
         if self.comm is not None:
-            return self.backend.sharded_pool(layers, self.comm)
+            return self.backend.sharded_pool(layers, self.shard_comm)
         return self.backend.pool(layers)
 
     @staticmethod
-    def _param_host(pool, layer, name, p):
-        """(address, bytes) of a dense parameter's elements in `pool`: this
-        rank's shard of the tensor (lwo_pool_shard_tensor; the whole tensor in
-        a pool that is not sharded, or sharded over one rank)."""
+    def _param_home(pool, layer, name, dtype, shape):
+        """(tensor, first element) of a dense parameter's home in `pool`: a
+        CPU tensor over this rank's elements of the tensor
+        (lwo_pool_shard_tensor), no copy. In a pool that is not sharded, or
+        sharded over one rank, the whole tensor in its `shape`; in a pool
+        sharded over several, elements [first, first + n) in row-major order
+        as a flat tensor of n (n may be 0): the parameter split over ranks."""
         sh = pool.shard_tensor(layer, name)
-        if sh.first_element != 0 or sh.n_elements != p.numel():
-            raise NotImplementedError(
-                "lwo.torch: layer %d tensor %r: this rank's shard holds elements [%d, %d) of "
-                "%d; a parameter split over ranks is not supported yet" % (
-                    layer, name, sh.first_element, sh.first_element + sh.n_elements,
-                    p.numel()))
-        return sh.address, sh.n_elements * p.element_size()
+        esize = torch.empty((), dtype=dtype).element_size()
+        if pool.info().n_ranks > 1:
+            return _host_tensor(sh.address, sh.n_elements * esize, dtype, (sh.n_elements,),
+                                pool), sh.first_element
+        if sh.first_element != 0 or sh.n_elements != math.prod(shape):
+            raise RuntimeError(
+                "lwo.torch: layer %d tensor %r: a pool of one rank holds elements [%d, %d) of "
+                "its %d" % (layer, name, sh.first_element, sh.first_element + sh.n_elements,
+                            math.prod(shape)))
+        return _host_tensor(sh.address, sh.n_elements * esize, dtype, shape, pool), 0
+
+    def param_shards(self):
+        """Each streamed parameter's place, by its name in the model's
+        state_dict ("fc1.weight"): ``ParamShard(shape, first, n)``, the
+        tensor's full shape and the elements [first, first + n) of it (in
+        row-major order) that this rank's parameter holds. Without a group,
+        or with a pool sharded over one rank, every parameter is its whole
+        tensor (first 0, n its numel); over several ranks (offload(
+        process_group=) with node_size > 1) each is a flat tensor of its
+        rank's n elements, possibly 0."""
+        out = collections.OrderedDict()
+        for rec in self.records:
+            for s in rec.modules:
+                for p, idx, shape, key in ((s.weight, s.w_idx, s.w_shape, "weight"),
+                                           (s.bias, s.b_idx, s.b_shape, "bias")):
+                    if p is None:
+                        continue
+                    first, n = self._shard_of(rec.index, rec.names[idx])
+                    out[_qualified(s.name, key)] = ParamShard(shape, first, n)
+        return out
+
+    def _split(self):
+        """The streamed parameters are split over ranks (a pool sharded over
+        several): each is its rank's elements, flat."""
+        return self.comm is not None and self.pool is not None and \
+            self.pool.info().n_ranks > 1
 
     def _shard_of(self, layer, name):
         """(first element, count) of this rank's part of a tensor: of its
@@ -1601,7 +1689,7 @@ class Offload:
         rec = self.records[layer]
         for s in rec.modules:
             if s.quant and rec.names[s.w_idx] == name:
-                return 0, s.weight.numel()
+                return 0, math.prod(s.w_shape)
         sh = self.pool.shard_tensor(layer, name)
         return sh.first_element, sh.n_elements
 
@@ -1624,7 +1712,7 @@ class Offload:
             for b in list(self._optims):
                 b.detach()
             old.wait()
-        grads = self.backend.grads(self.pool, mask, self.grads_depth)
+        grads = self._new_grads(self.pool, mask)
         old_views = self._grad_views
         self._grad_views = {}
         if old is not None:
@@ -1657,6 +1745,13 @@ class Offload:
             rec.trainable = m
         for b in list(self._optims):
             b.attach()
+
+    def _new_grads(self, pool, mask):
+        """The gradient set of `pool`'s layers in `mask`: with a group over
+        several nodes, summed over the nodes' replicas too (the replica
+        communicator), its host threads this rank's share of the node's."""
+        return self.backend.grads(pool, mask, self.grads_depth, n_threads=self._host_threads,
+                                  replica_comm=self.replica_comm)
 
     def _grad_view(self, layer, name, grads=None):
         key = (layer, name)
@@ -2105,6 +2200,10 @@ class Offload:
         for gi, (first, n, _r) in enumerate(groups):
             for i in range(first, first + n):
                 mapping[i] = gi
+        if regroup and self._split():
+            raise RuntimeError("lwo.torch: records regrouped over a pool sharded over %d ranks: "
+                               "its parameters are split over the ranks (a group has no plan)"
+                               % self.pool.info().n_ranks)
         if regroup:
             new = []
             for gi, (first, n, resident) in enumerate(groups):
@@ -2140,8 +2239,10 @@ class Offload:
                         for p, idx in ((s.weight, s.w_idx), (s.bias, s.b_idx)):
                             if p is None or (p is s.weight and s.quant) or mapped:
                                 continue
-                            addr, nbytes = self._param_host(pool, rec.index, rec.names[idx], p)
-                            host = _host_tensor(addr, nbytes, p.dtype, tuple(p.shape), pool)
+                            # (never split over ranks: a group has no plan
+                            # and so no regrouping)
+                            host, _first = self._param_home(pool, rec.index, rec.names[idx],
+                                                            p.dtype, tuple(p.shape))
                             host.copy_(p.detach())
                             p.data = host
                         rec.params += [p for p in (s.weight, s.bias) if p is not None]
@@ -2154,8 +2255,7 @@ class Offload:
             self.grads = None
             self._grad_views = {}
             if any(r.trainable for r in new):
-                self.grads = self.backend.grads(pool, [r.trainable for r in new],
-                                                self.grads_depth)
+                self.grads = self._new_grads(pool, [r.trainable for r in new])
             self._exposed.clear()  # every grad is None here (see _new_step)
             self._got_grad.clear()
             if old_grads is not None:
@@ -2467,9 +2567,9 @@ class Offload:
     def _tensor_shape(self, rec, i):
         for s in rec.modules:
             if s.w_idx == i:
-                return tuple(s.weight.shape)
+                return s.w_shape
             if s.b_idx == i:
-                return tuple(s.bias.shape)
+                return s.b_shape
         raise IndexError(i)
 
     def _weight_grad(self, s, rec, stream, x, n, compute):
@@ -2490,9 +2590,10 @@ class Offload:
             compute(s.desc_acc if acc else s.desc, x.data_ptr(), w_addr, db, wire)
         elif not acc:
             # the slot's tensors are in the wire dtype (f32 for a sharded pool)
-            self.backend.zero_device(w_addr, s.weight.numel() * _core.dtype_size(wire), stream)
+            self.backend.zero_device(w_addr, math.prod(s.w_shape) * _core.dtype_size(wire),
+                                     stream)
             if s.has_bias:
-                self.backend.zero_device(db, s.bias.numel() * _core.dtype_size(
+                self.backend.zero_device(db, math.prod(s.b_shape) * _core.dtype_size(
                     sp.slot[s.b_idx][1]), stream)
         sp.written.add(s.w_idx)
         if s.has_bias:
@@ -3181,14 +3282,100 @@ class Offload:
             rec.copy_ms = rec.stall_ms = 0.0
 
     # Set by offload(process_group=): this rank, the ranks, lwo's
-    # communicator (an lwo.NcclComm) and how it was made.
+    # communicator of them (an lwo.NcclComm) and how it was made; the ranks
+    # per node (sharing one copy of the weights), this rank's node, the
+    # communicators of its node (the pool's shards) and of its replicas
+    # (the same shard on every node; None with one node), and the host
+    # threads of this rank (0: one per core).
     rank, world_size, comm, comm_path, process_group = 0, 1, None, None, None
+    node_size, node, shard_comm, replica_comm, _host_threads = 1, 0, None, None, 0
 
     def _join_group(self, dist):
-        """The group's ranks and lwo's communicator of them (from
-        _dist_join), before the pool is made over it."""
-        (self.rank, self.world_size, self.comm, self.comm_path,
-         self.process_group) = dist
+        """The group's ranks and lwo's communicators of them (a _Dist from
+        _dist_join), before the pool is made over them."""
+        for k in ("rank", "world_size", "comm", "comm_path", "process_group", "node_size",
+                  "node", "shard_comm", "replica_comm"):
+            setattr(self, k, getattr(dist, k))
+        self._host_threads = dist.host_threads
+
+    def _gather_full(self):
+        """{state_dict name: a new CPU tensor of the whole tensor} of every
+        streamed parameter: each record staged through the ring (a stage of
+        a sharded pool all-gathers the record from the ranks' shards, after
+        lwo's update of it and any write noticed here) and its tensors
+        copied out. A collective of the pool's ranks: every rank calls it
+        alike, between steps."""
+        if self._joined is not None or self._hold is not None:
+            raise StateError(C.LWO_ERR_CAPTURING, "lwo.torch: the whole tensors of a sharded "
+                             "pool while a CUDA graph holds the handle's ring: "
+                             "handle.release_graph() first")
+        cur = self.backend.current_stream(self._dev_index)
+        if self._span is not None:
+            self._end_span()
+        self._release_all()
+        for idx, (t, _v) in list(self._prefetched.items()):
+            self._release(self.records[idx], t, cur)
+        self._prefetched.clear()
+        out = {}
+        for rec in self.records:
+            v = rec.current_version()
+            if v != rec.version:
+                self._layer_changed(rec)
+                rec.version = v
+            t = self.ring.stage(rec.index)
+            try:
+                base = self.ring.acquire(t, cur)
+                for s in rec.modules:
+                    for key, off, shape in (("weight", s.w_off, s.w_shape),
+                                            ("bias", s.b_off, s.b_shape)):
+                        if shape is not None:
+                            out[_qualified(s.name, key)] = self.backend.read_device(
+                                base + off, s.dtype, shape, cur)
+            finally:
+                self.ring.release(t, cur)
+        return out
+
+    def full_state_dict(self):
+        """The model's state_dict() with every streamed parameter whole, in
+        its own shape: where the parameters are split over ranks (a pool
+        sharded over several), each is put together from the ranks' shards
+        through lwo's all-gather (a record's stage), new CPU tensors; a
+        collective, which every rank of the pool calls alike, between steps.
+        Otherwise the same as model.state_dict()."""
+        model = self.model_ref()
+        if model is None:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: full_state_dict() of a "
+                             "handle whose model is gone")
+        sd = model.state_dict()
+        if self.closed or not self._split():
+            return sd
+        for k, t in self._gather_full().items():
+            if k in sd:
+                sd[k] = t
+        return sd
+
+    def load_full_state_dict(self, state_dict, strict=True):
+        """model.load_state_dict(state_dict, strict) of whole tensors (as
+        full_state_dict() gives them, on any rank): each streamed parameter
+        split over ranks takes its rank's elements of its tensor (a tensor of
+        another shape is a ValueError naming it). Not a collective; the
+        writes are noticed as any in-place write is (the records copied
+        again, lwo.torch.optim's masters set from them)."""
+        model = self.model_ref()
+        if model is None or self.closed:
+            raise StateError(C.LWO_ERR_INVALID_HANDLE, "lwo.torch: load_full_state_dict() of a "
+                             "closed handle, or one whose model is gone")
+        sd = collections.OrderedDict(state_dict)
+        if self._split():
+            for k, sh in self.param_shards().items():
+                t = sd.get(k)
+                if t is None:
+                    continue
+                if tuple(t.shape) != tuple(sh.shape):
+                    raise ValueError("lwo.torch: load_full_state_dict: %r has shape %s, not the "
+                                     "model's %s" % (k, tuple(t.shape), tuple(sh.shape)))
+                sd[k] = t.reshape(-1)[sh.first:sh.first + sh.n_elements]
+        return model.load_state_dict(sd, strict=strict)
 
     def close(self, device=None):
         """Puts every streamed weight back into an ordinary tensor (the same
@@ -3215,24 +3402,42 @@ class Offload:
         self._prefetched.clear()
         self._live = 0
         self.synchronize()
+        # Parameters split over ranks come back whole (a collective); their
+        # gradient shards have no whole tensor to go to: dropped.
+        full = self._gather_full() if self._split() else None
+        dropped = []
         with torch.no_grad():
             for s in self.states:
                 m = s.module
                 m.__class__ = type(m)._lwo_base_class
                 del m._lwo_state
                 _torch_compile.remove(s)
-                for p in (s.weight, s.bias):
+                for p, key in ((s.weight, "weight"), (s.bias, "bias")):
                     if p is None:
                         continue
                     g = p.grad
                     p.grad = None
-                    src = p.data if self._checkpoint is None else self._checkpoint.dense(s, p)
+                    if full is not None:
+                        src = full[_qualified(s.name, key)]
+                        if g is not None:
+                            dropped.append(_qualified(s.name, key))
+                            g = None
+                    else:
+                        src = p.data if self._checkpoint is None else \
+                            self._checkpoint.dense(s, p)
                     p.data = src.to(target, copy=True)
                     if p in self._grad_dtypes:
                         p.grad_dtype = self._grad_dtypes.pop(p)
                     if g is not None:
                         p.grad = g.to(target, dtype=getattr(p, "grad_dtype", None) or g.dtype,
                                       copy=True)
+        if dropped:
+            warnings.warn("lwo.torch: close(): the gradients of %d parameters split over %d "
+                          "ranks were dropped (%s): a rank holds a shard of each, not the "
+                          "tensor; close after optimizer.step()" % (
+                              len(dropped), self.pool.info().n_ranks,
+                              ", ".join(dropped[:4]) + (", ..." if len(dropped) > 4 else "")),
+                          RuntimeWarning, stacklevel=2)
         self._exposed.clear()
         self._grad_views.clear()
         self.closed = True
@@ -3243,9 +3448,9 @@ class Offload:
         self.pool = None
         if self._checkpoint is not None:
             self._checkpoint.release()
-        if self.comm is not None:  # after the ring, the gradient set and the pool over it
-            self.comm.close()
-            self.comm = None
+        if self.comm is not None:  # after the ring, the gradient set and the pool over them
+            _close_comms(self)
+            self.comm = self.shard_comm = self.replica_comm = None
         model = self.model_ref()
         if model is not None and getattr(model, "_lwo_handle", None) is self:
             del model._lwo_handle
@@ -3364,7 +3569,7 @@ def _quant_choice(targets, quant, trainable=False):
 def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device=None,
             stats=False, timing=False, quant=None, quant_trainable=False, budget=None, plan=True,
             progress=None, checkpoint=None, checkpoint_key=None, checkpoint_init=None, checkpoint_copy=False,
-            process_group=None, dist_comm=None, _backend=None):
+            process_group=None, dist_comm=None, node_size=None, _backend=None):
     """Streams the weights of `model`'s nn.Linear and nn.Conv2d modules
     through lwo. Returns an :class:`Offload` handle (also reachable as
     ``lwo.torch.handle_of(model)``).
@@ -3501,12 +3706,40 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
              f32 here, in their own dtype without a group). Not with
              checkpoint= or quant= (NotImplementedError); no plan (plan=
              is ignored: the library's planner does not plan sharded pools),
-             no record kept resident. More than one rank is NotImplementedError until a
-             two-GPU machine has run scripts/torch-dist-check with 2 ranks
-             (docs/PYTHON.md).
+             no record kept resident.
+             Over several ranks of a node the pool is sharded over them and
+             each streamed parameter (weight, bias) is split: a flat 1-D
+             Parameter over this rank's elements [first, first + n) of the
+             tensor (row-major, n possibly 0; a view of the pool, no copy),
+             param.grad the matching view of the f32 gradient shard, so any
+             optimizer updates the rank's elements (``handle.param_shards()``
+             names each one's full shape and range). model.state_dict() then
+             holds each rank's shards; ``handle.full_state_dict()`` the whole
+             tensors, and close() puts them back whole (both collectives,
+             through lwo's all-gather; close() drops the gradient shards);
+             ``handle.load_full_state_dict()`` loads whole tensors.
+             Proven on the host backend with 2 ranks, 2 nodes of 2 and of 1 (ranks
+             as threads of one process: python/tests/test_torch_dist.py); on
+             GPUs with one rank (scripts/torch-dist-check; it checks 2 ranks
+             where a machine has two GPUs).
     dist_comm: None (the default: "split" where the group's NCCL
              communicator is reachable, else "unique-id"), "split" or
              "unique-id" (the path to take, or an error).
+    node_size: ranks per node, which share one copy of the weights (None:
+             the LOCAL_WORLD_SIZE that torchrun sets where it divides the
+             group's size, else the whole group is one node); it must divide
+             the group's size, and ranks r and r' share a node when r //
+             node_size == r' // node_size. lwo's communicator of the group
+             is split (lwo_nccl_comm_split) into the node's (the pool is
+             sharded over it) and the replicas' (the ranks holding the same
+             shard on each node; the gradient set all-reduces its sums over
+             it, so each rank's gradient shard is the sum over every rank of
+             the group). Host resources are the node's, shared by its ranks:
+             the gradient set's and lwo.torch.optim's host threads (n_threads
+             0) are the cores / node_size, and an engine lwo.torch made with
+             the derived host memory limit gets the derived limit /
+             node_size (a limit the caller set is left alone).
+             ``handle.node_size``, ``handle.node``.
 
     Create optimizers after offload(): the streamed parameters are new
     Parameter objects (CPU tensors over the pool)."""
@@ -3528,6 +3761,8 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
                          "got %r" % (dist_comm,))
     if dist_comm is not None and process_group is None:
         raise ValueError("lwo.torch.offload: dist_comm goes with process_group=")
+    if node_size is not None and process_group is None:
+        raise ValueError("lwo.torch.offload: node_size goes with process_group=")
     if quant_trainable and quant is None:
         raise ValueError("lwo.torch.offload: quant_trainable=True needs quant= (the format: "
                          "\"fp8-block\" is the one that trains)")
@@ -3539,12 +3774,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
     dist_ranks = None
     if process_group is not None:
         dist_ranks = _group_ranks(process_group)
-        if dist_ranks[1] > 1:
-            raise NotImplementedError(
-                "lwo.torch.offload: process_group of %d ranks: the sharded path is written for "
-                "any number of ranks but untested with more than one; it stays refused until a "
-                "two-GPU machine runs scripts/torch-dist-check with 2 ranks (torchrun "
-                "--nproc-per-node 2; docs/PYTHON.md)" % dist_ranks[1])
+        dist_ranks = dist_ranks + (_node_size(node_size, dist_ranks[1]),)
         if checkpoint is not None or quant is not None:
             raise NotImplementedError(
                 "lwo.torch.offload: process_group= with %s: with a group the weights stream "
@@ -3636,7 +3866,7 @@ def offload(model, *, filter=None, group=None, depth=None, grads_depth=2, device
                                  quant_skipped, progress, source, dist, quant_trainable)
     except BaseException:
         if dist is not None:
-            dist[2].close()
+            dist.close()
         raise
     # The rest of the model goes to the device (the streamed weights stay).
     if backend.device_type == "cuda":
@@ -3666,6 +3896,76 @@ def _group_ranks(process_group):
     return rank, dist.get_world_size(process_group)
 
 
+def _node_size(node_size, world):
+    """The ranks per node of a group of `world` ranks: node_size as given
+    (it must divide world), or None: the LOCAL_WORLD_SIZE that torchrun sets
+    where it divides world, else world (one node)."""
+    if node_size is None:
+        try:
+            n = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+        except ValueError:
+            n = 0
+        return n if n > 0 and world % n == 0 else world
+    if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 1 \
+            or world % node_size:
+        raise ValueError("lwo.torch.offload: node_size %r: it must be a positive integer that "
+                         "divides the group's %d ranks" % (node_size, world))
+    return node_size
+
+
+def _host_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _close_comms(obj):
+    """Destroys obj's communicators (replica, shard, then the group's)."""
+    seen = set()
+    for c in (obj.replica_comm, obj.shard_comm, obj.comm):
+        if c is not None and id(c) not in seen:
+            seen.add(id(c))
+            c.close()
+
+
+class _Dist:
+    """What offload(process_group=) made of the group: this rank and the
+    ranks, lwo's communicator of the group and the path it came by, the
+    ranks per node and this rank's node, the communicators of the node (the
+    pool is sharded over it) and of the rank's replicas on the other nodes
+    (None with one node), and this rank's host threads (0: one per core)."""
+
+    def __init__(self, rank, world_size, comm, comm_path, process_group, node_size,
+                 shard_comm, replica_comm):
+        self.rank, self.world_size, self.comm = rank, world_size, comm
+        self.comm_path, self.process_group = comm_path, process_group
+        self.node_size, self.node = node_size, rank // node_size
+        self.shard_comm, self.replica_comm = shard_comm, replica_comm
+        # the node's cores shared by its ranks (one rank: lwo's default)
+        self.host_threads = 0 if node_size == 1 else max(1, _host_cores() // node_size)
+
+    def close(self):
+        _close_comms(self)
+
+
+def _node_host_limit(engine, node_size):
+    """Where lwo.torch made `engine` with the derived host memory limit and
+    the node holds node_size ranks, this rank's limit is the node's share:
+    the derived limit / node_size (set once per engine; a limit set by the
+    caller is left as it is)."""
+    if node_size <= 1 or getattr(engine, "_lwo_node_size", None) is not None:
+        return
+    derived = getattr(engine, "_lwo_derived_host_limit", None)
+    if not derived:
+        return
+    limit, _charged = engine.host_usage()
+    if limit != derived:
+        return  # set by the caller since
+    engine.set_host_limit(derived // node_size)
+    engine._lwo_node_size = node_size
+
+
 def _nccl_comm_address(process_group):
     """The address of the group's NCCL communicator on its CUDA device
     (ProcessGroupNCCL._comm_ptr; verified on PyTorch 2.15), or 0 where the
@@ -3686,14 +3986,30 @@ def _nccl_comm_address(process_group):
 
 
 def _dist_join(process_group, ranks, path, backend):
-    """(rank, world size, lwo's communicator, the path it came by, the group)
-    of this process in `process_group`, on the backend's engine."""
+    """A _Dist of this process in `process_group` (ranks: its rank, the
+    group's size and the ranks per node), on the backend's engine: lwo's
+    communicator of the group, split (lwo_nccl_comm_split, collectives of
+    the group) into the node's (color: the node) and the replicas' (color:
+    the rank within its node) where the group spans several nodes."""
     engine = getattr(backend, "engine", None)
     if engine is None:
         raise RuntimeError("lwo.torch.offload: process_group= needs an lwo engine")
-    rank, world = ranks
+    rank, world, node_size = ranks
     comm, got = _dist_comm(process_group, engine, rank, world, path)
-    return rank, world, comm, got, process_group
+    shard = replica = None
+    try:
+        if node_size == world:
+            shard = comm
+        else:
+            shard = engine.nccl_comm_split(comm, rank // node_size, rank)
+            replica = engine.nccl_comm_split(comm, rank % node_size, rank)
+        _node_host_limit(engine, node_size)
+    except BaseException:
+        for c in (replica, shard if shard is not comm else None, comm):
+            if c is not None:
+                c.close()
+        raise
+    return _Dist(rank, world, comm, got, process_group, node_size, shard, replica)
 
 
 def _dist_comm(process_group, engine, rank, world, path):

@@ -21,6 +21,8 @@ import collections
 import ctypes
 import time
 
+import torch
+
 import lwo
 import lwo.torch as lt
 from lwo import _capi as C
@@ -37,6 +39,17 @@ def host_engine(poison=True):
     e = _core.Engine.__new__(_core.Engine)
     e._handle = _core._new_handle(fn, _POISON if poison else 0)
     return e
+
+
+def set_comm_deadline(ms):
+    """lwo_test_host_comm_timeout (bindings/c/lwo_test.h): the host
+    communicators' deadline in ms; returns the previous one."""
+    fn = C.lib.lwo_test_host_comm_timeout
+    fn.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    fn.restype = ctypes.c_int
+    prev = ctypes.c_uint32()
+    assert fn(ms, ctypes.byref(prev)) == 0
+    return prev.value
 
 
 def is_checkpoint_pool(pool):
@@ -175,6 +188,7 @@ class Backend(lt._Backend):
 
     def __init__(self, poison=True):
         super().__init__(-1, engine=host_engine(poison))
+        lt._note_derived_host_limit(self.engine)  # made here, as lt._Backend makes its own
         self.pools, self.rings, self.grads_sets, self.optims = [], [], [], []
         self.changed = []
         self.calls = collections.Counter()
@@ -219,13 +233,17 @@ class Backend(lt._Backend):
         self.rings.append(r)
         return r
 
-    def grads(self, pool, mask, depth):
-        g = Grads(_core.Grads(pool, trainable=mask, depth=depth), mask)
+    def grads(self, pool, mask, depth, n_threads=0, replica_comm=None):
+        kw = {"replica_comm": replica_comm} if replica_comm is not None else {}
+        g = Grads(_core.Grads(pool, trainable=mask, depth=depth, n_threads=n_threads, **kw),
+                  mask)
+        g.n_threads, g.replica_comm = n_threads, replica_comm
         self.grads_sets.append(g)
         return g
 
     def optimizer(self, grads, kind, state, flags, n_threads, seed):
         o = Optim(super().optimizer(grads, kind, state, flags, n_threads, seed).obj)
+        o.n_threads = n_threads
         self.optims.append(o)
         return o
 
@@ -280,6 +298,12 @@ class Backend(lt._Backend):
     def zero_device(self, address, nbytes, stream):
         if nbytes:
             ctypes.memset(int(address), 0, int(nbytes))
+
+    def read_device(self, address, dtype, shape, stream):
+        t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            ctypes.memmove(t.data_ptr(), int(address), t.numel() * t.element_size())
+        return t
 
     def synchronize(self):
         self.engine.synchronize()

@@ -12,7 +12,6 @@ import threading
 import pytest
 
 import lwo
-from lwo import _capi as C
 
 import host_lwo
 
@@ -135,22 +134,11 @@ def test_grads_replica_comm_sums_the_shards_over_the_nodes():
         assert got[r] == got[r % 2]  # replicas hold the same shard
 
 
-def set_deadline(ms):
-    """lwo_test_host_comm_timeout (bindings/c/lwo_test.h): the host
-    communicators' deadline in ms; returns the previous one."""
-    fn = C.lib.lwo_test_host_comm_timeout
-    fn.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
-    fn.restype = ctypes.c_int
-    prev = ctypes.c_uint32()
-    assert fn(ms, ctypes.byref(prev)) == 0
-    return prev.value
-
-
 def test_a_missing_rank_fails_at_the_deadline():
-    prev = set_deadline(200)
+    prev = host_lwo.set_comm_deadline(200)
     try:
         engine = host_lwo.host_engine()
         with pytest.raises(lwo.Error, match=r"rank\(s\) 0 did not join within 0.2 s"):
             engine.nccl_comm_create(os.urandom(128), 2, 1)
     finally:
-        assert set_deadline(prev) == 200
+        assert host_lwo.set_comm_deadline(prev) == 200

@@ -8,6 +8,9 @@ rank) into the shard's f32 host buffer, which lwo.torch.optim updates the
 shard from: with f32 weights, exactly as without a group."""
 
 import copy
+import os
+import re
+import threading
 
 import pytest
 
@@ -233,15 +236,453 @@ def test_bad_arguments_are_refused(world, monkeypatch):
                            "through a sharded pool" % what):
             lt.offload(m, _backend=host_lwo.Backend(), process_group=world, **kw)
         assert lt.handle_of(m) is None and not lt.is_offloaded(m)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    m = mlp()
-    with pytest.raises(NotImplementedError, match="2 ranks: the sharded path is written for "
-                       "any number of ranks but untested.*scripts/torch-dist-check with 2 ranks"):
-        lt.offload(m, _backend=host_lwo.Backend(), process_group=world)
-    assert lt.handle_of(m) is None and not lt.is_offloaded(m)  # nothing changed
+    with pytest.raises(ValueError, match="node_size goes with process_group"):
+        lt.offload(mlp(), _backend=host_lwo.Backend(), node_size=1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    for bad in (3, 0, -2, 2.0, True, "2"):
+        m = mlp()
+        with pytest.raises(ValueError, match="node_size %s: it must be a positive integer that "
+                           "divides the group's 4 ranks" % re.escape(repr(bad))):
+            lt.offload(m, _backend=host_lwo.Backend(), process_group=world, node_size=bad)
+        assert lt.handle_of(m) is None and not lt.is_offloaded(m)  # nothing changed
+
+
+def test_the_node_size_defaults_to_local_world_size(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert lt._node_size(None, 4) == 4          # one node
+    for env, want in (("2", 2), ("4", 4), ("3", 4), ("8", 4), ("x", 4), ("0", 4)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+        assert lt._node_size(None, 4) == want, env  # where it divides the group's ranks
+    assert lt._node_size(1, 4) == 1
 
 
 def test_a_group_needs_torch_distributed():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         lt.offload(mlp(), _backend=host_lwo.Backend(), process_group=object())
+
+
+# --------------------------------------------------------------------------
+# N ranks in one process: each rank a thread with its own host engine and
+# its own copy of the model, their group a stand-in for a torch.distributed
+# one. lwo's communicator of it comes from the host backend's
+# lwo_nccl_comm_create of N ranks, which meet by a shared 128-byte id (its
+# collectives rendezvous across the threads; torch's ops and lwo's ctypes
+# calls release the GIL, so the ranks run concurrently).
+# --------------------------------------------------------------------------
+class _Group:
+    """What lwo.torch reads of a process group of `size` ranks, for rank
+    `rank` (the tests' stand-in for _group_ranks and _dist_comm)."""
+
+    def __init__(self, rank, size, uid):
+        self.rank, self.size, self.uid = rank, size, uid
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """run(n, body): body(rank, group, wait) in n threads at once (wait: a
+    barrier of the n); returns the ranks' results, or raises the first
+    rank's error."""
+    monkeypatch.setattr(lt, "_group_ranks", lambda g: (g.rank, g.size))
+    made = []
+
+    def dist_comm(g, engine, rank, world, path):
+        made.append((rank, world))
+        return engine.nccl_comm_create(g.uid, world, rank), "unique-id"
+    monkeypatch.setattr(lt, "_dist_comm", dist_comm)
+
+    # a rank that fails leaves the others waiting in a collective: they fail
+    # at the host communicators' deadline (120 s by default)
+    prev = host_lwo.set_comm_deadline(30000)
+
+    def run(n, body):
+        uid = os.urandom(128)
+        barrier = threading.Barrier(n, timeout=120)
+        out, errs = [None] * n, []
+
+        def one(r):
+            try:
+                out[r] = body(r, _Group(r, n, uid), barrier.wait)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errs.append((r, e))
+                barrier.abort()
+        ts = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(240)
+        assert not any(t.is_alive() for t in ts), "a rank hangs (errors so far: %r)" % errs
+        if errs:
+            r, e = min(errs, key=lambda x: isinstance(x[1], threading.BrokenBarrierError))
+            raise AssertionError("rank %d: %r" % (r, e)) from e
+        assert sorted(made) == [(r, n) for r in range(n)]
+        made.clear()
+        return out
+    yield run
+    host_lwo.set_comm_deadline(prev)
+
+
+def _batches(n_ranks, n_steps, seed):
+    """Each rank's micro-batches: [rank][step] = (x, dy), different per rank."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(6, 12, generator=gen), torch.randn(6, 8, generator=gen))
+             for _ in range(n_steps)] for _ in range(n_ranks)]
+
+
+def _resident_steps(batches, n_steps, torch_opt_cls, lr=1e-2, weight_decay=0.1):
+    """The resident model trained on the gradients summed over the ranks'
+    micro-batches: each step's outputs per rank, its summed gradients, the
+    final parameters."""
+    ref = mlp()
+    opt = torch_opt_cls(ref.parameters(), lr=lr, weight_decay=weight_decay)
+    outs, grads = [], []
+    for i in range(n_steps):
+        ys = []
+        for rank_batches in batches:
+            x, dy = rank_batches[i]
+            y = ref(x)
+            y.backward(dy)  # the gradients add up over the ranks
+            ys.append(y.detach().clone())
+        outs.append(ys)
+        grads.append({k: p.grad.clone() for k, p in ref.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    return outs, grads, {k: p.detach().clone() for k, p in ref.named_parameters()}
+
+
+def _twin_steps(batches, n_steps):
+    """An offload without a group, each step's micro-batches run one after
+    the other (its gradients added up on the host in rank order, as the
+    host backend's collectives sum them) before one lwo.torch.optim.AdamW
+    step: its outputs per step and rank, its first gradients and the final
+    parameters."""
+    m = mlp()
+    h = lt.offload(m, _backend=host_lwo.Backend())
+    opt = lopt.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    outs, grad0 = [], None
+    for i in range(n_steps):
+        ys = []
+        for rank_batches in batches:
+            x, dy = rank_batches[i]
+            y = m(x)
+            y.backward(dy)
+            ys.append(y.detach().clone())
+        outs.append(ys)
+        if i == 0:
+            grad0 = {k: p.grad.clone() for k, p in m.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    params = {k: p.detach().clone() for k, p in m.named_parameters()}
+    h.close()
+    return outs, grad0, params
+
+
+def _pool_bytes(h):
+    """(this rank's pool bytes, the records' bytes) of every record."""
+    return (sum(h.pool.shard_host(r.index).bytes for r in h.records),
+            sum(h.pool.record_bytes(r.index) for r in h.records))
+
+
+def _train_ranks(threads, n, node_size, opt_kind, n_steps=10, seed=21):
+    """n ranks (node_size per node) offload their copies of mlp() and train
+    n_steps, each rank on its own micro-batches; per rank: the outputs,
+    param.grad and param_shards() after the first backward, the parameters
+    (this rank's elements) at the end, full_state_dict(), what the handle
+    says of its group and pool, and the parameters after close()."""
+    batches = _batches(n, n_steps, seed)
+    models = [mlp() for _ in range(n)]  # the same initial weights (seeded)
+
+    def body(r, g, wait):
+        m = models[r]
+        be = host_lwo.Backend()
+        h = lt.offload(m, _backend=be, process_group=g, node_size=node_size)
+        wait()  # every handle made before any optimizer looks for them
+        info = h.pool.info()
+        rep = {"rank": h.rank, "world": h.world_size, "node_size": h.node_size,
+               "node": h.node, "kind": info.kind, "n_ranks": info.n_ranks,
+               "pool": _pool_bytes(h), "shards": h.param_shards(),
+               "shapes": {k: tuple(p.shape) for k, p in m.named_parameters()},
+               "grads_threads": be.grads_sets[-1].n_threads,
+               "replica": be.grads_sets[-1].replica_comm is not None,
+               "host_limit": be.engine.host_usage()[0],
+               "derived_limit": be.engine._lwo_derived_host_limit}
+        assert all(p.data_ptr() == 0 or h.pool.shard_tensor(rec.index, name).address ==
+                   p.data_ptr() for rec, p, name in _streamed(h))  # views of the pool
+        opt = (lopt.AdamW if opt_kind == "lwo" else torch.optim.AdamW)(
+            m.parameters(), lr=1e-2, weight_decay=0.1)
+        outs = []
+        for i in range(n_steps):
+            x, dy = batches[r][i]
+            y = m(x)
+            y.backward(dy)
+            outs.append(y.detach().clone())
+            if i == 0:
+                rep["grad0"] = {k: p.grad.clone() for k, p in m.named_parameters()}
+                rep["grad_is_shard"] = all(
+                    p.grad.data_ptr() == h.grads.obj.shard(rec.index, name).address
+                    for rec, p, name in _streamed(h) if p.numel())
+            opt.step()
+            opt.zero_grad()
+        if opt_kind == "lwo":
+            rep["opt_threads"] = be.optims[-1].n_threads
+            opt.synchronize()
+        rep["outs"] = outs
+        rep["params"] = {k: p.detach().clone() for k, p in m.named_parameters()}
+        rep["full"] = h.full_state_dict()
+        wait()
+        h.close()
+        rep["closed"] = {k: p.detach().clone() for k, p in m.named_parameters()}
+        return rep
+    return batches, threads(n, body)
+
+
+def _whole(reps, name):
+    """A tensor put together from the ranks' elements (param_shards) of one
+    node's ranks."""
+    sh = reps[0]["shards"][name]
+    flat = torch.full((sh.numel,), float("nan"))
+    for rep in reps:
+        s = rep["shards"][name]
+        assert s.shape == sh.shape
+        flat[s.first:s.first + s.n_elements] = rep["params"][name].reshape(-1)
+    return flat.view(sh.shape)
+
+
+@pytest.mark.parametrize("n,node_size,opt_kind", [(2, 2, "lwo"), (4, 2, "lwo"),
+                                                   (2, 1, "lwo"), (2, 2, "torch")])
+def test_n_ranks_train_as_the_resident_model_on_the_summed_gradients(threads, n, node_size,
+                                                                      opt_kind):
+    # n ranks, node_size per node: 2 ranks of one node, 2 nodes of 2, and 2
+    # nodes of one rank (whole parameters); lwo.torch.optim.AdamW, or
+    # torch.optim.AdamW over the flat shards
+    steps = 10
+    batches, reps = _train_ranks(threads, n, node_size, opt_kind, steps)
+    ref_outs, ref_grads, ref_params = _resident_steps(batches, steps, torch.optim.AdamW)
+    # with two ranks (a sum of two: the same in any layout) and lwo's AdamW the
+    # run equals an offload without a group on the same micro-batches, bit for bit
+    twin = _twin_steps(batches, steps) if n == 2 and opt_kind == "lwo" else None
+    cores = len(os.sched_getaffinity(0))
+    names = list(ref_params)
+    n_nodes = n // node_size
+    for r, rep in enumerate(reps):
+        # what the handle says of the group, its nodes and the pool over a node
+        assert (rep["rank"], rep["world"], rep["node_size"], rep["node"]) == (
+            r, n, node_size, r // node_size)
+        assert (rep["kind"], rep["n_ranks"]) == (lwo.LWO_POOL_SHARDED, node_size)
+        assert rep["replica"] == (n_nodes > 1)
+        # the node's host threads and memory limit, shared by its ranks
+        threads_ = 0 if node_size == 1 else max(1, cores // node_size)  # 0: one per core
+        assert rep["grads_threads"] == threads_
+        if opt_kind == "lwo":
+            assert rep["opt_threads"] == threads_
+        assert rep["derived_limit"] and rep["host_limit"] == rep["derived_limit"] // node_size
+        # each parameter: a flat tensor of the rank's elements of the tensor
+        # (over one rank: the whole tensor)
+        for k in names:
+            sh = rep["shards"][k]
+            assert sh.shape == tuple(ref_params[k].shape)
+            assert rep["shapes"][k] == (sh.shape if node_size == 1 else (sh.n_elements,))
+        # forward: the resident model's outputs for the rank's micro-batch
+        for i in range(steps):
+            torch.testing.assert_close(rep["outs"][i], ref_outs[i][r], rtol=2e-5, atol=2e-5)
+            if twin is not None:
+                assert torch.equal(rep["outs"][i], twin[0][i][r]), (r, i)
+        # the first gradient: the rank's elements of the sum over every rank
+        assert rep["grad_is_shard"]
+        for k in names:
+            sh = rep["shards"][k]
+            want = ref_grads[0][k].reshape(-1)[sh.first:sh.first + sh.n_elements]
+            torch.testing.assert_close(rep["grad0"][k].reshape(-1), want, rtol=1e-5,
+                                       atol=1e-6)
+            if twin is not None:
+                assert torch.equal(rep["grad0"][k].reshape(-1), twin[1][k].reshape(-1)[
+                    sh.first:sh.first + sh.n_elements]), (r, k)
+    # some rank holds none of some tensor (the mlp's first bias: all of it on rank 1)
+    assert any(rep["shards"][k].n_elements == 0 for rep in reps for k in names) == (
+        node_size > 1)
+    for node in range(n_nodes):
+        mine = reps[node * node_size:(node + 1) * node_size]
+        # the node's ranks hold one copy of the model between them
+        held = sum(rep["pool"][0] for rep in mine)
+        whole = mine[0]["pool"][1]
+        assert whole <= held < whole + 64 * node_size * len(ref_params), (held, whole)
+        for k in names:
+            # every element on exactly one rank of the node
+            assert sum(rep["shards"][k].n_elements for rep in mine) == ref_params[k].numel()
+            got = _whole(mine, k)
+            torch.testing.assert_close(got, ref_params[k], rtol=2e-5, atol=2e-5)
+            if twin is not None:
+                assert torch.equal(got, twin[2][k]), k
+            if node:  # the replicas: the same sums, the same updates, bit for bit
+                assert torch.equal(got, _whole(reps[:node_size], k)), k
+            for rep in mine:
+                # full_state_dict() and close(): the whole tensors, gathered
+                assert torch.equal(rep["full"][k], got), k
+                assert torch.equal(rep["closed"][k], got), k
+
+
+def test_two_ranks_state_dicts(threads):
+    # model.state_dict(): each rank's shards; the optimizer's state_dict the
+    # shards' state, which loads back into a new optimizer on the same rank;
+    # close() with gradients set drops them (said in a warning)
+    import warnings
+    models = [mlp() for _ in range(2)]
+    xs = [torch.randn(5, 12, generator=torch.Generator().manual_seed(30 + r)) for r in range(2)]
+    gen = torch.Generator().manual_seed(31)
+    wholes = [{k: torch.rand(p.numel(), generator=gen) for k in ("exp_avg", "exp_avg_sq",
+                                                                   "master")}
+              for p in mlp().parameters()]
+
+    def body(r, g, wait):
+        m = models[r]
+        h = lt.offload(m, _backend=host_lwo.Backend(), process_group=g)
+        wait()
+        sd = m.state_dict()
+        for k, sh in h.param_shards().items():
+            assert sd[k].shape == (sh.n_elements,)
+        opt = lopt.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(2):
+            m(xs[r]).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        st = opt.state_dict()
+        for (k, p), s in zip(m.named_parameters(), st["state"].values()):
+            assert s["exp_avg"].shape == s["master"].shape == p.shape, k
+        opt2 = lopt.AdamW(m.parameters(), lr=1e-2)
+        opt2.load_state_dict(st)
+        st2 = opt2.state_dict()
+        for i in st["state"]:
+            for k in ("exp_avg", "exp_avg_sq", "master"):
+                assert torch.equal(st["state"][i][k], st2["state"][i][k])
+        # whole tensors (PyTorch's own optimizer's state, say): the rank's part is taken
+        shards = list(h.param_shards().values())
+        whole = copy.deepcopy(st)
+        for i, sh in zip(whole["state"], shards):
+            for k in ("exp_avg", "exp_avg_sq", "master"):
+                whole["state"][i][k] = wholes[i][k].view(sh.shape)
+        opt2.load_state_dict(whole)
+        st3 = opt2.state_dict()
+        for i, sh in zip(whole["state"], shards):
+            for k in ("exp_avg", "exp_avg_sq", "master"):
+                want = wholes[i][k][sh.first:sh.first + sh.n_elements]
+                assert torch.equal(st3["state"][i][k], want), (i, k)
+        # the whole tensors, gathered, load back (each rank takes its elements),
+        # and lwo.torch.optim's masters follow them
+        full = h.full_state_dict()
+        shards = h.param_shards()
+        half = {k: t * 0.5 for k, t in full.items()}
+        h.load_full_state_dict(half)
+        for k, p in m.named_parameters():
+            sh = shards[k]
+            assert torch.equal(p, half[k].reshape(-1)[sh.first:sh.first + sh.n_elements]), k
+        with torch.no_grad():
+            m(xs[r])  # (its stages notice the write: the masters follow)
+        masters = opt2.state_dict()["state"]
+        for (k, p), st in zip(m.named_parameters(), masters.values()):
+            assert torch.equal(st["master"], p.float()), k
+        with pytest.raises(ValueError, match=r"load_full_state_dict: '0.weight' has shape "
+                           r"\(12, 32\), not the model's \(32, 12\)"):
+            h.load_full_state_dict(dict(full, **{"0.weight": full["0.weight"].t()}))
+        m(xs[r]).square().sum().backward()
+        wait()
+        h.close()
+        return {k: (tuple(p.shape), p.grad) for k, p in m.named_parameters()}
+    with warnings.catch_warnings(record=True) as w:  # (the process's: both ranks')
+        warnings.simplefilter("always")
+        reps = threads(2, body)
+    assert sum("close(): the gradients of 6 parameters split over 2 ranks were dropped" in
+               str(x.message) for x in w) == 2
+    for rep in reps:
+        for k, p in mlp().named_parameters():
+            assert rep[k] == (tuple(p.shape), None), k
+
+
+def test_two_ranks_of_a_bf16_model(threads):
+    # a bf16 parameter split over ranks: flat bf16 over the pool, its grad the
+    # f32 shard of the sum (torch's grad_dtype f32 until close(), which gives
+    # back bf16 and the whole tensor)
+    torch.manual_seed(4)
+    base = nn.Linear(16, 8).to(torch.bfloat16)
+    models = [copy.deepcopy(base) for _ in range(2)]
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(40 + r)).to(torch.bfloat16)
+          for r in range(2)]
+    ref = copy.deepcopy(base).float()
+    for x in xs:
+        ref(x.float()).square().sum().backward()
+
+    def body(r, g, wait):
+        m = models[r]
+        h = lt.offload(m, _backend=host_lwo.Backend(), process_group=g)
+        m(xs[r]).float().square().sum().backward()
+        out = {}
+        for k, p in m.named_parameters():
+            assert (p.dtype, p.grad.dtype, p.grad_dtype) == (torch.bfloat16, torch.float32,
+                                                             torch.float32), k
+            out[k] = (h.param_shards()[k], p.detach().clone(), p.grad.clone())
+        h.close()  # (drops the gradient shards)
+        for k, p in m.named_parameters():
+            assert (p.dtype, p.grad_dtype, p.grad) == (torch.bfloat16, torch.bfloat16, None), k
+            assert torch.equal(p, base.state_dict()[k]), k  # whole again, as it was
+        return out
+    with pytest.warns(RuntimeWarning, match="close"):
+        reps = threads(2, body)
+    for k, p in ref.named_parameters():
+        got = torch.zeros(p.numel())
+        for rep in reps:
+            sh, w, gr = rep[k]
+            assert w.shape == gr.shape == (sh.n_elements,)
+            assert torch.equal(w, base.state_dict()[k].reshape(-1)[sh.first:sh.first + w.numel()])
+            got[sh.first:sh.first + sh.n_elements] = gr
+        torch.testing.assert_close(got.view(p.shape), p.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_two_ranks_of_a_convolution(threads):
+    # a Conv2d's 4-D weight split over 2 ranks (flat over the pool): two steps
+    # of lwo.torch.optim.AdamW, each rank on its own images, equal bit for bit
+    # to an offload without a group running both ranks' images in turn
+    def net():
+        torch.manual_seed(6)
+        return nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.GELU(), nn.Flatten(),
+                             nn.Linear(5 * 6 * 6, 4))
+    gen = torch.Generator().manual_seed(50)
+    xs = [[torch.randn(2, 3, 6, 6, generator=gen) for _ in range(2)] for _ in range(2)]
+    models = [net() for _ in range(2)]
+
+    def body(r, g, wait):
+        m = models[r]
+        h = lt.offload(m, _backend=host_lwo.Backend(), process_group=g)
+        wait()
+        opt = lopt.AdamW(m.parameters(), lr=1e-2)
+        ys = []
+        for i in range(2):
+            y = m(xs[r][i])
+            y.square().sum().backward()
+            ys.append(y.detach().clone())
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        shapes = {k: tuple(p.shape) for k, p in m.named_parameters()}
+        full = h.full_state_dict()
+        wait()
+        h.close()
+        return ys, shapes, full
+
+    reps = threads(2, body)
+    twin = net()
+    h = lt.offload(twin, _backend=host_lwo.Backend())
+    opt = lopt.AdamW(twin.parameters(), lr=1e-2)
+    for i in range(2):
+        for r in range(2):
+            y = twin(xs[r][i])
+            y.square().sum().backward()
+            assert torch.equal(y, reps[r][0][i]), (r, i)
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    for k, p in twin.named_parameters():
+        assert sum(rep[1][k][0] for rep in reps) == p.numel() and all(
+            len(rep[1][k]) == 1 for rep in reps), k   # flat, the elements split
+        for rep in reps:
+            assert torch.equal(rep[2][k], p.detach()), k
+    h.close()
