@@ -43,16 +43,16 @@ void model_descs(const Model& m, std::vector<lwo_tensor_desc>& td, std::vector<l
   }
 }
 
-// Rank `rank` of two: its engine on GPU `rank` (engine flags `flags`) and its
-// communicator.
+// Rank `rank` of `n_ranks` (two by default): its engine on GPU `rank` (engine
+// flags `flags`) and its communicator.
 void open_rank(int rank, const lwo_nccl_unique_id& id, uint32_t flags, Engine* eng,
-               lwo_nccl_comm_t* comm) {
+               lwo_nccl_comm_t* comm, int n_ranks = 2) {
   CUDA_OK(cudaSetDevice(rank));
   lwo_engine_config ec = LWO_ENGINE_CONFIG_INIT;
   ec.device = rank;
   ec.flags = flags;
   CHECK_LWO(lwo_engine_create(&ec, eng->out()));
-  CHECK_LWO(lwo_nccl_comm_create(eng->get(), &id, 2, rank, comm));
+  CHECK_LWO(lwo_nccl_comm_create(eng->get(), &id, n_ranks, rank, comm));
 }
 
 // One rank: engine, communicator, sharded pool, ring, a random schedule.
@@ -319,11 +319,11 @@ TEST_F(Sharded, TwoGpusCollectiveCheckReportsRanksThatDiffer) {
 // must be, bit for bit, a + b over the ranks' gradients a, b (two ranks:
 // one f32 rounding), and the same on both ranks.
 void replica_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m,
-                  std::vector<std::vector<std::vector<float>>>* out) {
+                  std::vector<std::vector<std::vector<float>>>* out, int n_ranks = 2) {
   const uint32_t L = static_cast<uint32_t>(m.ld.size());
   Engine eng;
   lwo_nccl_comm_t world = nullptr, node = nullptr;
-  open_rank(rank, id, LWO_ENGINE_CHECK_COLLECTIVES, &eng, &world);
+  open_rank(rank, id, LWO_ENGINE_CHECK_COLLECTIVES, &eng, &world, n_ranks);
   auto world_guard = defer([&] { EXPECT_LWO_OK(lwo_nccl_comm_destroy(world)); });
   if (::testing::Test::HasFatalFailure()) return;
   CHECK_LWO(lwo_nccl_comm_split(eng.get(), world, rank, 0, &node));
@@ -367,7 +367,7 @@ void replica_rank(int rank, const lwo_nccl_unique_id& id, const GradModel& m,
 TEST_F(Sharded, TwoGpusAsTwoNodesSumGradientsOverTheReplicaCommunicator) {
   GradModel m(4);
   std::vector<std::vector<std::vector<float>>> r0, r1;
-  std::thread t1(replica_rank, 1, std::cref(id), std::cref(m), &r1);
+  std::thread t1(replica_rank, 1, std::cref(id), std::cref(m), &r1, 2);
   replica_rank(0, id, m, &r0);
   t1.join();
   if (::testing::Test::HasFailure()) return;
@@ -380,6 +380,30 @@ TEST_F(Sharded, TwoGpusAsTwoNodesSumGradientsOverTheReplicaCommunicator) {
           ADD_FAILURE() << "layer " << l << " tensor " << k << " element " << i << ": "
                         << r0[l][k][i] << ", " << r1[l][k][i] << ", want " << want;
       }
+      EXPECT_EQ(bad, 0u) << "layer " << l << " tensor " << k;
+    }
+}
+
+// One GPU: a node of one rank and a replica communicator of one (split from
+// the world of one): the all-reduce runs (NCCL over one rank, in place in the
+// slot, between the reduction and the copy down) and the host shard is the
+// rank's own gradient, the whole tensor.
+TEST(ShardedOneGpu, AReplicaCommunicatorOfOneRankLeavesTheGradients) {
+  LWO_REQUIRE_GPU();
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  lwo_nccl_unique_id id;
+  CHECK_LWO(lwo_nccl_get_unique_id(&id));
+  GradModel m(4);
+  std::vector<std::vector<std::vector<float>>> r0;
+  replica_rank(0, id, m, &r0, 1);
+  if (::testing::Test::HasFailure()) return;
+  for (uint32_t l = 0; l < 4; ++l)
+    for (int k = 0; k < 2; ++k) {
+      uint64_t bad = 0;
+      for (uint64_t i = 0; i < m.n[l][k]; ++i)
+        if (r0[l][k][i] != grad_value(0, l, k, i, 0) && ++bad <= 5)
+          ADD_FAILURE() << "layer " << l << " tensor " << k << " element " << i << ": "
+                        << r0[l][k][i] << ", want " << grad_value(0, l, k, i, 0);
       EXPECT_EQ(bad, 0u) << "layer " << l << " tensor " << k;
     }
 }
