@@ -509,12 +509,10 @@ class _Backend:
         if st:
             check(st)
 
-    def zero_device(self, address, nbytes, stream):
-        """Zeroes device bytes on `stream` (a gradient slot's tensor that no
-        module wrote)."""
-        if not nbytes:
-            return
-
+    def _device_bytes(self, address, nbytes, stream):
+        """(a uint8 CUDA tensor over `nbytes` device bytes at `address`, no
+        copy; torch's stream for the raw `stream`, the device's default
+        stream for 0)."""
         class _Raw:
             __cuda_array_interface__ = {"shape": (int(nbytes),), "typestr": "|u1",
                                         "data": (int(address), False), "version": 3,
@@ -522,8 +520,16 @@ class _Backend:
         dev = torch.device("cuda", self.device_index)
         st = torch.cuda.ExternalStream(stream, device=dev) if stream else \
             torch.cuda.default_stream(dev)
+        return torch.as_tensor(_Raw(), device=dev), st
+
+    def zero_device(self, address, nbytes, stream):
+        """Zeroes device bytes on `stream` (a gradient slot's tensor that no
+        module wrote)."""
+        if not nbytes:
+            return
+        t, st = self._device_bytes(address, nbytes, stream)
         with torch.cuda.stream(st):
-            torch.as_tensor(_Raw(), device=dev).zero_()
+            t.zero_()
 
     def read_device(self, address, dtype, shape, stream):
         """A new CPU tensor of `shape` and `dtype` copied from device memory at
@@ -532,16 +538,9 @@ class _Backend:
         nbytes = out.numel() * out.element_size()
         if not nbytes:
             return out
-
-        class _Raw:
-            __cuda_array_interface__ = {"shape": (int(nbytes),), "typestr": "|u1",
-                                        "data": (int(address), False), "version": 3,
-                                        "strides": None}
-        dev = torch.device("cuda", self.device_index)
-        st = torch.cuda.ExternalStream(stream, device=dev) if stream else \
-            torch.cuda.default_stream(dev)
+        t, st = self._device_bytes(address, nbytes, stream)
         with torch.cuda.stream(st):
-            out.view(-1).view(torch.uint8).copy_(torch.as_tensor(_Raw(), device=dev))
+            out.view(-1).view(torch.uint8).copy_(t)
         st.synchronize()
         return out
 

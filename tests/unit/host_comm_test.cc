@@ -244,6 +244,59 @@ void reference(const ModelDesc& m, const RankGrads& sum, std::vector<std::vector
   ASSERT_LWO(lwo_engine_destroy(e));
 }
 
+// Each layer's record `records[l]` into the pool's shard of it (the rank's
+// part of the record); the shards' places into `o` when given.
+void write_shards(lwo_pool* pool, const std::vector<std::vector<uint8_t>>& records,
+                  RankOut* o = nullptr) {
+  for (uint32_t l = 0; l < records.size(); ++l) {
+    void* shard = nullptr;
+    uint64_t off = 0, bytes = 0;
+    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+    const uint64_t rb = records[l].size();
+    if (off < rb) std::memcpy(shard, records[l].data() + off, std::min(bytes, rb - off));
+    if (o) {
+      o->shard_off.push_back(off);
+      o->shard_bytes.push_back(bytes);
+    }
+  }
+}
+
+// A rank's gradients `g` through a gradient set over the sharded `pool`
+// (`replicas`: its replica communicator, or null): each tensor's
+// lwo_grads_shard into o.grads; then one AdamW step, the shards after it
+// into o.after; the set and the optimizer destroyed.
+void sum_and_step(lwo_pool* pool, lwo_nccl_comm_t replicas, const ModelDesc& m,
+                  const RankGrads& g, RankOut& o) {
+  const uint32_t L = static_cast<uint32_t>(m.layers.size());
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.replica_comm = replicas;
+  lwo_grads* grads = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  ASSERT_NO_FATAL_FAILURE(send_grads(grads, g));
+  o.grads.resize(L);
+  for (uint32_t l = 0; l < L; ++l)
+    for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
+      float* gs = nullptr;
+      uint64_t first = 0, count = 0;
+      ASSERT_LWO(lwo_grads_shard(grads, l, m.layers[l].tensors[k].name, &gs, &first, &count));
+      o.grads[l].push_back({first, std::vector<float>(gs, gs + count)});
+    }
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  lwo_optim* optim = nullptr;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
+  lwo_optim_step_params p = step_params();
+  ASSERT_LWO(lwo_optim_step(optim, &p));
+  ASSERT_LWO(lwo_optim_wait(optim));
+  for (uint32_t l = 0; l < L; ++l) {
+    void* shard = nullptr;
+    uint64_t off = 0, bytes = 0;
+    ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
+    o.after.emplace_back(static_cast<uint8_t*>(shard), static_cast<uint8_t*>(shard) + bytes);
+  }
+  ASSERT_LWO(lwo_optim_destroy(optim));
+  ASSERT_LWO(lwo_grads_destroy(grads));
+}
+
 // N ranks over one sharded pool: each writes different random bytes into its
 // shard and every rank's ring stages the whole record, assembled from all
 // shards; each rank sends a different random gradient and each keeps the
@@ -290,38 +343,8 @@ TEST_F(HostRanks, AShardedPoolGathersSumsAndStepsAsTheWholePool) {
       }
       ASSERT_LWO(lwo_ring_destroy(ring));
       // The weights of the reference: each shard its part of the records.
-      for (uint32_t l = 0; l < L; ++l) {
-        void* shard = nullptr;
-        uint64_t off = 0, bytes = 0;
-        ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
-        const uint64_t rb = before[l].size();
-        if (off < rb) std::memcpy(shard, before[l].data() + off, std::min(bytes, rb - off));
-      }
-      lwo_grads* grads = nullptr;
-      ASSERT_LWO(lwo_grads_create(pool, nullptr, nullptr, &grads));
-      ASSERT_NO_FATAL_FAILURE(send_grads(grads, per_rank[r]));
-      o.grads.resize(L);
-      for (uint32_t l = 0; l < L; ++l)
-        for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
-          float* g = nullptr;
-          uint64_t first = 0, count = 0;
-          ASSERT_LWO(lwo_grads_shard(grads, l, m.layers[l].tensors[k].name, &g, &first, &count));
-          o.grads[l].push_back({first, std::vector<float>(g, g + count)});
-        }
-      lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
-      lwo_optim* optim = nullptr;
-      ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
-      lwo_optim_step_params p = step_params();
-      ASSERT_LWO(lwo_optim_step(optim, &p));
-      ASSERT_LWO(lwo_optim_wait(optim));
-      for (uint32_t l = 0; l < L; ++l) {
-        void* shard = nullptr;
-        uint64_t off = 0, bytes = 0;
-        ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
-        o.after.emplace_back(static_cast<uint8_t*>(shard), static_cast<uint8_t*>(shard) + bytes);
-      }
-      ASSERT_LWO(lwo_optim_destroy(optim));
-      ASSERT_LWO(lwo_grads_destroy(grads));
+      ASSERT_NO_FATAL_FAILURE(write_shards(pool, before));
+      ASSERT_NO_FATAL_FAILURE(sum_and_step(pool, nullptr, m, per_rank[r], o));
       ASSERT_LWO(lwo_pool_destroy(pool));
       ASSERT_LWO(lwo_nccl_comm_destroy(comm));
     });
@@ -522,42 +545,8 @@ TEST_F(HostRanks, ReplicaCommunicatorsSumTheShardsOverTheNodes) {
     ASSERT_LWO(lwo_nccl_comm_split(e, world, r % 2, r, &replicas));
     lwo_pool* pool = nullptr;
     ASSERT_LWO(lwo_pool_create_sharded(e, m.layers.data(), L, node, nullptr, &pool));
-    for (uint32_t l = 0; l < L; ++l) {
-      void* shard = nullptr;
-      uint64_t off = 0, bytes = 0;
-      ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
-      const uint64_t rb = before[l].size();
-      if (off < rb) std::memcpy(shard, before[l].data() + off, std::min(bytes, rb - off));
-      o.shard_off.push_back(off);
-      o.shard_bytes.push_back(bytes);
-    }
-    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-    gc.replica_comm = replicas;
-    lwo_grads* grads = nullptr;
-    ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-    ASSERT_NO_FATAL_FAILURE(send_grads(grads, per_rank[r]));
-    o.grads.resize(L);
-    for (uint32_t l = 0; l < L; ++l)
-      for (uint32_t k = 0; k < m.layers[l].n_tensors; ++k) {
-        float* g = nullptr;
-        uint64_t first = 0, count = 0;
-        ASSERT_LWO(lwo_grads_shard(grads, l, m.layers[l].tensors[k].name, &g, &first, &count));
-        o.grads[l].push_back({first, std::vector<float>(g, g + count)});
-      }
-    lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
-    lwo_optim* optim = nullptr;
-    ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
-    lwo_optim_step_params p = step_params();
-    ASSERT_LWO(lwo_optim_step(optim, &p));
-    ASSERT_LWO(lwo_optim_wait(optim));
-    for (uint32_t l = 0; l < L; ++l) {
-      void* shard = nullptr;
-      uint64_t off = 0, bytes = 0;
-      ASSERT_LWO(lwo_pool_shard_host(pool, l, &shard, &off, &bytes));
-      o.after.emplace_back(static_cast<uint8_t*>(shard), static_cast<uint8_t*>(shard) + bytes);
-    }
-    ASSERT_LWO(lwo_optim_destroy(optim));
-    ASSERT_LWO(lwo_grads_destroy(grads));
+    ASSERT_NO_FATAL_FAILURE(write_shards(pool, before, &o));
+    ASSERT_NO_FATAL_FAILURE(sum_and_step(pool, replicas, m, per_rank[r], o));
     ASSERT_LWO(lwo_pool_destroy(pool));
     for (lwo_nccl_comm_t c : {world, node, replicas}) ASSERT_LWO(lwo_nccl_comm_destroy(c));
   });
