@@ -597,17 +597,25 @@ def test_registration_is_once_per_process_and_ids_are_never_reused():
     close(torch.compile(m3, backend=BACKEND)(x), m3(x))
 
 
-def test_opcheck():
-    # torch.library.opcheck: the schema (nothing mutated), the autograd
-    # registration, the fake implementation's shapes against the real one,
-    # and AOTAutograd's dispatch (forward and backward) against eager
+def _opcheck_models(conv_out):
+    """torch.library.opcheck (the test skips without it), a Linear(6, 4) and a
+    Conv2d(3, conv_out, 3, stride 2, padding 1), each offloaded, and their
+    handles."""
     opcheck = getattr(torch.library, "opcheck", None)
     if opcheck is None:
         pytest.skip("torch.library.opcheck is missing in torch %s" % torch.__version__)
     lin = nn.Linear(6, 4)
-    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    conv = nn.Conv2d(3, conv_out, 3, stride=2, padding=1)
     hl, _ = offload(lin)
     hc, _ = offload(conv)
+    return opcheck, lin, conv, hl, hc
+
+
+def test_opcheck():
+    # torch.library.opcheck: the schema (nothing mutated), the autograd
+    # registration, the fake implementation's shapes against the real one,
+    # and AOTAutograd's dispatch (forward and backward) against eager
+    opcheck, lin, conv, hl, hc = _opcheck_models(4)
     x = torch.randn(3, 6, requires_grad=True)
     xc = torch.randn(2, 3, 7, 7, requires_grad=True)
     for op, args in ((torch.ops.lwo.linear.default,
@@ -626,13 +634,7 @@ def test_the_fake_shapes_do_not_come_from_the_parameters():
     # node of several ranks): the operators' fake implementations take the
     # output's shape from out_features / kernel, so opcheck's fake-against-real
     # comparison holds with flat parameters too
-    opcheck = getattr(torch.library, "opcheck", None)
-    if opcheck is None:
-        pytest.skip("torch.library.opcheck is missing in torch %s" % torch.__version__)
-    lin = nn.Linear(6, 4)
-    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1)
-    hl, _ = offload(lin)
-    hc, _ = offload(conv)
+    opcheck, lin, conv, hl, hc = _opcheck_models(5)
 
     def flat(p):
         return p.detach().reshape(-1)[:7].clone().requires_grad_(True)

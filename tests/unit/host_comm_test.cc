@@ -181,6 +181,16 @@ lwo_optim_step_params step_params() {
   return p;
 }
 
+// An optimizer over `grads` (default config) that took one AdamW step of
+// step_params() and is done; the caller destroys it.
+void step_once(lwo_grads* grads, lwo_optim** optim) {
+  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
+  ASSERT_LWO(lwo_optim_create(grads, &oc, optim));
+  lwo_optim_step_params p = step_params();
+  ASSERT_LWO(lwo_optim_step(*optim, &p));
+  ASSERT_LWO(lwo_optim_wait(*optim));
+}
+
 // Writes each layer's gradients g[l] into a begun slot and ends it, last
 // layer first; then waits.
 void send_grads(lwo_grads* grads, const RankGrads& g) {
@@ -231,12 +241,8 @@ void reference(const ModelDesc& m, const RankGrads& sum, std::vector<std::vector
   lwo_grads* grads = nullptr;
   ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
   ASSERT_NO_FATAL_FAILURE(send_grads(grads, sum));
-  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   lwo_optim* optim = nullptr;
-  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
-  lwo_optim_step_params p = step_params();
-  ASSERT_LWO(lwo_optim_step(optim, &p));
-  ASSERT_LWO(lwo_optim_wait(optim));
+  ASSERT_NO_FATAL_FAILURE(step_once(grads, &optim));
   records(after);
   ASSERT_LWO(lwo_optim_destroy(optim));
   ASSERT_LWO(lwo_grads_destroy(grads));
@@ -281,12 +287,8 @@ void sum_and_step(lwo_pool* pool, lwo_nccl_comm_t replicas, const ModelDesc& m,
       ASSERT_LWO(lwo_grads_shard(grads, l, m.layers[l].tensors[k].name, &gs, &first, &count));
       o.grads[l].push_back({first, std::vector<float>(gs, gs + count)});
     }
-  lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   lwo_optim* optim = nullptr;
-  ASSERT_LWO(lwo_optim_create(grads, &oc, &optim));
-  lwo_optim_step_params p = step_params();
-  ASSERT_LWO(lwo_optim_step(optim, &p));
-  ASSERT_LWO(lwo_optim_wait(optim));
+  ASSERT_NO_FATAL_FAILURE(step_once(grads, &optim));
   for (uint32_t l = 0; l < L; ++l) {
     void* shard = nullptr;
     uint64_t off = 0, bytes = 0;
@@ -386,6 +388,27 @@ TEST_F(HostRanks, AShardedPoolGathersSumsAndStepsAsTheWholePool) {
   }
 }
 
+// Rank r of n: its communicator (from `id`), a sharded pool of `m` over it
+// and a ring of the pool (depth 2); close() destroys them.
+struct ShardedRing {
+  lwo_nccl_comm_t comm = nullptr;
+  lwo_pool* pool = nullptr;
+  lwo_ring* ring = nullptr;
+  void open(lwo_engine* e, const lwo_nccl_unique_id& id, int n, int r, const ModelDesc& m) {
+    ASSERT_LWO(lwo_nccl_comm_create(e, &id, n, r, &comm));
+    ASSERT_LWO(lwo_pool_create_sharded(e, m.layers.data(),
+                                       static_cast<uint32_t>(m.layers.size()), comm, nullptr,
+                                       &pool));
+    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
+    ASSERT_LWO(lwo_ring_create(pool, &rc, &ring));
+  }
+  void close() {
+    ASSERT_LWO(lwo_ring_destroy(ring));
+    ASSERT_LWO(lwo_pool_destroy(pool));
+    ASSERT_LWO(lwo_nccl_comm_destroy(comm));
+  }
+};
+
 // Ranks that make different calls: on a sharded pool, one stages layer 0
 // while the other stages layer 1 (records of different sizes): every rank
 // gets LWO_ERR_COLLECTIVE_MISMATCH naming both calls; the world goes on.
@@ -395,29 +418,22 @@ TEST_F(HostRanks, DifferentCallsAreACollectiveMismatchOnEveryRank) {
   std::vector<lwo_status_t> status(2, LWO_OK);
   std::vector<std::string> message(2);
   run_ranks(2, [&](int r, lwo_engine* e) {
-    lwo_nccl_comm_t comm = nullptr;
-    ASSERT_LWO(lwo_nccl_comm_create(e, &id, 2, r, &comm));
-    lwo_pool* pool = nullptr;
-    ASSERT_LWO(lwo_pool_create_sharded(e, m.layers.data(), 2, comm, nullptr, &pool));
-    lwo_ring* ring = nullptr;
-    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-    ASSERT_LWO(lwo_ring_create(pool, &rc, &ring));
+    ShardedRing sr;
+    ASSERT_NO_FATAL_FAILURE(sr.open(e, id, 2, r, m));
     lwo_ticket t{};
-    status[r] = lwo_ring_stage(ring, static_cast<uint32_t>(r), &t);
+    status[r] = lwo_ring_stage(sr.ring, static_cast<uint32_t>(r), &t);
     message[r] = lwo_last_error_message();
-    ASSERT_LWO(lwo_ring_destroy(ring));
     // The communicator still works: a collective both make alike.
     Backend* be = engine_backend(e);
     std::vector<uint8_t> send(8, static_cast<uint8_t>(r + 1)), recv(16);
     try {
-      be->all_gather(send.data(), recv.data(), 8, comm, nullptr);
+      be->all_gather(send.data(), recv.data(), 8, sr.comm, nullptr);
     } catch (const Error& err) {
       ADD_FAILURE() << err.what();
     }
     EXPECT_EQ(recv[0], 1);
     EXPECT_EQ(recv[15], 2);
-    ASSERT_LWO(lwo_pool_destroy(pool));
-    ASSERT_LWO(lwo_nccl_comm_destroy(comm));
+    ASSERT_NO_FATAL_FAILURE(sr.close());
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(status[r], LWO_ERR_COLLECTIVE_MISMATCH) << message[r];
@@ -484,28 +500,21 @@ TEST_F(HostRanks, AMissingRankFailsTheOthersAtTheDeadline) {
   std::condition_variable cv;
   bool rank0_done = false;
   run_ranks(2, [&](int r, lwo_engine* eng) {
-    lwo_nccl_comm_t c = nullptr;
-    ASSERT_LWO(lwo_nccl_comm_create(eng, &id, 2, r, &c));
-    lwo_pool* pool = nullptr;
-    ASSERT_LWO(lwo_pool_create_sharded(eng, m.layers.data(), 2, c, nullptr, &pool));
-    lwo_ring* ring = nullptr;
-    lwo_ring_config rc = LWO_RING_CONFIG_INIT;
-    ASSERT_LWO(lwo_ring_create(pool, &rc, &ring));
+    ShardedRing sr;
+    ASSERT_NO_FATAL_FAILURE(sr.open(eng, id, 2, r, m));
     lwo_ticket t{};
     if (r == 1) {  // comes only after rank 0 gave up
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return rank0_done; });
     }
-    status[r] = lwo_ring_stage(ring, 0, &t);
+    status[r] = lwo_ring_stage(sr.ring, 0, &t);
     message[r] = lwo_last_error_message();
     if (r == 0) {
       std::lock_guard<std::mutex> lock(mu);
       rank0_done = true;
       cv.notify_all();
     }
-    ASSERT_LWO(lwo_ring_destroy(ring));
-    ASSERT_LWO(lwo_pool_destroy(pool));
-    ASSERT_LWO(lwo_nccl_comm_destroy(c));
+    ASSERT_NO_FATAL_FAILURE(sr.close());
   });
   EXPECT_EQ(status[0], LWO_ERR_NCCL) << message[0];
   EXPECT_NE(message[0].find("rank(s) 1 did not reach collective"), std::string::npos) << message[0];
