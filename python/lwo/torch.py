@@ -3448,7 +3448,7 @@ class Offload:
         if self._checkpoint is not None:
             self._checkpoint.release()
         if self.comm is not None:  # after the ring, the gradient set and the pool over them
-            _close_comms(self)
+            _close_comms(self.replica_comm, self.shard_comm, self.comm)
             self.comm = self.shard_comm = self.replica_comm = None
         model = self.model_ref()
         if model is not None and getattr(model, "_lwo_handle", None) is self:
@@ -3919,10 +3919,11 @@ def _host_cores():
         return os.cpu_count() or 1
 
 
-def _close_comms(obj):
-    """Destroys obj's communicators (replica, shard, then the group's)."""
+def _close_comms(*comms):
+    """Destroys communicators in the order given (replica, shard, then the
+    group's), each once (the shard communicator may be the group's)."""
     seen = set()
-    for c in (obj.replica_comm, obj.shard_comm, obj.comm):
+    for c in comms:
         if c is not None and id(c) not in seen:
             seen.add(id(c))
             c.close()
@@ -3945,7 +3946,7 @@ class _Dist:
         self.host_threads = 0 if node_size == 1 else max(1, _host_cores() // node_size)
 
     def close(self):
-        _close_comms(self)
+        _close_comms(self.replica_comm, self.shard_comm, self.comm)
 
 
 def _node_host_limit(engine, node_size):
@@ -4004,9 +4005,7 @@ def _dist_join(process_group, ranks, path, backend):
             replica = engine.nccl_comm_split(comm, rank % node_size, rank)
         _node_host_limit(engine, node_size)
     except BaseException:
-        for c in (replica, shard if shard is not comm else None, comm):
-            if c is not None:
-                c.close()
+        _close_comms(replica, shard, comm)
         raise
     return _Dist(rank, world, comm, got, process_group, node_size, shard, replica)
 
