@@ -134,6 +134,7 @@ Ring::Ring(Pool& pool, uint32_t depth, uint32_t flags, const std::vector<uint32_
       resident_charge_(charge_resident(pool, resident_sizes(pool, resident))),
       resident_(make_slots(pool, resident_sizes(pool, resident),
                            strf("slots of %zu resident layers", resident.size()))) {
+  warm_ = (flags & LWO_RING_CAPTURE_WARM) != 0;
   occ_.resize(depth + resident.size());
   slot_of_layer_.assign(pool_.n_layers(), -1);
   DeviceScope scope(pool_.engine());
@@ -304,8 +305,17 @@ lwo_ticket Ring::stage(uint32_t layer) {
     ++n_stages_;
     ++n_hits_;
     if (static_cast<uint32_t>(hit_slot) >= slots_.size()) ++n_resident_hits_;
-    // A resident layer the graph reads as it was before the capture.
-    if (capture_stream_ && o.ready_outside) captured_resident_.push_back(layer);
+    // A resident layer the graph reads as it was before the capture, or a
+    // slot a warm capture kept (each launch first makes it hold the layer).
+    if (capture_stream_ && o.ready_outside) {
+      const uint32_t si = static_cast<uint32_t>(hit_slot);
+      if (si >= slots_.size()) {
+        captured_resident_.push_back(layer);
+      } else if (std::none_of(captured_warm_.begin(), captured_warm_.end(),
+                              [&](const WarmSlot& w) { return w.slot == si; })) {
+        captured_warm_.push_back({si, layer, kNoLayer, layer, o.version});
+      }
+    }
     return lwo_ticket{ticket_id(static_cast<uint32_t>(hit_slot))};
   }
   fill_slot(static_cast<uint32_t>(victim), layer);
@@ -639,11 +649,42 @@ void Ring::forget_slots() {
     o.state = State::Empty;
     o.merge_free = false;
     o.ready_elsewhere = false;
+    o.ready_outside = false;
     slots_[i].ever_freed = false;
     slots_.emptied(i);
   }
   std::fill(slot_of_layer_.begin(), slot_of_layer_.end(), -1);
   table_epoch_.fetch_add(1);
+}
+
+void Ring::slots_into_capture() {
+  captured_warm_.clear();
+  if (!warm_ || checking_) {
+    forget_slots();
+    return;
+  }
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    Occupancy& o = occ_[i];
+    // prepare_capture refused live tickets: a slot is empty or released.
+    const bool keep = o.state == State::Released && o.version == pool_.version(o.layer);
+    o.merge_free = false;
+    o.ready_elsewhere = false;
+    o.ready_outside = keep;        // copied and waited for
+    slots_[i].ever_freed = false;  // the host waited for every reader
+    if (keep) continue;
+    if (o.state != State::Empty && slot_of_layer_[o.layer] == static_cast<int32_t>(i))
+      slot_of_layer_[o.layer] = -1;
+    o.state = State::Empty;
+    slots_.emptied(i);
+  }
+  table_epoch_.fetch_add(1);
+}
+
+std::vector<WarmSlot> Ring::warm_of_capture() const {
+  std::vector<WarmSlot> warm = captured_warm_;
+  for (WarmSlot& w : warm)
+    w.end_layer = occ_[w.slot].state == State::Empty ? kNoLayer : occ_[w.slot].layer;
+  return warm;
 }
 
 void Ring::resident_into_capture() {
@@ -765,7 +806,7 @@ void Ring::capture_begin(StreamH stream) {
     }
     throw;
   }
-  forget_slots();
+  slots_into_capture();
   resident_into_capture();
   captured_layers_.clear();
   captured_resident_.clear();
@@ -786,7 +827,7 @@ void Ring::capture_join(StreamH stream) {
   // record left in the caller's capture orders nothing).
   gpu.event_record(capture_event_, stream);
   gpu.stream_wait(e.h2d(), capture_event_);
-  forget_slots();
+  slots_into_capture();
   resident_into_capture();
   captured_layers_.clear();
   captured_resident_.clear();
@@ -864,11 +905,13 @@ void Ring::capture_leave(StreamH stream) {
     for (CapturePart* p : parts) p->join_back(stream);
     // The replay's end for the host and the next replay: a node of the
     // caller's graph (the caller launches it after capture_replay, so no
-    // event lwo records then could follow it). Only with participants: a
-    // forward pass's replays need no host work after them.
-    if (!parts.empty()) gpu.event_record_in_graph(joined_done_, stream);
-    g = std::make_unique<Graph>(*this, nullptr, captured_layers_, captured_resident_, parts,
-                                joined_done_);
+    // event lwo records then could follow it). Only with participants, or
+    // with slots a warm capture kept (the next launch fills them after it):
+    // a forward pass's replays need no host work after them.
+    std::vector<WarmSlot> warm = warm_of_capture();
+    if (!parts.empty() || !warm.empty()) gpu.event_record_in_graph(joined_done_, stream);
+    g = std::make_unique<Graph>(*this, nullptr, captured_layers_, captured_resident_,
+                                std::move(warm), parts, joined_done_);
   } catch (...) {
     for (CapturePart* p : parts) e.join_capture(p);  // still in the capture
     throw;
@@ -990,7 +1033,8 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   }
   std::unique_ptr<Graph> g;
   try {
-    g = std::make_unique<Graph>(*this, exec, captured_layers_, captured_resident_, parts);
+    g = std::make_unique<Graph>(*this, exec, captured_layers_, captured_resident_,
+                                warm_of_capture(), parts);
   } catch (...) {
     gpu.graph_destroy(exec);
     leave();
@@ -1048,11 +1092,35 @@ void Ring::refresh_resident(const std::vector<uint32_t>& layers, StreamH stream,
   }
 }
 
+void Ring::refresh_warm(std::vector<WarmSlot>& warm, StreamH stream, EventH last_launch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Engine& e = pool_.engine();
+  DeviceScope scope(e);
+  Backend& gpu = e.gpu();
+  bool ordered = false;
+  for (WarmSlot& w : warm) {
+    const uint64_t version = pool_.version(w.layer);
+    if (w.now_layer == w.layer && w.now_version == version) continue;
+    // After every reader of what the slot holds: the last replay (before
+    // the first, the capture's waits left no reader).
+    if (!ordered && last_launch) gpu.stream_wait(e.h2d(), last_launch);
+    ordered = true;
+    w.now_layer = kNoLayer;  // a failed fill leaves the slot holding nothing
+    const Source::Moved moved = pool_.source().fill(pool_.layer(w.layer), slot(w.slot));
+    w.now_layer = w.layer;
+    w.now_version = version;
+    n_copies_ += moved.n_copies;
+    bytes_ += moved.bytes;
+    gpu.stream_wait(stream, slot(w.slot).ready);  // the replay reads the new bytes
+  }
+}
+
 Graph::Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
-             std::vector<CapturePart*> parts, EventH done)
+             std::vector<WarmSlot> warm, std::vector<CapturePart*> parts, EventH done)
     : ring_(ring), exec_(exec), own_done_(!done),
       done_(done ? done : ring.engine().gpu().event_create(false)),
-      layers_(std::move(layers)), resident_(std::move(resident)), parts_(std::move(parts)) {
+      layers_(std::move(layers)), resident_(std::move(resident)), warm_(std::move(warm)),
+      parts_(std::move(parts)) {
   for (std::vector<uint32_t>* v : {&layers_, &resident_}) {
     std::sort(v->begin(), v->end());
     v->erase(std::unique(v->begin(), v->end()), v->end());
@@ -1100,8 +1168,18 @@ void Graph::replay(StreamH stream, const char* what, void (*enqueue)(Graph&, Str
   // up first, after the last replay, and the replay waits for them (a joined
   // graph's are held: none changed).
   if (!resident_.empty()) ring_.refresh_resident(resident_, stream, launched_ ? done_ : nullptr);
-  // The caller's graph records done_ only where participants need it.
-  const bool records_done = exec_ || !parts_.empty();
+  // Slots a warm capture kept hold the layers the graph's hits read there.
+  std::vector<uint64_t> end_versions;
+  if (!warm_.empty()) {
+    ring_.refresh_warm(warm_, stream, launched_ ? done_ : nullptr);
+    // What this replay leaves in them: the layers' bytes as of now (a write
+    // after this makes the next launch copy again).
+    for (const WarmSlot& w : warm_)
+      end_versions.push_back(w.end_layer == kNoLayer ? 0 : ring_.pool().version(w.end_layer));
+  }
+  // The caller's graph records done_ only where participants, or kept slots,
+  // need it.
+  const bool records_done = exec_ || !parts_.empty() || !warm_.empty();
   size_t armed = 0;
   auto disarm = [&] {
     while (armed) parts_[--armed]->disarm();
@@ -1115,9 +1193,14 @@ void Graph::replay(StreamH stream, const char* what, void (*enqueue)(Graph&, Str
     enqueue(*this, stream);
   } catch (...) {
     disarm();
+    for (WarmSlot& w : warm_) w.now_layer = kNoLayer;  // the launch may have run in part
     throw;
   }
   launched_ = true;
+  for (size_t i = 0; i < warm_.size(); ++i) {
+    warm_[i].now_layer = warm_[i].end_layer;
+    warm_[i].now_version = end_versions[i];
+  }
   // The replay is enqueued (or, for the caller's graph, comes next): its
   // participants hear of it even if the event cannot be recorded (the error
   // then says the engine is broken).

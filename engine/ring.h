@@ -35,6 +35,19 @@
 
 namespace lwo {
 
+// A ring slot that a warm capture (LWO_RING_CAPTURE_WARM) kept and hit: the
+// layer its replays read there before anything of theirs fills it, the layer
+// each replay leaves there, and what the slot holds now (the layer and the
+// pool's version of it when copied).
+constexpr uint32_t kNoLayer = UINT32_MAX;  // a WarmSlot's slot that holds nothing known
+struct WarmSlot {
+  uint32_t slot;
+  uint32_t layer;
+  uint32_t end_layer;
+  uint32_t now_layer;
+  uint64_t now_version;
+};
+
 class Ring {
  public:
   // `resident`: layer ids kept on the device (checked: LWO_ERR_OUT_OF_RANGE,
@@ -101,6 +114,12 @@ class Ring {
   std::unique_ptr<class Graph> capture_end(StreamH stream);
   void graph_released(EventH last_launch);
   void refresh_resident(const std::vector<uint32_t>& layers, StreamH stream, EventH last_launch);
+  // A warm capture's slots before a launch on `stream`: each one whose hit
+  // needs a layer the slot does not hold now (or holds at an older version
+  // of the pool's bytes) is filled again, after the last replay (or, before
+  // the first, the capture), and `stream` waits for it. Updates each entry's
+  // now_ as it fills.
+  void refresh_warm(std::vector<WarmSlot>& warm, StreamH stream, EventH last_launch);
   // Joining a capture the caller began on `stream` (lwo_ring_capture_join):
   // as capture_begin, but the capture is the caller's (LWO_ERR_CAPTURING if
   // `stream` is not capturing); capture_leave joins the transfer stream back
@@ -136,8 +155,9 @@ class Ring {
     bool merge_free = false;       // hit: next acquire/release must wait slot.free
     bool ready_elsewhere = false;  // the last fill recorded ready off the
                                    // transfer stream: the next fill waits for it
-    bool ready_outside = false;    // a resident slot in a capture: filled before
-                                   // it (the host waited), so acquires wait on nothing
+    bool ready_outside = false;    // a resident slot in a capture, or a warm
+                                   // capture's kept slot: filled before it (the
+                                   // host waited), so acquires wait on nothing
     std::vector<void*> tensor_ptrs;
   };
   struct Timed {
@@ -182,6 +202,13 @@ class Ring {
   // Every slot empty, never freed, nothing in the table (no device work of
   // the ring may still run or be waited for).
   void forget_slots();
+  // The ring slots as a capture takes them (after prepare_capture's waits):
+  // empty (forget_slots), or for a warm ring outside checking mode, each
+  // released slot that holds its layer at the pool's current version kept,
+  // never freed, ready from before the capture (ready_outside).
+  void slots_into_capture();
+  // The kept slots the capture hit, each with what the capture leaves in it.
+  std::vector<WarmSlot> warm_of_capture() const;
   // Checks and waits shared by capture_begin and capture_join (under mu_):
   // what cannot be captured, live tickets; then uploads the resident layers
   // that changed and waits until nothing of the ring runs.
@@ -226,6 +253,8 @@ class Ring {
   bool bound_ = false;                // a graph holds the ring
   bool joined_ = false;               // the capture or graph is the caller's (capture_join)
   std::vector<uint32_t> captured_resident_;  // resident layers hit in the capture
+  bool warm_ = false;                        // LWO_RING_CAPTURE_WARM
+  std::vector<WarmSlot> captured_warm_;      // kept slots hit in the capture
   EventH capture_event_ = nullptr;    // the transfer stream's join and leave
   std::vector<uint32_t> captured_layers_;
   // The caller's graph (from capture_leave until capture_release), and the
@@ -249,8 +278,9 @@ class Graph {
   // uploaded before a launch if they changed (Ring::refresh_resident).
   // `done`: null for an lwo_graph (the graph makes its own, recorded after
   // each launch); the caller's graph's event, recorded by a node of it.
+  // `warm`: the kept slots a warm capture read (Ring::refresh_warm).
   Graph(Ring& ring, void* exec, std::vector<uint32_t> layers, std::vector<uint32_t> resident,
-        std::vector<CapturePart*> parts, EventH done = nullptr);
+        std::vector<WarmSlot> warm, std::vector<CapturePart*> parts, EventH done = nullptr);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
@@ -281,6 +311,7 @@ class Graph {
   bool launched_ = false;
   std::vector<uint32_t> layers_;
   std::vector<uint32_t> resident_;
+  std::vector<WarmSlot> warm_;
   std::vector<CapturePart*> parts_;
 };
 

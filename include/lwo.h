@@ -720,6 +720,21 @@ typedef struct lwo_ticket {
 
 /* Record copy and wait timings with CUDA events (see lwo_ring_stats). */
 #define LWO_RING_TIMING 0x1u
+/* Since 0.6.0: a CUDA graph capture of the ring (lwo_ring_capture_begin,
+ * lwo_ring_capture_join) starts warm: the slots keep the layers they hold
+ * (released, and at the pool's current bytes), so that the capture's stages
+ * of those layers are hits that copy nothing, as in an eager pass that
+ * follows another (a training step's forward finds its first layers where
+ * the last backward left them). Before each launch, the host side of the
+ * replay (lwo_graph_launch; for the caller's graph lwo_ring_capture_replay,
+ * which such a graph then needs before every launch, with or without
+ * gradient sets) copies each of those layers into its slot again where the
+ * slot holds something else (what the last replay left there) or the pool's
+ * bytes of the layer changed since they were copied, ordered after the last
+ * replay; the replay waits for those copies. Without the flag a capture
+ * takes the slots as empty. In checking mode the flag does nothing (released
+ * slots are poisoned). */
+#define LWO_RING_CAPTURE_WARM 0x2u
 /* The most slots a ring can number: its depth, and its depth plus its
  * resident layers, are at most this. */
 #define LWO_MAX_RING_DEPTH 4096u /* since 0.6.0 */
@@ -728,7 +743,7 @@ typedef struct lwo_ring_config {
   size_t size;      /* sizeof(lwo_ring_config) */
   uint32_t depth;   /* number of slots, 1..LWO_MAX_RING_DEPTH; default 2 (enough
                        to saturate one PCIe link when compute per layer is even) */
-  uint32_t flags;   /* LWO_RING_TIMING or 0 */
+  uint32_t flags;   /* LWO_RING_TIMING, LWO_RING_CAPTURE_WARM, or 0 */
   /* Since 0.4.0: resident layers. `resident_layers` lists n_resident
    * distinct layer ids of the pool (copied; NULL when n_resident is 0) that
    * the ring keeps on the device in slots of their own, one per layer, each
@@ -875,7 +890,9 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  *
  * lwo_ring_capture_begin waits until nothing of the ring runs, takes its slots
  * as empty (so each layer's first stage in the capture is a copy and a replay
- * does not depend on what the slots held before it), begins a capture on
+ * does not depend on what the slots held before it; a ring made with
+ * LWO_RING_CAPTURE_WARM keeps them instead, and each launch first copies again
+ * what its hits on them need), begins a capture on
  * `stream` (cudaStreamBeginCapture, relaxed mode; not the legacy default
  * stream; LWO_ERR_CAPTURING if `stream` already captures: see
  * lwo_ring_capture_join) and joins the engine's transfer stream to it. Then
@@ -960,7 +977,8 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * the caller, any mode; else LWO_ERR_CAPTURING), does what
  * lwo_ring_capture_begin does but begin a capture: the same refusals, the
  * upload of changed resident layers, the wait until nothing of the ring runs,
- * the slots taken as empty, the transfer stream joined to the caller's
+ * the slots taken as empty (or kept, with LWO_RING_CAPTURE_WARM), the
+ * transfer stream joined to the caller's
  * capture. (lwo's host waits and queries are never of captured work, and are
  * made with the calling thread's capture mode relaxed: a capture in global
  * mode, torch's default, refuses neither the join's waits nor those of lwo's
@@ -997,7 +1015,9 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * begun and not ended), and the leave ends the ring's part with an event
  * record node of the graph. Each launch of such a graph needs its host side,
  * which lwo_ring_capture_replay does before it; without gradient sets the
- * call is optional (it waits for the pool's writer, as lwo_optim_wait would).
+ * call is optional (it waits for the pool's writer, as lwo_optim_wait would),
+ * except for a ring made with LWO_RING_CAPTURE_WARM whose capture hit a layer
+ * its slots held: the call copies it again where needed.
  *
  * lwo_ring_capture_replay(ring, stream): call it right before each
  * cudaGraphLaunch of the graph instantiated from the capture the ring joined

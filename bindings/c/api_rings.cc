@@ -17,7 +17,7 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
     lwo_pool* p = check_handle(pool);
     p->impl->engine().check_not_capturing("a ring's creation");
     lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT);
-    check_flags(cfg.flags, LWO_RING_TIMING);
+    check_flags(cfg.flags, LWO_RING_TIMING | LWO_RING_CAPTURE_WARM);
     if (cfg.depth < 1 || cfg.depth > lwo::kMaxDepth)
       fail(LWO_ERR_INVALID_ARGUMENT, "depth %u is outside 1..%u", cfg.depth, lwo::kMaxDepth);
     if (cfg.n_resident && !cfg.resident_layers)

@@ -370,7 +370,11 @@ class _Backend:
             check(st)
 
     def ring(self, pool, depth, timing, resident=()):
-        return _Ring(_core.Ring(pool, depth=depth, timing=timing, resident=resident))
+        # Warm captures (LWO_RING_CAPTURE_WARM): a captured step finds its
+        # first layers where the last one left them, as an eager step does;
+        # each replay's start hook announces it (lwo_ring_capture_replay).
+        return _Ring(_core.Ring(pool, depth=depth, timing=timing, resident=resident,
+                                flags=C.LWO_RING_CAPTURE_WARM))
 
     # the automatic plan
     def event(self):
@@ -1232,6 +1236,8 @@ class _GraphHold:
         st = h._cur_stream(h._dev_index)
         if self.train:
             h._replay_step(self, st)
+        else:
+            h._replay_pass(st)
         s = self.streams
         if not s or s[-1] != st:
             if st in s:
@@ -2449,6 +2455,17 @@ class Offload:
                     "sums of earlier passes, so each replay adds too: do not zero the "
                     "gradients between its replays, or capture after optimizer.zero_grad())"
                 )) from None
+
+    def _replay_pass(self, stream):
+        """Before each replay of a captured pass without gradients: its host
+        side (lwo_ring_capture_replay: the slots the warm capture found
+        holding its first layers get them again where the last replay left
+        others, or where the pool's bytes changed since)."""
+        try:
+            self.ring.capture_replay(stream)
+        except Error as e:
+            raise type(e)(e.status, "lwo.torch: torch.cuda.CUDAGraph.replay of a captured "
+                          "pass: %s" % e.message) from None
 
     def _backward_ended(self, task):
         self._cb_tasks.discard(task)

@@ -552,6 +552,77 @@ TEST_F(CaptureGpu, AJoinedForwardReplayedByCudaGraphLaunchEqualsTheResidentChain
   ASSERT_EQ(output(st), want) << "eager pass after the release";
 }
 
+// A warm ring (LWO_RING_CAPTURE_WARM, depth 2) whose slots hold layers 1
+// and 0 when the forward is captured: the capture reads them where they are
+// and copies the rest, so every replay after the first copies layers 0 and 1
+// back first (the last replay left the last two layers in their slots). In
+// the ring's own graph (lwo_graph_launch) and in the caller's
+// (lwo_ring_capture_replay, then cudaGraphLaunch), over replays with the host
+// rewriting layer 0, layer 1 or a later layer before each (fresh random
+// weights), the output equals the resident chain bit for bit.
+TEST_F(CaptureGpu, AWarmCapturesReplaysEqualTheResidentChainOverHostChanges) {
+  for (bool joined : {false, true}) {
+    SCOPED_TRACE(joined ? "the caller's graph" : "lwo_graph");
+    Ring ring;
+    create_ring(pool_.get(), 2, LWO_RING_CAPTURE_WARM, &ring);
+    if (HasFatalFailure()) return;
+    const cudaStream_t st = stream(0);
+    std::vector<uint8_t> want = resident();
+    hand_pass(ring.get(), st);  // eager first: plans and workspaces outside the capture
+    ASSERT_EQ(output(st), want) << "eager pass";
+    for (uint32_t l : {1u, 0u}) {  // the slots hold layers 1 and 0
+      lwo_ticket tk{};
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      ASSERT_NO_FATAL_FAILURE(stage_and_acquire(ring.get(), l, st, &tk, &v));
+      CHECK_LWO(lwo_ring_release(ring.get(), tk, st));
+    }
+    CUDA_OK(cudaStreamSynchronize(st));
+    lwo_graph* graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (joined) {
+      ASSERT_NO_FATAL_FAILURE(capture_joined(ring.get(), st, [&] { hand_pass(ring.get(), st); },
+                                             &exec));
+    } else {
+      CHECK_LWO(lwo_ring_capture_begin(ring.get(), st));
+      hand_pass(ring.get(), st);
+      CHECK_LWO(lwo_ring_capture_end(ring.get(), st, &graph));
+    }
+    auto destroy = defer([&] {
+      if (exec) {
+        EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+        EXPECT_LWO_OK(lwo_ring_capture_release(ring.get(), st));
+      }
+      if (graph) EXPECT_LWO_OK(lwo_graph_destroy(graph));
+    });
+    lwo_ring_stats before;
+    std::memset(&before, 0, sizeof before);
+    before.size = sizeof before;
+    CHECK_LWO(lwo_ring_get_stats(ring.get(), &before));
+    const uint32_t changed[] = {0, 0, 1, kLayers - 1, 0, 2};
+    for (uint32_t k = 0; k < 6; ++k) {
+      if (k) {
+        rewrite(changed[k]);
+        const std::vector<uint8_t> next = resident();
+        ASSERT_NE(next, want);
+        want = next;
+      }
+      poison();
+      if (joined) {
+        CHECK_LWO(lwo_ring_capture_replay(ring.get(), st));
+        CUDA_OK(cudaGraphLaunch(exec, st));
+      } else {
+        CHECK_LWO(lwo_graph_launch(graph, st));
+      }
+      ASSERT_EQ(output(st), want) << "replay " << k;
+    }
+    // The first replay found layers 0 and 1 in place; each later one copied
+    // both back first.
+    lwo_ring_stats after = before;
+    CHECK_LWO(lwo_ring_get_stats(ring.get(), &after));
+    EXPECT_EQ(after.n_copies - before.n_copies, 10u);  // 6 layers: the last left 4 and 5
+  }
+}
+
 // A training step in the caller's own capture (cudaStreamBeginCapture in
 // global mode, as torch.cuda.graph begins it) with lwo's ring and gradient
 // set joined into it (lwo_ring_capture_join / _leave; f32 host gradients):

@@ -782,6 +782,79 @@ TEST_F(Capture, AScheduleReadsAResidentLayerTwiceInACapturedPass) {
   destroy(sch, ring, pool);
 }
 
+// A warm ring (LWO_RING_CAPTURE_WARM) of depth 2 over 3 layers, after an
+// eager pass that left layers 0 and 1 in its slots: the captured pass
+// 0 1 2 hits both and copies only layer 2 (into layer 0's slot). The first
+// launch copies nothing more (the slots still hold what the capture found);
+// each later one first copies layer 0 back into the slot the last replay
+// left layer 2 in, and layer 1 too once the pool's bytes of it changed, after
+// the last replay and before this one, on whichever stream it runs. In
+// checking mode the ring takes its slots as empty.
+TEST_F(Capture, AWarmCaptureHitsWhatItsSlotsHeldAndALaunchCopiesOnlyWhatThoseHitsNeed) {
+  for (bool checking : {false, true}) {
+    SCOPED_TRACE(checking ? "checking mode" : "plain");
+    engine_set_checking(engine, checking);
+    lwo_pool* pool = make_pool(3);
+    lwo_ring* ring = make_ring(pool, 2, LWO_RING_CAPTURE_WARM);
+    StreamH s = gpu->new_stream(), s2 = gpu->new_stream();
+    const std::vector<const uint8_t*> eager = pass(ring, s, {0, 1}, pool);
+    const uint64_t copies_before = gpu->stats.copies;
+    ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+    const std::vector<const uint8_t*> bases = pass(ring, s, {0, 1, 2});
+    lwo_graph* graph = nullptr;
+    ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+    uint64_t bytes[3] = {};
+    const uint8_t* host[3];
+    for (uint32_t l = 0; l < 3; ++l) host[l] = host_of(pool, l, &bytes[l]);
+    if (checking) {  // as without the flag: every layer a copy of the graph
+      EXPECT_EQ(gpu->stats.copies - copies_before, 3u);
+      for (int k = 0; k < 2; ++k) {
+        const uint64_t eager_copies = gpu->stats.copies;
+        ASSERT_LWO(lwo_graph_launch(graph, stream(s)));
+        EXPECT_EQ(gpu->stats.copies, eager_copies);
+      }
+      ASSERT_LWO(lwo_graph_destroy(graph));
+      EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+      destroy(ring, pool);
+      continue;
+    }
+    EXPECT_EQ(bases[0], eager[0]);
+    EXPECT_EQ(bases[1], eager[1]);
+    EXPECT_EQ(bases[2], bases[0]);
+    EXPECT_EQ(gpu->stats.copies - copies_before, 1u);
+    const auto& ops = gpu->graph_ops();
+    ASSERT_EQ(ops.size(), 1u);
+    EXPECT_EQ(ops[0].src, host[2]);
+    EXPECT_EQ(ops[0].dst, bases[0]);
+    // Launch k: the layers the host rewrites before it, the stream it runs
+    // on, and the copies its host side makes first.
+    struct Launch {
+      std::vector<uint32_t> changed;
+      StreamH on;
+      uint64_t refills;
+    };
+    const Launch launches[] = {{{}, s, 0}, {{}, s, 1}, {{1}, s, 2}, {{2}, s2, 1}, {{0}, s, 1}};
+    for (size_t k = 0; k < sizeof launches / sizeof launches[0]; ++k) {
+      const Launch& L = launches[k];
+      for (uint32_t l : L.changed) rewrite(pool, l, 300 + 10 * k + l);
+      const uint64_t eager_copies = gpu->stats.copies, replayed = gpu->stats.replayed_copies;
+      ASSERT_LWO(lwo_graph_launch(graph, stream(L.on)));
+      EXPECT_EQ(gpu->stats.copies - eager_copies, L.refills) << "launch " << k;
+      EXPECT_EQ(gpu->stats.replayed_copies - replayed, 1u) << "launch " << k;
+      // What the replay leaves: layer 2 in slot 0, layer 1 in slot 1.
+      EXPECT_EQ(0, std::memcmp(bases[2], host[2], bytes[2])) << "launch " << k;
+      EXPECT_EQ(0, std::memcmp(bases[1], host[1], bytes[1])) << "launch " << k;
+    }
+    ASSERT_LWO(lwo_graph_destroy(graph));
+    // Given back with its slots empty: every stage copies again.
+    const lwo_ring_stats before = ring_stats(ring);
+    pass(ring, s, {0, 1}, pool);
+    EXPECT_EQ(ring_stats(ring).n_hits, before.n_hits);
+    EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+    destroy(ring, pool);
+  }
+}
+
 // In checking mode releases poison slots, resident ones too: the captured
 // pass copies its resident layer like a streamed one (each replay fills the
 // slot, then poisons it at the release), and after the graph an eager pass
