@@ -680,6 +680,15 @@ void Ring::slots_into_capture() {
   table_epoch_.fetch_add(1);
 }
 
+void Ring::restore_warm() {
+  for (const WarmSlot& w : captured_warm_) {
+    Occupancy& o = occ_[w.slot];
+    if (o.state != State::Empty && o.layer == w.layer) continue;
+    fill_slot(w.slot, w.layer);  // after the slot's last reader in the capture
+    o.state = State::Released;
+  }
+}
+
 std::vector<WarmSlot> Ring::warm_of_capture() const {
   std::vector<WarmSlot> warm = captured_warm_;
   for (WarmSlot& w : warm)
@@ -896,6 +905,7 @@ void Ring::capture_leave(StreamH stream) {
   }
   std::unique_ptr<Graph> g;
   try {
+    restore_warm();
     if (!joined_done_) {
       joined_done_ = gpu.event_create(false);
       all_events_.push_back(joined_done_);
@@ -1012,6 +1022,7 @@ std::unique_ptr<Graph> Ring::capture_end(StreamH stream) {
   };
   void* exec = nullptr;
   try {
+    if (live.empty()) restore_warm();
     gpu.event_record(capture_event_, e.h2d());
     gpu.stream_wait(stream, capture_event_);  // the transfer stream leaves the capture
     for (CapturePart* p : parts) p->join_back(stream);

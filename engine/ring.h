@@ -207,6 +207,12 @@ class Ring {
   // released slot that holds its layer at the pool's current version kept,
   // never freed, ready from before the capture (ready_outside).
   void slots_into_capture();
+  // At a warm capture's end (in it): each kept slot the capture hit and then
+  // filled with another layer gets its layer back, after its last reader, so
+  // that every replay leaves the slots as its start reads them (as an eager
+  // pass prefetches the next one's first layers); the next launch then
+  // copies only what the host changed meanwhile.
+  void restore_warm();
   // The kept slots the capture hit, each with what the capture leaves in it.
   std::vector<WarmSlot> warm_of_capture() const;
   // Checks and waits shared by capture_begin and capture_join (under mu_):

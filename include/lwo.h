@@ -725,13 +725,15 @@ typedef struct lwo_ticket {
  * (released, and at the pool's current bytes), so that the capture's stages
  * of those layers are hits that copy nothing, as in an eager pass that
  * follows another (a training step's forward finds its first layers where
- * the last backward left them). Before each launch, the host side of the
- * replay (lwo_graph_launch; for the caller's graph lwo_ring_capture_replay,
- * which such a graph then needs before every launch, with or without
- * gradient sets) copies each of those layers into its slot again where the
- * slot holds something else (what the last replay left there) or the pool's
- * bytes of the layer changed since they were copied, ordered after the last
- * replay; the replay waits for those copies. Without the flag a capture
+ * the last backward left them). Where the capture then fills such a slot
+ * with another layer, it copies the kept layer back at its end (after the
+ * slot's last reader), so each replay leaves the slots as its start reads
+ * them. Before each launch, the host side of the replay (lwo_graph_launch;
+ * for the caller's graph lwo_ring_capture_replay, which such a graph then
+ * needs before every launch, with or without gradient sets) copies each of
+ * those layers into its slot again where the pool's bytes of the layer
+ * changed since they were copied, ordered after the last replay; the replay
+ * waits for those copies. Without the flag a capture
  * takes the slots as empty. In checking mode the flag does nothing (released
  * slots are poisoned). */
 #define LWO_RING_CAPTURE_WARM 0x2u

@@ -1190,7 +1190,7 @@ class _GraphHold:
     graph (torch's rule for them); `graph` is a weak reference."""
 
     __slots__ = ("handle", "graph", "stream", "state", "streams", "watch", "planner", "stats",
-                 "error", "why", "gone", "unhook", "train", "fresh", "got")
+                 "error", "why", "gone", "unhook", "train", "fresh", "got", "warm")
 
     def __init__(self, handle, graph, stream):
         self.handle = handle
@@ -1208,6 +1208,7 @@ class _GraphHold:
         self.train = False       # a training step: its gradients' host side at each replay
         self.fresh = False       # ... captured on new sums (each replay starts new ones)
         self.got = set()         # ... the modules whose gradients it sends
+        self.warm = []           # streamed records the capture read where they were
 
     def replay_started(self, graph):
         """torch's replay start hook of the graph: refuses a replay that would
@@ -1233,6 +1234,11 @@ class _GraphHold:
                         "resident on the device" if rec.resident else
                         "quantized in the pool from its parameter at its stage"
                         if rec.quantized else "a checkpoint's record"))
+        for rec in self.warm:  # a write through a parameter: the replay copies it again
+            v = rec.current_version()
+            if v != rec.version:
+                h._layer_changed(rec)
+                rec.version = v
         st = h._cur_stream(h._dev_index)
         if self.train:
             h._replay_step(self, st)
@@ -1812,11 +1818,25 @@ class Offload:
 
     def _stage(self, rec, stream):
         if not self._stats_on:
+            if self._joined is not None and not rec.resident:
+                return self._stage_in_capture(rec)
             t = self.ring.stage(rec.index)
         else:
             t = self._stage_measured(rec)
         if not rec.resident:
             self._live += 1
+        return t
+
+    def _stage_in_capture(self, rec):
+        """A streamed record's stage in a capture: a hit reads what the slot
+        held before the capture (the ring captures warm), so each replay's
+        start hook checks the record's parameters for writes first (a write
+        through a parameter reaches the pool's version only at a stage)."""
+        hits = self.ring.stats().n_hits
+        t = self.ring.stage(rec.index)
+        if self.ring.stats().n_hits > hits and rec not in self._joined.warm:
+            self._joined.warm.append(rec)
+        self._live += 1
         return t
 
     def _release(self, rec, ticket, stream):
