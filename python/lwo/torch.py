@@ -1190,7 +1190,7 @@ class _GraphHold:
     graph (torch's rule for them); `graph` is a weak reference."""
 
     __slots__ = ("handle", "graph", "stream", "state", "streams", "watch", "planner", "stats",
-                 "error", "why", "gone", "unhook", "train", "fresh", "got", "warm")
+                 "error", "why", "gone", "unhook", "train", "fresh", "got", "warm", "exposed")
 
     def __init__(self, handle, graph, stream):
         self.handle = handle
@@ -1209,6 +1209,7 @@ class _GraphHold:
         self.fresh = False       # ... captured on new sums (each replay starts new ones)
         self.got = set()         # ... the modules whose gradients it sends
         self.warm = []           # streamed records the capture read where they were
+        self.exposed = None      # ... the pairs each replay sets as param.grad (_expose_replayed)
 
     def replay_started(self, graph):
         """torch's replay start hook of the graph: refuses a replay that would
@@ -1492,6 +1493,7 @@ class Offload:
         self._cb_tasks = set()     # graph tasks whose end callback is queued
         self._got_grad = set()     # modules whose dW was sent since the last zero
         self._exposed = {}         # param -> its host gradient tensor, set as param.grad
+        self._exposed_gen = 0      # counts the times _exposed was emptied or remapped
         self._grad_dtypes = {}     # param -> its grad_dtype before its f32 host gradient
         self._carry = {}           # (record, tensor) -> a sum to add after the next fence
         self._pass_layers = set()  # records whose dW this backward pass sent
@@ -1746,6 +1748,7 @@ class Offload:
             # sent from here on land afresh
             self._pass_layers = set()
             keys = self._param_key
+            self._exposed_gen += 1
             for p, t in list(self._exposed.items()):
                 nt = self._grad_views[keys[p]].view(t.shape)
                 self._exposed[p] = nt
@@ -2282,6 +2285,7 @@ class Offload:
             if any(r.trainable for r in new):
                 self.grads = self._new_grads(pool, [r.trainable for r in new])
             self._exposed.clear()  # every grad is None here (see _new_step)
+            self._exposed_gen += 1
             self._got_grad.clear()
             if old_grads is not None:
                 old_grads.close()
@@ -2467,7 +2471,7 @@ class Offload:
         try:
             self.ring.capture_replay(stream)
             self._got_grad |= hold.got
-            self._expose_grads()  # param.grad set to None since: the replay's sums again
+            self._expose_replayed(hold)  # param.grad set to None since: the replay's sums
         except Error as e:
             raise type(e)(e.status, (
                 "lwo.torch: torch.cuda.CUDAGraph.replay of a captured training step: %s%s") % (
@@ -2530,6 +2534,30 @@ class Offload:
                         t.copy_((t.float() + c.float()).to(t.dtype))
                 self._carry.clear()
             self._expose_grads()
+
+    def _expose_replayed(self, hold):
+        """_expose_grads before a replay of a captured step, which runs on
+        every replay with the same modules: once through _expose_grads, then
+        through the (param, its host sums) pairs that left, while _exposed
+        and the modules are as they were then (a few hundred parameters make
+        the difference a share of a small model's replay)."""
+        if self.grads is None or not self._got_grad:
+            return
+        key = (self._exposed_gen, len(self._got_grad))
+        cached = hold.exposed
+        if cached is not None and cached[0] == key:
+            for p, t in cached[1]:
+                if p.requires_grad:
+                    if t is None:  # a parameter that needs its gradient now
+                        break
+                    if p.grad is not t:
+                        p.grad = t
+            else:
+                return
+        self._expose_grads()
+        exposed = self._exposed
+        hold.exposed = (key, [(p, exposed.get(p)) for s in self._got_grad
+                              for p in (s.weight, s.bias) if p is not None])
 
     def _expose_grads(self):
         """param.grad of each module that got a gradient: its view of the
@@ -3258,6 +3286,7 @@ class Offload:
         for p in list(self._exposed):
             p.grad = None
         self._exposed.clear()
+        self._exposed_gen += 1
         self.grads.zero()
         self._got_grad.clear()
 
@@ -3475,6 +3504,7 @@ class Offload:
                               ", ".join(dropped[:4]) + (", ..." if len(dropped) > 4 else "")),
                           RuntimeWarning, stacklevel=2)
         self._exposed.clear()
+        self._exposed_gen += 1
         self._grad_views.clear()
         self.closed = True
         if self.ring is not None:

@@ -522,6 +522,23 @@ def test_a_training_step_is_captured_and_each_replay_is_announced(state):
         assert h.grads.log[g1:] == [("zero",)]
         assert all(p.grad is not None for p in m.parameters()), k
     state.stream = CAPTURE_STREAM
+    # param.grad is each parameter's view of the host sums after every replay:
+    # one set to None, a frozen one left alone, all of them after
+    # handle.zero_grad() (new views)
+    params = list(m.parameters())
+    assert all(p.grad is h._exposed[p] for p in params)
+    params[0].grad = None
+    params[1].grad = None
+    params[1].requires_grad_(False)
+    g.replay()
+    assert params[0].grad is h._exposed[params[0]] and params[1].grad is None
+    params[1].requires_grad_(True)
+    g.replay()
+    assert all(p.grad is h._exposed[p] for p in params)
+    h.zero_grad()
+    assert all(p.grad is None for p in params)
+    g.replay()
+    assert all(p.grad is not None and p.grad is h._exposed[p] for p in params)
     g.reset()
     assert ring.log[-1][0] == "release_graph"
     # eager training goes on, right
