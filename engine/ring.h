@@ -116,9 +116,9 @@ class Ring {
   void refresh_resident(const std::vector<uint32_t>& layers, StreamH stream, EventH last_launch);
   // A warm capture's slots before a launch on `stream`: each one whose hit
   // needs a layer the slot does not hold now (or holds at an older version
-  // of the pool's bytes) is filled again, after the last replay (or, before
-  // the first, the capture), and `stream` waits for it. Updates each entry's
-  // now_ as it fills.
+  // of the pool's bytes) is filled again, after the last replay (before the
+  // first, after nothing: the capture's waits left no reader), and `stream`
+  // waits for it. Updates each entry's now_ fields as it fills.
   void refresh_warm(std::vector<WarmSlot>& warm, StreamH stream, EventH last_launch);
   // Joining a capture the caller began on `stream` (lwo_ring_capture_join):
   // as capture_begin, but the capture is the caller's (LWO_ERR_CAPTURING if
