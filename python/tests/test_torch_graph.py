@@ -402,6 +402,29 @@ def test_replays_then_the_ring_is_released_when_the_graph_is_dropped(state):
     assert not h._cap_check  # eager accesses are plain again
 
 
+def test_records_a_pass_read_in_place_are_marked_changed_before_a_replay(state):
+    """The ring captures warm: the records the warm-up's prefetch left in its
+    slots (the first two) are hits in the capture, read where they are. A
+    write through one of their parameters between replays is marked changed
+    (lwo_pool_layer_changed) before the replay is announced, so the library
+    copies it again first; a record the graph copies itself is not looked at,
+    and a replay after no write marks nothing."""
+    m, h, be, x, y0 = warmed(state)
+    ring = be.rings[-1]
+    g, _ = captured(m, x, state)
+    assert [r.index for r in h._hold.warm] == [0, 1]
+    for write, want in ((m[0], [("changed", 0), "replay"]), (m[2], [("changed", 1), "replay"]),
+                        (m[4], ["replay"]), (None, ["replay"])):
+        if write is not None:
+            with torch.no_grad():
+                write.weight.mul_(0.5)
+        n0, r0 = len(state.log), len(ring.log)
+        g.replay()
+        assert state.log[n0:] == want
+        assert ring.log[r0:] == [("replay", CAPTURE_STREAM)]
+    del g
+
+
 def test_the_release_follows_every_stream_the_graph_replayed_on(state):
     m, h, be, x, y0 = warmed(state)
     g, _ = captured(m, x, state)
