@@ -1029,9 +1029,11 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * writes of the layers the graph copies and for its reads of the graph's
  * gradient layers, refuses a replay that would land gradients wrongly
  * (LWO_ERR_TICKET_STATE, as lwo_graph_launch: call lwo_grads_zero before each
- * replay when the graph was captured after one), orders `stream` after the
- * last replay, and takes each gradient end of the replay in (its serial: the
- * fence and the optimizer then wait for its landing, as for an eager end).
+ * replay when the graph was captured after one), copies again the layers a
+ * warm capture (LWO_RING_CAPTURE_WARM) read in place whose pool bytes changed
+ * since, orders `stream` after the last replay, and takes each gradient end
+ * of the replay in (its serial: the fence and the optimizer then wait for its
+ * landing, as for an eager end).
  * `stream` may be NULL, the legacy default stream (where a framework's
  * replay on its default stream launches). Refused, with nothing changed:
  * LWO_ERR_CAPTURING if the ring holds no graph of the caller's (not left, or
