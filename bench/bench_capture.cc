@@ -39,8 +39,11 @@
 // Runs in a few seconds on an H200.
 //
 // The training step (capture/linear256x512/step/T:16): the same chain
-// trainable, a forward and a backward whose weight gradients (f32) go to
-// host memory through a gradient set, in four variants of one step:
+// trainable, a forward and a backward whose weight gradients go to host
+// memory through a gradient set (--grads: native, the library's default,
+// bf16 on the wire and in host memory, as lwo.torch streams them; f32,
+// LWO_GRADS_F32, twice the bytes down; both by default, the third argument
+// f32_grads 0 or 1), in four variants of one step:
 //   streamed           eager: lwo_grads_zero, a schedule over the forward and
 //                      backward order (testkit::ChainRun::enqueue_streamed_step),
 //                      lwo_grads_wait
@@ -55,7 +58,9 @@
 // <variant>_ms the wall time from the enqueue's start to the step's end (the
 // gradients landed and the stream drained); step_bytes the bytes a streamed
 // step copies to the device (ring statistics of one eager step), copy_ms their
-// time at copy_GBps, grad_bytes the gradient bytes it sends to the host;
+// time at copy_GBps, grad_bytes the gradient bytes it sends to the host
+// (they share the link with the backward's copies up: where the two at once
+// take as long as the backward's compute, the step cannot reach its floor);
 // floor_ms max(resident_captured_ms, copy_ms), ratio replayed_ms / floor_ms
 // against the same targets (met, host_met), record_bytes and copy_GBps_median;
 // matches_resident 1 when the streamed and replayed steps' output, input
@@ -65,6 +70,8 @@
 // steps; a mismatch stops the benchmark).
 #include <algorithm>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "bench/common.h"
 #include "testkit/workload.h"
@@ -149,6 +156,7 @@ struct Chain {
 
 std::vector<uint64_t> g_per_record{32};
 std::vector<uint64_t> g_depths{2};
+std::vector<int64_t> g_f32_grads{0, 1};  // the step's gradients: native, f32
 int g_iterations = 20;
 int g_warmup = 3;
 
@@ -319,9 +327,11 @@ void training_step(benchmark::State& state, Chain& chain) {
   const testkit::ChainSpec& spec = chain.spec;
   testkit::ChainWeights& W = chain.W;
   const cudaStream_t st = chain.stream.get();
-  testkit::ChainRun run(W, kTokens, st, /*trainable=*/true, LWO_DTYPE_F32);
+  const bool f32_grads = state.range(2) != 0;
+  testkit::ChainRun run(W, kTokens, st, /*trainable=*/true,
+                        f32_grads ? LWO_DTYPE_F32 : spec.dtype);
   lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
+  gc.flags = f32_grads ? LWO_GRADS_F32 : 0;
   Grads eager_grads, graph_grads;
   check(lwo_grads_create(W.pool(), nullptr, &gc, eager_grads.out()), "lwo_grads_create");
   check(lwo_grads_create(W.pool(), nullptr, &gc, graph_grads.out()), "lwo_grads_create");
@@ -446,6 +456,7 @@ void training_step(benchmark::State& state, Chain& chain) {
 
   report(state, chain, "step_bytes", step_bytes, step_ms, host_us, capture_ms);
   state.counters["grad_bytes"] = static_cast<double>(grad_bytes);
+  state.counters["f32_grads"] = f32_grads ? 1 : 0;
 }
 
 // A benchmark of `Body` over the chain its arguments describe.
@@ -464,9 +475,10 @@ void register_benchmarks() {
   timed_ms(b->ArgNames({"depth", "per_record"}), g_iterations);
   auto* t = benchmark::RegisterBenchmark("capture/linear256x512/step/T:16",
                                          on_chain<training_step>);
-  for (uint64_t d : g_depths)
-    for (uint64_t p : g_per_record) t->Args({static_cast<int64_t>(d), static_cast<int64_t>(p)});
-  timed_ms(t->ArgNames({"depth", "per_record"}), g_iterations);
+  for (int64_t f : g_f32_grads)
+    for (uint64_t d : g_depths)
+      for (uint64_t p : g_per_record) t->Args({static_cast<int64_t>(d), static_cast<int64_t>(p), f});
+  timed_ms(t->ArgNames({"depth", "per_record", "f32_grads"}), g_iterations);
 }
 
 }  // namespace
@@ -484,6 +496,21 @@ const MainSpec kMain = {
           if (kLayers % p)
             throw std::invalid_argument(strf("--per-record: %llu does not divide %u",
                                              static_cast<unsigned long long>(p), kLayers));
+      }},
+     {"--grads", "the training step's gradients: native (bf16, the library's default), f32, "
+      "or both comma-separated (default native,f32)",
+      [](const std::string& v) {
+        g_f32_grads.clear();
+        size_t at = 0;
+        while (at <= v.size()) {
+          const size_t comma = std::min(v.find(',', at), v.size());
+          const std::string w = v.substr(at, comma - at);
+          if (w == "native") g_f32_grads.push_back(0);
+          else if (w == "f32") g_f32_grads.push_back(1);
+          else throw std::invalid_argument(strf("--grads: '%s' is neither native nor f32",
+                                                w.c_str()));
+          at = comma + 1;
+        }
       }},
      {"--depth", "ring depths, comma-separated (default 2)",
       [](const std::string& v) { g_depths = parse_uint_list("--depth", v, 1, 64); }},
