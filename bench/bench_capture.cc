@@ -501,15 +501,11 @@ const MainSpec kMain = {
       "or both comma-separated (default native,f32)",
       [](const std::string& v) {
         g_f32_grads.clear();
-        size_t at = 0;
-        while (at <= v.size()) {
-          const size_t comma = std::min(v.find(',', at), v.size());
-          const std::string w = v.substr(at, comma - at);
-          if (w == "native") g_f32_grads.push_back(0);
-          else if (w == "f32") g_f32_grads.push_back(1);
-          else throw std::invalid_argument(strf("--grads: '%s' is neither native nor f32",
-                                                w.c_str()));
-          at = comma + 1;
+        for (const std::string& w : split_list(v)) {
+          if (w != "native" && w != "f32")
+            throw std::invalid_argument(strf("--grads: '%s' is neither native nor f32",
+                                             w.c_str()));
+          g_f32_grads.push_back(w == "f32" ? 1 : 0);
         }
       }},
      {"--depth", "ring depths, comma-separated (default 2)",

@@ -69,16 +69,22 @@ uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uin
   return v;
 }
 
-std::vector<uint64_t> parse_uint_list(const char* flag, const std::string& text, uint64_t min,
-                                      uint64_t max) {
-  std::vector<uint64_t> out;
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
   size_t start = 0;
   for (;;) {
     size_t comma = text.find(',', start);
-    out.push_back(parse_uint(flag, text.substr(start, comma - start), min, max));
+    out.push_back(text.substr(start, comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  return out;
+}
+
+std::vector<uint64_t> parse_uint_list(const char* flag, const std::string& text, uint64_t min,
+                                      uint64_t max) {
+  std::vector<uint64_t> out;
+  for (const std::string& item : split_list(text)) out.push_back(parse_uint(flag, item, min, max));
   return out;
 }
 

@@ -77,6 +77,8 @@ struct Flag {
   std::function<void(const std::string& value)> set;
 };
 uint64_t parse_uint(const char* flag, const std::string& text, uint64_t min, uint64_t max);
+// The comma-separated items of a flag's value, in order (empty ones kept).
+std::vector<std::string> split_list(const std::string& text);
 std::vector<uint64_t> parse_uint_list(const char* flag, const std::string& text, uint64_t min,
                                       uint64_t max);
 
