@@ -8,7 +8,8 @@ root="$(cd "$here/../.." && pwd)"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 failures=0
-for bad in 2/2 1/0 x 1 -1/2 0/2/3 " 0/2"; do
+bads=(2/2 1/0 x 1 -1/2 0/2/3 " 0/2")
+for bad in "${bads[@]}"; do
   rm -rf "${out:?}"/*
   rc=0
   msg=$(LWO_TIME_BUDGET=1 LWO_SANITIZER_SHARD="$bad" "$root/scripts/device-test" "$out" 2>&1 >/dev/null) || rc=$?
@@ -21,5 +22,5 @@ for bad in 2/2 1/0 x 1 -1/2 0/2/3 " 0/2"; do
     failures=$((failures + 1))
   fi
 done
-[ "$failures" -eq 0 ] && echo "device_test_shard: 7 malformed values refused before any step"
+[ "$failures" -eq 0 ] && echo "device_test_shard: ${#bads[@]} malformed values refused before any step"
 exit $((failures > 0))
