@@ -21,7 +21,10 @@ def kernel(ts, dur, name, stream=7):
     return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
             "args": {"stream": stream}}
 
-evs = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5}]
+evs = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5},
+       {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 19900, "dur": 50},
+       {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 19960,
+        "dur": 420}]
 for base in (1000.0, 20000.0):  # two steps, 18.6 ms apart
     evs += [copy(base, 100, 1.0), copy(base + 100, 100, 1.0), copy(base + 250, 100, 2.0),
             kernel(base, 50, "gemm_a"), kernel(base + 60, 150, "gemm_b"),
@@ -47,6 +50,8 @@ want "50.0 us at +0.200 ms: after a copy of 1.0 MB, before one of 2.0 MB (copy #
 want "compute: 3 kernels, busy 0.360 ms (90.0 % of the span), idle inside 0.040 ms; gaps >= 20 us: 1, 0.030 ms together" 2
 want "30.0 us at +0.210 ms, before gemm_c" 2
 want "streams: h2d [20], kernel [7]" 2
+want "host: 1 runtime calls, the first (cudaLaunchKernel) 1.000 ms before the device's first work; most time in cudaLaunchKernel 1 x 0.005 ms" 1
+want "host: 2 runtime calls, the first (cudaGraphLaunch) 0.100 ms before the device's first work; most time in cudaStreamSynchronize 1 x 0.420 ms, cudaGraphLaunch 1 x 0.050 ms" 1
 # a smaller pause than --split-ms keeps the two steps one
 one=$("$python" "$root/scripts/trace-link" --split-ms 50 "$tmp/trace.json")
 if [ "$(grep -c '^step ' <<<"$one")" -ne 1 ]; then
