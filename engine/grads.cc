@@ -607,6 +607,9 @@ void Grads::check_destroyable() {
          "(lwo_ring_capture_end)");
   if (capture_ == Capture::Bound)
     fail(LWO_ERR_BUSY, "a CUDA graph holds the gradient set; %s", holder());
+  // The destruction waits for the gradient stream, which another set's
+  // capture may have joined: a host wait of captured work.
+  engine_.check_not_capturing("destroying a gradient set (it waits for the gradient stream)");
   for (size_t i = 0; i < layers_.size(); ++i)
     if (layers_[i].slot >= 0) fail(LWO_ERR_BUSY, "layer %zu is begun and not ended", i);
 }

@@ -907,8 +907,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * LWO_END).
  * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
  * of other pools, new rings, pools, schedules and gradient sets,
- * lwo_ring_query, lwo_grads_wait and lwo_engine_synchronize of the engine are
- * LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
+ * lwo_ring_query, lwo_grads_wait, lwo_grads_destroy and lwo_engine_synchronize
+ * of the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
  * the capture and instantiates the graph; every ticket must be released first,
  * a schedule's by lwo_schedule_reset or its LWO_END, and every gradient layer
  * begun in the capture ended (else LWO_ERR_TICKET_STATE: the capture is
@@ -1441,7 +1441,8 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
 
 /* Waits for every transfer, then frees. LWO_ERR_BUSY while a layer is begun
  * and not ended, and (since 0.6.0) while a capture or a CUDA graph holds the
- * set. */
+ * set; LWO_ERR_CAPTURING while a ring of the engine captures (since 0.6.0:
+ * the wait would be of the gradient stream, which a capture may hold). */
 LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads);
 
 /* Claims a staging slot for the gradients of trainable `layer`: makes

@@ -606,6 +606,64 @@ TEST_F(Capture, GradientRefusalsLeaveEveryObjectUsable) {
   destroy(other, grads, ring, other_pool, pool);
 }
 
+// A gradient set's destruction waits for the gradient stream, which a
+// capture's gradient set joined: while a ring of the engine captures (or has
+// joined the caller's capture), destroying any gradient set, of the captured
+// pool or of another, is LWO_ERR_CAPTURING and leaves it usable; after the
+// capture it is destroyed, and no host wait touched captured work.
+TEST_F(Capture, NoGradientSetIsDestroyedDuringACapture) {
+  lwo_pool* pool = make_pool(3);
+  lwo_pool* other_pool = make_pool(2, 2);
+  lwo_ring* ring = make_ring(pool, 2);
+  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+  gc.flags = LWO_GRADS_F32;
+  lwo_grads *grads = nullptr, *second = nullptr, *other = nullptr;
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &second));
+  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other));
+  StreamH s = gpu->new_stream();
+  ASSERT_LWO(lwo_grads_zero(grads));
+  for (bool join : {false, true}) {
+    SCOPED_TRACE(join ? "joined" : "begun");
+    if (join) {
+      gpu->caller_capture_begin(s);
+      ASSERT_LWO(lwo_ring_capture_join(ring, stream(s)));
+    } else {
+      ASSERT_LWO(lwo_ring_capture_begin(ring, stream(s)));
+    }
+    pass(ring, s, {0});
+    lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+    ASSERT_LWO(lwo_grads_begin(grads, 0, stream(s), &g));  // the gradient stream joins
+    gpu->write(s, g.base, g.record_bytes);
+    ASSERT_LWO(lwo_grads_end(grads, 0, stream(s)));
+    for (lwo_grads* gs : {second, other}) {
+      EXPECT_EQ(lwo_grads_destroy(gs), LWO_ERR_CAPTURING);
+      EXPECT_TRUE(contains(msg(), "lwo_grads_destroy")) << msg();
+      uint32_t done = 0;
+      EXPECT_EQ(lwo_grads_query(gs, &done), LWO_ERR_CAPTURING);  // a wait's twin
+    }
+    if (join) {
+      ASSERT_LWO(lwo_ring_capture_leave(ring, stream(s)));
+      EXPECT_EQ(lwo_grads_destroy(other), LWO_ERR_CAPTURING);  // until the caller ends it
+      EXPECT_TRUE(contains(msg(), "has not ended")) << msg();
+      void* exec = caller_end(s);
+      ASSERT_NE(exec, nullptr);
+      ASSERT_LWO(lwo_ring_capture_release(ring, stream(s)));
+      gpu->graph_destroy(exec);
+    } else {
+      lwo_graph* graph = nullptr;
+      ASSERT_LWO(lwo_ring_capture_end(ring, stream(s), &graph));
+      ASSERT_LWO(lwo_graph_destroy(graph));
+    }
+  }
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  ASSERT_LWO(lwo_grads_destroy(second));
+  ASSERT_LWO(lwo_grads_destroy(other));
+  ASSERT_LWO(lwo_grads_wait(grads));
+  EXPECT_TRUE(gpu->violations.empty()) << gpu->violations.front();
+  destroy(grads, ring, other_pool, pool);
+}
+
 // The host optimizer on replayed gradients: SGD (lr 1) after each launch
 // starts each layer once its replayed gradient has landed (a replay whose
 // host functions come late updates nothing before them), and the pool holds
