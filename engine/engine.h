@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -178,6 +179,14 @@ class Engine {
   // Throws LWO_ERR_CAPTURING while a ring captures, or while a capture that
   // a ring left goes on (check_left_capture).
   void check_not_capturing(const char* what) const;
+  // The capture gate. A C ABI call that checks that no capture is under way
+  // and then enqueues work on the engine's streams, or waits on them, holds
+  // it shared from before the check to the end of its work
+  // (bindings/c/abi.h, CaptureGate); lwo_ring_capture_begin and _join hold
+  // it alone from before their own check until the ring owns the capture.
+  // So an eager call either is refused, or has enqueued all its work before
+  // the capture's streams joined it; and two captures never begin together.
+  std::shared_mutex& capture_gate() const { return capture_gate_; }
   // A participant of the capture under way (once); the capturing ring takes
   // them all when the capture ends.
   void join_capture(CapturePart* part);
@@ -246,6 +255,7 @@ class Engine {
   std::atomic<const void*> capture_pool_{nullptr};
   std::atomic<bool> capture_joined_{false};
   mutable std::atomic<const void*> left_capture_{nullptr};
+  mutable std::shared_mutex capture_gate_;
   std::mutex parts_mu_;
   std::vector<CapturePart*> capture_parts_;
   bool tune_gemms_ = true;

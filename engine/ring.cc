@@ -866,6 +866,10 @@ void Ring::capture_leave(StreamH stream) {
     // ring's part runs, and the ring stages eagerly again.
     capture_stream_ = nullptr;
     joined_ = false;
+    // An invalidated capture is still under way (with the engine's streams)
+    // until the caller ends it: the engine's work waits for that, as after
+    // a leave; set first, so that no call finds neither.
+    if (status == Backend::CaptureStatus::Invalidated) e.set_left_capture(this);
     e.set_capture_owner(nullptr);
     const std::vector<CapturePart*> parts = e.take_capture_parts();
     forget_slots();
@@ -927,10 +931,12 @@ void Ring::capture_leave(StreamH stream) {
     throw;
   }
   capture_stream_ = nullptr;
+  // Until the caller ends its capture; set before the owner is cleared, so
+  // that no call finds neither.
+  e.set_left_capture(this);
   e.set_capture_owner(nullptr);
   resident_out_of_capture();
   bound_ = true;  // the caller's graph holds the ring (joined_ says whose)
-  e.set_left_capture(this);  // until the caller ends its capture
   joined_graph_ = std::move(g);
   // The capture goes on (the caller's): the sets' host state is the join's
   // again, and the graph holds them until the release.
@@ -970,7 +976,9 @@ void Ring::capture_release(StreamH stream) {
   if (stream && gpu.capture_status(stream) != Backend::CaptureStatus::None)
     fail(LWO_ERR_CAPTURING, "stream %p is capturing: the release orders the ring's later work "
          "after the stream's, which must run outside any capture", stream);
-  e.check_left_capture("releasing the ring");  // the caller's capture must have ended
+  // The caller's capture must have ended, and no other may be under way: the
+  // transfer stream waits for the release below.
+  e.check_not_capturing("releasing the ring");
   gpu.event_record(capture_event_, stream);
   // The gradient sets of the graph (if any) after the last replay's host work.
   if (joined_graph_) joined_graph_->release_joined(capture_event_);
@@ -1065,7 +1073,9 @@ void Ring::give_back(EventH after, EventH last_launch) {
   try {
     DeviceScope scope(e);
     // The slots' last readers are the graph's (its launches, done by now):
-    // fills after it are ordered after them on the transfer stream too.
+    // fills after it are ordered after them on the transfer stream too (no
+    // capture is under way: lwo_graph_destroy and lwo_ring_capture_release
+    // refuse then).
     e.gpu().stream_wait(e.h2d(), after);
     if (last_launch) e.gpu().stream_wait(e.h2d(), last_launch);
   } catch (...) {

@@ -307,6 +307,7 @@ class Graph {
   // host work where participants took part, and gives them back.
   void release_joined(EventH after) noexcept;
   bool has_parts() const { return !parts_.empty(); }
+  Ring& ring() { return ring_; }
   void check_destroyable() {}
 
  private:

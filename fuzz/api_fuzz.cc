@@ -6,13 +6,18 @@
 // plans of its own, and stages, acquires and releases layers on a ring and a
 // pool that all threads share (engine, pool and ring: "any thread"). Tickets
 // passed include live, ended and never-issued ones; layers, depths, names,
-// byte counts and step parameters include out-of-range ones.
+// byte counts and step parameters include out-of-range ones. A thread may
+// capture a pass over its own ring (with its gradient set: a training step)
+// as a CUDA graph, launch it, misuse it and destroy it, while the other
+// threads' calls meet the capture.
 //
 // The oracle, on every call:
 //   - the status is one that docs/API.md's status table lists for that call
 //     (kAllowed below, the one table of it here);
 //   - a refused call leaves its object usable: a query of the object that
 //     follows it succeeds;
+//   - LWO_ERR_CAPTURING comes only while a capture may be under way (one
+//     began before the call returned and had not ended before it began);
 //   - a device read of an acquired slot (or a write of a gradient slot) is
 //     declared to the backend on the consumer's stream, and the backend's
 //     happens-before model reports nothing: no slot read before its copy,
@@ -31,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -62,6 +68,7 @@ enum Call {
   kGradsCreate, kGradsDestroy, kGradsBegin, kGradsEnd, kGradsWait, kGradsZero, kGradsQuery,
   kOptimCreate, kOptimDestroy, kOptimStep, kOptimWait, kOptimQuery, kOptimInfo,
   kPlanCreate, kPlanDestroy, kPlanInfo, kPlanRingConfig,
+  kRingCaptureBegin, kRingCaptureEnd, kGraphLaunch, kGraphDestroy,
   kEngineMemory, kEngineDestroy,
   kNCalls
 };
@@ -72,71 +79,109 @@ struct Allowed {
 };
 
 const Allowed kAllowed[kNCalls] = {
-    {"lwo_pool_create_pinned", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY}},
+    {"lwo_pool_create_pinned", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_CAPTURING}},
     {"lwo_pool_destroy", {LWO_ERR_BUSY}},
-    {"lwo_pool_write", {LWO_ERR_OUT_OF_RANGE, LWO_ERR_NOT_FOUND, LWO_ERR_SIZE_MISMATCH}},
-    {"lwo_pool_layer_changed", {LWO_ERR_OUT_OF_RANGE}},
+    {"lwo_pool_write",
+     {LWO_ERR_OUT_OF_RANGE, LWO_ERR_NOT_FOUND, LWO_ERR_SIZE_MISMATCH, LWO_ERR_BUSY}},
+    {"lwo_pool_layer_changed", {LWO_ERR_OUT_OF_RANGE, LWO_ERR_BUSY}},
     {"lwo_pool_get_info", {}},
     {"lwo_ring_create",
-     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET}},
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET,
+      LWO_ERR_CAPTURING}},
     {"lwo_ring_destroy", {LWO_ERR_BUSY}},
-    {"lwo_ring_stage", {LWO_ERR_OUT_OF_RANGE, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL}},
-    {"lwo_ring_acquire", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_TICKET_STATE}},
-    {"lwo_ring_release", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET}},
-    {"lwo_ring_release_all", {LWO_ERR_BUSY}},
-    {"lwo_ring_query", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET}},
+    {"lwo_ring_stage",
+     {LWO_ERR_OUT_OF_RANGE, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_ring_acquire",
+     {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_TICKET_STATE, LWO_ERR_BUSY,
+      LWO_ERR_CAPTURING}},
+    {"lwo_ring_release",
+     {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_ring_release_all", {LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_ring_query",
+     {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
     {"lwo_ring_ticket_state", {LWO_ERR_FOREIGN_TICKET}},
     {"lwo_ring_tensor", {LWO_ERR_FOREIGN_TICKET, LWO_ERR_STALE_TICKET, LWO_ERR_NOT_FOUND}},
     {"lwo_ring_get_info", {}},
-    {"lwo_schedule_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE}},
-    {"lwo_schedule_destroy", {}},
-    {"lwo_schedule_next", {LWO_END, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL}},
-    {"lwo_schedule_reset", {}},
+    {"lwo_schedule_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_CAPTURING}},
+    {"lwo_schedule_destroy", {LWO_ERR_CAPTURING}},
+    {"lwo_schedule_next",
+     {LWO_END, LWO_ERR_LAYER_BUSY, LWO_ERR_RING_FULL, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_schedule_reset", {LWO_ERR_CAPTURING}},
     {"lwo_schedule_position", {}},
     {"lwo_grads_create",
-     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET}},
-    {"lwo_grads_destroy", {LWO_ERR_BUSY}},
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_MEMORY, LWO_ERR_OVER_BUDGET, LWO_ERR_CAPTURING}},
+    {"lwo_grads_destroy", {LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
     {"lwo_grads_begin",
-     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_RING_FULL, LWO_ERR_LAYER_BUSY}},
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_RING_FULL, LWO_ERR_LAYER_BUSY,
+      LWO_ERR_TICKET_STATE, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
     {"lwo_grads_end",
-     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_TICKET_STATE}},
-    {"lwo_grads_wait", {LWO_ERR_BUSY}},
-    {"lwo_grads_zero", {LWO_ERR_BUSY}},
-    {"lwo_grads_query", {}},
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OUT_OF_RANGE, LWO_ERR_TICKET_STATE, LWO_ERR_BUSY,
+      LWO_ERR_CAPTURING}},
+    {"lwo_grads_wait", {LWO_ERR_BUSY, LWO_ERR_TICKET_STATE, LWO_ERR_CAPTURING}},
+    {"lwo_grads_zero", {LWO_ERR_BUSY, LWO_ERR_TICKET_STATE, LWO_ERR_CAPTURING}},
+    {"lwo_grads_query", {LWO_ERR_CAPTURING}},
     {"lwo_optim_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_BUSY}},
-    {"lwo_optim_destroy", {}},
-    {"lwo_optim_step", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_BUSY}},
-    {"lwo_optim_wait", {}},
+    {"lwo_optim_destroy", {LWO_ERR_BUSY}},
+    {"lwo_optim_step", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_optim_wait", {LWO_ERR_BUSY}},
     {"lwo_optim_query", {}},
     {"lwo_optim_get_info", {}},
-    {"lwo_plan_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OVER_BUDGET}},
+    {"lwo_plan_create", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_OVER_BUDGET, LWO_ERR_CAPTURING}},
     {"lwo_plan_destroy", {}},
     {"lwo_plan_get_info", {}},
     {"lwo_plan_ring_config", {}},
+    {"lwo_ring_capture_begin",
+     {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_UNSUPPORTED, LWO_ERR_BUSY, LWO_ERR_CAPTURING}},
+    {"lwo_ring_capture_end", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_TICKET_STATE, LWO_ERR_CAPTURING}},
+    {"lwo_graph_launch", {LWO_ERR_INVALID_ARGUMENT, LWO_ERR_TICKET_STATE, LWO_ERR_CAPTURING}},
+    {"lwo_graph_destroy", {LWO_ERR_CAPTURING}},
     {"lwo_engine_get_memory", {}},
     {"lwo_engine_destroy", {}},
 };
 
-std::atomic<uint64_t> g_calls{0}, g_refused{0};
+// Captures under way (a thread counts its own from before its begin to after
+// its end) and captures ended: LWO_ERR_CAPTURING is allowed only while one
+// may have been under way since the thread's previous check.
+std::atomic<int> g_capturing{0};
+std::atomic<uint64_t> g_capture_ends{0};
+thread_local uint64_t t_ends_seen = 0;
+bool capture_window() {
+  const uint64_t e = g_capture_ends.load();
+  const bool may = g_capturing.load() > 0 || e != t_ends_seen;
+  t_ends_seen = e;
+  return may;
+}
+
+std::atomic<uint64_t> g_calls{0}, g_refused{0}, g_graphs{0}, g_launches{0};
 
 // Checks `s` against the table; returns true for LWO_OK (and LWO_END).
-// LWO_API_FUZZ_TRACE=1: every call and its status on stderr.
+// LWO_API_FUZZ_TRACE=1: every call and its status on stderr, and what the
+// recording backend reported since the thread's previous call.
 const bool g_trace = std::getenv("LWO_API_FUZZ_TRACE") != nullptr;
 thread_local uint32_t t_thread = 0;
+std::function<std::vector<std::string>()> g_reports;  // the backend's, while an input runs
+std::atomic<size_t> g_reports_seen{0};
 void trace(Call c, lwo_status_t s, long arg) {
-  if (g_trace)
-    std::fprintf(stderr, "[%u] %s(%ld): %s\n", t_thread, kAllowed[c].name, arg, lwo_status_string(s));
+  if (!g_trace) return;
+  std::fprintf(stderr, "[%u] %s(%ld): %s\n", t_thread, kAllowed[c].name, arg, lwo_status_string(s));
+  if (!g_reports) return;
+  const std::vector<std::string> v = g_reports();
+  for (size_t i = g_reports_seen.exchange(v.size()); i < v.size(); ++i)
+    std::fprintf(stderr, "    the recording backend reports: %s\n", v[i].c_str());
 }
 
 bool check(Call c, lwo_status_t s, long arg = -1) {
   g_calls.fetch_add(1, std::memory_order_relaxed);
   trace(c, s, arg);
+  const bool window = capture_window();
   if (s == LWO_OK) return true;
   const Allowed& a = kAllowed[c];
   const bool ok = std::find(a.statuses.begin(), a.statuses.end(), s) != a.statuses.end();
   const std::string m = lwo_last_error_message();
   FUZZ_CHECK(ok, std::string(a.name) + " returned " + lwo_status_string(s) + ": " + m);
   if (s == LWO_END) return true;
+  FUZZ_CHECK(s != LWO_ERR_CAPTURING || window,
+             std::string(a.name) + " returned LWO_ERR_CAPTURING with no capture under way: " + m);
   g_refused.fetch_add(1, std::memory_order_relaxed);
   // The message names the call.
   FUZZ_CHECK(m.compare(0, std::strlen(a.name), a.name) == 0, std::string(a.name) + ": " + m);
@@ -155,7 +200,9 @@ bool check(Call c, lwo_status_t s, long arg = -1) {
 // The engine calls its backend from any thread, as CUDA allows; the
 // recording backend is single-threaded, so every call takes one lock. A host
 // function runs after the lock is let go (its stream's work is done by then,
-// the recording backend doing everything at once), so that it may call back.
+// the recording backend doing everything at once), so that it may call back;
+// one enqueued in a capture is a node of the graph, run by each launch (under
+// the lock: the engine's graph nodes call no backend).
 class LockedBackend final : public Backend {
  public:
   LockedBackend() : in_(std::make_unique<RecordingBackend>()) {}
@@ -205,10 +252,17 @@ class LockedBackend final : public Backend {
   void host_func(StreamH st, void (*fn)(void*), void* arg, const std::vector<HostSpan>& spans) override {
     {
       L l(m_);
+      if (in_->capture_status(st) != CaptureStatus::None) return in_->host_func(st, fn, arg, spans);
       in_->host_func(st, [](void*) {}, nullptr, spans);
     }
     fn(arg);
   }
+  void capture_begin(StreamH s) override { L l(m_); in_->capture_begin(s); }
+  void* capture_end(StreamH s) override { L l(m_); return in_->capture_end(s); }
+  void graph_launch(void* g, StreamH s) override { L l(m_); in_->graph_launch(g, s); }
+  void graph_destroy(void* g) noexcept override { L l(m_); in_->graph_destroy(g); }
+  void event_record_in_graph(EventH e, StreamH s) override { L l(m_); in_->event_record_in_graph(e, s); }
+  CaptureStatus capture_status(StreamH s) override { L l(m_); return in_->capture_status(s); }
 
  private:
   std::recursive_mutex m_;
@@ -271,6 +325,16 @@ struct Shared {
   lwo_ring* ring = nullptr;
 };
 
+// A call that another thread's capture may refuse (LWO_ERR_CAPTURING), made
+// again until that capture ends (each capture ends within one step of its
+// thread); its last status.
+template <class F>
+lwo_status_t settle(F call) {
+  lwo_status_t s;
+  while ((s = call()) == LWO_ERR_CAPTURING) std::this_thread::yield();
+  return s;
+}
+
 // One thread's objects and its sequence of calls.
 class Driver {
  public:
@@ -280,6 +344,7 @@ class Driver {
 
   void run() {
     t_thread = id_;
+    t_ends_seen = g_capture_ends.load();
     int ops = 0;
     while (!in_.empty() && ops++ < 400) step();
     teardown();
@@ -381,8 +446,10 @@ class Driver {
     lwo_ticket t = pick_ticket(r, &live);
     StreamH s = stream();
     lwo_layer_view v = LWO_LAYER_VIEW_INIT;
-    if (!check(kRingAcquire, lwo_ring_acquire(r->ring, t, as(s), &v))) {
-      FUZZ_CHECK(live == SIZE_MAX || r->held[live].acquired, "a staged ticket of ours was refused");
+    const lwo_status_t st = lwo_ring_acquire(r->ring, t, as(s), &v);
+    if (!check(kRingAcquire, st)) {
+      FUZZ_CHECK(live == SIZE_MAX || r->held[live].acquired || st == LWO_ERR_CAPTURING,
+                 "a staged ticket of ours was refused");
       ring_query(r->ring);
       return;
     }
@@ -399,8 +466,9 @@ class Driver {
     // An acquired ticket is released on the stream that read it (a staged
     // one on either).
     StreamH s = live != SIZE_MAX && r->held[live].acquired ? r->held[live].stream : stream();
-    if (!check(kRingRelease, lwo_ring_release(r->ring, t, as(s)))) {
-      FUZZ_CHECK(live == SIZE_MAX, "a live ticket of ours was refused");
+    const lwo_status_t st = lwo_ring_release(r->ring, t, as(s));
+    if (!check(kRingRelease, st)) {
+      FUZZ_CHECK(live == SIZE_MAX || st == LWO_ERR_CAPTURING, "a live ticket of ours was refused");
       ring_query(r->ring);
       return;
     }
@@ -414,8 +482,10 @@ class Driver {
     // Every read of our acquired tickets ran on one of two streams: join them.
     StreamH s = join_streams();
     uint32_t n = 0;
-    if (!check(kRingReleaseAll, lwo_ring_release_all(own_.ring, as(s), &n))) {
-      FUZZ_CHECK(own_.sched != nullptr, "release_all refused with no schedule");
+    const lwo_status_t st = lwo_ring_release_all(own_.ring, as(s), &n);
+    if (!check(kRingReleaseAll, st)) {
+      FUZZ_CHECK(own_.sched || graph_ || st == LWO_ERR_CAPTURING,
+                 "release_all refused with no schedule, graph or capture");
       ring_query(own_.ring);
       return;
     }
@@ -467,7 +537,9 @@ class Driver {
       StreamH s = own_.sched_holds ? own_.sched_stream : stream();
       lwo_layer_view v = LWO_LAYER_VIEW_INIT;
       lwo_status_t st = lwo_schedule_next(own_.sched, as(s), &v);
-      own_.sched_holds = false;
+      // A refused next may still hold the layer it returned last (its
+      // release refused): its read's stream stays the one to go on with.
+      if (st == LWO_END) own_.sched_holds = false;
       if (check(kScheduleNext, st) && st == LWO_OK) {
         sh_.gpu->read(s, v.base, v.record_bytes);
         ++reads_;
@@ -478,16 +550,19 @@ class Driver {
       MUST_OK(kSchedulePosition, lwo_schedule_position(own_.sched, &pos));
     } else if (k < 7) {
       StreamH s = own_.sched_holds ? own_.sched_stream : stream();
-      MUST_OK(kScheduleReset, lwo_schedule_reset(own_.sched, as(s)));
-      own_.sched_holds = false;
+      if (check(kScheduleReset, lwo_schedule_reset(own_.sched, as(s)))) own_.sched_holds = false;
     } else {
-      destroy_schedule();
+      destroy_schedule(false);
     }
   }
-  void destroy_schedule() {
+  // With `settled`, made again until another thread's capture lets it.
+  void destroy_schedule(bool settled) {
     if (!own_.sched) return;
     // It releases on the stream of its last call: where the last read ran.
-    MUST_OK(kScheduleDestroy, lwo_schedule_destroy(own_.sched));
+    lwo_schedule* sch = own_.sched;
+    const lwo_status_t st = settled ? settle([&] { return lwo_schedule_destroy(sch); })
+                                    : lwo_schedule_destroy(sch);
+    if (!check(kScheduleDestroy, st)) return;
     own_.sched = nullptr;
     own_.sched_holds = false;
   }
@@ -497,7 +572,7 @@ class Driver {
     if (!check(kRingDestroy, lwo_ring_destroy(own_.ring))) {
       bool acquired = std::any_of(own_.held.begin(), own_.held.end(),
                                   [](const Held& h) { return h.acquired; });
-      FUZZ_CHECK(acquired || own_.sched, "ring_destroy refused with nothing held");
+      FUZZ_CHECK(acquired || own_.sched || graph_, "ring_destroy refused with nothing held");
       ring_query(own_.ring);
       return;
     }
@@ -536,7 +611,7 @@ class Driver {
           if (v.tensor_bytes[t]) sh_.gpu->write(s, v.tensors[t], v.tensor_bytes[t]);
         begun_.push_back({layer, s});
       } else {
-        MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+        check(kGradsQuery, lwo_grads_query(grads_, &done));
       }
     } else if (k < 5) {
       size_t i = begun_.empty() || in_.u8() % 8 == 0 ? SIZE_MAX : in_.u32(uint32_t(begun_.size()));
@@ -545,30 +620,35 @@ class Driver {
         if (begun_[j].first == layer) i = j;
       // Ended on the stream its gradient was written on.
       StreamH s = i == SIZE_MAX ? stream() : begun_[i].second;
-      if (check(kGradsEnd, lwo_grads_end(grads_, layer, as(s)), layer)) {
+      const lwo_status_t st = lwo_grads_end(grads_, layer, as(s));
+      if (check(kGradsEnd, st, layer)) {
         FUZZ_CHECK(i != SIZE_MAX || std::any_of(begun_.begin(), begun_.end(),
                                                 [&](auto& b) { return b.first == layer; }),
                    "ended a layer not begun");
         auto it = std::find_if(begun_.begin(), begun_.end(), [&](auto& b) { return b.first == layer; });
         begun_.erase(it);
       } else {
-        FUZZ_CHECK(i == SIZE_MAX, "ending a begun layer was refused");
-        MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+        FUZZ_CHECK(i == SIZE_MAX || st == LWO_ERR_CAPTURING, "ending a begun layer was refused");
+        check(kGradsQuery, lwo_grads_query(grads_, &done));
       }
     } else if (k == 5) {
-      if (!check(kGradsWait, lwo_grads_wait(grads_))) FUZZ_CHECK(!begun_.empty(), "");
+      const lwo_status_t st = lwo_grads_wait(grads_);
+      if (!check(kGradsWait, st)) FUZZ_CHECK(!begun_.empty() || st == LWO_ERR_CAPTURING, "");
     } else if (k == 6) {
-      if (!check(kGradsZero, lwo_grads_zero(grads_))) FUZZ_CHECK(!begun_.empty(), "");
+      const lwo_status_t st = lwo_grads_zero(grads_);
+      if (!check(kGradsZero, st)) FUZZ_CHECK(!begun_.empty() || st == LWO_ERR_CAPTURING, "");
     } else {
       destroy_grads();
     }
   }
   void destroy_grads() {
     if (!grads_) return;
-    if (!check(kGradsDestroy, lwo_grads_destroy(grads_))) {
-      FUZZ_CHECK(!begun_.empty() || optim_, "grads_destroy refused with nothing begun");
+    const lwo_status_t st = lwo_grads_destroy(grads_);
+    if (!check(kGradsDestroy, st)) {
+      FUZZ_CHECK(!begun_.empty() || optim_ || (graph_ && graph_grads_) || st == LWO_ERR_CAPTURING,
+                 "grads_destroy refused with nothing begun");
       uint32_t done = 0;
-      MUST_OK(kGradsQuery, lwo_grads_query(grads_, &done));
+      check(kGradsQuery, lwo_grads_query(grads_, &done));
       return;
     }
     grads_ = nullptr;
@@ -671,8 +751,124 @@ class Driver {
     pool_ = nullptr;
   }
 
+  // The end of this thread's capture window (see capture_window).
+  static void capture_ended() {
+    g_capture_ends.fetch_add(1);
+    g_capturing.fetch_sub(1);
+  }
+
+  // A pass over the thread's ring captured as a CUDA graph, a training step
+  // when its gradient set takes part (sometimes ended with a ticket live or a
+  // gradient begun: refused, the capture discarded); or, while the graph
+  // exists, a launch, a stage the graph refuses, or the graph's destruction.
+  void capture_op() {
+    if (graph_) {
+      const uint8_t k = in_.u8() % 8;
+      if (k < 4) {
+        if (graph_grads_ && in_.coin()) check(kGradsZero, lwo_grads_zero(grads_));
+        if (check(kGraphLaunch, lwo_graph_launch(graph_, as(stream())))) ++g_launches;
+      } else if (k < 6) {
+        lwo_ticket t{1};
+        const lwo_status_t st = lwo_ring_stage(own_.ring, in_.u32(n_layers_), &t);
+        check(kRingStage, st);
+        FUZZ_CHECK(st == LWO_ERR_BUSY && t.id == 0,
+                   std::string("a stage of a ring a graph holds: ") + lwo_status_string(st));
+        ring_query(own_.ring);
+      } else {
+        destroy_graph(false);
+      }
+      return;
+    }
+    if (!own_.ring) return;
+    StreamH s = stream();
+    const uint64_t ends = g_capture_ends.load();
+    const int others = g_capturing.fetch_add(1);
+    lwo_status_t st = lwo_ring_capture_begin(own_.ring, as(s));
+    if (st != LWO_OK) {
+      const bool window = others > 0 || g_capturing.load() > 1 || g_capture_ends.load() != ends;
+      capture_ended();
+      check(kRingCaptureBegin, st);
+      FUZZ_CHECK(st != LWO_ERR_CAPTURING || window, "capture_begin: LWO_ERR_CAPTURING alone");
+      FUZZ_CHECK(st != LWO_ERR_BUSY || !own_.held.empty() || own_.sched,
+                 "capture_begin refused as busy with no ticket held");
+      FUZZ_CHECK(st == LWO_ERR_CAPTURING || st == LWO_ERR_BUSY,
+                 std::string("capture_begin: ") + lwo_status_string(st));
+      ring_query(own_.ring);
+      return;
+    }
+    check(kRingCaptureBegin, st);
+    const bool train = grads_ && begun_.empty() && in_.coin();
+    const uint32_t m = 1 + in_.u8() % 4;
+    const bool leave_live = in_.u8() % 8 == 0;
+    const bool leave_begun = train && in_.u8() % 8 == 0;
+    lwo_ticket live{0};
+    int64_t begun = -1;
+    bool grads_used = false;
+    for (uint32_t i = 0; i < m; ++i) {
+      const uint32_t layer = in_.u32(n_layers_);
+      lwo_ticket t{};
+      MUST_OK(kRingStage, lwo_ring_stage(own_.ring, layer, &t));
+      lwo_layer_view v = LWO_LAYER_VIEW_INIT;
+      MUST_OK(kRingAcquire, lwo_ring_acquire(own_.ring, t, as(s), &v));
+      sh_.gpu->read(s, v.base, v.record_bytes);
+      ++reads_;
+      if (train && trainable_[layer] && begun < 0 && in_.coin()) {
+        lwo_layer_view g = LWO_LAYER_VIEW_INIT;
+        MUST_OK(kGradsBegin, lwo_grads_begin(grads_, layer, as(s), &g));
+        for (uint32_t k = 0; k < g.n_tensors; ++k)
+          if (g.tensor_bytes[k]) sh_.gpu->write(s, g.tensors[k], g.tensor_bytes[k]);
+        grads_used = true;
+        if (leave_begun)
+          begun = layer;
+        else
+          MUST_OK(kGradsEnd, lwo_grads_end(grads_, layer, as(s)));
+      }
+      if (leave_live && i + 1 == m)
+        live = t;
+      else
+        MUST_OK(kRingRelease, lwo_ring_release(own_.ring, t, as(s)));
+    }
+    lwo_graph* g = nullptr;
+    st = lwo_ring_capture_end(own_.ring, as(s), &g);
+    capture_ended();
+    check(kRingCaptureEnd, st);
+    if (!live.id && begun < 0) {
+      FUZZ_CHECK(st == LWO_OK && g, std::string("capture_end: ") + lwo_status_string(st));
+      graph_ = g;
+      graph_grads_ = grads_used;
+      ++g_graphs;
+      return;
+    }
+    // Discarded: its tickets and gradient layers ended.
+    FUZZ_CHECK(st == LWO_ERR_TICKET_STATE && !g,
+               std::string("capture_end with a ticket live or a gradient begun: ") +
+                   lwo_status_string(st));
+    if (live.id) {
+      lwo_ticket_state_t ts = LWO_TICKET_STATE_FORCE_32;
+      MUST_OK(kRingTicketState, lwo_ring_ticket_state(own_.ring, live, &ts));
+      FUZZ_CHECK(ts == LWO_TICKET_ENDED, "a discarded capture's ticket is live");
+      own_.ended.push_back(live);
+    }
+    if (begun >= 0) {
+      const lwo_status_t e = settle([&] { return lwo_grads_end(grads_, uint32_t(begun), as(s)); });
+      check(kGradsEnd, e);
+      FUZZ_CHECK(e == LWO_ERR_TICKET_STATE, "a discarded capture's gradient layer is begun");
+    }
+    ring_query(own_.ring);
+  }
+  // With `settled`, made again until another thread's capture lets it.
+  void destroy_graph(bool settled) {
+    if (!graph_) return;
+    lwo_graph* g = graph_;
+    const lwo_status_t st = settled ? settle([&] { return lwo_graph_destroy(g); })
+                                    : lwo_graph_destroy(g);
+    if (!check(kGraphDestroy, st)) return;
+    graph_ = nullptr;
+    graph_grads_ = false;
+  }
+
   void step() {
-    switch (in_.u8() % 20) {
+    switch (in_.u8() % 22) {
       case 0: if (!pool_) create_pool(); else if (in_.u8() % 4 == 0) destroy_pool(); break;
       case 1: if (pool_ && !own_.ring) create_ring(); else if (in_.u8() % 4 == 0) destroy_ring(); break;
       case 2: case 3: stage(pick_ring()); break;
@@ -691,26 +887,31 @@ class Driver {
         MUST_OK(kEngineMemory, lwo_engine_get_memory(sh_.engine, &m));
         break;
       }
-      default: destroy_schedule(); break;
+      case 19: case 20: capture_op(); break;
+      default: destroy_schedule(false); break;
     }
   }
 
   // Everything this thread made, torn down in the documented order: each
-  // call must succeed.
+  // call must succeed once no other thread's capture refuses it.
   void teardown() {
-    destroy_schedule();
+    destroy_graph(true);
+    destroy_schedule(true);
+    FUZZ_CHECK(!own_.sched, "a schedule was not destroyed");
     StreamH s = join_streams();
-    for (const Held& h : shared_.held) MUST_OK(kRingRelease, lwo_ring_release(shared_.ring, h.t, as(s)));
+    for (const Held& h : shared_.held)
+      MUST_OK(kRingRelease, settle([&] { return lwo_ring_release(shared_.ring, h.t, as(s)); }));
     if (own_.ring) {
       uint32_t n = 0;
-      MUST_OK(kRingReleaseAll, lwo_ring_release_all(own_.ring, as(s), &n));
+      MUST_OK(kRingReleaseAll, settle([&] { return lwo_ring_release_all(own_.ring, as(s), &n); }));
       MUST_OK(kRingDestroy, lwo_ring_destroy(own_.ring));
     }
     if (optim_) MUST_OK(kOptimDestroy, lwo_optim_destroy(optim_));
     if (grads_) {
-      for (auto& b : begun_) MUST_OK(kGradsEnd, lwo_grads_end(grads_, b.first, as(b.second)));
-      MUST_OK(kGradsWait, lwo_grads_wait(grads_));
-      MUST_OK(kGradsDestroy, lwo_grads_destroy(grads_));
+      for (auto& b : begun_)
+        MUST_OK(kGradsEnd, settle([&] { return lwo_grads_end(grads_, b.first, as(b.second)); }));
+      MUST_OK(kGradsWait, settle([&] { return lwo_grads_wait(grads_); }));
+      MUST_OK(kGradsDestroy, settle([&] { return lwo_grads_destroy(grads_); }));
     }
     if (plan_) MUST_OK(kPlanDestroy, lwo_plan_destroy(plan_));
     if (pool_) MUST_OK(kPoolDestroy, lwo_pool_destroy(pool_));
@@ -734,6 +935,8 @@ class Driver {
   lwo_optim* optim_ = nullptr;
   uint64_t steps_ = 0;
   lwo_plan* plan_ = nullptr;
+  lwo_graph* graph_ = nullptr;
+  bool graph_grads_ = false;  // the graph holds grads_
 
   friend void run_input(const uint8_t*, size_t);
   void set_shared_ring(lwo_ring* r) { shared_.ring = r; }
@@ -748,6 +951,8 @@ void run_input(const uint8_t* data, size_t size) {
   Shared sh;
   auto be = std::make_unique<LockedBackend>();
   sh.gpu = be.get();
+  if (g_trace) g_reports = [g = be.get()] { return g->violations(); };
+  g_reports_seen = 0;
   MUST_OK(kEngineDestroy, lwo::testing::engine_create(std::move(be), 0, &sh.engine));
   ModelDesc m(kPoolLayers, data[1]);
   MUST_OK(kPoolCreate, lwo_pool_create_pinned(sh.engine, m.layers.data(), kPoolLayers, nullptr, &sh.pool));
@@ -767,6 +972,7 @@ void run_input(const uint8_t* data, size_t size) {
   for (auto& t : threads) t.join();
 
   const std::vector<std::string> v = sh.gpu->violations();
+  g_reports = nullptr;
   FUZZ_CHECK(v.empty(), "the recording backend reports: " + v.front());
   MUST_OK(kRingDestroy, lwo_ring_destroy(sh.ring));
   MUST_OK(kPoolDestroy, lwo_pool_destroy(sh.pool));
@@ -801,11 +1007,14 @@ int main(int argc, char** argv) {
       run_input(b.data(), b.size());
     }
   }
-  std::printf("lwo_api_fuzz: %llu inputs, %llu thread sequences, %llu calls (%llu refused), no failure\n",
+  std::printf("lwo_api_fuzz: %llu inputs, %llu thread sequences, %llu calls (%llu refused), "
+              "%llu graphs captured, %llu launches, no failure\n",
               static_cast<unsigned long long>(files.empty() ? runs : files.size()),
               static_cast<unsigned long long>(g_sequences.load()),
               static_cast<unsigned long long>(g_calls.load()),
-              static_cast<unsigned long long>(g_refused.load()));
+              static_cast<unsigned long long>(g_refused.load()),
+              static_cast<unsigned long long>(g_graphs.load()),
+              static_cast<unsigned long long>(g_launches.load()));
   return 0;
 }
 #endif

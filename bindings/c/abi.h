@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <shared_mutex>
 #include <string>
 
 #include "engine/engine.h"
@@ -208,7 +209,17 @@ inline void check_flags(uint32_t flags, uint32_t known) {
 // first, the engine checked, none of its streams capturing), the thread count
 // of a checked lwo_pool_config, and the publication of a new pool as the
 // caller's handle.
-lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool);
+// The engine's capture gate, held shared to the end of the call that takes
+// it (engine.h, Engine::capture_gate): taken before the call's check that no
+// capture is under way, so that its work is all enqueued before a capture
+// can begin. ExclusiveGate: a capture's begin or join.
+using CaptureGate = std::shared_lock<std::shared_mutex>;
+using ExclusiveGate = std::unique_lock<std::shared_mutex>;
+inline CaptureGate capture_gate(lwo::Engine& e) { return CaptureGate(e.capture_gate()); }
+
+// A pool's creation: *pool cleared, the engine's handle checked and its
+// capture gate taken into *gate, no capture under way.
+lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool, CaptureGate* gate);
 uint32_t pool_threads(const lwo_pool_config* config);
 void add_pool(std::unique_ptr<lwo::Pool> impl, lwo_pool** pool);
 

@@ -175,7 +175,8 @@ LWO_API lwo_status_t lwo_pool_create_from_checkpoint(lwo_engine* engine,
                                                      const lwo_checkpoint_pool_config* config,
                                                      lwo_pool** pool) {
   return guard("lwo_pool_create_from_checkpoint", [&] {
-    lwo_engine* e = pool_engine(engine, pool);
+    CaptureGate gate;
+    lwo_engine* e = pool_engine(engine, pool, &gate);
     lwo_checkpoint* c = check_handle(checkpoint);
     Mapped m = map_layers(*c->impl, config);
     add_pool(

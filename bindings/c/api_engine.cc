@@ -167,12 +167,19 @@ LWO_API lwo_status_t lwo_engine_transfer_stream(const lwo_engine* engine, lwo_st
 }
 
 LWO_API lwo_status_t lwo_engine_check(lwo_engine* engine) {
-  return guard("lwo_engine_check", [&] { on_device(check_handle(engine), &lwo::Engine::check); });
+  return guard("lwo_engine_check", [&] {
+    lwo_engine* e = check_handle(engine);
+    const CaptureGate gate = capture_gate(*e->impl);
+    on_device(e, &lwo::Engine::check);
+  });
 }
 
 LWO_API lwo_status_t lwo_engine_synchronize(lwo_engine* engine) {
-  return guard("lwo_engine_synchronize",
-               [&] { on_device(check_handle(engine), &lwo::Engine::synchronize); });
+  return guard("lwo_engine_synchronize", [&] {
+    lwo_engine* e = check_handle(engine);
+    const CaptureGate gate = capture_gate(*e->impl);
+    on_device(e, &lwo::Engine::synchronize);
+  });
 }
 
 }  // extern "C"

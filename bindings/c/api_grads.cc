@@ -16,6 +16,7 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
   return guard("lwo_grads_create", [&] {
     clear_output(grads, "grads (output)");
     lwo_pool* p = check_handle(pool);
+    const CaptureGate gate = capture_gate(p->impl->engine());
     p->impl->engine().check_not_capturing("a gradient set's creation");
     lwo_grads_config cfg = read_config(config, lwo_grads_config LWO_GRADS_CONFIG_INIT);
     check_flags(cfg.flags, LWO_GRADS_NATIVE_WIRE | LWO_GRADS_F32);
@@ -57,7 +58,11 @@ LWO_API lwo_status_t lwo_grads_create(lwo_pool* pool, const uint8_t* trainable,
 }
 
 LWO_API lwo_status_t lwo_grads_destroy(lwo_grads* grads) {
-  return guard("lwo_grads_destroy", [&] { destroy(grads); });
+  return guard("lwo_grads_destroy", [&] {
+    if (!grads) return;
+    const CaptureGate gate = capture_gate(check_handle(grads)->impl->pool().engine());
+    destroy(grads);
+  });
 }
 
 LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_stream_t stream,
@@ -66,27 +71,41 @@ LWO_API lwo_status_t lwo_grads_begin(lwo_grads* grads, uint32_t layer, lwo_strea
     lwo_grads* g = check_handle(grads);
     check_out(view, "view");
     lwo_layer_view v{};
+    const CaptureGate gate = capture_gate(g->impl->pool().engine());
     g->impl->begin(layer, stream, &v);
     write_out(view, v, "view");
   });
 }
 
 LWO_API lwo_status_t lwo_grads_end(lwo_grads* grads, uint32_t layer, lwo_stream_t stream) {
-  return guard("lwo_grads_end", [&] { check_handle(grads)->impl->end(layer, stream); });
+  return guard("lwo_grads_end", [&] {
+    lwo_grads* g = check_handle(grads);
+    const CaptureGate gate = capture_gate(g->impl->pool().engine());
+    g->impl->end(layer, stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_grads_wait(lwo_grads* grads) {
-  return guard("lwo_grads_wait", [&] { check_handle(grads)->impl->wait(); });
+  return guard("lwo_grads_wait", [&] {
+    lwo_grads* g = check_handle(grads);
+    const CaptureGate gate = capture_gate(g->impl->pool().engine());
+    g->impl->wait();
+  });
 }
 
 LWO_API lwo_status_t lwo_grads_zero(lwo_grads* grads) {
-  return guard("lwo_grads_zero", [&] { check_handle(grads)->impl->zero(); });
+  return guard("lwo_grads_zero", [&] {
+    lwo_grads* g = check_handle(grads);
+    const CaptureGate gate = capture_gate(g->impl->pool().engine());
+    g->impl->zero();
+  });
 }
 
 LWO_API lwo_status_t lwo_grads_query(lwo_grads* grads, uint32_t* done) {
   return guard("lwo_grads_query", [&] {
     lwo_grads* g = check_handle(grads);
     need(done, "done");
+    const CaptureGate gate = capture_gate(g->impl->pool().engine());
     *done = g->impl->done() ? 1u : 0u;
   });
 }

@@ -43,7 +43,8 @@ LWO_API lwo_status_t lwo_pool_create_sharded(lwo_engine* engine, const lwo_layer
                                              uint32_t n_layers, lwo_nccl_comm_t comm,
                                              const lwo_pool_config* config, lwo_pool** pool) {
   return guard("lwo_pool_create_sharded", [&] {
-    lwo_engine* e = pool_engine(engine, pool);
+    CaptureGate gate;
+    lwo_engine* e = pool_engine(engine, pool, &gate);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_sharded(*e->impl, layers, n_layers, comm, n_threads), pool);
   });

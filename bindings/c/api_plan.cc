@@ -78,6 +78,7 @@ LWO_API lwo_status_t lwo_plan_create(lwo_pool* pool, const lwo_plan_config* conf
   return guard("lwo_plan_create", [&] {
     clear_output(plan, "plan (output)");
     lwo_pool* p = check_handle(pool);
+    const CaptureGate gate = capture_gate(p->impl->engine());
     p->impl->engine().check_not_capturing("a plan's measurement");
     need(config, "config");
     lwo_plan_config cfg = read_config(config, lwo_plan_config LWO_PLAN_CONFIG_INIT);

@@ -8,9 +8,10 @@ using lwo::fail;
 namespace lwo {
 namespace abi {
 
-lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool) {
+lwo_engine* pool_engine(lwo_engine* engine, lwo_pool** pool, CaptureGate* gate) {
   clear_output(pool, "pool (output)");
   lwo_engine* e = check_handle(engine);
+  *gate = capture_gate(*e->impl);
   e->impl->check_not_capturing("a pool's creation");
   return e;
 }
@@ -38,7 +39,8 @@ LWO_API lwo_status_t lwo_pool_create_pinned(lwo_engine* engine, const lwo_layer_
                                             uint32_t n_layers, const lwo_pool_config* config,
                                             lwo_pool** pool) {
   return guard("lwo_pool_create_pinned", [&] {
-    lwo_engine* e = pool_engine(engine, pool);
+    CaptureGate gate;
+    lwo_engine* e = pool_engine(engine, pool, &gate);
     uint32_t n_threads = pool_threads(config);
     add_pool(lwo::Pool::create_pinned(*e->impl, layers, n_layers, n_threads), pool);
   });
@@ -49,7 +51,8 @@ LWO_API lwo_status_t lwo_pool_create_registered(lwo_engine* engine, const lwo_la
                                                 uint32_t n_regions, const lwo_pool_config* config,
                                                 lwo_pool** pool) {
   return guard("lwo_pool_create_registered", [&] {
-    lwo_engine* e = pool_engine(engine, pool);
+    CaptureGate gate;
+    lwo_engine* e = pool_engine(engine, pool, &gate);
     pool_threads(config);  // checked; registering touches no memory
     add_pool(lwo::Pool::create_registered(*e->impl, layers, n_layers, regions, n_regions),
              pool);

@@ -15,6 +15,7 @@ LWO_API lwo_status_t lwo_ring_create(lwo_pool* pool, const lwo_ring_config* conf
   return guard("lwo_ring_create", [&] {
     clear_output(ring, "ring (output)");
     lwo_pool* p = check_handle(pool);
+    const CaptureGate gate = capture_gate(p->impl->engine());
     p->impl->engine().check_not_capturing("a ring's creation");
     lwo_ring_config cfg = read_config(config, lwo_ring_config LWO_RING_CONFIG_INIT);
     check_flags(cfg.flags, LWO_RING_TIMING | LWO_RING_CAPTURE_WARM);
@@ -39,6 +40,7 @@ LWO_API lwo_status_t lwo_ring_stage(lwo_ring* ring, uint32_t layer, lwo_ticket* 
     if (ticket) ticket->id = 0;  // the output of a failed call
     lwo_ring* r = check_handle(ring);
     need(ticket, "ticket");
+    const CaptureGate gate = capture_gate(r->impl->engine());
     *ticket = r->impl->stage(layer);
   });
 }
@@ -49,6 +51,7 @@ LWO_API lwo_status_t lwo_ring_acquire(lwo_ring* ring, lwo_ticket ticket, lwo_str
     lwo_ring* r = check_handle(ring);
     check_out(view, "view");
     lwo_layer_view v{};
+    const CaptureGate gate = capture_gate(r->impl->engine());
     r->impl->acquire(ticket, stream, &v);
     write_out(view, v, "view");
   });
@@ -67,6 +70,7 @@ LWO_API lwo_status_t lwo_ring_query(lwo_ring* ring, lwo_ticket ticket, uint32_t*
   return guard("lwo_ring_query", [&] {
     lwo_ring* r = check_handle(ring);
     need(landed, "landed");
+    const CaptureGate gate = capture_gate(r->impl->engine());
     *landed = r->impl->landed(ticket) ? 1u : 0u;
   });
 }
@@ -81,13 +85,19 @@ LWO_API lwo_status_t lwo_ring_ticket_state(lwo_ring* ring, lwo_ticket ticket,
 }
 
 LWO_API lwo_status_t lwo_ring_release(lwo_ring* ring, lwo_ticket ticket, lwo_stream_t stream) {
-  return guard("lwo_ring_release", [&] { check_handle(ring)->impl->release(ticket, stream); });
+  return guard("lwo_ring_release", [&] {
+    lwo_ring* r = check_handle(ring);
+    const CaptureGate gate = capture_gate(r->impl->engine());
+    r->impl->release(ticket, stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
                                           uint32_t* n_released) {
   return guard("lwo_ring_release_all", [&] {
-    uint32_t n = check_handle(ring)->impl->release_all(stream);
+    lwo_ring* r = check_handle(ring);
+    const CaptureGate gate = capture_gate(r->impl->engine());
+    uint32_t n = r->impl->release_all(stream);
     if (n_released) *n_released = n;
   });
 }
@@ -122,6 +132,7 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
   return guard("lwo_schedule_create", [&] {
     clear_output(schedule, "schedule (output)");
     lwo_ring* r = check_handle(ring);
+    const CaptureGate gate = capture_gate(r->impl->engine());
     r->impl->engine().check_not_capturing("a schedule's creation");
     auto impl = std::make_unique<lwo::Schedule>(*r->impl, layers, n_layers);
     *schedule = publish(std::make_unique<lwo_schedule>(lwo_schedule{std::move(impl)}));
@@ -129,7 +140,11 @@ LWO_API lwo_status_t lwo_schedule_create(lwo_ring* ring, const uint32_t* layers,
 }
 
 LWO_API lwo_status_t lwo_schedule_destroy(lwo_schedule* schedule) {
-  return guard("lwo_schedule_destroy", [&] { destroy(schedule); });
+  return guard("lwo_schedule_destroy", [&] {
+    if (!schedule) return;
+    const CaptureGate gate = capture_gate(check_handle(schedule)->impl->ring().engine());
+    destroy(schedule);
+  });
 }
 
 LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stream,
@@ -138,6 +153,7 @@ LWO_API lwo_status_t lwo_schedule_next(lwo_schedule* schedule, lwo_stream_t stre
     lwo_schedule* s = check_handle(schedule);
     check_out(view, "view");
     lwo_layer_view v{};
+    const CaptureGate gate = capture_gate(s->impl->ring().engine());
     lwo_status_t st = s->impl->next(stream, &v);
     if (st == LWO_OK) write_out(view, v, "view");
     return st;
@@ -153,11 +169,19 @@ LWO_API lwo_status_t lwo_schedule_position(const lwo_schedule* schedule, uint32_
 }
 
 LWO_API lwo_status_t lwo_schedule_reset(lwo_schedule* schedule, lwo_stream_t stream) {
-  return guard("lwo_schedule_reset", [&] { check_handle(schedule)->impl->reset(stream); });
+  return guard("lwo_schedule_reset", [&] {
+    lwo_schedule* s = check_handle(schedule);
+    const CaptureGate gate = capture_gate(s->impl->ring().engine());
+    s->impl->reset(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_ring_capture_begin(lwo_ring* ring, lwo_stream_t stream) {
-  return guard("lwo_ring_capture_begin", [&] { check_handle(ring)->impl->capture_begin(stream); });
+  return guard("lwo_ring_capture_begin", [&] {
+    lwo_ring* r = check_handle(ring);
+    const ExclusiveGate gate(r->impl->engine().capture_gate());
+    r->impl->capture_begin(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream, lwo_graph** graph) {
@@ -170,7 +194,11 @@ LWO_API lwo_status_t lwo_ring_capture_end(lwo_ring* ring, lwo_stream_t stream, l
 }
 
 LWO_API lwo_status_t lwo_ring_capture_join(lwo_ring* ring, lwo_stream_t stream) {
-  return guard("lwo_ring_capture_join", [&] { check_handle(ring)->impl->capture_join(stream); });
+  return guard("lwo_ring_capture_join", [&] {
+    lwo_ring* r = check_handle(ring);
+    const ExclusiveGate gate(r->impl->engine().capture_gate());
+    r->impl->capture_join(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream) {
@@ -178,21 +206,38 @@ LWO_API lwo_status_t lwo_ring_capture_leave(lwo_ring* ring, lwo_stream_t stream)
 }
 
 LWO_API lwo_status_t lwo_ring_capture_replay(lwo_ring* ring, lwo_stream_t stream) {
-  return guard("lwo_ring_capture_replay",
-               [&] { check_handle(ring)->impl->capture_replay(stream); });
+  return guard("lwo_ring_capture_replay", [&] {
+    lwo_ring* r = check_handle(ring);
+    const CaptureGate gate = capture_gate(r->impl->engine());
+    r->impl->capture_replay(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_ring_capture_release(lwo_ring* ring, lwo_stream_t stream) {
-  return guard("lwo_ring_capture_release",
-               [&] { check_handle(ring)->impl->capture_release(stream); });
+  return guard("lwo_ring_capture_release", [&] {
+    lwo_ring* r = check_handle(ring);
+    const CaptureGate gate = capture_gate(r->impl->engine());
+    r->impl->capture_release(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_graph_launch(lwo_graph* graph, lwo_stream_t stream) {
-  return guard("lwo_graph_launch", [&] { check_handle(graph)->impl->launch(stream); });
+  return guard("lwo_graph_launch", [&] {
+    lwo_graph* g = check_handle(graph);
+    const CaptureGate gate = capture_gate(g->impl->ring().engine());
+    g->impl->launch(stream);
+  });
 }
 
 LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph) {
-  return guard("lwo_graph_destroy", [&] { destroy(graph); });
+  return guard("lwo_graph_destroy", [&] {
+    if (!graph) return;
+    lwo::Engine& e = check_handle(graph)->impl->ring().engine();
+    const CaptureGate gate = capture_gate(e);
+    // It orders the transfer and gradient streams after the graph's replays.
+    e.check_not_capturing("destroying a graph");
+    destroy(graph);
+  });
 }
 
 }  // extern "C"
