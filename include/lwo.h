@@ -907,8 +907,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * LWO_END).
  * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
  * of other pools, new rings, pools, schedules and gradient sets,
- * lwo_ring_query, lwo_grads_wait, lwo_grads_destroy and lwo_engine_synchronize
- * of the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
+ * lwo_ring_query, lwo_grads_wait, lwo_grads_destroy, lwo_graph_destroy and
+ * lwo_engine_synchronize of the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
  * the capture and instantiates the graph; every ticket must be released first,
  * a schedule's by lwo_schedule_reset or its LWO_END, and every gradient layer
  * begun in the capture ended (else LWO_ERR_TICKET_STATE: the capture is
@@ -954,12 +954,18 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * replay runs, as before eager stages (LWO_ERR_CAPTURING if `stream`
  * captures: a replay's host side runs once per launch). lwo_graph_destroy
  * waits for the last replay and gives the ring back with its slots empty; a
- * schedule then drives it eagerly from its position.
+ * schedule then drives it eagerly from its position. It orders the engine's
+ * transfer and gradient streams after the replays, so while a ring of the
+ * engine captures it is LWO_ERR_CAPTURING with nothing changed.
  *
  * Threads: the calls of a capture come from one thread at a time, in the order
  * of the pass (other threads' CUDA work stays out of the graph unless it
  * enqueues on a captured stream); a graph's launches and destruction, one
- * thread at a time. Not captured (LWO_ERR_UNSUPPORTED): rings with
+ * thread at a time. Other threads may go on calling lwo meanwhile: a call the
+ * capture refuses (LWO_ERR_CAPTURING) and lwo_ring_capture_begin or _join
+ * exclude each other, so such a call made as a capture begins is either
+ * refused or done with the engine's streams before they join the capture
+ * (since 0.6.0), and two captures never begin together. Not captured (LWO_ERR_UNSUPPORTED): rings with
  * LWO_RING_TIMING, staged and sharded pools; the host-only test backend
  * records no graphs. */
 typedef struct lwo_graph lwo_graph;
@@ -1062,7 +1068,9 @@ LWO_API lwo_status_t lwo_graph_destroy(lwo_graph* graph);
  * capture failed after the leave. A graph
  * instantiated from that capture must not be launched after the release.
  * LWO_ERR_CAPTURING if `stream` captures, or if the ring is held by no graph
- * of the caller's (not left yet, or held by an lwo_graph).
+ * of the caller's (not left yet, or held by an lwo_graph), and with nothing
+ * changed while a ring of the engine captures (it orders the transfer stream
+ * after the event).
  *
  * Threads: as lwo_ring_capture_begin's capture: the calls from one thread at
  * a time, in the pass's order. */

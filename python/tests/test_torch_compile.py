@@ -157,9 +157,10 @@ def step_all(models, x, x_grad=True, g=None, exact=True):
 
 # The blocks' q and k gradients pass through softmax's cancellations: after
 # a few steps of several blocks eager lwo's differ from PyTorch's by up to
-# about 2e-5 of their largest (the compiled ones equal eager lwo's bit for
-# bit, checked apart).
-ATTENTION_TOL = 5e-5
+# about 2e-5 of their largest with PyTorch 2.11's CPU kernels, 6.2e-5 with
+# 2.15's (the compiled ones equal eager lwo's bit for bit, checked apart;
+# inductor's own fusions of the model's operations differ as much).
+ATTENTION_TOL = 1e-4
 
 
 def grads_match(m, eager, ref, exact=True, tol=None):
@@ -238,7 +239,7 @@ def test_inductor_training_matches_eager_and_resident(name):
         # norms): lwo's inputs differ from eager's by rounding, so within
         # tolerance; the calls are the same
         step_all((cm, eager, ref), inp(), exact=False)
-        grads_match(m, eager, ref, exact=False)
+        grads_match(m, eager, ref, exact=False, tol=ATTENTION_TOL if name == "blocks" else None)
         sgd(m, eager, ref)
     assert be.rings[-1].log == bee.rings[-1].log
     assert be.grads_sets[-1].log == bee.grads_sets[-1].log
