@@ -94,14 +94,21 @@ class Capture : public CaptureFixture {
     StreamH s = nullptr;
     std::vector<uint32_t> bwd = {2, 1, 1, 0};
   };
+  // A gradient set over every layer of `pool`, f32 on the host, with
+  // `depth` staging slots (0: the default).
+  lwo_grads* f32_grads(lwo_pool* pool, uint32_t depth = 0) {
+    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
+    gc.flags = LWO_GRADS_F32;
+    if (depth) gc.depth = depth;
+    lwo_grads* g = nullptr;
+    EXPECT_EQ(lwo_grads_create(pool, nullptr, &gc, &g), LWO_OK) << msg();
+    return g;
+  }
   // Makes the set and runs one eager step of it (gradients 0).
   void train_set(TrainSet* t) {
     t->pool = make_pool(3);
     t->ring = make_ring(t->pool, 2);
-    lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-    gc.flags = LWO_GRADS_F32;
-    gc.depth = 4;
-    ASSERT_LWO(lwo_grads_create(t->pool, nullptr, &gc, &t->grads));
+    ASSERT_TRUE(t->grads = f32_grads(t->pool, 4));
     t->s = gpu->new_stream();
     eager_train_step(*t, 0);
   }
@@ -549,11 +556,9 @@ TEST_F(Capture, GradientRefusalsLeaveEveryObjectUsable) {
   lwo_pool* pool = make_pool(3);
   lwo_pool* other_pool = make_pool(2, 2);
   lwo_ring* ring = make_ring(pool, 2);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  lwo_grads *grads = nullptr, *other = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other));
+  lwo_grads* grads = f32_grads(pool);
+  lwo_grads* other = f32_grads(other_pool);
+  ASSERT_TRUE(grads && other);
   StreamH s = gpu->new_stream();
   lwo_layer_view g = LWO_LAYER_VIEW_INIT;
   ASSERT_LWO(lwo_grads_zero(grads));
@@ -615,12 +620,10 @@ TEST_F(Capture, NoGradientSetIsDestroyedDuringACapture) {
   lwo_pool* pool = make_pool(3);
   lwo_pool* other_pool = make_pool(2, 2);
   lwo_ring* ring = make_ring(pool, 2);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  lwo_grads *grads = nullptr, *second = nullptr, *other = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &second));
-  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other));
+  lwo_grads* grads = f32_grads(pool);
+  lwo_grads* second = f32_grads(pool);
+  lwo_grads* other = f32_grads(other_pool);
+  ASSERT_TRUE(grads && second && other);
   StreamH s = gpu->new_stream();
   ASSERT_LWO(lwo_grads_zero(grads));
   for (bool join : {false, true}) {
@@ -1186,12 +1189,9 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
   lwo_pool* other_pool = make_pool(2, 2);
   lwo_ring* ring = make_ring(pool, 2);
   lwo_ring* other = make_ring(other_pool, 1);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  gc.depth = 4;
-  lwo_grads *grads = nullptr, *other_grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
-  ASSERT_LWO(lwo_grads_create(other_pool, nullptr, &gc, &other_grads));
+  lwo_grads* grads = f32_grads(pool, 4);
+  lwo_grads* other_grads = f32_grads(other_pool, 4);
+  ASSERT_TRUE(grads && other_grads);
   lwo_optim_config oc = LWO_OPTIM_CONFIG_INIT;
   oc.kind = LWO_OPTIM_SGD;
   lwo_optim* optim = nullptr;
@@ -1316,11 +1316,8 @@ TEST_F(CaptureJoinTrain, MisuseOfAJoinedStepGetsItsStatus) {
 TEST_F(CaptureJoinTrain, ACallersCaptureEndedFirstDropsTheGradientSetsPart) {
   lwo_pool* pool = make_pool(3);
   lwo_ring* ring = make_ring(pool, 2);
-  lwo_grads_config gc = LWO_GRADS_CONFIG_INIT;
-  gc.flags = LWO_GRADS_F32;
-  gc.depth = 4;
-  lwo_grads* grads = nullptr;
-  ASSERT_LWO(lwo_grads_create(pool, nullptr, &gc, &grads));
+  lwo_grads* grads = f32_grads(pool, 4);
+  ASSERT_TRUE(grads);
   StreamH s = gpu->new_stream();
   uint64_t k = 0;
   for (const bool invalidate : {false, true}) {
