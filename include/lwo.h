@@ -908,7 +908,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * Until lwo_ring_capture_end, other rings' stages and schedules, gradient sets
  * of other pools, new rings, pools, schedules and gradient sets,
  * lwo_ring_query, lwo_grads_wait, lwo_grads_destroy, lwo_graph_destroy and
- * lwo_engine_synchronize of the engine are LWO_ERR_CAPTURING. lwo_ring_capture_end joins the transfer stream back, ends
+ * lwo_engine_synchronize of the engine are LWO_ERR_CAPTURING.
+ * lwo_ring_capture_end joins the transfer stream back, ends
  * the capture and instantiates the graph; every ticket must be released first,
  * a schedule's by lwo_schedule_reset or its LWO_END, and every gradient layer
  * begun in the capture ended (else LWO_ERR_TICKET_STATE: the capture is
@@ -965,7 +966,8 @@ LWO_API lwo_status_t lwo_ring_release_all(lwo_ring* ring, lwo_stream_t stream,
  * capture refuses (LWO_ERR_CAPTURING) and lwo_ring_capture_begin or _join
  * exclude each other, so such a call made as a capture begins is either
  * refused or done with the engine's streams before they join the capture
- * (since 0.6.0), and two captures never begin together. Not captured (LWO_ERR_UNSUPPORTED): rings with
+ * (since 0.6.0), and two captures never begin together. Not captured
+ * (LWO_ERR_UNSUPPORTED): rings with
  * LWO_RING_TIMING, staged and sharded pools; the host-only test backend
  * records no graphs. */
 typedef struct lwo_graph lwo_graph;
